@@ -1,0 +1,1 @@
+"""ackbus client library (trio)."""
