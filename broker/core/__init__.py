@@ -1,0 +1,73 @@
+"""The sans-IO core: exchanges, queues, bindings, routing, deliveries, confirms, leases.
+
+No trio, no sockets, no files: commands in (method calls), effects out
+(:meth:`Broker.take_effects`). See :mod:`broker.core.broker` for the theory of
+operation.
+"""
+
+from .broker import BUILTIN_EXCHANGES, REST_CHANNEL, Broker, PublishResult
+from .effects import (
+    AppendRecords,
+    Confirm,
+    ConsumerCancelled,
+    Deliver,
+    DeliveryExpired,
+    Effect,
+    QueueReady,
+    Return,
+)
+from .entities import Channel, Consumer, Delivery, Exchange, Queue
+from .errors import (
+    AccessRefused,
+    BrokerError,
+    ChannelError,
+    InvalidArgument,
+    NotFound,
+    PayloadTooLarge,
+    PreconditionFailed,
+    ResourceLocked,
+    Unavailable,
+)
+from .message import PROPERTY_NAMES, Entry, Message, check_properties
+from .names import check_name, check_routing_key
+from .records import RecordType
+from .routing import EXCHANGE_TYPES, headers_match, topic_matches
+
+__all__ = [
+    "Broker",
+    "REST_CHANNEL",
+    "BUILTIN_EXCHANGES",
+    "PublishResult",
+    "Effect",
+    "AppendRecords",
+    "Confirm",
+    "ConsumerCancelled",
+    "Deliver",
+    "DeliveryExpired",
+    "QueueReady",
+    "Return",
+    "Channel",
+    "Consumer",
+    "Delivery",
+    "Exchange",
+    "Queue",
+    "BrokerError",
+    "AccessRefused",
+    "ChannelError",
+    "InvalidArgument",
+    "NotFound",
+    "PayloadTooLarge",
+    "PreconditionFailed",
+    "ResourceLocked",
+    "Unavailable",
+    "Entry",
+    "Message",
+    "PROPERTY_NAMES",
+    "check_properties",
+    "check_name",
+    "check_routing_key",
+    "RecordType",
+    "EXCHANGE_TYPES",
+    "headers_match",
+    "topic_matches",
+]

@@ -1,0 +1,75 @@
+"""Publisher-confirm bookkeeping for one channel.
+
+Rules (the contract of docs/protocol.md "Confirm guarantees"):
+
+* every publish tag gets exactly one ack or nack;
+* confirms leave in tag order: a tag is released only when every earlier tag has been
+  released, so ``multiple: true`` ("every tag up to and including this one") is always
+  truthful;
+* an ack waits until the log record it depends on is durable (its LSN ≤ the durable
+  LSN); tags that depend on nothing use LSN 0;
+* runs of consecutive acks are coalesced into one ``multiple`` confirm.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+__all__ = ["ConfirmTracker"]
+
+
+class ConfirmTracker:
+    __slots__ = ("_pending",)
+
+    def __init__(self) -> None:
+        # [tag, lsn, ack, reason] in tag order
+        self._pending: deque[list[object]] = deque()
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def add(self, tag: int, lsn: int, ack: bool = True, reason: str | None = None) -> None:
+        self._pending.append([tag, lsn, ack, reason])
+
+    def fail_lsns(self, first: int, last: int, reason: str) -> bool:
+        """Turn every pending ack waiting on an LSN in [first, last] into a nack."""
+        changed = False
+        for item in self._pending:
+            lsn = item[1]
+            assert isinstance(lsn, int)
+            if first <= lsn <= last:
+                item[1] = 0
+                item[2] = False
+                item[3] = reason
+                changed = True
+        return changed
+
+    def release(self, durable_lsn: int) -> list[tuple[int, bool, bool, str | None]]:
+        """Pop every confirm now releasable: (tag, multiple, ack, reason) tuples, in order."""
+        out: list[tuple[int, bool, bool, str | None]] = []
+        pending = self._pending
+        run_tag = 0
+        run_len = 0
+        while pending:
+            tag, lsn, ack, reason = pending[0]
+            assert isinstance(lsn, int) and isinstance(tag, int)
+            if lsn > durable_lsn:
+                break
+            pending.popleft()
+            if ack:
+                run_tag = tag
+                run_len += 1
+            else:
+                if run_len:
+                    out.append((run_tag, run_len > 1, True, None))
+                    run_len = 0
+                out.append((tag, False, False, reason if isinstance(reason, str) else None))
+        if run_len:
+            out.append((run_tag, run_len > 1, True, None))
+        return out
+
+    def nack_all(self, reason: str) -> list[tuple[int, bool, bool, str | None]]:
+        """Release everything pending as nacks (used when a channel ends)."""
+        out = [(int(item[0]), False, False, reason) for item in self._pending]  # type: ignore[call-overload]
+        self._pending.clear()
+        return out

@@ -1,0 +1,96 @@
+"""Effects: what the core asks the outside world to do.
+
+The core never performs IO. Every command returns nothing but leaves effects in the
+broker's outbox (``Broker.take_effects()``); the IO layer carries them out: events go
+to channels, records go to the log, wake-ups go to parked long-polls.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .message import Message
+
+__all__ = [
+    "Effect",
+    "Deliver",
+    "Confirm",
+    "Return",
+    "ConsumerCancelled",
+    "DeliveryExpired",
+    "AppendRecords",
+    "QueueReady",
+]
+
+
+class Effect:
+    __slots__ = ()
+
+
+@dataclass(slots=True)
+class Deliver(Effect):
+    """Send ``message`` to a consumer (or, with ``lease_id``, to a lease-mode stream)."""
+
+    channel_id: int
+    consumer_tag: str
+    delivery_tag: int
+    redelivered: bool
+    message: Message
+    lease_id: str | None = None
+
+
+@dataclass(slots=True)
+class Confirm(Effect):
+    """Publisher confirm: ``ack`` (or nack) for ``delivery_tag``, or every tag up to it."""
+
+    channel_id: int
+    delivery_tag: int
+    multiple: bool
+    ack: bool
+    reason: str | None = None
+
+
+@dataclass(slots=True)
+class Return(Effect):
+    """An unroutable mandatory message goes back to its publisher (before its confirm)."""
+
+    channel_id: int
+    delivery_tag: int
+    reply_code: int
+    reason: str
+    message: Message
+
+
+@dataclass(slots=True)
+class ConsumerCancelled(Effect):
+    """The broker cancelled a consumer (its queue was deleted)."""
+
+    channel_id: int
+    consumer_tag: str
+    reason: str
+
+
+@dataclass(slots=True)
+class DeliveryExpired(Effect):
+    """A delivery was not acked within its ack timeout and went back to its queue."""
+
+    channel_id: int
+    consumer_tag: str
+    delivery_tag: int
+
+
+@dataclass(slots=True)
+class AppendRecords(Effect):
+    """Append these records to the log; they take LSNs ``first_lsn`` .. ``last_lsn``."""
+
+    records: list[tuple[int, bytes]]
+    first_lsn: int
+    last_lsn: int
+
+
+@dataclass(slots=True)
+class QueueReady(Effect):
+    """A queue with parked long-poll getters has messages ready."""
+
+    queue: str
+

@@ -1,0 +1,269 @@
+"""The broker's nouns: exchanges, queues, consumers, channels, deliveries.
+
+These are plain data holders with the small invariants that belong to each thing (a
+queue's FIFO order, a channel's delivery tags); every rule that involves more than one
+of them lives in :mod:`broker.core.broker`.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from typing import Any
+
+from .confirms import ConfirmTracker
+from .message import Entry
+from .routing import RoutingTable, make_table
+
+__all__ = ["Exchange", "Queue", "Consumer", "Channel", "Delivery"]
+
+
+class Exchange:
+    __slots__ = ("name", "type", "durable", "auto_delete", "internal", "arguments", "table", "bound_from", "builtin")
+
+    def __init__(
+        self,
+        name: str,
+        type: str,
+        durable: bool,
+        auto_delete: bool,
+        internal: bool,
+        arguments: dict[str, Any],
+        builtin: bool = False,
+    ) -> None:
+        self.name = name
+        self.type = type
+        self.durable = durable
+        self.auto_delete = auto_delete
+        self.internal = internal
+        self.arguments = arguments
+        self.table: RoutingTable = make_table(type)
+        # names of exchanges holding a binding whose destination is this exchange
+        self.bound_from: set[str] = set()
+        self.builtin = builtin
+
+    def settings(self) -> tuple[Any, ...]:
+        return (self.type, self.durable, self.auto_delete, self.internal, self.arguments)
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "type": self.type,
+            "durable": self.durable,
+            "auto_delete": self.auto_delete,
+            "internal": self.internal,
+            "arguments": self.arguments,
+        }
+
+
+class Queue:
+    """A FIFO of entries. A requeued entry returns to its original position.
+
+    New entries arrive in increasing sequence order and leave from the front, so every
+    requeued entry precedes every entry still in ``ready``: requeued entries wait in a
+    small heap ordered by sequence, which is served before ``ready``.
+    """
+
+    __slots__ = (
+        "qid",
+        "name",
+        "durable",
+        "exclusive_owner",
+        "auto_delete",
+        "arguments",
+        "ready",
+        "requeued",
+        "unacked",
+        "consumers",
+        "rr",
+        "getters",
+        "bound_from",
+        "had_consumer",
+        "deleted",
+        "max_length",
+        "overflow",
+        "message_ttl_s",
+        "consumer_timeout_s",
+        "published",
+        "delivered",
+        "acked",
+        "redelivered",
+        "exclusive_consumer",
+    )
+
+    def __init__(
+        self,
+        qid: int,
+        name: str,
+        durable: bool,
+        exclusive_owner: int | None,
+        auto_delete: bool,
+        arguments: dict[str, Any],
+    ) -> None:
+        self.qid = qid
+        self.name = name
+        self.durable = durable
+        self.exclusive_owner = exclusive_owner
+        self.auto_delete = auto_delete
+        self.arguments = arguments
+        self.ready: deque[Entry] = deque()
+        self.requeued: list[tuple[int, Entry]] = []
+        self.unacked = 0
+        self.consumers: list[Consumer] = []
+        self.rr = 0
+        self.getters = 0
+        self.bound_from: set[str] = set()
+        self.had_consumer = False
+        self.deleted = False
+        self.max_length: int | None = arguments.get("x-max-length")
+        self.overflow: str = arguments.get("x-overflow", "drop-head")
+        ttl = arguments.get("x-message-ttl")
+        self.message_ttl_s: float | None = ttl / 1000.0 if ttl is not None else None
+        ct = arguments.get("x-consumer-timeout")
+        self.consumer_timeout_s: float | None = ct / 1000.0 if ct is not None else None
+        self.published = 0
+        self.delivered = 0
+        self.acked = 0
+        self.redelivered = 0
+        self.exclusive_consumer = False
+
+    @property
+    def persistent_log(self) -> bool:
+        """Whether this queue's contents go to the log (durable and not exclusive)."""
+        return self.durable and self.exclusive_owner is None
+
+    def ready_count(self) -> int:
+        return len(self.ready) + len(self.requeued)
+
+    def push(self, entry: Entry) -> None:
+        self.ready.append(entry)
+
+    def requeue(self, entry: Entry) -> None:
+        heapq.heappush(self.requeued, (entry.message.seq, entry))
+
+    def pop(self) -> Entry | None:
+        if self.requeued:
+            return heapq.heappop(self.requeued)[1]
+        if self.ready:
+            return self.ready.popleft()
+        return None
+
+    def clear_ready(self) -> list[Entry]:
+        entries = [e for _, e in self.requeued]
+        entries.extend(self.ready)
+        self.requeued.clear()
+        self.ready.clear()
+        return entries
+
+    def remove_entries(self, seqs: set[int]) -> list[Entry]:
+        """Remove ready entries with these sequence numbers (rare: storage failure)."""
+        removed = [e for e in self.ready if e.message.seq in seqs]
+        if removed:
+            self.ready = deque(e for e in self.ready if e.message.seq not in seqs)
+        kept = [(s, e) for s, e in self.requeued if s not in seqs]
+        if len(kept) != len(self.requeued):
+            removed.extend(e for s, e in self.requeued if s in seqs)
+            heapq.heapify(kept)
+            self.requeued = kept
+        return removed
+
+    def settings(self) -> tuple[Any, ...]:
+        return (self.durable, self.exclusive_owner is not None, self.auto_delete, self.arguments)
+
+
+class Consumer:
+    __slots__ = (
+        "tag",
+        "channel",
+        "queue",
+        "no_ack",
+        "prefetch",
+        "unacked",
+        "exclusive",
+        "ack_timeout_s",
+        "lease_s",
+    )
+
+    def __init__(
+        self,
+        tag: str,
+        channel: Channel,
+        queue: Queue,
+        no_ack: bool,
+        prefetch: int,
+        exclusive: bool,
+        ack_timeout_s: float,
+        lease_s: float | None,
+    ) -> None:
+        self.tag = tag
+        self.channel = channel
+        self.queue = queue
+        self.no_ack = no_ack
+        self.prefetch = prefetch
+        self.unacked = 0
+        self.exclusive = exclusive
+        self.ack_timeout_s = ack_timeout_s
+        self.lease_s = lease_s
+
+    def can_take(self) -> bool:
+        ch = self.channel
+        if ch.credit <= 0:
+            return False
+        if self.prefetch and self.unacked >= self.prefetch:
+            return False
+        if ch.prefetch and ch.unacked >= ch.prefetch:
+            return False
+        return True
+
+
+class Delivery:
+    """A message handed out and not yet settled: by a consumer, or as a lease."""
+
+    __slots__ = ("tag", "entry", "queue", "consumer", "deadline")
+
+    def __init__(
+        self, tag: int, entry: Entry, queue: Queue, consumer: Consumer | None, deadline: float | None
+    ) -> None:
+        self.tag = tag
+        self.entry = entry
+        self.queue = queue
+        self.consumer = consumer
+        self.deadline = deadline
+
+
+class Channel:
+    """One channel's state: publish numbering and confirms, consumers, unacked deliveries."""
+
+    __slots__ = (
+        "id",
+        "publish_seq",
+        "confirms",
+        "next_tag",
+        "deliveries",
+        "consumers",
+        "prefetch",
+        "default_prefetch",
+        "unacked",
+        "credit",
+        "exclusive_queues",
+        "expired",
+        "closed",
+    )
+
+    def __init__(self, channel_id: int, credit: int) -> None:
+        self.id = channel_id
+        self.publish_seq = 0
+        self.confirms = ConfirmTracker()
+        self.next_tag = 1
+        # delivery tag -> Delivery, in increasing tag order (dicts keep insertion order)
+        self.deliveries: dict[int, Delivery] = {}
+        self.consumers: dict[str, Consumer] = {}
+        self.prefetch = 0  # channel-wide limit (basic.qos global=true); 0 = none
+        self.default_prefetch = 0  # per-consumer default (basic.qos global=false)
+        self.unacked = 0
+        # Bytes of deliveries the IO layer is still willing to buffer (credit flow).
+        self.credit = credit
+        self.exclusive_queues: set[str] = set()
+        # tags that expired (ack timeout); remembered so a late ack is a clear error
+        self.expired: dict[int, None] = {}
+        self.closed = False

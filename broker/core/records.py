@@ -1,0 +1,143 @@
+"""What the broker writes to its log: record types and their payload codecs (pure).
+
+The storage layer frames and checksums records and knows nothing of their meaning;
+this module is the meaning. Every record is ``(rtype, payload)``. Replay is
+idempotent (re-applying a record whose effect is already present changes nothing),
+which lets a checkpoint be taken while the broker keeps running: the checkpoint may
+already contain some effects of records logged after its LSN, and replaying those
+records on top of it yields the same state.
+
+Message records are binary (they are the hot path); entity records are JSON.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+__all__ = [
+    "RecordType",
+    "EnqueueRecord",
+    "encode_json",
+    "decode_json",
+    "encode_enqueue",
+    "decode_enqueue",
+    "encode_seqs",
+    "decode_seqs",
+    "encode_dedup",
+    "decode_dedup",
+]
+
+
+class RecordType:
+    """Record type numbers. Never renumber: they are on disk."""
+
+    DECLARE_EXCHANGE = 1
+    DELETE_EXCHANGE = 2
+    DECLARE_QUEUE = 3
+    DELETE_QUEUE = 4
+    BIND = 5
+    UNBIND = 6
+    ENQUEUE = 7  # a persistent message entering one or more durable queues
+    SETTLE = 8  # messages leaving a queue for good (ack, reject, drop, expiry, purge)
+    DELIVERED = 9  # messages handed to a consumer (sets their redelivered flag on recovery)
+    DEDUP = 10  # a deduplication window entry (checkpoints only)
+    META = 11  # counters that must not go backwards (checkpoints only)
+
+
+def encode_json(obj: dict[str, Any]) -> bytes:
+    return orjson.dumps(obj)
+
+
+def decode_json(payload: bytes) -> dict[str, Any]:
+    value = orjson.loads(payload)
+    if not isinstance(value, dict):
+        raise ValueError("record payload is not a JSON object")
+    return value
+
+
+# ENQUEUE: seq u64 | wall f64 | expires f64 (0 = none) | nq u16 | lens: exchange u16,
+# routing_key u16, message_id u16, properties u32 | qids u32*nq | strings | body
+_ENQ_HEAD = struct.Struct("<QddHHHHI")
+
+
+@dataclass(slots=True)
+class EnqueueRecord:
+    seq: int
+    wall_s: float
+    expires_at: float | None
+    qids: list[int]
+    exchange: str
+    routing_key: str
+    message_id: str | None
+    properties: dict[str, Any] | None
+    body: bytes
+
+
+def encode_enqueue(
+    seq: int,
+    wall_s: float,
+    expires_at: float | None,
+    qids: list[int],
+    exchange: str,
+    routing_key: str,
+    message_id: str | None,
+    properties: dict[str, Any] | None,
+    body: bytes,
+) -> bytes:
+    ex = exchange.encode()
+    rk = routing_key.encode()
+    mid = message_id.encode() if message_id else b""
+    props = orjson.dumps(properties) if properties else b""
+    nq = len(qids)
+    head = _ENQ_HEAD.pack(
+        seq, wall_s, expires_at or 0.0, nq, len(ex), len(rk), len(mid), len(props)
+    )
+    return b"".join((head, struct.pack(f"<{nq}I", *qids), ex, rk, mid, props, body))
+
+
+def decode_enqueue(payload: bytes) -> EnqueueRecord:
+    seq, wall, expires, nq, lex, lrk, lmid, lprops = _ENQ_HEAD.unpack_from(payload, 0)
+    pos = _ENQ_HEAD.size
+    qids = list(struct.unpack_from(f"<{nq}I", payload, pos))
+    pos += 4 * nq
+    mv = memoryview(payload)
+    exchange = str(mv[pos : pos + lex], "utf-8")
+    pos += lex
+    routing_key = str(mv[pos : pos + lrk], "utf-8")
+    pos += lrk
+    message_id = str(mv[pos : pos + lmid], "utf-8") if lmid else None
+    pos += lmid
+    properties = orjson.loads(mv[pos : pos + lprops]) if lprops else None
+    pos += lprops
+    body = bytes(mv[pos:])
+    return EnqueueRecord(
+        seq, wall, expires or None, qids, exchange, routing_key, message_id, properties, body
+    )
+
+
+# SETTLE / DELIVERED: qid u32 | n u32 | seq u64 * n
+_SEQS_HEAD = struct.Struct("<II")
+
+
+def encode_seqs(qid: int, seqs: list[int]) -> bytes:
+    return _SEQS_HEAD.pack(qid, len(seqs)) + struct.pack(f"<{len(seqs)}Q", *seqs)
+
+
+def decode_seqs(payload: bytes) -> tuple[int, tuple[int, ...]]:
+    qid, n = _SEQS_HEAD.unpack_from(payload, 0)
+    if _SEQS_HEAD.size + 8 * n != len(payload):
+        raise ValueError("settle record length does not match its count")
+    return qid, struct.unpack_from(f"<{n}Q", payload, _SEQS_HEAD.size)
+
+
+def encode_dedup(exchange: str, message_id: str, wall_s: float) -> bytes:
+    return orjson.dumps([exchange, message_id, wall_s])
+
+
+def decode_dedup(payload: bytes) -> tuple[str, str, float]:
+    exchange, message_id, wall = orjson.loads(payload)
+    return str(exchange), str(message_id), float(wall)

@@ -1,0 +1,280 @@
+"""Routing tables for the four AMQP exchange types.
+
+Each table maps a published message (routing key, headers) to the set of destinations
+bound to it. A destination is a hashable key chosen by the caller (the broker uses
+``("q", name)`` and ``("x", name)``). Tables only answer "who matches"; following
+exchange-to-exchange bindings is the broker's job.
+
+Rules (AMQP 0-9-1 §3.1.3 and RabbitMQ's documented semantics):
+
+* direct: the binding key equals the routing key.
+* fanout: every binding matches; keys are ignored.
+* topic: keys are dot-separated words; ``*`` matches exactly one word, ``#`` matches
+  zero or more words. Words may be empty (``a..b`` has three words, the middle one
+  empty), and ``""`` is a single empty word.
+* headers: ``x-match`` = ``all`` (default) or ``any``; arguments whose name starts with
+  ``x-`` are ignored unless ``x-match`` is ``all-with-x`` / ``any-with-x``. A binding
+  argument with value None matches when the header is merely present.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Hashable, Iterable
+
+from .errors import InvalidArgument
+
+__all__ = [
+    "EXCHANGE_TYPES",
+    "RoutingTable",
+    "DirectTable",
+    "FanoutTable",
+    "TopicTable",
+    "HeadersTable",
+    "make_table",
+    "topic_matches",
+    "headers_match",
+]
+
+Dest = Hashable
+BindingKey = tuple[Dest, str, Any]
+
+EXCHANGE_TYPES = ("direct", "fanout", "topic", "headers")
+
+
+class RoutingTable:
+    """Bindings of one exchange, and matching of messages against them."""
+
+    def __init__(self) -> None:
+        # (destination, routing_key, frozen arguments) -> arguments dict
+        self.bindings: dict[BindingKey, dict[str, Any]] = {}
+
+    def add(self, dest: Dest, key: str, arguments: dict[str, Any]) -> bool:
+        """Add a binding; return False if the same binding already exists."""
+        bkey = (dest, key, _freeze(arguments))
+        if bkey in self.bindings:
+            return False
+        self.bindings[bkey] = arguments
+        self._added(dest, key, arguments)
+        return True
+
+    def remove(self, dest: Dest, key: str, arguments: dict[str, Any]) -> bool:
+        """Remove a binding; return False if there was no such binding."""
+        bkey = (dest, key, _freeze(arguments))
+        if bkey not in self.bindings:
+            return False
+        del self.bindings[bkey]
+        self._removed(dest, key, arguments)
+        return True
+
+    def remove_destination(self, dest: Dest) -> int:
+        """Remove every binding to ``dest``; return how many were removed."""
+        doomed = [bkey for bkey in self.bindings if bkey[0] == dest]
+        for bkey in doomed:
+            self.remove(bkey[0], bkey[1], self.bindings[bkey])
+        return len(doomed)
+
+    def match(self, routing_key: str, headers: dict[str, Any] | None) -> Iterable[Dest]:
+        raise NotImplementedError
+
+    def _added(self, dest: Dest, key: str, arguments: dict[str, Any]) -> None:
+        pass
+
+    def _removed(self, dest: Dest, key: str, arguments: dict[str, Any]) -> None:
+        pass
+
+
+class DirectTable(RoutingTable):
+    def __init__(self) -> None:
+        super().__init__()
+        self._by_key: dict[str, dict[Dest, int]] = {}
+
+    def _added(self, dest: Dest, key: str, arguments: dict[str, Any]) -> None:
+        dests = self._by_key.setdefault(key, {})
+        dests[dest] = dests.get(dest, 0) + 1
+
+    def _removed(self, dest: Dest, key: str, arguments: dict[str, Any]) -> None:
+        dests = self._by_key[key]
+        dests[dest] -= 1
+        if not dests[dest]:
+            del dests[dest]
+        if not dests:
+            del self._by_key[key]
+
+    def match(self, routing_key: str, headers: dict[str, Any] | None) -> Iterable[Dest]:
+        return self._by_key.get(routing_key, ())
+
+
+class FanoutTable(RoutingTable):
+    def __init__(self) -> None:
+        super().__init__()
+        self._dests: dict[Dest, int] = {}
+
+    def _added(self, dest: Dest, key: str, arguments: dict[str, Any]) -> None:
+        self._dests[dest] = self._dests.get(dest, 0) + 1
+
+    def _removed(self, dest: Dest, key: str, arguments: dict[str, Any]) -> None:
+        self._dests[dest] -= 1
+        if not self._dests[dest]:
+            del self._dests[dest]
+
+    def match(self, routing_key: str, headers: dict[str, Any] | None) -> Iterable[Dest]:
+        return self._dests
+
+
+class _TrieNode:
+    __slots__ = ("children", "dests")
+
+    def __init__(self) -> None:
+        self.children: dict[str, _TrieNode] = {}
+        self.dests: dict[Dest, int] = {}
+
+
+class TopicTable(RoutingTable):
+    """Topic bindings in a trie of words, so matching cost follows the key, not the binding count."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._root = _TrieNode()
+
+    def _added(self, dest: Dest, key: str, arguments: dict[str, Any]) -> None:
+        node = self._root
+        for word in key.split("."):
+            node = node.children.setdefault(word, _TrieNode())
+        node.dests[dest] = node.dests.get(dest, 0) + 1
+
+    def _removed(self, dest: Dest, key: str, arguments: dict[str, Any]) -> None:
+        path = [self._root]
+        words = key.split(".")
+        for word in words:
+            path.append(path[-1].children[word])
+        leaf = path[-1]
+        leaf.dests[dest] -= 1
+        if not leaf.dests[dest]:
+            del leaf.dests[dest]
+        # prune empty branches
+        for depth in range(len(words), 0, -1):
+            node = path[depth]
+            if node.dests or node.children:
+                break
+            del path[depth - 1].children[words[depth - 1]]
+
+    def match(self, routing_key: str, headers: dict[str, Any] | None) -> Iterable[Dest]:
+        found: set[Dest] = set()
+        words = routing_key.split(".")
+        n = len(words)
+        # Iterative walk; (node, index) pairs already visited are skipped so that
+        # patterns with several '#' cannot explode.
+        stack = [(self._root, 0)]
+        seen: set[tuple[int, int]] = set()
+        while stack:
+            node, i = stack.pop()
+            marker = (id(node), i)
+            if marker in seen:
+                continue
+            seen.add(marker)
+            if i == n:
+                found.update(node.dests)
+            children = node.children
+            if not children:
+                continue
+            hash_node = children.get("#")
+            if hash_node is not None:
+                # '#' consumes zero or more words
+                for j in range(i, n + 1):
+                    stack.append((hash_node, j))
+            if i < n:
+                word_node = children.get(words[i])
+                if word_node is not None:
+                    stack.append((word_node, i + 1))
+                star = children.get("*")
+                if star is not None and star is not word_node:
+                    stack.append((star, i + 1))
+        return found
+
+
+def topic_matches(pattern: str, routing_key: str) -> bool:
+    """Whether a topic binding ``pattern`` matches ``routing_key`` (reference implementation)."""
+    pwords = pattern.split(".")
+    kwords = routing_key.split(".")
+    memo: dict[tuple[int, int], bool] = {}
+
+    def go(p: int, k: int) -> bool:
+        if (p, k) in memo:
+            return memo[(p, k)]
+        if p == len(pwords):
+            result = k == len(kwords)
+        elif pwords[p] == "#":
+            result = go(p + 1, k) or (k < len(kwords) and go(p, k + 1))
+        elif k == len(kwords):
+            result = False
+        elif pwords[p] == "*" or pwords[p] == kwords[k]:
+            result = go(p + 1, k + 1)
+        else:
+            result = False
+        memo[(p, k)] = result
+        return result
+
+    return go(0, 0)
+
+
+X_MATCH_MODES = ("all", "any", "all-with-x", "any-with-x")
+
+
+def headers_match(arguments: dict[str, Any], headers: dict[str, Any] | None) -> bool:
+    """Whether message ``headers`` satisfy a headers-exchange binding's ``arguments``."""
+    mode = arguments.get("x-match", "all")
+    with_x = mode.endswith("-with-x")
+    want_all = mode.startswith("all")
+    headers = headers or {}
+    any_matched = False
+    checked = 0
+    for name, value in arguments.items():
+        if name == "x-match" or (name.startswith("x-") and not with_x):
+            continue
+        checked += 1
+        if name in headers and (value is None or headers[name] == value):
+            any_matched = True
+            if not want_all:
+                return True
+        elif want_all:
+            return False
+    if want_all:
+        return True
+    return any_matched
+
+
+class HeadersTable(RoutingTable):
+    def _added(self, dest: Dest, key: str, arguments: dict[str, Any]) -> None:
+        mode = arguments.get("x-match", "all")
+        if mode not in X_MATCH_MODES:
+            raise InvalidArgument(
+                f"x-match must be one of {', '.join(X_MATCH_MODES)}, not {mode!r}"
+            )
+
+    def match(self, routing_key: str, headers: dict[str, Any] | None) -> Iterable[Dest]:
+        return {
+            bkey[0] for bkey, args in self.bindings.items() if headers_match(args, headers)
+        }
+
+
+def make_table(exchange_type: str) -> RoutingTable:
+    """A routing table for an exchange of ``exchange_type``."""
+    if exchange_type == "direct":
+        return DirectTable()
+    if exchange_type == "fanout":
+        return FanoutTable()
+    if exchange_type == "topic":
+        return TopicTable()
+    if exchange_type == "headers":
+        return HeadersTable()
+    raise InvalidArgument(
+        f"exchange type must be one of {', '.join(EXCHANGE_TYPES)}, not {exchange_type!r}"
+    )
+
+
+def _freeze(value: Any) -> Any:
+    if isinstance(value, dict):
+        return tuple(sorted((k, _freeze(v)) for k, v in value.items()))
+    if isinstance(value, list):
+        return tuple(_freeze(v) for v in value)
+    return value

@@ -1,0 +1,456 @@
+"""``POST /channel``: one full-duplex HTTP/1.1 exchange carrying an AMQP-style channel.
+
+Rules (docs/protocol.md):
+
+* The response (status 200, chunked NDJSON) starts with ``open`` before the request
+  body has ended; from then on every error travels in-band as an ``error`` event,
+  because a final status sent mid-upload makes clients such as curl stop sending.
+* Operations are applied in order. All complete lines of one received chunk are
+  applied before the core's effects are pumped, so the confirms of a chunk's
+  publishes leave together (coalesced with ``multiple``) after one fsync.
+* One reader task (ops in) and one writer task (events out). The writer batches every
+  queued event into one chunk. While the outbox holds more than ``OUTBOX_MAX_EVENTS``
+  the reader stops reading, so a client that publishes without reading its confirms
+  is slowed by TCP backpressure instead of growing broker memory. Deliveries are
+  bounded separately by the core's per-channel byte credit, which the writer returns
+  as it sends.
+* However the exchange ends (``close``, end of the request body, disconnect, channel
+  error, broker shutdown) the channel is closed in the core exactly once: unacked
+  deliveries go back to their queues and consumers are cancelled.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import trio
+
+from broker import __version__
+from broker.core import (
+    BrokerError,
+    ChannelError,
+    Confirm,
+    Deliver,
+    InvalidArgument,
+    Unavailable,
+    check_properties,
+)
+from broker.core.broker import DELIVERY_OVERHEAD_BYTES
+from broker.http.codec import body_from_json, dumps_line, event_json, parse_op_line
+from broker.http.errors import ClientDisconnected
+from broker.http.rest import exchange_name
+from broker.http.runtime import BrokerRuntime
+
+__all__ = ["ChannelSession", "handle_channel"]
+
+log = logging.getLogger("ackbus.channel")
+
+OUTBOX_MAX_EVENTS = 8192
+FLUSH_TIMEOUT_S = 10.0
+NDJSON_HEADERS = [
+    ("content-type", "application/x-ndjson"),
+    ("cache-control", "no-cache"),
+    ("x-content-type-options", "nosniff"),
+]
+
+
+class _ChannelClosed(Exception):
+    """The channel ends normally (close op or end of input): stop reading."""
+
+
+class ChannelSession:
+    """The trio side of one open channel: its outbox, writer and op dispatcher."""
+
+    def __init__(self, runtime: BrokerRuntime, channel_id: int, response: Any) -> None:
+        self.runtime = runtime
+        self.core = runtime.core
+        self.channel_id = channel_id
+        self.response = response
+        self.outbox: list[Any] = []
+        self._wakeup = trio.Event()
+        self._drained = trio.Event()
+        self._confirms_settled = trio.Event()
+        self.finished = False
+        self.closing_reason: str | None = None
+        self.closing_event = trio.Event()
+        self.reader_scope = trio.CancelScope()
+
+    # ChannelSink ---------------------------------------------------------
+
+    def push(self, effect: Any) -> None:
+        self.outbox.append(effect)
+        self._wakeup.set()
+        if type(effect) is Confirm and not self._pending_confirms():
+            self._confirms_settled.set()
+
+    def closing(self, reason: str) -> None:
+        """The broker is shutting down: say so; operations are still taken until
+        :meth:`shutdown`, so in-flight publishes are confirmed and acks still land."""
+        if self.closing_reason is None:
+            self.closing_reason = reason
+            self.send_event({"ev": "closing", "reason": reason})
+            self.closing_event.set()
+
+    def shutdown(self) -> None:
+        """Stop reading operations; the writer flushes what is queued and the channel ends."""
+        self.reader_scope.cancel()
+
+    # outbox ------------------------------------------------------------
+
+    def send_event(self, event: dict[str, Any]) -> None:
+        self.outbox.append(event)
+        self._wakeup.set()
+
+    def _pending_confirms(self) -> int:
+        ch = self.core.channels.get(self.channel_id)
+        return len(ch.confirms) if ch is not None else 0
+
+    async def serve_writer(self) -> None:
+        """Send queued events, many per chunk, until the session finishes."""
+        core = self.core
+        while True:
+            if not self.outbox:
+                if self.finished:
+                    return
+                self._drained.set()
+                self._wakeup = trio.Event()
+                await self._wakeup.wait()
+                continue
+            batch = self.outbox
+            self.outbox = []
+            parts = []
+            credit = 0
+            for item in batch:
+                if type(item) is dict:
+                    parts.append(dumps_line(item))
+                else:
+                    parts.append(dumps_line(event_json(item)))
+                    if type(item) is Deliver:
+                        credit += len(item.message.body) + DELIVERY_OVERHEAD_BYTES
+            await self.response.send(b"".join(parts))
+            if credit:
+                core.grant_credit(self.channel_id, credit)
+                self.runtime.pump()
+
+    async def wait_outbox_room(self) -> None:
+        while len(self.outbox) > OUTBOX_MAX_EVENTS:
+            self._drained = trio.Event()
+            await self._drained.wait()
+
+    async def flush_confirms(self) -> None:
+        """Wait until every publish of this channel has been confirmed."""
+        self.runtime.pump()
+        while self._pending_confirms():
+            self._confirms_settled = trio.Event()
+            await self._confirms_settled.wait()
+
+    # reader ------------------------------------------------------------
+
+    async def serve_reader(self, request: Any) -> None:
+        """Apply operations from the request body until close, end of body or error."""
+        buffer = b""
+        max_line = self.runtime.options.max_body_bytes * 2 + 65536
+        try:
+            async for chunk in request.iter_body(max_bytes=None, timeout_s=None):
+                if buffer:
+                    chunk = buffer + chunk
+                lines = chunk.split(b"\n")
+                buffer = lines.pop()
+                if len(buffer) > max_line:
+                    raise InvalidArgument("operation line too long", code="payload_too_large")
+                try:
+                    for line in lines:
+                        if line.strip():
+                            await self.apply(parse_op_line(line))
+                finally:
+                    self.runtime.pump()
+                await self.wait_outbox_room()
+            else:
+                if buffer.strip():
+                    await self.apply(parse_op_line(buffer))
+                    self.runtime.pump()
+                # End of input: finish the confirms, then end the channel unless it
+                # still consumes (curl piping one consume op keeps receiving).
+                await self.flush_confirms()
+                ch = self.core.channels.get(self.channel_id)
+                if ch is not None and ch.consumers and self.closing_reason is None:
+                    async with trio.open_nursery() as nursery:
+
+                        async def until_closing() -> None:
+                            await self.closing_event.wait()
+                            nursery.cancel_scope.cancel()
+
+                        nursery.start_soon(until_closing)
+                        await request.wait_disconnected()
+                        raise ClientDisconnected("client closed the connection")
+                self.send_event({"ev": "close_ok"})
+        except _ChannelClosed:
+            pass
+
+    async def apply(self, op: dict[str, Any]) -> None:
+        name = op.get("op")
+        if name == "publish":
+            self._publish(op)
+            return
+        handler = _OPS.get(name) if isinstance(name, str) else None
+        if handler is None:
+            raise ChannelError(f"unknown op {name!r}", code="unknown_op")
+        await handler(self, op)
+
+    def _publish(self, op: dict[str, Any]) -> None:
+        exchange = op.get("exchange", "")
+        routing_key = op.get("routing_key", "")
+        if not isinstance(exchange, str) or not isinstance(routing_key, str):
+            raise InvalidArgument("exchange and routing_key must be strings")
+        body = body_from_json(op)
+        if len(body) > self.runtime.options.max_body_bytes:
+            raise InvalidArgument(
+                f"message body over {self.runtime.options.max_body_bytes} bytes",
+                code="payload_too_large",
+            )
+        properties = check_properties(op.get("properties"))
+        mandatory = op.get("mandatory", False)
+        if not isinstance(mandatory, bool):
+            raise InvalidArgument("mandatory must be true or false")
+        self.core.publish(
+            self.channel_id, exchange_name(exchange), routing_key, body, properties, mandatory=mandatory
+        )
+
+
+def _reply(op: dict[str, Any], ev: str, **fields: Any) -> dict[str, Any]:
+    event: dict[str, Any] = {"ev": ev}
+    if "id" in op:
+        event["id"] = op["id"]
+    event.update(fields)
+    return event
+
+
+def _get(op: dict[str, Any], name: str, kind: type | tuple[type, ...], default: Any) -> Any:
+    value = op.get(name, default)
+    if value is None and default is None:
+        return None
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise InvalidArgument(f"field {name} has the wrong type")
+    return value
+
+
+async def _op_consume(s: ChannelSession, op: dict[str, Any]) -> None:
+    timeout_ms = _get(op, "ack_timeout_ms", (int, float), None)
+    tag = s.core.consume(
+        s.channel_id,
+        _get(op, "queue", str, None) or "",
+        consumer_tag=_get(op, "consumer_tag", str, ""),
+        prefetch=_get(op, "prefetch", int, None),
+        no_ack=_get(op, "no_ack", bool, False),
+        exclusive=_get(op, "exclusive", bool, False),
+        ack_timeout_s=timeout_ms / 1000.0 if timeout_ms is not None else None,
+    )
+    s.send_event(_reply(op, "consume_ok", consumer_tag=tag))
+
+
+async def _op_cancel(s: ChannelSession, op: dict[str, Any]) -> None:
+    tag = _get(op, "consumer_tag", str, None)
+    if tag is None:
+        raise InvalidArgument("field consumer_tag is required")
+    s.core.cancel(s.channel_id, tag)
+    s.send_event(_reply(op, "cancel_ok", consumer_tag=tag))
+
+
+async def _op_qos(s: ChannelSession, op: dict[str, Any]) -> None:
+    s.core.qos(s.channel_id, _get(op, "prefetch", int, 0), _get(op, "global", bool, False))
+    s.send_event(_reply(op, "ok", op="qos"))
+
+
+async def _op_ack(s: ChannelSession, op: dict[str, Any]) -> None:
+    s.core.ack(s.channel_id, _get(op, "delivery_tag", int, None), _get(op, "multiple", bool, False))
+
+
+async def _op_nack(s: ChannelSession, op: dict[str, Any]) -> None:
+    s.core.nack(
+        s.channel_id,
+        _get(op, "delivery_tag", int, None),
+        _get(op, "multiple", bool, False),
+        _get(op, "requeue", bool, True),
+    )
+
+
+async def _op_reject(s: ChannelSession, op: dict[str, Any]) -> None:
+    s.core.reject(s.channel_id, _get(op, "delivery_tag", int, None), _get(op, "requeue", bool, True))
+
+
+async def _op_touch(s: ChannelSession, op: dict[str, Any]) -> None:
+    s.core.touch(s.channel_id, _get(op, "delivery_tag", int, None))
+
+
+async def _op_declare_exchange(s: ChannelSession, op: dict[str, Any]) -> None:
+    exchange, created = s.core.declare_exchange(
+        exchange_name(_get(op, "exchange", str, None) or ""),
+        _get(op, "type", str, "direct"),
+        durable=_get(op, "durable", bool, True),
+        auto_delete=_get(op, "auto_delete", bool, False),
+        internal=_get(op, "internal", bool, False),
+        arguments=_get(op, "arguments", dict, {}),
+        passive=_get(op, "passive", bool, False),
+    )
+    if created and exchange.durable:
+        await s.runtime.wait_durable()
+    s.send_event(_reply(op, "ok", op="declare_exchange", exchange=exchange.name, created=created))
+
+
+async def _op_delete_exchange(s: ChannelSession, op: dict[str, Any]) -> None:
+    s.core.delete_exchange(
+        exchange_name(_get(op, "exchange", str, None) or ""),
+        if_unused=_get(op, "if_unused", bool, False),
+    )
+    await s.runtime.wait_durable()
+    s.send_event(_reply(op, "ok", op="delete_exchange"))
+
+
+async def _op_declare_queue(s: ChannelSession, op: dict[str, Any]) -> None:
+    queue, created = s.core.declare_queue(
+        _get(op, "queue", str, ""),
+        durable=_get(op, "durable", bool, True),
+        exclusive=_get(op, "exclusive", bool, False),
+        auto_delete=_get(op, "auto_delete", bool, False),
+        arguments=_get(op, "arguments", dict, {}),
+        passive=_get(op, "passive", bool, False),
+        channel_id=s.channel_id,
+    )
+    if created and queue.persistent_log:
+        await s.runtime.wait_durable()
+    s.send_event(
+        _reply(
+            op,
+            "ok",
+            op="declare_queue",
+            queue=queue.name,
+            created=created,
+            messages=queue.ready_count(),
+            consumers=len(queue.consumers),
+        )
+    )
+
+
+async def _op_delete_queue(s: ChannelSession, op: dict[str, Any]) -> None:
+    count = s.core.delete_queue(
+        _get(op, "queue", str, None) or "",
+        if_unused=_get(op, "if_unused", bool, False),
+        if_empty=_get(op, "if_empty", bool, False),
+        channel_id=s.channel_id,
+    )
+    s.runtime.pump()
+    await s.runtime.wait_durable()
+    s.send_event(_reply(op, "ok", op="delete_queue", messages=count))
+
+
+async def _op_purge_queue(s: ChannelSession, op: dict[str, Any]) -> None:
+    count = s.core.purge_queue(_get(op, "queue", str, None) or "", channel_id=s.channel_id)
+    s.send_event(_reply(op, "ok", op="purge_queue", messages=count))
+
+
+def _binding(op: dict[str, Any]) -> tuple[str, str, str, dict[str, Any], bool]:
+    source = exchange_name(_get(op, "exchange", str, None) or "")
+    queue = _get(op, "queue", str, None)
+    to_exchange = _get(op, "to_exchange", str, None)
+    if (queue is None) == (to_exchange is None):
+        raise InvalidArgument("give exactly one of queue and to_exchange")
+    dest = queue if queue is not None else exchange_name(to_exchange)
+    return source, dest, _get(op, "routing_key", str, ""), _get(op, "arguments", dict, {}), to_exchange is not None
+
+
+async def _op_bind(s: ChannelSession, op: dict[str, Any]) -> None:
+    source, dest, key, args, to_x = _binding(op)
+    s.core.bind(source, dest, key, args, to_exchange=to_x, channel_id=s.channel_id)
+    await s.runtime.wait_durable()
+    s.send_event(_reply(op, "ok", op="bind"))
+
+
+async def _op_unbind(s: ChannelSession, op: dict[str, Any]) -> None:
+    source, dest, key, args, to_x = _binding(op)
+    s.core.unbind(source, dest, key, args, to_exchange=to_x, channel_id=s.channel_id)
+    await s.runtime.wait_durable()
+    s.send_event(_reply(op, "ok", op="unbind"))
+
+
+async def _op_close(s: ChannelSession, op: dict[str, Any]) -> None:
+    s.runtime.pump()
+    await s.flush_confirms()
+    s.send_event(_reply(op, "close_ok"))
+    raise _ChannelClosed()
+
+
+_OPS = {
+    "consume": _op_consume,
+    "cancel": _op_cancel,
+    "qos": _op_qos,
+    "ack": _op_ack,
+    "nack": _op_nack,
+    "reject": _op_reject,
+    "touch": _op_touch,
+    "declare_exchange": _op_declare_exchange,
+    "delete_exchange": _op_delete_exchange,
+    "declare_queue": _op_declare_queue,
+    "delete_queue": _op_delete_queue,
+    "purge_queue": _op_purge_queue,
+    "bind": _op_bind,
+    "unbind": _op_unbind,
+    "close": _op_close,
+}
+
+
+async def handle_channel(runtime: BrokerRuntime, request: Any, response: Any) -> None:
+    """Serve one channel for the lifetime of this HTTP exchange."""
+    runtime.check_ready()
+    if len(runtime.sinks) >= runtime.options.max_channels:
+        raise Unavailable(
+            f"channel limit reached ({runtime.options.max_channels})", code="limit_reached"
+        )
+    core = runtime.core
+    channel_id = core.open_channel()
+    session = ChannelSession(runtime, channel_id, response)
+    runtime.sinks[channel_id] = session
+    log.debug("channel opened", extra={"fields": {"channel": channel_id}})
+    reason = "channel closed"
+    disconnected = False
+    try:
+        await response.start(200, NDJSON_HEADERS)
+        session.send_event({"ev": "open", "channel": channel_id, "server": f"ackbus/{__version__}"})
+        async with trio.open_nursery() as nursery:
+
+            async def write() -> None:
+                nonlocal disconnected
+                try:
+                    await session.serve_writer()
+                except ClientDisconnected:
+                    disconnected = True
+                    nursery.cancel_scope.cancel()
+
+            nursery.start_soon(write)
+            try:
+                with session.reader_scope:
+                    await session.serve_reader(request)
+            except ClientDisconnected:
+                disconnected = True
+                nursery.cancel_scope.cancel()
+            except BrokerError as exc:
+                reason = f"channel error: {exc.code}"
+                event = exc.to_json()
+                event["ev"] = "error"
+                session.send_event(event)
+            finally:
+                session.finished = True
+                session._wakeup.set()
+                # A client that stopped reading cannot hold the channel open forever.
+                nursery.cancel_scope.deadline = trio.current_time() + FLUSH_TIMEOUT_S
+        if disconnected:
+            reason = "client disconnected"
+        else:
+            await response.end()
+    except ClientDisconnected:
+        reason = "client disconnected"
+    finally:
+        runtime.sinks.pop(channel_id, None)
+        core.close_channel(channel_id, reason)
+        runtime.pump()
+        log.debug("channel closed", extra={"fields": {"channel": channel_id, "reason": reason}})

@@ -1,0 +1,123 @@
+"""Errors that only the HTTP layer raises: protocol-level failures and disconnects.
+
+They extend the broker's :class:`~broker.core.errors.BrokerError` hierarchy, so that
+every error response is produced the same way (``{"error": code, "message": text}``
+with ``status``), and add what HTTP needs beyond it: extra response headers such as
+``Allow``. :class:`ClientDisconnected` is deliberately *not* a ``BrokerError``: nobody
+is left to answer, it only tells a handler to clean up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import h11
+
+from broker.core.errors import BrokerError
+
+__all__ = [
+    "ClientDisconnected",
+    "HTTPError",
+    "BadRequest",
+    "MethodNotAllowed",
+    "RequestTimeout",
+    "HeaderFieldsTooLarge",
+    "NotImplementedByServer",
+    "protocol_error",
+]
+
+
+class ClientDisconnected(Exception):
+    """The client went away (or stopped reading) mid-exchange.
+
+    Raised by ``Response.send*`` when the socket is broken or a write stalls past
+    ``Limits.send_timeout_s``, and by ``Request`` body reads when the connection ends
+    before the body does. Handlers catch it to release what the exchange held (a
+    channel returns its unacked deliveries); letting it escape is fine too -- the server
+    closes the connection quietly.
+    """
+
+
+class HTTPError(BrokerError):
+    """A ``BrokerError`` raised by the HTTP layer itself, possibly with extra headers."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str | None = None,
+        status: int | None = None,
+        headers: Sequence[tuple[str, str]] = (),
+    ) -> None:
+        super().__init__(message, code=code)
+        if status is not None:
+            self.status = status
+        self.headers: tuple[tuple[str, str], ...] = tuple(headers)
+
+
+class BadRequest(HTTPError):
+    """Malformed HTTP: bad request line, bad header, bad chunk framing (400)."""
+
+    code = "bad_request"
+    status = 400
+
+
+class MethodNotAllowed(HTTPError):
+    """The path exists but not for this method (405); carries the ``Allow`` header.
+
+    RFC 9110 section 15.5.6: a 405 response MUST include ``Allow``.
+    """
+
+    code = "method_not_allowed"
+    status = 405
+
+    def __init__(self, method: str, path: str, allow: Sequence[str]) -> None:
+        self.allow: tuple[str, ...] = tuple(allow)
+        super().__init__(
+            f"method {method} is not allowed on {path}; allowed: {', '.join(self.allow)}",
+            headers=[("allow", ", ".join(self.allow))],
+        )
+
+
+class RequestTimeout(HTTPError):
+    """The client was too slow sending its request head or body (408)."""
+
+    code = "request_timeout"
+    status = 408
+
+
+class HeaderFieldsTooLarge(HTTPError):
+    """The request head is too large or has too many fields (431, RFC 6585 section 5)."""
+
+    code = "header_fields_too_large"
+    status = 431
+
+
+class NotImplementedByServer(HTTPError):
+    """A feature the server does not support, such as a transfer coding other than
+    chunked (501, RFC 9112 section 6.1)."""
+
+    code = "not_implemented"
+    status = 501
+
+
+_BY_STATUS: dict[int, type[HTTPError]] = {
+    400: BadRequest,
+    408: RequestTimeout,
+    431: HeaderFieldsTooLarge,
+    501: NotImplementedByServer,
+}
+
+
+def protocol_error(exc: h11.RemoteProtocolError) -> HTTPError:
+    """Translate an h11 parse error into the matching ``HTTPError``.
+
+    h11 attaches ``error_status_hint``: 400 by default, 431 for an oversized head,
+    501 for a transfer coding other than chunked.
+    """
+    status = exc.error_status_hint
+    cls = _BY_STATUS.get(status)
+    message = str(exc) or "malformed HTTP request"
+    if cls is not None:
+        return cls(message)
+    return BadRequest(message, status=status if 400 <= status < 600 else 400)

@@ -1,0 +1,212 @@
+"""Map ``METHOD /path/{param}`` patterns to handlers.
+
+Rules:
+
+* A pattern is a sequence of ``/``-separated segments; a segment is either literal text
+  or a whole-segment placeholder ``{name}``. Placeholders match any *non-empty* segment.
+* The request path is split on ``/`` **before** percent-decoding, so an encoded slash
+  (``%2F``) stays inside its segment: ``/queues/a%2Fb`` has the parameter
+  ``name="a/b"`` (RFC 3986 section 2.2: a percent-encoded reserved character is data,
+  not a delimiter). Segments decode as UTF-8; invalid UTF-8 is a ``400``.
+* Literal segments win over placeholders (``/queues/stats`` before
+  ``/queues/{name}``), with backtracking, so registration order never matters.
+* No route for the path → ``404 not_found``. Routes for the path but not for the
+  method → ``405 method_not_allowed`` with an ``Allow`` header (RFC 9110 section
+  15.5.6). ``HEAD`` is served by the ``GET`` handler when no ``HEAD`` route exists
+  (RFC 9110 section 9.3.2); the response layer drops the body.
+
+The routes live in a trie keyed by segment, so matching costs one dict lookup per
+segment whatever the number of routes.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Final, TypeVar
+from urllib.parse import unquote
+
+from broker.core.errors import InvalidArgument, NotFound
+from broker.http.errors import MethodNotAllowed
+
+if TYPE_CHECKING:
+    from broker.http.connection import Request, Response
+
+__all__ = ["Handler", "Router", "RouteMatch"]
+
+#: What a route (and the server's ``app``) is: an async callable answering one request.
+Handler = Callable[["Request", "Response"], Awaitable[None]]
+_H = TypeVar("_H", bound=Handler)
+
+_PARAM_RE: Final = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_METHOD_RE: Final = re.compile(r"[A-Z]+")
+
+
+class _Node:
+    """One trie node: children by literal segment, one placeholder child, and the
+    handlers of the routes that end here (by method, with their parameter names)."""
+
+    __slots__ = ("literals", "param", "routes")
+
+    def __init__(self) -> None:
+        self.literals: dict[str, _Node] = {}
+        self.param: _Node | None = None
+        self.routes: dict[str, tuple[Handler, tuple[str, ...]]] = {}
+
+
+class RouteMatch:
+    """The result of a successful lookup: the handler and the decoded parameters."""
+
+    __slots__ = ("handler", "params")
+
+    def __init__(self, handler: Handler, params: dict[str, str]) -> None:
+        self.handler = handler
+        self.params = params
+
+
+def split_path(path: str) -> list[str]:
+    """Split a request path into percent-decoded segments.
+
+    Raises: ``InvalidArgument`` if a segment's percent-decoding is not UTF-8 or the
+    path does not start with ``/``.
+    """
+    if not path.startswith("/"):
+        raise InvalidArgument(f"request path must start with '/': {path[:64]!r}")
+    segments = path[1:].split("/")
+    for index, segment in enumerate(segments):
+        if "%" in segment:
+            try:
+                segments[index] = unquote(segment, errors="strict")
+            except UnicodeDecodeError:
+                raise InvalidArgument(
+                    f"path segment {segment[:64]!r} is not valid percent-encoded UTF-8"
+                ) from None
+    return segments
+
+
+class Router:
+    """A set of routes; itself a :data:`Handler`, so it can be served directly.
+
+    Example::
+
+        router = Router()
+
+        @router.route("PUT", "/queues/{name}")
+        async def declare_queue(request: Request, response: Response) -> None:
+            name = request.path_params["name"]
+            ...
+    """
+
+    def __init__(self) -> None:
+        self._root = _Node()
+
+    def add(self, method: str, pattern: str, handler: Handler) -> None:
+        """Register ``handler`` for ``method`` on ``pattern``.
+
+        Raises: ``ValueError`` for a malformed pattern or method, a repeated
+        placeholder name, or a route already registered for this method and shape.
+        """
+        if not _METHOD_RE.fullmatch(method):
+            raise ValueError(f"method must be upper-case letters: {method!r}")
+        if not pattern.startswith("/"):
+            raise ValueError(f"pattern must start with '/': {pattern!r}")
+        node = self._root
+        names: list[str] = []
+        for segment in pattern[1:].split("/"):
+            match = _PARAM_RE.fullmatch(segment)
+            if match is not None:
+                name = match.group(1)
+                if name in names:
+                    raise ValueError(f"placeholder {{{name}}} repeated in {pattern!r}")
+                names.append(name)
+                if node.param is None:
+                    node.param = _Node()
+                node = node.param
+            else:
+                if "{" in segment or "}" in segment or "%" in segment:
+                    raise ValueError(
+                        f"segment {segment!r} of {pattern!r}: a placeholder must be a "
+                        "whole segment like {name}, and literals are given decoded"
+                    )
+                node = node.literals.setdefault(segment, _Node())
+        if method in node.routes:
+            raise ValueError(f"route {method} {pattern} is already registered")
+        node.routes[method] = (handler, tuple(names))
+
+    def route(self, method: str, pattern: str) -> Callable[[_H], _H]:
+        """Decorator form of :meth:`add`."""
+
+        def register(handler: _H) -> _H:
+            self.add(method, pattern, handler)
+            return handler
+
+        return register
+
+    def match(self, method: str, path: str) -> RouteMatch:
+        """Find the handler for ``method`` and the (still percent-encoded) ``path``.
+
+        Raises: ``NotFound`` (404) if no route has this path, ``MethodNotAllowed``
+        (405) if routes have it but not for this method, ``InvalidArgument`` (400) for
+        a path that does not decode.
+        """
+        segments = split_path(path)
+        values: list[str] = []
+        found = self._find(self._root, segments, 0, method, values)
+        if found is None:
+            raise NotFound(f"no such endpoint: {path[:200]}")
+        routes = found.routes
+        route = routes.get(method)
+        if route is None and method == "HEAD":
+            route = routes.get("GET")
+        if route is None:
+            allow = set(routes)
+            if "GET" in allow:
+                allow.add("HEAD")
+            raise MethodNotAllowed(method, path[:200], sorted(allow))
+        handler, names = route
+        return RouteMatch(handler, dict(zip(names, values)))
+
+    def _find(
+        self, node: _Node, segments: list[str], index: int, method: str, values: list[str]
+    ) -> _Node | None:
+        """Depth-first search, literals first. Returns the first end node serving
+        ``method`` (or ``GET`` for ``HEAD``); failing that, the first end node with any
+        route, so the caller can answer 405 rather than 404. ``values`` ends holding the
+        placeholder values along the returned path."""
+        if index == len(segments):
+            return node if node.routes else None
+        segment = segments[index]
+        base = len(values)
+        fallback: _Node | None = None
+        fallback_values: list[str] | None = None
+        child = node.literals.get(segment)
+        if child is not None:
+            found = self._find(child, segments, index + 1, method, values)
+            if found is not None:
+                if _serves(found, method):
+                    return found
+                fallback, fallback_values = found, list(values)
+                del values[base:]
+        if node.param is not None and segment:
+            values.append(segment)
+            found = self._find(node.param, segments, index + 1, method, values)
+            if found is not None and (fallback is None or _serves(found, method)):
+                return found
+            del values[base:]
+        if fallback is not None:
+            assert fallback_values is not None
+            values[:] = fallback_values
+        return fallback
+
+    async def __call__(self, request: Request, response: Response) -> None:
+        """Dispatch ``request`` to its route's handler, with ``path_params`` set.
+
+        Raises: whatever :meth:`match` raises, and whatever the handler raises.
+        """
+        found = self.match(request.method, request.path)
+        request.path_params = found.params
+        await found.handler(request, response)
+
+
+def _serves(node: _Node, method: str) -> bool:
+    return method in node.routes or (method == "HEAD" and "GET" in node.routes)

@@ -1,0 +1,149 @@
+"""``GET /queues/{name}/stream``: streaming consume for curl and browsers.
+
+A half-duplex consumer: NDJSON by default, Server-Sent Events with
+``Accept: text/event-stream``. With ``ack=auto`` a message counts as acked once it is
+handed to the stream; with ``ack=lease`` each message carries a ``lease_id`` settled
+through the REST lease calls, ``prefetch`` bounds the outstanding leases, and leases
+still open when the stream ends go back to the queue.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import trio
+
+from broker.core import Deliver, InvalidArgument
+from broker.core.broker import DELIVERY_OVERHEAD_BYTES
+from broker.http.codec import dumps_line, message_json
+from broker.http.errors import ClientDisconnected
+from broker.http.runtime import BrokerRuntime
+
+__all__ = ["handle_stream"]
+
+log = logging.getLogger("ackbus.stream")
+
+SSE_HEARTBEAT_S = 15.0
+
+
+class _StreamSink:
+    def __init__(self) -> None:
+        self.outbox: list[Any] = []
+        self.wakeup = trio.Event()
+        self.closing_reason: str | None = None
+        self.cancelled: str | None = None
+        self.scope = trio.CancelScope()
+
+    def push(self, effect: Any) -> None:
+        if type(effect) is Deliver:
+            self.outbox.append(effect)
+        elif type(effect).__name__ == "ConsumerCancelled":
+            self.cancelled = effect.reason
+        self.wakeup.set()
+
+    def closing(self, reason: str) -> None:
+        self.closing_reason = reason
+        self.wakeup.set()
+
+    def shutdown(self) -> None:
+        self.scope.cancel()
+
+
+def _stream_item(d: Deliver) -> dict[str, Any]:
+    item = message_json(d.message)
+    item.update(
+        exchange=d.message.exchange,
+        routing_key=d.message.routing_key,
+        redelivered=d.redelivered,
+    )
+    if d.lease_id is not None:
+        item["lease_id"] = d.lease_id
+    return item
+
+
+async def handle_stream(runtime: BrokerRuntime, request: Any, response: Any) -> None:
+    """Stream a queue's messages until the client leaves or the broker closes."""
+    runtime.check_ready()
+    queue = request.path_params["name"]
+    prefetch = request.query.get_int("prefetch", 100, min_value=0, max_value=runtime.options.max_prefetch)
+    ack_mode = request.query.get_str("ack", "auto")
+    if ack_mode not in ("auto", "lease"):
+        raise InvalidArgument("ack must be auto or lease")
+    lease_s = request.query.get_float(
+        "lease", runtime.options.default_lease_s, min_value=0.001, max_value=runtime.options.max_lease_s
+    )
+    sse = "text/event-stream" in (request.headers.get("accept") or "")
+    await request.read_body()
+    core = runtime.core
+    channel_id = core.open_channel()
+    sink = _StreamSink()
+    runtime.sinks[channel_id] = sink
+    disconnected = False
+    try:
+        core.consume(
+            channel_id,
+            queue,
+            prefetch=prefetch,
+            no_ack=ack_mode == "auto",
+            lease_s=lease_s if ack_mode == "lease" else None,
+        )
+        content_type = "text/event-stream" if sse else "application/x-ndjson"
+        await response.start(200, [("content-type", content_type), ("cache-control", "no-cache")])
+        runtime.pump()
+        async with trio.open_nursery() as nursery:
+
+            async def watch_client() -> None:
+                nonlocal disconnected
+                await request.wait_disconnected()
+                disconnected = True
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(watch_client)
+            try:
+                with sink.scope:
+                    await _write_loop(runtime, channel_id, sink, response, sse)
+            except ClientDisconnected:
+                disconnected = True
+            nursery.cancel_scope.cancel()
+        if not disconnected:
+            await response.end()
+    except ClientDisconnected:
+        pass
+    finally:
+        runtime.sinks.pop(channel_id, None)
+        core.close_channel(channel_id, "stream ended")
+        runtime.pump()
+
+
+async def _write_loop(runtime: BrokerRuntime, channel_id: int, sink: _StreamSink, response: Any, sse: bool) -> None:
+    core = runtime.core
+    while True:
+        if not sink.outbox:
+            if sink.cancelled is not None or sink.closing_reason is not None:
+                reason = sink.cancelled or sink.closing_reason
+                if sse:
+                    await response.send(b"event: closing\ndata: " + dumps_line({"reason": reason}) + b"\n")
+                else:
+                    await response.send(dumps_line({"ev": "closing", "reason": reason}))
+                return
+            sink.wakeup = trio.Event()
+            with trio.move_on_after(SSE_HEARTBEAT_S if sse else float("inf")):
+                await sink.wakeup.wait()
+                continue
+            await response.send(b": heartbeat\n\n")
+            continue
+        batch = sink.outbox
+        sink.outbox = []
+        parts = []
+        credit = 0
+        for d in batch:
+            line = dumps_line(_stream_item(d))
+            if sse:
+                parts.append(b"data: " + line + b"\n")
+            else:
+                parts.append(line)
+            credit += len(d.message.body) + DELIVERY_OVERHEAD_BYTES
+        await response.send(b"".join(parts))
+        core.grant_credit(channel_id, credit)
+        runtime.pump()

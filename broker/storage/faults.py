@@ -1,0 +1,212 @@
+"""Named fault points for crash and failure tests.
+
+One job: let a test make the storage code crash or fail at an exact step, and make that
+cost nothing when no test asks for it.
+
+Fault points are inactive unless the environment variable ``ACKBUS_FAULTS`` names them
+(read once, on first use) or a test activates them with :func:`activate`. The variable is
+a comma-separated list of ``name[@skip][:count]``:
+
+* ``skip`` - let the first ``skip`` hits pass (default 0);
+* ``count`` - then trigger this many times (default: every hit).
+
+Kill points end the process with SIGKILL, as a power cut or ``kill -9`` would, at exactly
+that step (for subprocess crash tests):
+
+``wal.after_write``       the batch is written, not yet fsynced
+``wal.before_fsync``      about to fsync the active segment
+``wal.after_fsync``       fsynced, ``on_durable`` not yet called
+``wal.after_segment_create``  a new segment file exists, the directory is not yet fsynced
+``checkpoint.after_tmp_write``  the temporary checkpoint is written, not yet fsynced
+``checkpoint.before_rename``    fsynced, not yet renamed into place
+``checkpoint.after_rename``     renamed, directory not yet fsynced, old ones not deleted
+
+Error points raise ``OSError(EIO)`` so that the failure path can be tested:
+
+``wal.write_error``       the batch write fails after writing half of it
+``wal.fsync_error``       the fsync fails
+
+Example: ``ACKBUS_FAULTS=wal.after_write@3`` kills the process after its fourth batch
+write; ``ACKBUS_FAULTS=wal.fsync_error:2`` fails the first two fsyncs.
+
+In-process tests can replace the SIGKILL with an exception via :func:`set_kill_handler`.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Final
+
+__all__ = [
+    "ENV_VAR",
+    "KILL_POINTS",
+    "ERROR_POINTS",
+    "FAULT_POINTS",
+    "hit",
+    "activate",
+    "deactivate",
+    "reset",
+    "injected",
+    "parse_spec",
+    "set_kill_handler",
+    "active",
+]
+
+ENV_VAR: Final = "ACKBUS_FAULTS"
+
+KILL_POINTS: Final = frozenset(
+    {
+        "wal.after_write",
+        "wal.before_fsync",
+        "wal.after_fsync",
+        "wal.after_segment_create",
+        "checkpoint.after_tmp_write",
+        "checkpoint.before_rename",
+        "checkpoint.after_rename",
+    }
+)
+ERROR_POINTS: Final = frozenset({"wal.write_error", "wal.fsync_error"})
+FAULT_POINTS: Final = KILL_POINTS | ERROR_POINTS
+
+
+@dataclass(slots=True)
+class _Fault:
+    skip: int
+    count: int | None  # None: every hit after the skipped ones
+
+
+_lock = threading.Lock()
+_active: dict[str, _Fault] = {}
+_env_loaded = False
+_kill_handler: Callable[[str], None] | None = None
+
+
+def parse_spec(spec: str) -> dict[str, tuple[int, int | None]]:
+    """Parse an ``ACKBUS_FAULTS`` value into ``{name: (skip, count)}``.
+
+    Raises:
+        ValueError: an unknown fault point name or a malformed skip/count, so that a typo
+            in a crash test fails loudly instead of silently testing nothing.
+    """
+    result: dict[str, tuple[int, int | None]] = {}
+    for item in spec.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        name, _, count_text = item.partition(":")
+        name, _, skip_text = name.partition("@")
+        name = name.strip()
+        if name not in FAULT_POINTS:
+            raise ValueError(
+                f"unknown fault point {name!r} in {ENV_VAR}; known: {', '.join(sorted(FAULT_POINTS))}"
+            )
+        try:
+            skip = int(skip_text) if skip_text else 0
+            count = int(count_text) if count_text else None
+        except ValueError:
+            raise ValueError(f"malformed fault spec {item!r}: expected name[@skip][:count]") from None
+        if skip < 0 or (count is not None and count < 1):
+            raise ValueError(f"malformed fault spec {item!r}: skip >= 0, count >= 1")
+        result[name] = (skip, count)
+    return result
+
+
+def _load_env_locked() -> None:
+    global _env_loaded
+    if _env_loaded:
+        return
+    _env_loaded = True
+    for name, (skip, count) in parse_spec(os.environ.get(ENV_VAR, "")).items():
+        _active.setdefault(name, _Fault(skip, count))
+
+
+def activate(name: str, *, count: int | None = None, skip: int = 0) -> None:
+    """Arm a fault point in this process (after ``skip`` hits, ``count`` times).
+
+    Raises:
+        ValueError: unknown name.
+    """
+    if name not in FAULT_POINTS:
+        raise ValueError(f"unknown fault point {name!r}")
+    with _lock:
+        _load_env_locked()
+        _active[name] = _Fault(skip, count)
+
+
+def deactivate(name: str) -> None:
+    """Disarm one fault point."""
+    with _lock:
+        _load_env_locked()
+        _active.pop(name, None)
+
+
+def reset() -> None:
+    """Disarm every fault point (including those from the environment) and restore SIGKILL."""
+    global _kill_handler
+    with _lock:
+        _load_env_locked()
+        _active.clear()
+        _kill_handler = None
+
+
+def active() -> dict[str, tuple[int, int | None]]:
+    """The armed fault points: ``{name: (skip remaining, count remaining)}``."""
+    with _lock:
+        _load_env_locked()
+        return {name: (f.skip, f.count) for name, f in _active.items()}
+
+
+@contextmanager
+def injected(name: str, *, count: int | None = None, skip: int = 0) -> Iterator[None]:
+    """Arm a fault point for the duration of a ``with`` block."""
+    activate(name, count=count, skip=skip)
+    try:
+        yield
+    finally:
+        deactivate(name)
+
+
+def set_kill_handler(handler: Callable[[str], None] | None) -> None:
+    """Replace SIGKILL for kill points (for in-process tests); None restores SIGKILL.
+
+    The handler receives the point's name and should raise; if it returns, the code
+    carries on as if nothing happened.
+    """
+    global _kill_handler
+    with _lock:
+        _kill_handler = handler
+
+
+def hit(name: str) -> None:
+    """Pass a fault point: do nothing unless it is armed.
+
+    Raises:
+        OSError: ``EIO`` at an armed error point.
+    """
+    if not _active and _env_loaded:
+        return  # the common case: one dict check
+    with _lock:
+        _load_env_locked()
+        fault = _active.get(name)
+        if fault is None:
+            return
+        if fault.skip > 0:
+            fault.skip -= 1
+            return
+        if fault.count is not None:
+            fault.count -= 1
+            if fault.count <= 0:
+                del _active[name]
+        handler = _kill_handler
+    if name in ERROR_POINTS:
+        raise OSError(errno.EIO, f"injected fault {name}")
+    if handler is not None:
+        handler(name)
+        return
+    os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,817 @@
+"""The write-ahead log: append records, make them durable in batches, say which LSN is safe.
+
+One job: turn ``append_nowait(records)`` calls into durable bytes in segment files, with
+one write and (policy permitting) one fsync per batch, and report the highest durable LSN
+through ``on_durable(lsn)``. It knows bytes and files; what records mean is the core's.
+
+Theory of operation
+-------------------
+
+* **LSNs.** Records are numbered 1, 2, 3... in append order, across segments. The WAL
+  assigns them in :meth:`WriteAheadLog.append_nowait` (which returns the LSN of the last
+  record it was given); the core keeps an identical counter. An LSN, once assigned, is
+  never reused, even if its record could not be written.
+* **Group commit.** ``append_nowait`` only frames the records and buffers them. A single
+  writer task, :meth:`WriteAheadLog.serve`, waits until something is buffered, takes all
+  of it, writes it with one ``write`` and fsyncs once (``fdatasync``, in a worker thread),
+  then calls ``on_durable(last_lsn)``. Whatever is appended during that write and fsync
+  forms the next batch: under load, batches grow and fsyncs per record fall.
+* **Fsync policies** (:class:`FsyncPolicy`): ``always`` reports after the fsync (the only
+  policy that survives power loss); ``interval=N`` reports after the write and fsyncs
+  at most every N ms; ``never`` reports after the write and fsyncs only on
+  :meth:`~WriteAheadLog.sync`, on close and when a segment is retired. ``interval`` and
+  ``never`` survive a crash of the process (the page cache holds the data) but not of the
+  machine.
+* **Segments.** ``<data_dir>/wal/<first LSN in 16 hex>.wal``, 32-byte header
+  (``segment.py``) then frames (``framing.py``). A batch that would take the active
+  segment past ``segment_max_bytes`` goes to a new segment (a segment holding a single
+  batch larger than that is allowed). Before moving on, the old segment is fsynced, and
+  the new one is created temp -> fsync -> rename -> fsync directory, so every segment
+  but the last is complete on disk.
+* **IO failure.** If a write or fsync raises ``OSError`` (ENOSPC, EIO...), the batch's
+  LSNs are never reported durable: ``on_failure(first_lsn, last_lsn, exc)`` is called,
+  the failed segment is truncated back to its last good offset (best effort) and closed,
+  and the WAL enters its *failed state*: later batches fail at once through
+  ``on_failure`` without being written. Every ``retry_interval_s`` it probes by creating
+  a fresh segment named by the next LSN to be appended, whose header marks everything
+  after the last good LSN as void (so a truncation that did not work cannot resurrect a
+  failed batch at recovery). When the probe's fsyncs succeed it calls ``on_recovered()``
+  and accepts batches again. LSN gaps between segments are expected after this. No
+  ``OSError`` escapes :meth:`serve`: the broker keeps running and nacks.
+* **Cancellation.** IO runs in worker threads that are never abandoned: cancelling
+  :meth:`serve` waits for the current write/fsync to finish. A batch taken for writing
+  but not yet handed to its thread is put back, so cancellation never loses a record.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final, Literal
+
+import trio
+
+from . import faults
+from .errors import InvalidConfiguration, StorageError, WALClosed, WALFailed
+from .framing import DEFAULT_MAX_RECORD_BYTES, encode_records
+from .fs import OS_FILE_SYSTEM, FileSystem, WritableFile
+from .segment import (
+    SEGMENT_HEADER_BYTES,
+    TMP_SUFFIX,
+    WAL_DIRNAME,
+    SegmentHeader,
+    encode_segment_header,
+    parse_segment_name,
+    segment_name,
+)
+
+if TYPE_CHECKING:
+    from .recovery import Recovery
+
+__all__ = [
+    "DEFAULT_SEGMENT_MAX_BYTES",
+    "DEFAULT_RETRY_INTERVAL_S",
+    "FsyncPolicy",
+    "parse_fsync_policy",
+    "WALStatistics",
+    "WriteAheadLog",
+    "open_wal",
+]
+
+logger = logging.getLogger("ackbus.storage")
+
+#: Segment rollover size. Kafka and etcd use 1 GiB and 64 MiB; 64 MiB keeps the space
+#: a checkpoint can free reasonably fine-grained.
+DEFAULT_SEGMENT_MAX_BYTES: Final = 64 * 1024 * 1024
+DEFAULT_RETRY_INTERVAL_S: Final = 1.0
+
+OnDurable = Callable[[int], None]
+OnFailure = Callable[[int, int, OSError], None]
+OnRecovered = Callable[[], None]
+OnFsync = Callable[[float], None]
+
+
+@dataclass(frozen=True, slots=True)
+class FsyncPolicy:
+    """When the WAL fsyncs, and therefore when it reports records durable.
+
+    Build one with :meth:`always`, :meth:`never`, :meth:`every` or
+    :func:`parse_fsync_policy`; ``str(policy)`` gives the text form back.
+    """
+
+    mode: Literal["always", "interval", "never"]
+    interval_ms: int = 0
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("always", "interval", "never"):
+            raise InvalidConfiguration(f"unknown fsync policy mode {self.mode!r}")
+        if self.mode == "interval" and self.interval_ms < 1:
+            raise InvalidConfiguration(
+                f"fsync interval must be a positive number of milliseconds, got {self.interval_ms}"
+            )
+
+    @classmethod
+    def always(cls) -> FsyncPolicy:
+        """fsync every batch before reporting it durable (safe against power loss)."""
+        return cls("always")
+
+    @classmethod
+    def never(cls) -> FsyncPolicy:
+        """Report after the write; fsync only on sync/close/rollover. UNSAFE on power loss."""
+        return cls("never")
+
+    @classmethod
+    def every(cls, interval_ms: int) -> FsyncPolicy:
+        """Report after the write; fsync at most every ``interval_ms``. Loses up to that
+        much acknowledged data on power loss."""
+        return cls("interval", interval_ms)
+
+    @property
+    def interval_s(self) -> float:
+        """The interval in seconds (0 unless mode is interval)."""
+        return self.interval_ms / 1000.0
+
+    def __str__(self) -> str:
+        return f"interval={self.interval_ms}" if self.mode == "interval" else self.mode
+
+
+def parse_fsync_policy(text: str | int | FsyncPolicy) -> FsyncPolicy:
+    """Parse ``"always"``, ``"never"`` or ``"interval=<ms>"`` (an int means interval ms).
+
+    Raises:
+        InvalidConfiguration: (a ``ValueError``) anything else, with the accepted forms.
+    """
+    if isinstance(text, FsyncPolicy):
+        return text
+    if isinstance(text, int) and not isinstance(text, bool):
+        return FsyncPolicy.every(text)
+    if not isinstance(text, str):
+        raise InvalidConfiguration(f"fsync policy must be a string, got {type(text).__name__}")
+    value = text.strip().lower()
+    if value in ("always", "never"):
+        return FsyncPolicy(value)  # type: ignore[arg-type]
+    key, sep, number = value.partition("=")
+    if sep and key.strip() == "interval":
+        try:
+            interval_ms = int(number.strip())
+        except ValueError:
+            interval_ms = 0
+        if interval_ms >= 1:
+            return FsyncPolicy.every(interval_ms)
+    raise InvalidConfiguration(
+        f"invalid fsync policy {text!r}: expected 'always', 'never' or 'interval=<ms>' "
+        "with a positive whole number of milliseconds, e.g. 'interval=50'"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class WALStatistics:
+    """A snapshot of the WAL's counters (for metrics and ``GET /overview``)."""
+
+    bytes_written: int
+    records_written: int
+    fsyncs: int
+    segments: int
+    failed: bool
+    last_durable_lsn: int
+    #: highest LSN fsynced (equals last_durable_lsn under "always")
+    last_synced_lsn: int
+    #: highest LSN assigned by append_nowait
+    last_lsn: int
+    buffered_records: int
+    buffered_bytes: int
+    active_segment: str | None
+
+
+@dataclass(slots=True)
+class _Segment:
+    """The segment being appended to (touched only by the single IO thread at a time)."""
+
+    first_lsn: int
+    path: str
+    file: WritableFile
+    size: int
+    good_size: int  # end of the last batch written (and, under "always", fsynced) whole
+    has_records: bool
+
+
+@dataclass(frozen=True, slots=True)
+class _WriteResult:
+    fsync_s: float | None
+    retired_sync_s: float | None
+
+
+def _noop_durable(lsn: int) -> None:
+    pass
+
+
+class WriteAheadLog:
+    """A segmented, group-committing write-ahead log (see the module docstring).
+
+    Normally built by :meth:`open` from a finished :class:`~broker.storage.Recovery`.
+    Run :meth:`serve` in a nursery; feed it with :meth:`append_nowait`; close it with
+    :meth:`aclose`.
+
+    Raises (constructor):
+        InvalidConfiguration: bad sizes, intervals or fsync policy.
+        StorageError: the WAL directory holds segments at or after ``next_lsn`` that
+            contain records (recovery was not run, or ``next_lsn`` is wrong).
+    """
+
+    def __init__(
+        self,
+        data_dir: str | os.PathLike[str],
+        *,
+        next_lsn: int = 1,
+        fsync_policy: FsyncPolicy | str | int = "always",
+        on_durable: OnDurable = _noop_durable,
+        on_failure: OnFailure | None = None,
+        on_recovered: OnRecovered | None = None,
+        on_fsync: OnFsync | None = None,
+        segment_max_bytes: int = DEFAULT_SEGMENT_MAX_BYTES,
+        retry_interval_s: float = DEFAULT_RETRY_INTERVAL_S,
+        max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+        fs: FileSystem | None = None,
+    ) -> None:
+        if next_lsn < 1:
+            raise InvalidConfiguration(f"next_lsn must be >= 1, got {next_lsn}")
+        if segment_max_bytes < SEGMENT_HEADER_BYTES + 1:
+            raise InvalidConfiguration(f"segment_max_bytes too small: {segment_max_bytes}")
+        if not retry_interval_s > 0:
+            raise InvalidConfiguration(f"retry_interval_s must be > 0, got {retry_interval_s}")
+        if max_record_bytes < 1:
+            raise InvalidConfiguration(f"max_record_bytes must be >= 1, got {max_record_bytes}")
+        self._policy = parse_fsync_policy(fsync_policy)
+        self._data_dir = os.fspath(data_dir)
+        self._wal_dir = os.path.join(self._data_dir, WAL_DIRNAME)
+        self._fs: FileSystem = fs if fs is not None else OS_FILE_SYSTEM
+        self._on_durable = on_durable
+        self._on_failure = on_failure
+        self._on_recovered = on_recovered
+        self._on_fsync = on_fsync
+        self._segment_max_bytes = segment_max_bytes
+        self._retry_interval_s = retry_interval_s
+        self._max_record_bytes = max_record_bytes
+
+        # LSN bookkeeping. Buffered records are exactly LSNs _buffered_first.._last_lsn.
+        self._last_lsn = next_lsn - 1
+        self._buffered_first = next_lsn
+        self._chunks: list[bytes] = []
+        self._buffered_bytes = 0
+        self._good_lsn = next_lsn - 1  # last LSN written whole (and synced under "always")
+        self._synced_lsn = next_lsn - 1
+        self._durable_lsn = next_lsn - 1  # last LSN reported through on_durable
+
+        # First LSNs of the segment files on disk, sorted. Mutated by the IO thread (new
+        # segments) and by release_through, hence the (threading) lock.
+        self._segments: list[int] = []
+        self._segments_lock = threading.Lock()
+        self._reuse_segment: int | None = None
+        self._scan_existing_segments(next_lsn)
+        self._active: _Segment | None = None
+        self._dirty = False  # bytes written to the active segment since its last fsync
+        self._last_sync_time = -math.inf
+
+        self._failed = False
+        self._failure: OSError | None = None
+        self._retry_at = math.inf
+        self._closing = False
+        self._closed = False
+        self._serving = False
+        self._wakeup = trio.Event()
+        self._io_lock = trio.Lock()
+        # One IO thread at a time: writes, fsyncs and probes are strictly ordered, and the
+        # WAL never waits behind unrelated work in trio's shared default thread pool.
+        self._limiter = trio.CapacityLimiter(1)
+
+        self._bytes_written = 0
+        self._records_written = 0
+        self._fsyncs = 0
+
+    @classmethod
+    def open(
+        cls,
+        recovery: Recovery,
+        *,
+        fsync_policy: FsyncPolicy | str | int = "always",
+        on_durable: OnDurable = _noop_durable,
+        on_failure: OnFailure | None = None,
+        on_recovered: OnRecovered | None = None,
+        on_fsync: OnFsync | None = None,
+        segment_max_bytes: int = DEFAULT_SEGMENT_MAX_BYTES,
+        retry_interval_s: float = DEFAULT_RETRY_INTERVAL_S,
+    ) -> WriteAheadLog:
+        """The append phase after a recovery: a WAL that continues at ``recovery.next_lsn``.
+
+        Raises:
+            RecoveryNotFinished: the recovery's WAL records were not all read yet.
+            InvalidConfiguration: see the constructor.
+        """
+        return cls(
+            recovery.data_dir,
+            next_lsn=recovery.next_lsn,
+            fsync_policy=fsync_policy,
+            on_durable=on_durable,
+            on_failure=on_failure,
+            on_recovered=on_recovered,
+            on_fsync=on_fsync,
+            segment_max_bytes=segment_max_bytes,
+            retry_interval_s=retry_interval_s,
+            max_record_bytes=recovery.max_record_bytes,
+            fs=recovery.fs,
+        )
+
+    def _scan_existing_segments(self, next_lsn: int) -> None:
+        fs = self._fs
+        for name in fs.listdir(self._wal_dir):
+            first = parse_segment_name(name)
+            if first is None:
+                continue
+            if first > next_lsn:
+                raise StorageError(
+                    f"{os.path.join(self._wal_dir, name)} starts after LSN {next_lsn}, where "
+                    "appending would begin; run recover() and open the WAL from its result"
+                )
+            if first == next_lsn:
+                path = os.path.join(self._wal_dir, name)
+                if fs.getsize(path) != SEGMENT_HEADER_BYTES:
+                    raise StorageError(
+                        f"{path} already holds data at LSN {next_lsn}, where appending would "
+                        "begin; run recover() and open the WAL from its result"
+                    )
+                # An empty segment left by a rollover or a failure probe: append to it
+                # (its name is ours, and its header may carry a void marker to keep).
+                self._reuse_segment = first
+            self._segments.append(first)
+        self._segments.sort()
+
+    # ------------------------------------------------------------------ public API
+
+    @property
+    def policy(self) -> FsyncPolicy:
+        """The fsync policy in force."""
+        return self._policy
+
+    @property
+    def last_lsn(self) -> int:
+        """LSN of the last record appended (0 if none ever was)."""
+        return self._last_lsn
+
+    @property
+    def failed(self) -> bool:
+        """True while the WAL is in its failed state."""
+        return self._failed
+
+    def append_nowait(self, records: Sequence[tuple[int, bytes]]) -> int:
+        """Buffer records for the next batch; return the LSN of the last one. Never blocks.
+
+        Records get consecutive LSNs in the order given. An empty sequence returns the
+        current last LSN. While the WAL is failed, records are still numbered and then
+        reported through ``on_failure`` without being written.
+
+        Raises:
+            WALClosed: after :meth:`aclose` began.
+            ValueError: a record type outside 0..255.
+            RecordTooLarge: a record over ``max_record_bytes``. Nothing of the call is
+                buffered (and no LSN assigned) if any record is rejected.
+        """
+        if self._closing:
+            raise WALClosed("the write-ahead log is closed")
+        data, count = encode_records(records, max_record_bytes=self._max_record_bytes)
+        if count:
+            self._chunks.append(data)
+            self._buffered_bytes += len(data)
+            self._last_lsn += count
+            self._wakeup.set()
+        return self._last_lsn
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """The group-commit writer task. Runs until :meth:`aclose` or cancellation.
+
+        Raises:
+            RuntimeError: already serving.
+            WALClosed: the WAL was closed.
+            Whatever ``on_durable``/``on_failure``/``on_recovered``/``on_fsync`` raise
+            (a bug in the caller). ``OSError`` never escapes: it becomes the failed state.
+        """
+        if self._serving:
+            raise RuntimeError("WriteAheadLog.serve() is already running")
+        if self._closing:
+            raise WALClosed("the write-ahead log is closed")
+        self._serving = True
+        try:
+            task_status.started()
+            while not self._closing:
+                await self._serve_once()
+        finally:
+            self._serving = False
+
+    async def sync(self) -> int:
+        """Write everything buffered and fsync it now, whatever the policy.
+
+        Use it before taking a checkpoint under the ``never`` policy, or whenever a
+        caller needs everything so far on disk. Returns the highest fsynced LSN.
+
+        Raises:
+            WALClosed: the WAL is closed.
+            WALFailed: the WAL is (or just became) failed; the buffered records were
+                reported through ``on_failure``.
+        """
+        async with self._io_lock:
+            if self._closed:
+                raise WALClosed("the write-ahead log is closed")
+            if not self._failed and self._chunks:
+                await self._commit(force_sync=True)
+            if not self._failed and self._dirty:
+                await self._sync_active()
+            if self._failed:
+                self._fail_buffered()
+                raise WALFailed(f"the write-ahead log is failed: {self._failure}")
+            return self._synced_lsn
+
+    async def release_through(self, lsn: int) -> list[str]:
+        """Delete segment files all of whose records have LSN <= ``lsn``.
+
+        Call it once a checkpoint covering ``lsn`` is safely written. The last segment
+        (the active one) is never deleted, and only a prefix of the log is ever removed.
+        Returns the paths deleted. A deletion that fails is logged and retried by a later
+        call; it does not raise.
+        """
+        active = self._active
+        active_first = active.first_lsn if active is not None else None
+        victims: list[int] = []
+        with self._segments_lock:
+            segments = self._segments
+            for index in range(len(segments) - 1):
+                first = segments[index]
+                if first == active_first or segments[index + 1] - 1 > lsn:
+                    break
+                victims.append(first)
+            del segments[: len(victims)]
+        if not victims:
+            return []
+        paths = [os.path.join(self._wal_dir, segment_name(first)) for first in victims]
+
+        def remove_all() -> list[str]:
+            removed: list[str] = []
+            for first, path in zip(victims, paths):
+                try:
+                    self._fs.remove(path)
+                except FileNotFoundError:
+                    removed.append(path)
+                except OSError as exc:
+                    logger.warning("could not delete released WAL segment %s: %s", path, exc)
+                    with self._segments_lock:
+                        self._segments.append(first)
+                        self._segments.sort()
+                else:
+                    removed.append(path)
+            return removed
+
+        removed = await trio.to_thread.run_sync(remove_all)
+        if removed:
+            logger.info("released %d WAL segment(s) through LSN %d", len(removed), lsn)
+        return removed
+
+    async def aclose(self) -> None:
+        """Write and fsync whatever is buffered, close the files, stop :meth:`serve`.
+
+        Runs shielded from cancellation (it is the shutdown path and only waits for the
+        disk). Idempotent. IO errors are reported through ``on_failure`` and logged.
+        """
+        if self._closed:
+            return
+        self._closing = True
+        self._wakeup.set()
+        with trio.CancelScope(shield=True):
+            async with self._io_lock:
+                if self._closed:
+                    return
+                try:
+                    if self._failed:
+                        self._fail_buffered()
+                    else:
+                        if self._chunks:
+                            await self._commit(force_sync=True)
+                        if not self._failed and self._dirty:
+                            await self._sync_active()
+                        if self._failed:
+                            self._fail_buffered()
+                finally:
+                    await trio.to_thread.run_sync(self._close_active, limiter=self._limiter)
+                    self._closed = True
+
+    def statistics(self) -> WALStatistics:
+        """Counters and state, cheap to call."""
+        active = self._active
+        return WALStatistics(
+            bytes_written=self._bytes_written,
+            records_written=self._records_written,
+            fsyncs=self._fsyncs,
+            segments=len(self._segments),
+            failed=self._failed,
+            last_durable_lsn=self._durable_lsn,
+            last_synced_lsn=self._synced_lsn,
+            last_lsn=self._last_lsn,
+            buffered_records=self._last_lsn - self._buffered_first + 1,
+            buffered_bytes=self._buffered_bytes,
+            active_segment=active.path if active is not None else None,
+        )
+
+    # ------------------------------------------------------------------ writer loop
+
+    async def _serve_once(self) -> None:
+        if self._failed:
+            deadline = self._retry_at
+        elif self._dirty and self._policy.mode == "interval":
+            deadline = self._last_sync_time + self._policy.interval_s
+        else:
+            deadline = math.inf
+        if not self._chunks:
+            with trio.move_on_at(deadline):
+                while not self._chunks and not self._closing:
+                    self._wakeup = trio.Event()
+                    await self._wakeup.wait()
+        async with self._io_lock:
+            if self._closing:
+                return  # aclose() flushes what is left
+            if self._failed:
+                self._fail_buffered()
+                if trio.current_time() >= self._retry_at:
+                    await self._probe()
+            elif self._chunks:
+                await self._commit(force_sync=False)
+            elif self._dirty and trio.current_time() >= deadline:
+                await self._sync_active()
+
+    async def _commit(self, *, force_sync: bool) -> None:
+        """Write (and maybe fsync) every buffered record as one batch. Holds _io_lock."""
+        chunks = self._chunks
+        first = self._buffered_first
+        last = self._last_lsn
+        nbytes = self._buffered_bytes
+        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        self._chunks = []
+        self._buffered_bytes = 0
+        self._buffered_first = last + 1
+        policy = self._policy
+        now = trio.current_time()
+        do_sync = (
+            force_sync
+            or policy.mode == "always"
+            or (policy.mode == "interval" and now - self._last_sync_time >= policy.interval_s)
+        )
+        try:
+            result = await trio.to_thread.run_sync(
+                self._io_write, data, first, do_sync, limiter=self._limiter
+            )
+        except trio.Cancelled:
+            # Raised only before the thread started: nothing was written. Put it back.
+            self._chunks.insert(0, data)
+            self._buffered_bytes += nbytes
+            self._buffered_first = first
+            raise
+        except OSError as exc:
+            await self._enter_failed(exc, first, last)
+            return
+        self._bytes_written += len(data)
+        self._records_written += last - first + 1
+        self._good_lsn = last
+        if result.retired_sync_s is not None:
+            self._note_fsync(result.retired_sync_s)
+        if result.fsync_s is not None:
+            self._synced_lsn = last
+            self._dirty = False
+            self._last_sync_time = trio.current_time()
+            self._note_fsync(result.fsync_s)
+        else:
+            self._dirty = True
+        self._durable_lsn = last
+        self._on_durable(last)
+
+    async def _sync_active(self) -> None:
+        """fsync the active segment (interval tick, sync(), close). Holds _io_lock."""
+        target = self._good_lsn
+        try:
+            duration = await trio.to_thread.run_sync(self._io_sync, limiter=self._limiter)
+        except OSError as exc:
+            logger.error(
+                "fsync of the write-ahead log failed: %s; LSNs %d..%d were reported durable "
+                "under fsync policy %s but may not be on disk",
+                exc,
+                self._synced_lsn + 1,
+                target,
+                self._policy,
+            )
+            await self._enter_failed(exc, None, None)
+            return
+        if duration is not None:
+            self._note_fsync(duration)
+        self._synced_lsn = target
+        self._dirty = False
+        self._last_sync_time = trio.current_time()
+
+    def _note_fsync(self, duration_s: float) -> None:
+        self._fsyncs += 1
+        if self._on_fsync is not None:
+            self._on_fsync(duration_s)
+
+    async def _enter_failed(self, exc: OSError, first: int | None, last: int | None) -> None:
+        """Switch to the failed state after an IO error. Holds _io_lock."""
+        self._failed = True
+        self._failure = exc
+        self._retry_at = trio.current_time() + self._retry_interval_s
+        if first is not None and last is not None:
+            logger.error(
+                "write-ahead log IO failed for LSNs %d..%d: %s; failing new batches and "
+                "probing again every %.3g s",
+                first,
+                last,
+                exc,
+                self._retry_interval_s,
+            )
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(self._io_abandon_active, limiter=self._limiter)
+        if first is not None and last is not None and self._on_failure is not None:
+            self._on_failure(first, last, exc)
+
+    def _fail_buffered(self) -> None:
+        """Report every buffered record as failed without writing it (failed state)."""
+        if not self._chunks:
+            return
+        first, last = self._buffered_first, self._last_lsn
+        self._chunks = []
+        self._buffered_bytes = 0
+        self._buffered_first = last + 1
+        assert self._failure is not None
+        if self._on_failure is not None:
+            self._on_failure(first, last, self._failure)
+
+    async def _probe(self) -> None:
+        """Try to leave the failed state by starting a fresh segment. Holds _io_lock."""
+        next_lsn = self._last_lsn + 1
+        header = SegmentHeader(next_lsn, void_from_lsn=self._good_lsn + 1)
+        try:
+            await trio.to_thread.run_sync(self._io_probe, header, limiter=self._limiter)
+        except OSError as exc:
+            self._failure = exc
+            self._retry_at = trio.current_time() + self._retry_interval_s
+            logger.warning("write-ahead log still failing (%s); next probe in %.3g s", exc, self._retry_interval_s)
+            return
+        self._failed = False
+        self._failure = None
+        self._retry_at = math.inf
+        self._dirty = False
+        self._last_sync_time = trio.current_time()
+        logger.warning("write-ahead log recovered: appending again from LSN %d", next_lsn)
+        if self._on_recovered is not None:
+            self._on_recovered()
+
+    # ------------------------------------------------------------------ worker-thread IO
+
+    def _io_write(self, data: bytes, first_lsn: int, do_sync: bool) -> _WriteResult:
+        retired_sync_s: float | None = None
+        segment = self._active
+        if segment is None or (
+            segment.has_records and segment.size + len(data) > self._segment_max_bytes
+        ):
+            if segment is not None:
+                retired_sync_s = self._io_retire_active()
+            segment = self._io_open_segment(first_lsn)
+        try:
+            faults.hit("wal.write_error")
+        except OSError:
+            half = data[: len(data) // 2]
+            segment.file.write(half)
+            segment.size += len(half)
+            raise
+        segment.file.write(data)
+        segment.size += len(data)
+        segment.has_records = True
+        faults.hit("wal.after_write")
+        fsync_s = self._io_fsync(segment) if do_sync else None
+        segment.good_size = segment.size
+        return _WriteResult(fsync_s, retired_sync_s)
+
+    def _io_fsync(self, segment: _Segment) -> float:
+        faults.hit("wal.before_fsync")
+        faults.hit("wal.fsync_error")
+        started = time.perf_counter()
+        segment.file.sync()
+        duration = time.perf_counter() - started
+        faults.hit("wal.after_fsync")
+        return duration
+
+    def _io_sync(self) -> float | None:
+        segment = self._active
+        if segment is None:
+            return None
+        return self._io_fsync(segment)
+
+    def _io_retire_active(self) -> float | None:
+        """fsync (if needed) and close the active segment before starting the next."""
+        segment = self._active
+        assert segment is not None
+        duration = self._io_fsync(segment) if self._dirty else None
+        self._dirty = False
+        self._active = None
+        segment.file.close()
+        return duration
+
+    def _io_open_segment(self, first_lsn: int) -> _Segment:
+        """Open the segment the next batch (starting at ``first_lsn``) goes to."""
+        if self._reuse_segment is not None:
+            reuse, self._reuse_segment = self._reuse_segment, None
+            if reuse == first_lsn:
+                path = os.path.join(self._wal_dir, segment_name(first_lsn))
+                file = self._fs.open_append(path)
+                size = self._fs.getsize(path)
+                self._active = _Segment(first_lsn, path, file, size, size, False)
+                return self._active
+        return self._io_create_segment(SegmentHeader(first_lsn))
+
+    def _io_create_segment(self, header: SegmentHeader) -> _Segment:
+        """Create a segment: temp file, header, fsync, rename, fsync directory."""
+        fs = self._fs
+        fs.makedirs(self._wal_dir)
+        path = os.path.join(self._wal_dir, segment_name(header.first_lsn))
+        tmp = path + TMP_SUFFIX
+        data = encode_segment_header(header)
+        file = fs.create(tmp)
+        try:
+            file.write(data)
+            file.sync()
+            fs.rename(tmp, path)
+            faults.hit("wal.after_segment_create")
+            fs.sync_dir(self._wal_dir)
+        except BaseException:
+            file.close()
+            for leftover in (tmp, path):
+                try:
+                    fs.remove(leftover)
+                except OSError:
+                    pass
+            raise
+        with self._segments_lock:
+            if header.first_lsn not in self._segments:
+                self._segments.append(header.first_lsn)
+                self._segments.sort()
+        self._active = _Segment(header.first_lsn, path, file, len(data), len(data), False)
+        return self._active
+
+    def _io_abandon_active(self) -> None:
+        """After a failure: truncate the active segment to its last good offset, close it."""
+        segment = self._active
+        if segment is None:
+            return
+        self._active = None
+        self._dirty = False
+        try:
+            # Always truncate: after a failed write the OS may have kept part of it, and
+            # segment.size does not know how much.
+            segment.file.truncate(segment.good_size)
+            segment.file.sync()
+        except OSError as exc:
+            logger.warning(
+                "could not truncate %s back to offset %d after an IO error (%s); "
+                "recovery will discard the failed batch",
+                segment.path,
+                segment.good_size,
+                exc,
+            )
+        try:
+            segment.file.close()
+        except OSError:
+            pass
+
+    def _io_probe(self, header: SegmentHeader) -> None:
+        self._reuse_segment = None
+        self._io_create_segment(header)
+
+    def _io_close_active(self) -> None:
+        segment = self._active
+        self._active = None
+        if segment is not None:
+            segment.file.close()
+
+
+@asynccontextmanager
+async def open_wal(recovery: Recovery, **options: Any) -> AsyncIterator[WriteAheadLog]:
+    """Open the WAL after ``recovery``, run its writer task, and close it on exit.
+
+    ``options`` are those of :meth:`WriteAheadLog.open`. On exit everything buffered is
+    written and fsynced (:meth:`WriteAheadLog.aclose`).
+    """
+    wal = WriteAheadLog.open(recovery, **options)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(wal.serve)
+        try:
+            yield wal
+        finally:
+            await wal.aclose()

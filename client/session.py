@@ -1,0 +1,250 @@
+"""One physical channel session: a ``POST /channel`` exchange on its own connection.
+
+A :class:`~client.channel.Channel` outlives its sessions: when one drops, the channel
+opens the next. A session only moves lines:
+
+- :func:`open_session` connects, sends the request head, and reads up to the ``open``
+  event (events that arrived in the same read are kept and dispatched first).
+- :meth:`ChannelSession.send_nowait` queues an encoded op; a writer task flushes the
+  queue in chunks, many ops per chunk, so pipelined publishes cost one syscall per
+  batch rather than per message. The queue is bounded by its producers: publishes by
+  the pending window, acks by prefetch, requests by their callers.
+- :meth:`ChannelSession.serve` runs the writer and the reader until the exchange ends,
+  handing each decoded event to a callback, synchronously and in order.
+
+Rules: a session never reconnects and is never reused. It ends exactly once; its
+``end_reason`` is ``None`` for a clean end (the broker ended the response), else the
+error that ended it. Per-session state the channel needs (outstanding replies,
+unacked deliveries) is kept here so it dies with the session.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from .codec import Error, Event, LineSplitter, Open, decode_event, encode_op
+from .errors import ChannelClosedByBroker, ClientError, ConnectionLost, ProtocolError
+from .transport import DuplexExchange, Endpoint, StreamOpener
+
+if TYPE_CHECKING:
+    from .consumer import Message
+
+__all__ = ["ChannelSession", "open_session", "Reply", "SessionEnded"]
+
+CHUNK_BYTES = 256 * 1024
+
+
+class SessionEnded(Exception):
+    """Internal: the session a reply was awaited on ended first."""
+
+
+class Reply:
+    """The awaited answer (``ok``/``consume_ok``/``cancel_ok``/``error``) to one op."""
+
+    def __init__(self, op: str) -> None:
+        self.op = op
+        self._done = trio.Event()
+        self._value: Any = None
+        self._error: BaseException | None = None
+
+    def set(self, value: Any) -> None:
+        if not self._done.is_set():
+            self._value = value
+            self._done.set()
+
+    def fail(self, error: BaseException) -> None:
+        if not self._done.is_set():
+            self._error = error
+            self._done.set()
+
+    async def wait(self) -> Any:
+        """The reply.
+
+        Raises:
+            ChannelClosedByBroker: the broker answered with ``error``.
+            SessionEnded: the session ended without an answer.
+        """
+        await self._done.wait()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+class ChannelSession:
+    """A live ``POST /channel`` exchange. Created by :func:`open_session`."""
+
+    def __init__(
+        self,
+        exchange: DuplexExchange,
+        generation: int,
+        opened: Open,
+        splitter: LineSplitter,
+        backlog: list[Event],
+    ) -> None:
+        self.generation = generation
+        self.channel_id = opened.channel
+        self.server = opened.server
+        #: Recovery finished: publishes may be written to this session.
+        self.ready = False
+        #: The broker announced ``closing``: send no new publishes here.
+        self.draining = False
+        #: Outstanding request replies by op id.
+        self.replies: dict[str, Reply] = {}
+        #: Deliveries not yet settled, by delivery tag.
+        self.deliveries: dict[int, Message] = {}
+        self.end_reason: BaseException | None = None
+        self.ended = trio.Event()
+        self._exchange = exchange
+        self._splitter = splitter
+        self._backlog = backlog
+        self._out: deque[bytes] = deque()
+        self._out_ready = trio.Event()
+        self._finish = False
+        self._scope = trio.CancelScope()
+
+    @property
+    def alive(self) -> bool:
+        return not self.ended.is_set()
+
+    def send_nowait(self, line: bytes) -> None:
+        """Queue one encoded op line (no effect once the session is finishing)."""
+        if self._finish or self.ended.is_set():
+            return
+        self._out.append(line)
+        self._out_ready.set()
+
+    def send_op(self, op: dict[str, Any]) -> None:
+        """Encode and queue one op."""
+        self.send_nowait(encode_op(op))
+
+    def request(self, op: dict[str, Any], op_id: str) -> Reply:
+        """Queue ``op`` with ``id`` = ``op_id`` and return the awaitable reply."""
+        reply = Reply(str(op.get("op")))
+        if self.ended.is_set():
+            reply.fail(SessionEnded())
+            return reply
+        self.replies[op_id] = reply
+        self.send_op({**op, "id": op_id})
+        return reply
+
+    def finish_nowait(self) -> None:
+        """Flush what is queued, then end the request body (used after ``close``)."""
+        self._finish = True
+        self._out_ready.set()
+
+    def abort(self, reason: BaseException | None = None) -> None:
+        """End the session now (the connection is closed by :meth:`serve`)."""
+        if self.end_reason is None and reason is not None:
+            self.end_reason = reason
+        self._scope.cancel()
+
+    async def serve(self, on_event: Callable[[ChannelSession, Event], None]) -> None:
+        """Run the writer and the reader until the exchange ends; then close the
+        connection, fail outstanding replies with :class:`SessionEnded`, and set
+        :attr:`ended`. Never raises :class:`ClientError`: the reason is stored in
+        :attr:`end_reason`. Exceptions raised by ``on_event`` other than
+        :class:`ClientError` are bugs and propagate."""
+        try:
+            with self._scope:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._guard, self._write_loop, nursery.cancel_scope)
+                    await self._guard(lambda: self._read_loop(on_event), nursery.cancel_scope)
+        finally:
+            with trio.CancelScope(shield=True):
+                await self._exchange.aclose()
+            for reply in self.replies.values():
+                reply.fail(SessionEnded())
+            self.replies.clear()
+            self.ended.set()
+
+    async def _guard(self, fn: Callable[[], Any], scope: trio.CancelScope) -> None:
+        try:
+            await fn()
+        except ClientError as exc:
+            if self.end_reason is None:
+                self.end_reason = exc
+        finally:
+            scope.cancel()
+
+    async def _read_loop(self, on_event: Callable[[ChannelSession, Event], None]) -> None:
+        backlog, self._backlog = self._backlog, []
+        for event in backlog:
+            on_event(self, event)
+        while True:
+            data = await self._exchange.receive_some()
+            if not data:
+                self._splitter.check_at_end()
+                return
+            for line in self._splitter.feed(data):
+                on_event(self, decode_event(line))
+
+    async def _write_loop(self) -> None:
+        out = self._out
+        while True:
+            if not out:
+                if self._finish:
+                    await self._exchange.end()
+                    await trio.sleep_forever()
+                self._out_ready = trio.Event()
+                await self._out_ready.wait()
+                continue
+            batch: list[bytes] = []
+            size = 0
+            while out and size < CHUNK_BYTES:
+                line = out.popleft()
+                batch.append(line)
+                size += len(line)
+            await self._exchange.send(b"".join(batch))
+
+
+async def open_session(
+    endpoint: Endpoint,
+    opener: StreamOpener,
+    *,
+    generation: int,
+    max_line_bytes: int,
+) -> ChannelSession:
+    """Open ``POST /channel`` and read up to its ``open`` event. The caller bounds the
+    time with a cancel scope.
+
+    Raises:
+        ConnectionLost: the broker could not be reached or the connection broke.
+        BrokerRequestError: the broker refused the channel request (non-200).
+        ChannelClosedByBroker: the broker answered with an ``error`` event.
+        ProtocolError: the first event is not ``open`` or not valid.
+    """
+    try:
+        stream = await opener(endpoint)
+    except OSError as exc:
+        raise ConnectionLost(f"cannot connect to {endpoint}: {exc}") from exc
+    exchange = await DuplexExchange.open(
+        stream,
+        endpoint,
+        endpoint.target("/channel"),
+        headers=[("Content-Type", "application/x-ndjson"), ("Accept", "application/x-ndjson")],
+    )
+    ok = False
+    try:
+        splitter = LineSplitter(max_line_bytes)
+        events: list[Event] = []
+        while not events:
+            data = await exchange.receive_some()
+            if not data:
+                raise ConnectionLost(f"{endpoint}: channel response ended before 'open'")
+            events = [decode_event(line) for line in splitter.feed(data)]
+        first = events[0]
+        if isinstance(first, Error):
+            raise ChannelClosedByBroker(first.code, first.message)
+        if not isinstance(first, Open):
+            raise ProtocolError(f"channel started with {type(first).__name__}, not 'open'")
+        session = ChannelSession(exchange, generation, first, splitter, events[1:])
+        ok = True
+        return session
+    finally:
+        if not ok:
+            with trio.CancelScope(shield=True):
+                await exchange.aclose()

@@ -1,0 +1,479 @@
+"""A minimal HTTP/1.1 client (h11 over trio streams): REST calls and duplex exchanges.
+
+Two shapes of exchange, both RFC 9112:
+
+- :class:`RestClient`: one-shot requests with ``Content-Length`` bodies over a small pool
+  of keep-alive connections. A request that fails on a *reused* connection before any
+  byte of the answer arrived is retried once on a fresh connection: the server may
+  have closed an idle keep-alive connection just as we reused it (RFC 9112 §9.3.1
+  allows that retry for idempotent requests; ackbus's REST calls are idempotent or
+  lease-based, so a retried ``get`` at worst leases a message that comes back when
+  its lease expires).
+- :class:`DuplexExchange`: the ``POST /channel`` exchange. The request body is chunked
+  (§7.1) and written by one task while another reads the chunked response, which the
+  broker starts before the request body ends. h11 tracks both directions separately;
+  this class only moves bytes. One exchange per TCP connection, never reused.
+
+Network failures surface as :class:`~client.errors.ConnectionLost` with the cause
+chained; a non-2xx answer to the channel request as
+:class:`~client.errors.BrokerRequestError`.
+"""
+
+from __future__ import annotations
+
+import socket
+import ssl
+import urllib.parse
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import h11
+import trio
+
+from .codec import decode_json
+from .errors import BrokerRequestError, ConnectionLost, ProtocolError
+
+__all__ = [
+    "Endpoint",
+    "StreamOpener",
+    "open_tcp",
+    "Response",
+    "HTTPConnection",
+    "RestClient",
+    "DuplexExchange",
+    "error_from_response",
+]
+
+USER_AGENT = "ackbus-client/0.1"
+RECEIVE_BYTES = 65536
+MAX_RESPONSE_BYTES = 64 * 1024 * 1024
+
+# Errors that mean "this connection is unusable": the peer went away, the socket broke,
+# or the bytes on it stopped being HTTP.
+NETWORK_ERRORS: tuple[type[BaseException], ...] = (
+    OSError,
+    trio.BrokenResourceError,
+    trio.ClosedResourceError,
+    h11.ProtocolError,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """Where the broker is: parsed from ``http://host:port/prefix``."""
+
+    scheme: str
+    host: str
+    port: int
+    prefix: str = ""
+
+    @classmethod
+    def parse(cls, url: str) -> Endpoint:
+        """Parse a broker URL (``http`` or ``https``; default ports 80 / 443).
+
+        Raises:
+            ValueError: not an http(s) URL with a host.
+        """
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme not in ("http", "https"):
+            raise ValueError(f"broker URL must be http:// or https://, got {url!r}")
+        if not parts.hostname:
+            raise ValueError(f"broker URL has no host: {url!r}")
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        return cls(parts.scheme, parts.hostname, port, parts.path.rstrip("/"))
+
+    @property
+    def host_header(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        default = 443 if self.scheme == "https" else 80
+        return host if self.port == default else f"{host}:{self.port}"
+
+    def target(self, path: str, query: Mapping[str, Any] | None = None) -> str:
+        """The request target for ``path`` (already percent-encoded) and ``query``."""
+        target = self.prefix + path
+        if query:
+            pairs = {k: _query_value(v) for k, v in query.items() if v is not None}
+            if pairs:
+                target += "?" + urllib.parse.urlencode(pairs)
+        return target
+
+    def __str__(self) -> str:
+        return f"{self.scheme}://{self.host_header}{self.prefix}"
+
+
+def _query_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+StreamOpener = Callable[[Endpoint], Awaitable[trio.abc.Stream]]
+"""How to get a byte stream to the broker; tests substitute in-memory streams."""
+
+
+async def open_tcp(endpoint: Endpoint) -> trio.abc.Stream:
+    """Open a TCP (or TLS) stream to ``endpoint`` with TCP keepalive enabled.
+
+    Keepalive is the only way a half-open connection (broker host gone without a FIN)
+    is ever noticed on an idle consumer channel; the probes below notice it within
+    about half a minute.
+
+    Raises:
+        OSError: the connection could not be made.
+    """
+    stream: trio.abc.Stream
+    if endpoint.scheme == "https":
+        ssl_stream = await trio.open_ssl_over_tcp_stream(
+            endpoint.host, endpoint.port, ssl_context=ssl.create_default_context()
+        )
+        _enable_keepalive(ssl_stream.transport_stream)
+        stream = ssl_stream
+    else:
+        tcp = await trio.open_tcp_stream(endpoint.host, endpoint.port)
+        _enable_keepalive(tcp)
+        stream = tcp
+    return stream
+
+
+def _enable_keepalive(stream: trio.abc.Stream) -> None:
+    if not isinstance(stream, trio.SocketStream):
+        return
+    stream.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in (("TCP_KEEPIDLE", 15), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3)):
+        option = getattr(socket, name, None)
+        if option is not None:
+            stream.setsockopt(socket.IPPROTO_TCP, option, value)
+
+
+@dataclass(frozen=True, slots=True)
+class Response:
+    """A complete REST answer."""
+
+    status: int
+    headers: list[tuple[bytes, bytes]]
+    body: bytes
+
+    def header(self, name: str) -> str | None:
+        key = name.lower().encode("ascii")
+        for k, v in self.headers:
+            if k == key:
+                return v.decode("latin-1")
+        return None
+
+    def json(self) -> Any:
+        """The body parsed as JSON (``None`` for an empty body).
+
+        Raises:
+            ProtocolError: not JSON.
+        """
+        if not self.body:
+            return None
+        return decode_json(self.body)
+
+
+def error_from_response(response: Response) -> BrokerRequestError:
+    """The :class:`BrokerRequestError` a non-2xx answer stands for."""
+    code, message = "http_error", response.body.decode("utf-8", "replace")[:500]
+    try:
+        body = response.json()
+    except ProtocolError:
+        body = None
+    if isinstance(body, dict):
+        code = str(body.get("error", code))
+        message = str(body.get("message", message))
+    return BrokerRequestError(response.status, code, message)
+
+
+async def _aclose_quietly(stream: trio.abc.AsyncResource) -> None:
+    await trio.aclose_forcefully(stream)
+
+
+class HTTPConnection:
+    """One keep-alive HTTP/1.1 connection; one request at a time."""
+
+    def __init__(self, stream: trio.abc.Stream, endpoint: Endpoint) -> None:
+        self._stream = stream
+        self._endpoint = endpoint
+        self._h11 = h11.Connection(h11.CLIENT)
+        self.got_response_bytes = False
+
+    @property
+    def reusable(self) -> bool:
+        """Idle and allowed to carry another request."""
+        return self._h11.our_state is h11.IDLE and self._h11.their_state is h11.IDLE
+
+    async def request(
+        self,
+        method: str,
+        target: str,
+        *,
+        headers: Iterable[tuple[str, str]] = (),
+        body: bytes = b"",
+    ) -> Response:
+        """Send one request and read its whole answer.
+
+        Raises:
+            OSError, trio.BrokenResourceError, h11.ProtocolError: the connection broke.
+            ProtocolError: the answer is larger than the client accepts.
+        """
+        self.got_response_bytes = False
+        all_headers = [
+            ("Host", self._endpoint.host_header),
+            ("User-Agent", USER_AGENT),
+            ("Accept", "application/json"),
+            *headers,
+        ]
+        if body or method in ("POST", "PUT", "PATCH"):
+            all_headers.append(("Content-Length", str(len(body))))
+        data = self._h11.send(h11.Request(method=method, target=target, headers=all_headers))
+        if body:
+            data = (data or b"") + (self._h11.send(h11.Data(data=body)) or b"")
+        data = (data or b"") + (self._h11.send(h11.EndOfMessage()) or b"")
+        await self._stream.send_all(data)
+
+        status = 0
+        response_headers: list[tuple[bytes, bytes]] = []
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            event = await self._next_event()
+            if isinstance(event, h11.InformationalResponse):
+                continue
+            if isinstance(event, h11.Response):
+                status = event.status_code
+                response_headers = list(event.headers)
+            elif isinstance(event, h11.Data):
+                size += len(event.data)
+                if size > MAX_RESPONSE_BYTES:
+                    raise ProtocolError(f"response larger than {MAX_RESPONSE_BYTES} bytes")
+                chunks.append(bytes(event.data))
+            elif isinstance(event, h11.EndOfMessage):
+                break
+            elif isinstance(event, h11.ConnectionClosed):
+                raise trio.BrokenResourceError("connection closed before the response")
+        if self._h11.our_state is h11.DONE and self._h11.their_state is h11.DONE:
+            self._h11.start_next_cycle()
+        return Response(status, response_headers, b"".join(chunks))
+
+    async def _next_event(self) -> Any:
+        while True:
+            event = self._h11.next_event()
+            if event is not h11.NEED_DATA:
+                return event
+            data = await self._stream.receive_some(RECEIVE_BYTES)
+            if data:
+                self.got_response_bytes = True
+            self._h11.receive_data(data)
+
+    async def aclose(self) -> None:
+        await _aclose_quietly(self._stream)
+
+
+class RestClient:
+    """One-shot REST requests over a small pool of keep-alive connections."""
+
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        opener: StreamOpener,
+        *,
+        timeout_s: float,
+        max_idle: int = 4,
+    ) -> None:
+        self._endpoint = endpoint
+        self._opener = opener
+        self._timeout_s = timeout_s
+        self._max_idle = max_idle
+        self._idle: list[HTTPConnection] = []
+        self._closed = False
+
+    @property
+    def endpoint(self) -> Endpoint:
+        return self._endpoint
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, Any] | None = None,
+        body: bytes = b"",
+        headers: Iterable[tuple[str, str]] = (),
+    ) -> Response:
+        """Send a request; return the answer whatever its status.
+
+        Raises:
+            ConnectionLost: the broker could not be reached or the connection broke
+                (also on timeout).
+            ProtocolError: the answer is not valid HTTP or too large.
+        """
+        target = self._endpoint.target(path, query)
+        headers = list(headers)
+        try:
+            with trio.fail_after(self._timeout_s):
+                return await self._request_with_retry(method, target, headers, body)
+        except trio.TooSlowError:
+            raise ConnectionLost(
+                f"{method} {target}: no answer from {self._endpoint} within {self._timeout_s} s"
+            ) from None
+
+    async def _request_with_retry(
+        self, method: str, target: str, headers: list[tuple[str, str]], body: bytes
+    ) -> Response:
+        while True:
+            reused = bool(self._idle)
+            conn = self._idle.pop() if reused else await self._open()
+            keep = False
+            try:
+                response = await conn.request(method, target, headers=headers, body=body)
+                keep = conn.reusable
+            except NETWORK_ERRORS as exc:
+                if reused and not conn.got_response_bytes:
+                    continue  # stale keep-alive connection: retry on a fresh one
+                raise ConnectionLost(f"{method} {target} to {self._endpoint}: {exc}") from exc
+            finally:
+                if keep and not self._closed and len(self._idle) < self._max_idle:
+                    self._idle.append(conn)
+                else:
+                    await conn.aclose()
+            return response
+
+    async def _open(self) -> HTTPConnection:
+        try:
+            stream = await self._opener(self._endpoint)
+        except OSError as exc:
+            raise ConnectionLost(f"cannot connect to {self._endpoint}: {exc}") from exc
+        return HTTPConnection(stream, self._endpoint)
+
+    async def aclose(self) -> None:
+        """Close the idle connections."""
+        self._closed = True
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            await conn.aclose()
+
+
+class DuplexExchange:
+    """A full-duplex HTTP/1.1 exchange: chunked request body out, chunked response in.
+
+    Exactly one task may call :meth:`send`/:meth:`end` and one task
+    :meth:`receive_some` at a time (trio streams allow one sender and one receiver
+    concurrently).
+    """
+
+    def __init__(self, stream: trio.abc.Stream, conn: h11.Connection) -> None:
+        self._stream = stream
+        self._h11 = conn
+
+    @classmethod
+    async def open(
+        cls,
+        stream: trio.abc.Stream,
+        endpoint: Endpoint,
+        target: str,
+        *,
+        method: str = "POST",
+        headers: Iterable[tuple[str, str]] = (),
+    ) -> DuplexExchange:
+        """Send the request head on ``stream`` and wait for the response head.
+
+        On success the exchange owns ``stream``; on failure ``stream`` is closed.
+
+        Raises:
+            BrokerRequestError: the answer is not 200 (its body is read and parsed).
+            ConnectionLost: the connection broke first.
+        """
+        conn = h11.Connection(h11.CLIENT)
+        self = cls(stream, conn)
+        ok = False
+        try:
+            head = [
+                ("Host", endpoint.host_header),
+                ("User-Agent", USER_AGENT),
+                ("Transfer-Encoding", "chunked"),
+                *headers,
+            ]
+            await self._send_event(h11.Request(method=method, target=target, headers=head))
+            while True:
+                event = await self._next_event()
+                if isinstance(event, h11.InformationalResponse):
+                    continue  # 100 Continue
+                if isinstance(event, h11.Response):
+                    break
+                raise ConnectionLost(f"unexpected {type(event).__name__} before the response")
+            if event.status_code != 200:
+                body = await self._read_rest()
+                raise error_from_response(Response(event.status_code, list(event.headers), body))
+            ok = True
+            return self
+        finally:
+            if not ok:
+                await _aclose_quietly(stream)
+
+    async def _read_rest(self) -> bytes:
+        chunks: list[bytes] = []
+        size = 0
+        while size < MAX_RESPONSE_BYTES:
+            data = await self.receive_some()
+            if not data:
+                break
+            size += len(data)
+            chunks.append(data)
+        return b"".join(chunks)
+
+    async def _send_event(self, event: Any) -> None:
+        try:
+            data = self._h11.send(event)
+            if data:
+                await self._stream.send_all(data)
+        except NETWORK_ERRORS as exc:
+            raise ConnectionLost(f"channel connection broke while sending: {exc}") from exc
+
+    async def _next_event(self) -> Any:
+        try:
+            while True:
+                event = self._h11.next_event()
+                if event is not h11.NEED_DATA:
+                    return event
+                self._h11.receive_data(await self._stream.receive_some(RECEIVE_BYTES))
+        except NETWORK_ERRORS as exc:
+            raise ConnectionLost(f"channel connection broke while receiving: {exc}") from exc
+
+    async def send(self, data: bytes) -> None:
+        """Send ``data`` as one chunk of the request body.
+
+        Raises:
+            ConnectionLost: the connection broke.
+        """
+        if data:
+            await self._send_event(h11.Data(data=data))
+
+    async def end(self) -> None:
+        """End the request body (the response may go on).
+
+        Raises:
+            ConnectionLost: the connection broke.
+        """
+        if self._h11.our_state is h11.SEND_BODY:
+            await self._send_event(h11.EndOfMessage())
+
+    async def receive_some(self) -> bytes:
+        """The next bytes of the response body; ``b""`` once the response has ended.
+
+        Raises:
+            ConnectionLost: the connection broke, or the response was cut short.
+        """
+        while True:
+            event = await self._next_event()
+            if isinstance(event, h11.Data):
+                if event.data:
+                    return bytes(event.data)
+            elif isinstance(event, (h11.EndOfMessage, h11.ConnectionClosed)):
+                return b""
+            elif event is h11.PAUSED:
+                return b""
+
+    async def aclose(self) -> None:
+        """Close the connection at once."""
+        await _aclose_quietly(self._stream)
