@@ -380,14 +380,21 @@ class Broker:
 
         An empty name asks for a server-generated one. Raises NotFound (passive,
         missing), PreconditionFailed (exists with other settings), ResourceLocked
-        (exclusive to another channel), AccessRefused, InvalidArgument, Unavailable.
+        (exclusive to another channel), AccessRefused, InvalidArgument, Unavailable,
+        ChannelError (exclusive on a channel that is not open).
         """
         arguments = _check_arguments(arguments)
-        if name == "":
+        generated = name == ""
+        if generated:
             if passive:
                 raise NotFound("no queue ''")
-            name = f"amq.gen-{self.boot_id}-{self._next_name}"
-            self._next_name += 1
+            # Skip names already taken (a durable server-named queue recovered
+            # from a run that used the same boot id).
+            while True:
+                name = f"amq.gen-{self.boot_id}-{self._next_name}"
+                self._next_name += 1
+                if name not in self.queues:
+                    break
         else:
             check_name("queue", name, allow_reserved=True)
         existing = self.queues.get(name)
@@ -403,7 +410,8 @@ class Broker:
             return existing, False
         if passive:
             raise NotFound(f"no queue {name!r}")
-        if not name.startswith("amq.gen-"):
+        if not generated:
+            # only the broker may create amq.* queues (amq.gen-* included)
             check_name("queue", name)
         for key, value in arguments.items():
             check = QUEUE_ARGUMENTS.get(key)
@@ -411,6 +419,8 @@ class Broker:
                 raise InvalidArgument(f"invalid value for queue argument {key}: {value!r}")
         if exclusive and channel_id == REST_CHANNEL:
             raise InvalidArgument("exclusive queues belong to a channel: declare them on one")
+        if exclusive:
+            self._channel(channel_id)  # ChannelError before anything changes
         if len(self.queues) >= self.max_queues:
             raise Unavailable(f"queue limit reached ({self.max_queues})", code="limit_reached")
         if durable and not exclusive and not self.storage_ok:

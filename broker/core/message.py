@@ -46,7 +46,11 @@ def check_properties(props: object) -> dict[str, Any] | None:
         if key in _STR_PROPS:
             if not isinstance(value, str):
                 raise InvalidArgument(f"property {key} must be a string")
-            if len(value) > 255 and len(value.encode()) > 255:
+            try:
+                too_long = len(value) > 255 or len(value.encode()) > 255
+            except UnicodeEncodeError:
+                raise InvalidArgument(f"property {key} is not valid UTF-8 text") from None
+            if too_long:
                 raise InvalidArgument(f"property {key} is longer than 255 bytes")
         elif key == "headers":
             if not isinstance(value, dict):

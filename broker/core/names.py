@@ -24,7 +24,7 @@ def check_name(kind: str, name: object, *, allow_reserved: bool = False) -> str:
         raise InvalidArgument(f"{kind} name must be a string")
     if not name:
         raise InvalidArgument(f"{kind} name must not be empty")
-    if len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
+    if len(name) > MAX_NAME_BYTES or len(_utf8(kind + " name", name)) > MAX_NAME_BYTES:
         raise InvalidArgument(f"{kind} name is longer than {MAX_NAME_BYTES} bytes")
     if any(ord(c) < 0x20 or ord(c) == 0x7F for c in name):
         raise InvalidArgument(f"{kind} name must not contain control characters")
@@ -39,6 +39,17 @@ def check_routing_key(key: object) -> str:
     """Return ``key`` if it is a valid routing key (a string of at most 255 bytes)."""
     if not isinstance(key, str):
         raise InvalidArgument("routing_key must be a string")
-    if len(key) > MAX_NAME_BYTES and len(key.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
+    # A key of more than 255 characters is too long whatever its encoding; a
+    # shorter one may still be over 255 bytes (multi-byte characters).
+    if len(key) > MAX_NAME_BYTES or len(_utf8("routing_key", key)) > MAX_NAME_BYTES:
         raise InvalidArgument(f"routing_key is longer than {MAX_NAME_BYTES} bytes")
     return key
+
+
+def _utf8(what: str, text: str) -> bytes:
+    # Lone surrogates cannot be encoded, so they could never reach the log
+    # (orjson and the ENQUEUE codec refuse them): reject them up front.
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidArgument(f"{what} is not valid UTF-8 text") from None

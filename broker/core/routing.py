@@ -53,8 +53,10 @@ class RoutingTable:
         bkey = (dest, key, _freeze(arguments))
         if bkey in self.bindings:
             return False
-        self.bindings[bkey] = arguments
+        # _added validates (headers x-match) before anything is stored, so a
+        # rejected binding leaves no trace.
         self._added(dest, key, arguments)
+        self.bindings[bkey] = arguments
         return True
 
     def remove(self, dest: Dest, key: str, arguments: dict[str, Any]) -> bool:

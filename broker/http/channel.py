@@ -414,7 +414,7 @@ async def handle_channel(runtime: BrokerRuntime, request: Any, response: Any) ->
     reason = "channel closed"
     disconnected = False
     try:
-        await response.start(200, NDJSON_HEADERS)
+        await response.start(200, headers=NDJSON_HEADERS)
         session.send_event({"ev": "open", "channel": channel_id, "server": f"ackbus/{__version__}"})
         async with trio.open_nursery() as nursery:
 

@@ -342,12 +342,14 @@ class BrokerRuntime:
     # ------------------------------------------------------------- checkpoints
 
     async def _serve_checkpoints(self) -> None:
+        interval_s = self.options.checkpoint_interval_s or math.inf  # 0 disables
+        size_bytes = self.options.checkpoint_wal_bytes or math.inf  # 0 disables
         while True:
-            await trio.sleep(min(1.0, self.options.checkpoint_interval_s))
+            await trio.sleep(min(1.0, interval_s))
             stats = self.wal.statistics()
             grown = stats.bytes_written - self._wal_bytes_at_checkpoint
-            due_by_time = trio.current_time() - self._last_checkpoint_time >= self.options.checkpoint_interval_s
-            if grown >= self.options.checkpoint_wal_bytes or (due_by_time and grown > 0):
+            due_by_time = trio.current_time() - self._last_checkpoint_time >= interval_s
+            if grown >= size_bytes or (due_by_time and grown > 0):
                 try:
                     await self.checkpoint()
                 except OSError as exc:
@@ -416,6 +418,13 @@ class BrokerRuntime:
         for sink in list(self.sinks.values()):
             sink.shutdown()
         return drained
+
+    def wake_getters(self) -> None:
+        """Wake every parked long-poll (they answer at once when shutting down)."""
+        events = list(self._queue_events.values())
+        self._queue_events.clear()
+        for event in events:
+            event.set()
 
     async def aclose(self, *, checkpoint: bool = True) -> None:
         """Close the log, after a final checkpoint when asked (clean shutdown)."""

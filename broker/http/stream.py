@@ -89,7 +89,7 @@ async def handle_stream(runtime: BrokerRuntime, request: Any, response: Any) -> 
             lease_s=lease_s if ack_mode == "lease" else None,
         )
         content_type = "text/event-stream" if sse else "application/x-ndjson"
-        await response.start(200, [("content-type", content_type), ("cache-control", "no-cache")])
+        await response.start(200, content_type=content_type, headers=[("cache-control", "no-cache")])
         runtime.pump()
         async with trio.open_nursery() as nursery:
 

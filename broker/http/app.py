@@ -1,0 +1,77 @@
+"""The broker's HTTP application: every route, and the serve/shutdown sequence."""
+
+from __future__ import annotations
+
+import logging
+import math
+from functools import partial
+from typing import Any
+
+import trio
+
+from broker.http.channel import handle_channel
+from broker.http.limits import Limits
+from broker.http.rest import add_rest_routes
+from broker.http.router import Router
+from broker.http.runtime import BrokerRuntime
+from broker.http.server import HTTPServer
+from broker.http.stream import handle_stream
+
+__all__ = ["build_router", "BrokerApp"]
+
+log = logging.getLogger("ackbus.app")
+
+
+def build_router(runtime: BrokerRuntime, *, metrics_handler: Any = None) -> Router:
+    """Every endpoint of the HTTP API, bound to ``runtime``."""
+    router = Router()
+    add_rest_routes(router, runtime)
+    router.add("POST", "/channel", partial(handle_channel, runtime))
+    router.add("GET", "/queues/{name}/stream", partial(handle_stream, runtime))
+    if metrics_handler is not None:
+        router.add("GET", "/metrics", metrics_handler)
+    return router
+
+
+class BrokerApp:
+    """A runtime and its HTTP server, started and stopped together."""
+
+    def __init__(self, runtime: BrokerRuntime, limits: Limits, *, metrics_handler: Any = None) -> None:
+        self.runtime = runtime
+        self.server = HTTPServer(build_router(runtime, metrics_handler=metrics_handler), limits=limits)
+        self._scope: trio.CancelScope | None = None
+
+    async def serve(
+        self,
+        host: str,
+        port: int,
+        *,
+        task_status: trio.TaskStatus[BrokerApp] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Recover and serve until :meth:`shutdown` (or cancellation)."""
+        async with trio.open_nursery() as nursery:
+            self._scope = nursery.cancel_scope
+            await nursery.start(self.runtime.serve)
+            await nursery.start(partial(self.server.serve_tcp, port, host=host))
+            log.info("listening", extra={"fields": {"host": host, "port": self.server.ports[0]}})
+            task_status.started(self)
+
+    @property
+    def port(self) -> int:
+        return self.server.ports[0]
+
+    async def shutdown(self, timeout_s: float) -> bool:
+        """Graceful shutdown within ``timeout_s``: stop accepting, send ``closing`` to
+        every channel, let in-flight publishes reach disk and get their confirms, end
+        every channel (unacked deliveries go back to their queues), write a final
+        checkpoint, close the log. Returns whether it all finished in time."""
+        deadline = trio.current_time() + timeout_s
+        self.server.stop_accepting()
+        drained = await self.runtime.drain(timeout_s * 0.8)
+        self.runtime.wake_getters()
+        await self.server.shutdown(grace_s=max(0.0, deadline - trio.current_time()))
+        with trio.move_on_at(deadline + 30 if math.isfinite(deadline) else math.inf):
+            await self.runtime.aclose(checkpoint=True)
+        if self._scope is not None:
+            self._scope.cancel()
+        return drained

@@ -1,0 +1,114 @@
+"""The broker's Prometheus metrics and the ``GET /metrics`` endpoint.
+
+Numbers the core already keeps (queue depths, per-queue counters, connection counts)
+are read at scrape time through ``collect=`` functions, so the hot path pays nothing
+for them; only latencies are observed as they happen.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from broker.metrics import CONTENT_TYPE, Registry, process_rss_bytes
+
+__all__ = ["BrokerMetrics"]
+
+
+class BrokerMetrics:
+    def __init__(self) -> None:
+        self.registry = Registry()
+        r = self.registry
+        self._runtime: Any = None
+        self._server: Any = None
+        self.confirm_latency = r.histogram(
+            "ackbus_confirm_latency_seconds",
+            "Time from receiving a publish to sending its confirm (per received batch).",
+        )
+        self.fsync_latency = r.histogram("ackbus_wal_fsync_seconds", "Duration of WAL fsyncs.")
+        self.checkpoint_duration = r.histogram(
+            "ackbus_checkpoint_seconds",
+            "Duration of checkpoints.",
+            buckets=(0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+        )
+
+        def server_stat(name: str) -> Any:
+            return lambda: getattr(self._server.statistics(), name) if self._server else None
+
+        def core_stat(name: str) -> Any:
+            return lambda: self._runtime.core.stats[name] if self._runtime else None
+
+        def wal_stat(name: str) -> Any:
+            def read() -> Any:
+                wal = self._runtime.wal if self._runtime else None
+                return getattr(wal.statistics(), name) if wal is not None else None
+
+            return read
+
+        def per_queue(fn: Any) -> Any:
+            def read() -> Any:
+                if self._runtime is None:
+                    return {}
+                return {(q.name,): fn(q) for q in self._runtime.core.queues.values()}
+
+            return read
+
+        r.gauge("ackbus_connections", "Open HTTP connections.", collect=server_stat("open_connections"))
+        r.counter("ackbus_connections_accepted_total", "HTTP connections accepted.", collect=server_stat("total_accepted"))
+        r.counter("ackbus_http_requests_total", "HTTP requests served.", collect=server_stat("requests_served"))
+        r.gauge(
+            "ackbus_channels",
+            "Open channels (including streams).",
+            collect=lambda: len(self._runtime.sinks) if self._runtime else None,
+        )
+        r.gauge(
+            "ackbus_consumers",
+            "Consumers.",
+            collect=lambda: self._runtime.core.totals()["consumers"] if self._runtime else None,
+        )
+        r.gauge("ackbus_queues", "Queues.", collect=lambda: len(self._runtime.core.queues) if self._runtime else None)
+        r.gauge("ackbus_queue_messages_ready", "Messages ready for delivery.", ["queue"], collect=per_queue(lambda q: q.ready_count()))
+        r.gauge("ackbus_queue_messages_unacked", "Messages delivered and not yet acked.", ["queue"], collect=per_queue(lambda q: q.unacked))
+        r.gauge("ackbus_queue_consumers", "Consumers per queue.", ["queue"], collect=per_queue(lambda q: len(q.consumers)))
+        r.counter("ackbus_queue_published_total", "Messages enqueued.", ["queue"], collect=per_queue(lambda q: q.published))
+        r.counter("ackbus_queue_delivered_total", "Messages delivered (incl. redeliveries).", ["queue"], collect=per_queue(lambda q: q.delivered))
+        r.counter("ackbus_queue_acked_total", "Deliveries acked.", ["queue"], collect=per_queue(lambda q: q.acked))
+        r.counter("ackbus_queue_redelivered_total", "Redeliveries.", ["queue"], collect=per_queue(lambda q: q.redelivered))
+        r.counter("ackbus_published_total", "Publishes received.", collect=core_stat("published"))
+        r.counter("ackbus_confirms_nacked_total", "Publishes nacked.", collect=core_stat("nacked"))
+        r.counter("ackbus_returned_total", "Mandatory messages returned unroutable.", collect=core_stat("returned"))
+        r.counter("ackbus_deduplicated_total", "Publishes dropped as duplicates.", collect=core_stat("deduplicated"))
+        r.counter("ackbus_wal_bytes_written_total", "Bytes appended to the WAL.", collect=wal_stat("bytes_written"))
+        r.counter("ackbus_wal_records_written_total", "Records appended to the WAL.", collect=wal_stat("records_written"))
+        r.counter("ackbus_wal_fsyncs_total", "WAL fsyncs.", collect=wal_stat("fsyncs"))
+        r.gauge("ackbus_wal_segments", "WAL segment files.", collect=wal_stat("segments"))
+        r.gauge(
+            "ackbus_storage_ok",
+            "1 when the log accepts writes, 0 while writes fail.",
+            collect=lambda: int(self._runtime.core.storage_ok) if self._runtime else None,
+        )
+        r.counter(
+            "ackbus_checkpoints_total",
+            "Checkpoints written.",
+            collect=lambda: self._runtime.checkpoints if self._runtime else None,
+        )
+        r.gauge("ackbus_process_resident_memory_bytes", "Resident set size of the broker.", collect=process_rss_bytes)
+
+    def bind(self, runtime: Any, server: Any) -> None:
+        self._runtime = runtime
+        self._server = server
+
+    def observe_fsync(self, duration_s: float) -> None:
+        self.fsync_latency.observe(duration_s)
+
+    def observe_checkpoint(self, duration_s: float) -> None:
+        self.checkpoint_duration.observe(duration_s)
+
+    def observe_confirm(self, duration_s: float) -> None:
+        self.confirm_latency.observe(duration_s)
+
+    def handler(self, runtime: Any) -> Any:
+        async def metrics(request: Any, response: Any) -> None:
+            body = self.registry.render().encode()
+            await response.send_bytes(200, body, content_type=CONTENT_TYPE)
+
+        return metrics
