@@ -88,6 +88,7 @@ async def run(settings: Settings) -> int:
                 nursery.start_soon(_exit_on_second_signal, signals)
                 drained = await app.shutdown(settings.shutdown_timeout_s)
                 log.info("stopped", extra={"fields": {"drained": drained}})
+                nursery.cancel_scope.cancel()
                 return 0
     return 0
 

@@ -86,6 +86,7 @@ BUILTIN_EXCHANGES = {
 DELIVERY_OVERHEAD_BYTES = 200
 NO_ROUTE = 312
 _EXPIRED_MEMORY = 4096  # how many expired tags a channel remembers for late-ack errors
+_TIMERS_COMPACT_MIN = 1024  # timer heap size below which stale entries are not worth a rebuild
 
 QUEUE_ARGUMENTS: dict[str, Callable[[Any], bool]] = {
     "x-max-length": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
@@ -156,6 +157,7 @@ class Broker:
         self._dirty_queues: dict[str, Queue] = {}
         self._confirm_dirty: dict[int, Channel] = {}
         self._timers: list[tuple[float, int, int]] = []  # (deadline, channel id, tag)
+        self._timers_compact_at = _TIMERS_COMPACT_MIN
 
         # recovery state: qid -> {seq: Entry}; None once recovery finished
         self._replay: dict[int, dict[int, Entry]] | None = None
@@ -360,6 +362,11 @@ class Broker:
         return exchange
 
     def _maybe_auto_delete_exchange(self, exchange: Exchange) -> None:
+        # Not during replay: it sees only durable bindings (one to a transient queue
+        # may have kept the exchange alive), and every auto-delete that happened
+        # live is in the log as its own DELETE_EXCHANGE record.
+        if self._replay is not None:
+            return
         if exchange.auto_delete and not exchange.table.bindings and not exchange.builtin:
             self._delete_exchange(exchange)
 
@@ -666,8 +673,9 @@ class Broker:
 
     def close_channel(self, channel_id: int, reason: str = "channel closed") -> None:
         """End a channel, however it ended: requeue its unacked deliveries (marked
-        redelivered), cancel its consumers, delete its exclusive queues, and nack the
-        publishes still waiting for a confirm. Idempotent."""
+        redelivered), cancel its consumers, delete its exclusive queues, and drop the
+        confirms still pending (nobody is left to receive them; messages already
+        routed stay, and a client resend is caught by deduplication). Idempotent."""
         ch = self.channels.get(channel_id)
         if ch is None or channel_id == REST_CHANNEL:
             return
@@ -783,20 +791,24 @@ class Broker:
         if properties is not None and "expiration" in properties:
             msg_expires = wall + properties["expiration"] / 1000.0
         message = Message(seq, exchange_name, routing_key, body, properties, msg_expires)
+        # A nacked publish is not remembered for deduplication (neither live nor in
+        # its ENQUEUE record): the nack asks the client to resend, and the resend
+        # must be taken, not acked as a duplicate of a message that was refused.
+        dedup_id = message_id if nack_reason is None else None
         lsn = 0
         if durable_qids:
             lsn = self._append(
                 rec.RecordType.ENQUEUE,
                 rec.encode_enqueue(
                     seq, wall, msg_expires, durable_qids, exchange_name, routing_key,
-                    message_id, properties, body,
+                    dedup_id, properties, body,
                 ),
             )
             self._unsynced.append((lsn, message, [q.name for q in queues]))
         for queue in queues:
             self._enqueue(queue, message, wall)
-        if message_id is not None:
-            self.dedup.remember(exchange_name, message_id, wall, lsn)
+        if dedup_id is not None:
+            self.dedup.remember(exchange_name, dedup_id, wall, lsn)
         if nack_reason is not None:
             ch.confirms.add(tag, 0, False, nack_reason)
         else:
@@ -886,7 +898,7 @@ class Broker:
 
     def cancel(self, channel_id: int, consumer_tag: str) -> None:
         """Stop a consumer. Its unacked deliveries stay with the channel until settled.
-        Raises ChannelError if the tag is unknown."""
+        Raises NotFound if the tag is unknown, ChannelError if the channel is not open."""
         ch = self._channel(channel_id)
         consumer = ch.consumers.get(consumer_tag)
         if consumer is None:
@@ -970,7 +982,7 @@ class Broker:
                     self._delivered_marks.setdefault(queue.qid, []).append(message.seq)
             deadline = self.clock() + consumer.ack_timeout_s
             ch.deliveries[tag] = Delivery(tag, entry, queue, consumer, deadline)
-            heapq.heappush(self._timers, (deadline, ch.id, tag))
+            self._push_timer(deadline, ch.id, tag)
             consumer.unacked += 1
             ch.unacked += 1
             queue.unacked += 1
@@ -1019,7 +1031,25 @@ class Broker:
 
     def _reset_deadline(self, ch: Channel, d: Delivery, deadline: float) -> None:
         d.deadline = deadline
-        heapq.heappush(self._timers, (deadline, ch.id, d.tag))
+        self._push_timer(deadline, ch.id, d.tag)
+
+    def _push_timer(self, deadline: float, channel_id: int, tag: int) -> None:
+        """Schedule a deadline. Settled or touched deliveries leave stale entries
+        behind (skipped when popped); once stale ones could dominate, the heap is
+        rebuilt from the live deliveries, so its size follows the unacked count
+        rather than delivery rate x ack timeout (amortised O(1) per push)."""
+        timers = self._timers
+        heapq.heappush(timers, (deadline, channel_id, tag))
+        if len(timers) >= self._timers_compact_at:
+            live = [
+                (d.deadline, ch.id, d.tag)
+                for ch in self.channels.values()
+                for d in ch.deliveries.values()
+                if d.deadline is not None
+            ]
+            heapq.heapify(live)
+            self._timers = live
+            self._timers_compact_at = max(_TIMERS_COMPACT_MIN, 2 * len(live))
 
     def _lookup_delivery(self, ch: Channel, tag: int) -> Delivery:
         if not isinstance(tag, int) or isinstance(tag, bool):
@@ -1092,7 +1122,14 @@ class Broker:
             raise InvalidArgument("lease ids must be strings")
         boot, _, rest = lease_id.rpartition("-")
         boot, _, chan = boot.rpartition("-")
-        if boot != self.boot_id or not chan.isdigit() or not rest.isdigit():
+        # Only the exact spelling the broker handed out names a lease: "01" or
+        # non-ASCII digits would otherwise alias (or crash int()) and let one
+        # request settle the same delivery twice.
+        if (
+            boot != self.boot_id
+            or not (chan.isascii() and chan.isdigit() and rest.isascii() and rest.isdigit())
+            or lease_id != self._lease_id(int(chan), int(rest))
+        ):
             raise NotFound(f"unknown lease {lease_id!r} (expired, settled, or from before a restart)")
         ch = self.channels.get(int(chan))
         d = ch.deliveries.get(int(rest)) if ch is not None else None
@@ -1139,7 +1176,7 @@ class Broker:
             ch.deliveries[tag] = d
             ch.unacked += 1
             queue.unacked += 1
-            heapq.heappush(self._timers, (deadline, REST_CHANNEL, tag))
+            self._push_timer(deadline, REST_CHANNEL, tag)
             out.append((self._lease_id(REST_CHANNEL, tag), d, redelivered))
         return out
 
@@ -1182,10 +1219,11 @@ class Broker:
         pairs = []
         seen = set()
         for lid in lease_ids:
+            pair = self._parse_lease(lid)  # first: rejects non-strings (unhashable too)
             if lid in seen:
                 raise InvalidArgument(f"lease {lid!r} is listed twice")
             seen.add(lid)
-            pairs.append(self._parse_lease(lid))
+            pairs.append(pair)
         return pairs
 
     def park_getter(self, queue_name: str) -> None:
@@ -1360,7 +1398,10 @@ class Broker:
                     target: Any = self.exchanges[dname] if to_exchange else self.queues[dname]
                     target.bound_from.add(src.name)
             else:
-                src.table.remove(key, d["routing_key"], d.get("arguments", {}))
+                if src.table.remove(key, d["routing_key"], d.get("arguments", {})):
+                    # as unbind() does live: keep bound_from in step with the table
+                    if not any(bk[0] == key for bk in src.table.bindings):
+                        self._forget_binding_dest(src.name, key)
         elif rtype == T.DEDUP:
             exchange, message_id, wall = rec.decode_dedup(payload)
             self.dedup.remember(exchange, message_id, wall, 0)
@@ -1424,18 +1465,28 @@ class Broker:
             for (dest, key, _f), args in ex.table.bindings.items():
                 if self._binding_durable(ex, dest):
                     head.append((T.BIND, rec.encode_json(_binding_record(ex.name, dest, key, args))))
-        yield head
+        # One consistent cut of every queue's messages (ready, requeued and unacked),
+        # taken in the same step as the head. Looking at the unacked deliveries and
+        # at each queue at different times would lose a message delivered in
+        # between: its ENQUEUE record is before the covered LSN, so only the
+        # checkpoint can carry it. Only references are copied here; records are
+        # encoded lazily, chunk by chunk.
         unacked: dict[int, list[Entry]] = {}
         for ch in list(self.channels.values()):
             for d in ch.deliveries.values():
                 if d.queue.persistent_log:
                     unacked.setdefault(d.queue.qid, []).append(d.entry)
+        cut: list[tuple[Queue, list[Entry]]] = []
         for q in queues:
-            if q.deleted:
-                continue
             entries = [e for _s, e in q.requeued]
             entries.extend(q.ready)
             entries.extend(unacked.get(q.qid, ()))
+            cut.append((q, entries))
+        del unacked
+        yield head
+        for q, entries in cut:
+            if q.deleted:
+                continue  # its DELETE_QUEUE record follows the covered LSN
             qid = q.qid
             for start in range(0, len(entries), chunk_entries):
                 chunk: list[tuple[int, bytes]] = []

@@ -209,6 +209,11 @@ class Consumer:
         ch = self.channel
         if ch.credit <= 0:
             return False
+        if self.no_ack:
+            # Prefetch bounds unacked deliveries; a no-ack consumer has none, and
+            # the channel-wide limit must not starve it (RabbitMQ ignores prefetch
+            # for automatic-acknowledgement consumers). Credit still applies.
+            return True
         if self.prefetch and self.unacked >= self.prefetch:
             return False
         if ch.prefetch and ch.unacked >= ch.prefetch:

@@ -8,15 +8,23 @@ Rules (docs/protocol.md):
 * Operations are applied in order. All complete lines of one received chunk are
   applied before the core's effects are pumped, so the confirms of a chunk's
   publishes leave together (coalesced with ``multiple``) after one fsync.
+* An op that has a reply (``ok``, ``consume_ok``, ``cancel_ok``, ``close_ok``) first
+  pumps the core, so its reply follows every delivery, return and confirm that the ops
+  before it made possible (confirms still waiting for an fsync excepted). A client can
+  use any such op as a barrier. ``publish`` and the settling ops (``ack``, ``nack``,
+  ``reject``, ``touch``) do not pump: their effects leave with the rest of the chunk.
 * One reader task (ops in) and one writer task (events out). The writer batches every
   queued event into one chunk. While the outbox holds more than ``OUTBOX_MAX_EVENTS``
-  the reader stops reading, so a client that publishes without reading its confirms
-  is slowed by TCP backpressure instead of growing broker memory. Deliveries are
-  bounded separately by the core's per-channel byte credit, which the writer returns
-  as it sends.
+  events, or more than ``OUTBOX_MAX_BYTES`` bytes of events other than deliveries
+  (returns carry whole message bodies), the reader stops reading, so a client that
+  publishes without reading its confirms is slowed by TCP backpressure instead of
+  growing broker memory. Deliveries are bounded separately by the core's per-channel
+  byte credit, which the writer returns as it sends.
 * However the exchange ends (``close``, end of the request body, disconnect, channel
   error, broker shutdown) the channel is closed in the core exactly once: unacked
-  deliveries go back to their queues and consumers are cancelled.
+  deliveries go back to their queues and consumers are cancelled. Once the channel is
+  ending (``close_ok`` or ``error`` queued) its consumers are cancelled at once, so no
+  delivery follows those events.
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ from broker.core import (
     Confirm,
     Deliver,
     InvalidArgument,
+    Return,
     Unavailable,
     check_properties,
 )
@@ -47,6 +56,11 @@ __all__ = ["ChannelSession", "handle_channel"]
 log = logging.getLogger("ackbus.channel")
 
 OUTBOX_MAX_EVENTS = 8192
+# Bytes of queued non-delivery events (mostly returns, which carry the message) past
+# which the reader pauses; the same order as the default delivery credit (1 MiB).
+OUTBOX_MAX_BYTES = 1 << 20
+# What an event other than a delivery or return is charged against OUTBOX_MAX_BYTES.
+EVENT_BYTES = 64
 FLUSH_TIMEOUT_S = 10.0
 NDJSON_HEADERS = [
     ("content-type", "application/x-ndjson"),
@@ -68,6 +82,8 @@ class ChannelSession:
         self.channel_id = channel_id
         self.response = response
         self.outbox: list[Any] = []
+        #: Estimated bytes of the non-delivery events in ``outbox``.
+        self.outbox_bytes = 0
         self._wakeup = trio.Event()
         self._drained = trio.Event()
         self._confirms_settled = trio.Event()
@@ -75,13 +91,22 @@ class ChannelSession:
         self.closing_reason: str | None = None
         self.closing_event = trio.Event()
         self.reader_scope = trio.CancelScope()
+        #: The op being applied (its ``id`` is echoed by an ``error`` it causes).
+        self.current_op: dict[str, Any] | None = None
 
     # ChannelSink ---------------------------------------------------------
 
     def push(self, effect: Any) -> None:
         self.outbox.append(effect)
         self._wakeup.set()
-        if type(effect) is Confirm and not self._pending_confirms():
+        kind = type(effect)
+        if kind is Deliver:
+            return  # bounded by the core's credit
+        if kind is Return:
+            self.outbox_bytes += len(effect.message.body) + DELIVERY_OVERHEAD_BYTES
+        else:
+            self.outbox_bytes += EVENT_BYTES
+        if kind is Confirm and not self._pending_confirms():
             self._confirms_settled.set()
 
     def closing(self, reason: str) -> None:
@@ -100,7 +125,19 @@ class ChannelSession:
 
     def send_event(self, event: dict[str, Any]) -> None:
         self.outbox.append(event)
+        self.outbox_bytes += EVENT_BYTES
         self._wakeup.set()
+
+    def stop_consumers(self) -> None:
+        """Cancel every consumer of this channel in the core: the channel is ending and
+        nothing may be delivered after its last event. Unacked deliveries stay with
+        the channel until it is closed in the core (then they are requeued)."""
+        ch = self.core.channels.get(self.channel_id)
+        if ch is None:
+            return
+        for tag in list(ch.consumers):
+            self.core.cancel(self.channel_id, tag)
+        self.runtime.pump()
 
     def _pending_confirms(self) -> int:
         ch = self.core.channels.get(self.channel_id)
@@ -119,6 +156,7 @@ class ChannelSession:
                 continue
             batch = self.outbox
             self.outbox = []
+            self.outbox_bytes = 0
             parts = []
             credit = 0
             for item in batch:
@@ -134,7 +172,7 @@ class ChannelSession:
                 self.runtime.pump()
 
     async def wait_outbox_room(self) -> None:
-        while len(self.outbox) > OUTBOX_MAX_EVENTS:
+        while len(self.outbox) > OUTBOX_MAX_EVENTS or self.outbox_bytes > OUTBOX_MAX_BYTES:
             self._drained = trio.Event()
             await self._drained.wait()
 
@@ -148,54 +186,78 @@ class ChannelSession:
     # reader ------------------------------------------------------------
 
     async def serve_reader(self, request: Any) -> None:
-        """Apply operations from the request body until close, end of body or error."""
-        buffer = b""
+        """Apply operations from the request body until close, end of body or error.
+
+        Raises: ``BrokerError`` (a channel error: the caller reports it in-band),
+        ``ClientDisconnected``.
+        """
+        # Bytes of an unfinished line. Only the newly received chunk is searched for
+        # a newline, so a long line arriving in many pieces costs linear time.
+        pending = bytearray()
         max_line = self.runtime.options.max_body_bytes * 2 + 65536
         try:
             async for chunk in request.iter_body(max_bytes=None, timeout_s=None):
-                if buffer:
-                    chunk = buffer + chunk
-                lines = chunk.split(b"\n")
-                buffer = lines.pop()
-                if len(buffer) > max_line:
-                    raise InvalidArgument("operation line too long", code="payload_too_large")
+                end = chunk.rfind(b"\n")
+                if end < 0:
+                    pending += chunk
+                    if len(pending) > max_line:
+                        raise InvalidArgument("operation line too long", code="payload_too_large")
+                    continue
+                if pending:
+                    pending += chunk[:end]
+                    block = bytes(pending)
+                    pending = bytearray(chunk[end + 1 :])
+                else:
+                    block = chunk[:end]
+                    pending = bytearray(chunk[end + 1 :])
                 try:
-                    for line in lines:
+                    for line in block.split(b"\n"):
                         if line.strip():
                             await self.apply(parse_op_line(line))
                 finally:
                     self.runtime.pump()
                 await self.wait_outbox_room()
-            else:
-                if buffer.strip():
-                    await self.apply(parse_op_line(buffer))
-                    self.runtime.pump()
-                # End of input: finish the confirms, then end the channel unless it
-                # still consumes (curl piping one consume op keeps receiving).
-                await self.flush_confirms()
-                ch = self.core.channels.get(self.channel_id)
-                if ch is not None and ch.consumers and self.closing_reason is None:
-                    async with trio.open_nursery() as nursery:
+            if pending.strip():
+                await self.apply(parse_op_line(bytes(pending)))
+                self.runtime.pump()
+            # End of input: finish the confirms, then end the channel unless it still
+            # consumes (curl piping one consume op keeps receiving).
+            await self.flush_confirms()
+            ch = self.core.channels.get(self.channel_id)
+            if ch is not None and ch.consumers and self.closing_reason is None:
+                disconnected = False
+                async with trio.open_nursery() as nursery:
 
-                        async def until_closing() -> None:
-                            await self.closing_event.wait()
-                            nursery.cancel_scope.cancel()
+                    async def until_closing() -> None:
+                        await self.closing_event.wait()
+                        nursery.cancel_scope.cancel()
 
-                        nursery.start_soon(until_closing)
-                        await request.wait_disconnected()
-                        raise ClientDisconnected("client closed the connection")
-                self.send_event({"ev": "close_ok"})
+                    nursery.start_soon(until_closing)
+                    await request.wait_disconnected()
+                    disconnected = True
+                    nursery.cancel_scope.cancel()
+                if disconnected:
+                    # Raised outside the nursery, so the caller sees it unwrapped.
+                    raise ClientDisconnected("client closed the connection")
+            self.stop_consumers()
+            self.send_event({"ev": "close_ok"})
         except _ChannelClosed:
             pass
 
     async def apply(self, op: dict[str, Any]) -> None:
+        """Apply one operation. Raises ``BrokerError`` (a channel error)."""
+        self.current_op = op
         name = op.get("op")
         if name == "publish":
             self._publish(op)
+            self.current_op = None
             return
         handler = _OPS.get(name) if isinstance(name, str) else None
         if handler is None:
             raise ChannelError(f"unknown op {name!r}", code="unknown_op")
+        if handler not in _SETTLE_OPS:
+            # Events caused by earlier ops go out before this op's reply (a barrier).
+            self.runtime.pump()
         await handler(self, op)
 
     def _publish(self, op: dict[str, Any]) -> None:
@@ -218,10 +280,12 @@ class ChannelSession:
         )
 
 
-def _reply(op: dict[str, Any], ev: str, **fields: Any) -> dict[str, Any]:
+def _reply(request: dict[str, Any], ev: str, /, **fields: Any) -> dict[str, Any]:
+    """The reply event ``ev`` to the op ``request`` (echoing its ``id``). Positional-only
+    parameters: replies carry a field named ``op``."""
     event: dict[str, Any] = {"ev": ev}
-    if "id" in op:
-        event["id"] = op["id"]
+    if "id" in request:
+        event["id"] = request["id"]
     event.update(fields)
     return event
 
@@ -376,6 +440,7 @@ async def _op_unbind(s: ChannelSession, op: dict[str, Any]) -> None:
 async def _op_close(s: ChannelSession, op: dict[str, Any]) -> None:
     s.runtime.pump()
     await s.flush_confirms()
+    s.stop_consumers()
     s.send_event(_reply(op, "close_ok"))
     raise _ChannelClosed()
 
@@ -397,6 +462,7 @@ _OPS = {
     "unbind": _op_unbind,
     "close": _op_close,
 }
+_SETTLE_OPS = {_op_ack, _op_nack, _op_reject, _op_touch}
 
 
 async def handle_channel(runtime: BrokerRuntime, request: Any, response: Any) -> None:
@@ -435,8 +501,16 @@ async def handle_channel(runtime: BrokerRuntime, request: Any, response: Any) ->
                 nursery.cancel_scope.cancel()
             except BrokerError as exc:
                 reason = f"channel error: {exc.code}"
+                session.stop_consumers()
+                # Publishes before the failing op still get their confirms (bounded:
+                # a failing disk must not hold the channel open).
+                with trio.move_on_after(FLUSH_TIMEOUT_S):
+                    await session.flush_confirms()
                 event = exc.to_json()
                 event["ev"] = "error"
+                failed = session.current_op
+                if failed is not None and "id" in failed:
+                    event["id"] = failed["id"]
                 session.send_event(event)
             finally:
                 session.finished = True

@@ -48,9 +48,11 @@ from __future__ import annotations
 
 import enum
 import logging
-from http import HTTPStatus
+import time
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any, Final, TypeAlias
+from email.utils import formatdate
+from http import HTTPStatus
+from typing import TYPE_CHECKING, Any, Final, TypeAlias, cast
 
 import h11
 import orjson
@@ -106,6 +108,21 @@ _GONE: Final = (trio.BrokenResourceError, trio.ClosedResourceError)
 _REASONS: Final = {status.value: status.phrase.encode("ascii") for status in HTTPStatus}
 
 
+_date_second = 0
+_date_value = b""
+
+
+def _http_date() -> bytes:
+    """The ``Date`` header value (RFC 9110 section 6.6.1: an origin server with a clock
+    MUST send it), formatted at most once per second."""
+    global _date_second, _date_value
+    now = int(time.time())
+    if now != _date_second:
+        _date_second = now
+        _date_value = formatdate(now, usegmt=True).encode("ascii")
+    return _date_value
+
+
 def _encode_headers(headers: HeaderInput) -> list[tuple[bytes, bytes]]:
     if headers is None:
         return []
@@ -117,7 +134,7 @@ class _Shared:
     """State every connection of one server sees: the app, the limits, the shutdown
     flag, counters, and the registry of live connections."""
 
-    __slots__ = ("app", "limits", "closing", "requests_served", "connections")
+    __slots__ = ("app", "closing", "connections", "limits", "requests_served", "send_watchdog")
 
     def __init__(self, app: Handler, limits: Limits) -> None:
         self.app = app
@@ -125,6 +142,9 @@ class _Shared:
         self.closing = trio.Event()
         self.requests_served = 0
         self.connections: set[_Connection] = set()
+        #: A server task enforces ``send_timeout_s`` (see ``_Connection.abort_stalled_send``)
+        #: so that writes need no cancel scope of their own.
+        self.send_watchdog = False
 
 
 class Request:
@@ -141,18 +161,18 @@ class Request:
     """
 
     __slots__ = (
-        "method",
-        "target",
-        "path",
-        "query_string",
-        "http_version",
-        "path_params",
-        "_event",
-        "_conn",
-        "_headers",
-        "_query",
         "_body_done",
         "_body_received",
+        "_conn",
+        "_event",
+        "_headers",
+        "_query",
+        "http_version",
+        "method",
+        "path",
+        "path_params",
+        "query_string",
+        "target",
     )
 
     def __init__(self, conn: _Connection, event: h11.Request) -> None:
@@ -195,12 +215,15 @@ class Request:
     def content_length(self) -> int | None:
         """Declared body length: ``Content-Length``, 0 when the request has neither it
         nor ``Transfer-Encoding`` (RFC 9112 section 6.3), ``None`` when chunked."""
-        headers = self.headers
-        if "transfer-encoding" in headers:
-            return None
-        value = headers.get("content-length")
-        # h11 has already rejected malformed or conflicting Content-Length values.
-        return int(value.partition(",")[0]) if value else 0
+        length = 0
+        # Scan h11's lowercased pairs: cheaper than building the Headers index.
+        for name, value in self._event.headers:
+            if name == b"transfer-encoding":
+                return None
+            if name == b"content-length":
+                # h11 has already rejected malformed or conflicting values.
+                length = int(value.partition(b",")[0])
+        return length
 
     @property
     def body_complete(self) -> bool:
@@ -218,17 +241,17 @@ class Request:
         channel, a streaming consume) can wait on it to say goodbye in-band."""
         return self._conn.shared.closing
 
-    def _limit(self, max_bytes: int | None | _Default) -> int | None:
+    def _limit(self, max_bytes: int | _Default | None) -> int | None:
         return self._conn.limits.max_body_bytes if max_bytes is LIMIT else max_bytes
 
-    def _timeout(self, timeout_s: float | None | _Default) -> float | None:
+    def _timeout(self, timeout_s: float | _Default | None) -> float | None:
         return self._conn.limits.body_timeout_s if timeout_s is LIMIT else timeout_s
 
     async def receive_chunk(
         self,
         *,
-        max_bytes: int | None | _Default = LIMIT,
-        timeout_s: float | None | _Default = LIMIT,
+        max_bytes: int | _Default | None = LIMIT,
+        timeout_s: float | _Default | None = LIMIT,
     ) -> bytes:
         """The next piece of the body as it arrives, or ``b""`` once it has ended.
 
@@ -265,8 +288,8 @@ class Request:
     def iter_body(
         self,
         *,
-        max_bytes: int | None | _Default = LIMIT,
-        timeout_s: float | None | _Default = LIMIT,
+        max_bytes: int | _Default | None = LIMIT,
+        timeout_s: float | _Default | None = LIMIT,
     ) -> BodyIterator:
         """``async for chunk in request.iter_body(): ...`` over the body's chunks as
         they arrive (boundaries are arbitrary). Raises as :meth:`receive_chunk`."""
@@ -275,8 +298,8 @@ class Request:
     async def read_body(
         self,
         *,
-        max_bytes: int | None | _Default = LIMIT,
-        timeout_s: float | None | _Default = LIMIT,
+        max_bytes: int | _Default | None = LIMIT,
+        timeout_s: float | _Default | None = LIMIT,
     ) -> bytes:
         """The whole (remaining) body. Raises as :meth:`receive_chunk`."""
         chunks: list[bytes] = []
@@ -289,7 +312,7 @@ class Request:
         *,
         require_object: bool = True,
         default: object = _NoDefault.MISSING,
-        max_bytes: int | None | _Default = LIMIT,
+        max_bytes: int | _Default | None = LIMIT,
     ) -> Any:
         """The body parsed as JSON (orjson).
 
@@ -316,7 +339,8 @@ class Request:
         return document
 
     async def wait_disconnected(self) -> None:
-        """Return once the client closes its end of the connection (or it breaks).
+        """Return once the client closes its end of the connection (or it breaks). A
+        client that only half-closes (shuts down its sending side) counts as gone.
 
         For streaming responses without a request body (a streaming consume): run it in
         a task beside the writer to notice a departed client *before* the next write,
@@ -334,13 +358,13 @@ class Request:
 class BodyIterator:
     """Async iterator over a request body's chunks (see ``Request.iter_body``)."""
 
-    __slots__ = ("_request", "_max_bytes", "_timeout_s")
+    __slots__ = ("_max_bytes", "_request", "_timeout_s")
 
     def __init__(
         self,
         request: Request,
-        max_bytes: int | None | _Default,
-        timeout_s: float | None | _Default,
+        max_bytes: int | _Default | None,
+        timeout_s: float | _Default | None,
     ) -> None:
         self._request = request
         self._max_bytes = max_bytes
@@ -368,7 +392,7 @@ class Response:
     to a ``HEAD`` request silently drops its body (RFC 9110 section 9.3.2).
     """
 
-    __slots__ = ("_conn", "_head", "started", "finished", "status_code")
+    __slots__ = ("_conn", "_head", "finished", "started", "status_code")
 
     def __init__(self, conn: _Connection, request: Request) -> None:
         self._conn = conn
@@ -429,15 +453,13 @@ class Response:
         if self.started:
             raise RuntimeError("the response has already been started")
         conn = self._conn
-        fields: list[tuple[bytes, bytes]] = []
+        fields: list[tuple[bytes, bytes]] = [(b"date", _http_date())]
         if status not in _NO_BODY_STATUSES:
             if content_type is not None:
                 fields.append((b"content-type", content_type))
             fields.append((b"content-length", b"%d" % len(body)))
         if headers:
-            fields.extend(
-                headers if isinstance(headers, list) else _encode_headers(headers)  # type: ignore[arg-type]
-            )
+            fields.extend(headers if isinstance(headers, list) else _encode_headers(headers))
         if conn.close_after_response(status):
             fields.append(_CLOSE_HEADER)
         events: list[h11.Event] = [
@@ -466,7 +488,7 @@ class Response:
         if self.started:
             raise RuntimeError("the response has already been started")
         conn = self._conn
-        fields: list[tuple[bytes, bytes]] = []
+        fields: list[tuple[bytes, bytes]] = [(b"date", _http_date())]
         if content_type is not None:
             fields.append((b"content-type", content_type.encode("latin-1")))
         fields.extend(_encode_headers(headers))
@@ -505,22 +527,25 @@ class _Connection:
     ``Request`` and ``Response`` objects use. See the module docstring for the rules."""
 
     __slots__ = (
-        "shared",
-        "limits",
-        "h11",
-        "stream",
-        "scope",
+        "_broken",
+        "_eof",
+        "_head_scope",
+        "_pending",
+        "_reading",
+        "_send_lock",
+        "_send_started",
+        "_send_timed_out",
+        "_served",
+        "_waiting_idle",
         "accepted_at",
+        "h11",
+        "limits",
         "must_close",
         "request",
         "response",
-        "_send_lock",
-        "_reading",
-        "_eof",
-        "_broken",
-        "_served",
-        "_head_scope",
-        "_waiting_idle",
+        "scope",
+        "shared",
+        "stream",
     )
 
     def __init__(self, shared: _Shared, stream: trio.abc.Stream) -> None:
@@ -545,6 +570,10 @@ class _Connection:
         self._served = 0
         self._head_scope: trio.CancelScope | None = None
         self._waiting_idle = False
+        self._send_started: float | None = None
+        self._send_timed_out = False
+        #: A body event (or parse error) pulled from h11 ahead of the handler's read.
+        self._pending: h11.Data | h11.RemoteProtocolError | None = None
 
     @property
     def remote(self) -> str | None:
@@ -563,6 +592,16 @@ class _Connection:
     def idle(self) -> bool:
         """Waiting for a request that has not begun to arrive."""
         return self._head_scope is not None and self._waiting_idle
+
+    async def abort_stalled_send(self, now: float) -> None:
+        """Called by the server's watchdog: if a write has been blocked longer than
+        ``send_timeout_s`` (the client stopped reading), close the stream so that the
+        write fails and the handler sees ``ClientDisconnected``."""
+        started = self._send_started
+        timeout_s = self.limits.send_timeout_s
+        if started is not None and timeout_s is not None and now - started > timeout_s:
+            self._send_timed_out = True
+            await trio.aclose_forcefully(self.stream)
 
     def close_idle(self) -> bool:
         """Close this connection now if it is idle; say whether it was."""
@@ -584,7 +623,7 @@ class _Connection:
                 if not await self._exchange(event):
                     break
                 self._served += 1
-        except Exception:  # noqa: BLE001 -- a bug here must cost one connection, not all
+        except Exception:
             log.exception("HTTP connection from %s failed", self.remote)
         finally:
             await self._close()
@@ -592,6 +631,7 @@ class _Connection:
     async def _read_head(self) -> h11.Request | None:
         """The next request head, or ``None`` to close (after answering if need be)."""
         h = self.h11
+        event: h11.Event | type[h11.NEED_DATA] | type[h11.PAUSED] | None
         try:
             event = h.next_event()
             if event is h11.NEED_DATA:
@@ -610,7 +650,9 @@ class _Connection:
             pass
         return None
 
-    async def _await_head(self) -> h11.Event | type[h11.PAUSED] | None:
+    async def _await_head(
+        self,
+    ) -> h11.Event | type[h11.NEED_DATA] | type[h11.PAUSED] | None:
         """Read until h11 has a whole head, under the header/idle deadlines."""
         h = self.h11
         limits = self.limits
@@ -643,9 +685,7 @@ class _Connection:
                 self._waiting_idle = False
         if not seen_bytes:
             return None  # idle timeout, or closed by a graceful shutdown
-        raise RequestTimeout(
-            f"request head not complete within {limits.header_timeout_s:g} s"
-        )
+        raise RequestTimeout(f"request head not complete within {limits.header_timeout_s:g} s")
 
     async def _exchange(self, event: h11.Request) -> bool:
         """Run the app for one request; return whether to keep the connection."""
@@ -653,6 +693,19 @@ class _Connection:
         response = Response(self, request)
         self.request = request
         self.response = response
+        self._pending = None
+        # Peek at the body without IO: a body-less request (most of them) is then known
+        # complete from the start, which the drain, the close decision and
+        # wait_disconnected() rely on; a body already buffered is kept for the reader.
+        try:
+            first = self.h11.next_event()
+        except h11.RemoteProtocolError as exc:
+            self._pending = exc
+        else:
+            if type(first) is h11.EndOfMessage:
+                request._body_done = True
+            elif type(first) is h11.Data:
+                self._pending = first
         try:
             problem = self._check_head(event)
             if problem is not None:
@@ -661,13 +714,13 @@ class _Connection:
                 return False
             try:
                 await self.shared.app(request, response)
-            except Exception as exc:  # noqa: BLE001 -- the server must outlive handlers
+            except Exception as exc:
                 return await self._handler_failed(request, response, exc)
             if not response.started:
-                log.error("handler for %s %s returned without responding", request.method, request.path)
-                await response.send_error(
-                    BrokerError("the handler did not produce a response")
+                log.error(
+                    "handler for %s %s returned without responding", request.method, request.path
                 )
+                await response.send_error(BrokerError("the handler did not produce a response"))
             elif not response.finished:
                 await response.end()
             return await self._finish_cycle()
@@ -744,12 +797,11 @@ class _Connection:
         """
         request = self.request
         assert request is not None
-        h = self.h11
         budget = self.limits.max_drain_bytes
         checked_declared = False
         try:
             while True:
-                event = h.next_event()
+                event = self._pull()
                 if type(event) is h11.EndOfMessage:
                     request._body_done = True
                     return True
@@ -779,6 +831,7 @@ class _Connection:
         if h.our_state is not h11.IDLE and h.our_state is not h11.SEND_RESPONSE:
             return
         fields = [
+            (b"date", _http_date()),
             (b"content-type", _JSON),
             (b"connection", b"close"),
         ]
@@ -811,9 +864,15 @@ class _Connection:
         """
         stream = self.stream
         h = self.h11
-        quiet_idle = h.their_state is h11.IDLE and not h.trailing_data[0]
+        # The client may still be sending if its body is unfinished, its input was
+        # malformed, or bytes of a further request are already here.
+        may_be_sending = (
+            h.their_state is h11.SEND_BODY
+            or h.their_state is h11.ERROR
+            or bool(h.trailing_data[0])
+        )
         try:
-            if not (self._eof or self._broken or quiet_idle) and self.limits.linger_s > 0:
+            if may_be_sending and not (self._eof or self._broken) and self.limits.linger_s > 0:
                 with trio.move_on_after(self.limits.linger_s):
                     if isinstance(stream, trio.abc.HalfCloseableStream):
                         await stream.send_eof()
@@ -867,7 +926,7 @@ class _Connection:
         h = self.h11
         while True:
             try:
-                event = h.next_event()
+                event = self._pull()
             except h11.RemoteProtocolError as exc:
                 self.must_close = True
                 if self._eof:
@@ -878,14 +937,26 @@ class _Connection:
             if event is h11.NEED_DATA:
                 if h.they_are_waiting_for_100_continue:
                     # RFC 9110 section 10.1.1: the handler wants the body, so invite it.
-                    await self.send_events([h11.InformationalResponse(status_code=100, headers=[])])
+                    await self.send_events(
+                        [h11.InformationalResponse(status_code=100, headers=[])]
+                    )
                 await self._receive(timeout_s)
                 continue
             if type(event) is h11.Data or type(event) is h11.EndOfMessage:
-                return event  # type: ignore[return-value]
+                return event
             raise AssertionError(f"unexpected h11 event while reading a body: {event!r}")
 
-    async def _receive(self, timeout_s: float | None) -> bytes:
+    def _pull(self) -> h11.Event | type[h11.NEED_DATA] | type[h11.PAUSED]:
+        """The next h11 event, the peeked one first. Raises ``h11.RemoteProtocolError``."""
+        pending = self._pending
+        if pending is None:
+            return self.h11.next_event()
+        self._pending = None
+        if isinstance(pending, h11.RemoteProtocolError):
+            raise pending
+        return pending
+
+    async def _receive(self, timeout_s: float | None) -> bytes | bytearray:
         """Read once from the stream into h11; ``b""`` means end of stream.
 
         Raises: ``RequestTimeout`` (only with a timeout), ``ClientDisconnected``,
@@ -910,7 +981,7 @@ class _Connection:
             raise ClientDisconnected("the connection to the client broke") from exc
         finally:
             self._reading = False
-        self.h11.receive_data(data)
+        self.h11.receive_data(cast(bytes, data))  # h11 takes any bytes-like object
         if not data:
             self._eof = True
         return data
@@ -952,10 +1023,21 @@ class _Connection:
             lock.release()
 
     async def _send_all(self, payload: bytes) -> None:
+        """Write ``payload``, enforcing ``send_timeout_s``.
+
+        A cancel scope per write costs about as much as h11's work for a small response,
+        so when the server runs a watchdog task the write is only timestamped and the
+        watchdog closes the stream of a stalled one (the blocked write then fails with
+        ``ClosedResourceError``). A lone ``serve_stream`` uses a scope instead.
+        """
         timeout_s = self.limits.send_timeout_s
         try:
-            if timeout_s is None:
-                await self.stream.send_all(payload)
+            if timeout_s is None or self.shared.send_watchdog:
+                self._send_started = trio.current_time()
+                try:
+                    await self.stream.send_all(payload)
+                finally:
+                    self._send_started = None
                 return
             with trio.move_on_after(timeout_s):
                 await self.stream.send_all(payload)
@@ -963,6 +1045,10 @@ class _Connection:
         except _GONE as exc:
             self._broken = True
             self.h11.send_failed()
+            if self._send_timed_out:
+                raise ClientDisconnected(
+                    f"the client stopped reading: a write made no progress for {timeout_s:g} s"
+                ) from exc
             raise ClientDisconnected("the connection to the client broke") from exc
         except BaseException:
             # Cancelled mid-write: an unknown prefix went out, the stream is unusable.

@@ -16,13 +16,13 @@ import h11
 from broker.core.errors import BrokerError
 
 __all__ = [
+    "BadRequest",
     "ClientDisconnected",
     "HTTPError",
-    "BadRequest",
-    "MethodNotAllowed",
-    "RequestTimeout",
     "HeaderFieldsTooLarge",
+    "MethodNotAllowed",
     "NotImplementedByServer",
+    "RequestTimeout",
     "protocol_error",
 ]
 

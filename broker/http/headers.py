@@ -21,7 +21,7 @@ class Headers:
     5.3 allows; ``get_all`` returns them separately.
     """
 
-    __slots__ = ("_raw", "_map")
+    __slots__ = ("_map", "_raw")
 
     def __init__(self, raw: Sequence[tuple[bytes, bytes]]) -> None:
         self._raw = raw

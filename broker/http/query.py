@@ -58,7 +58,7 @@ class QueryParams:
     out of bounds, with a message naming the parameter.
     """
 
-    __slots__ = ("_raw", "_pairs", "_map")
+    __slots__ = ("_map", "_pairs", "_raw")
 
     def __init__(self, query_string: str) -> None:
         self._raw = query_string
@@ -167,8 +167,7 @@ class QueryParams:
             )
         if choices is not None and value not in choices:
             raise InvalidArgument(
-                f"query parameter {name!r} must be one of {', '.join(choices)}; "
-                f"got {_show(value)}"
+                f"query parameter {name!r} must be one of {', '.join(choices)}; got {_show(value)}"
             )
         return value
 
@@ -247,9 +246,7 @@ class QueryParams:
             return default
         number = float(value) if _FLOAT_RE.fullmatch(value) else math.nan
         if not math.isfinite(number):
-            raise InvalidArgument(
-                f"query parameter {name!r} must be a number; got {_show(value)}"
-            )
+            raise InvalidArgument(f"query parameter {name!r} must be a number; got {_show(value)}")
         _check_bounds(name, number, min_value, max_value)
         return number
 

@@ -32,7 +32,7 @@ from broker.http.errors import MethodNotAllowed
 if TYPE_CHECKING:
     from broker.http.connection import Request, Response
 
-__all__ = ["Handler", "Router", "RouteMatch"]
+__all__ = ["Handler", "RouteMatch", "Router"]
 
 #: What a route (and the server's ``app``) is: an async callable answering one request.
 Handler = Callable[["Request", "Response"], Awaitable[None]]
@@ -164,7 +164,7 @@ class Router:
                 allow.add("HEAD")
             raise MethodNotAllowed(method, path[:200], sorted(allow))
         handler, names = route
-        return RouteMatch(handler, dict(zip(names, values)))
+        return RouteMatch(handler, dict(zip(names, values, strict=True)))
 
     def _find(
         self, node: _Node, segments: list[str], index: int, method: str, values: list[str]

@@ -159,12 +159,11 @@ class BrokerRuntime:
             core = self.core
             core.begin_recovery()
             n_ckpt = n_wal = 0
-            if recovery.checkpoint is not None:
-                for rtype, payload in recovery.checkpoint.records:
-                    core.replay(rtype, payload, 0)
-                    n_ckpt += 1
-                core.last_lsn = max(core.last_lsn, recovery.checkpoint.lsn)
-            for lsn, rtype, payload in recovery.records():
+            for rtype, payload in recovery.checkpoint_records:
+                core.replay(rtype, payload, 0)
+                n_ckpt += 1
+            core.last_lsn = max(core.last_lsn, recovery.checkpoint_lsn)
+            for lsn, rtype, payload in recovery.wal_records:
                 core.replay(rtype, payload, lsn)
                 n_wal += 1
             core.finish_recovery(recovery.last_lsn)
@@ -172,7 +171,6 @@ class BrokerRuntime:
 
         recovery, n_ckpt, n_wal = await trio.to_thread.run_sync(recover_sync)
         self.wal = storage.WriteAheadLog.open(
-            Path(data_dir),
             recovery,
             fsync_policy=storage.parse_fsync_policy(self.options.fsync),
             segment_max_bytes=self.options.segment_max_bytes,
@@ -181,7 +179,7 @@ class BrokerRuntime:
             on_recovered=self._on_recovered,
             on_fsync=self._on_fsync,
         )
-        self.last_checkpoint_lsn = recovery.checkpoint.lsn if recovery.checkpoint else 0
+        self.last_checkpoint_lsn = recovery.checkpoint_lsn
         self._last_checkpoint_time = trio.current_time()
         totals = self.core.totals()
         self.recovery_info = {
@@ -192,8 +190,11 @@ class BrokerRuntime:
             "queues": totals["queues"],
             "duration_s": round(time.perf_counter() - started, 3),
         }
-        if recovery.truncated is not None:
-            self.recovery_info["truncated"] = str(recovery.truncated)
+        report = recovery.report
+        if report.truncated:
+            self.recovery_info["truncated"] = [str(t) for t in report.truncated]
+        if report.voided:
+            self.recovery_info["voided"] = [str(v) for v in report.voided]
 
     # -------------------------------------------------------------- the pump
 

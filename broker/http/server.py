@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from functools import partial
 from collections.abc import Sequence
+from functools import partial
 from typing import Final
 
 import orjson
@@ -87,7 +87,7 @@ class HTTPServer:
         self._shared = _Shared(app, limits or Limits())
         self._accept_scope: trio.CancelScope | None = None
         self._stopped = False
-        self._listeners: list[trio.SocketListener] = []
+        self._listeners: list[trio.abc.Listener[trio.abc.Stream]] = []
         self._total_accepted = 0
         self._rejected = 0
         self._drained: trio.Event | None = None
@@ -102,8 +102,8 @@ class HTTPServer:
         return self._shared.closing.is_set()
 
     @property
-    def listeners(self) -> list[trio.SocketListener]:
-        """The TCP listeners of ``serve_tcp`` (empty before it starts)."""
+    def listeners(self) -> list[trio.abc.Listener[trio.abc.Stream]]:
+        """The listeners being served (empty before serving starts)."""
         return list(self._listeners)
 
     @property
@@ -111,8 +111,8 @@ class HTTPServer:
         """The bound TCP ports (useful after listening on port 0)."""
         ports: list[int] = []
         for listener in self._listeners:
-            address = listener.socket.getsockname()
-            ports.append(int(address[1]))
+            if isinstance(listener, trio.SocketListener):
+                ports.append(int(listener.socket.getsockname()[1]))
         return ports
 
     # -- serving -------------------------------------------------------------------
@@ -123,7 +123,9 @@ class HTTPServer:
         *,
         host: str | None = "127.0.0.1",
         backlog: int | None = None,
-        task_status: trio.TaskStatus[list[trio.SocketListener]] = trio.TASK_STATUS_IGNORED,
+        task_status: trio.TaskStatus[list[trio.abc.Listener[trio.abc.Stream]]] = (
+            trio.TASK_STATUS_IGNORED
+        ),
     ) -> None:
         """Listen on ``host:port`` and serve until cancelled or shut down.
 
@@ -133,13 +135,15 @@ class HTTPServer:
         Raises: ``OSError`` if the address cannot be bound.
         """
         listeners = await trio.open_tcp_listeners(port, host=host, backlog=backlog)
-        await self.serve_listeners(listeners, task_status=task_status)
+        await self.serve_listeners(list(listeners), task_status=task_status)
 
     async def serve_listeners(
         self,
-        listeners: Sequence[trio.SocketListener],
+        listeners: Sequence[trio.abc.Listener[trio.abc.Stream]],
         *,
-        task_status: trio.TaskStatus[list[trio.SocketListener]] = trio.TASK_STATUS_IGNORED,
+        task_status: trio.TaskStatus[list[trio.abc.Listener[trio.abc.Stream]]] = (
+            trio.TASK_STATUS_IGNORED
+        ),
     ) -> None:
         """Accept on ``listeners`` and serve each connection in its own task.
 
@@ -153,6 +157,10 @@ class HTTPServer:
         if self._stopped:
             self._accept_scope.cancel()
         async with trio.open_nursery() as connections:
+            watchdog = trio.CancelScope()
+            if self.limits.send_timeout_s is not None:
+                self._shared.send_watchdog = True
+                connections.start_soon(self._watch_sends, watchdog)
             with self._accept_scope:
                 # trio.serve_listeners closes each listener when its accept loop ends,
                 # and rides out EMFILE-style accept errors by pausing.
@@ -164,6 +172,9 @@ class HTTPServer:
                 )
             for listener in self._listeners:
                 await listener.aclose()  # already closed unless never started; idempotent
+            await self._wait_drained()
+            watchdog.cancel()
+            self._shared.send_watchdog = False
 
     async def serve_stream(self, stream: trio.abc.Stream) -> None:
         """Serve one already-open stream (a socket, or a ``trio.testing`` memory
@@ -184,6 +195,18 @@ class HTTPServer:
             shared.connections.discard(conn)
             if not shared.connections and self._drained is not None:
                 self._drained.set()
+
+    async def _watch_sends(self, scope: trio.CancelScope) -> None:
+        """Enforce ``send_timeout_s`` for every connection: a few times per timeout
+        period, abort writes that have been blocked for longer than it."""
+        timeout_s = self.limits.send_timeout_s
+        assert timeout_s is not None
+        with scope:
+            while True:
+                await trio.sleep(timeout_s / 4)
+                now = trio.current_time()
+                for conn in list(self._shared.connections):
+                    await conn.abort_stalled_send(now)
 
     # -- shutdown ------------------------------------------------------------------
 

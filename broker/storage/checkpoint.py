@@ -37,8 +37,8 @@ import re
 import struct
 import zlib
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
-from typing import Final
+from dataclasses import dataclass
+from typing import Final, NamedTuple
 
 from . import faults
 from .errors import CorruptCheckpoint
@@ -84,21 +84,32 @@ class CheckpointInfo:
     deleted: tuple[str, ...] = ()
 
 
-@dataclass(slots=True)
-class LoadedCheckpoint:
-    """A verified checkpoint: its LSN and a single-use iterator over its records.
-
-    Unpacks like a pair: ``lsn, records = read_latest_checkpoint(data_dir)``.
-    """
-
+class _CheckpointPair(NamedTuple):
     lsn: int
     records: Iterator[tuple[int, bytes]]
-    path: str
-    #: newer checkpoints that were unreadable and skipped (renamed to ``*.corrupt``)
-    skipped: tuple[str, ...] = field(default=())
 
-    def __iter__(self) -> Iterator[object]:
-        return iter((self.lsn, self.records))
+
+class LoadedCheckpoint(_CheckpointPair):
+    """A verified checkpoint: ``(lsn, records)`` with a single-use records iterator.
+
+    It is a pair, so ``lsn, records = read_latest_checkpoint(data_dir)`` works; ``path``
+    names the file and ``skipped`` the newer, unreadable checkpoints set aside.
+    """
+
+    path: str
+    skipped: tuple[str, ...]
+
+    def __new__(
+        cls,
+        lsn: int,
+        records: Iterator[tuple[int, bytes]],
+        path: str = "",
+        skipped: tuple[str, ...] = (),
+    ) -> LoadedCheckpoint:
+        self = super().__new__(cls, lsn, records)
+        self.path = path
+        self.skipped = skipped
+        return self
 
 
 def checkpoint_name(lsn: int) -> str:
@@ -187,7 +198,7 @@ def write_checkpoint(
             file.sync()
         finally:
             file.close()
-    except BaseException:
+    except Exception:
         try:
             fs.remove(tmp)
         except OSError:
@@ -345,7 +356,5 @@ def read_latest_checkpoint(
         )
     if failures:
         first = failures[0]
-        raise CorruptCheckpoint(
-            first.path, f"{first.reason}; and no older checkpoint is readable"
-        )
+        raise CorruptCheckpoint(first.path, f"{first.reason}; and no older checkpoint is readable")
     return None

@@ -44,9 +44,10 @@ class CorruptLog(StorageError):
             f"corrupt write-ahead log: {path} at byte offset {offset}: {reason}. "
             "This is not a torn tail (valid data follows it, or it is not in the last "
             "segment), so recovery stopped instead of skipping it. To start anyway, "
-            "rerun recovery with repair enabled (recover(..., repair=True)): it keeps "
-            f"every record before offset {offset}, moves the rest aside to *.dropped "
-            "files and loses whatever those held."
+            "restart with repair enabled (the broker's --repair flag, i.e. "
+            "recover(..., repair=True)): it keeps every record before offset "
+            f"{offset}, moves the rest aside to *.dropped files and loses whatever "
+            "those held."
         )
 
 

@@ -104,13 +104,16 @@ def parse_spec(spec: str) -> dict[str, tuple[int, int | None]]:
         name = name.strip()
         if name not in FAULT_POINTS:
             raise ValueError(
-                f"unknown fault point {name!r} in {ENV_VAR}; known: {', '.join(sorted(FAULT_POINTS))}"
+                f"unknown fault point {name!r} in {ENV_VAR}; "
+                f"known: {', '.join(sorted(FAULT_POINTS))}"
             )
         try:
             skip = int(skip_text) if skip_text else 0
             count = int(count_text) if count_text else None
         except ValueError:
-            raise ValueError(f"malformed fault spec {item!r}: expected name[@skip][:count]") from None
+            raise ValueError(
+                f"malformed fault spec {item!r}: expected name[@skip][:count]"
+            ) from None
         if skip < 0 or (count is not None and count < 1):
             raise ValueError(f"malformed fault spec {item!r}: skip >= 0, count >= 1")
         result[name] = (skip, count)

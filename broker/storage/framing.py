@@ -35,7 +35,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Final
 
-from .errors import RecordTooLarge
+from .errors import RecordTooLarge, StorageError
 
 __all__ = [
     "DEFAULT_MAX_RECORD_BYTES",
@@ -49,6 +49,8 @@ __all__ = [
     "encode_record",
     "encode_records",
     "find_valid_frame",
+    "ScanGaveUp",
+    "DEFAULT_SCAN_BUDGET_BYTES",
 ]
 
 #: Default upper bound for ``1 + len(payload)``. Same order as etcd's per-entry guard; a
@@ -381,18 +383,50 @@ class RecordDecoder:
         return self._problem
 
 
-def _candidate_pattern(max_record_bytes: int) -> re.Pattern[bytes]:
-    # A frame can only start where the u32 length is in 1..max_record_bytes, so its top
-    # byte is at most max >> 24 and its four bytes are not all zero. Letting the regex
-    # engine find such positions keeps the scan at C speed over text and zero runs.
-    top = min(max_record_bytes >> 24, 255)
-    return re.compile(
-        b"(?=(?!\\x00\\x00\\x00\\x00)[\\x00-\\xff]{3}[\\x00-" + b"\\x%02x" % top + b"])",
-        re.DOTALL,
-    )
+def _candidate_pattern(bound: int) -> re.Pattern[bytes]:
+    """Positions where a u32 LE length in 1..bound can start.
+
+    The regex engine finds them at C speed; only candidates reach Python. ``bound``
+    is tightened to the data actually present, so a large region of small binary values
+    still yields few candidates.
+    """
+    wide = bound >= 1 << 24
+    top = min(bound >> 24, 255) if wide else bound >> 16
+    pattern = _PATTERNS.get((wide, top))
+    if pattern is not None:
+        return pattern
+    if wide:
+        length = b"[\\x00-\\xff]{3}[\\x00-" + b"\\x%02x" % top + b"]"
+    else:
+        length = b"[\\x00-\\xff]{2}[\\x00-" + b"\\x%02x" % top + b"]\\x00"
+    pattern = re.compile(b"(?=(?!\\x00\\x00\\x00\\x00)" + length + b")", re.DOTALL)
+    _PATTERNS[(wide, top)] = pattern
+    return pattern
 
 
-_PATTERNS: dict[int, re.Pattern[bytes]] = {}
+_PATTERNS: dict[tuple[bool, int], re.Pattern[bytes]] = {}
+
+#: Default bound on the bytes :func:`find_valid_frame` checksums before giving up.
+DEFAULT_SCAN_BUDGET_BYTES: Final = 256 * 1024 * 1024
+
+
+class ScanGaveUp(StorageError):
+    """:func:`find_valid_frame` spent its budget without an answer (pathological data)."""
+
+    def __init__(self, offset: int) -> None:
+        self.offset = offset
+        super().__init__(f"frame scan gave up at offset {offset}: checksum budget spent")
+
+
+def _could_follow_a_frame(data: bytes, pos: int, max_record_bytes: int) -> bool:
+    """Whether what is at ``pos`` could come after a frame: the end of the data, a torn
+    bit of header, zeros, or a plausible next header."""
+    if len(data) - pos < FRAME_HEADER_BYTES:
+        return True
+    length: int = _HEADER.unpack_from(data, pos)[0]
+    if length == 0:
+        return data[pos : pos + FRAME_HEADER_BYTES] == _ZERO_HEADER
+    return length <= max_record_bytes
 
 
 def find_valid_frame(
@@ -400,29 +434,42 @@ def find_valid_frame(
     start: int = 0,
     *,
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+    budget_bytes: int = DEFAULT_SCAN_BUDGET_BYTES,
 ) -> int | None:
     """Return the first offset >= ``start`` in ``data`` where a complete, CRC-valid frame
-    begins, or None.
+    begins that is followed by something a frame can be followed by (the end of the
+    data, a plausible header, zeros), or None.
 
     Recovery uses it to tell a torn tail (nothing valid after the bad frame) from
-    corruption (valid frames follow). A payload that itself contains a well-formed frame
-    can produce a false "valid frame follows"; that errs toward reporting corruption,
-    never toward silently dropping good records.
+    corruption (valid frames follow). Checking what follows a candidate before its CRC
+    keeps the scan fast on large binary tails. A payload that itself contains a
+    well-formed frame can produce a false "valid frame follows"; that errs toward
+    reporting corruption, never toward silently dropping good records.
+
+    Raises:
+        ScanGaveUp: more than ``budget_bytes`` were checksummed without an answer, which
+            takes a large region of adversarial binary data; callers treat that as "a
+            valid frame may follow" (the safe side).
     """
-    pattern = _PATTERNS.get(max_record_bytes)
-    if pattern is None:
-        pattern = _PATTERNS.setdefault(max_record_bytes, _candidate_pattern(max_record_bytes))
     n = len(data)
+    last_start = n - FRAME_OVERHEAD_BYTES
+    if start > last_start or data.count(0, start) == n - start:
+        return None  # nothing, or only zeros (preallocated / never written)
+    bound = min(max_record_bytes, n - start - FRAME_HEADER_BYTES)
     unpack = _HEADER.unpack_from
     with memoryview(data) as view:
-        for match in pattern.finditer(data, start, max(start, n - FRAME_OVERHEAD_BYTES + 1)):
+        # No endpos: it would hide the bytes the lookahead needs.
+        for match in _candidate_pattern(bound).finditer(data, start):
             pos = match.start()
+            if pos > last_start:
+                break
             length, crc = unpack(data, pos)
-            if length > max_record_bytes:
-                continue
             end = pos + FRAME_HEADER_BYTES + length
-            if end > n:
+            if end > n or not _could_follow_a_frame(data, end, max_record_bytes):
                 continue
+            budget_bytes -= length
+            if budget_bytes < 0:
+                raise ScanGaveUp(pos)
             rtype = data[pos + FRAME_HEADER_BYTES]
             if zlib.crc32(view[pos + FRAME_OVERHEAD_BYTES : end], _RTYPE_CRC[rtype]) == crc:
                 return pos

@@ -36,6 +36,10 @@ from .errors import StorageError
 __all__ = [
     "WAL_DIRNAME",
     "SEGMENT_SUFFIX",
+    "TMP_SUFFIX",
+    "DROPPED_SUFFIX",
+    "MAX_LSN",
+    "BadSegmentHeader",
     "SEGMENT_HEADER_BYTES",
     "SegmentHeader",
     "segment_name",
@@ -95,7 +99,9 @@ def decode_segment_header(data: bytes) -> SegmentHeader:
         BadSegmentHeader: too short, wrong magic, unknown version, or CRC mismatch.
     """
     if len(data) < SEGMENT_HEADER_BYTES:
-        raise BadSegmentHeader(f"segment header is {len(data)} bytes, expected {SEGMENT_HEADER_BYTES}")
+        raise BadSegmentHeader(
+            f"segment header is {len(data)} bytes, expected {SEGMENT_HEADER_BYTES}"
+        )
     magic, version, first_lsn, void_from = _HEADER.unpack_from(data)
     (crc,) = _CRC.unpack_from(data, _HEADER.size)
     if magic != _MAGIC:

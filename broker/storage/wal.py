@@ -435,12 +435,13 @@ class WriteAheadLog:
                 raise WALFailed(f"the write-ahead log is failed: {self._failure}")
             return self._synced_lsn
 
-    async def release_through(self, lsn: int) -> list[str]:
+    def release_through(self, lsn: int) -> list[str]:
         """Delete segment files all of whose records have LSN <= ``lsn``.
 
         Call it once a checkpoint covering ``lsn`` is safely written. The last segment
         (the active one) is never deleted, and only a prefix of the log is ever removed.
-        Returns the paths deleted. A deletion that fails is logged and retried by a later
+        Returns the paths deleted. It blocks for the unlink calls only (a handful of
+        files per checkpoint). A deletion that fails is logged and retried by a later
         call; it does not raise.
         """
         active = self._active
@@ -454,27 +455,20 @@ class WriteAheadLog:
                     break
                 victims.append(first)
             del segments[: len(victims)]
-        if not victims:
-            return []
-        paths = [os.path.join(self._wal_dir, segment_name(first)) for first in victims]
-
-        def remove_all() -> list[str]:
-            removed: list[str] = []
-            for first, path in zip(victims, paths):
-                try:
-                    self._fs.remove(path)
-                except FileNotFoundError:
-                    removed.append(path)
-                except OSError as exc:
-                    logger.warning("could not delete released WAL segment %s: %s", path, exc)
-                    with self._segments_lock:
-                        self._segments.append(first)
-                        self._segments.sort()
-                else:
-                    removed.append(path)
-            return removed
-
-        removed = await trio.to_thread.run_sync(remove_all)
+        removed: list[str] = []
+        for first in victims:
+            path = os.path.join(self._wal_dir, segment_name(first))
+            try:
+                self._fs.remove(path)
+            except FileNotFoundError:
+                removed.append(path)
+            except OSError as exc:
+                logger.warning("could not delete released WAL segment %s: %s", path, exc)
+                with self._segments_lock:
+                    self._segments.append(first)
+                    self._segments.sort()
+            else:
+                removed.append(path)
         if removed:
             logger.info("released %d WAL segment(s) through LSN %d", len(removed), lsn)
         return removed
@@ -504,7 +498,7 @@ class WriteAheadLog:
                         if self._failed:
                             self._fail_buffered()
                 finally:
-                    await trio.to_thread.run_sync(self._close_active, limiter=self._limiter)
+                    await trio.to_thread.run_sync(self._io_close_active, limiter=self._limiter)
                     self._closed = True
 
     def statistics(self) -> WALStatistics:
@@ -584,6 +578,8 @@ class WriteAheadLog:
         self._records_written += last - first + 1
         self._good_lsn = last
         if result.retired_sync_s is not None:
+            # the segment moved past was fsynced: everything before this batch is on disk
+            self._synced_lsn = max(self._synced_lsn, first - 1)
             self._note_fsync(result.retired_sync_s)
         if result.fsync_s is not None:
             self._synced_lsn = last
@@ -662,7 +658,11 @@ class WriteAheadLog:
         except OSError as exc:
             self._failure = exc
             self._retry_at = trio.current_time() + self._retry_interval_s
-            logger.warning("write-ahead log still failing (%s); next probe in %.3g s", exc, self._retry_interval_s)
+            logger.warning(
+                "write-ahead log still failing (%s); next probe in %.3g s",
+                exc,
+                self._retry_interval_s,
+            )
             return
         self._failed = False
         self._failure = None
@@ -750,7 +750,7 @@ class WriteAheadLog:
             fs.rename(tmp, path)
             faults.hit("wal.after_segment_create")
             fs.sync_dir(self._wal_dir)
-        except BaseException:
+        except Exception:
             file.close()
             for leftover in (tmp, path):
                 try:

@@ -1,0 +1,105 @@
+"""ackbus storage: write-ahead log segments, checkpoints and recovery.
+
+This layer knows bytes and files, not HTTP and not the broker's data model. A record is
+``(rtype: int 0..255, payload: bytes)``; the core decides what types and payloads mean.
+Records are numbered by LSN 1, 2, 3... across the log; the WAL assigns them in append
+order and reports, through a callback, the highest LSN that is durable.
+
+Typical use by the broker::
+
+    recovery = recover(data_dir)                      # read phase
+    for rtype, payload in recovery.checkpoint_records:
+        core.load(rtype, payload)
+    for lsn, rtype, payload in recovery.wal_records:
+        core.replay(lsn, rtype, payload)
+    core_lsn_counter = recovery.last_lsn             # == recovery.next_lsn - 1
+    wal = WriteAheadLog.open(recovery, fsync_policy="always",
+                             on_durable=..., on_failure=..., on_recovered=...)
+    async with trio.open_nursery() as nursery:       # append phase
+        await nursery.start(wal.serve)
+        lsn = wal.append_nowait([(rtype, payload), ...])
+        ...
+        info = await trio.to_thread.run_sync(write_checkpoint, data_dir, lsn, records)
+        wal.release_through(info.lsn)
+        ...
+        await wal.aclose()
+
+See ``docs/durability.md`` for the on-disk format, the fsync policies and recovery.
+"""
+
+from .checkpoint import CheckpointInfo, LoadedCheckpoint, read_latest_checkpoint, write_checkpoint
+from .errors import (
+    CorruptCheckpoint,
+    CorruptLog,
+    InvalidConfiguration,
+    RecordTooLarge,
+    RecoveryNotFinished,
+    StorageError,
+    WALClosed,
+    WALFailed,
+)
+from .framing import (
+    DEFAULT_MAX_RECORD_BYTES,
+    NEED_DATA,
+    FrameProblem,
+    NeedData,
+    ProblemKind,
+    RecordDecoder,
+    encode_record,
+    encode_records,
+)
+from .fs import FileSystem, OsFileSystem, WritableFile
+from .recovery import Recovery, RecoveryReport, TruncatedTail, VoidedRecords, recover
+from .wal import (
+    DEFAULT_RETRY_INTERVAL_S,
+    DEFAULT_SEGMENT_MAX_BYTES,
+    FsyncPolicy,
+    WALStatistics,
+    WriteAheadLog,
+    open_wal,
+    parse_fsync_policy,
+)
+
+__all__ = [
+    # framing
+    "DEFAULT_MAX_RECORD_BYTES",
+    "NEED_DATA",
+    "NeedData",
+    "FrameProblem",
+    "ProblemKind",
+    "RecordDecoder",
+    "encode_record",
+    "encode_records",
+    # write-ahead log
+    "DEFAULT_SEGMENT_MAX_BYTES",
+    "DEFAULT_RETRY_INTERVAL_S",
+    "FsyncPolicy",
+    "parse_fsync_policy",
+    "WALStatistics",
+    "WriteAheadLog",
+    "open_wal",
+    # checkpoints
+    "CheckpointInfo",
+    "LoadedCheckpoint",
+    "write_checkpoint",
+    "read_latest_checkpoint",
+    # recovery
+    "recover",
+    "Recovery",
+    "RecoveryReport",
+    "TruncatedTail",
+    "VoidedRecords",
+    # file system seam
+    "FileSystem",
+    "WritableFile",
+    "OsFileSystem",
+    # errors
+    "StorageError",
+    "CorruptLog",
+    "CorruptCheckpoint",
+    "RecordTooLarge",
+    "InvalidConfiguration",
+    "WALClosed",
+    "WALFailed",
+    "RecoveryNotFinished",
+]

@@ -1,0 +1,595 @@
+"""Recovery: find what survived, hand it back in order, and cut away torn tails.
+
+One job: the read phase after a start or a crash. :func:`recover` loads the newest whole
+checkpoint and streams the WAL records after it; once those are read, the append phase
+(``WriteAheadLog.open(recovery)``) continues at ``recovery.next_lsn``.
+
+Rules (etcd's, see STYLE.md):
+
+* Segments are read in name order = LSN order. Record LSNs follow from the segment's
+  first LSN; a segment must not overlap its predecessor.
+* **Torn tail.** In the LAST segment, a short, zeroed or CRC-failing frame with nothing
+  valid after it is what a crash in the middle of a write leaves: the file is truncated
+  there (durably), and the drop is logged on ``ackbus.storage`` and listed in the report.
+  No record behind it was ever reported durable under the ``always`` policy, because the
+  fsync covering it had not returned. "Nothing valid after it" is decided by scanning
+  the rest of the file for a CRC-valid frame (``framing.find_valid_frame``); if that scan
+  spends its checksum budget (a large tail of adversarial binary data), etcd's own rule
+  decides instead: short or zeroed records, and CRC failures containing a zeroed
+  512-byte sector, are torn; anything else is corruption.
+* **Corruption.** The same damage anywhere else - in an earlier segment, or with a valid
+  frame after it - raises :class:`CorruptLog` naming the file and offset. Missing LSNs
+  between segments (a deleted segment) are corruption too. Nothing is skipped silently.
+* **Repair** (``repair=True``): treat the first corruption as the end of the log. Every
+  record before it is kept; the bytes after it are copied to ``<segment>.at-<offset>.dropped``
+  and the segment truncated; later segments are renamed to ``*.dropped``. Everything in
+  those files is lost to the broker: messages in them, including acknowledged ones, and
+  later acks, which may make consumed messages reappear. A prefix is kept rather than
+  resuming after the damage because records build on each other; a hole in the middle
+  would leave the core in a state that never existed.
+* **Void batches.** A segment header may say "records with LSN >= V in earlier segments
+  are void" (written after an IO failure, see ``segment.py``). Such records were never
+  reported durable; they are dropped (and truncated away) with a warning, not replayed.
+  LSN gaps explained by a void marker are expected.
+* Segments whose records are all covered by the checkpoint are not read at all.
+* Leftover temporary files (``*.tmp``) are removed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Generator, Iterator
+from dataclasses import dataclass
+from typing import Final, NoReturn
+
+from .checkpoint import LoadedCheckpoint, read_latest_checkpoint
+from .errors import CorruptLog, RecoveryNotFinished
+from .framing import (
+    DEFAULT_MAX_RECORD_BYTES,
+    FRAME_HEADER_BYTES,
+    FRAME_OVERHEAD_BYTES,
+    FrameProblem,
+    ProblemKind,
+    RecordDecoder,
+    ScanGaveUp,
+    find_valid_frame,
+)
+from .fs import OS_FILE_SYSTEM, FileSystem
+from .segment import (
+    DROPPED_SUFFIX,
+    SEGMENT_HEADER_BYTES,
+    TMP_SUFFIX,
+    WAL_DIRNAME,
+    BadSegmentHeader,
+    SegmentHeader,
+    decode_segment_header,
+    parse_segment_name,
+)
+
+__all__ = ["recover", "Recovery", "RecoveryReport", "TruncatedTail", "VoidedRecords"]
+
+logger = logging.getLogger("ackbus.storage")
+
+_CHUNK_BYTES: Final = 4 * 1024 * 1024
+_NO_CUTOFF: Final = 1 << 64  # above every LSN
+
+WalRecord = tuple[int, int, bytes]
+
+
+@dataclass(frozen=True, slots=True)
+class TruncatedTail:
+    """Bytes cut from the end of a segment: a torn tail, or (``repaired``) a salvage."""
+
+    path: str
+    offset: int
+    bytes_dropped: int
+    #: frames (partial or whole) in the dropped bytes; for a torn tail 0 (zeros) or 1
+    records_dropped: int
+    reason: str
+    repaired: bool = False
+    #: where a repair saved the dropped bytes
+    saved_to: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class VoidedRecords:
+    """Leftovers of a failed batch discarded because a later segment marks them void."""
+
+    path: str
+    offset: int
+    first_lsn: int
+    bytes_dropped: int
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryReport:
+    """What recovery found and did; available once the WAL records were all read."""
+
+    checkpoint_lsn: int
+    checkpoint_path: str | None
+    segments_read: int
+    records_replayed: int
+    last_lsn: int
+    next_lsn: int
+    truncated: tuple[TruncatedTail, ...]
+    voided: tuple[VoidedRecords, ...]
+    #: leftover temporary files and empty torn segments removed
+    removed_files: tuple[str, ...]
+    #: files a repair moved aside (``*.dropped``)
+    dropped_files: tuple[str, ...]
+
+
+@dataclass(slots=True)
+class _SegmentInfo:
+    first_lsn: int
+    path: str
+    header: SegmentHeader | None
+    header_error: str | None
+
+
+class _StopLog(Exception):
+    """Internal: a repair ended the log at this point."""
+
+
+def recover(
+    data_dir: str | os.PathLike[str],
+    *,
+    repair: bool = False,
+    fs: FileSystem | None = None,
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+) -> Recovery:
+    """Start recovery of ``data_dir``: load the checkpoint, list and check the segments.
+
+    Blocking (run it before serving, or in a worker thread). The WAL records are read
+    lazily through ``Recovery.wal_records``; torn tails are truncated as they are reached.
+
+    Raises:
+        CorruptCheckpoint: the newest checkpoint is unreadable and no older one is whole.
+        CorruptLog: (also later, while iterating ``wal_records``) damage that is not a
+            torn tail, unless ``repair`` is true.
+        OSError: from the file system.
+    """
+    fs = fs if fs is not None else OS_FILE_SYSTEM
+    root = os.fspath(data_dir)
+    checkpoint = read_latest_checkpoint(root, fs=fs, max_record_bytes=max_record_bytes)
+    wal_dir = os.path.join(root, WAL_DIRNAME)
+    removed: list[str] = []
+    segments: list[_SegmentInfo] = []
+    for name in sorted(fs.listdir(wal_dir)):
+        path = os.path.join(wal_dir, name)
+        if name.endswith(TMP_SUFFIX):
+            logger.info("removing leftover temporary WAL file %s", path)
+            fs.remove(path)
+            removed.append(path)
+            continue
+        first = parse_segment_name(name)
+        if first is None:
+            continue
+        with fs.open_read(path) as file:
+            raw = file.read(SEGMENT_HEADER_BYTES)
+        try:
+            header: SegmentHeader | None = decode_segment_header(raw)
+            error = None
+        except BadSegmentHeader as exc:
+            header, error = None, str(exc)
+        segments.append(_SegmentInfo(first, path, header, error))
+    # Segments are created temp -> fsync -> rename, so a bad header is damage, not a torn
+    # write; still, a last segment holding nothing valid at all cannot hold a record
+    # anyone was told about, so it is treated like a torn tail and removed.
+    while segments and segments[-1].header_error is not None:
+        last = segments[-1]
+        with fs.open_read(last.path) as file:
+            content = file.read()
+        try:
+            if find_valid_frame(content, 0, max_record_bytes=max_record_bytes) is not None:
+                break
+        except ScanGaveUp:
+            break
+        logger.warning(
+            "removing the last WAL segment %s: unreadable header (%s) and no records",
+            last.path,
+            last.header_error,
+        )
+        fs.remove(last.path)
+        fs.sync_dir(wal_dir)
+        removed.append(last.path)
+        segments.pop()
+    return Recovery(
+        root,
+        checkpoint=checkpoint,
+        segments=segments,
+        removed=removed,
+        repair=repair,
+        fs=fs,
+        max_record_bytes=max_record_bytes,
+    )
+
+
+class Recovery:
+    """The result of :func:`recover`: a checkpoint and the WAL records after it.
+
+    Use in this order: apply ``checkpoint_records`` (if any), apply every
+    ``(lsn, rtype, payload)`` of ``wal_records``, then read ``report`` / ``next_lsn`` and
+    open the WAL with ``WriteAheadLog.open(recovery)``. Both iterators are single-use and
+    streamed from disk.
+    """
+
+    def __init__(
+        self,
+        data_dir: str,
+        *,
+        checkpoint: LoadedCheckpoint | None,
+        segments: list[_SegmentInfo],
+        removed: list[str],
+        repair: bool,
+        fs: FileSystem,
+        max_record_bytes: int,
+    ) -> None:
+        self.data_dir = data_dir
+        self.fs = fs
+        self.max_record_bytes = max_record_bytes
+        self.repair = repair
+        self.checkpoint = checkpoint
+        self.checkpoint_lsn = checkpoint.lsn if checkpoint is not None else 0
+        self.checkpoint_records: Iterator[tuple[int, bytes]] = (
+            checkpoint.records if checkpoint is not None else iter(())
+        )
+        self._wal_dir = os.path.join(data_dir, WAL_DIRNAME)
+        self._segments = segments
+        self._removed = removed
+        self._truncated: list[TruncatedTail] = []
+        self._voided: list[VoidedRecords] = []
+        self._dropped: list[str] = []
+        self._segments_read = 0
+        self._replayed = 0
+        self._last_lsn = self.checkpoint_lsn
+        self._moved_aside: set[str] = set()
+        self._report: RecoveryReport | None = None
+        #: ``(lsn, rtype, payload)`` for every WAL record after the checkpoint, in order.
+        self.wal_records: Iterator[WalRecord] = self._iter_wal()
+
+    def records(self) -> Iterator[WalRecord]:
+        """The same single-use iterator as :attr:`wal_records`."""
+        return self.wal_records
+
+    @property
+    def finished(self) -> bool:
+        """True once ``wal_records`` was read to the end."""
+        return self._report is not None
+
+    @property
+    def report(self) -> RecoveryReport:
+        """What was found and done.
+
+        Raises:
+            RecoveryNotFinished: ``wal_records`` not yet exhausted.
+        """
+        if self._report is None:
+            raise RecoveryNotFinished("read recovery.wal_records to the end first")
+        return self._report
+
+    @property
+    def last_lsn(self) -> int:
+        """Highest LSN recovered (checkpoint or WAL); 0 for an empty data directory."""
+        return self.report.last_lsn
+
+    @property
+    def next_lsn(self) -> int:
+        """The LSN the next appended record gets."""
+        return self.report.next_lsn
+
+    # ------------------------------------------------------------------ reading
+
+    def _iter_wal(self) -> Iterator[WalRecord]:
+        segments = self._segments
+        ckpt = self.checkpoint_lsn
+        # cutoffs[i]: records of segment i with LSN >= this are void (failed batches).
+        cutoffs = [_NO_CUTOFF] * len(segments)
+        running = _NO_CUTOFF
+        for index in range(len(segments) - 1, -1, -1):
+            cutoffs[index] = running
+            header = segments[index].header
+            if header is not None and header.void_from_lsn:
+                running = min(running, header.void_from_lsn)
+        expected: int | None = None  # next LSN after the previous segment's records
+        try:
+            for index, segment in enumerate(segments):
+                is_last = index == len(segments) - 1
+                if segment.first_lsn >= cutoffs[index]:
+                    logger.warning(
+                        "ignoring WAL segment %s: it only holds a failed batch (LSN >= %d, "
+                        "never reported durable)",
+                        segment.path,
+                        segment.first_lsn,
+                    )
+                    self._voided.append(
+                        VoidedRecords(
+                            segment.path, 0, segment.first_lsn, self.fs.getsize(segment.path)
+                        )
+                    )
+                    continue
+                if not is_last and segments[index + 1].first_lsn - 1 <= ckpt:
+                    expected = None  # wholly covered by the checkpoint: not read
+                    continue
+                header = segment.header
+                if header is None:
+                    self._corrupt(index, 0, f"bad segment header: {segment.header_error}")
+                if header.first_lsn != segment.first_lsn:
+                    self._corrupt(
+                        index,
+                        0,
+                        f"header says first LSN {header.first_lsn}, "
+                        f"file name says {segment.first_lsn}",
+                    )
+                if expected is not None and segment.first_lsn < expected:
+                    self._corrupt(
+                        index,
+                        0,
+                        f"segment starts at LSN {segment.first_lsn} but the previous segment "
+                        f"already holds records up to LSN {expected - 1}",
+                    )
+                need = max(expected or 0, ckpt + 1)
+                if segment.first_lsn > need and not (
+                    header.void_from_lsn and header.void_from_lsn <= need
+                ):
+                    self._corrupt(
+                        index,
+                        0,
+                        f"records with LSN {need}..{segment.first_lsn - 1} are missing before "
+                        "this segment (a deleted segment, or an unreadable newer checkpoint)",
+                    )
+                self._segments_read += 1
+                expected = yield from self._read_segment(index, is_last, cutoffs[index])
+        except _StopLog:
+            pass
+        self._finish()
+
+    def _read_segment(
+        self, index: int, is_last: bool, cutoff: int
+    ) -> Generator[WalRecord, None, int]:
+        """Yield a segment's records after the checkpoint; return the LSN after its last."""
+        segment = self._segments[index]
+        path = segment.path
+        ckpt = self.checkpoint_lsn
+        lsn = segment.first_lsn
+        decoder = RecordDecoder(max_record_bytes=self.max_record_bytes, offset=SEGMENT_HEADER_BYTES)
+        void_offset: int | None = None
+        problem: FrameProblem | None = None
+        with self.fs.open_read(path) as file:
+            file.seek(SEGMENT_HEADER_BYTES)
+            while True:
+                chunk = file.read(_CHUNK_BYTES)
+                if chunk:
+                    decoder.feed(chunk)
+                else:
+                    decoder.feed_eof()
+                for rtype, payload in decoder.iter_records():
+                    if lsn >= cutoff:
+                        void_offset = decoder.offset - FRAME_OVERHEAD_BYTES - len(payload)
+                        break
+                    if lsn > ckpt:
+                        self._replayed += 1
+                        self._last_lsn = lsn
+                        yield lsn, rtype, payload
+                    lsn += 1
+                if void_offset is not None:
+                    break
+                problem = decoder.problem
+                if problem is not None:
+                    if lsn >= cutoff:
+                        void_offset = problem.offset
+                    break
+                if not chunk:
+                    break
+        if void_offset is not None:
+            self._void_tail(path, void_offset, lsn)
+        elif problem is not None:
+            self._handle_problem(index, is_last, problem)
+        if lsn > segment.first_lsn:
+            self._last_lsn = max(self._last_lsn, lsn - 1)
+        return lsn
+
+    # ------------------------------------------------------------------ damage
+
+    def _void_tail(self, path: str, offset: int, first_lsn: int) -> None:
+        size = self.fs.getsize(path)
+        logger.warning(
+            "discarding %d bytes at offset %d of %s: a failed batch (LSN >= %d) that was "
+            "never reported durable",
+            size - offset,
+            offset,
+            path,
+            first_lsn,
+        )
+        self.fs.truncate(path, offset)
+        self._voided.append(VoidedRecords(path, offset, first_lsn, size - offset))
+
+    def _read_from(self, path: str, offset: int) -> bytes:
+        with self.fs.open_read(path) as file:
+            file.seek(offset)
+            return file.read()
+
+    def _handle_problem(self, index: int, is_last: bool, problem: FrameProblem) -> None:
+        path = self._segments[index].path
+        offset = problem.offset
+        rest = self._read_from(path, offset)
+        if not is_last:
+            self._corrupt(
+                index,
+                offset,
+                f"{problem.kind.value} record ({problem.detail}) in a segment that is not "
+                "the last one",
+                rest,
+            )
+        try:
+            found = find_valid_frame(rest, 1, max_record_bytes=self.max_record_bytes)
+        except ScanGaveUp as exc:
+            # A large tail of adversarial binary data: fall back to etcd's rule, which
+            # looks only at the damaged record itself.
+            why = _looks_torn(problem, rest, offset)
+            if why is None:
+                self._corrupt(
+                    index,
+                    offset,
+                    f"{problem.kind.value} record ({problem.detail}); could not rule out "
+                    f"valid records after it (the scan gave up at offset {offset + exc.offset})",
+                    rest,
+                )
+            logger.warning(
+                "could not rule out valid records after the damaged record at %s offset %d "
+                "(the scan gave up); treating it as a torn tail because %s",
+                path,
+                offset,
+                why,
+            )
+            found = None
+        if found is not None:
+            self._corrupt(
+                index,
+                offset,
+                f"{problem.kind.value} record ({problem.detail}) followed by a valid record "
+                f"at offset {offset + found}",
+                rest,
+            )
+        dropped = 0 if rest.count(0) == len(rest) else 1
+        logger.warning(
+            "WAL torn tail: truncating %s at offset %d, dropping %d bytes "
+            "(%d partial record%s): %s",
+            path,
+            offset,
+            len(rest),
+            dropped,
+            "" if dropped == 1 else "s",
+            problem,
+        )
+        self.fs.truncate(path, offset)
+        self._truncated.append(TruncatedTail(path, offset, len(rest), dropped, str(problem)))
+
+    def _corrupt(self, index: int, offset: int, reason: str, rest: bytes | None = None) -> NoReturn:
+        """Raise CorruptLog, or under repair end the log here (then raise _StopLog)."""
+        segment = self._segments[index]
+        if not self.repair:
+            raise CorruptLog(segment.path, offset, reason)
+        fs = self.fs
+        logger.error(
+            "REPAIR: %s is corrupt at offset %d (%s); keeping the records before it and "
+            "dropping everything after it",
+            segment.path,
+            offset,
+            reason,
+        )
+        later = self._segments[index + 1 :]
+        if offset <= SEGMENT_HEADER_BYTES and rest is None:
+            # Nothing of this segment is usable: move the whole file aside.
+            later = self._segments[index:]
+        else:
+            if rest is None:
+                rest = self._read_from(segment.path, offset)
+            saved = f"{segment.path}.at-{offset}{DROPPED_SUFFIX}"
+            out = fs.create(saved)
+            try:
+                out.write(rest)
+                out.sync()
+            finally:
+                out.close()
+            records = _count_frames(rest, self.max_record_bytes)
+            fs.truncate(segment.path, offset)
+            logger.error(
+                "REPAIR: truncated %s at offset %d: %d bytes (about %d records) dropped, "
+                "saved to %s",
+                segment.path,
+                offset,
+                len(rest),
+                records,
+                saved,
+            )
+            self._truncated.append(
+                TruncatedTail(segment.path, offset, len(rest), records, reason, True, saved)
+            )
+            self._dropped.append(saved)
+        for victim in later:
+            aside = victim.path + DROPPED_SUFFIX
+            fs.rename(victim.path, aside)
+            self._moved_aside.add(victim.path)
+            logger.error(
+                "REPAIR: moved later WAL segment %s aside to %s (its records are lost)",
+                victim.path,
+                aside,
+            )
+            self._dropped.append(aside)
+        fs.sync_dir(self._wal_dir)
+        raise _StopLog
+
+    def _finish(self) -> None:
+        # Segments after the last record hold nothing worth keeping: an empty segment
+        # from an interrupted rollover or failure probe, or a failed batch already
+        # declared void (and void tails were durably truncated above). Removing them
+        # lets the log continue at last_lsn + 1 with no gap and no stale void marker.
+        last = self._last_lsn
+        emptied = False
+        for segment in self._segments:
+            if segment.first_lsn > last and segment.path not in self._moved_aside:
+                logger.info("removing WAL segment %s: it holds no records to keep", segment.path)
+                self.fs.remove(segment.path)
+                self._removed.append(segment.path)
+                emptied = True
+        if emptied:
+            self.fs.sync_dir(self._wal_dir)
+        next_lsn = last + 1
+        self._report = RecoveryReport(
+            checkpoint_lsn=self.checkpoint_lsn,
+            checkpoint_path=self.checkpoint.path if self.checkpoint is not None else None,
+            segments_read=self._segments_read,
+            records_replayed=self._replayed,
+            last_lsn=self._last_lsn,
+            next_lsn=next_lsn,
+            truncated=tuple(self._truncated),
+            voided=tuple(self._voided),
+            removed_files=tuple(self._removed),
+            dropped_files=tuple(self._dropped),
+        )
+        logger.info(
+            "recovery finished: checkpoint LSN %d, %d WAL records replayed from %d segment(s), "
+            "next LSN %d%s",
+            self.checkpoint_lsn,
+            self._replayed,
+            self._segments_read,
+            next_lsn,
+            f", {len(self._truncated)} tail(s) truncated" if self._truncated else "",
+        )
+
+
+_SECTOR_BYTES: Final = 512
+_ZERO_SECTOR: Final = bytes(_SECTOR_BYTES)
+
+
+def _looks_torn(problem: FrameProblem, rest: bytes, offset: int) -> str | None:
+    """etcd's torn-write test for one damaged record: why it looks torn, or None."""
+    if problem.kind in (ProblemKind.SHORT, ProblemKind.ZEROED):
+        return f"it is {problem.kind.value}"
+    if problem.kind is ProblemKind.CRC_MISMATCH:
+        length = int.from_bytes(rest[:4], "little")
+        span = rest[: FRAME_HEADER_BYTES + length]
+        # whole file sectors inside the record that are all zeros: never written
+        start = -offset % _SECTOR_BYTES
+        for pos in range(start, len(span) - _SECTOR_BYTES + 1, _SECTOR_BYTES):
+            if span[pos : pos + _SECTOR_BYTES] == _ZERO_SECTOR:
+                return "it contains a zeroed sector"
+    return None
+
+
+def _count_frames(data: bytes, max_record_bytes: int) -> int:
+    """How many valid frames can be found in ``data`` (what a repair throws away)."""
+    count = 0
+    try:
+        position = find_valid_frame(data, 0, max_record_bytes=max_record_bytes)
+        while position is not None:
+            count += 1
+            length = int.from_bytes(data[position : position + 4], "little")
+            position = find_valid_frame(
+                data, position + FRAME_HEADER_BYTES + length, max_record_bytes=max_record_bytes
+            )
+    except ScanGaveUp:
+        pass  # a lower bound is good enough for the log message
+    return count

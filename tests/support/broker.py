@@ -1,0 +1,152 @@
+"""A real broker in a subprocess, for crash, signal and client tests.
+
+``BrokerProcess`` starts ``python -m broker`` on a free loopback port with its own
+data directory, waits until ``/healthz`` says ready, and can ``kill()`` it (SIGKILL),
+``terminate()`` it (SIGTERM, graceful) and ``start()`` it again on the same port and
+data directory. The process is always reaped.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["BrokerProcess", "free_port"]
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class BrokerProcess:
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        args: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+        port: int | None = None,
+    ) -> None:
+        self.data_dir = Path(data_dir)
+        self.args = tuple(args)
+        self.env = dict(env or {})
+        self.port = port or free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = self.data_dir.parent / f"{self.data_dir.name}-broker.log"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, *, wait_ready: bool = True, timeout_s: float = 60.0) -> None:
+        assert self.proc is None or self.proc.poll() is not None, "already running"
+        env = dict(os.environ)
+        env.pop("ACKBUS_FAULTS", None)
+        env.update(self.env)
+        env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "broker",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--data-dir",
+                str(self.data_dir),
+                *self.args,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=str(ROOT),
+        )
+        log.close()
+        if wait_ready:
+            self.wait_ready(timeout_s)
+
+    def wait_ready(self, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"broker exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                status, _ = self.request("GET", "/healthz", timeout_s=1.0)
+                if status == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise TimeoutError(f"broker not ready after {timeout_s} s:\n{self.log_tail()}")
+
+    def request(
+        self, method: str, path: str, body: Any = None, *, headers: dict[str, str] | None = None, timeout_s: float = 30.0
+    ) -> tuple[int, Any]:
+        """One HTTP request; returns (status, parsed JSON or raw bytes)."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout_s)
+        try:
+            if body is not None and not isinstance(body, bytes):
+                body = json.dumps(body).encode()
+            conn.request(method, path, body=body, headers=headers or {})
+            resp = conn.getresponse()
+            data = resp.read()
+        finally:
+            conn.close()
+        try:
+            return resp.status, json.loads(data)
+        except ValueError:
+            return resp.status, data
+
+    def kill(self) -> None:
+        """SIGKILL: a crash."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=30)
+
+    def terminate(self, timeout_s: float = 30.0) -> int:
+        """SIGTERM: a graceful shutdown; returns the exit code."""
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=timeout_s)
+
+    def restart(self) -> None:
+        self.kill()
+        self.start()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def log_tail(self, n: int = 60) -> str:
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join(lines[-n:])
+
+    def __enter__(self) -> BrokerProcess:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
