@@ -1,0 +1,79 @@
+"""A deliberately small, blocking channel client for crash tests.
+
+Independent of the product client (``client/``) so that a bug there cannot hide a
+durability bug in the broker: raw socket, hand-written chunked HTTP/1.1, NDJSON.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from typing import Any
+
+import orjson
+
+__all__ = ["RawChannel", "ChannelGone"]
+
+
+class ChannelGone(Exception):
+    """The connection ended (broker killed or closed the channel)."""
+
+
+class RawChannel:
+    def __init__(self, port: int, timeout_s: float = 30.0) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout_s)
+        self._file = self.sock.makefile("rb")
+        try:
+            self.sock.sendall(
+                b"POST /channel HTTP/1.1\r\nHost: test\r\nTransfer-Encoding: chunked\r\n"
+                b"Content-Type: application/x-ndjson\r\n\r\n"
+            )
+        except OSError as exc:
+            self.close()
+            raise ChannelGone(str(exc)) from exc
+        self._pending: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        try:
+            status = self._file.readline()
+            if not status.startswith(b"HTTP/1.1 200"):
+                raise ChannelGone(f"unexpected status {status!r}")
+            while self._file.readline() not in (b"\r\n", b""):
+                pass
+            opened = self.next_event()
+            assert opened["ev"] == "open", opened
+        except BaseException:
+            self.close()
+            raise
+
+    def send(self, *ops: dict[str, Any]) -> None:
+        data = b"".join(orjson.dumps(op) + b"\n" for op in ops)
+        try:
+            with self._lock:
+                self.sock.sendall(b"%x\r\n" % len(data) + data + b"\r\n")
+        except OSError as exc:
+            raise ChannelGone(str(exc)) from exc
+
+    def next_event(self) -> dict[str, Any]:
+        while not self._pending:
+            try:
+                size_line = self._file.readline()
+                if not size_line:
+                    raise ChannelGone("connection closed")
+                size = int(size_line.strip(), 16)
+                if size == 0:
+                    raise ChannelGone("response ended")
+                data = self._file.read(size)
+                self._file.read(2)
+            except (OSError, ValueError) as exc:
+                raise ChannelGone(str(exc)) from exc
+            if len(data) < size:
+                raise ChannelGone("connection closed mid-chunk")
+            self._pending.extend(orjson.loads(line) for line in data.split(b"\n") if line)
+        return self._pending.pop(0)
+
+    def close(self) -> None:
+        for thing in (self._file, self.sock):
+            try:
+                thing.close()
+            except OSError:
+                pass
