@@ -1,1 +1,76 @@
-"""ackbus client library (trio)."""
+"""ackbus client library (trio).
+
+    async with client.connect("http://127.0.0.1:8080") as conn:
+        async with conn.channel() as ch:
+            await ch.declare_queue("jobs")
+            await ch.publish("", "jobs", b"hello")          # returns once confirmed
+            async with ch.consume("jobs", prefetch=10) as messages:
+                async for msg in messages:
+                    ...
+                    await msg.ack()
+
+See docs/client.md for the guide: confirms, pipelining, reconnect guarantees, graceful
+shutdown and the ``ackbus`` CLI.
+"""
+
+from .backoff import ReconnectPolicy
+from .channel import Channel, ChannelStatistics, QueueDeclared
+from .codec import Properties, ReturnedMessage
+from .connection import DEFAULT_URL, Connection, connect
+from .consumer import Message, MessageStream
+from .errors import (
+    BrokerError,
+    BrokerRequestError,
+    ChannelClosedByBroker,
+    ClientClosed,
+    ClientError,
+    ConfirmTimeout,
+    ConnectionLost,
+    ConsumerCancelled,
+    MessageAlreadySettled,
+    ProtocolError,
+    PublishFailed,
+    PublishNacked,
+    PublishRefused,
+    PublishReturned,
+    SomePublishesFailed,
+)
+from .publisher import PendingPublish
+from .rest import LeasedMessage, QueueInfo
+from .settings import Settings
+from .shutdown import GracefulShutdown, open_graceful_shutdown
+
+__all__ = [
+    "DEFAULT_URL",
+    "connect",
+    "Connection",
+    "Channel",
+    "ChannelStatistics",
+    "QueueDeclared",
+    "PendingPublish",
+    "MessageStream",
+    "Message",
+    "Properties",
+    "ReturnedMessage",
+    "QueueInfo",
+    "LeasedMessage",
+    "Settings",
+    "ReconnectPolicy",
+    "GracefulShutdown",
+    "open_graceful_shutdown",
+    "ClientError",
+    "ConnectionLost",
+    "ClientClosed",
+    "ProtocolError",
+    "ConfirmTimeout",
+    "PublishFailed",
+    "PublishNacked",
+    "PublishReturned",
+    "PublishRefused",
+    "SomePublishesFailed",
+    "BrokerError",
+    "ChannelClosedByBroker",
+    "BrokerRequestError",
+    "ConsumerCancelled",
+    "MessageAlreadySettled",
+]

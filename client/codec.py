@@ -170,19 +170,52 @@ class Properties:
 
     @classmethod
     def coerce(cls, value: Properties | Mapping[str, Any] | None) -> Properties:
-        """Accept a :class:`Properties`, a mapping of its fields, or ``None``.
+        """Accept a :class:`Properties`, a mapping of its fields, or ``None``, and
+        check it as the broker would (so a bad property fails here, not as a channel
+        error later).
 
         Raises:
-            TypeError: an unknown property name.
+            TypeError: an unknown property name or a wrongly typed value.
+            ValueError: a value out of range (see :meth:`validate`).
         """
         if value is None:
             return _EMPTY_PROPERTIES
-        if isinstance(value, Properties):
-            return value
-        unknown = set(value) - set(_PROPERTY_FIELDS)
-        if unknown:
-            raise TypeError(f"unknown message properties: {sorted(unknown)}")
-        return cls(**value)
+        if not isinstance(value, Properties):
+            unknown = set(value) - set(_PROPERTY_FIELDS)
+            if unknown:
+                raise TypeError(f"unknown message properties: {sorted(unknown)}")
+            value = cls(**value)
+        value.validate()
+        return value
+
+    def validate(self) -> None:
+        """Check types and ranges: text properties at most 255 bytes of UTF-8,
+        ``delivery_mode`` 1 or 2, ``priority`` 0..255, ``expiration`` and
+        ``timestamp`` non-negative integers, ``headers`` a mapping.
+
+        Raises:
+            TypeError, ValueError: the first offending property.
+        """
+        for name, kind in _PROPERTY_TYPES.items():
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if kind is dict:
+                if not isinstance(value, Mapping):
+                    raise TypeError(f"property {name} must be a mapping")
+                continue
+            if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+                raise TypeError(f"property {name} must be {kind.__name__}, got {value!r}")
+            if isinstance(value, str) and len(value.encode("utf-8", "surrogatepass")) > 255:
+                raise ValueError(f"property {name} is longer than 255 bytes")
+        if self.delivery_mode is not None and self.delivery_mode not in (1, 2):
+            raise ValueError("delivery_mode must be 1 (transient) or 2 (persistent)")
+        if self.priority is not None and not 0 <= self.priority <= 255:
+            raise ValueError("priority must be 0..255")
+        for name in ("expiration", "timestamp"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ValueError(f"{name} must be >= 0")
 
     def replace(self, **changes: Any) -> Properties:
         """A copy with some fields changed."""
@@ -253,14 +286,15 @@ def encode_publish(
     exchange: str,
     routing_key: str,
     body: bytes,
-    properties: Properties,
+    properties: Properties | dict[str, Any],
     mandatory: bool,
     op_id: int | str | None = None,
 ) -> bytes:
-    """The ``publish`` operation line."""
+    """The ``publish`` operation line (``properties`` as :class:`Properties` or as its
+    JSON object)."""
     op: dict[str, Any] = {"op": "publish", "exchange": exchange, "routing_key": routing_key}
     op.update(encode_body(body))
-    props = properties.to_json()
+    props = properties.to_json() if isinstance(properties, Properties) else properties
     if props:
         op["properties"] = props
     if mandatory:

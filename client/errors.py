@@ -69,9 +69,10 @@ class ConfirmTimeout(ClientError):
     the outcome is unknown: the message stays pending, is still resent after a
     reconnect and may still be confirmed later; its :class:`PendingPublish` handle is
     settled then. If it did not (the buffer stayed full), nothing was sent.
+    Raised by :meth:`Channel.wait_for_confirms` too, with ``message_id`` ``None``.
     """
 
-    def __init__(self, message: str, *, message_id: str, enqueued: bool) -> None:
+    def __init__(self, message: str, *, message_id: str | None = None, enqueued: bool = True) -> None:
         super().__init__(message)
         self.message_id = message_id
         self.enqueued = enqueued

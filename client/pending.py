@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Generic, TypeVar
 
-from sortedcontainers import SortedDict
+from sortedcontainers import SortedDict  # type: ignore[import-untyped]
 
 __all__ = ["PendingConfirms", "UnknownDeliveryTag"]
 
@@ -59,7 +59,8 @@ class PendingConfirms(Generic[T]):
 
     def get(self, tag: int) -> T | None:
         """The entry pending under ``tag``, if any."""
-        return self._entries.get(tag)
+        entry: T | None = self._entries.get(tag)
+        return entry
 
     def add(self, entry: T) -> int:
         """Record ``entry`` under the next tag and return that tag."""
@@ -82,19 +83,21 @@ class PendingConfirms(Generic[T]):
         if not multiple:
             entry = self._entries.pop(tag, None)
             return [] if entry is None else [(tag, entry)]
+        # Every pending tag <= tag is a prefix of the sorted keys: find its length by
+        # bisection, then copy and delete it as slices (sortedcontainers deletes a
+        # slice of its sorted list in one pass), O(log n + k) overall.
         entries = self._entries
-        tags = list(entries.irange(maximum=tag))
-        settled = [(t, entries[t]) for t in tags]
-        if len(tags) == len(entries):
-            entries.clear()
-        else:
-            for t in tags:
-                del entries[t]
+        k = entries.bisect_right(tag)
+        if k == 0:
+            return []
+        settled: list[tuple[int, T]] = entries.items()[:k]
+        del entries.keys()[:k]
         return settled
 
     def remove(self, tag: int) -> T | None:
         """Drop one entry without a confirm (the caller settles it otherwise)."""
-        return self._entries.pop(tag, None)
+        entry: T | None = self._entries.pop(tag, None)
+        return entry
 
     def restart(self) -> list[T]:
         """Renumber for a new channel: return every pending entry in order, re-added

@@ -150,13 +150,14 @@ class PublishTracker:
         if handle is not None:
             handle._returned = (reply_code, reason, message)
 
-    def refuse(self, seq: int, code: str, text: str) -> bool:
-        """Fail the pending publish with position ``seq`` (the broker closed the channel
-        over it). Returns whether one was found."""
+    def refuse(self, message_id: str, code: str, text: str) -> bool:
+        """Fail the first pending publish with ``message_id``: the broker closed the
+        channel over it, so resending it would only fail again. Returns whether one was
+        found. O(n), but only on a channel error."""
         for tag, handle in self.pending:
-            if handle.seq == seq:
+            if handle.message_id == message_id:
                 self.pending.remove(tag)
-                self._settle(handle, PublishRefused(code, text, message_id=handle.message_id))
+                self._settle(handle, PublishRefused(code, text, message_id=message_id))
                 self._pulse()
                 return True
         return False

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 __all__ = ["ChannelSession", "open_session", "Reply", "SessionEnded"]
 
 CHUNK_BYTES = 256 * 1024
+COALESCE_ROUNDS = 64
 
 
 class SessionEnded(Exception):
@@ -93,7 +94,7 @@ class ChannelSession:
         #: The broker announced ``closing``: send no new publishes here.
         self.draining = False
         #: Outstanding request replies by op id.
-        self.replies: dict[str, Reply] = {}
+        self.replies: dict[int, Reply] = {}
         #: Deliveries not yet settled, by delivery tag.
         self.deliveries: dict[int, Message] = {}
         self.end_reason: BaseException | None = None
@@ -121,7 +122,7 @@ class ChannelSession:
         """Encode and queue one op."""
         self.send_nowait(encode_op(op))
 
-    def request(self, op: dict[str, Any], op_id: str) -> Reply:
+    def request(self, op: dict[str, Any], op_id: int) -> Reply:
         """Queue ``op`` with ``id`` = ``op_id`` and return the awaitable reply."""
         reply = Reply(str(op.get("op")))
         if self.ended.is_set():
@@ -191,6 +192,16 @@ class ChannelSession:
                     await trio.sleep_forever()
                 self._out_ready = trio.Event()
                 await self._out_ready.wait()
+                # Let the tasks that are producing ops right now (a publishing loop, a
+                # consumer acking) run more rounds while the queue keeps growing, so one
+                # chunk carries many ops. A lone op waits two scheduling rounds.
+                quiet = 0
+                for _ in range(COALESCE_ROUNDS):
+                    queued = len(out)
+                    await trio.lowlevel.cancel_shielded_checkpoint()
+                    quiet = quiet + 1 if len(out) == queued else 0
+                    if quiet == 2:
+                        break
                 continue
             batch: list[bytes] = []
             size = 0

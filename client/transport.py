@@ -261,7 +261,7 @@ class HTTPConnection:
             event = self._h11.next_event()
             if event is not h11.NEED_DATA:
                 return event
-            data = await self._stream.receive_some(RECEIVE_BYTES)
+            data = bytes(await self._stream.receive_some(RECEIVE_BYTES))
             if data:
                 self.got_response_bytes = True
             self._h11.receive_data(data)
@@ -436,7 +436,7 @@ class DuplexExchange:
                 event = self._h11.next_event()
                 if event is not h11.NEED_DATA:
                     return event
-                self._h11.receive_data(await self._stream.receive_some(RECEIVE_BYTES))
+                self._h11.receive_data(bytes(await self._stream.receive_some(RECEIVE_BYTES)))
         except NETWORK_ERRORS as exc:
             raise ConnectionLost(f"channel connection broke while receiving: {exc}") from exc
 

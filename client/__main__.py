@@ -1,0 +1,424 @@
+"""``python -m client`` / ``ackbus``: the broker from a terminal or a shell script.
+
+Commands: ``declare``, ``bind``, ``publish``, ``consume``, ``get``, ``queues`` (see
+``ackbus COMMAND --help`` and docs/client.md). Exit status, for scripts:
+
+====  =====================================================================
+ 0    success (``consume`` also when stopped by SIGINT/SIGTERM)
+ 1    the broker refused the request (unknown queue, conflicting declare, …)
+ 2    bad usage
+ 3    the broker could not be reached, or the connection was lost for good
+ 4    ``publish``: at least one message was not confirmed (nacked, returned,
+      refused, timed out); the others were
+ 5    ``get``/``consume``: fewer messages than asked for arrived in time
+130   ``publish`` interrupted by a signal (what was read was still confirmed)
+====  =====================================================================
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from collections.abc import Sequence
+from typing import IO, Any
+
+import orjson
+import trio
+
+from . import (
+    BrokerError,
+    ClientError,
+    ConfirmTimeout,
+    ConnectionLost,
+    GracefulShutdown,
+    PublishFailed,
+    ReconnectPolicy,
+    SomePublishesFailed,
+    connect,
+    open_graceful_shutdown,
+)
+from .codec import Properties, encode_body
+from .connection import DEFAULT_URL, Connection
+from .consumer import Message
+from .rest import LeasedMessage
+from .transport import StreamOpener
+
+__all__ = ["main", "run", "build_parser"]
+
+EXIT_OK = 0
+EXIT_BROKER_ERROR = 1
+EXIT_USAGE = 2
+EXIT_UNREACHABLE = 3
+EXIT_UNCONFIRMED = 4
+EXIT_NOT_ENOUGH = 5
+EXIT_INTERRUPTED = 130
+
+
+class _Usage(Exception):
+    pass
+
+
+def _key_value(text: str) -> tuple[str, Any]:
+    """``k=v``; ``v`` is parsed as JSON when it is valid JSON, else kept as text."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    try:
+        return key, orjson.loads(value)
+    except orjson.JSONDecodeError:
+        return key, value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ackbus",
+        description="Talk to an ackbus broker: declare, bind, publish, consume, get, queues.",
+        epilog="Exit status: 0 ok, 1 broker refused, 2 usage, 3 unreachable, "
+        "4 unconfirmed publish, 5 not enough messages, 130 interrupted.",
+    )
+    parser.add_argument("--url", default=os.environ.get("ACKBUS_URL", DEFAULT_URL),
+                        help="broker URL (default: $ACKBUS_URL or %(default)s)")
+    parser.add_argument("--timeout", type=float, default=30.0, metavar="S",
+                        help="give up reaching the broker after S seconds (default %(default)s)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("declare", help="declare a queue or an exchange")
+    p.add_argument("kind", choices=["queue", "exchange"])
+    p.add_argument("name")
+    p.add_argument("--type", default="direct", choices=["direct", "fanout", "topic", "headers"],
+                   help="exchange type (default %(default)s)")
+    p.add_argument("--transient", action="store_true", help="not durable")
+    p.add_argument("--exclusive", action="store_true", help="queue: exclusive")
+    p.add_argument("--auto-delete", action="store_true")
+    p.add_argument("--arg", type=_key_value, action="append", default=[], metavar="KEY=VALUE",
+                   help="an argument (VALUE parsed as JSON if it is JSON); repeatable")
+
+    p = sub.add_parser("bind", help="bind a queue (or an exchange) to an exchange")
+    p.add_argument("exchange")
+    p.add_argument("destination", help="queue name (exchange name with --to-exchange)")
+    p.add_argument("--routing-key", "-k", default="")
+    p.add_argument("--to-exchange", action="store_true", help="destination is an exchange")
+    p.add_argument("--unbind", action="store_true", help="remove the binding instead")
+
+    p = sub.add_parser("publish", help="publish one message, or one per stdin line, confirmed")
+    p.add_argument("body", nargs="?", help="the message; without it, each stdin line is one")
+    p.add_argument("--exchange", "-e", default="", help="exchange (default: the default exchange)")
+    p.add_argument("--routing-key", "-k", default="", help="routing key (a queue name for the default exchange)")
+    p.add_argument("--mandatory", action="store_true", help="fail if no queue gets the message")
+    p.add_argument("--content-type")
+    p.add_argument("--message-id", help="message id (single message only; default: generated)")
+    p.add_argument("--correlation-id")
+    p.add_argument("--reply-to")
+    p.add_argument("--priority", type=int)
+    p.add_argument("--expiration", type=int, metavar="MS")
+    p.add_argument("--transient", action="store_true", help="delivery_mode 1 (not persisted)")
+    p.add_argument("--header", type=_key_value, action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--max-pending", type=int, default=1000, help="confirms in flight (default %(default)s)")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="progress line on stderr (default: when stderr is a terminal)")
+
+    p = sub.add_parser("consume", help="print messages as they arrive; ack each after printing")
+    p.add_argument("queue")
+    p.add_argument("--count", "-n", type=int, help="stop after this many messages")
+    p.add_argument("--prefetch", type=int, default=10, help="unacked messages at a time (default %(default)s)")
+    p.add_argument("--wait", type=float, metavar="S", help="stop when no message came for S seconds")
+    p.add_argument("--format", choices=["text", "json"], default="text")
+
+    p = sub.add_parser("get", help="fetch messages once (REST lease), print, ack")
+    p.add_argument("queue")
+    p.add_argument("--count", "-n", type=int, default=1, help="at most this many (default %(default)s)")
+    p.add_argument("--wait", type=float, default=0.0, metavar="S", help="long-poll up to S seconds for the first")
+    p.add_argument("--lease", type=float, default=30.0, metavar="S")
+    p.add_argument("--requeue", action="store_true", help="put them back instead of acking (peek)")
+    p.add_argument("--format", choices=["text", "json"], default="text")
+
+    p = sub.add_parser("queues", help="table of queues and their counts")
+    p.add_argument("--json", action="store_true", help="one JSON object per queue instead")
+    return parser
+
+
+def _message_json(message: Message | LeasedMessage) -> bytes:
+    obj: dict[str, Any] = {
+        "exchange": message.exchange,
+        "routing_key": message.routing_key,
+        "redelivered": message.redelivered,
+        "properties": message.properties.to_json(),
+    }
+    obj.update(encode_body(message.body))
+    return orjson.dumps(obj)
+
+
+def _print_message(out: IO[str], message: Message | LeasedMessage, fmt: str) -> None:
+    if fmt == "json":
+        out.write(_message_json(message).decode() + "\n")
+    else:
+        out.write(message.body.decode("utf-8", "replace") + "\n")
+    out.flush()
+
+
+async def run(
+    argv: Sequence[str],
+    *,
+    stdin: IO[bytes] | None = None,
+    stdout: IO[str] | None = None,
+    stderr: IO[str] | None = None,
+    open_stream: StreamOpener | None = None,
+    handle_signals: bool = True,
+) -> int:
+    """Run one CLI command; return the exit status (see the module docstring)."""
+    stdin = stdin if stdin is not None else sys.stdin.buffer
+    stdout = stdout if stdout is not None else sys.stdout
+    stderr = stderr if stderr is not None else sys.stderr
+    parser = build_parser()
+    try:
+        args = parser.parse_args(list(argv))
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    policy = ReconnectPolicy(give_up_after_s=args.timeout)
+    # A long-poll ``get --wait`` must not time out before the broker answers.
+    request_timeout_s = max(args.timeout, (getattr(args, "wait", None) or 0.0) + 10.0)
+    cli = _Cli(args, stdin, stdout, stderr)
+    try:
+        async with connect(
+            args.url, open_stream=open_stream, reconnect=policy,
+            connect_timeout_s=min(10.0, args.timeout), request_timeout_s=request_timeout_s,
+        ) as conn:
+            if handle_signals:
+                async with open_graceful_shutdown() as shutdown:
+                    shutdown.attach(conn)
+                    cli.shutdown = shutdown
+                    status = await cli.dispatch(conn)
+                if shutdown.aborted:
+                    return EXIT_INTERRUPTED
+                return status
+            return await cli.dispatch(conn)
+    except _Usage as exc:
+        stderr.write(f"ackbus: error: {exc}\n")
+        return EXIT_USAGE
+    except ConnectionLost as exc:
+        stderr.write(f"ackbus: cannot reach the broker: {exc}\n")
+        return EXIT_UNREACHABLE
+    except BrokerError as exc:
+        stderr.write(f"ackbus: broker error: {exc}\n")
+        return EXIT_BROKER_ERROR
+    except ClientError as exc:
+        stderr.write(f"ackbus: error: {exc}\n")
+        return EXIT_BROKER_ERROR
+    except ValueError as exc:  # bad property values
+        stderr.write(f"ackbus: error: {exc}\n")
+        return EXIT_USAGE
+
+
+class _Cli:
+    def __init__(self, args: argparse.Namespace, stdin: IO[bytes], stdout: IO[str], stderr: IO[str]) -> None:
+        self.args = args
+        self.stdin = stdin
+        self.stdout = stdout
+        self.stderr = stderr
+        self.shutdown: GracefulShutdown | None = None
+
+    def shutdown_requested(self) -> bool:
+        return self.shutdown is not None and self.shutdown.requested
+
+    def _stop_on_shutdown(self) -> trio.CancelScope:
+        """A cancel scope cancelled when a graceful shutdown is requested (so a read
+        blocked on an idle stdin stops too)."""
+        scope = trio.CancelScope()
+        shutdown = self.shutdown
+        if shutdown is not None:
+            if shutdown.requested:
+                scope.cancel()
+            else:
+                shutdown.on_request(scope.cancel)
+        return scope
+
+    async def dispatch(self, conn: Connection) -> int:
+        command: str = self.args.command
+        handler = getattr(self, "cmd_" + command)
+        status: int = await handler(conn)
+        return status
+
+    # --- declare / bind ---------------------------------------------------------------
+
+    async def cmd_declare(self, conn: Connection) -> int:
+        a = self.args
+        arguments = dict(a.arg)
+        if a.kind == "queue":
+            await conn.declare_queue(a.name, durable=not a.transient, exclusive=a.exclusive,
+                                     auto_delete=a.auto_delete, arguments=arguments)
+        else:
+            await conn.declare_exchange(a.name, a.type, durable=not a.transient,
+                                        auto_delete=a.auto_delete, arguments=arguments)
+        return EXIT_OK
+
+    async def cmd_bind(self, conn: Connection) -> int:
+        a = self.args
+        call = conn.unbind if a.unbind else conn.bind
+        if a.to_exchange:
+            await call(a.exchange, to_exchange=a.destination, routing_key=a.routing_key)
+        else:
+            await call(a.exchange, a.destination, routing_key=a.routing_key)
+        return EXIT_OK
+
+    # --- publish ----------------------------------------------------------------------
+
+    def _properties(self, message_id: str | None) -> Properties:
+        a = self.args
+        return Properties.coerce({
+            "content_type": a.content_type,
+            "correlation_id": a.correlation_id,
+            "reply_to": a.reply_to,
+            "priority": a.priority,
+            "expiration": a.expiration,
+            "delivery_mode": 1 if a.transient else None,
+            "headers": dict(a.header) or None,
+            "message_id": message_id,
+        })
+
+    async def cmd_publish(self, conn: Connection) -> int:
+        a = self.args
+        if a.max_pending < 1:
+            raise _Usage("--max-pending must be >= 1")
+        if a.body is not None:
+            async with conn.channel() as ch:
+                try:
+                    await ch.publish(a.exchange, a.routing_key, os.fsencode(a.body),
+                                     properties=self._properties(a.message_id), mandatory=a.mandatory)
+                except (PublishFailed, ConfirmTimeout) as exc:
+                    self.stderr.write(f"ackbus: not confirmed: {exc}\n")
+                    return EXIT_UNCONFIRMED
+            return EXIT_OK
+        if a.message_id is not None:
+            raise _Usage("--message-id needs a single message (a BODY argument)")
+        return await self._publish_lines(conn)
+
+    async def _publish_lines(self, conn: Connection) -> int:
+        a = self.args
+        props = self._properties(None)
+        progress = a.progress if a.progress is not None else self.stderr.isatty()
+        reader = _LineReader(self.stdin)
+        published = 0
+        failures: list[ClientError] = []
+        async with conn.channel(max_pending=a.max_pending) as ch:
+            start = last_report = trio.current_time()
+            with self._stop_on_shutdown():
+                while (line := await reader.next_line()) is not None:
+                    await ch.start_publish(a.exchange, a.routing_key, line, properties=props,
+                                           mandatory=a.mandatory)
+                    published += 1
+                    now = trio.current_time()
+                    if progress and now - last_report >= 1.0:
+                        last_report = now
+                        self._progress(published, ch.statistics().confirmed, now - start)
+            try:
+                await ch.wait_for_confirms()
+            except SomePublishesFailed as exc:
+                failures = exc.failures
+            if progress:
+                self._progress(published, ch.statistics().confirmed, trio.current_time() - start)
+                self.stderr.write("\n")
+        for failure in failures[:20]:
+            self.stderr.write(f"ackbus: not confirmed: {failure}\n")
+        if len(failures) > 20:
+            self.stderr.write(f"ackbus: … and {len(failures) - 20} more\n")
+        if failures:
+            self.stderr.write(f"ackbus: {published - len(failures)} of {published} confirmed\n")
+            return EXIT_UNCONFIRMED
+        return EXIT_INTERRUPTED if self.shutdown_requested() else EXIT_OK
+
+    def _progress(self, published: int, confirmed: int, elapsed_s: float) -> None:
+        rate = confirmed / elapsed_s if elapsed_s > 0 else 0.0
+        self.stderr.write(f"\rpublished {published}, confirmed {confirmed} ({rate:,.0f}/s)")
+        self.stderr.flush()
+
+    # --- consume / get ----------------------------------------------------------------
+
+    async def cmd_consume(self, conn: Connection) -> int:
+        a = self.args
+        count = 0
+        wait_s = math.inf if a.wait is None else a.wait
+        async with conn.channel() as ch, ch.consume(a.queue, prefetch=a.prefetch) as messages:
+            while a.count is None or count < a.count:
+                message = None
+                with trio.move_on_after(wait_s):
+                    try:
+                        message = await messages.receive()
+                    except trio.EndOfChannel:
+                        break  # stopped by a signal
+                if message is None:
+                    break  # --wait expired
+                _print_message(self.stdout, message, a.format)
+                await message.ack()
+                count += 1
+        if a.count is not None and count < a.count and not self.shutdown_requested():
+            return EXIT_NOT_ENOUGH
+        return EXIT_OK
+
+    async def cmd_get(self, conn: Connection) -> int:
+        a = self.args
+        messages = await conn.get(a.queue, max_messages=a.count, wait_s=a.wait, lease_s=a.lease)
+        for message in messages:
+            _print_message(self.stdout, message, a.format)
+        if messages:
+            ids = [m.lease_id for m in messages]
+            if a.requeue:
+                await conn.nack_leases(a.queue, ids, requeue=True)
+            else:
+                await conn.ack_leases(a.queue, ids)
+        return EXIT_OK if messages else EXIT_NOT_ENOUGH
+
+    # --- queues -----------------------------------------------------------------------
+
+    async def cmd_queues(self, conn: Connection) -> int:
+        queues = await conn.list_queues()
+        if self.args.json:
+            for q in queues:
+                self.stdout.write(orjson.dumps(dict(q.raw)).decode() + "\n")
+            return EXIT_OK
+        rows = [("name", "ready", "unacked", "consumers", "durable")]
+        rows += [(q.name, str(q.messages_ready), str(q.messages_unacked), str(q.consumers),
+                  "yes" if q.durable else "no") for q in queues]
+        widths = [max(len(row[i]) for row in rows) for i in range(5)]
+        for row in rows:
+            cells = [row[0].ljust(widths[0])] + [cell.rjust(w) for cell, w in zip(row[1:4], widths[1:4])]
+            cells.append(row[4].ljust(widths[4]))
+            self.stdout.write("  ".join(cells).rstrip() + "\n")
+        return EXIT_OK
+
+
+class _LineReader:
+    """stdin lines (without their newline), read in a worker thread so the channel
+    keeps running while stdin blocks."""
+
+    def __init__(self, stream: IO[bytes]) -> None:
+        self._read = getattr(stream, "read1", stream.read)
+        self._buffer = b""
+        self._lines: list[bytes] = []
+        self._eof = False
+
+    async def next_line(self) -> bytes | None:
+        """The next line, or ``None`` at the end of the input."""
+        while not self._lines:
+            if self._eof:
+                return None
+            chunk = await trio.to_thread.run_sync(self._read, 65536, abandon_on_cancel=True)
+            if not chunk:
+                self._eof = True
+                if self._buffer:
+                    self._lines.append(self._buffer)
+                    self._buffer = b""
+                continue
+            *lines, self._buffer = (self._buffer + chunk).split(b"\n")
+            self._lines.extend(reversed(lines))
+        return self._lines.pop()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console entry point: run the CLI and return its exit status."""
+    return trio.run(run, sys.argv[1:] if argv is None else argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,893 @@
+"""A channel that survives its connection: publishing with confirms, declaring,
+consuming, and reconnecting.
+
+A :class:`Channel` is the logical channel the caller holds; underneath it runs a
+sequence of :class:`~client.session.ChannelSession` s, one at a time. Theory of
+operation:
+
+- A supervisor task (:meth:`Channel._serve`) opens a session, *recovers* it, serves it
+  until it ends, and starts over after a backoff delay (:mod:`client.backoff`) — until
+  the channel is closed, or the reconnect policy gives up and the channel *fails*.
+- Recovery, on every new session: replay the recorded declarations
+  (:mod:`client.topology`) and wait for their ``ok``; re-establish every active
+  consumer with its old consumer tag; then, in one synchronous step, renumber every
+  pending publish from tag 1, write them all in their original order, and mark the
+  session *ready*. A publish accepted while no session is ready stays in the pending
+  buffer and goes out in that step, so the order on the wire is always the publish
+  order, and nothing is sent twice on one session.
+- Resent publishes carry the ``message_id`` they were first sent with; the broker
+  deduplicates by it, so a message whose ack was lost in the drop is not enqueued a
+  second time.
+- Events are handled synchronously by :meth:`Channel._on_event`, in order, from the
+  session's reader task. Confirms settle the pending buffer (:mod:`client.publisher`),
+  deliveries go to their consumer (:mod:`client.consumer`), replies wake their caller.
+- An ``error`` event means the broker closes that session. If it names a publish (by
+  ``id`` = message id), that publish fails with :class:`PublishRefused` and is not
+  resent; if it names a request (integer ids), that request raises
+  :class:`ChannelClosedByBroker`. Either way the channel reopens. An error without an
+  ``id`` is blamed on the oldest unanswered request, if any; after
+  ``MAX_UNATTRIBUTED_ERRORS`` such errors in a row with no confirm in between the
+  channel fails rather than resend into the same error forever. An error while
+  replaying a declaration is fatal for the same reason.
+- A failed channel fails every pending publish and every waiter with
+  :class:`ConnectionLost`; a closed one with :class:`ClientClosed`.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import trio
+
+from .backoff import Backoff
+from .codec import (
+    Ack,
+    BrokerCancel,
+    CancelOk,
+    Closing,
+    ConsumeOk,
+    Deliver,
+    Error,
+    Event,
+    Expired,
+    Nack,
+    Ok,
+    Properties,
+    Return,
+    encode_publish,
+)
+from .consumer import Message, MessageStream, Settler
+from .errors import (
+    ChannelClosedByBroker,
+    ClientClosed,
+    ClientError,
+    ConfirmTimeout,
+    ConnectionLost,
+    ProtocolError,
+    SomePublishesFailed,
+)
+from .pending import UnknownDeliveryTag
+from .publisher import PendingPublish, PublishTracker
+from .session import ChannelSession, SessionEnded, open_session
+from .settings import Settings
+from .topology import Topology, describe_op
+from .transport import Endpoint, StreamOpener
+
+__all__ = ["Channel", "ChannelStatistics", "QueueDeclared"]
+
+# Sessions in a row that a broker ``error`` without an ``id`` ended, with no confirm
+# in between, before the channel gives up instead of resending into the same error.
+MAX_UNATTRIBUTED_ERRORS = 5
+
+State = Literal["opening", "open", "closing", "closed", "failed"]
+Body = bytes | str
+PropertiesLike = Properties | Mapping[str, Any] | None
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelStatistics:
+    """A snapshot of a channel's counters (see :meth:`Channel.statistics`)."""
+
+    state: State
+    #: A session is up and recovered right now.
+    connected: bool
+    #: Channel sessions opened (the first one and every reconnect).
+    sessions_opened: int
+    #: Times the channel was recovered on a new session after losing one.
+    reconnects: int
+    pending_publishes: int
+    pending_bytes: int
+    published: int
+    confirmed: int
+    failed: int
+    #: Publishes written again on a new session after a reconnect.
+    resent: int
+    consumers: int
+    #: Deliveries of the current session not yet settled.
+    unacked_deliveries: int
+
+
+@dataclass(frozen=True, slots=True)
+class QueueDeclared:
+    """The broker's answer to a queue declaration."""
+
+    queue: str
+    messages: int
+    consumers: int
+
+
+class Channel(Settler):
+    """A channel: publish with confirms, declare, consume; reconnects by itself.
+
+    Open one with ``async with conn.channel() as ch``. All methods must be called from
+    the trio run the channel lives in. Raises, for every operation once it applies:
+    :class:`ClientClosed` after the channel was closed, :class:`ConnectionLost` after
+    its reconnect policy gave up.
+    """
+
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        opener: StreamOpener,
+        settings: Settings,
+        *,
+        consuming_stopped: Callable[[], bool] = lambda: False,
+    ) -> None:
+        self._endpoint = endpoint
+        self._opener = opener
+        self._settings = settings
+        self._connection_stopped_consuming = consuming_stopped
+        self._tracker = PublishTracker(
+            max_pending=settings.max_pending, max_pending_bytes=settings.max_pending_bytes
+        )
+        self._topology = Topology()
+        self._consumers: dict[str, MessageStream] = {}
+        self._session: ChannelSession | None = None
+        self._generation = 0
+        self._state: State = "opening"
+        self._failure: ClientError | None = None
+        self._backoff = Backoff(settings.reconnect)
+        self._stop_reconnecting = False
+        self._stopped_consuming = False
+        self._scope = trio.CancelScope()
+        self._changed = trio.Event()
+        self._id_prefix = secrets.token_hex(8)
+        self._message_ids = 0
+        self._request_ids = 0
+        self._consumer_tags = 0
+        self._seq = 0
+        self._published = 0
+        self._resent = 0
+        self._reconnects = 0
+        self._sessions_opened = 0
+        self._unattributed_errors = 0
+
+    # --- public: state ----------------------------------------------------------------
+
+    @property
+    def state(self) -> State:
+        """``opening``, ``open``, ``closing``, ``closed`` or ``failed``."""
+        return self._state
+
+    @property
+    def connected(self) -> bool:
+        """A session is live and ready right now."""
+        session = self._session
+        return session is not None and session.ready and session.alive
+
+    def statistics(self) -> ChannelStatistics:
+        session = self._session
+        return ChannelStatistics(
+            state=self._state,
+            connected=self.connected,
+            sessions_opened=self._sessions_opened,
+            reconnects=self._reconnects,
+            pending_publishes=len(self._tracker),
+            pending_bytes=self._tracker.pending_bytes,
+            published=self._published,
+            confirmed=self._tracker.confirmed,
+            failed=self._tracker.failed,
+            resent=self._resent,
+            consumers=len(self._consumers),
+            unacked_deliveries=len(session.deliveries) if session is not None else 0,
+        )
+
+    # --- public: publishing -----------------------------------------------------------
+
+    async def publish(
+        self,
+        exchange: str,
+        routing_key: str,
+        body: Body,
+        *,
+        properties: PropertiesLike = None,
+        mandatory: bool = False,
+        timeout_s: float | None = None,
+    ) -> str:
+        """Publish one message and wait for the broker's confirm; return its message id.
+
+        Waits first for room in the pending buffer (backpressure), then for the confirm,
+        across reconnects: after a drop the message is resent with the same message id.
+        ``timeout_s`` (default: the channel's ``publish_timeout_s``) bounds both waits.
+        ``properties`` may be a :class:`Properties` or a mapping of its fields; a
+        ``message_id`` is generated when absent. A ``str`` body is sent as UTF-8.
+
+        Raises:
+            PublishNacked: the broker nacked it.
+            PublishReturned: ``mandatory`` and unroutable.
+            PublishRefused: the broker closed the channel over it (e.g. no such exchange).
+            ConfirmTimeout: ``timeout_s`` passed (see its ``enqueued``).
+            ConnectionLost, ClientClosed: the channel failed or was closed first.
+        """
+        if timeout_s is None:
+            timeout_s = self._settings.publish_timeout_s
+        handle = self._prepare(exchange, routing_key, body, properties, mandatory)
+        enqueued = False
+        with trio.move_on_after(math.inf if timeout_s is None else timeout_s):
+            await self._tracker.wait_for_room(handle.size)
+            self._check_usable()
+            self._enqueue(handle)
+            enqueued = True
+            return await handle.wait()
+        raise ConfirmTimeout(
+            f"publish {handle.message_id!r} not confirmed within {timeout_s} s",
+            message_id=handle.message_id,
+            enqueued=enqueued,
+        )
+
+    async def start_publish(
+        self,
+        exchange: str,
+        routing_key: str,
+        body: Body,
+        *,
+        properties: PropertiesLike = None,
+        mandatory: bool = False,
+    ) -> PendingPublish:
+        """Publish without waiting for the confirm: wait only for room in the pending
+        buffer, then return the :class:`PendingPublish` handle (``await handle`` for the
+        confirm). Many publishes stay in flight; see :meth:`wait_for_confirms`.
+
+        Raises:
+            ConnectionLost, ClientClosed: the channel failed or was closed first.
+        """
+        handle = self._prepare(exchange, routing_key, body, properties, mandatory)
+        await self._tracker.wait_for_room(handle.size)
+        self._check_usable()
+        self._enqueue(handle)
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return handle
+
+    def publish_nowait(
+        self,
+        exchange: str,
+        routing_key: str,
+        body: Body,
+        *,
+        properties: PropertiesLike = None,
+        mandatory: bool = False,
+    ) -> PendingPublish:
+        """Like :meth:`start_publish`, but never waits.
+
+        Raises:
+            trio.WouldBlock: the pending buffer is full (nothing was sent).
+            ConnectionLost, ClientClosed: the channel failed or was closed.
+        """
+        handle = self._prepare(exchange, routing_key, body, properties, mandatory)
+        if not self._tracker.has_room(handle.size):
+            raise trio.WouldBlock
+        self._enqueue(handle)
+        return handle
+
+    async def wait_for_confirms(self, *, timeout_s: float | None = None) -> None:
+        """Wait until every publish made so far on this channel is settled.
+
+        Raises:
+            SomePublishesFailed: some of them failed and nobody has seen it yet (by
+                awaiting their handle); the failures are in ``.failures`` and count as
+                seen afterwards.
+            ConfirmTimeout: ``timeout_s`` passed first (the publishes stay pending).
+            ConnectionLost, ClientClosed: the channel failed or was closed first.
+        """
+        up_to = self._seq
+        with trio.move_on_after(math.inf if timeout_s is None else timeout_s) as scope:
+            await self._tracker.wait_settled(up_to)
+        if scope.cancelled_caught:
+            raise ConfirmTimeout(f"{len(self._tracker)} publish(es) unconfirmed after {timeout_s} s")
+        if self._state == "failed":
+            raise self._error()
+        failures = self._tracker.take_unobserved_failures(up_to)
+        if failures:
+            raise SomePublishesFailed(failures)
+
+    # --- public: declarations ---------------------------------------------------------
+
+    async def declare_exchange(
+        self,
+        exchange: str,
+        type: str = "direct",
+        *,
+        durable: bool = True,
+        auto_delete: bool = False,
+        internal: bool = False,
+        arguments: Mapping[str, Any] | None = None,
+        passive: bool = False,
+    ) -> None:
+        """Declare an exchange (idempotent if equal); re-declared after reconnects
+        unless ``passive``.
+
+        Raises:
+            ChannelClosedByBroker: the broker refused (e.g. exists with other arguments).
+        """
+        await self._declare({
+            "op": "declare_exchange", "exchange": exchange, "type": type, "durable": durable,
+            "auto_delete": auto_delete, "internal": internal,
+            "arguments": dict(arguments or {}), "passive": passive,
+        })
+
+    async def declare_queue(
+        self,
+        queue: str,
+        *,
+        durable: bool = True,
+        exclusive: bool = False,
+        auto_delete: bool = False,
+        arguments: Mapping[str, Any] | None = None,
+        passive: bool = False,
+    ) -> QueueDeclared:
+        """Declare a queue; re-declared after reconnects unless ``passive``. An empty
+        name asks the broker for a generated one, which is then re-declared by name.
+
+        Raises:
+            ChannelClosedByBroker: the broker refused.
+        """
+        op = {
+            "op": "declare_queue", "queue": queue, "durable": durable, "exclusive": exclusive,
+            "auto_delete": auto_delete, "arguments": dict(arguments or {}), "passive": passive,
+        }
+        reply = await self._request(op)
+        fields = reply.fields if isinstance(reply, Ok) else {}
+        name = str(fields.get("queue", queue))
+        self._topology.record({**op, "queue": name})
+        return QueueDeclared(name, int(fields.get("messages", 0)), int(fields.get("consumers", 0)))
+
+    async def bind_queue(
+        self, queue: str, exchange: str, routing_key: str = "", *,
+        arguments: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Bind ``queue`` to ``exchange``; re-bound after reconnects.
+
+        Raises:
+            ChannelClosedByBroker: the broker refused (e.g. no such queue).
+        """
+        await self._declare({"op": "bind", "exchange": exchange, "queue": queue,
+                             "routing_key": routing_key, "arguments": dict(arguments or {})})
+
+    async def unbind_queue(
+        self, queue: str, exchange: str, routing_key: str = "", *,
+        arguments: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Remove a queue binding. Raises: ChannelClosedByBroker."""
+        await self._declare({"op": "unbind", "exchange": exchange, "queue": queue,
+                             "routing_key": routing_key, "arguments": dict(arguments or {})})
+
+    async def bind_exchange(
+        self, destination: str, source: str, routing_key: str = "", *,
+        arguments: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Bind exchange ``destination`` to ``source``; re-bound after reconnects.
+        Raises: ChannelClosedByBroker."""
+        await self._declare({"op": "bind", "exchange": source, "to_exchange": destination,
+                             "routing_key": routing_key, "arguments": dict(arguments or {})})
+
+    async def unbind_exchange(
+        self, destination: str, source: str, routing_key: str = "", *,
+        arguments: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Remove an exchange-to-exchange binding. Raises: ChannelClosedByBroker."""
+        await self._declare({"op": "unbind", "exchange": source, "to_exchange": destination,
+                             "routing_key": routing_key, "arguments": dict(arguments or {})})
+
+    async def delete_exchange(self, exchange: str, *, if_unused: bool = False) -> None:
+        """Delete an exchange (and stop re-declaring it). Raises: ChannelClosedByBroker."""
+        await self._declare({"op": "delete_exchange", "exchange": exchange, "if_unused": if_unused})
+
+    async def delete_queue(
+        self, queue: str, *, if_unused: bool = False, if_empty: bool = False
+    ) -> int:
+        """Delete a queue (and stop re-declaring it); return how many messages it held.
+        Raises: ChannelClosedByBroker."""
+        op = {"op": "delete_queue", "queue": queue, "if_unused": if_unused, "if_empty": if_empty}
+        reply = await self._request(op)
+        self._topology.record(op)
+        return int(reply.fields.get("messages", 0)) if isinstance(reply, Ok) else 0
+
+    async def purge_queue(self, queue: str) -> int:
+        """Remove every ready message of a queue; return how many.
+        Raises: ChannelClosedByBroker."""
+        reply = await self._request({"op": "purge_queue", "queue": queue})
+        return int(reply.fields.get("messages", 0)) if isinstance(reply, Ok) else 0
+
+    async def _declare(self, op: dict[str, Any]) -> None:
+        await self._request(op)
+        self._topology.record(op)
+
+    # --- public: consuming ------------------------------------------------------------
+
+    @asynccontextmanager
+    async def consume(
+        self,
+        queue: str,
+        *,
+        prefetch: int = 100,
+        consumer_tag: str | None = None,
+        no_ack: bool = False,
+        exclusive: bool = False,
+        arguments: Mapping[str, Any] | None = None,
+    ) -> AsyncIterator[MessageStream]:
+        """Consume ``queue``: ``async with ch.consume(q) as messages: async for msg in
+        messages: ...``. At most ``prefetch`` deliveries are unacked at a time (0: no
+        limit). The consumer is re-established after every reconnect. Leaving the block
+        cancels the consumer and requeues the messages it received but did not yield.
+
+        Raises:
+            ChannelClosedByBroker: the broker refused the consumer (e.g. no such queue).
+        """
+        if prefetch < 0:
+            raise ValueError("prefetch must be >= 0")
+        self._check_usable()
+        if consumer_tag is None:
+            self._consumer_tags += 1
+            consumer_tag = f"ctag-{self._id_prefix}-{self._consumer_tags}"
+        if consumer_tag in self._consumers:
+            raise ValueError(f"consumer tag {consumer_tag!r} already in use on this channel")
+        stream = MessageStream(
+            queue, consumer_tag, prefetch=prefetch, no_ack=no_ack, exclusive=exclusive,
+            arguments=dict(arguments) if arguments else None,
+        )
+        if self._stopped_consuming or self._connection_stopped_consuming():
+            stream.stop()
+        else:
+            self._consumers[consumer_tag] = stream
+            try:
+                await self._start_consumer(stream)
+            except BaseException:
+                self._consumers.pop(consumer_tag, None)
+                raise
+        try:
+            yield stream
+        finally:
+            await self._close_consumer(stream)
+
+    def stop_consuming(self) -> None:
+        """Stop every consumer of this channel (and any started later): each sends
+        ``cancel``, requeues what it buffered, and its iteration ends at the next
+        message. Messages already yielded stay the caller's to settle."""
+        self._stopped_consuming = True
+        for stream in list(self._consumers.values()):
+            self._stop_consumer(stream)
+
+    async def _start_consumer(self, stream: MessageStream) -> None:
+        while True:
+            session = await self._wait_ready()
+            if stream.consumed_generation == session.generation:
+                return  # recovery of this session established it already
+            if not stream.active:
+                return
+            stream.consumed_generation = session.generation
+            reply = session.request(stream.consume_op(), self._next_request_id())
+            try:
+                with trio.fail_after(self._settings.request_timeout_s):
+                    await reply.wait()
+                return
+            except SessionEnded:
+                continue  # the next session's recovery re-consumes it
+            except trio.TooSlowError:
+                raise ConnectionLost(f"no consume_ok for {stream.queue!r}") from None
+
+    def _stop_consumer(self, stream: MessageStream) -> None:
+        if stream.stopped:
+            return
+        stream.stop()
+        session = self._session
+        if (
+            session is not None
+            and session.alive
+            and stream.consumed_generation == session.generation
+            and self._consumers.get(stream.consumer_tag) is stream
+        ):
+            stream.cancel_reply = session.request(
+                {"op": "cancel", "consumer_tag": stream.consumer_tag}, self._next_request_id()
+            )
+        for message in stream.take_buffer():
+            if not message.settled:
+                self._settle(message, "nack", True)
+
+    async def _close_consumer(self, stream: MessageStream) -> None:
+        try:
+            self._stop_consumer(stream)
+            reply = stream.cancel_reply
+            if reply is not None and self._state not in ("closed", "failed"):
+                with trio.move_on_after(self._settings.request_timeout_s):
+                    try:
+                        await reply.wait()
+                    except (SessionEnded, ChannelClosedByBroker):
+                        pass
+        finally:
+            if self._consumers.get(stream.consumer_tag) is stream:
+                del self._consumers[stream.consumer_tag]
+
+    # --- message settling (called by Message) -----------------------------------------
+
+    def _settle(self, message: Message, op: str, requeue: bool) -> bool:
+        message._mark_settled()
+        session = self._session
+        if (
+            session is None
+            or session.generation != message.generation
+            or not session.alive
+            or session.deliveries.pop(message.delivery_tag, None) is None
+        ):
+            return False
+        if op == "ack":
+            session.send_op({"op": "ack", "delivery_tag": message.delivery_tag})
+        else:
+            session.send_op({"op": op, "delivery_tag": message.delivery_tag, "requeue": requeue})
+        return True
+
+    # --- closing ----------------------------------------------------------------------
+
+    async def aclose(self) -> None:
+        """Close gracefully: stop the consumers, wait (up to ``close_timeout_s``) for
+        pending confirms — reconnecting meanwhile if needed — then close the session.
+        Publishes still unconfirmed then fail with :class:`ClientClosed`."""
+        if self._state in ("closed", "failed", "closing"):
+            if self._state != "closing":
+                self.abort()
+            return
+        self._state = "closing"
+        self._pulse()
+        self._tracker.close(lambda: ClientClosed("the channel is closing"))
+        try:
+            self.stop_consuming()
+            with trio.move_on_after(self._settings.close_timeout_s):
+                await self._tracker.wait_settled(self._seq)
+            self._stop_reconnecting = True
+            session = self._session
+            if session is not None and session.alive:
+                session.send_op({"op": "close"})
+                session.finish_nowait()
+                with trio.move_on_after(min(5.0, self._settings.request_timeout_s)):
+                    await session.ended.wait()
+        finally:
+            self.abort()
+
+    def abort(self) -> None:
+        """Close at once: drop the session without waiting; every unconfirmed publish
+        fails with :class:`ClientClosed` (the broker may or may not have taken it);
+        unacked deliveries go back to their queues on the broker."""
+        if self._state in ("closed", "failed"):
+            self._scope.cancel()
+            return
+        self._state = "closed"
+        self._shut_down(lambda: ClientClosed("the channel was closed"))
+
+    def _shut_down(self, make_error: Callable[[], ClientError]) -> None:
+        self._stop_reconnecting = True
+        self._tracker.fail_all(make_error)
+        self._tracker.close(make_error)
+        for stream in self._consumers.values():
+            stream.end(make_error)
+        session = self._session
+        if session is not None:
+            session.abort()
+        self._scope.cancel()
+        self._pulse()
+
+    def _fail(self, message: str, cause: BaseException | None) -> None:
+        if self._state in ("closed", "failed"):
+            return
+        failure = ConnectionLost(message)
+        failure.__cause__ = cause
+        self._failure = failure
+        self._state = "failed"
+        self._shut_down(self._error)
+
+    def _error(self) -> ClientError:
+        """A fresh exception saying why the channel cannot be used."""
+        if self._state == "failed" and self._failure is not None:
+            error = ConnectionLost(str(self._failure))
+            error.__cause__ = self._failure.__cause__
+            return error
+        if self._state in ("closed", "closing"):
+            return ClientClosed(f"the channel is {self._state}")
+        return ConnectionLost("the channel is not open")
+
+    def _check_usable(self) -> None:
+        if self._state not in ("opening", "open"):
+            raise self._error()
+
+    # --- internals: publishing --------------------------------------------------------
+
+    def _prepare(
+        self,
+        exchange: str,
+        routing_key: str,
+        body: Body,
+        properties: PropertiesLike,
+        mandatory: bool,
+    ) -> PendingPublish:
+        self._check_usable()
+        if isinstance(body, str):
+            body = body.encode("utf-8")
+        props = Properties.coerce(properties)
+        props_json = props.to_json()
+        message_id = props.message_id
+        if message_id is None:
+            self._message_ids += 1
+            message_id = props_json["message_id"] = f"{self._id_prefix}-{self._message_ids}"
+        line = encode_publish(
+            exchange=exchange, routing_key=routing_key, body=body, properties=props_json,
+            mandatory=mandatory, op_id=message_id,
+        )
+        return PendingPublish(message_id, 0, line)
+
+    def _enqueue(self, handle: PendingPublish) -> None:
+        self._seq += 1
+        handle.seq = self._seq
+        self._tracker.add(handle)
+        self._published += 1
+        session = self._session
+        if session is not None and session.ready and not session.draining:
+            session.send_nowait(handle.line)
+
+    # --- internals: requests ----------------------------------------------------------
+
+    def _next_request_id(self) -> int:
+        # Requests use integer ids; publishes use their (string) message id, so an
+        # ``error`` event's id says unambiguously which of the two it is about.
+        self._request_ids += 1
+        return self._request_ids
+
+    async def _wait_ready(self) -> ChannelSession:
+        while True:
+            self._check_usable()
+            session = self._session
+            if session is not None and session.ready and session.alive and not session.draining:
+                return session
+            await self._changed.wait()
+
+    async def _request(self, op: dict[str, Any]) -> Event:
+        """Send ``op`` on a ready session and return its reply event; if the session
+        ends first, send it again on the next one (declarations are idempotent).
+
+        Raises:
+            ChannelClosedByBroker: the broker answered ``error``.
+            ConnectionLost: no reply within ``request_timeout_s``.
+        """
+        try:
+            with trio.fail_after(self._settings.request_timeout_s):
+                while True:
+                    session = await self._wait_ready()
+                    reply = session.request(op, self._next_request_id())
+                    try:
+                        event: Event = await reply.wait()
+                        return event
+                    except SessionEnded:
+                        continue
+        except trio.TooSlowError:
+            raise ConnectionLost(
+                f"no reply to {op.get('op')!r} within {self._settings.request_timeout_s} s"
+            ) from None
+
+    def _pulse(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    # --- internals: the supervisor ----------------------------------------------------
+
+    async def _wait_opened(self) -> None:
+        """Wait for the first ready session. Raises: ConnectionLost, ClientClosed."""
+        while self._state == "opening":
+            await self._changed.wait()
+        self._check_usable()
+
+    async def _serve(self) -> None:
+        """Open, recover and serve sessions until closed or given up. Never raises
+        (except on a bug): failures are recorded on the channel."""
+        with self._scope:
+            while not self._stop_reconnecting:
+                self._generation += 1
+                try:
+                    with trio.fail_after(self._settings.connect_timeout_s):
+                        session = await open_session(
+                            self._endpoint,
+                            self._opener,
+                            generation=self._generation,
+                            max_line_bytes=self._settings.max_line_bytes,
+                        )
+                except (ClientError, trio.TooSlowError) as exc:
+                    error: BaseException = exc
+                    if isinstance(exc, trio.TooSlowError):
+                        error = ConnectionLost(
+                            f"no channel from {self._endpoint} within "
+                            f"{self._settings.connect_timeout_s} s"
+                        )
+                    if not await self._sleep_before_retry(error):
+                        return
+                    continue
+                self._sessions_opened += 1
+                await self._run_session(session)
+                if self._stop_reconnecting:
+                    return
+                if self._unattributed_errors >= MAX_UNATTRIBUTED_ERRORS:
+                    self._fail(
+                        f"the broker closed the channel {self._unattributed_errors} times in a "
+                        f"row, without progress, with an error naming no operation: "
+                        f"{session.end_reason}",
+                        session.end_reason,
+                    )
+                    return
+                if not await self._sleep_before_retry(session.end_reason):
+                    return
+
+    async def _sleep_before_retry(self, reason: BaseException | None) -> bool:
+        delay = self._backoff.next_delay(trio.current_time())
+        if delay is None:
+            what = "open" if self._state == "opening" else "reconnect"
+            self._fail(
+                f"could not {what} a channel to {self._endpoint} "
+                f"({self._backoff.attempts} attempt(s)): {reason}",
+                reason,
+            )
+            return False
+        await trio.sleep(delay)
+        return True
+
+    async def _run_session(self, session: ChannelSession) -> None:
+        self._session = session
+        self._pulse()
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._recover, session)
+                await session.serve(self._on_event)
+                nursery.cancel_scope.cancel()
+        finally:
+            self._session = None
+            for stream in self._consumers.values():
+                stream.drop_generation(session.generation)
+            session.deliveries.clear()
+            self._pulse()
+
+    async def _recover(self, session: ChannelSession) -> None:
+        """Replay declarations, re-consume, resend pending publishes, mark ready."""
+        try:
+            with trio.fail_after(self._settings.request_timeout_s):
+                replies = [
+                    (op, session.request(op, self._next_request_id()))
+                    for op in self._topology.ops()
+                ]
+                for op, reply in replies:
+                    try:
+                        await reply.wait()
+                    except ChannelClosedByBroker as exc:
+                        self._fail(
+                            f"the channel could not be recovered: re-declaring "
+                            f"{describe_op(op)} failed: {exc}",
+                            exc,
+                        )
+                        return
+                consumers = [s for s in self._consumers.values() if s.active]
+                creplies = []
+                for stream in consumers:
+                    stream.consumed_generation = session.generation
+                    creplies.append((stream, session.request(stream.consume_op(), self._next_request_id())))
+                for stream, reply in creplies:
+                    try:
+                        await reply.wait()
+                    except ChannelClosedByBroker as exc:
+                        self._drop_consumer(stream, f"could not re-consume after a reconnect: {exc}")
+        except SessionEnded:
+            return
+        except trio.TooSlowError:
+            session.abort(ConnectionLost("the broker did not answer while recovering the channel"))
+            return
+        if not session.alive or session.draining:
+            return
+        resend = self._tracker.restart()
+        for handle in resend:
+            session.send_nowait(handle.line)
+        if self._state != "opening":
+            self._resent += len(resend)
+            self._reconnects += 1
+        session.ready = True
+        self._backoff.reset()
+        if self._state == "opening":
+            self._state = "open"
+        self._pulse()
+
+    def _drop_consumer(self, stream: MessageStream, reason: str) -> None:
+        if self._consumers.get(stream.consumer_tag) is stream:
+            del self._consumers[stream.consumer_tag]
+        stream.cancelled_by_broker(reason)
+
+    # --- internals: events ------------------------------------------------------------
+
+    def _on_event(self, session: ChannelSession, event: Event) -> None:
+        try:
+            if isinstance(event, Ack):
+                self._tracker.on_ack(event.delivery_tag, event.multiple)
+                self._unattributed_errors = 0
+            elif isinstance(event, Deliver):
+                self._on_deliver(session, event)
+            elif isinstance(event, Nack):
+                self._tracker.on_nack(event.delivery_tag, event.multiple, event.reason)
+                self._unattributed_errors = 0
+            elif isinstance(event, Return):
+                self._tracker.on_return(
+                    event.delivery_tag, event.reply_code, event.reason, event.message
+                )
+            elif isinstance(event, (Ok, ConsumeOk, CancelOk)):
+                reply = session.replies.pop(event.id, None) if isinstance(event.id, int) else None
+                if reply is not None:
+                    reply.set(event)
+            elif isinstance(event, Error):
+                self._on_error(session, event)
+            elif isinstance(event, BrokerCancel):
+                stream = self._consumers.get(event.consumer_tag)
+                if stream is not None:
+                    self._drop_consumer(stream, event.reason)
+            elif isinstance(event, Expired):
+                # The broker requeued it; a later ack of this tag would be an error.
+                session.deliveries.pop(event.delivery_tag, None)
+            elif isinstance(event, Closing):
+                session.draining = True
+        except UnknownDeliveryTag as exc:
+            raise ProtocolError(str(exc)) from exc
+
+    def _on_deliver(self, session: ChannelSession, event: Deliver) -> None:
+        stream = self._consumers.get(event.consumer_tag)
+        no_ack = stream is not None and stream.no_ack
+        message = Message(
+            self,
+            session.generation,
+            body=event.body,
+            properties=event.properties,
+            exchange=event.exchange,
+            routing_key=event.routing_key,
+            redelivered=event.redelivered,
+            delivery_tag=event.delivery_tag,
+            consumer_tag=event.consumer_tag,
+            settled=no_ack,
+        )
+        if not no_ack:
+            session.deliveries[event.delivery_tag] = message
+        if stream is None or stream.stopped:
+            if not no_ack:
+                self._settle(message, "nack", True)
+            return
+        stream.push(message)
+
+    def _on_error(self, session: ChannelSession, event: Error) -> None:
+        session.draining = True
+        error = ChannelClosedByBroker(event.code, event.message)
+        if isinstance(event.id, int):
+            reply = session.replies.pop(event.id, None)
+            if reply is not None:
+                reply.fail(error)
+        elif isinstance(event.id, str):
+            self._tracker.refuse(event.id, event.code, event.message)
+        elif session.replies:
+            # A broker that does not echo the id: it applies ops in order and answers
+            # requests as it applies them, so the oldest unanswered request is the
+            # likeliest cause.
+            session.replies.pop(min(session.replies)).fail(error)
+        else:
+            self._unattributed_errors += 1
+        session.abort(error)
+

@@ -1,0 +1,139 @@
+"""``connect()``: the broker URL, the settings, the REST pool, and the channels opened
+from them.
+
+A :class:`Connection` holds no socket of its own beyond idle REST keep-alive
+connections: each channel is its own TCP connection (HTTP/1.1 carries one exchange at
+a time), opened by :meth:`Connection.channel` and closed when its block ends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from ._nursery import open_service_nursery
+from .backoff import ReconnectPolicy
+from .channel import Channel
+from .errors import ClientClosed
+from .rest import BrokerAPI
+from .settings import Settings
+from .transport import Endpoint, RestClient, StreamOpener, open_tcp
+
+__all__ = ["Connection", "connect", "DEFAULT_URL"]
+
+DEFAULT_URL = "http://127.0.0.1:8080"
+
+
+class Connection(BrokerAPI):
+    """A broker to talk to. Made by :func:`connect`.
+
+    REST methods (declare, bind, get, stats) are inherited from
+    :class:`~client.rest.BrokerAPI`; channels come from :meth:`channel`.
+    """
+
+    def __init__(self, endpoint: Endpoint, settings: Settings, opener: StreamOpener) -> None:
+        self.endpoint = endpoint
+        self.settings = settings
+        self._opener = opener
+        self._rest = RestClient(endpoint, opener, timeout_s=settings.request_timeout_s)
+        self._channels: list[Channel] = []
+        self._closed = False
+        self._stopped_consuming = False
+
+    @property
+    def channels(self) -> list[Channel]:
+        """The channels open right now."""
+        return list(self._channels)
+
+    @asynccontextmanager
+    async def channel(
+        self,
+        *,
+        max_pending: int | None = None,
+        max_pending_bytes: int | None = None,
+        publish_timeout_s: float | None = None,
+        close_timeout_s: float | None = None,
+        reconnect: ReconnectPolicy | None = None,
+    ) -> AsyncIterator[Channel]:
+        """Open a channel for the duration of the block.
+
+        Waits for the first session (retrying per the reconnect policy). Leaving the
+        block normally closes the channel gracefully (:meth:`Channel.aclose`: stop
+        consumers, wait up to ``close_timeout_s`` for pending confirms, close);
+        leaving it with an exception or a cancellation drops it at once
+        (:meth:`Channel.abort`). Keyword arguments override the connection's settings.
+
+        Raises:
+            ConnectionLost: the channel could not be opened within the policy.
+            ClientClosed: the connection is closed.
+        """
+        if self._closed:
+            raise ClientClosed("the connection is closed")
+        settings = self.settings.replace(
+            max_pending=max_pending,
+            max_pending_bytes=max_pending_bytes,
+            publish_timeout_s=publish_timeout_s,
+            close_timeout_s=close_timeout_s,
+            reconnect=reconnect,
+        )
+        async with open_service_nursery() as nursery:
+            channel = Channel(
+                self.endpoint, self._opener, settings,
+                consuming_stopped=lambda: self._stopped_consuming,
+            )
+            self._channels.append(channel)
+            nursery.start_soon(channel._serve)
+            try:
+                await channel._wait_opened()
+                try:
+                    yield channel
+                except BaseException:
+                    channel.abort()
+                    raise
+                await channel.aclose()
+            finally:
+                channel.abort()
+                self._channels.remove(channel)
+
+    def stop_consuming(self) -> None:
+        """Stop every consumer of every channel of this connection, and any started
+        later (see :meth:`Channel.stop_consuming`). Used by graceful shutdown."""
+        self._stopped_consuming = True
+        for channel in self._channels:
+            channel.stop_consuming()
+
+    async def aclose(self) -> None:
+        """Close every open channel at once and the idle REST connections."""
+        self._closed = True
+        for channel in list(self._channels):
+            channel.abort()
+        await self._rest.aclose()
+
+
+@asynccontextmanager
+async def connect(
+    url: str = DEFAULT_URL,
+    *,
+    settings: Settings | None = None,
+    open_stream: StreamOpener | None = None,
+    **overrides: Any,
+) -> AsyncIterator[Connection]:
+    """Connect to the broker at ``url`` for the duration of the block.
+
+    Nothing is opened yet: REST calls open keep-alive connections on demand and
+    :meth:`Connection.channel` opens channels. ``settings`` (or keyword overrides of
+    its fields, e.g. ``max_pending=500``, ``reconnect=ReconnectPolicy(...)``) tune
+    timeouts, the pending buffer and reconnects. ``open_stream`` replaces the TCP
+    connector (tests use in-memory streams).
+
+    Raises:
+        ValueError: a bad URL or setting.
+    """
+    endpoint = Endpoint.parse(url)
+    settings = (settings or Settings()).replace(**overrides)
+    conn = Connection(endpoint, settings, open_stream or open_tcp)
+    try:
+        yield conn
+    finally:
+        await conn.aclose()

@@ -1,0 +1,280 @@
+"""Consumers: the message stream a ``consume`` yields, and the messages in it.
+
+Rules:
+
+- A :class:`MessageStream` belongs to one channel and keeps its consumer tag across
+  reconnects; the channel re-establishes it on every new session.
+- Deliveries are buffered in arrival order. The broker bounds the buffer: at most
+  ``prefetch`` unacked deliveries per consumer are ever sent.
+- When the session that delivered some buffered messages ends, those messages are
+  dropped before anyone sees them: the broker has already put them back in the queue
+  (``redelivered``), so handing them out would only double the work. (``no_ack``
+  deliveries are kept: nobody will redeliver them.)
+- Once stopped (by :meth:`Channel.stop_consuming`, a graceful shutdown, or leaving the
+  ``consume`` block) a stream yields nothing more: iteration ends at the next
+  ``__anext__``, and buffered messages are nacked with ``requeue=True`` so they go back
+  to their place in the queue at once.
+- A :class:`Message` is settled at most once. Settling a message whose session is gone
+  (or whose delivery expired) sends nothing and returns ``False``: the broker has
+  requeued it and will deliver it again.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from .codec import Properties
+from .errors import ClientError, ConsumerCancelled, MessageAlreadySettled
+
+if TYPE_CHECKING:
+    from .session import Reply
+
+__all__ = ["Message", "MessageStream", "Settler"]
+
+
+class Settler:
+    """What a message needs from its channel (implemented by Channel)."""
+
+    def _settle(self, message: Message, op: str, requeue: bool) -> bool:  # pragma: no cover
+        raise NotImplementedError
+
+
+class Message:
+    """One delivered message.
+
+    Attributes:
+        body: the message bytes.
+        properties: its :class:`~client.codec.Properties`.
+        exchange, routing_key: where it was published.
+        redelivered: the broker delivered it before (to this or another consumer) and
+            it was not acked then.
+        delivery_tag: its tag on the session that delivered it.
+        consumer_tag: the consumer it was delivered to.
+    """
+
+    __slots__ = (
+        "body", "properties", "exchange", "routing_key", "redelivered", "delivery_tag",
+        "consumer_tag", "generation", "_settler", "_settled",
+    )
+
+    def __init__(
+        self,
+        settler: Settler,
+        generation: int,
+        *,
+        body: bytes,
+        properties: Properties,
+        exchange: str,
+        routing_key: str,
+        redelivered: bool,
+        delivery_tag: int,
+        consumer_tag: str,
+        settled: bool = False,
+    ) -> None:
+        self.body = body
+        self.properties = properties
+        self.exchange = exchange
+        self.routing_key = routing_key
+        self.redelivered = redelivered
+        self.delivery_tag = delivery_tag
+        self.consumer_tag = consumer_tag
+        #: Which session of the channel delivered it (internal).
+        self.generation = generation
+        self._settler = settler
+        self._settled = settled
+
+    @property
+    def message_id(self) -> str | None:
+        return self.properties.message_id
+
+    @property
+    def settled(self) -> bool:
+        """``ack``/``nack``/``reject`` was called (or the consumer is ``no_ack``)."""
+        return self._settled
+
+    def text(self, encoding: str = "utf-8") -> str:
+        """The body decoded as text."""
+        return self.body.decode(encoding)
+
+    async def ack(self) -> bool:
+        """Acknowledge: the broker forgets the message.
+
+        Returns ``True`` when the ack was sent on the session that delivered the message,
+        ``False`` when that session is gone or the delivery expired: then the broker has
+        already put the message back in its queue and will deliver it again
+        (``redelivered``), so it is processed at least once. A ``True`` ack can still
+        be lost if the connection drops before the broker reads it, with the same
+        outcome.
+
+        Raises:
+            MessageAlreadySettled: already settled; nothing was sent.
+        """
+        await trio.lowlevel.checkpoint()
+        return self._settler._settle(self, "ack", False)
+
+    async def nack(self, *, requeue: bool = True) -> bool:
+        """Negative-acknowledge: with ``requeue`` (the default) the message goes back to
+        its place in the queue; without, the broker drops (or dead-letters) it.
+        Returns like :meth:`ack`.
+
+        Raises:
+            MessageAlreadySettled: already settled; nothing was sent.
+        """
+        await trio.lowlevel.checkpoint()
+        return self._settler._settle(self, "nack", requeue)
+
+    async def reject(self, *, requeue: bool = False) -> bool:
+        """Reject: by default the message is dropped (or dead-lettered); with
+        ``requeue=True`` it goes back to the queue. Returns like :meth:`ack`.
+
+        Raises:
+            MessageAlreadySettled: already settled; nothing was sent.
+        """
+        await trio.lowlevel.checkpoint()
+        return self._settler._settle(self, "reject", requeue)
+
+    def _mark_settled(self) -> None:
+        """Raises MessageAlreadySettled when already settled."""
+        if self._settled:
+            raise MessageAlreadySettled(
+                f"message {self.delivery_tag} of consumer {self.consumer_tag!r} is already settled"
+            )
+        self._settled = True
+
+    def __repr__(self) -> str:
+        return (
+            f"<Message tag={self.delivery_tag} rk={self.routing_key!r} "
+            f"id={self.message_id!r} redelivered={self.redelivered}>"
+        )
+
+
+class MessageStream:
+    """The messages of one consumer, as an async iterator (``async for msg in stream``).
+
+    Iteration ends (``StopAsyncIteration``) once the consumer is stopped. It raises
+    :class:`~client.errors.ConsumerCancelled` (after the buffered messages) when the
+    broker cancelled the consumer, and :class:`~client.errors.ConnectionLost` or
+    :class:`~client.errors.ClientClosed` when its channel is gone.
+    """
+
+    def __init__(
+        self,
+        queue: str,
+        consumer_tag: str,
+        *,
+        prefetch: int,
+        no_ack: bool,
+        exclusive: bool,
+        arguments: dict[str, Any] | None,
+    ) -> None:
+        self.queue = queue
+        self.consumer_tag = consumer_tag
+        self.prefetch = prefetch
+        self.no_ack = no_ack
+        self.exclusive = exclusive
+        self.arguments = arguments
+        #: Generation of the session this consumer was last established on.
+        self.consumed_generation = 0
+        #: Reply to the ``cancel`` sent when stopping, if one was sent.
+        self.cancel_reply: Reply | None = None
+        self.delivered = 0
+        self._buffer: deque[Message] = deque()
+        self._wake = trio.Event()
+        self._stopped = False
+        self._end: Callable[[], ClientError] | None = None
+
+    @property
+    def stopped(self) -> bool:
+        """Stopped by this program (no more messages will be yielded)."""
+        return self._stopped
+
+    @property
+    def active(self) -> bool:
+        """Neither stopped nor ended by the broker or a channel failure."""
+        return not self._stopped and self._end is None
+
+    @property
+    def buffered(self) -> int:
+        """Messages received and not yet yielded."""
+        return len(self._buffer)
+
+    def consume_op(self) -> dict[str, Any]:
+        op: dict[str, Any] = {
+            "op": "consume",
+            "queue": self.queue,
+            "consumer_tag": self.consumer_tag,
+            "prefetch": self.prefetch,
+            "no_ack": self.no_ack,
+        }
+        if self.exclusive:
+            op["exclusive"] = True
+        if self.arguments:
+            op["arguments"] = self.arguments
+        return op
+
+    def __aiter__(self) -> MessageStream:
+        return self
+
+    async def __anext__(self) -> Message:
+        await trio.lowlevel.checkpoint()
+        while True:
+            if self._stopped:
+                raise StopAsyncIteration
+            if self._buffer:
+                return self._buffer.popleft()
+            if self._end is not None:
+                raise self._end()
+            if self._wake.is_set():
+                self._wake = trio.Event()
+            await self._wake.wait()
+
+    async def receive(self) -> Message:
+        """The next message.
+
+        Raises:
+            trio.EndOfChannel: the consumer was stopped.
+            ConsumerCancelled, ConnectionLost, ClientClosed: see the class docstring.
+        """
+        try:
+            return await self.__anext__()
+        except StopAsyncIteration:
+            raise trio.EndOfChannel from None
+
+    # --- driven by the channel --------------------------------------------------------
+
+    def push(self, message: Message) -> None:
+        self.delivered += 1
+        self._buffer.append(message)
+        self._wake.set()
+
+    def take_buffer(self) -> list[Message]:
+        messages = list(self._buffer)
+        self._buffer.clear()
+        return messages
+
+    def drop_generation(self, generation: int) -> None:
+        """Forget buffered deliveries of an ended session (the broker requeued them)."""
+        if self.no_ack or not self._buffer:
+            return
+        self._buffer = deque(m for m in self._buffer if m.generation != generation)
+
+    def stop(self) -> None:
+        self._stopped = True
+        self._wake.set()
+
+    def cancelled_by_broker(self, reason: str) -> None:
+        tag = self.consumer_tag
+        self.end(lambda: ConsumerCancelled(tag, reason))
+
+    def end(self, make_error: Callable[[], ClientError]) -> None:
+        if self._end is None:
+            self._end = make_error
+        self._wake.set()
+
+    def __repr__(self) -> str:
+        state = "stopped" if self._stopped else ("ended" if self._end else "active")
+        return f"<MessageStream {self.consumer_tag!r} queue={self.queue!r} {state}>"
