@@ -21,6 +21,9 @@ __all__ = ["build_router", "BrokerApp"]
 
 log = logging.getLogger("ackbus.app")
 
+#: How long past the shutdown deadline the final checkpoint may still take.
+FINAL_CHECKPOINT_GRACE_S = 30.0
+
 
 def build_router(runtime: BrokerRuntime, *, metrics_handler: Any = None) -> Router:
     """Every endpoint of the HTTP API, bound to ``runtime``."""
@@ -48,12 +51,22 @@ class BrokerApp:
         *,
         task_status: trio.TaskStatus[BrokerApp] = trio.TASK_STATUS_IGNORED,
     ) -> None:
-        """Recover and serve until :meth:`shutdown` (or cancellation)."""
+        """Listen, recover and serve until :meth:`shutdown` (or cancellation).
+
+        The socket is bound first, so that a busy address fails before recovery
+        begins; requests during recovery get ``503 not_ready``.
+
+        Raises: ``OSError`` naming the address when it cannot be bound; whatever
+        recovery raises (``broker.storage.StorageError`` for a corrupt log).
+        """
         async with trio.open_nursery() as nursery:
             self._scope = nursery.cancel_scope
-            await nursery.start(self.runtime.serve)
-            await nursery.start(partial(self.server.serve_tcp, port, host=host))
+            try:
+                await nursery.start(partial(self.server.serve_tcp, port, host=host))
+            except OSError as exc:
+                raise OSError(exc.errno, f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
             log.info("listening", extra={"fields": {"host": host, "port": self.server.ports[0]}})
+            await nursery.start(self.runtime.serve)
             task_status.started(self)
 
     @property
@@ -61,16 +74,35 @@ class BrokerApp:
         return self.server.ports[0]
 
     async def shutdown(self, timeout_s: float) -> bool:
-        """Graceful shutdown within ``timeout_s``: stop accepting, send ``closing`` to
-        every channel, let in-flight publishes reach disk and get their confirms, end
-        every channel (unacked deliveries go back to their queues), write a final
-        checkpoint, close the log. Returns whether it all finished in time."""
+        """Graceful shutdown: stop accepting, send ``closing`` to every channel, let
+        in-flight publishes reach disk and get their confirms, end every channel
+        (unacked deliveries go back to their queues), write a final checkpoint, close
+        the log. Returns whether the clients were drained within ``timeout_s``.
+
+        ``timeout_s`` bounds the wait for clients: 80 % of it for the log to sync what
+        was received, the rest for connections to finish their responses; then they
+        are cut. The final checkpoint follows (it is not cut short before
+        ``FINAL_CHECKPOINT_GRACE_S`` more: skipping it would lose nothing, as the log
+        holds everything, but makes the next start replay the whole log).
+
+        Before recovery has finished there is nothing to drain or checkpoint: the
+        broker stops at once (recovery itself runs to its end in its worker thread).
+        """
         deadline = trio.current_time() + timeout_s
         self.server.stop_accepting()
-        drained = await self.runtime.drain(timeout_s * 0.8)
+        if not self.runtime.ready:
+            log.info("recovery still running: stopping once it has finished")
+            await self.server.shutdown(grace_s=0)
+            if self._scope is not None:
+                self._scope.cancel()
+            return True
+        # Parked long-poll gets answer (empty) now rather than after the drain.
+        self.runtime.shutting_down = True
         self.runtime.wake_getters()
+        drained = await self.runtime.drain(timeout_s * 0.8)
+        self.runtime.wake_getters()  # any that parked again meanwhile
         await self.server.shutdown(grace_s=max(0.0, deadline - trio.current_time()))
-        with trio.move_on_at(deadline + 30 if math.isfinite(deadline) else math.inf):
+        with trio.move_on_at(deadline + FINAL_CHECKPOINT_GRACE_S if math.isfinite(deadline) else math.inf):
             await self.runtime.aclose(checkpoint=True)
         if self._scope is not None:
             self._scope.cancel()

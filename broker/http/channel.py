@@ -18,8 +18,10 @@ Rules (docs/protocol.md):
   events, or more than ``OUTBOX_MAX_BYTES`` bytes of events other than deliveries
   (returns carry whole message bodies), the reader stops reading, so a client that
   publishes without reading its confirms is slowed by TCP backpressure instead of
-  growing broker memory. Deliveries are bounded separately by the core's per-channel
-  byte credit, which the writer returns as it sends.
+  growing broker memory. Likewise while the publishes still waiting for their confirm
+  (their records waiting for the disk) exceed ``UNCONFIRMED_MAX_BYTES``: a publisher
+  that outruns fsync is slowed down too. Deliveries are bounded separately by the
+  core's per-channel byte credit, which the writer returns as it sends.
 * However the exchange ends (``close``, end of the request body, disconnect, channel
   error, broker shutdown) the channel is closed in the core exactly once: unacked
   deliveries go back to their queues and consumers are cancelled. Once the channel is
@@ -29,6 +31,7 @@ Rules (docs/protocol.md):
 
 from __future__ import annotations
 
+import collections
 import logging
 from typing import Any
 
@@ -61,6 +64,10 @@ OUTBOX_MAX_EVENTS = 8192
 OUTBOX_MAX_BYTES = 1 << 20
 # What an event other than a delivery or return is charged against OUTBOX_MAX_BYTES.
 EVENT_BYTES = 64
+# Bytes of publishes (body + DELIVERY_OVERHEAD_BYTES each) still waiting for their
+# confirm past which the reader pauses. Group commit confirms everything appended
+# before an fsync, so this only bites when the disk cannot keep up with the network.
+UNCONFIRMED_MAX_BYTES = 16 << 20
 FLUSH_TIMEOUT_S = 10.0
 NDJSON_HEADERS = [
     ("content-type", "application/x-ndjson"),
@@ -85,7 +92,11 @@ class ChannelSession:
         #: Estimated bytes of the non-delivery events in ``outbox``.
         self.outbox_bytes = 0
         self._wakeup = trio.Event()
-        self._drained = trio.Event()
+        # Set when the outbox drained or a confirm arrived: the reader may go on.
+        self._room = trio.Event()
+        #: (publish tag, charged bytes) of publishes not yet confirmed, in tag order.
+        self.unconfirmed: collections.deque[tuple[int, int]] = collections.deque()
+        self.unconfirmed_bytes = 0
         self._confirms_settled = trio.Event()
         self.finished = False
         self.closing_reason: str | None = None
@@ -106,8 +117,14 @@ class ChannelSession:
             self.outbox_bytes += len(effect.message.body) + DELIVERY_OVERHEAD_BYTES
         else:
             self.outbox_bytes += EVENT_BYTES
-        if kind is Confirm and not self._pending_confirms():
-            self._confirms_settled.set()
+        if kind is Confirm:
+            # Confirms come in tag order, so everything up to this tag is settled.
+            unconfirmed = self.unconfirmed
+            while unconfirmed and unconfirmed[0][0] <= effect.delivery_tag:
+                self.unconfirmed_bytes -= unconfirmed.popleft()[1]
+            self._room.set()
+            if not self._pending_confirms():
+                self._confirms_settled.set()
 
     def closing(self, reason: str) -> None:
         """The broker is shutting down: say so; operations are still taken until
@@ -150,7 +167,7 @@ class ChannelSession:
             if not self.outbox:
                 if self.finished:
                     return
-                self._drained.set()
+                self._room.set()
                 self._wakeup = trio.Event()
                 await self._wakeup.wait()
                 continue
@@ -172,9 +189,14 @@ class ChannelSession:
                 self.runtime.pump()
 
     async def wait_outbox_room(self) -> None:
-        while len(self.outbox) > OUTBOX_MAX_EVENTS or self.outbox_bytes > OUTBOX_MAX_BYTES:
-            self._drained = trio.Event()
-            await self._drained.wait()
+        """Wait while the outbox or the unconfirmed publishes are over their bounds."""
+        while (
+            len(self.outbox) > OUTBOX_MAX_EVENTS
+            or self.outbox_bytes > OUTBOX_MAX_BYTES
+            or self.unconfirmed_bytes > UNCONFIRMED_MAX_BYTES
+        ):
+            self._room = trio.Event()
+            await self._room.wait()
 
     async def flush_confirms(self) -> None:
         """Wait until every publish of this channel has been confirmed."""
@@ -275,9 +297,12 @@ class ChannelSession:
         mandatory = op.get("mandatory", False)
         if not isinstance(mandatory, bool):
             raise InvalidArgument("mandatory must be true or false")
-        self.core.publish(
+        tag, _routed = self.core.publish(
             self.channel_id, exchange_name(exchange), routing_key, body, properties, mandatory=mandatory
         )
+        charge = len(body) + DELIVERY_OVERHEAD_BYTES
+        self.unconfirmed.append((tag, charge))
+        self.unconfirmed_bytes += charge
 
 
 def _reply(request: dict[str, Any], ev: str, /, **fields: Any) -> dict[str, Any]:
@@ -317,7 +342,12 @@ async def _op_cancel(s: ChannelSession, op: dict[str, Any]) -> None:
     tag = _get(op, "consumer_tag", str, None)
     if tag is None:
         raise InvalidArgument("field consumer_tag is required")
-    s.core.cancel(s.channel_id, tag)
+    ch = s.core.channels.get(s.channel_id)
+    # AMQP 0-9-1 basic.cancel: an unknown tag is not an error ("the server MUST ignore
+    # it", as RabbitMQ does): the broker may have cancelled the consumer itself (its
+    # queue was deleted) while the client's cancel was on its way.
+    if ch is not None and tag in ch.consumers:
+        s.core.cancel(s.channel_id, tag)
     s.send_event(_reply(op, "cancel_ok", consumer_tag=tag))
 
 

@@ -2,7 +2,10 @@
 
 Numbers the core already keeps (queue depths, per-queue counters, connection counts)
 are read at scrape time through ``collect=`` functions, so the hot path pays nothing
-for them; only latencies are observed as they happen.
+for them; only latencies are observed as they happen, by whoever measures them
+(``observe_fsync`` from the WAL callback, ``observe_checkpoint`` after a checkpoint,
+``observe_confirm`` from the channel that sends a confirm). The metrics reference in
+docs/operations.md lists every family; a system test checks that it matches.
 """
 
 from __future__ import annotations
@@ -91,7 +94,19 @@ class BrokerMetrics:
             "Checkpoints written.",
             collect=lambda: self._runtime.checkpoints if self._runtime else None,
         )
-        r.gauge("ackbus_process_resident_memory_bytes", "Resident set size of the broker.", collect=process_rss_bytes)
+        r.counter(
+            "ackbus_connections_rejected_total",
+            "HTTP connections answered 503 because max_connections was reached.",
+            collect=server_stat("rejected_connections"),
+        )
+        # Process metrics under the names every Prometheus client library uses, so
+        # that existing dashboards and alerts apply.
+        r.gauge("process_resident_memory_bytes", "Resident memory size in bytes.", collect=process_rss_bytes)
+        r.gauge(
+            "process_start_time_seconds",
+            "Start time of the process since unix epoch in seconds.",
+            collect=lambda: self._runtime.started_at if self._runtime else None,
+        )
 
     def bind(self, runtime: Any, server: Any) -> None:
         self._runtime = runtime

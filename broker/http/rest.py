@@ -2,24 +2,29 @@
 
 Each handler validates its input completely before it touches the core, so a bad
 request changes nothing; core errors (:class:`~broker.core.BrokerError`) propagate to
-the server, which turns them into JSON error responses.
+the server, which turns them into JSON error responses. Unknown JSON fields and unknown
+query parameters are errors too: a typo (``?routing-key=``) must not silently mean
+something else.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import trio
 
 from broker.core import (
     EXCHANGE_TYPES,
+    AccessRefused,
     InvalidArgument,
     NotFound,
     PayloadTooLarge,
-    Unavailable,
+    check_routing_key,
 )
 from broker.http.codec import message_json, properties_from_headers
-from broker.http.router import Router
+from broker.http.errors import ClientDisconnected
+from broker.http.router import Handler, Router
 from broker.http.runtime import BrokerRuntime
 
 __all__ = ["add_rest_routes", "exchange_name", "Fields"]
@@ -72,7 +77,9 @@ class Fields:
         return value
 
     def number(self, name: str, default: float | None, *, minimum: float = 0) -> float | None:
-        value = self.obj.get(name, default)
+        value = self.obj.get(name)
+        if value is None:  # absent or null: the default
+            value = default
         if value is None:
             return None
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value < minimum:
@@ -84,6 +91,16 @@ class Fields:
         if not isinstance(value, list) or not value:
             raise InvalidArgument(f"field {name} must be a non-empty list")
         return value
+
+
+def _check_query(request: Any, allowed: frozenset[str] = frozenset()) -> None:
+    """Refuse query parameters the endpoint does not know (400)."""
+    unknown = set(request.query) - allowed
+    if unknown:
+        known = f"; known: {', '.join(sorted(allowed))}" if allowed else ""
+        raise InvalidArgument(
+            f"unknown query parameter(s): {', '.join(sorted(unknown))}{known}"
+        )
 
 
 async def _body_fields(request: Any, allowed: set[str]) -> Fields:
@@ -104,7 +121,26 @@ def add_rest_routes(router: Router, runtime: BrokerRuntime) -> None:
     core = runtime.core
     opts = runtime.options
 
-    @router.route("GET", "/healthz")
+    def route(
+        method: str, pattern: str, *, query: frozenset[str] = frozenset()
+    ) -> Callable[[Handler], Handler]:
+        """``router.route`` that first refuses query parameters outside ``query``."""
+
+        def register(handler: Handler) -> Handler:
+            async def checked(request: Any, response: Any) -> None:
+                _check_query(request, query)
+                await handler(request, response)
+
+            router.add(method, pattern, checked)
+            return handler
+
+        return register
+
+    def check_queue(name: str) -> None:
+        if name not in core.queues:
+            raise NotFound(f"no queue {name!r}")
+
+    @route("GET", "/healthz")
     async def healthz(request: Any, response: Any) -> None:
         if not runtime.ready:
             await response.send_json(503, {"status": "recovering", "ready": False})
@@ -115,13 +151,13 @@ def add_rest_routes(router: Router, runtime: BrokerRuntime) -> None:
                 200, {"status": "ok", "ready": True, "storage_ok": core.storage_ok}
             )
 
-    @router.route("GET", "/overview")
+    @route("GET", "/overview")
     async def overview(request: Any, response: Any) -> None:
         await response.send_json(200, runtime.overview())
 
     # ------------------------------------------------------------- exchanges
 
-    @router.route("PUT", "/exchanges/{name}")
+    @route("PUT", "/exchanges/{name}")
     async def put_exchange(request: Any, response: Any) -> None:
         runtime.check_ready()
         name = exchange_name(request.path_params["name"])
@@ -142,7 +178,7 @@ def add_rest_routes(router: Router, runtime: BrokerRuntime) -> None:
             await runtime.wait_durable()
         await response.send_json(201 if created else 200, _exchange_info(exchange))
 
-    @router.route("DELETE", "/exchanges/{name}")
+    @route("DELETE", "/exchanges/{name}", query=frozenset({"if_unused"}))
     async def delete_exchange(request: Any, response: Any) -> None:
         runtime.check_ready()
         name = exchange_name(request.path_params["name"])
@@ -150,13 +186,13 @@ def add_rest_routes(router: Router, runtime: BrokerRuntime) -> None:
         await runtime.wait_durable()
         await response.send_json(200, {"deleted": name or DEFAULT_EXCHANGE_ALIAS})
 
-    @router.route("GET", "/exchanges")
+    @route("GET", "/exchanges")
     async def list_exchanges(request: Any, response: Any) -> None:
         await response.send_json(
             200, {"exchanges": [_exchange_info(x) for x in core.exchanges.values()]}
         )
 
-    @router.route("GET", "/exchanges/{name}")
+    @route("GET", "/exchanges/{name}")
     async def get_exchange(request: Any, response: Any) -> None:
         name = exchange_name(request.path_params["name"])
         exchange = core.exchanges.get(name)
@@ -166,23 +202,36 @@ def add_rest_routes(router: Router, runtime: BrokerRuntime) -> None:
         info["bindings"] = [b for b in core.list_bindings() if b["exchange"] == name]
         await response.send_json(200, info)
 
-    @router.route("POST", "/exchanges/{name}/publish")
+    @route("POST", "/exchanges/{name}/publish", query=frozenset({"routing_key", "mandatory"}))
     async def publish(request: Any, response: Any) -> None:
         runtime.check_ready()
         name = exchange_name(request.path_params["name"])
-        routing_key = request.query.get_str("routing_key", "")
+        routing_key = check_routing_key(request.query.get_str("routing_key", ""))
         mandatory = request.query.get_bool("mandatory", False)
-        properties = properties_from_headers(list(request.headers.items()))
+        properties = properties_from_headers(_utf8_headers(request.headers.items()))
         body = await request.read_body()
         if len(body) > opts.max_body_bytes:  # pragma: no cover - the server enforces it first
             raise PayloadTooLarge(f"message body over {opts.max_body_bytes} bytes")
-        if name not in core.exchanges:
+        exchange = core.exchanges.get(name)
+        if exchange is None:
             raise NotFound(f"no exchange {name!r}")
+        if exchange.internal:
+            # The core would nack it, but no retry can succeed: a client error, not 503.
+            raise AccessRefused(f"exchange {name!r} is internal: publish to it is refused")
         ack, reason, routed, returned = await runtime.publish_and_confirm(
             name, routing_key, body, properties, mandatory
         )
         if not ack:
-            raise Unavailable(f"message not taken: {reason}", code="nack")
+            await response.send_json(
+                503,
+                {
+                    "error": "nack",
+                    "message": f"message not taken: {reason}",
+                    "confirm": "nack",
+                    "reason": reason or "",
+                },
+            )
+            return
         if returned:
             await response.send_json(
                 404,
@@ -199,7 +248,7 @@ def add_rest_routes(router: Router, runtime: BrokerRuntime) -> None:
 
     # ---------------------------------------------------------------- queues
 
-    @router.route("PUT", "/queues/{name}")
+    @route("PUT", "/queues/{name}")
     async def put_queue(request: Any, response: Any) -> None:
         runtime.check_ready()
         name = request.path_params["name"]
@@ -216,7 +265,7 @@ def add_rest_routes(router: Router, runtime: BrokerRuntime) -> None:
             await runtime.wait_durable()
         await response.send_json(201 if created else 200, core.queue_info(queue))
 
-    @router.route("DELETE", "/queues/{name}")
+    @route("DELETE", "/queues/{name}", query=frozenset({"if_unused", "if_empty"}))
     async def delete_queue(request: Any, response: Any) -> None:
         runtime.check_ready()
         name = request.path_params["name"]
@@ -229,13 +278,13 @@ def add_rest_routes(router: Router, runtime: BrokerRuntime) -> None:
         await runtime.wait_durable()
         await response.send_json(200, {"deleted": name, "messages": count})
 
-    @router.route("GET", "/queues")
+    @route("GET", "/queues")
     async def list_queues(request: Any, response: Any) -> None:
         await response.send_json(
             200, {"queues": [core.queue_info(q) for q in core.queues.values()]}
         )
 
-    @router.route("GET", "/queues/{name}")
+    @route("GET", "/queues/{name}")
     async def get_queue(request: Any, response: Any) -> None:
         name = request.path_params["name"]
         queue = core.queues.get(name)
@@ -243,19 +292,21 @@ def add_rest_routes(router: Router, runtime: BrokerRuntime) -> None:
             raise NotFound(f"no queue {name!r}")
         await response.send_json(200, core.queue_info(queue))
 
-    @router.route("POST", "/queues/{name}/purge")
+    @route("POST", "/queues/{name}/purge")
     async def purge(request: Any, response: Any) -> None:
         runtime.check_ready()
         count = core.purge_queue(request.path_params["name"])
         runtime.pump()
         await response.send_json(200, {"purged": count})
 
-    @router.route("POST", "/queues/{name}/get")
+    @route("POST", "/queues/{name}/get", query=frozenset({"max", "wait", "lease"}))
     async def get_messages(request: Any, response: Any) -> None:
         runtime.check_ready()
         name = request.path_params["name"]
         max_count = request.query.get_int("max", 1, min_value=1, max_value=1000)
-        wait_s = request.query.get_float("wait", 0.0, min_value=0.0, max_value=opts.max_wait_s)
+        # A longer wait is capped, not refused (docs/operations.md, max_wait_s): the
+        # answer is the same as for a wait that found nothing.
+        wait_s = min(request.query.get_float("wait", 0.0, min_value=0.0), opts.max_wait_s)
         lease_s = request.query.get_float(
             "lease", opts.default_lease_s, min_value=0.001, max_value=opts.max_lease_s
         )
@@ -266,12 +317,14 @@ def add_rest_routes(router: Router, runtime: BrokerRuntime) -> None:
             runtime.pump()
             if leases or trio.current_time() >= deadline:
                 break
-            # Park until a message arrives or the wait is over: no polling.
+            # Park until a message arrives or the wait is over: no polling. Meanwhile
+            # watch the connection: a client that left must not be handed leases
+            # (its messages would stay invisible until the leases expired).
             event = runtime.queue_event(name)
             core.park_getter(name)
             try:
-                with trio.move_on_at(deadline):
-                    await event.wait()
+                if not await _wait_or_disconnect(request, event, deadline):
+                    raise ClientDisconnected("the client left during a long-poll get")
             finally:
                 core.unpark_getter(name)
             if runtime.shutting_down:
@@ -288,29 +341,35 @@ def add_rest_routes(router: Router, runtime: BrokerRuntime) -> None:
             messages.append(m)
         await response.send_json(200, {"messages": messages})
 
-    @router.route("POST", "/queues/{name}/ack")
+    @route("POST", "/queues/{name}/ack")
     async def ack_leases(request: Any, response: Any) -> None:
         runtime.check_ready()
         f = await _body_fields(request, {"lease_ids"})
-        count = core.ack_leases(f.list("lease_ids"))
+        lease_ids = f.list("lease_ids")
+        check_queue(request.path_params["name"])
+        count = core.ack_leases(lease_ids)
         runtime.pump()
         await response.send_json(200, {"acked": count})
 
-    @router.route("POST", "/queues/{name}/nack")
+    @route("POST", "/queues/{name}/nack")
     async def nack_leases(request: Any, response: Any) -> None:
         runtime.check_ready()
         f = await _body_fields(request, {"lease_ids", "requeue"})
-        count = core.nack_leases(f.list("lease_ids"), requeue=f.bool("requeue", True))
+        lease_ids, requeue = f.list("lease_ids"), f.bool("requeue", True)
+        check_queue(request.path_params["name"])
+        count = core.nack_leases(lease_ids, requeue=requeue)
         runtime.pump()
         await response.send_json(200, {"nacked": count})
 
-    @router.route("POST", "/queues/{name}/extend")
+    @route("POST", "/queues/{name}/extend")
     async def extend_leases(request: Any, response: Any) -> None:
         runtime.check_ready()
         f = await _body_fields(request, {"lease_ids", "lease"})
+        lease_ids = f.list("lease_ids")
         lease_s = f.number("lease", opts.default_lease_s, minimum=0.001)
         assert lease_s is not None
-        count = core.extend_leases(f.list("lease_ids"), lease_s)
+        check_queue(request.path_params["name"])
+        count = core.extend_leases(lease_ids, lease_s)
         runtime.pump()
         await response.send_json(200, {"extended": count, "lease": lease_s})
 
@@ -326,7 +385,7 @@ def add_rest_routes(router: Router, runtime: BrokerRuntime) -> None:
         dest = queue if queue is not None else exchange_name(to_exchange or "")
         return source, dest, f.str("routing_key", ""), f.dict("arguments"), to_exchange is not None
 
-    @router.route("POST", "/bindings")
+    @route("POST", "/bindings")
     async def bind(request: Any, response: Any) -> None:
         runtime.check_ready()
         source, dest, key, args, to_x = await binding_args(request)
@@ -334,7 +393,7 @@ def add_rest_routes(router: Router, runtime: BrokerRuntime) -> None:
         await runtime.wait_durable()
         await response.send_json(201 if created else 200, {"bound": True, "created": created})
 
-    @router.route("DELETE", "/bindings")
+    @route("DELETE", "/bindings")
     async def unbind(request: Any, response: Any) -> None:
         runtime.check_ready()
         source, dest, key, args, to_x = await binding_args(request)
@@ -342,9 +401,44 @@ def add_rest_routes(router: Router, runtime: BrokerRuntime) -> None:
         await runtime.wait_durable()
         await response.send_json(200, {"unbound": True})
 
-    @router.route("GET", "/bindings")
+    @route("GET", "/bindings")
     async def list_bindings(request: Any, response: Any) -> None:
         await response.send_json(200, {"bindings": core.list_bindings()})
+
+
+def _utf8_headers(items: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Header values as UTF-8 text. HTTP hands over bytes (decoded as Latin-1 by the
+    server, RFC 9110 section 5.5 "obs-text"); curl and every client library send
+    ``-H 'X-Header-City: Zürich'`` as UTF-8, and property values are UTF-8 strings.
+    Only the headers that can carry properties (``Content-*``, ``X-*``) are checked."""
+    out = []
+    for name, value in items:
+        if not value.isascii() and name.startswith(("x-", "content-")):
+            try:
+                value = value.encode("latin-1").decode("utf-8")
+            except UnicodeDecodeError:
+                raise InvalidArgument(f"header {name} is not valid UTF-8") from None
+        out.append((name, value))
+    return out
+
+
+async def _wait_or_disconnect(request: Any, event: trio.Event, deadline: float) -> bool:
+    """Wait for ``event`` until ``deadline``; return False if the client closed the
+    connection first (True when the event fired or the time passed)."""
+    gone = False
+    async with trio.open_nursery() as nursery:
+
+        async def watch() -> None:
+            nonlocal gone
+            await request.wait_disconnected()
+            gone = True
+            nursery.cancel_scope.cancel()
+
+        nursery.start_soon(watch)
+        with trio.move_on_at(deadline):
+            await event.wait()
+        nursery.cancel_scope.cancel()
+    return not gone
 
 
 def _exchange_info(exchange: Any) -> dict[str, Any]:

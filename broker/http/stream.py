@@ -1,10 +1,13 @@
 """``GET /queues/{name}/stream``: streaming consume for curl and browsers.
 
 A half-duplex consumer: NDJSON by default, Server-Sent Events with
-``Accept: text/event-stream``. With ``ack=auto`` a message counts as acked once it is
-handed to the stream; with ``ack=lease`` each message carries a ``lease_id`` settled
+``Accept: text/event-stream``. With ``ack=auto`` a message is acked once it has been
+written to the connection (messages still waiting in the stream's buffer when the
+client leaves go back to the queue, redelivered), and ``prefetch`` bounds the messages
+waiting to be written; with ``ack=lease`` each message carries a ``lease_id`` settled
 through the REST lease calls, ``prefetch`` bounds the outstanding leases, and leases
-still open when the stream ends go back to the queue.
+still open when the stream ends go back to the queue. Either way the channel's byte
+credit bounds what the stream buffers for a client that stops reading.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from typing import Any
 
 import trio
 
-from broker.core import Deliver, InvalidArgument
+from broker.core import ConsumerCancelled, Deliver, InvalidArgument
 from broker.core.broker import DELIVERY_OVERHEAD_BYTES
 from broker.http.codec import dumps_line, message_json
 from broker.http.errors import ClientDisconnected
@@ -33,12 +36,11 @@ class _StreamSink:
         self.wakeup = trio.Event()
         self.closing_reason: str | None = None
         self.cancelled: str | None = None
-        self.scope = trio.CancelScope()
 
     def push(self, effect: Any) -> None:
         if type(effect) is Deliver:
             self.outbox.append(effect)
-        elif type(effect).__name__ == "ConsumerCancelled":
+        elif type(effect) is ConsumerCancelled:
             self.cancelled = effect.reason
         self.wakeup.set()
 
@@ -47,7 +49,13 @@ class _StreamSink:
         self.wakeup.set()
 
     def shutdown(self) -> None:
-        self.scope.cancel()
+        # Not a cancel: the writer must still send the ``closing`` line that
+        # :meth:`closing` asked for (both may be called in the same tick). The
+        # writer ends by itself once its outbox is flushed; one stuck on a client that
+        # does not read is cancelled by the server's shutdown grace period.
+        if self.closing_reason is None:
+            self.closing_reason = "broker shutting down"
+        self.wakeup.set()
 
 
 def _stream_item(d: Deliver) -> dict[str, Any]:
@@ -81,11 +89,12 @@ async def handle_stream(runtime: BrokerRuntime, request: Any, response: Any) -> 
     runtime.sinks[channel_id] = sink
     disconnected = False
     try:
+        # Auto mode is not a no_ack consumer: its deliveries are acked by the writer
+        # once written, so a client that leaves loses nothing still buffered here.
         core.consume(
             channel_id,
             queue,
             prefetch=prefetch,
-            no_ack=ack_mode == "auto",
             lease_s=lease_s if ack_mode == "lease" else None,
         )
         content_type = "text/event-stream" if sse else "application/x-ndjson"
@@ -101,8 +110,7 @@ async def handle_stream(runtime: BrokerRuntime, request: Any, response: Any) -> 
 
             nursery.start_soon(watch_client)
             try:
-                with sink.scope:
-                    await _write_loop(runtime, channel_id, sink, response, sse)
+                await _write_loop(runtime, channel_id, sink, response, sse, ack_mode == "auto")
             except ClientDisconnected:
                 disconnected = True
             nursery.cancel_scope.cancel()
@@ -116,7 +124,9 @@ async def handle_stream(runtime: BrokerRuntime, request: Any, response: Any) -> 
         runtime.pump()
 
 
-async def _write_loop(runtime: BrokerRuntime, channel_id: int, sink: _StreamSink, response: Any, sse: bool) -> None:
+async def _write_loop(
+    runtime: BrokerRuntime, channel_id: int, sink: _StreamSink, response: Any, sse: bool, auto_ack: bool
+) -> None:
     core = runtime.core
     while True:
         if not sink.outbox:
@@ -145,5 +155,13 @@ async def _write_loop(runtime: BrokerRuntime, channel_id: int, sink: _StreamSink
                 parts.append(line)
             credit += len(d.message.body) + DELIVERY_OVERHEAD_BYTES
         await response.send(b"".join(parts))
+        if auto_ack:
+            ch = core.channels.get(channel_id)
+            if ch is not None:
+                for d in batch:
+                    # One that expired meanwhile (a queue's short x-consumer-timeout
+                    # and a slow write) is back in its queue already: skip it.
+                    if d.delivery_tag in ch.deliveries:
+                        core.ack(channel_id, d.delivery_tag)
         core.grant_credit(channel_id, credit)
         runtime.pump()

@@ -1,0 +1,681 @@
+"""The write-ahead log: LSNs, group commit, fsync policies, segments, failures."""
+
+from __future__ import annotations
+
+import errno
+import os
+import struct
+import threading
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from broker.storage import (
+    FsyncPolicy,
+    InvalidConfiguration,
+    RecordTooLarge,
+    RecoveryNotFinished,
+    StorageError,
+    WALClosed,
+    WALFailed,
+    WriteAheadLog,
+    open_wal,
+    parse_fsync_policy,
+    recover,
+    write_checkpoint,
+)
+from broker.storage import faults
+from broker.storage.segment import SEGMENT_HEADER_BYTES, decode_segment_header, parse_segment_name
+from broker.storage.testing import SimulatedCrash, SimulatedDisk
+
+RecoverAll = Callable[..., Any]
+
+
+class Events:
+    """Collects the WAL's callbacks and lets a test wait for a condition on them."""
+
+    def __init__(self) -> None:
+        self.durable: list[int] = []
+        self.failures: list[tuple[int, int, OSError]] = []
+        self.recovered = 0
+        self.fsync_durations: list[float] = []
+        self._changed = trio.Event()
+
+    def _poke(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    def on_durable(self, lsn: int) -> None:
+        self.durable.append(lsn)
+        self._poke()
+
+    def on_failure(self, first: int, last: int, exc: OSError) -> None:
+        self.failures.append((first, last, exc))
+        self._poke()
+
+    def on_recovered(self) -> None:
+        self.recovered += 1
+        self._poke()
+
+    def on_fsync(self, duration_s: float) -> None:
+        self.fsync_durations.append(duration_s)
+        self._poke()
+
+    def callbacks(self) -> dict[str, Any]:
+        return {
+            "on_durable": self.on_durable,
+            "on_failure": self.on_failure,
+            "on_recovered": self.on_recovered,
+            "on_fsync": self.on_fsync,
+        }
+
+    async def wait_for(self, condition: Callable[[], bool]) -> None:
+        while not condition():
+            await self._changed.wait()
+
+    async def wait_durable(self, lsn: int) -> None:
+        await self.wait_for(lambda: bool(self.durable) and self.durable[-1] >= lsn)
+
+
+@asynccontextmanager
+async def serving(wal: WriteAheadLog) -> AsyncIterator[WriteAheadLog]:
+    async with trio.open_nursery() as nursery:
+        await nursery.start(wal.serve)
+        yield wal
+        await wal.aclose()
+
+
+def wal_dir(data_dir: Path) -> Path:
+    return data_dir / "wal"
+
+
+def payload_for(lsn: int) -> bytes:
+    return b"record-%d" % lsn
+
+
+async def append_numbered(wal: WriteAheadLog, count: int, rtype: int = 1) -> int:
+    first = wal.last_lsn + 1
+    return wal.append_nowait([(rtype, payload_for(lsn)) for lsn in range(first, first + count)])
+
+
+# --------------------------------------------------------------------------- basics
+
+
+async def test_append_assigns_consecutive_lsns_and_reports_them_durable(
+    tmp_path: Path, recover_all: RecoverAll
+) -> None:
+    events = Events()
+    wal = WriteAheadLog(tmp_path, **events.callbacks())
+    async with serving(wal):
+        assert wal.append_nowait([(1, b"a")]) == 1
+        assert wal.append_nowait([(2, b"b"), (3, b"c")]) == 3
+        assert wal.append_nowait([]) == 3
+        await events.wait_durable(3)
+        assert wal.append_nowait([(4, b"d")]) == 4
+    assert events.durable[-1] == 4
+    assert events.durable == sorted(events.durable)
+    stats = wal.statistics()
+    assert stats.records_written == 4
+    assert stats.last_durable_lsn == stats.last_synced_lsn == 4
+    assert stats.buffered_records == 0
+    assert all(d >= 0 for d in events.fsync_durations)
+    assert len(events.fsync_durations) == stats.fsyncs
+    _, records = recover_all(tmp_path)
+    assert records == [(1, 1, b"a"), (2, 2, b"b"), (3, 3, b"c"), (4, 4, b"d")]
+
+
+async def test_bad_records_are_rejected_whole_and_assign_no_lsn(tmp_path: Path) -> None:
+    wal = WriteAheadLog(tmp_path, max_record_bytes=100)
+    with pytest.raises(ValueError):
+        wal.append_nowait([(1, b"ok"), (300, b"bad type")])
+    with pytest.raises(RecordTooLarge):
+        wal.append_nowait([(1, b"ok"), (1, b"x" * 100)])
+    assert wal.last_lsn == 0
+    assert wal.statistics().buffered_records == 0
+    await wal.aclose()
+
+
+async def test_aclose_flushes_without_a_writer_task_and_then_refuses_appends(
+    tmp_path: Path, recover_all: RecoverAll
+) -> None:
+    events = Events()
+    wal = WriteAheadLog(tmp_path, **events.callbacks())
+    wal.append_nowait([(1, b"buffered")])
+    await wal.aclose()
+    assert events.durable == [1]
+    with pytest.raises(WALClosed):
+        wal.append_nowait([(1, b"late")])
+    with pytest.raises(WALClosed):
+        await wal.serve()
+    await wal.aclose()  # idempotent
+    _, records = recover_all(tmp_path)
+    assert records == [(1, 1, b"buffered")]
+
+
+async def test_serve_twice_is_an_error(tmp_path: Path) -> None:
+    wal = WriteAheadLog(tmp_path)
+    async with serving(wal):
+        with pytest.raises(RuntimeError):
+            await wal.serve()
+
+
+async def test_cancelled_writer_loses_nothing(tmp_path: Path, recover_all: RecoverAll) -> None:
+    wal = WriteAheadLog(tmp_path)
+    scope = trio.CancelScope()
+
+    async def run() -> None:
+        with scope:
+            await wal.serve()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(run)
+        await trio.testing.wait_all_tasks_blocked()
+        # Hold the WAL's IO slot so the writer takes the batch, then blocks before its
+        # worker thread starts: the cancellation lands exactly there.
+        async with wal._limiter:
+            wal.append_nowait([(1, b"a"), (1, b"b")])
+            await trio.testing.wait_all_tasks_blocked()
+            scope.cancel()
+            await trio.testing.wait_all_tasks_blocked()
+    assert wal.statistics().buffered_records == 2
+    await wal.aclose()
+    _, records = recover_all(tmp_path)
+    assert [lsn for lsn, _, _ in records] == [1, 2]
+
+
+async def test_open_wal_context_manager(tmp_path: Path, recover_all: RecoverAll) -> None:
+    events = Events()
+    recovery, _ = recover_all(tmp_path)
+    async with open_wal(recovery, **events.callbacks()) as wal:
+        wal.append_nowait([(9, b"x")])
+        await events.wait_durable(1)
+    _, records = recover_all(tmp_path)
+    assert records == [(1, 9, b"x")]
+
+
+# --------------------------------------------------------------------------- group commit
+
+
+async def test_records_arriving_during_an_fsync_share_the_next_fsync(tmp_path: Path) -> None:
+    disk = SimulatedDisk()
+    entered = threading.Event()
+    release = threading.Event()
+
+    def slow_fsync(path: str) -> None:
+        if path.endswith(".wal") and not release.is_set():  # data fsyncs, not headers
+            entered.set()
+            release.wait()
+
+    disk.sync_hook = slow_fsync
+    events = Events()
+    wal = WriteAheadLog(tmp_path, fs=disk, **events.callbacks())
+    async with serving(wal):
+        assert wal.append_nowait([(1, b"first")]) == 1
+        assert await trio.to_thread.run_sync(entered.wait, 60.0)  # a hang guard only
+        for n in range(100):
+            assert wal.append_nowait([(1, b"during %d" % n)]) == n + 2
+        assert wal.statistics().buffered_records == 100
+        release.set()
+        await events.wait_durable(101)
+    assert events.durable == [1, 101]
+    stats = wal.statistics()
+    assert stats.fsyncs == 2
+    assert stats.records_written == 101
+    assert disk.stats.writes == 3  # segment header, then one write per batch
+
+
+async def test_one_write_call_per_batch(tmp_path: Path) -> None:
+    disk = SimulatedDisk()
+    wal = WriteAheadLog(tmp_path, fs=disk)
+    async with trio.open_nursery() as nursery:
+        for n in range(50):
+            wal.append_nowait([(1, b"r%d" % n), (2, b"s%d" % n)])
+        writes_before = disk.stats.writes
+        await nursery.start(wal.serve)
+        await wal.sync()
+        # header of the new segment + one write for all 100 records
+        assert disk.stats.writes - writes_before == 2
+        await wal.aclose()
+    assert wal.statistics().records_written == 100
+
+
+# --------------------------------------------------------------------------- policies
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("always", FsyncPolicy.always()),
+        ("never", FsyncPolicy.never()),
+        (" Interval = 50 ", FsyncPolicy.every(50)),
+        ("interval=1", FsyncPolicy("interval", 1)),
+        (25, FsyncPolicy.every(25)),
+    ],
+)
+def test_parse_fsync_policy(text: str | int, expected: FsyncPolicy) -> None:
+    policy = parse_fsync_policy(text)
+    assert policy == expected
+    assert parse_fsync_policy(str(policy)) == policy
+
+
+@pytest.mark.parametrize(
+    "text", ["sometimes", "interval", "interval=", "interval=0", "interval=-5", "interval=1.5", ""]
+)
+def test_parse_fsync_policy_rejects_with_a_clear_message(text: str) -> None:
+    with pytest.raises(ValueError, match="always.*never.*interval=<ms>") as info:
+        parse_fsync_policy(text)
+    assert isinstance(info.value, InvalidConfiguration)
+    assert repr(text) in str(info.value)
+
+
+async def test_interval_policy_reports_after_write_and_fsyncs_on_the_interval(
+    tmp_path: Path, mock_clock: trio.testing.MockClock
+) -> None:
+    events = Events()
+    wal = WriteAheadLog(tmp_path, fsync_policy="interval=50", **events.callbacks())
+    async with serving(wal):
+        wal.append_nowait([(1, b"a")])
+        await events.wait_durable(1)
+        assert wal.statistics().fsyncs == 1  # nothing synced for 50 ms: sync now
+        wal.append_nowait([(1, b"b")])
+        await events.wait_durable(2)
+        wal.append_nowait([(1, b"c")])
+        await events.wait_durable(3)
+        stats = wal.statistics()
+        assert (stats.fsyncs, stats.last_synced_lsn, stats.last_durable_lsn) == (1, 1, 3)
+        mock_clock.jump(0.049)
+        await trio.testing.wait_all_tasks_blocked()
+        assert wal.statistics().fsyncs == 1
+        mock_clock.jump(0.001)
+        await events.wait_for(lambda: wal.statistics().fsyncs == 2)
+        assert wal.statistics().last_synced_lsn == 3
+
+
+async def test_never_policy_fsyncs_only_when_asked(tmp_path: Path) -> None:
+    events = Events()
+    wal = WriteAheadLog(tmp_path, fsync_policy="never", **events.callbacks())
+    async with serving(wal):
+        for _ in range(5):
+            last = await append_numbered(wal, 3)
+            await events.wait_durable(last)
+        stats = wal.statistics()
+        assert (stats.fsyncs, stats.last_synced_lsn, stats.last_durable_lsn) == (0, 0, 15)
+        assert await wal.sync() == 15
+        assert wal.statistics().fsyncs == 1
+        assert await wal.sync() == 15  # nothing new: no fsync
+        assert wal.statistics().fsyncs == 1
+        await append_numbered(wal, 1)
+    assert wal.statistics().fsyncs == 2  # close fsyncs
+    assert wal.statistics().last_synced_lsn == 16
+
+
+async def test_never_policy_loses_unsynced_records_on_power_loss(
+    tmp_path: Path, recover_all: RecoverAll
+) -> None:
+    """Documents why 'never' is unsafe: acknowledged records vanish with the power."""
+    disk = SimulatedDisk()
+    events = Events()
+    wal = WriteAheadLog(tmp_path, fs=disk, fsync_policy="never", **events.callbacks())
+    async with trio.open_nursery() as nursery:
+        await nursery.start(wal.serve)
+        last = await append_numbered(wal, 5)
+        await events.wait_durable(last)
+        nursery.cancel_scope.cancel()
+    disk.lose_power()
+    _, records = recover_all(tmp_path, fs=disk)
+    assert records == []
+    assert events.durable[-1] == 5
+
+
+# --------------------------------------------------------------------------- segments
+
+
+def segment_firsts(data_dir: Path) -> list[int]:
+    return sorted(
+        first
+        for name in os.listdir(wal_dir(data_dir))
+        if (first := parse_segment_name(name)) is not None
+    )
+
+
+def records_in_segment(path: Path) -> int:
+    data = path.read_bytes()
+    pos, count = SEGMENT_HEADER_BYTES, 0
+    while pos < len(data):
+        (length,) = struct.unpack_from("<I", data, pos)
+        pos += 8 + length
+        count += 1
+    return count
+
+
+async def test_lsns_continue_across_rollover_and_reopen(
+    tmp_path: Path, recover_all: RecoverAll
+) -> None:
+    events = Events()
+    wal = WriteAheadLog(tmp_path, segment_max_bytes=200, **events.callbacks())
+    async with serving(wal):
+        for n in range(1, 51):
+            first = wal.last_lsn + 1
+            assert wal.append_nowait([(n % 256, payload_for(first))]) == n
+            if n % 3 == 0:
+                await events.wait_durable(n)
+    firsts = segment_firsts(tmp_path)
+    assert len(firsts) > 3
+    assert firsts[0] == 1
+    for first, following in zip(firsts, firsts[1:]):
+        path = wal_dir(tmp_path) / f"{first:016x}.wal"
+        assert decode_segment_header(path.read_bytes()).first_lsn == first
+        assert first + records_in_segment(path) == following
+        assert path.stat().st_size <= 200 or records_in_segment(path) == 1
+
+    recovery, records = recover_all(tmp_path)
+    assert [(lsn, payload) for lsn, _, payload in records] == [
+        (n, payload_for(n)) for n in range(1, 51)
+    ]
+    assert recovery.next_lsn == 51
+
+    wal = WriteAheadLog.open(recovery, segment_max_bytes=200)
+    async with serving(wal):
+        assert await append_numbered(wal, 10) == 60
+    recovery, records = recover_all(tmp_path)
+    assert [lsn for lsn, _, _ in records] == list(range(1, 61))
+    assert all(payload == payload_for(lsn) for lsn, _, payload in records)
+    assert recovery.next_lsn == 61
+
+
+async def test_a_batch_larger_than_a_segment_gets_a_segment_of_its_own(
+    tmp_path: Path, recover_all: RecoverAll
+) -> None:
+    wal = WriteAheadLog(tmp_path, segment_max_bytes=100)
+    wal.append_nowait([(1, b"x" * 500)])
+    wal.append_nowait([(1, b"y")])
+    await wal.aclose()
+    _, records = recover_all(tmp_path)
+    assert [p[:1] for _, _, p in records] == [b"x", b"y"]
+
+
+async def test_release_through_deletes_only_fully_covered_segments(
+    tmp_path: Path, recover_all: RecoverAll
+) -> None:
+    events = Events()
+    wal = WriteAheadLog(tmp_path, segment_max_bytes=150, **events.callbacks())
+    async with serving(wal):
+        for _ in range(30):
+            await events.wait_durable(await append_numbered(wal, 2))
+        firsts = segment_firsts(tmp_path)
+        assert len(firsts) >= 5
+        assert wal.statistics().segments == len(firsts)
+
+        # One LSN short of covering segment 1 entirely: only segment 0 goes.
+        removed = wal.release_through(firsts[2] - 2)
+        assert [os.path.basename(p) for p in removed] == [f"{firsts[0]:016x}.wal"]
+        assert segment_firsts(tmp_path) == firsts[1:]
+        assert wal.release_through(firsts[2] - 2) == []
+
+        removed = wal.release_through(firsts[2] - 1)
+        assert len(removed) == 1
+        assert segment_firsts(tmp_path) == firsts[2:]
+
+        # Everything covered: the active (last) segment still stays.
+        wal.release_through(10**9)
+        assert segment_firsts(tmp_path) == firsts[-1:]
+        assert wal.statistics().segments == 1
+
+        # A checkpoint covering what was released makes recovery whole again.
+        write_checkpoint(tmp_path, wal.last_lsn, [(0, b"state")])
+        await events.wait_durable(await append_numbered(wal, 3))
+    recovery, records = recover_all(tmp_path)
+    assert recovery.checkpoint_lsn == 60
+    assert [lsn for lsn, _, _ in records] == [61, 62, 63]
+
+
+# --------------------------------------------------------------------------- opening
+
+
+async def test_open_requires_a_finished_recovery(tmp_path: Path) -> None:
+    recovery = recover(tmp_path)
+    with pytest.raises(RecoveryNotFinished):
+        WriteAheadLog.open(recovery)
+
+
+async def test_refuses_to_append_over_existing_records(tmp_path: Path) -> None:
+    wal = WriteAheadLog(tmp_path)
+    wal.append_nowait([(1, b"a"), (1, b"b")])
+    await wal.aclose()
+    with pytest.raises(StorageError, match="recover"):
+        WriteAheadLog(tmp_path, next_lsn=1)
+    with pytest.raises(InvalidConfiguration):
+        WriteAheadLog(tmp_path, next_lsn=0)
+    WriteAheadLog(tmp_path, next_lsn=3)  # fine: after the existing records
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"segment_max_bytes": 10},
+        {"retry_interval_s": 0},
+        {"max_record_bytes": 0},
+        {"fsync_policy": "bogus"},
+    ],
+)
+def test_invalid_configuration(tmp_path: Path, options: dict[str, Any]) -> None:
+    with pytest.raises(InvalidConfiguration):
+        WriteAheadLog(tmp_path, **options)
+
+
+async def test_an_empty_segment_left_by_a_crash_is_replaced(
+    tmp_path: Path, recover_all: RecoverAll
+) -> None:
+    disk = SimulatedDisk()
+    faults.set_kill_handler(disk.kill_handler)
+    faults.activate("wal.after_segment_create", skip=1, count=1)  # crash creating segment 2
+    events = Events()
+    wal = WriteAheadLog(tmp_path, fs=disk, segment_max_bytes=100, **events.callbacks())
+    with pytest.raises(BaseExceptionGroup) as info:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(wal.serve)
+            wal.append_nowait([(1, b"x" * 60)])
+            await events.wait_durable(1)
+            wal.append_nowait([(1, b"y" * 60)])
+            await trio.sleep_forever()
+    assert info.group_contains(SimulatedCrash)
+    disk.crash_process()
+    assert segment_firsts(tmp_path) == [1, 2]
+
+    recovery, records = recover_all(tmp_path, fs=disk)
+    assert [lsn for lsn, _, _ in records] == [1]
+    assert recovery.next_lsn == 2
+    assert str(wal_dir(tmp_path) / f"{2:016x}.wal") in recovery.report.removed_files
+    wal = WriteAheadLog.open(recovery)
+    wal.append_nowait([(1, b"z")])
+    await wal.aclose()
+    assert segment_firsts(tmp_path) == [1, 2]
+    _, records = recover_all(tmp_path)
+    assert [(lsn, p) for lsn, _, p in records] == [(1, b"x" * 60), (2, b"z")]
+
+
+async def test_an_empty_segment_named_by_next_lsn_is_appended_to(
+    tmp_path: Path, recover_all: RecoverAll
+) -> None:
+    from broker.storage.segment import SegmentHeader, encode_segment_header
+
+    wal = WriteAheadLog(tmp_path)
+    wal.append_nowait([(1, b"a"), (1, b"b")])
+    await wal.aclose()
+    empty = wal_dir(tmp_path) / f"{3:016x}.wal"
+    empty.write_bytes(encode_segment_header(SegmentHeader(3)))
+    wal = WriteAheadLog(tmp_path, next_lsn=3)
+    assert wal.append_nowait([(1, b"c")]) == 3
+    await wal.aclose()
+    assert segment_firsts(tmp_path) == [1, 3]
+    assert empty.stat().st_size > SEGMENT_HEADER_BYTES
+    _, records = recover_all(tmp_path)
+    assert [lsn for lsn, _, _ in records] == [1, 2, 3]
+
+
+async def test_a_crash_right_after_a_failure_probe_continues_without_a_gap(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, recover_all: RecoverAll
+) -> None:
+    disk = SimulatedDisk()
+    events = Events()
+    wal = WriteAheadLog(tmp_path, fs=disk, **events.callbacks())
+    async with trio.open_nursery() as nursery:
+        await nursery.start(wal.serve)
+        wal.append_nowait([(1, b"one")])
+        await events.wait_durable(1)
+        disk.fail_syncs(1)
+        disk.fail_truncates(1)  # and the failed batch stays on disk
+        wal.append_nowait([(1, b"failed-2"), (1, b"failed-3")])
+        await events.wait_for(lambda: events.recovered == 1)
+        assert segment_firsts(tmp_path) == [1, 4]  # the probe segment, void from LSN 2
+        nursery.cancel_scope.cancel()
+    disk.crash_process()
+
+    recovery, records = recover_all(tmp_path, fs=disk)
+    assert [(lsn, p) for lsn, _, p in records] == [(1, b"one")]
+    assert [v.first_lsn for v in recovery.report.voided] == [2]
+    assert recovery.next_lsn == 2  # the core's counter continues from the last record
+    assert segment_firsts(tmp_path) == [1]
+    wal = WriteAheadLog.open(recovery)
+    wal.append_nowait([(1, b"two")])
+    await wal.aclose()
+    _, records = recover_all(tmp_path)
+    assert [(lsn, p) for lsn, _, p in records] == [(1, b"one"), (2, b"two")]
+
+
+# --------------------------------------------------------------------------- failures
+
+
+@pytest.mark.parametrize("mechanism", ["disk", "fault-point"])
+async def test_fsync_failure_fails_the_batch_then_probes_and_recovers(
+    tmp_path: Path,
+    autojump_clock: trio.testing.MockClock,
+    recover_all: RecoverAll,
+    mechanism: str,
+) -> None:
+    disk = SimulatedDisk()
+    events = Events()
+    wal = WriteAheadLog(tmp_path, fs=disk, retry_interval_s=1.0, **events.callbacks())
+    async with serving(wal):
+        wal.append_nowait([(1, b"ok-1")])
+        await events.wait_durable(1)
+        if mechanism == "disk":
+            disk.fail_syncs(1)
+        else:
+            faults.activate("wal.fsync_error", count=1)
+        assert wal.append_nowait([(1, b"bad-2"), (1, b"bad-3")]) == 3
+        await events.wait_for(lambda: bool(events.failures))
+        first, last, exc = events.failures[0]
+        assert (first, last) == (2, 3)
+        assert isinstance(exc, OSError) and exc.errno == errno.EIO
+        assert events.durable == [1]
+        assert wal.failed and wal.statistics().failed
+        written = wal.statistics().bytes_written
+
+        # While failed, batches fail at once and are not written.
+        assert wal.append_nowait([(1, b"bad-4")]) == 4
+        await events.wait_for(lambda: len(events.failures) == 2)
+        assert events.failures[1][:2] == (4, 4)
+        assert wal.statistics().bytes_written == written
+        with pytest.raises(WALFailed):
+            await wal.sync()
+
+        await events.wait_for(lambda: events.recovered == 1)  # after retry_interval_s
+        assert not wal.failed
+        assert wal.append_nowait([(1, b"ok-5")]) == 5
+        await events.wait_durable(5)
+    assert events.durable == [1, 5]
+    recovery, records = recover_all(tmp_path)
+    assert [(lsn, p) for lsn, _, p in records] == [(1, b"ok-1"), (5, b"ok-5")]
+    assert recovery.next_lsn == 6
+    assert recovery.report.truncated == ()
+
+
+async def test_probe_keeps_retrying_until_the_disk_works(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, recover_all: RecoverAll
+) -> None:
+    disk = SimulatedDisk()
+    events = Events()
+    wal = WriteAheadLog(tmp_path, fs=disk, retry_interval_s=0.5, **events.callbacks())
+    async with serving(wal):
+        disk.fail_syncs(4)  # the batch, then three probes
+        wal.append_nowait([(1, b"bad")])
+        await events.wait_for(lambda: events.recovered == 1)
+        assert trio.current_time() >= 4 * 0.5 - 1e-9
+        wal.append_nowait([(1, b"good")])
+        await events.wait_durable(2)
+    _, records = recover_all(tmp_path)
+    assert [(lsn, p) for lsn, _, p in records] == [(2, b"good")]
+
+
+async def test_partial_write_failure_is_truncated_back(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, recover_all: RecoverAll
+) -> None:
+    disk = SimulatedDisk()
+    events = Events()
+    wal = WriteAheadLog(tmp_path, fs=disk, **events.callbacks())
+    async with serving(wal):
+        wal.append_nowait([(1, b"good")])
+        await events.wait_durable(1)
+        segment = wal_dir(tmp_path) / f"{1:016x}.wal"
+        good_size = segment.stat().st_size
+        disk.fail_writes(1)  # writes half the batch, then ENOSPC
+        wal.append_nowait([(1, b"lost-%d" % n) for n in range(10)])
+        await events.wait_for(lambda: bool(events.failures))
+        assert events.failures[0][:2] == (2, 11)
+        assert events.failures[0][2].errno == errno.ENOSPC
+        assert segment.stat().st_size == good_size
+        await events.wait_for(lambda: events.recovered == 1)
+        wal.append_nowait([(1, b"after")])
+        await events.wait_durable(12)
+    recovery, records = recover_all(tmp_path)
+    assert [(lsn, p) for lsn, _, p in records] == [(1, b"good"), (12, b"after")]
+    assert recovery.report.voided == ()
+
+
+async def test_failed_batch_left_on_disk_is_voided_at_recovery(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, recover_all: RecoverAll
+) -> None:
+    disk = SimulatedDisk()
+    events = Events()
+    wal = WriteAheadLog(tmp_path, fs=disk, **events.callbacks())
+    async with serving(wal):
+        wal.append_nowait([(1, b"good")])
+        await events.wait_durable(1)
+        disk.fail_syncs(1)
+        disk.fail_truncates(1)  # the best-effort truncation fails too
+        wal.append_nowait([(1, b"never-durable-%d" % n) for n in range(5)])
+        await events.wait_for(lambda: events.recovered == 1)
+        wal.append_nowait([(1, b"after")])
+        await events.wait_durable(7)
+    recovery, records = recover_all(tmp_path)
+    assert [(lsn, p) for lsn, _, p in records] == [(1, b"good"), (7, b"after")]
+    (voided,) = recovery.report.voided
+    assert voided.first_lsn == 2
+    assert voided.path.endswith(f"{1:016x}.wal")
+    # the void region was truncated away: a second recovery has nothing to void
+    recovery, records = recover_all(tmp_path)
+    assert recovery.report.voided == ()
+    assert [lsn for lsn, _, _ in records] == [1, 7]
+
+
+async def test_failure_of_the_periodic_fsync_enters_the_failed_state(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    disk = SimulatedDisk()
+    events = Events()
+    wal = WriteAheadLog(tmp_path, fs=disk, fsync_policy="interval=100", **events.callbacks())
+    async with serving(wal):
+        wal.append_nowait([(1, b"a")])
+        await events.wait_durable(1)  # fsynced right away (first sync)
+        disk.fail_syncs(1)
+        wal.append_nowait([(1, b"b")])
+        await events.wait_durable(2)  # reported after the write
+        await events.wait_for(lambda: events.recovered == 1)  # tick fails, probe works
+        assert events.failures == []
+    assert "reported durable under fsync policy interval=100" in caplog.text
