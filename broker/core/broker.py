@@ -155,6 +155,9 @@ class Broker:
 
         self._effects: list[Effect] = []
         self._dirty_queues: dict[str, Queue] = {}
+        # queues with parked long-polls that received messages: after dispatch, those
+        # still holding ready messages wake their getters (consumers may be full)
+        self._getter_checks: dict[str, Queue] = {}
         self._confirm_dirty: dict[int, Channel] = {}
         self._timers: list[tuple[float, int, int]] = []  # (deadline, channel id, tag)
         self._timers_compact_at = _TIMERS_COMPACT_MIN
@@ -183,6 +186,11 @@ class Broker:
         """Settle pending work (dispatch, confirms, log records) and hand over the effects."""
         if self._dirty_queues:
             self._dispatch_dirty()
+        if self._getter_checks:
+            for queue in self._getter_checks.values():
+                if queue.getters and (queue.ready or queue.requeued) and not queue.deleted:
+                    self._effects.append(QueueReady(queue.name))
+            self._getter_checks.clear()
         if self._settles or self._delivered_marks:
             self._flush_marks()
         if self._records:
@@ -477,6 +485,8 @@ class Broker:
     def _delete_queue(self, queue: Queue, reason: str) -> int:
         count = queue.ready_count()
         queue.deleted = True
+        if queue.getters:
+            self._effects.append(QueueReady(queue.name))  # parked gets answer 404 now
         for consumer in list(queue.consumers):
             self._remove_consumer(consumer, auto_delete=False)
             self._effects.append(ConsumerCancelled(consumer.channel.id, consumer.tag, reason))
@@ -829,8 +839,8 @@ class Broker:
                     self._settle_entry(queue, dropped)
         if queue.consumers:
             self._dirty_queues[queue.name] = queue
-        elif queue.getters:
-            self._effects.append(QueueReady(queue.name))
+        if queue.getters:
+            self._getter_checks[queue.name] = queue
 
     def _settle_entry(self, queue: Queue, entry: Entry) -> None:
         if queue.persistent_log and entry.message.persistent and not queue.deleted:
@@ -1109,8 +1119,8 @@ class Broker:
             queue.requeue(d.entry)
             if queue.consumers:
                 self._dirty_queues[queue.name] = queue
-            elif queue.getters:
-                self._effects.append(QueueReady(queue.name))
+            if queue.getters:
+                self._getter_checks[queue.name] = queue
 
     # --------------------------------------------------------------------- leases
 
@@ -1180,9 +1190,11 @@ class Broker:
             out.append((self._lease_id(REST_CHANNEL, tag), d, redelivered))
         return out
 
-    def ack_leases(self, lease_ids: list[Any]) -> int:
-        """Ack leases (all validated first: an unknown id changes nothing). Raises NotFound."""
-        pairs = self._leases(lease_ids)
+    def ack_leases(self, lease_ids: list[Any], queue: str | None = None) -> int:
+        """Ack leases (all validated first: an unknown id changes nothing).
+
+        With ``queue``, every lease must belong to that queue. Raises NotFound."""
+        pairs = self._leases(lease_ids, queue)
         for ch, d in pairs:
             del ch.deliveries[d.tag]
             self._finish_delivery(ch, d)
@@ -1191,9 +1203,9 @@ class Broker:
             self._settle_entry(d.queue, d.entry)
         return len(pairs)
 
-    def nack_leases(self, lease_ids: list[Any], requeue: bool = True) -> int:
+    def nack_leases(self, lease_ids: list[Any], requeue: bool = True, queue: str | None = None) -> int:
         """Return leases to their queue (or drop them). Raises NotFound."""
-        pairs = self._leases(lease_ids)
+        pairs = self._leases(lease_ids, queue)
         for ch, d in pairs:
             del ch.deliveries[d.tag]
             if requeue:
@@ -1203,23 +1215,25 @@ class Broker:
                 self._settle_entry(d.queue, d.entry)
         return len(pairs)
 
-    def extend_leases(self, lease_ids: list[Any], lease_s: float) -> int:
+    def extend_leases(self, lease_ids: list[Any], lease_s: float, queue: str | None = None) -> int:
         """Give leases ``lease_s`` more seconds from now. Raises NotFound, InvalidArgument."""
         if not 0 < lease_s <= self.max_lease_s:
             raise InvalidArgument(f"lease must be between 0 and {self.max_lease_s:g} seconds")
-        pairs = self._leases(lease_ids)
+        pairs = self._leases(lease_ids, queue)
         deadline = self.clock() + lease_s
         for ch, d in pairs:
             self._reset_deadline(ch, d, deadline)
         return len(pairs)
 
-    def _leases(self, lease_ids: list[Any]) -> list[tuple[Channel, Delivery]]:
+    def _leases(self, lease_ids: list[Any], queue: str | None = None) -> list[tuple[Channel, Delivery]]:
         if not isinstance(lease_ids, list) or not lease_ids:
             raise InvalidArgument("lease_ids must be a non-empty list")
         pairs = []
         seen = set()
         for lid in lease_ids:
             pair = self._parse_lease(lid)  # first: rejects non-strings (unhashable too)
+            if queue is not None and pair[1].queue.name != queue:
+                raise NotFound(f"lease {lid!r} does not belong to queue {queue!r}")
             if lid in seen:
                 raise InvalidArgument(f"lease {lid!r} is listed twice")
             seen.add(lid)

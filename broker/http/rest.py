@@ -347,7 +347,7 @@ def add_rest_routes(router: Router, runtime: BrokerRuntime) -> None:
         f = await _body_fields(request, {"lease_ids"})
         lease_ids = f.list("lease_ids")
         check_queue(request.path_params["name"])
-        count = core.ack_leases(lease_ids)
+        count = core.ack_leases(lease_ids, queue=request.path_params["name"])
         runtime.pump()
         await response.send_json(200, {"acked": count})
 
@@ -357,7 +357,7 @@ def add_rest_routes(router: Router, runtime: BrokerRuntime) -> None:
         f = await _body_fields(request, {"lease_ids", "requeue"})
         lease_ids, requeue = f.list("lease_ids"), f.bool("requeue", True)
         check_queue(request.path_params["name"])
-        count = core.nack_leases(lease_ids, requeue=requeue)
+        count = core.nack_leases(lease_ids, requeue=requeue, queue=request.path_params["name"])
         runtime.pump()
         await response.send_json(200, {"nacked": count})
 
@@ -369,7 +369,7 @@ def add_rest_routes(router: Router, runtime: BrokerRuntime) -> None:
         lease_s = f.number("lease", opts.default_lease_s, minimum=0.001)
         assert lease_s is not None
         check_queue(request.path_params["name"])
-        count = core.extend_leases(lease_ids, lease_s)
+        count = core.extend_leases(lease_ids, lease_s, queue=request.path_params["name"])
         runtime.pump()
         await response.send_json(200, {"extended": count, "lease": lease_s})
 

@@ -252,3 +252,25 @@ def test_rest_lease_touch_uses_default_lease() -> None:
     assert h.info("q")["messages_unacked"] == 1
     h.sleep(2)
     assert h.info("q")["messages_unacked"] == 0
+
+
+def test_parked_getter_woken_when_consumers_are_full() -> None:
+    h = Harness()
+    h.queue("q", durable=False)
+    ch = h.channel()
+    h.b.consume(ch, "q", prefetch=1)
+    h.publish(ch, "", "q")
+    h.step()
+    h.b.park_getter("q")
+    h.publish(ch, "", "q")
+    effects = h.step()
+    assert h.delivers(effects) == []
+    assert [e.queue for e in h.of_type(QueueReady, effects)] == ["q"]
+
+
+def test_parked_getter_woken_when_queue_deleted() -> None:
+    h = Harness()
+    h.queue("q", durable=False)
+    h.b.park_getter("q")
+    h.b.delete_queue("q")
+    assert [e.queue for e in h.of_type(QueueReady, h.step())] == ["q"]
