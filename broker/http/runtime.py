@@ -74,6 +74,13 @@ class RuntimeOptions:
 
 
 @dataclass
+class _DurableWaiter:
+    target: int
+    event: trio.Event = field(default_factory=trio.Event)
+    failure: str | None = None
+
+
+@dataclass
 class _RestPublish:
     event: trio.Event = field(default_factory=trio.Event)
     ack: bool = False
@@ -124,7 +131,7 @@ class BrokerRuntime:
         self.last_checkpoint_lsn = 0
         self.last_checkpoint_duration_s = 0.0
         self.recovery_info: dict[str, Any] = {}
-        self._durable_waiters: list[tuple[int, trio.Event]] = []
+        self._durable_waiters: list[_DurableWaiter] = []
         self.ready_event = trio.Event()
 
     # --------------------------------------------------------------- lifecycle
@@ -280,14 +287,18 @@ class BrokerRuntime:
         return waiter.ack, waiter.reason, routed, waiter.returned
 
     async def wait_durable(self) -> None:
-        """Wait until every record produced so far is durable (for durable declares)."""
+        """Wait until every record produced so far is durable (for durable declares).
+
+        Raises Unavailable if those records could not be written."""
         self.pump()
         target = self.core.last_lsn
         if self.core.durable_lsn >= target:
             return
-        event = trio.Event()
-        self._durable_waiters.append((target, event))
-        await event.wait()
+        waiter = _DurableWaiter(target)
+        self._durable_waiters.append(waiter)
+        await waiter.event.wait()
+        if waiter.failure is not None:
+            raise Unavailable(f"storage failure: {waiter.failure}", code="storage_failed")
 
     def queue_event(self, queue: str) -> trio.Event:
         """An event set when ``queue`` gets ready messages (for long-polls)."""
@@ -300,15 +311,19 @@ class BrokerRuntime:
 
     def _on_durable(self, lsn: int) -> None:
         self.core.durable(lsn)
+        self._release_durable_waiters(lsn, None)
+        self.pump()
+
+    def _release_durable_waiters(self, lsn: int, failure: str | None) -> None:
         if self._durable_waiters:
             still = []
-            for target, event in self._durable_waiters:
-                if target <= lsn:
-                    event.set()
+            for waiter in self._durable_waiters:
+                if waiter.target <= lsn:
+                    waiter.failure = failure
+                    waiter.event.set()
                 else:
-                    still.append((target, event))
+                    still.append(waiter)
             self._durable_waiters = still
-        self.pump()
 
     def _on_failure(self, first_lsn: int, last_lsn: int, exc: BaseException) -> None:
         log.error(
@@ -316,6 +331,7 @@ class BrokerRuntime:
             extra={"fields": {"first_lsn": first_lsn, "last_lsn": last_lsn, "error": str(exc)}},
         )
         self.core.storage_failed(first_lsn, last_lsn, str(exc))
+        self._release_durable_waiters(last_lsn, str(exc))
         self.pump()
 
     def _on_recovered(self) -> None:
