@@ -1,8 +1,15 @@
 """``python -m broker`` (the ``ackbus-broker`` script): run the broker until a signal.
 
-SIGINT/SIGTERM start a graceful shutdown (exit 0 when done); a second one exits at
-once, which loses nothing acknowledged because an ack is only sent for data already
-on disk. SIGHUP reopens the log file (for logrotate).
+Exit status: 0 after a graceful shutdown (SIGINT/SIGTERM), also when its deadline
+passed; 1 when the broker cannot start or serve (address in use, unreadable data
+directory, corrupt log); 2 for invalid settings; 128 + the signal number when a second
+SIGINT/SIGTERM cut the shutdown short. A second signal exits at once and still loses
+nothing acknowledged, because an ack is only ever sent for a record already on disk
+(what was not yet synced is a torn tail that recovery truncates). SIGHUP reopens the
+log file (for logrotate) and is otherwise ignored.
+
+Signals are read with ``trio.open_signal_receiver`` for the whole run, so they are
+handled on the trio thread between tasks, never inside a raw signal handler.
 """
 
 from __future__ import annotations
@@ -68,18 +75,22 @@ def build_app(settings: Settings) -> BrokerApp:
 
 
 async def run(settings: Settings) -> int:
-    """Serve until SIGINT/SIGTERM, then shut down gracefully; return the exit code."""
+    """Serve until SIGINT/SIGTERM, then shut down gracefully; return the exit code.
+
+    Raises what starting or serving raises (``OSError`` when the address cannot be
+    bound, ``StorageError`` when the log cannot be recovered), possibly inside
+    exception groups; :func:`main` reports them.
+    """
     app = build_app(settings)
+    drained: bool | None = None
+    # Opened before anything starts, so a signal that arrives during start-up is
+    # queued and handled, not fatal.
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
         async with trio.open_nursery() as nursery:
             await nursery.start(app.serve, settings.host, settings.port)
             async for signum in signals:
                 if signum == signal.SIGHUP:
-                    try:
-                        reopen_log_files()
-                        log.info("log files reopened")
-                    except OSError as exc:
-                        log.error("could not reopen the log file", extra={"fields": {"error": str(exc)}})
+                    _reopen_logs()
                     continue
                 log.info(
                     "shutting down",
@@ -87,19 +98,65 @@ async def run(settings: Settings) -> int:
                 )
                 nursery.start_soon(_exit_on_second_signal, signals)
                 drained = await app.shutdown(settings.shutdown_timeout_s)
-                log.info("stopped", extra={"fields": {"drained": drained}})
                 nursery.cancel_scope.cancel()
-                return 0
+                break
+    # Logged once every task has ended (a recovery in progress runs to its end).
+    if drained is False:
+        log.warning(
+            "stopped",
+            extra={
+                "fields": {
+                    "drained": False,
+                    "detail": "the deadline passed first: some confirms were not sent; "
+                    "the clients resend those publishes",
+                }
+            },
+        )
+    else:
+        log.info("stopped", extra={"fields": {"drained": True}})
     return 0
 
 
+def _reopen_logs() -> None:
+    try:
+        reopen_log_files()
+    except OSError as exc:
+        log.error("could not reopen the log file", extra={"fields": {"error": str(exc)}})
+    else:
+        log.info("log files reopened")
+
+
 async def _exit_on_second_signal(signals: Any) -> None:
+    """During a graceful shutdown: exit at once on a second SIGINT/SIGTERM.
+
+    ``os._exit`` skips every cleanup on purpose (that is what was asked for); nothing
+    acknowledged is lost because acks are only sent for records already on disk.
+    """
     async for signum in signals:
         if signum == signal.SIGHUP:
+            _reopen_logs()
             continue
-        log.warning("second signal: exiting now")
+        log.warning("second signal: exiting now", extra={"fields": {"signal": signal.Signals(signum).name}})
         logging.shutdown()
         os._exit(128 + signum)
+
+
+def _startup_failure(exc: BaseException) -> BaseException | None:
+    """The error to report when the broker could not start or serve: an ``OSError``
+    (address in use, data directory not writable) or a storage error (corrupt log),
+    unwrapped from the exception groups trio's nurseries put it in. None when anything
+    else is among what was raised: that is a bug, and keeps its traceback."""
+    from broker.storage import StorageError
+
+    def leaves(e: BaseException) -> list[BaseException]:
+        if isinstance(e, BaseExceptionGroup):
+            return [leaf for inner in e.exceptions for leaf in leaves(inner)]
+        return [e]
+
+    found = leaves(exc)
+    if all(isinstance(leaf, (OSError, StorageError)) for leaf in found):
+        return found[0]
+    return None
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -109,10 +166,17 @@ def main(argv: list[str] | None = None) -> None:
     except ConfigError as exc:
         print(f"ackbus-broker: {exc}", file=sys.stderr)
         sys.exit(2)
+    from broker import __version__
+
+    log.info("starting", extra={"fields": {"version": __version__, "pid": os.getpid(), **settings.as_dict()}})
     try:
         code = trio.run(run, settings)
-    except OSError as exc:
-        log.error("cannot serve", extra={"fields": {"error": str(exc)}})
+    except BaseException as exc:
+        failure = _startup_failure(exc)
+        if failure is None:
+            raise
+        log.error("cannot serve: %s", failure)
+        logging.shutdown()
         sys.exit(1)
     sys.exit(code)
 
