@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import time
 from typing import Any
 
 import trio
@@ -94,8 +95,9 @@ class ChannelSession:
         self._wakeup = trio.Event()
         # Set when the outbox drained or a confirm arrived: the reader may go on.
         self._room = trio.Event()
-        #: (publish tag, charged bytes) of publishes not yet confirmed, in tag order.
-        self.unconfirmed: collections.deque[tuple[int, int]] = collections.deque()
+        #: (publish tag, charged bytes, perf_counter at publish) of publishes not yet
+        #: confirmed, in tag order.
+        self.unconfirmed: collections.deque[tuple[int, int, float]] = collections.deque()
         self.unconfirmed_bytes = 0
         self._confirms_settled = trio.Event()
         self.finished = False
@@ -120,8 +122,13 @@ class ChannelSession:
         if kind is Confirm:
             # Confirms come in tag order, so everything up to this tag is settled.
             unconfirmed = self.unconfirmed
+            metrics = self.runtime.metrics
+            now = time.perf_counter()
             while unconfirmed and unconfirmed[0][0] <= effect.delivery_tag:
-                self.unconfirmed_bytes -= unconfirmed.popleft()[1]
+                _tag, charge, published_at = unconfirmed.popleft()
+                self.unconfirmed_bytes -= charge
+                if metrics is not None:
+                    metrics.observe_confirm(now - published_at)
             self._room.set()
             if not self._pending_confirms():
                 self._confirms_settled.set()
@@ -301,7 +308,7 @@ class ChannelSession:
             self.channel_id, exchange_name(exchange), routing_key, body, properties, mandatory=mandatory
         )
         charge = len(body) + DELIVERY_OVERHEAD_BYTES
-        self.unconfirmed.append((tag, charge))
+        self.unconfirmed.append((tag, charge, time.perf_counter()))
         self.unconfirmed_bytes += charge
 
 
@@ -506,7 +513,7 @@ async def handle_channel(runtime: BrokerRuntime, request: Any, response: Any) ->
     channel_id = core.open_channel()
     session = ChannelSession(runtime, channel_id, response)
     runtime.sinks[channel_id] = session
-    log.debug("channel opened", extra={"fields": {"channel": channel_id}})
+    log.info("channel opened", extra={"fields": {"channel": channel_id}})
     reason = "channel closed"
     disconnected = False
     try:
@@ -526,6 +533,14 @@ async def handle_channel(runtime: BrokerRuntime, request: Any, response: Any) ->
             try:
                 with session.reader_scope:
                     await session.serve_reader(request)
+                if session.reader_scope.cancelled_caught:
+                    # Broker shutdown: every publish already read is confirmed (its
+                    # record is synced) before the channel ends; bounded, as a
+                    # failing disk must not hold the shutdown.
+                    reason = "broker shut down"
+                    session.stop_consumers()
+                    with trio.move_on_after(FLUSH_TIMEOUT_S):
+                        await session.flush_confirms()
             except ClientDisconnected:
                 disconnected = True
                 nursery.cancel_scope.cancel()
@@ -557,4 +572,4 @@ async def handle_channel(runtime: BrokerRuntime, request: Any, response: Any) ->
         runtime.sinks.pop(channel_id, None)
         core.close_channel(channel_id, reason)
         runtime.pump()
-        log.debug("channel closed", extra={"fields": {"channel": channel_id, "reason": reason}})
+        log.info("channel closed", extra={"fields": {"channel": channel_id, "reason": reason}})

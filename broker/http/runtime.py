@@ -282,8 +282,11 @@ class BrokerRuntime:
         )
         waiter = _RestPublish()
         self._rest_publishes[tag] = waiter
+        published_at = time.perf_counter()
         self.pump()
         await waiter.event.wait()
+        if self.metrics is not None:
+            self.metrics.observe_confirm(time.perf_counter() - published_at)
         return waiter.ack, waiter.reason, routed, waiter.returned
 
     async def wait_durable(self) -> None:

@@ -388,11 +388,6 @@ def test_info_level_hides_debug_lines(tmp_path: Path) -> None:
     assert "broker ready" in text
 
 
-@pytest.mark.xfail(
-    reason="broker/http/channel.py logs channel opened/closed at debug; the issue asks "
-    "for connection/channel lifecycle at info",
-    strict=True,
-)
 def test_channel_lifecycle_is_logged_at_info(tmp_path: Path) -> None:
     log_file = tmp_path / "broker.log"
     broker = BrokerProcess(tmp_path / "data", args=("--log-file", str(log_file)))

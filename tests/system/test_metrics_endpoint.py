@@ -229,12 +229,6 @@ def test_checkpoint_metrics_move(broker: BrokerProcess) -> None:
     assert s.value("ackbus_checkpoint_seconds_sum") > 0
 
 
-@pytest.mark.xfail(
-    reason="nothing observes ackbus_confirm_latency_seconds yet: broker/http/channel.py "
-    "(ChannelSession) and BrokerRuntime.publish_and_confirm must call "
-    "runtime.metrics.observe_confirm (see the broker-operations report)",
-    strict=True,
-)
 def test_confirm_latency_is_observed(broker: BrokerProcess) -> None:
     assert broker.request("PUT", "/queues/lq", {})[0] == 201
     ch = RawChannel(broker.port)

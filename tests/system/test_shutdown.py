@@ -200,12 +200,6 @@ def test_sigterm_during_publish_storm(tmp_path: Path, polite: bool) -> None:
     assert not set().union(*(p.nacked for p in publishers))
 
 
-@pytest.mark.xfail(
-    reason="broker/http/channel.py ends a channel at shutdown without waiting for the "
-    "confirms of publishes it read after drain()'s durability wait (fix proposed: "
-    "flush_confirms() in handle_channel when reader_scope.cancelled_caught)",
-    strict=False,
-)
 def test_sigterm_confirms_every_publish_it_took(tmp_path: Path) -> None:
     """In-flight publishes finish their fsync and get their confirms: a publish the
     broker took (it is in the queue after the restart) was acked before its channel
