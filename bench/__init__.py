@@ -1,0 +1,18 @@
+"""The ackbus benchmark harness (``scripts/bench``, ``python -m bench``).
+
+It benchmarks ackbus and, with ``--peer rabbitmq``, a private RabbitMQ node on the
+same machine in the same invocation, alternating the two for every round of every
+workload, and prints each figure's median, min and max and the ackbus/RabbitMQ ratio.
+The method is described in ``docs/benchmarks.md``.
+
+Layout:
+
+- ``cli``: options, the run loop (workload × round × side), progress line, results.
+- ``params``: the workload sizes, full and ``--quick``.
+- ``workloads``: what each workload does to a server and which figures it yields.
+- ``servers``: start, crash (``kill -9``) and stop the brokers, by PID.
+- ``procs``: client worker processes with a ready/go handshake, under timeouts.
+- ``worker_ackbus`` / ``worker_rabbitmq``: the client side of each workload, one
+  process each (ackbus's own client library; pika for RabbitMQ).
+- ``stats``: percentiles, summaries and the table. ``plot``: the chart.
+"""

@@ -1,0 +1,291 @@
+"""``scripts/bench`` / ``python -m bench``: run the workloads, print and save the results.
+
+Order of runs: for each workload, for each round, ackbus then (with ``--peer``)
+RabbitMQ — A B A B … — each run on a freshly started server that is stopped (by PID)
+afterwards. Results go to ``bench-results/<timestamp>.json`` after every run, so an
+interrupted benchmark keeps what it measured; the table goes to stdout (and to
+``bench-results/<timestamp>.md``), the chart to ``docs/benchmarks.png`` with ``--plot``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any, TextIO
+
+from bench.params import FULL, QUICK, Params
+from bench.procs import ROOT, snapshot_code
+from bench.servers import AckbusServer, RabbitServer, cpu_seconds, ensure_rabbitmq
+from bench.stats import markdown_table, summarize, text_table
+from bench.workloads import WORKLOADS, Context, all_figures
+
+__all__ = ["main"]
+
+
+class Progress:
+    """One status line on stderr: rewritten in place on a terminal (with a ticking
+    clock), one line per change otherwise."""
+
+    def __init__(self, total_runs: int, stream: TextIO = sys.stderr) -> None:
+        self.stream = stream
+        self.tty = stream.isatty()
+        self.total = total_runs
+        self.done = 0
+        self.where = ""
+        self.what = ""
+        self.t0 = time.monotonic()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._width = 0
+        if self.tty:
+            threading.Thread(target=self._tick, daemon=True).start()
+
+    def _line(self) -> str:
+        elapsed = int(time.monotonic() - self.t0)
+        return f"[{self.done}/{self.total} runs, {elapsed // 60}m{elapsed % 60:02d}s] {self.where}: {self.what}"
+
+    def _render(self) -> None:
+        line = self._line()
+        if self.tty:
+            cols = shutil.get_terminal_size((120, 20)).columns - 1
+            line = line[:cols]
+            self.stream.write("\r" + line.ljust(self._width) + "\r" + line)
+            self._width = len(line)
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def _tick(self) -> None:
+        while not self._stop.wait(1.0):
+            with self._lock:
+                if self.where:
+                    self._render()
+
+    def run(self, where: str) -> None:
+        with self._lock:
+            self.where, self.what = where, "starting the broker"
+            self._render()
+
+    def status(self, what: str) -> None:
+        with self._lock:
+            self.what = what
+            self._render()
+
+    def finished_run(self) -> None:
+        with self._lock:
+            self.done += 1
+
+    def say(self, text: str) -> None:
+        """Print a line of its own above the status line."""
+        with self._lock:
+            if self.tty and self._width:
+                self.stream.write("\r" + " " * self._width + "\r")
+                self._width = 0
+            self.stream.write(text + "\n")
+            self.stream.flush()
+
+    def close(self) -> None:
+        self._stop.set()
+        with self._lock:
+            if self.tty and self._width:
+                self.stream.write("\r" + " " * self._width + "\r")
+                self._width = 0
+            self.where = ""
+            self.stream.flush()
+
+
+def machine_info(workdir: Path) -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "nproc": os.cpu_count(),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+    }
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                info["cpu"] = line.split(":", 1)[1].strip()
+                break
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                info["ram_gib"] = round(int(line.split()[1]) / 1024 / 1024, 1)
+                break
+        best = ""
+        for line in Path("/proc/mounts").read_text().splitlines():
+            device, mount, fstype = line.split()[:3]
+            if str(workdir).startswith(mount) and len(mount) > len(best):
+                best = mount
+                info["data_fs"] = f"{fstype} on {device} (mounted at {mount})"
+    except OSError:
+        pass
+    return info
+
+
+def git_state() -> dict[str, Any]:
+    """The commit benchmarked and whether the checkout had local changes (read-only git)."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                                timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    return {"commit": commit, "local_changes": bool(dirty)}
+
+
+def _write_json(path: Path, data: Any) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=str))
+    tmp.replace(path)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="scripts/bench",
+        description="Benchmark ackbus, and with --peer rabbitmq also RabbitMQ on this machine (runs interleaved).",
+    )
+    parser.add_argument("--peer", choices=["rabbitmq"], help="also benchmark this broker (installed if missing)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of every workload per broker (default 3)")
+    parser.add_argument("--quick", action="store_true", help="tiny counts and durations: a smoke run")
+    parser.add_argument("--only", default="", metavar="NAME,...",
+                        help="run only these workloads: " + ", ".join(WORKLOADS))
+    parser.add_argument("--plot", action="store_true", help="draw the chart (PNG) from the results")
+    parser.add_argument("--plot-file", type=Path, default=ROOT / "docs" / "benchmarks.png", metavar="PNG",
+                        help="where --plot writes the chart (default docs/benchmarks.png)")
+    parser.add_argument("--results", type=Path, metavar="JSON",
+                        help="do not run: print (and with --plot, chart) these saved results")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench-results", metavar="DIR",
+                        help="results directory (default bench-results/)")
+    args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
+    names = [n.strip() for n in args.only.split(",") if n.strip()] or list(WORKLOADS)
+    unknown = [n for n in names if n not in WORKLOADS]
+    if unknown:
+        parser.error(f"unknown workload(s) {', '.join(unknown)}; choose from {', '.join(WORKLOADS)}")
+    args.names = names
+    return args
+
+
+def report(results: dict[str, Any], args: argparse.Namespace, out: TextIO = sys.stdout) -> tuple[str, Any]:
+    params = Params(**{k: tuple(v) if isinstance(v, list) else v for k, v in results["params"].items()})
+    with_peer = bool(results["options"].get("peer"))
+    summaries = summarize(all_figures(params, results["options"]["workloads"]), results["runs"])
+    out.write("\n" + text_table(summaries, with_peer) + "\n")
+    if with_peer:
+        out.write("ratio = ackbus median / RabbitMQ median; 'better' says which direction is better.\n")
+    failed = [r for r in results["runs"] if r.get("error")]
+    for run in failed:
+        out.write(f"FAILED: {run['workload']} round {run['round']} {run['side']}: {run['error'].splitlines()[0]}\n")
+    return markdown_table(summaries, with_peer), summaries
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.results:
+        results = json.loads(args.results.read_text())
+        _, summaries = report(results, args)
+        if args.plot:
+            from bench.plot import plot
+
+            plot(summaries, results, args.plot_file)
+            print(f"chart: {args.plot_file}")
+        return 0
+
+    params = QUICK if args.quick else FULL
+    sides = ["ackbus"] + ([args.peer] if args.peer else [])
+    progress = Progress(len(args.names) * args.rounds * len(sides))
+    if args.peer == "rabbitmq":
+        ensure_rabbitmq(progress.say)
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    results_path = args.out / f"{stamp}.json"
+    log_dir = args.out / f"{stamp}-logs"
+    tmp_root = Path(tempfile.mkdtemp(prefix="ackbus-bench-"))
+    source_digest = snapshot_code(tmp_root / "code")
+    results: dict[str, Any] = {
+        "started": datetime.datetime.now().isoformat(timespec="seconds"),
+        "machine": machine_info(tmp_root),
+        "git": git_state() | {"source_sha256": source_digest},
+        "versions": {},
+        "params": {k: list(v) if isinstance(v, tuple) else v for k, v in params.__dict__.items()},
+        "options": {"peer": args.peer, "rounds": args.rounds, "quick": args.quick, "workloads": args.names,
+                    "ackbus_client": "client library (client/)", "fsync": "always"},
+        "runs": [],
+    }
+    progress.say(f"results: {results_path}")
+    try:
+        for name in args.names:
+            workload = WORKLOADS[name]
+            for round_no in range(1, args.rounds + 1):
+                for side in sides:
+                    progress.run(f"{workload.title} · round {round_no}/{args.rounds} · {side}")
+                    run = _one_run(workload, side, round_no, params, tmp_root, log_dir, progress, results)
+                    results["runs"].append(run)
+                    _write_json(results_path, results)
+                    progress.finished_run()
+                    if run.get("error"):
+                        progress.say(f"run failed: {name} round {round_no} {side}: {run['error'].splitlines()[0]}"
+                                     f" (details in {results_path})")
+    except KeyboardInterrupt:
+        progress.say("interrupted: reporting what was measured so far")
+    finally:
+        progress.close()
+        shutil.rmtree(tmp_root, ignore_errors=True)
+    results["finished"] = datetime.datetime.now().isoformat(timespec="seconds")
+    markdown, summaries = report(results, args)
+    results["summary"] = [s.as_json() for s in summaries]
+    _write_json(results_path, results)
+    shutil.copyfile(results_path, args.out / "latest.json")
+    (args.out / f"{stamp}.md").write_text(markdown + "\n")
+    print(f"results: {results_path}")
+    if args.plot:
+        from bench.plot import plot
+
+        plot(summaries, results, args.plot_file)
+        print(f"chart: {args.plot_file}")
+    return 1 if any(r.get("error") for r in results["runs"]) else 0
+
+
+def _one_run(
+    workload: Any, side: str, round_no: int, params: Params, tmp_root: Path, log_dir: Path,
+    progress: Progress, results: dict[str, Any],
+) -> dict[str, Any]:
+    workdir = tmp_root / f"{workload.name}-{round_no}-{side}"
+    server: AckbusServer | RabbitServer = AckbusServer(workdir) if side == "ackbus" else RabbitServer(workdir)
+    run: dict[str, Any] = {"workload": workload.name, "round": round_no, "side": side, "figures": {},
+                           "loadavg_before": os.getloadavg()}
+    t0 = time.perf_counter()
+    try:
+        start_s = server.start(timeout_s=params.slack_s * 2)
+        for key, value in server.versions().items():
+            results["versions"].setdefault(key, value)
+        pid0, cpu0 = server.pid, cpu_seconds(server.pid)
+        ctx = Context(params, log_dir, progress.status)
+        figures, extra = workload.run(ctx, server, start_s)
+        run["figures"], run["extra"] = figures, extra
+        if server.pid == pid0:  # not across a kill -9 and restart
+            run["broker_cpu_s"] = cpu_seconds(server.pid) - cpu0
+    except Exception as exc:
+        run["error"] = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        for path in workdir.glob("*.log"):
+            shutil.copyfile(path, log_dir / f"{workdir.name}-{path.name}")
+    finally:
+        progress.status("stopping the broker")
+        server.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+    run["wall_s"] = time.perf_counter() - t0
+    run["loadavg_after"] = os.getloadavg()
+    return run

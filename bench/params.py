@@ -1,0 +1,65 @@
+"""Workload sizes: the full benchmark and the ``--quick`` smoke run.
+
+Publishing workloads are bounded by duration rather than by count, so that a slow
+broker costs the same wall time as a fast one; consuming and recovery workloads are
+bounded by count (the issue fixes the counts) and by a timeout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+__all__ = ["Params", "FULL", "QUICK"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Params:
+    body_sizes: tuple[int, ...] = (100, 1024)
+    # 1. one-at-a-time confirmed publish
+    seq_duration_s: float = 4.0
+    seq_warmup_s: float = 0.5
+    # 2. pipelined confirmed publish
+    pipelined_duration_s: float = 5.0
+    pipelined_window: int = 1000
+    pipelined_procs: tuple[int, ...] = (1, 4)
+    # 3. consume with manual ack from a pre-filled queue
+    consume_count: int = 100_000
+    consume_prefetch: tuple[int, ...] = (100, 1000)
+    # 4. end-to-end latency at a fixed rate
+    e2e_rate: int = 1000
+    e2e_duration_s: float = 5.0
+    e2e_warmup_s: float = 1.0
+    e2e_prefetch: int = 100
+    # 5. recovery after kill -9
+    recovery_count: int = 1_000_000
+    recovery_body_size: int = 100
+    recovery_fill_procs: int = 2
+    # 6. fan-out to N queues
+    fanout_queues: int = 10
+    fanout_duration_s: float = 5.0
+    # fills (untimed set-up) use pipelined publishing with this window
+    fill_window: int = 1000
+    # timeouts: readiness of a worker, and slack added to every expected duration
+    ready_timeout_s: float = 60.0
+    slack_s: float = 60.0
+    # the slowest fill rate we wait for before calling a fill stuck (msgs/s)
+    min_fill_rate: float = 1500.0
+
+    def fill_timeout_s(self, count: int) -> float:
+        return self.slack_s + count / self.min_fill_rate
+
+
+FULL = Params()
+
+QUICK = Params(
+    seq_duration_s=0.5,
+    seq_warmup_s=0.1,
+    pipelined_duration_s=0.5,
+    consume_count=2_000,
+    e2e_rate=500,
+    e2e_duration_s=0.5,
+    e2e_warmup_s=0.2,
+    recovery_count=5_000,
+    fanout_duration_s=0.5,
+    slack_s=60.0,
+)

@@ -1,0 +1,520 @@
+"""The brokers under test: start, crash with ``kill -9``, restart, stop — by PID.
+
+:class:`AckbusServer` runs ``python -m broker`` on a free loopback port with a fresh
+data directory and ``--fsync always``; ready means ``GET /healthz`` answers 200 (the
+broker says so once recovery is finished).
+
+:class:`RabbitServer` runs a private RabbitMQ node that shares nothing with a system
+RabbitMQ: its own node name (``bench@localhost``), Mnesia and log directories under
+the run's directory, its own ``HOME`` (so the Erlang cookie it creates lands there),
+an empty plugin list, free ports for AMQP, Erlang distribution and epmd; every
+listener bound to 127.0.0.1 (``RABBITMQ_NODE_IP_ADDRESS``, ``ERL_EPMD_ADDRESS``,
+``-kernel inet_dist_use_interface``). We start epmd ourselves (in the foreground, on
+its own port) so that we can stop it by PID; ``RUNNING_UNDER_SYSTEMD=true`` makes
+``rabbitmq-server`` exec the Erlang VM instead of forking it, so the PID we start is
+``beam.smp`` itself. Ready means an AMQP connection opens.
+
+Nothing here is stopped by name: each server remembers the PIDs it started (and, for
+``kill -9``, the VM's helper processes it found under its own PID).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.procs import code_root
+
+__all__ = [
+    "AckbusServer",
+    "RabbitServer",
+    "ServerError",
+    "cpu_seconds",
+    "ensure_rabbitmq",
+    "free_port",
+    "rabbitmq_installed",
+    "rss_bytes",
+]
+
+RABBITMQ_SERVER = Path("/usr/lib/rabbitmq/bin/rabbitmq-server")
+
+
+class ServerError(Exception):
+    """A broker did not start, got ready, or answer as expected."""
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def free_port() -> int:
+    """A loopback port that is free now and outside the ephemeral range, so that the
+    source port of some client connection (ours or another program's) cannot take
+    it between now and the broker's bind."""
+    low, high = _ephemeral_range()
+    candidates = [port for port in range(10000, 65000) if not low <= port <= high]
+    for _ in range(200):
+        port = random.choice(candidates)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise ServerError("no free port found")
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident set size of a process (VmRSS), in bytes."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise ServerError(f"no VmRSS for pid {pid}")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time a process used so far."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                ppid = int(stat.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == pid:
+            out.append(int(entry))
+    return out
+
+
+def _start_time(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return int(stat.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _descendants(pid: int) -> list[tuple[int, int]]:
+    """(pid, start time) of every process under ``pid``: the start time tells the same
+    process from a later one that reused its PID."""
+    found, todo = [], [pid]
+    while todo:
+        for child in _children(todo.pop()):
+            start = _start_time(child)
+            if start is not None:
+                found.append((child, start))
+            todo.append(child)
+    return found
+
+
+def _kill_pids(processes: list[tuple[int, int]]) -> None:
+    """SIGKILL those of ``processes`` that still run (same PID, same start time)."""
+    for pid, start in processes:
+        if _start_time(pid) != start:
+            continue
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _end(proc: subprocess.Popen[bytes], sig: int, timeout_s: float) -> None:
+    """Send ``sig``, wait up to ``timeout_s``, then SIGKILL; always reaped."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+# --------------------------------------------------------------------------- ackbus
+
+
+class AckbusServer:
+    side = "ackbus"
+
+    def __init__(self, workdir: Path, *, fsync: str = "always") -> None:
+        self.workdir = workdir
+        self.data_dir = workdir / "data"
+        self.fsync = fsync
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = workdir / "ackbus-broker.log"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def spawn(self) -> None:
+        """Start the broker process; do not wait for it."""
+        assert self.proc is None or self.proc.poll() is not None, "already running"
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ)
+        env["PYTHONPATH"] = str(code_root()) + os.pathsep + env.get("PYTHONPATH", "")
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable, "-m", "broker",
+                    "--host", "127.0.0.1", "--port", str(self.port),
+                    "--data-dir", str(self.data_dir), "--fsync", self.fsync,
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=str(code_root()),
+                env=env,
+            )
+
+    def start(self, timeout_s: float) -> float:
+        """Start and wait until ready; return the seconds that took."""
+        t0 = time.perf_counter()
+        self.spawn()
+        self.wait_ready(t0 + timeout_s - time.perf_counter())
+        return time.perf_counter() - t0
+
+    def _check_alive(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            code = None if self.proc is None else self.proc.returncode
+            raise ServerError(f"ackbus broker exited with {code}:\n{self.log_tail()}")
+
+    def wait_ready(self, timeout_s: float) -> None:
+        deadline = time.perf_counter() + timeout_s
+        while time.perf_counter() < deadline:
+            self._check_alive()
+            try:
+                if self.request("GET", "/healthz", timeout_s=1.0)[0] == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.01)
+        raise ServerError(f"ackbus broker not ready within {timeout_s:.0f} s:\n{self.log_tail()}")
+
+    def wait_queue(self, queue: str, expected: int, timeout_s: float) -> None:
+        """Wait until the broker is ready and reports ``expected`` ready messages in
+        ``queue``."""
+        deadline = time.perf_counter() + timeout_s
+        last: Any = None
+        while time.perf_counter() < deadline:
+            self._check_alive()
+            try:
+                if self.request("GET", "/healthz", timeout_s=1.0)[0] == 200:
+                    status, last = self.request("GET", f"/queues/{queue}", timeout_s=5.0)
+                    if status == 200 and last.get("messages_ready") == expected:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.01)
+        raise ServerError(f"queue {queue} did not show {expected} messages in time (last: {last})")
+
+    def queue_messages(self, queue: str) -> int:
+        status, info = self.request("GET", f"/queues/{queue}")
+        if status != 200:
+            raise ServerError(f"GET /queues/{queue}: {status} {info}")
+        return int(info["messages_ready"]) + int(info.get("messages_unacked", 0))
+
+    def request(self, method: str, path: str, *, timeout_s: float = 30.0) -> tuple[int, Any]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout_s)
+        try:
+            conn.request(method, path)
+            resp = conn.getresponse()
+            data = resp.read()
+        finally:
+            conn.close()
+        try:
+            return resp.status, json.loads(data)
+        except ValueError:
+            return resp.status, data
+
+    def client_spec(self) -> dict[str, Any]:
+        return {"url": self.url}
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        _end(self.proc, signal.SIGKILL, 30)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            _end(self.proc, signal.SIGTERM, 60)
+
+    def versions(self) -> dict[str, str]:
+        from importlib.metadata import version
+
+        status, overview = self.request("GET", "/overview")
+        out = {"ackbus": str(overview.get("version", "?")) if status == 200 else "?"}
+        for dist in ("trio", "h11", "orjson"):
+            out[dist] = version(dist)
+        return out
+
+    def log_tail(self, n: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+
+# --------------------------------------------------------------------------- RabbitMQ
+
+
+def rabbitmq_installed() -> bool:
+    return RABBITMQ_SERVER.exists() and shutil.which("epmd") is not None
+
+
+def ensure_rabbitmq(say: Any) -> None:
+    """Install Debian's rabbitmq-server if it is missing (root only).
+
+    The package's own service must not start (it would listen on every interface):
+    while installing, a ``policy-rc.d`` that denies service starts is put in place if
+    there is none, and removed afterwards.
+
+    Raises:
+        ServerError: not root, no apt-get, or the install failed.
+    """
+    if rabbitmq_installed():
+        return
+    if os.geteuid() != 0:
+        raise ServerError("rabbitmq-server is not installed; run as root or: apt-get install rabbitmq-server")
+    if shutil.which("apt-get") is None:
+        raise ServerError("rabbitmq-server is not installed and there is no apt-get")
+    policy = Path("/usr/sbin/policy-rc.d")
+    created = False
+    if not policy.exists():
+        policy.write_text("#!/bin/sh\n# ackbus bench: do not start services while installing\nexit 101\n")
+        policy.chmod(0o755)
+        created = True
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    try:
+        for cmd, timeout_s in (
+            (["apt-get", "update"], 600),
+            (["apt-get", "install", "-y", "--no-install-recommends", "rabbitmq-server"], 1800),
+        ):
+            say(f"installing RabbitMQ: {' '.join(cmd)}")
+            done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
+            if done.returncode != 0:
+                raise ServerError(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stderr[-2000:]}")
+    except subprocess.TimeoutExpired as exc:
+        raise ServerError(f"{' '.join(map(str, exc.cmd))} did not finish in {exc.timeout:.0f} s") from exc
+    finally:
+        if created:
+            policy.unlink()
+    if not rabbitmq_installed():
+        raise ServerError(f"installed rabbitmq-server, but {RABBITMQ_SERVER} or epmd is missing")
+
+
+class RabbitServer:
+    side = "rabbitmq"
+    nodename = "bench@localhost"
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.port = free_port()
+        self.dist_port = free_port()
+        self.epmd_port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.epmd: subprocess.Popen[bytes] | None = None
+        self.log_path = workdir / "rabbitmq-stdout.log"
+        self.server_properties: dict[str, Any] = {}
+
+    @property
+    def pid(self) -> int:
+        """PID of the Erlang VM (beam.smp)."""
+        assert self.proc is not None
+        return self.proc.pid
+
+    def _env(self) -> dict[str, str]:
+        base = self.workdir
+        env = dict(os.environ)
+        env.update(
+            HOME=str(base),
+            ERL_EPMD_ADDRESS="127.0.0.1",
+            ERL_EPMD_PORT=str(self.epmd_port),
+            RABBITMQ_NODENAME=self.nodename,
+            RABBITMQ_NODE_IP_ADDRESS="127.0.0.1",
+            RABBITMQ_NODE_PORT=str(self.port),
+            RABBITMQ_DIST_PORT=str(self.dist_port),
+            RABBITMQ_MNESIA_BASE=str(base / "mnesia"),
+            RABBITMQ_LOG_BASE=str(base / "log"),
+            RABBITMQ_CONF_ENV_FILE=str(base / "rabbitmq-env.conf"),
+            RABBITMQ_CONFIG_FILE=str(base / "rabbitmq"),
+            RABBITMQ_ENABLED_PLUGINS_FILE=str(base / "enabled_plugins"),
+            RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}",
+            RUNNING_UNDER_SYSTEMD="true",
+        )
+        return env
+
+    def spawn(self) -> None:
+        assert self.proc is None or self.proc.poll() is not None, "already running"
+        base = self.workdir
+        base.mkdir(parents=True, exist_ok=True)
+        (base / "rabbitmq-env.conf").touch()
+        (base / "enabled_plugins").write_text("[].\n")
+        env = self._env()
+        if self.epmd is None or self.epmd.poll() is not None:
+            self.epmd = subprocess.Popen(
+                ["epmd", "-address", "127.0.0.1", "-port", str(self.epmd_port)],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+            )
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [str(RABBITMQ_SERVER)], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+            )
+
+    def start(self, timeout_s: float) -> float:
+        """Start and wait until ready; return the seconds that took. A port taken by
+        someone else between choosing and binding it means new ports and a new try."""
+        for attempt in range(3):
+            t0 = time.perf_counter()
+            self.spawn()
+            try:
+                self.wait_ready(t0 + timeout_s - time.perf_counter())
+            except ServerError:
+                if attempt == 2 or "eaddrinuse" not in self.log_tail(200):
+                    raise
+                self.stop()
+                self.port, self.dist_port, self.epmd_port = free_port(), free_port(), free_port()
+                shutil.rmtree(self.workdir / "mnesia", ignore_errors=True)
+                continue
+            return time.perf_counter() - t0
+        raise AssertionError("unreachable")
+
+    def _check_alive(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            code = None if self.proc is None else self.proc.returncode
+            raise ServerError(f"RabbitMQ exited with {code}:\n{self.log_tail()}")
+
+    def _connect(self) -> Any:
+        import pika
+
+        return pika.BlockingConnection(
+            pika.ConnectionParameters(
+                host="127.0.0.1", port=self.port, connection_attempts=1, socket_timeout=2, blocked_connection_timeout=5
+            )
+        )
+
+    def wait_ready(self, timeout_s: float) -> None:
+        import pika.exceptions
+
+        deadline = time.perf_counter() + timeout_s
+        while time.perf_counter() < deadline:
+            self._check_alive()
+            try:
+                conn = self._connect()
+            except (pika.exceptions.AMQPError, OSError):
+                time.sleep(0.02)
+                continue
+            self.server_properties = dict(conn._impl.server_properties)
+            conn.close()
+            return
+        raise ServerError(f"RabbitMQ not ready within {timeout_s:.0f} s:\n{self.log_tail()}")
+
+    def wait_queue(self, queue: str, expected: int, timeout_s: float) -> None:
+        """Wait until a passive declare of ``queue`` succeeds and reports ``expected``
+        messages."""
+        import pika.exceptions
+
+        deadline = time.perf_counter() + timeout_s
+        last = None
+        while time.perf_counter() < deadline:
+            self._check_alive()
+            try:
+                conn = self._connect()
+            except (pika.exceptions.AMQPError, OSError):
+                time.sleep(0.02)
+                continue
+            try:
+                while time.perf_counter() < deadline:
+                    try:
+                        last = conn.channel().queue_declare(queue, passive=True).method.message_count
+                    except pika.exceptions.ChannelClosed:
+                        last = None  # not recovered yet (404) — try again
+                    if last == expected:
+                        return
+                    time.sleep(0.02)
+            except (pika.exceptions.AMQPError, OSError):
+                time.sleep(0.02)
+            finally:
+                try:
+                    conn.close()
+                except Exception:
+                    pass
+        raise ServerError(f"queue {queue} did not show {expected} messages in time (last: {last})")
+
+    def queue_messages(self, queue: str) -> int:
+        conn = self._connect()
+        try:
+            return int(conn.channel().queue_declare(queue, passive=True).method.message_count)
+        finally:
+            conn.close()
+
+    def client_spec(self) -> dict[str, Any]:
+        return {"port": self.port}
+
+    def kill9(self) -> None:
+        """SIGKILL the Erlang VM and the helpers it started (erl_child_setup, ...)."""
+        assert self.proc is not None
+        helpers = _descendants(self.proc.pid)
+        _end(self.proc, signal.SIGKILL, 30)
+        _kill_pids(helpers)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            helpers = _descendants(self.proc.pid)
+            _end(self.proc, signal.SIGTERM, 90)
+            _kill_pids(helpers)
+        if self.epmd is not None:
+            _end(self.epmd, signal.SIGTERM, 10)
+
+    def versions(self) -> dict[str, str]:
+        from importlib.metadata import version
+
+        props = self.server_properties
+
+        def text(value: Any) -> str:
+            return value.decode() if isinstance(value, bytes) else str(value)
+
+        return {
+            "rabbitmq": text(props.get("version", "?")),
+            "erlang": text(props.get("platform", "?")),
+            "pika": version("pika"),
+        }
+
+    def log_tail(self, n: int = 30) -> str:
+        lines: list[str] = []
+        for path in (self.log_path, self.workdir / "log" / f"{self.nodename}.log"):
+            try:
+                lines += path.read_text(errors="replace").splitlines()[-n:]
+            except OSError:
+                pass
+        return "\n".join(lines)

@@ -1,0 +1,190 @@
+"""The ackbus side of every workload, with ackbus's own client library (``client``).
+
+One process runs one operation (see ``bench.workercommon`` for the handshake). Every
+message is persistent (``delivery_mode`` 2) to a durable queue; publishes are confirmed
+(confirms are always on in an ackbus channel). A channel whose connection dropped and
+reconnected would still give correct counts (the client resends with the same message
+id, the broker deduplicates), but the numbers would not mean much: the result carries
+the channel statistics and the harness refuses a run with reconnects.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import trio
+
+import client
+from bench.workercommon import (
+    body_of,
+    emit_result,
+    latency_summary,
+    read_spec,
+    signal_ready,
+    stamp_of,
+    stamped_body,
+    wait_go,
+)
+
+PERSISTENT = client.Properties(delivery_mode=2)
+
+
+async def _handshake() -> None:
+    signal_ready()
+    await trio.to_thread.run_sync(wait_go)
+
+
+async def _declare(ch: client.Channel, spec: dict[str, Any]) -> None:
+    for queue in spec.get("queues", ()):
+        await ch.declare_queue(queue, durable=True)
+    fanout = spec.get("fanout")
+    if fanout:
+        await ch.declare_exchange(fanout, "fanout", durable=True)
+        for queue in spec.get("queues", ()):
+            await ch.bind_queue(queue, fanout, "")
+
+
+def _stats(ch: client.Channel) -> dict[str, int]:
+    s = ch.statistics()
+    return {"reconnects": s.reconnects, "resent": s.resent, "failed": s.failed}
+
+
+async def publish_seq(spec: dict[str, Any]) -> dict[str, Any]:
+    """One publish at a time, each awaited until confirmed."""
+    body = body_of(spec["size"])
+    exchange, key = spec.get("exchange", ""), spec["routing_key"]
+    async with client.connect(spec["url"]) as conn, conn.channel() as ch:
+        await _declare(ch, spec)
+        await _handshake()
+        warm_until = time.perf_counter() + spec["warmup_s"]
+        while time.perf_counter() < warm_until:
+            await ch.publish(exchange, key, body, properties=PERSISTENT)
+        latencies: list[float] = []
+        start = time.perf_counter()
+        deadline = start + spec["duration_s"]
+        end = start
+        while end < deadline:
+            t = time.perf_counter()
+            await ch.publish(exchange, key, body, properties=PERSISTENT)
+            end = time.perf_counter()
+            latencies.append(end - t)
+        stats = _stats(ch)
+    return {"count": len(latencies), "elapsed_s": end - start, **latency_summary(latencies), **stats}
+
+
+async def publish_pipelined(spec: dict[str, Any]) -> dict[str, Any]:
+    """Keep up to ``window`` publishes unconfirmed; stop at ``count`` or ``duration_s``.
+
+    The channel's pending buffer (``max_pending``) is the window: ``start_publish``
+    waits for room, so at most ``window`` messages are ever unconfirmed.
+    """
+    body = body_of(spec["size"])
+    exchange, key = spec.get("exchange", ""), spec["routing_key"]
+    count = spec.get("count") or math.inf
+    window = spec["window"]
+    async with client.connect(spec["url"], max_pending=window) as conn, conn.channel() as ch:
+        await _declare(ch, spec)
+        await _handshake()
+        start = time.perf_counter()
+        deadline = start + spec.get("duration_s", math.inf)
+        sent = 0
+        while sent < count:
+            await ch.start_publish(exchange, key, body, properties=PERSISTENT)
+            sent += 1
+            if time.perf_counter() >= deadline:
+                break
+        await ch.wait_for_confirms()
+        elapsed = time.perf_counter() - start
+        stats = _stats(ch)
+    return {"count": sent, "elapsed_s": elapsed, **stats}
+
+
+async def consume(spec: dict[str, Any]) -> dict[str, Any]:
+    """Consume ``count`` messages with manual acks, one ack per message."""
+    count = spec["count"]
+    async with client.connect(spec["url"]) as conn, conn.channel() as ch:
+        await _handshake()
+        received = 0
+        start = time.perf_counter()
+        async with ch.consume(spec["queue"], prefetch=spec["prefetch"]) as messages:
+            async for message in messages:
+                await message.ack()
+                received += 1
+                if received >= count:
+                    break
+        elapsed = time.perf_counter() - start
+        stats = _stats(ch)
+    return {"count": received, "elapsed_s": elapsed, **stats}
+
+
+async def e2e_consume(spec: dict[str, Any]) -> dict[str, Any]:
+    """Receive stamped messages; latency = now - the publisher's stamp."""
+    total, warmup = spec["total"], spec["warmup_count"]
+    latencies: list[float] = []
+    received = 0
+    async with client.connect(spec["url"]) as conn, conn.channel() as ch:
+        await _declare(ch, spec)
+        async with ch.consume(spec["queue"], prefetch=spec["prefetch"]) as messages:
+            await _handshake()
+            with trio.move_on_after(spec["timeout_s"]):
+                async for message in messages:
+                    now = time.monotonic_ns()
+                    sent_ns, seq = stamp_of(message.body)
+                    if seq >= warmup:
+                        latencies.append((now - sent_ns) / 1e9)
+                    await message.ack()
+                    received += 1
+                    if seq >= total - 1:
+                        break
+        stats = _stats(ch)
+    return {"received": received, **latency_summary(latencies), **stats}
+
+
+async def e2e_publish(spec: dict[str, Any]) -> dict[str, Any]:
+    """Publish ``total`` stamped messages at a fixed rate (pipelined confirms).
+
+    Message i is due at start + i/rate; all messages that are due go out, then the
+    publisher sleeps until the next is due. The stamp is taken just before the
+    message is handed to the client library.
+    """
+    size, rate, total = spec["size"], spec["rate"], spec["total"]
+    key = spec["routing_key"]
+    async with client.connect(spec["url"]) as conn, conn.channel() as ch:
+        await _declare(ch, spec)
+        await _handshake()
+        start_ns = time.monotonic_ns()
+        interval_ns = 1e9 / rate
+        seq = 0
+        while seq < total:
+            now = time.monotonic_ns()
+            while seq < total and start_ns + seq * interval_ns <= now:
+                await ch.start_publish("", key, stamped_body(size, seq), properties=PERSISTENT)
+                seq += 1
+                now = time.monotonic_ns()
+            if seq < total:
+                await trio.sleep(max(0.0, (start_ns + seq * interval_ns - time.monotonic_ns()) / 1e9))
+        elapsed = (time.monotonic_ns() - start_ns) / 1e9
+        await ch.wait_for_confirms()
+        stats = _stats(ch)
+    return {"count": total, "rate": total / elapsed, **stats}
+
+
+OPS = {
+    "publish_seq": publish_seq,
+    "publish_pipelined": publish_pipelined,
+    "consume": consume,
+    "e2e_consume": e2e_consume,
+    "e2e_publish": e2e_publish,
+}
+
+
+def main() -> None:
+    spec = read_spec()
+    result = trio.run(OPS[spec["op"]], spec)
+    emit_result(result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,335 @@
+"""The six workloads: what each does to a running server, and the figures it yields.
+
+Every workload gets a freshly started server (fresh data directory or Mnesia
+directory) and returns ``(figures, extra)``: ``figures`` maps the keys of
+:func:`figures` to numbers, ``extra`` holds what explains them (counts, elapsed
+times, sample counts, achieved rates). The same specs drive both sides; only the
+worker module differs (``bench.worker_ackbus`` or ``bench.worker_rabbitmq``).
+
+Every message is persistent, every queue durable, every publish confirmed; ackbus
+runs with ``--fsync always``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from bench.params import Params
+from bench.procs import run_workers
+from bench.servers import rss_bytes
+from bench.stats import Figure
+
+__all__ = ["Context", "WORKLOADS", "Workload", "all_figures"]
+
+MiB = 1024 * 1024
+
+
+class Server(Protocol):
+    side: str
+
+    @property
+    def pid(self) -> int: ...
+    def client_spec(self) -> dict[str, Any]: ...
+    def queue_messages(self, queue: str) -> int: ...
+    def kill9(self) -> None: ...
+    def spawn(self) -> None: ...
+    def wait_queue(self, queue: str, expected: int, timeout_s: float) -> None: ...
+
+
+class BenchError(Exception):
+    """A run produced numbers that cannot be trusted (lost messages, reconnects)."""
+
+
+@dataclasses.dataclass
+class Context:
+    params: Params
+    log_dir: Path
+    status: Callable[[str], None]
+
+    def workers(
+        self,
+        server: Server,
+        specs: Sequence[dict[str, Any]],
+        run_timeout_s: float,
+        go_order: Sequence[int] | None = None,
+    ) -> list[dict[str, Any]]:
+        full = [{**server.client_spec(), **spec} for spec in specs]
+        results = run_workers(
+            server.side,
+            full,
+            log_dir=self.log_dir,
+            ready_timeout_s=self.params.ready_timeout_s,
+            run_timeout_s=run_timeout_s,
+            go_order=go_order,
+        )
+        for spec, result in zip(full, results):
+            if result.get("reconnects") or result.get("resent") or result.get("failed") or result.get("nacked"):
+                raise BenchError(f"{spec['op']} worker saw reconnects, resends, failures or nacks: {result}")
+        return results
+
+
+def size_name(size: int) -> str:
+    return f"{size // 1024} KiB" if size % 1024 == 0 else f"{size} B"
+
+
+# --------------------------------------------------------------------------- 1. one-at-a-time
+
+
+def _seq_figures(p: Params) -> list[Figure]:
+    out = []
+    for size in p.body_sizes:
+        label = f"one-at-a-time confirmed publish, {size_name(size)}"
+        out += [
+            Figure(f"publish_seq/{size}/msgs_per_s", "publish_seq", label, "msgs/s", True),
+            Figure(f"publish_seq/{size}/p50_ms", "publish_seq", label, "confirm p50 ms", False),
+            Figure(f"publish_seq/{size}/p99_ms", "publish_seq", label, "confirm p99 ms", False),
+        ]
+    return out
+
+
+def _seq_run(ctx: Context, server: Server) -> tuple[dict[str, float], dict[str, Any]]:
+    p = ctx.params
+    figures, extra = {}, {}
+    for size in p.body_sizes:
+        ctx.status(f"one-at-a-time publish, {size_name(size)}")
+        queue = f"bench.seq.{size}"
+        spec = {"op": "publish_seq", "queues": [queue], "routing_key": queue, "size": size,
+                "duration_s": p.seq_duration_s, "warmup_s": p.seq_warmup_s}
+        (result,) = ctx.workers(server, [spec], p.seq_warmup_s + p.seq_duration_s + p.slack_s)
+        figures[f"publish_seq/{size}/msgs_per_s"] = result["count"] / result["elapsed_s"]
+        figures[f"publish_seq/{size}/p50_ms"] = result["p50_ms"]
+        figures[f"publish_seq/{size}/p99_ms"] = result["p99_ms"]
+        extra[str(size)] = result
+    return figures, extra
+
+
+# --------------------------------------------------------------------------- 2. pipelined
+
+
+def _pipelined_figures(p: Params) -> list[Figure]:
+    return [
+        Figure(
+            f"publish_pipelined/{size}/x{n}/msgs_per_s", "publish_pipelined",
+            f"pipelined publish (window {p.pipelined_window}), {n} publisher{'s' if n > 1 else ''}, {size_name(size)}",
+            "confirmed msgs/s", True,
+        )
+        for size in p.body_sizes
+        for n in p.pipelined_procs
+    ]
+
+
+def _pipelined_run(ctx: Context, server: Server) -> tuple[dict[str, float], dict[str, Any]]:
+    p = ctx.params
+    figures, extra = {}, {}
+    for size in p.body_sizes:
+        for n in p.pipelined_procs:
+            ctx.status(f"pipelined publish, {n} publisher(s), {size_name(size)}")
+            queue = f"bench.pipe.{size}.{n}"
+            spec = {"op": "publish_pipelined", "queues": [queue], "routing_key": queue, "size": size,
+                    "duration_s": p.pipelined_duration_s, "window": p.pipelined_window}
+            results = ctx.workers(server, [spec] * n, p.pipelined_duration_s + p.slack_s)
+            confirmed = sum(r["count"] for r in results)
+            elapsed = max(r["elapsed_s"] for r in results)
+            figures[f"publish_pipelined/{size}/x{n}/msgs_per_s"] = confirmed / elapsed
+            extra[f"{size}/x{n}"] = results
+    return figures, extra
+
+
+# --------------------------------------------------------------------------- 3. consume
+
+
+def _fill(ctx: Context, server: Server, queues: Sequence[str], size: int, count: int, procs: int = 1) -> dict[str, Any]:
+    """Publish ``count`` messages into each queue (pipelined, confirmed; not timed as a
+    figure); ``procs`` publishers per queue share the count. Checks the queue depth."""
+    p = ctx.params
+    specs = []
+    for queue in queues:
+        for i in range(procs):
+            share = count // procs + (1 if i < count % procs else 0)
+            specs.append({"op": "publish_pipelined", "queues": [queue], "routing_key": queue, "size": size,
+                          "count": share, "window": p.fill_window})
+    t0 = time.perf_counter()
+    ctx.workers(server, specs, p.fill_timeout_s(count * len(queues)))
+    elapsed = time.perf_counter() - t0
+    for queue in queues:
+        depth = server.queue_messages(queue)
+        if depth != count:
+            raise BenchError(f"filled {queue} with {count} confirmed messages but it holds {depth}")
+    return {"fill_s": elapsed, "fill_msgs_per_s": count * len(queues) / elapsed}
+
+
+def _consume_figures(p: Params) -> list[Figure]:
+    return [
+        Figure(
+            f"consume/{size}/prefetch{prefetch}/msgs_per_s", "consume",
+            f"consume + ack from {p.consume_count:,} queued, prefetch {prefetch}, {size_name(size)}",
+            "msgs/s", True,
+        )
+        for size in p.body_sizes
+        for prefetch in p.consume_prefetch
+    ]
+
+
+def _consume_run(ctx: Context, server: Server) -> tuple[dict[str, float], dict[str, Any]]:
+    p = ctx.params
+    figures, extra = {}, {}
+    for size in p.body_sizes:
+        queues = {prefetch: f"bench.consume.{size}.p{prefetch}" for prefetch in p.consume_prefetch}
+        ctx.status(f"consume: filling {len(queues)} × {p.consume_count:,} messages of {size_name(size)}")
+        extra[f"{size}/fill"] = _fill(ctx, server, list(queues.values()), size, p.consume_count)
+        for prefetch, queue in queues.items():
+            ctx.status(f"consume {p.consume_count:,} × {size_name(size)}, prefetch {prefetch}")
+            spec = {"op": "consume", "queue": queue, "count": p.consume_count, "prefetch": prefetch}
+            (result,) = ctx.workers(server, [spec], p.fill_timeout_s(p.consume_count))
+            if result["count"] != p.consume_count:
+                raise BenchError(f"consumed {result['count']} of {p.consume_count}")
+            figures[f"consume/{size}/prefetch{prefetch}/msgs_per_s"] = result["count"] / result["elapsed_s"]
+            extra[f"{size}/prefetch{prefetch}"] = result
+    return figures, extra
+
+
+# --------------------------------------------------------------------------- 4. end to end
+
+
+def _e2e_figures(p: Params) -> list[Figure]:
+    out = []
+    for size in p.body_sizes:
+        label = f"publish→deliver latency at {p.e2e_rate:,} msgs/s, {size_name(size)}"
+        out += [
+            Figure(f"e2e/{size}/p50_ms", "e2e", label, "p50 ms", False),
+            Figure(f"e2e/{size}/p99_ms", "e2e", label, "p99 ms", False),
+        ]
+    return out
+
+
+def _e2e_run(ctx: Context, server: Server) -> tuple[dict[str, float], dict[str, Any]]:
+    p = ctx.params
+    figures, extra = {}, {}
+    for size in p.body_sizes:
+        ctx.status(f"publish→deliver latency at {p.e2e_rate} msgs/s, {size_name(size)}")
+        queue = f"bench.e2e.{size}"
+        total = round(p.e2e_rate * (p.e2e_warmup_s + p.e2e_duration_s))
+        warmup = round(p.e2e_rate * p.e2e_warmup_s)
+        run_s = p.e2e_warmup_s + p.e2e_duration_s
+        consumer = {"op": "e2e_consume", "queues": [queue], "queue": queue, "prefetch": p.e2e_prefetch,
+                    "total": total, "warmup_count": warmup, "timeout_s": run_s + p.slack_s / 2}
+        publisher = {"op": "e2e_publish", "queues": [queue], "routing_key": queue, "size": size,
+                     "rate": p.e2e_rate, "total": total}
+        received, published = ctx.workers(server, [consumer, publisher], run_s + p.slack_s, go_order=[0, 1])
+        if received["received"] != total:
+            raise BenchError(f"latency run: published {total}, received {received['received']}")
+        if published["rate"] < 0.95 * p.e2e_rate:
+            raise BenchError(f"latency run: publisher reached only {published['rate']:.0f} msgs/s")
+        figures[f"e2e/{size}/p50_ms"] = received["p50_ms"]
+        figures[f"e2e/{size}/p99_ms"] = received["p99_ms"]
+        extra[str(size)] = {"consumer": received, "publisher": published}
+    return figures, extra
+
+
+# --------------------------------------------------------------------------- 5. recovery
+
+
+def _recovery_figures(p: Params) -> list[Figure]:
+    what = f"{p.recovery_count:,} × {size_name(p.recovery_body_size)} persistent"
+    return [
+        Figure("recovery/recovery_s", "recovery", f"restart after kill -9 with {what}: start → ready", "s", False),
+        Figure("recovery/rss_recovered_mib", "recovery", f"broker RSS after that recovery ({what} loaded)",
+               "MiB", False),
+        Figure("recovery/rss_filled_mib", "recovery", f"broker RSS after publishing {what} (before kill -9)",
+               "MiB", False),
+        Figure("recovery/empty_start_s", "recovery", "start → ready, empty data directory", "s", False),
+    ]
+
+
+def _recovery_run(ctx: Context, server: Server, start_s: float) -> tuple[dict[str, float], dict[str, Any]]:
+    p = ctx.params
+    count, queue = p.recovery_count, "bench.recovery"
+    ctx.status(f"recovery: filling {count:,} messages")
+    extra: dict[str, Any] = {"fill": _fill(ctx, server, [queue], p.recovery_body_size, count, p.recovery_fill_procs)}
+    time.sleep(1.0)
+    rss_filled = rss_bytes(server.pid)
+    ctx.status(f"recovery: kill -9 and restart with {count:,} messages")
+    server.kill9()
+    t0 = time.perf_counter()
+    server.spawn()
+    server.wait_queue(queue, count, p.fill_timeout_s(count))
+    recovery_s = time.perf_counter() - t0
+    rss_ready = rss_bytes(server.pid)
+    time.sleep(2.0)
+    rss_settled = rss_bytes(server.pid)
+    extra.update(rss_at_ready_mib=rss_ready / MiB, rss_2s_after_ready_mib=rss_settled / MiB)
+    return {
+        "recovery/recovery_s": recovery_s,
+        "recovery/rss_recovered_mib": rss_settled / MiB,
+        "recovery/rss_filled_mib": rss_filled / MiB,
+        "recovery/empty_start_s": start_s,
+    }, extra
+
+
+# --------------------------------------------------------------------------- 6. fan-out
+
+
+def _fanout_figures(p: Params) -> list[Figure]:
+    return [
+        Figure(
+            f"fanout/{size}/msgs_per_s", "fanout",
+            f"fan-out publish to {p.fanout_queues} queues (window {p.pipelined_window}), {size_name(size)}",
+            "confirmed msgs/s", True,
+        )
+        for size in p.body_sizes
+    ]
+
+
+def _fanout_run(ctx: Context, server: Server) -> tuple[dict[str, float], dict[str, Any]]:
+    p = ctx.params
+    figures, extra = {}, {}
+    for size in p.body_sizes:
+        ctx.status(f"fan-out to {p.fanout_queues} queues, {size_name(size)}")
+        exchange = f"bench.fanout.{size}"
+        queues = [f"bench.fan.{size}.{i}" for i in range(p.fanout_queues)]
+        spec = {"op": "publish_pipelined", "queues": queues, "fanout": exchange, "exchange": exchange,
+                "routing_key": "", "size": size, "duration_s": p.fanout_duration_s, "window": p.pipelined_window}
+        (result,) = ctx.workers(server, [spec], p.fanout_duration_s + p.slack_s)
+        figures[f"fanout/{size}/msgs_per_s"] = result["count"] / result["elapsed_s"]
+        depth = server.queue_messages(queues[-1])
+        if depth != result["count"]:
+            raise BenchError(f"fan-out: {result['count']} confirmed but {queues[-1]} holds {depth}")
+        extra[str(size)] = result
+    return figures, extra
+
+
+# --------------------------------------------------------------------------- registry
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    name: str
+    title: str
+    figures: Callable[[Params], list[Figure]]
+    run: Callable[[Context, Server, float], tuple[dict[str, float], dict[str, Any]]]
+
+
+def _ignore_start(fn: Callable[[Context, Server], Any]) -> Callable[[Context, Server, float], Any]:
+    return lambda ctx, server, start_s: fn(ctx, server)
+
+
+WORKLOADS: dict[str, Workload] = {
+    w.name: w
+    for w in (
+        Workload("publish_seq", "1. one-at-a-time confirmed publish", _seq_figures, _ignore_start(_seq_run)),
+        Workload("publish_pipelined", "2. pipelined confirmed publish", _pipelined_figures,
+                 _ignore_start(_pipelined_run)),
+        Workload("consume", "3. consume with manual ack", _consume_figures, _ignore_start(_consume_run)),
+        Workload("e2e", "4. end-to-end latency at a fixed rate", _e2e_figures, _ignore_start(_e2e_run)),
+        Workload("recovery", "5. recovery after kill -9", _recovery_figures, _recovery_run),
+        Workload("fanout", "6. fan-out to 10 queues", _fanout_figures, _ignore_start(_fanout_run)),
+    )
+}
+
+
+def all_figures(p: Params, names: Sequence[str]) -> list[Figure]:
+    return [f for name in names for f in WORKLOADS[name].figures(p)]
