@@ -9,10 +9,13 @@ Layout:
 
 - ``cli``: options, the run loop (workload × round × side), progress line, results.
 - ``params``: the workload sizes, full and ``--quick``.
-- ``workloads``: what each workload does to a server and which figures it yields.
+- ``workloads``: what each workload does to a server, which figures it yields, and
+  its time budget.
 - ``servers``: start, crash (``kill -9``) and stop the brokers, by PID.
 - ``procs``: client worker processes with a ready/go handshake, under timeouts.
 - ``worker_ackbus`` / ``worker_rabbitmq``: the client side of each workload, one
   process each (ackbus's own client library; pika for RabbitMQ).
 - ``stats``: percentiles, summaries and the table. ``plot``: the chart.
+
+The suite's smoke test of the harness is ``tests/bench/test_bench_smoke.py``.
 """

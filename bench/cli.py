@@ -2,7 +2,8 @@
 
 Order of runs: for each workload, for each round, ackbus then (with ``--peer``)
 RabbitMQ — A B A B … — each run on a freshly started server that is stopped (by PID)
-afterwards. Results go to ``bench-results/<timestamp>.json`` after every run, so an
+afterwards. Every step of a run has its own time limit, and a watchdog kills the
+broker of a run that goes over the sum of them (the run then fails, the next goes on). Results go to ``bench-results/<timestamp>.json`` after every run, so an
 interrupted benchmark keeps what it measured; the table goes to stdout (and to
 ``bench-results/<timestamp>.md``), the chart to ``docs/benchmarks.png`` with ``--plot``.
 """
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from bench.params import FULL, QUICK, Params
-from bench.procs import ROOT, snapshot_code
+from bench.procs import ROOT, abort_workers, snapshot_code
 from bench.servers import AckbusServer, RabbitServer, cpu_seconds, ensure_rabbitmq
 from bench.stats import markdown_table, summarize, text_table
 from bench.workloads import WORKLOADS, Context, all_figures
@@ -177,13 +178,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def report(results: dict[str, Any], args: argparse.Namespace, out: TextIO = sys.stdout) -> tuple[str, Any]:
+def report(results: dict[str, Any], args: argparse.Namespace, out: TextIO | None = None) -> tuple[str, Any]:
+    out = sys.stdout if out is None else out  # at call time: sys.stdout may have been replaced
     params = Params(**{k: tuple(v) if isinstance(v, list) else v for k, v in results["params"].items()})
     with_peer = bool(results["options"].get("peer"))
     summaries = summarize(all_figures(params, results["options"]["workloads"]), results["runs"])
     out.write("\n" + text_table(summaries, with_peer) + "\n")
     if with_peer:
-        out.write("ratio = ackbus median / RabbitMQ median; 'better' says which direction is better.\n")
+        out.write("ratio = ackbus median / RabbitMQ median; 'better' says which direction is better; "
+                  "'–': not measured on that side (WAL bytes/msg: ackbus only) or every round failed.\n")
     failed = [r for r in results["runs"] if r.get("error")]
     for run in failed:
         out.write(f"FAILED: {run['workload']} round {run['round']} {run['side']}: {run['error'].splitlines()[0]}\n")
@@ -266,7 +269,21 @@ def _one_run(
     server: AckbusServer | RabbitServer = AckbusServer(workdir) if side == "ackbus" else RabbitServer(workdir)
     run: dict[str, Any] = {"workload": workload.name, "round": round_no, "side": side, "figures": {},
                            "loadavg_before": os.getloadavg()}
+    # Every step has its own time limit; the watchdog is the backstop for a call that
+    # has none (a broker that accepts a connection and then never answers): past the
+    # run's budget it kills the broker and the client workers, which makes whatever
+    # waits on them fail.
+    budget_s = params.slack_s * 2 + workload.budget_s(params) + 60
+
+    def abort() -> None:
+        server.abort()
+        abort_workers()
+
+    watchdog = threading.Timer(budget_s, abort)
+    watchdog.daemon = True
+    run["budget_s"] = budget_s
     t0 = time.perf_counter()
+    watchdog.start()
     try:
         start_s = server.start(timeout_s=params.slack_s * 2)
         for key, value in server.versions().items():
@@ -279,10 +296,13 @@ def _one_run(
             run["broker_cpu_s"] = cpu_seconds(server.pid) - cpu0
     except Exception as exc:
         run["error"] = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
+        if server.aborted:
+            run["error"] = f"over the run's time budget of {budget_s:.0f} s (broker killed): " + run["error"]
         log_dir.mkdir(parents=True, exist_ok=True)
         for path in workdir.glob("*.log"):
             shutil.copyfile(path, log_dir / f"{workdir.name}-{path.name}")
     finally:
+        watchdog.cancel()
         progress.status("stopping the broker")
         server.stop()
         shutil.rmtree(workdir, ignore_errors=True)

@@ -22,6 +22,10 @@ class Params:
     pipelined_duration_s: float = 5.0
     pipelined_window: int = 1000
     pipelined_procs: tuple[int, ...] = (1, 4)
+    # 2b. confirmed publish with a fixed number in flight per channel (issue 4's figures)
+    inflight_windows: tuple[int, ...] = (1, 8, 64)
+    inflight_size: int = 100
+    inflight_duration_s: float = 5.0
     # 3. consume with manual ack from a pre-filled queue
     consume_count: int = 100_000
     consume_prefetch: tuple[int, ...] = (100, 1000)
@@ -48,6 +52,10 @@ class Params:
     def fill_timeout_s(self, count: int) -> float:
         return self.slack_s + count / self.min_fill_rate
 
+    def step_timeout_s(self, duration_s: float) -> float:
+        """The most one timed step of ``duration_s`` may take, workers' set-up included."""
+        return self.ready_timeout_s + duration_s + self.slack_s
+
 
 FULL = Params()
 
@@ -55,6 +63,7 @@ QUICK = Params(
     seq_duration_s=0.5,
     seq_warmup_s=0.1,
     pipelined_duration_s=0.5,
+    inflight_duration_s=0.5,
     consume_count=2_000,
     e2e_rate=500,
     e2e_duration_s=0.5,

@@ -1,7 +1,7 @@
 """The chart of ``docs/benchmarks.png`` (``scripts/bench --plot``), with matplotlib.
 
-Four panels, because the figures live on very different scales: throughput (msgs/s),
-latency (ms), recovery time (s) and memory (MiB). Each figure is a pair of horizontal
+Five panels, because the figures live on very different scales: throughput (msgs/s),
+latency (ms), recovery time (s), memory (MiB) and WAL bytes per message (ackbus only). Each figure is a pair of horizontal
 bars (ackbus, RabbitMQ) at the median, with a whisker from min to max over the rounds
 and the ackbus/RabbitMQ ratio written beside it. Throughput and latency use a log
 scale so that a 10× gap and a 1.1× gap are both readable.
@@ -25,6 +25,7 @@ PANELS = (
     ("latency (ms, log scale) — lower is better", lambda s: "ms" in s.figure.metric.split(), True),
     ("time (s) — lower is better", lambda s: s.figure.metric == "s", False),
     ("broker memory (MiB) — lower is better", lambda s: s.figure.metric == "MiB", False),
+    ("WAL bytes written per message — lower is better", lambda s: s.figure.metric == "WAL bytes/msg", False),
 )
 
 
@@ -35,6 +36,9 @@ def _short(summary: Summary) -> str:
         ("pipelined publish (window 1000)", "pipelined"),
         ("consume + ack from ", "consume "),
         ("fan-out publish to 10 queues (window 1000)", "fan-out ×10"),
+        ("confirmed publish, ", ""),
+        (" per channel", ""),
+        ("WAL bytes written per confirmed message (pipelined publish)", "WAL bytes/msg"),
         ("publish→deliver latency at ", "e2e @ "),
         (" persistent", ""),
         ("restart after kill -9 with ", "recovery, "),
@@ -44,7 +48,7 @@ def _short(summary: Summary) -> str:
     ):
         label = label.replace(long, short)
     metric = summary.figure.metric
-    if metric not in ("msgs/s", "confirmed msgs/s", "s", "MiB"):
+    if metric not in ("msgs/s", "confirmed msgs/s", "s", "MiB", "WAL bytes/msg"):
         label += f" — {metric.replace(' ms', '')}"
     return label
 

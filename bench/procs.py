@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["ROOT", "WorkerFailed", "code_root", "run_workers", "snapshot_code"]
+__all__ = ["ROOT", "WorkerFailed", "abort_workers", "code_root", "run_workers", "snapshot_code"]
 
 ROOT = Path(__file__).resolve().parents[1]
 _PACKAGES = ("broker", "client", "bench")
@@ -53,6 +53,23 @@ _MODULES = {"ackbus": "bench.worker_ackbus", "rabbitmq": "bench.worker_rabbitmq"
 
 class WorkerFailed(Exception):
     """A worker exited, failed or timed out; the message says which and why."""
+
+
+# Workers running now, so that the run's watchdog (another thread) can end them.
+_live: set[subprocess.Popen[str]] = set()
+_live_lock = threading.Lock()
+
+
+def abort_workers() -> None:
+    """SIGKILL every worker running now (safe from another thread: a worker leaves
+    ``_live`` before it is reaped, so its PID cannot have been reused)."""
+    with _live_lock:
+        for proc in _live:
+            if proc.returncode is None:
+                try:
+                    proc.kill()
+                except OSError:
+                    pass
 
 
 def _reader(name: int, stream: IO[str], lines: queue.Queue[tuple[int, str | None]]) -> None:
@@ -99,6 +116,8 @@ def run_workers(
                     env=env,
                 )
             procs.append(proc)
+            with _live_lock:
+                _live.add(proc)
             assert proc.stdout is not None
             threading.Thread(target=_reader, args=(i, proc.stdout, lines), daemon=True).start()
 
@@ -146,6 +165,8 @@ def run_workers(
             proc.wait(timeout=30)
         return [results[i] for i in range(len(procs))]
     finally:
+        with _live_lock:
+            _live.difference_update(procs)
         for proc in procs:
             if proc.poll() is None:
                 proc.kill()

@@ -15,7 +15,8 @@ its own port) so that we can stop it by PID; ``RUNNING_UNDER_SYSTEMD=true`` make
 ``beam.smp`` itself. Ready means an AMQP connection opens.
 
 Nothing here is stopped by name: each server remembers the PIDs it started (and, for
-``kill -9``, the VM's helper processes it found under its own PID).
+``kill -9``, the VM's helper processes it found under its own PID). ``abort`` is the
+run watchdog's way in, from another thread: SIGKILL by PID, no restart after it.
 """
 
 from __future__ import annotations
@@ -155,6 +156,22 @@ def _end(proc: subprocess.Popen[bytes], sig: int, timeout_s: float) -> None:
             proc.wait()
 
 
+def _refuse_if_aborted(server: Any) -> None:
+    if server.aborted:
+        raise ServerError("the run went over its time budget; the broker was killed")
+
+
+def _abort_tree(proc: subprocess.Popen[bytes] | None) -> None:
+    """SIGKILL ``proc`` and everything under it, without waiting or reaping (safe from
+    a thread other than the one that owns ``proc``: PIDs are checked by start time)."""
+    if proc is None or proc.returncode is not None:
+        return
+    start = _start_time(proc.pid)
+    if start is None:
+        return
+    _kill_pids([(proc.pid, start), *_descendants(proc.pid)])
+
+
 # --------------------------------------------------------------------------- ackbus
 
 
@@ -168,6 +185,7 @@ class AckbusServer:
         self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = workdir / "ackbus-broker.log"
+        self.aborted = False
 
     @property
     def url(self) -> str:
@@ -181,6 +199,7 @@ class AckbusServer:
     def spawn(self) -> None:
         """Start the broker process; do not wait for it."""
         assert self.proc is None or self.proc.poll() is not None, "already running"
+        _refuse_if_aborted(self)
         self.workdir.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ)
         env["PYTHONPATH"] = str(code_root()) + os.pathsep + env.get("PYTHONPATH", "")
@@ -261,9 +280,24 @@ class AckbusServer:
     def client_spec(self) -> dict[str, Any]:
         return {"url": self.url}
 
+    def wal_bytes_written(self) -> int | None:
+        """Bytes the broker appended to its WAL since it started (``GET /overview``,
+        ``storage.wal_bytes_written``); None if it does not say."""
+        status, overview = self.request("GET", "/overview")
+        if status != 200 or not isinstance(overview, dict):
+            raise ServerError(f"GET /overview: {status} {overview!r}")
+        value = overview.get("storage", {}).get("wal_bytes_written")
+        return None if value is None else int(value)
+
     def kill9(self) -> None:
         assert self.proc is not None
         _end(self.proc, signal.SIGKILL, 30)
+
+    def abort(self) -> None:
+        """From another thread (the run's watchdog): SIGKILL the broker and refuse to
+        start it again, so that whatever waits on it fails now. ``stop`` reaps."""
+        self.aborted = True
+        _abort_tree(self.proc)
 
     def stop(self) -> None:
         if self.proc is not None:
@@ -346,6 +380,7 @@ class RabbitServer:
         self.epmd: subprocess.Popen[bytes] | None = None
         self.log_path = workdir / "rabbitmq-stdout.log"
         self.server_properties: dict[str, Any] = {}
+        self.aborted = False
 
     @property
     def pid(self) -> int:
@@ -376,6 +411,7 @@ class RabbitServer:
 
     def spawn(self) -> None:
         assert self.proc is None or self.proc.poll() is not None, "already running"
+        _refuse_if_aborted(self)
         base = self.workdir
         base.mkdir(parents=True, exist_ok=True)
         (base / "rabbitmq-env.conf").touch()
@@ -480,6 +516,16 @@ class RabbitServer:
 
     def client_spec(self) -> dict[str, Any]:
         return {"port": self.port}
+
+    def wal_bytes_written(self) -> int | None:
+        """RabbitMQ has no single WAL counter to compare with: not measured."""
+        return None
+
+    def abort(self) -> None:
+        """From another thread (the run's watchdog): SIGKILL the Erlang VM and its
+        helpers and refuse to start it again; ``stop`` reaps and ends epmd."""
+        self.aborted = True
+        _abort_tree(self.proc)
 
     def kill9(self) -> None:
         """SIGKILL the Erlang VM and the helpers it started (erl_child_setup, ...)."""

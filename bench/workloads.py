@@ -1,4 +1,8 @@
-"""The six workloads: what each does to a running server, and the figures it yields.
+"""The workloads: what each does to a running server, and the figures it yields.
+
+The six of the benchmark issue, plus ``inflight`` (confirmed publishes per second with
+1, 8 and 64 in flight per channel) and the WAL bytes written per message, which the
+durability issue asks for.
 
 Every workload gets a freshly started server (fresh data directory or Mnesia
 directory) and returns ``(figures, extra)``: ``figures`` maps the keys of
@@ -38,6 +42,7 @@ class Server(Protocol):
     def kill9(self) -> None: ...
     def spawn(self) -> None: ...
     def wait_queue(self, queue: str, expected: int, timeout_s: float) -> None: ...
+    def wal_bytes_written(self) -> int | None: ...
 
 
 class BenchError(Exception):
@@ -111,7 +116,7 @@ def _seq_run(ctx: Context, server: Server) -> tuple[dict[str, float], dict[str, 
 
 
 def _pipelined_figures(p: Params) -> list[Figure]:
-    return [
+    out = [
         Figure(
             f"publish_pipelined/{size}/x{n}/msgs_per_s", "publish_pipelined",
             f"pipelined publish (window {p.pipelined_window}), {n} publisher{'s' if n > 1 else ''}, {size_name(size)}",
@@ -120,12 +125,25 @@ def _pipelined_figures(p: Params) -> list[Figure]:
         for size in p.body_sizes
         for n in p.pipelined_procs
     ]
+    out += [
+        Figure(f"publish_pipelined/{size}/wal_bytes_per_msg", "publish_pipelined",
+               f"WAL bytes written per confirmed message (pipelined publish), {size_name(size)}",
+               "WAL bytes/msg", False)
+        for size in p.body_sizes
+    ]
+    return out
 
 
 def _pipelined_run(ctx: Context, server: Server) -> tuple[dict[str, float], dict[str, Any]]:
+    """Per body size and publisher count, ``n`` pipelined publishers on one queue each
+    with its own connection and channel. The WAL bytes per message (ackbus only) are
+    the growth of ``wal_bytes_written`` over all steps of one body size divided by the
+    messages confirmed in them (queue declares included: a few records among
+    thousands)."""
     p = ctx.params
     figures, extra = {}, {}
     for size in p.body_sizes:
+        wal_before, confirmed_total = server.wal_bytes_written(), 0
         for n in p.pipelined_procs:
             ctx.status(f"pipelined publish, {n} publisher(s), {size_name(size)}")
             queue = f"bench.pipe.{size}.{n}"
@@ -136,6 +154,41 @@ def _pipelined_run(ctx: Context, server: Server) -> tuple[dict[str, float], dict
             elapsed = max(r["elapsed_s"] for r in results)
             figures[f"publish_pipelined/{size}/x{n}/msgs_per_s"] = confirmed / elapsed
             extra[f"{size}/x{n}"] = results
+            confirmed_total += confirmed
+        wal_after = server.wal_bytes_written()
+        if wal_before is not None and wal_after is not None and confirmed_total:
+            figures[f"publish_pipelined/{size}/wal_bytes_per_msg"] = (wal_after - wal_before) / confirmed_total
+            extra[f"{size}/wal"] = {"bytes_written": wal_after - wal_before, "messages": confirmed_total}
+    return figures, extra
+
+
+# --------------------------------------------------------------------------- 2b. in flight
+
+
+def _inflight_figures(p: Params) -> list[Figure]:
+    return [
+        Figure(
+            f"inflight/{window}/msgs_per_s", "inflight",
+            f"confirmed publish, {window} in flight per channel, {size_name(p.inflight_size)}",
+            "confirmed msgs/s", True,
+        )
+        for window in p.inflight_windows
+    ]
+
+
+def _inflight_run(ctx: Context, server: Server) -> tuple[dict[str, float], dict[str, Any]]:
+    """One publisher, one channel, at most ``window`` publishes unconfirmed (ackbus: the
+    client's ``max_pending``; pika: a confirm window counted by delivery tag)."""
+    p = ctx.params
+    figures, extra = {}, {}
+    for window in p.inflight_windows:
+        ctx.status(f"confirmed publish, {window} in flight, {size_name(p.inflight_size)}")
+        queue = f"bench.inflight.{window}"
+        spec = {"op": "publish_pipelined", "queues": [queue], "routing_key": queue, "size": p.inflight_size,
+                "duration_s": p.inflight_duration_s, "window": window}
+        (result,) = ctx.workers(server, [spec], p.inflight_duration_s + p.slack_s)
+        figures[f"inflight/{window}/msgs_per_s"] = result["count"] / result["elapsed_s"]
+        extra[str(window)] = result
     return figures, extra
 
 
@@ -311,6 +364,40 @@ class Workload:
     title: str
     figures: Callable[[Params], list[Figure]]
     run: Callable[[Context, Server, float], tuple[dict[str, float], dict[str, Any]]]
+    # the most the run itself may take: the sum of its steps' own time limits
+    budget_s: Callable[[Params], float]
+
+
+def _budget_seq(p: Params) -> float:
+    return len(p.body_sizes) * p.step_timeout_s(p.seq_warmup_s + p.seq_duration_s)
+
+
+def _budget_pipelined(p: Params) -> float:
+    return len(p.body_sizes) * len(p.pipelined_procs) * p.step_timeout_s(p.pipelined_duration_s) + 60
+
+
+def _budget_inflight(p: Params) -> float:
+    return len(p.inflight_windows) * p.step_timeout_s(p.inflight_duration_s)
+
+
+def _budget_consume(p: Params) -> float:
+    n = len(p.consume_prefetch)
+    fill = p.ready_timeout_s + p.fill_timeout_s(n * p.consume_count)
+    drain = n * (p.ready_timeout_s + p.fill_timeout_s(p.consume_count))
+    return len(p.body_sizes) * (fill + drain) + 60
+
+
+def _budget_e2e(p: Params) -> float:
+    return len(p.body_sizes) * p.step_timeout_s(p.e2e_warmup_s + p.e2e_duration_s)
+
+
+def _budget_recovery(p: Params) -> float:
+    fill = p.ready_timeout_s + p.fill_timeout_s(p.recovery_count)
+    return fill + 1 + 30 + p.fill_timeout_s(p.recovery_count) + 2 + 60
+
+
+def _budget_fanout(p: Params) -> float:
+    return len(p.body_sizes) * p.step_timeout_s(p.fanout_duration_s) + 60
 
 
 def _ignore_start(fn: Callable[[Context, Server], Any]) -> Callable[[Context, Server, float], Any]:
@@ -320,13 +407,19 @@ def _ignore_start(fn: Callable[[Context, Server], Any]) -> Callable[[Context, Se
 WORKLOADS: dict[str, Workload] = {
     w.name: w
     for w in (
-        Workload("publish_seq", "1. one-at-a-time confirmed publish", _seq_figures, _ignore_start(_seq_run)),
+        Workload("publish_seq", "1. one-at-a-time confirmed publish", _seq_figures, _ignore_start(_seq_run),
+                 _budget_seq),
         Workload("publish_pipelined", "2. pipelined confirmed publish", _pipelined_figures,
-                 _ignore_start(_pipelined_run)),
-        Workload("consume", "3. consume with manual ack", _consume_figures, _ignore_start(_consume_run)),
-        Workload("e2e", "4. end-to-end latency at a fixed rate", _e2e_figures, _ignore_start(_e2e_run)),
-        Workload("recovery", "5. recovery after kill -9", _recovery_figures, _recovery_run),
-        Workload("fanout", "6. fan-out to 10 queues", _fanout_figures, _ignore_start(_fanout_run)),
+                 _ignore_start(_pipelined_run), _budget_pipelined),
+        Workload("inflight", "2b. confirmed publish, 1/8/64 in flight", _inflight_figures,
+                 _ignore_start(_inflight_run), _budget_inflight),
+        Workload("consume", "3. consume with manual ack", _consume_figures, _ignore_start(_consume_run),
+                 _budget_consume),
+        Workload("e2e", "4. end-to-end latency at a fixed rate", _e2e_figures, _ignore_start(_e2e_run),
+                 _budget_e2e),
+        Workload("recovery", "5. recovery after kill -9", _recovery_figures, _recovery_run, _budget_recovery),
+        Workload("fanout", "6. fan-out to 10 queues", _fanout_figures, _ignore_start(_fanout_run),
+                 _budget_fanout),
     )
 }
 
