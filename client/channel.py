@@ -83,6 +83,9 @@ __all__ = ["Channel", "ChannelStatistics", "QueueDeclared"]
 # Sessions in a row that a broker ``error`` without an ``id`` ended, with no confirm
 # in between, before the channel gives up instead of resending into the same error.
 MAX_UNATTRIBUTED_ERRORS = 5
+# start_publish() passes a schedule point once every this many calls (and whenever the
+# pending window is full).
+PUBLISH_YIELD_EVERY = 16
 
 State = Literal["opening", "open", "closing", "closed", "failed"]
 Body = bytes | str
@@ -158,6 +161,8 @@ class Channel(Settler):
         self._changed = trio.Event()
         self._id_prefix = secrets.token_hex(8)
         self._message_ids = 0
+        self._last_properties: Properties | None = None
+        self._last_properties_json: dict[str, Any] = {}
         self._request_ids = 0
         self._consumer_tags = 0
         self._seq = 0
@@ -260,7 +265,12 @@ class Channel(Settler):
         await self._tracker.wait_for_room(handle.size)
         self._check_usable()
         self._enqueue(handle)
-        await trio.lowlevel.cancel_shielded_checkpoint()
+        if not self._published % PUBLISH_YIELD_EVERY:
+            # A schedule point every few publishes, not every one: a trio scheduling
+            # round costs as much as preparing a publish, and the writer sends
+            # whatever has queued meanwhile in one chunk anyway. wait_for_room()
+            # above still blocks (and yields) whenever the window is full.
+            await trio.lowlevel.cancel_shielded_checkpoint()
         return handle
 
     def publish_nowait(
@@ -625,8 +635,16 @@ class Channel(Settler):
         self._check_usable()
         if isinstance(body, str):
             body = body.encode("utf-8")
-        props = Properties.coerce(properties)
-        props_json = props.to_json()
+        if properties is not None and properties is self._last_properties:
+            props_json = dict(self._last_properties_json)
+            props = properties
+        else:
+            props = Properties.coerce(properties)
+            props_json = props.to_json()
+            if props.headers is None and isinstance(properties, Properties):
+                # The same (immutable) Properties object passed again, as in a
+                # publishing loop, need not be validated and converted again.
+                self._last_properties, self._last_properties_json = properties, dict(props_json)
         message_id = props.message_id
         if message_id is None:
             self._message_ids += 1

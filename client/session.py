@@ -36,7 +36,11 @@ if TYPE_CHECKING:
 __all__ = ["ChannelSession", "open_session", "Reply", "SessionEnded"]
 
 CHUNK_BYTES = 256 * 1024
-COALESCE_ROUNDS = 64
+# Scheduling rounds the writer waits for more ops before sending a chunk. More rounds
+# make bigger chunks but stall the pipeline: with 64, a window of 1000 publishes went
+# out as one lump and confirms came back in lumps (pipelined publish ~25k/s); with 8,
+# publishes and confirms overlap (~31k/s, same machine and run).
+COALESCE_ROUNDS = 8
 
 
 class SessionEnded(Exception):

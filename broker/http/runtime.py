@@ -37,6 +37,13 @@ from broker.core import (
 
 __all__ = ["BrokerRuntime", "ChannelSink", "RuntimeOptions"]
 
+# Batches of at most this many WAL records are written and fsynced on the event loop
+# thread instead of a worker thread: the thread hand-off costs about as much as the
+# fsync (~150 us vs ~200 us on the benchmark machine), and a batch this small means
+# there is little traffic to overlap with. One-at-a-time confirmed publish, raw client:
+# p50 0.84 -> 0.59 ms, p99 3.9 -> 1.4 ms. Bigger batches (load) still go to the thread.
+WAL_INLINE_MAX_RECORDS = 8
+
 log = logging.getLogger("ackbus.runtime")
 
 
@@ -181,6 +188,7 @@ class BrokerRuntime:
             recovery,
             fsync_policy=storage.parse_fsync_policy(self.options.fsync),
             segment_max_bytes=self.options.segment_max_bytes,
+            inline_max_records=WAL_INLINE_MAX_RECORDS,
             on_durable=self._on_durable,
             on_failure=self._on_failure,
             on_recovered=self._on_recovered,

@@ -106,11 +106,14 @@ async def append_numbered(wal: WriteAheadLog, count: int, rtype: int = 1) -> int
 # --------------------------------------------------------------------------- basics
 
 
+# inline_max_records: 0 writes every batch in a worker thread; 8 writes these small
+# batches on the event loop thread. Both must behave the same.
+@pytest.mark.parametrize("inline_max_records", [0, 8])
 async def test_append_assigns_consecutive_lsns_and_reports_them_durable(
-    tmp_path: Path, recover_all: RecoverAll
+    tmp_path: Path, recover_all: RecoverAll, inline_max_records: int
 ) -> None:
     events = Events()
-    wal = WriteAheadLog(tmp_path, **events.callbacks())
+    wal = WriteAheadLog(tmp_path, inline_max_records=inline_max_records, **events.callbacks())
     async with serving(wal):
         assert wal.append_nowait([(1, b"a")]) == 1
         assert wal.append_nowait([(2, b"b"), (3, b"c")]) == 3
@@ -551,16 +554,21 @@ async def test_a_crash_right_after_a_failure_probe_continues_without_a_gap(
 # --------------------------------------------------------------------------- failures
 
 
+@pytest.mark.parametrize("inline_max_records", [0, 8])
 @pytest.mark.parametrize("mechanism", ["disk", "fault-point"])
 async def test_fsync_failure_fails_the_batch_then_probes_and_recovers(
     tmp_path: Path,
     autojump_clock: trio.testing.MockClock,
     recover_all: RecoverAll,
     mechanism: str,
+    inline_max_records: int,
 ) -> None:
     disk = SimulatedDisk()
     events = Events()
-    wal = WriteAheadLog(tmp_path, fs=disk, retry_interval_s=1.0, **events.callbacks())
+    wal = WriteAheadLog(
+        tmp_path, fs=disk, retry_interval_s=1.0, inline_max_records=inline_max_records,
+        **events.callbacks(),
+    )
     async with serving(wal):
         wal.append_nowait([(1, b"ok-1")])
         await events.wait_durable(1)
