@@ -36,11 +36,29 @@ if TYPE_CHECKING:
 __all__ = ["Message", "MessageStream", "Settler"]
 
 
+# ack/nack/reject and the stream's __anext__ pass a schedule point once every this many
+# calls rather than on every one, so a consumer loop settles a whole received batch
+# before the writer runs: its acks then leave in one chunk. Measured with prefetch 100:
+# 2.2 acks per chunk and ~16k msgs/s with a schedule point on every call.
+YIELD_EVERY = 16
+
+
 class Settler:
     """What a message needs from its channel (implemented by Channel)."""
 
+    _settle_calls = 0
+
     def _settle(self, message: Message, op: str, requeue: bool) -> bool:  # pragma: no cover
         raise NotImplementedError
+
+
+async def _settled(settler: Settler, sent: bool) -> bool:
+    """Return ``sent`` after a schedule point every YIELD_EVERY settles (shielded: the
+    op is already queued, so the caller must learn its result)."""
+    settler._settle_calls += 1
+    if not settler._settle_calls % YIELD_EVERY:
+        await trio.lowlevel.cancel_shielded_checkpoint()
+    return sent
 
 
 class Message:
@@ -113,8 +131,7 @@ class Message:
         Raises:
             MessageAlreadySettled: already settled; nothing was sent.
         """
-        await trio.lowlevel.checkpoint()
-        return self._settler._settle(self, "ack", False)
+        return await _settled(self._settler, self._settler._settle(self, "ack", False))
 
     async def nack(self, *, requeue: bool = True) -> bool:
         """Negative-acknowledge: with ``requeue`` (the default) the message goes back to
@@ -124,8 +141,7 @@ class Message:
         Raises:
             MessageAlreadySettled: already settled; nothing was sent.
         """
-        await trio.lowlevel.checkpoint()
-        return self._settler._settle(self, "nack", requeue)
+        return await _settled(self._settler, self._settler._settle(self, "nack", requeue))
 
     async def reject(self, *, requeue: bool = False) -> bool:
         """Reject: by default the message is dropped (or dead-lettered); with
@@ -134,8 +150,7 @@ class Message:
         Raises:
             MessageAlreadySettled: already settled; nothing was sent.
         """
-        await trio.lowlevel.checkpoint()
-        return self._settler._settle(self, "reject", requeue)
+        return await _settled(self._settler, self._settler._settle(self, "reject", requeue))
 
     def _mark_settled(self) -> None:
         """Raises MessageAlreadySettled when already settled."""
@@ -183,6 +198,7 @@ class MessageStream:
         self.cancel_reply: Reply | None = None
         self.delivered = 0
         self._buffer: deque[Message] = deque()
+        self._next_calls = 0
         self._wake = trio.Event()
         self._stopped = False
         self._end: Callable[[], ClientError] | None = None
@@ -220,7 +236,9 @@ class MessageStream:
         return self
 
     async def __anext__(self) -> Message:
-        await trio.lowlevel.checkpoint()
+        self._next_calls += 1
+        if not self._buffer or not self._next_calls % YIELD_EVERY:
+            await trio.lowlevel.checkpoint()
         while True:
             if self._stopped:
                 raise StopAsyncIteration
