@@ -539,6 +539,10 @@ class WriteAheadLog:
                 while not self._chunks and not self._closing:
                     self._wakeup = trio.Event()
                     await self._wakeup.wait()
+        # Let the tasks woken together with this one run first: a delivery made by the
+        # same publish goes out before a (possibly inline) fsync holds the thread, and
+        # records they append join this batch.
+        await trio.lowlevel.cancel_shielded_checkpoint()
         async with self._io_lock:
             if self._closing:
                 return  # aclose() flushes what is left
