@@ -1436,15 +1436,24 @@ class Broker:
         del self.queues[queue.name]
         del self._queues_by_id[queue.qid]
 
-    def finish_recovery(self, last_lsn: int) -> None:
+    def finish_recovery(self, last_lsn: int, *, assume_delivered: bool = False) -> None:
         """Leave replay mode: queues take their recovered contents in original order.
-        Messages that were delivered and unacked at the crash come back redelivered."""
+        Messages that were delivered and unacked at the crash come back redelivered.
+
+        ``assume_delivered`` (after an unclean stop): mark every recovered message
+        redelivered. Delivered marks are logged lazily (a delivery does not wait for an
+        fsync), so after a crash the log cannot tell which messages a consumer saw;
+        AMQP's ``redelivered`` means "may have been delivered before", and a message
+        that was delivered, or even acked, must not come back looking fresh."""
         state = self._replay
         assert state is not None
         for qid, entries in state.items():
             queue = self._queues_by_id[qid]
             for seq in sorted(entries):
-                queue.ready.append(entries[seq])
+                entry = entries[seq]
+                if assume_delivered:
+                    entry.delivered = True
+                queue.ready.append(entry)
         self._replay = None
         self._replay_messages = {}
         self.last_lsn = max(self.last_lsn, last_lsn)

@@ -180,7 +180,9 @@ class BrokerRuntime:
             for lsn, rtype, payload in recovery.wal_records:
                 core.replay(rtype, payload, lsn)
                 n_wal += 1
-            core.finish_recovery(recovery.last_lsn)
+            # Records after the checkpoint mean the broker did not stop cleanly (a clean
+            # stop ends with a checkpoint covering everything).
+            core.finish_recovery(recovery.last_lsn, assume_delivered=n_wal > 0)
             return recovery, n_ckpt, n_wal
 
         recovery, n_ckpt, n_wal = await trio.to_thread.run_sync(recover_sync)

@@ -456,3 +456,24 @@ def test_replay_does_not_auto_delete_on_its_own() -> None:
     h.b.unbind("ad", "tq")
     assert "ad" not in h.b.exchanges
     assert "ad" not in restart_from_log(h).exchanges
+
+
+def test_replay_after_an_unclean_stop_marks_every_message_redelivered() -> None:
+    """Delivered marks are logged lazily: after a crash any recovered message may
+    have been delivered, so all of them come back flagged (AMQP: 'may have been')."""
+    h = Harness()
+    h.queue("q")
+    ch = h.channel()
+    for i in range(3):
+        h.publish(ch, "", "q", bytes([i]))
+    h.sync()
+    h.step()
+    nb = fresh_broker(h)
+    nb.begin_recovery()
+    for lsn, rtype, payload in h.records:
+        nb.replay(rtype, payload, lsn)
+    nb.finish_recovery(h.records[-1][0], assume_delivered=True)
+    c2 = nb.open_channel()
+    nb.consume(c2, "q")
+    got = [e for e in nb.take_effects() if isinstance(e, Deliver)]
+    assert [(d.message.body, d.redelivered) for d in got] == [(b"\x00", True), (b"\x01", True), (b"\x02", True)]

@@ -209,3 +209,48 @@ def test_kill9_with_consumers_acking_loses_nothing_unacked(tmp_path: Path) -> No
         if m["body"] in consumed:
             assert m["redelivered"], m
     assert not (set(remaining) | set(consumed)) - attempted
+
+
+def test_a_delivery_whose_mark_never_reached_the_disk_comes_back_redelivered(tmp_path: Path) -> None:
+    """A delivery does not wait for its delivered mark to be synced, so a crash can
+    lose the mark. The message must still come back marked redelivered (the consumer
+    may have seen, even acked, it), never looking fresh. The fault fails exactly the
+    fsync of the batch holding the mark (1: declare, 2: publish, 3: the mark)."""
+    broker = BrokerProcess(tmp_path / "data", env={"ACKBUS_FAULTS": "wal.fsync_error@2:1"})
+    broker.start()
+    try:
+        assert broker.request("PUT", "/queues/q", {})[0] == 201
+        status, body = broker.request("POST", "/exchanges/amq.default/publish?routing_key=q", b"m1")
+        assert status == 200 and body["confirm"] == "ack", body
+        status, got = broker.request("POST", "/queues/q/get?lease=600")
+        assert status == 200 and [m["body"] for m in got["messages"]] == ["m1"]
+        assert got["messages"][0]["redelivered"] is False
+        deadline = time.monotonic() + 10
+        while "write-ahead log IO failed" not in broker.log_tail():
+            assert time.monotonic() < deadline, broker.log_tail()
+            time.sleep(0.05)
+        broker.kill()
+        broker.env = {}
+        broker.start()
+        status, got = broker.request("POST", "/queues/q/get")
+    finally:
+        broker.stop()
+    assert status == 200 and [m["body"] for m in got["messages"]] == ["m1"]
+    assert got["messages"][0]["redelivered"] is True
+
+
+def test_after_a_clean_stop_undelivered_messages_are_not_marked_redelivered(tmp_path: Path) -> None:
+    """The conservative marking above is for unclean stops only."""
+    broker = BrokerProcess(tmp_path / "data")
+    broker.start()
+    try:
+        assert broker.request("PUT", "/queues/q", {})[0] == 201
+        for body in (b"a", b"b"):
+            assert broker.request("POST", "/exchanges/amq.default/publish?routing_key=q", body)[0] == 200
+        assert broker.terminate() == 0
+        broker.start()
+        status, got = broker.request("POST", "/queues/q/get?max=10")
+    finally:
+        broker.stop()
+    assert status == 200
+    assert [(m["body"], m["redelivered"]) for m in got["messages"]] == [("a", False), ("b", False)]
