@@ -2,57 +2,103 @@
 
 A publish carrying a ``message_id`` already seen on the same exchange within the
 window is acknowledged again without being enqueued again. The window is by wall-clock
-time (it must survive restarts, so it travels in the log), and entries expire in
-arrival order, so a deque suffices.
+time (it must survive restarts, so it travels in the log).
+
+Rules and layout (one entry per publish in the window: a million at 8k msgs/s over the
+default two minutes, so memory per entry matters):
+
+* Per exchange, one dict ``message_id -> packed int`` (``lsn << 44 | wall in ms``): no
+  tuple, float or key tuple per entry (about 100 bytes an entry instead of 370).
+* Dicts keep insertion order, and entries are inserted in time order (a message id is
+  remembered only after a lookup missed; a refreshed id is removed and re-inserted at
+  the end), so expired entries are a prefix of each dict.
+* Expired entries are dropped in batches, at most every ``window_s / 64``, because
+  popping a dict's front one entry at a time rescans the holes left by earlier
+  deletions. :meth:`lookup` still applies the exact window (an expired hit is dropped
+  and reported as unseen), so batching only delays when memory is freed.
 """
 
 from __future__ import annotations
 
-from collections import deque
-
 __all__ = ["DedupWindow"]
+
+_MS_BITS = 44
+_MS_MASK = (1 << _MS_BITS) - 1
+
+
+def _ms(wall_s: float) -> int:
+    return int(round(wall_s * 1000.0))
 
 
 class DedupWindow:
-    __slots__ = ("window_s", "_seen", "_order")
+    __slots__ = ("window_s", "_by_exchange", "_count", "_next_prune_ms")
 
     def __init__(self, window_s: float) -> None:
         self.window_s = window_s
-        # (exchange, message_id) -> (wall_s, lsn the original publish waited on)
-        self._seen: dict[tuple[str, str], tuple[float, int]] = {}
-        self._order: deque[tuple[float, tuple[str, str]]] = deque()
+        # exchange -> {message_id: lsn << 44 | wall_ms}, in insertion (= time) order
+        self._by_exchange: dict[str, dict[str, int]] = {}
+        self._count = 0
+        self._next_prune_ms = 0
 
     def __len__(self) -> int:
-        return len(self._seen)
+        return self._count
 
     def lookup(self, exchange: str, message_id: str, wall_s: float) -> int | None:
         """The LSN the first publish of this id waited on, or None if not seen in the window."""
-        self.prune(wall_s)
-        hit = self._seen.get((exchange, message_id))
-        if hit is None:
+        now_ms = _ms(wall_s)
+        if now_ms >= self._next_prune_ms:
+            self._prune_ms(now_ms)
+        seen = self._by_exchange.get(exchange)
+        if seen is None:
             return None
-        return hit[1]
+        packed = seen.get(message_id)
+        if packed is None:
+            return None
+        if (packed & _MS_MASK) < now_ms - _ms(self.window_s):
+            del seen[message_id]
+            self._count -= 1
+            return None
+        return packed >> _MS_BITS
 
     def remember(self, exchange: str, message_id: str, wall_s: float, lsn: int) -> None:
         if self.window_s <= 0:
             return
-        key = (exchange, message_id)
-        self._seen[key] = (wall_s, lsn)
-        self._order.append((wall_s, key))
+        seen = self._by_exchange.get(exchange)
+        if seen is None:
+            seen = self._by_exchange[exchange] = {}
+        elif seen.pop(message_id, None) is not None:
+            self._count -= 1  # refreshed: re-inserted at the end, keeping time order
+        seen[message_id] = (lsn << _MS_BITS) | _ms(wall_s)
+        self._count += 1
 
     def forget(self, exchange: str, message_id: str) -> None:
-        self._seen.pop((exchange, message_id), None)
+        seen = self._by_exchange.get(exchange)
+        if seen is not None and seen.pop(message_id, None) is not None:
+            self._count -= 1
 
     def prune(self, wall_s: float) -> None:
-        horizon = wall_s - self.window_s
-        order = self._order
-        seen = self._seen
-        while order and order[0][0] < horizon:
-            t, key = order.popleft()
-            hit = seen.get(key)
-            if hit is not None and hit[0] == t:
-                del seen[key]
+        """Drop every entry older than the window now."""
+        self._prune_ms(_ms(wall_s))
+
+    def _prune_ms(self, now_ms: int) -> None:
+        horizon_ms = now_ms - _ms(self.window_s)
+        for exchange, seen in list(self._by_exchange.items()):
+            expired = []
+            for message_id, packed in seen.items():
+                if (packed & _MS_MASK) >= horizon_ms:
+                    break
+                expired.append(message_id)
+            for message_id in expired:
+                del seen[message_id]
+            self._count -= len(expired)
+            if not seen:
+                del self._by_exchange[exchange]
+        self._next_prune_ms = now_ms + max(1, _ms(self.window_s / 64))
 
     def entries(self) -> list[tuple[str, str, float]]:
         """Live entries as (exchange, message_id, wall_s), for checkpoints."""
-        return [(key[0], key[1], t) for key, (t, _lsn) in self._seen.items()]
+        return [
+            (exchange, message_id, (packed & _MS_MASK) / 1000.0)
+            for exchange, seen in self._by_exchange.items()
+            for message_id, packed in seen.items()
+        ]

@@ -113,6 +113,26 @@ def test_dedup_rememember_refreshes() -> None:
     assert w.entries() == [("x", "a", 108)]
 
 
+def test_dedup_expires_in_batches_but_answers_exactly() -> None:
+    w = DedupWindow(64)  # prunes at most once a second
+    for i in range(100):
+        w.remember("x", f"m{i}", 1000 + i * 0.1, i + 1)
+    w.remember("y", "other", 1000, 500)
+    assert len(w) == 101
+    # At 1069.05 the window starts at 1005.05: m0..m50 are expired, m51.. are not.
+    assert w.lookup("x", "m50", 1069.05) is None
+    assert w.lookup("x", "m51", 1069.05) == 52
+    assert w.lookup("y", "other", 1069.05) is None
+    assert len(w) == 49  # the batch prune dropped every expired entry, of every exchange
+    w.remember("x", "late", 1069.1, 0)
+    assert [mid for _, mid, _ in w.entries()][-2:] == ["m99", "late"]
+    # Entries expiring before the next batch are still refused by the exact check.
+    assert w.lookup("x", "m52", 1069.3) is None
+    assert w.lookup("x", "m53", 1069.3) == 54
+    w.prune(2000)
+    assert len(w) == 0 and w.entries() == []
+
+
 def test_dedup_disabled() -> None:
     w = DedupWindow(0)
     w.remember("x", "a", 100, 1)
