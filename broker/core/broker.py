@@ -1338,7 +1338,7 @@ class Broker:
                 if entries is None or r.seq in entries:
                     continue
                 if message is None:
-                    message = Message(r.seq, r.exchange, r.routing_key, r.body, r.properties, r.expires_at)
+                    message = Message.from_log(r.seq, r.exchange, r.routing_key, r.body, r.properties, r.expires_at)
                     self._replay_messages[r.seq] = message
                 queue = self._queues_by_id[qid]
                 expires = r.expires_at

@@ -128,6 +128,34 @@ class Message:
         # the queue's x-message-ttl, whichever is sooner), or None.
         self.expires_at = expires_at
 
+    @classmethod
+    def from_log(
+        cls,
+        seq: int,
+        exchange: str,
+        routing_key: str,
+        body: bytes,
+        properties: dict[str, Any] | None,
+        expires_at: float | None,
+    ) -> Message:
+        """Like the constructor, for recovery: ``properties`` is a fresh dict (decoded
+        from a record) that may be taken apart in place."""
+        self = cls.__new__(cls)
+        self.seq = seq
+        self.exchange = exchange
+        self.routing_key = routing_key
+        self.body = body
+        if properties:
+            self.message_id = properties.pop("message_id", None)
+            properties = _shared(properties) if properties else None
+        else:
+            self.message_id = None
+            properties = None
+        self._props = properties
+        self.persistent = properties is None or properties.get("delivery_mode", 2) == 2
+        self.expires_at = expires_at
+        return self
+
     @property
     def properties(self) -> dict[str, Any] | None:
         """The message's properties (None when it has none)."""

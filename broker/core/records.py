@@ -62,6 +62,7 @@ def decode_json(payload: bytes) -> dict[str, Any]:
 # ENQUEUE: seq u64 | wall f64 | expires f64 (0 = none) | nq u16 | lens: exchange u16,
 # routing_key u16, message_id u16, properties u32 | qids u32*nq | strings | body
 _ENQ_HEAD = struct.Struct("<QddHHHHI")
+_U32 = struct.Struct("<I")
 
 
 @dataclass(slots=True)
@@ -102,18 +103,20 @@ def encode_enqueue(
 def decode_enqueue(payload: bytes) -> EnqueueRecord:
     seq, wall, expires, nq, lex, lrk, lmid, lprops = _ENQ_HEAD.unpack_from(payload, 0)
     pos = _ENQ_HEAD.size
-    qids = list(struct.unpack_from(f"<{nq}I", payload, pos))
+    if nq == 1:
+        qids = [_U32.unpack_from(payload, pos)[0]]
+    else:
+        qids = list(struct.unpack_from(f"<{nq}I", payload, pos))
     pos += 4 * nq
-    mv = memoryview(payload)
-    exchange = str(mv[pos : pos + lex], "utf-8")
-    pos += lex
-    routing_key = str(mv[pos : pos + lrk], "utf-8")
-    pos += lrk
-    message_id = str(mv[pos : pos + lmid], "utf-8") if lmid else None
-    pos += lmid
-    properties = orjson.loads(mv[pos : pos + lprops]) if lprops else None
-    pos += lprops
-    body = bytes(mv[pos:])
+    end = pos + lex
+    exchange = payload[pos:end].decode() if lex else ""
+    pos, end = end, end + lrk
+    routing_key = payload[pos:end].decode()
+    pos, end = end, end + lmid
+    message_id = payload[pos:end].decode() if lmid else None
+    pos, end = end, end + lprops
+    properties = orjson.loads(payload[pos:end]) if lprops else None
+    body = payload[end:]
     return EnqueueRecord(
         seq, wall, expires or None, qids, exchange, routing_key, message_id, properties, body
     )
