@@ -54,6 +54,7 @@ import trio.testing
 from broker.http.app import BrokerApp
 from broker.http.limits import Limits
 from broker.http.runtime import BrokerRuntime, RuntimeOptions
+from tests.http.channel_client import Clients
 
 __all__ = [
     "HTTPClient",
@@ -147,6 +148,19 @@ def broker_options() -> RuntimeOptions:
 async def broker_app(broker_limits: Limits, broker_options: RuntimeOptions) -> AsyncIterator[BrokerApp]:
     async with open_broker_app(broker_limits, broker_options) as app:
         yield app
+
+
+@pytest.fixture
+def app(broker_app: BrokerApp) -> BrokerApp:
+    """The in-memory broker on loopback TCP (a module may override it, e.g. with a WAL)."""
+    return broker_app
+
+
+@pytest.fixture
+async def clients(app: BrokerApp) -> AsyncIterator[Clients]:
+    """Channel clients (tests/http/channel_client.py) connected to ``app``."""
+    async with Clients(app.port) as c:
+        yield c
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ tag, and coalesce correctly.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -25,12 +24,6 @@ def app(broker_app: BrokerApp) -> BrokerApp:
     """The conftest's in-memory broker, with a stand-in log."""
     broker_app.runtime.wal = FakeWAL()
     return broker_app
-
-
-@pytest.fixture
-async def clients(app: BrokerApp) -> AsyncIterator[Clients]:
-    async with Clients(app.port) as c:
-        yield c
 
 
 def wal(app: BrokerApp) -> FakeWAL:

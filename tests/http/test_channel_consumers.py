@@ -4,26 +4,12 @@ requeue position, the redelivered flag, exclusive consumers and exclusive queues
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
-import pytest
 import trio.testing
 
 from broker.http.app import BrokerApp
 from tests.http.channel_client import ChannelClient, Clients, wait_until
-
-
-@pytest.fixture
-def app(broker_app: BrokerApp) -> BrokerApp:
-    """The conftest's in-memory broker on loopback TCP."""
-    return broker_app
-
-
-@pytest.fixture
-async def clients(app: BrokerApp) -> AsyncIterator[Clients]:
-    async with Clients(app.port) as c:
-        yield c
 
 
 def stats(app: BrokerApp, queue: str) -> tuple[int, int]:

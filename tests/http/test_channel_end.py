@@ -6,7 +6,7 @@ consumers exactly once, and leaves the other channels working."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -24,18 +24,6 @@ from tests.http.channel_client import (
 )
 
 N = 200
-
-
-@pytest.fixture
-def app(broker_app: BrokerApp) -> BrokerApp:
-    """The conftest's in-memory broker on loopback TCP."""
-    return broker_app
-
-
-@pytest.fixture
-async def clients(app: BrokerApp) -> AsyncIterator[Clients]:
-    async with Clients(app.port) as c:
-        yield c
 
 
 @pytest.fixture

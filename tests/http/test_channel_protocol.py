@@ -4,7 +4,6 @@ replies, publisher confirms, returns and nacks (docs/protocol.md)."""
 from __future__ import annotations
 
 import base64
-from collections.abc import AsyncIterator
 from typing import Any
 
 import h11
@@ -15,18 +14,6 @@ import trio.testing
 
 from broker.http.app import BrokerApp
 from tests.http.channel_client import ChannelEnded, Clients, open_tcp_broker
-
-
-@pytest.fixture
-def app(broker_app: BrokerApp) -> BrokerApp:
-    """The conftest's in-memory broker on loopback TCP."""
-    return broker_app
-
-
-@pytest.fixture
-async def clients(app: BrokerApp) -> AsyncIterator[Clients]:
-    async with Clients(app.port) as c:
-        yield c
 
 
 def settled_tags(confirms: list[dict[str, Any]]) -> list[tuple[int, str]]:

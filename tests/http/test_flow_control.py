@@ -13,7 +13,7 @@ same trio run, so once every task waits, nobody is making progress.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -54,12 +54,6 @@ def broker_options() -> RuntimeOptions:
 def app(broker_app: BrokerApp) -> BrokerApp:
     """The conftest's in-memory broker, with a small delivery credit."""
     return broker_app
-
-
-@pytest.fixture
-async def clients(app: BrokerApp) -> AsyncIterator[Clients]:
-    async with Clients(app.port) as c:
-        yield c
 
 
 async def settle(measure: Callable[[], object] = lambda: None) -> None:

@@ -25,18 +25,6 @@ from tests.http.channel_client import (
 )
 
 
-@pytest.fixture
-def app(broker_app: BrokerApp) -> BrokerApp:
-    """The conftest's in-memory broker on loopback TCP."""
-    return broker_app
-
-
-@pytest.fixture
-async def clients(app: BrokerApp) -> AsyncIterator[Clients]:
-    async with Clients(app.port) as c:
-        yield c
-
-
 async def publish(clients: Clients, queue: str, bodies: list[str], declare: bool = True) -> None:
     ch = await clients.channel()
     if declare:
