@@ -10,6 +10,7 @@ parked getters. Every state change of the core happens on the trio thread.
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
 import os
@@ -43,6 +44,8 @@ __all__ = ["BrokerRuntime", "ChannelSink", "RuntimeOptions"]
 # there is little traffic to overlap with. One-at-a-time confirmed publish, raw client:
 # p50 0.84 -> 0.59 ms, p99 3.9 -> 1.4 ms. Bigger batches (load) still go to the thread.
 WAL_INLINE_MAX_RECORDS = 8
+# Recoveries of at least this many records end with gc.freeze() (see _recover).
+GC_FREEZE_MIN_RECORDS = 10_000
 
 log = logging.getLogger("ackbus.runtime")
 
@@ -185,7 +188,20 @@ class BrokerRuntime:
             core.finish_recovery(recovery.last_lsn, assume_delivered=n_wal > 0)
             return recovery, n_ckpt, n_wal
 
-        recovery, n_ckpt, n_wal = await trio.to_thread.run_sync(recover_sync)
+        # Recovery builds millions of long-lived objects and no garbage cycles: the
+        # cyclic collector would only re-scan them again and again (1M messages:
+        # 8.3 s with it, 6.6 s without). Afterwards they are moved out of its way
+        # (gc.freeze) so that serving does not re-scan them either; they are still
+        # freed by reference counting once consumed.
+        gc_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            recovery, n_ckpt, n_wal = await trio.to_thread.run_sync(recover_sync)
+        finally:
+            if gc_enabled:
+                gc.enable()
+        if n_ckpt + n_wal >= GC_FREEZE_MIN_RECORDS:
+            gc.freeze()
         self.wal = storage.WriteAheadLog.open(
             recovery,
             fsync_policy=storage.parse_fsync_policy(self.options.fsync),
