@@ -84,6 +84,8 @@ BUILTIN_EXCHANGES = {
 # Per-delivery overhead charged against a channel's credit besides the body (JSON
 # framing, properties): keeps tiny messages from being unbounded in count.
 DELIVERY_OVERHEAD_BYTES = 200
+# Deduplication window entries per DEDUP_BATCH record of a checkpoint (~40 bytes each).
+DEDUP_BATCH_ENTRIES = 4096
 NO_ROUTE = 312
 _EXPIRED_MEMORY = 4096  # how many expired tags a channel remembers for late-ack errors
 _TIMERS_COMPACT_MIN = 1024  # timer heap size below which stale entries are not worth a rebuild
@@ -1416,7 +1418,12 @@ class Broker:
                     # as unbind() does live: keep bound_from in step with the table
                     if not any(bk[0] == key for bk in src.table.bindings):
                         self._forget_binding_dest(src.name, key)
-        elif rtype == T.DEDUP:
+        elif rtype == T.DEDUP_BATCH:
+            exchange, entries = rec.decode_dedup_batch(payload)
+            remember = self.dedup.remember
+            for message_id, wall in entries:
+                remember(exchange, message_id, wall, 0)
+        elif rtype == T.DEDUP:  # one entry a record: checkpoints written before DEDUP_BATCH
             exchange, message_id, wall = rec.decode_dedup(payload)
             self.dedup.remember(exchange, message_id, wall, 0)
         elif rtype == T.META:
@@ -1534,7 +1541,8 @@ class Broker:
                     chunk.append((T.DELIVERED, rec.encode_seqs(qid, delivered)))
                 yield chunk
         tail = [
-            (T.DEDUP, rec.encode_dedup(ex, mid, wall)) for ex, mid, wall in self.dedup.entries()
+            (T.DEDUP_BATCH, rec.encode_dedup_batch(ex, batch))
+            for ex, batch in self.dedup.batches(DEDUP_BATCH_ENTRIES)
         ]
         tail.append(
             (T.META, rec.encode_json({"next_seq": self._next_seq, "next_qid": self._next_qid}))

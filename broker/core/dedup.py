@@ -95,6 +95,21 @@ class DedupWindow:
                 del self._by_exchange[exchange]
         self._next_prune_ms = now_ms + max(1, _ms(self.window_s / 64))
 
+    def batches(self, max_entries: int) -> list[tuple[str, list[tuple[str, float]]]]:
+        """Live entries as (exchange, [(message_id, wall_s), ...]) with at most
+        ``max_entries`` per batch, in time order per exchange, for checkpoints."""
+        out: list[tuple[str, list[tuple[str, float]]]] = []
+        for exchange, seen in self._by_exchange.items():
+            batch: list[tuple[str, float]] = []
+            for message_id, packed in seen.items():
+                batch.append((message_id, (packed & _MS_MASK) / 1000.0))
+                if len(batch) >= max_entries:
+                    out.append((exchange, batch))
+                    batch = []
+            if batch:
+                out.append((exchange, batch))
+        return out
+
     def entries(self) -> list[tuple[str, str, float]]:
         """Live entries as (exchange, message_id, wall_s), for checkpoints."""
         return [

@@ -46,6 +46,7 @@ class RecordType:
     DELIVERED = 9  # messages handed to a consumer (sets their redelivered flag on recovery)
     DEDUP = 10  # a deduplication window entry (checkpoints only)
     META = 11  # counters that must not go backwards (checkpoints only)
+    DEDUP_BATCH = 12  # many deduplication window entries of one exchange (checkpoints only)
 
 
 def encode_json(obj: dict[str, Any]) -> bytes:
@@ -144,3 +145,17 @@ def encode_dedup(exchange: str, message_id: str, wall_s: float) -> bytes:
 def decode_dedup(payload: bytes) -> tuple[str, str, float]:
     exchange, message_id, wall = orjson.loads(payload)
     return str(exchange), str(message_id), float(wall)
+
+
+def encode_dedup_batch(exchange: str, entries: list[tuple[str, float]]) -> bytes:
+    """Window entries ``(message_id, wall_s)`` of one exchange in one record: a
+    checkpoint holds one entry per publish of the last minutes (hundreds of thousands),
+    and one record each cost more to encode, frame and replay than the entry itself."""
+    return orjson.dumps([exchange, entries])
+
+
+def decode_dedup_batch(payload: bytes) -> tuple[str, list[tuple[str, float]]]:
+    exchange, entries = orjson.loads(payload)
+    if not isinstance(exchange, str) or not isinstance(entries, list):
+        raise ValueError("malformed DEDUP_BATCH record")
+    return exchange, [(str(mid), float(wall)) for mid, wall in entries]

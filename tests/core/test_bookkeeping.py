@@ -17,6 +17,8 @@ from broker.core.records import (
     decode_json,
     decode_seqs,
     encode_dedup,
+    encode_dedup_batch,
+    decode_dedup_batch,
     encode_enqueue,
     encode_json,
     encode_seqs,
@@ -133,6 +135,19 @@ def test_dedup_expires_in_batches_but_answers_exactly() -> None:
     assert len(w) == 0 and w.entries() == []
 
 
+def test_dedup_batches_split_per_exchange_in_time_order() -> None:
+    w = DedupWindow(100)
+    for i in range(5):
+        w.remember("x", f"m{i}", 10 + i, 0)
+    w.remember("y", "n", 10.25, 0)
+    assert w.batches(2) == [
+        ("x", [("m0", 10.0), ("m1", 11.0)]),
+        ("x", [("m2", 12.0), ("m3", 13.0)]),
+        ("x", [("m4", 14.0)]),
+        ("y", [("n", 10.25)]),
+    ]
+
+
 def test_dedup_disabled() -> None:
     w = DedupWindow(0)
     w.remember("x", "a", 100, 1)
@@ -178,6 +193,9 @@ def test_seqs_and_dedup_and_json_roundtrip() -> None:
     with pytest.raises(ValueError):
         decode_seqs(encode_seqs(7, [1, 2])[:-8])
     assert decode_dedup(encode_dedup("ex", "id", 12.5)) == ("ex", "id", 12.5)
+    assert decode_dedup_batch(encode_dedup_batch("ex", [("a", 1.5), ("b", 2.0)])) == ("ex", [("a", 1.5), ("b", 2.0)])
+    with pytest.raises(ValueError):
+        decode_dedup_batch(b'[1, 2]')
     assert decode_json(encode_json({"a": [1]})) == {"a": [1]}
     with pytest.raises(ValueError):
         decode_json(b"[1, 2]")

@@ -477,3 +477,15 @@ def test_replay_after_an_unclean_stop_marks_every_message_redelivered() -> None:
     nb.consume(c2, "q")
     got = [e for e in nb.take_effects() if isinstance(e, Deliver)]
     assert [(d.message.body, d.redelivered) for d in got] == [(b"\x00", True), (b"\x01", True), (b"\x02", True)]
+
+
+def test_replay_reads_single_entry_dedup_records_of_older_checkpoints() -> None:
+    """Checkpoints used to hold one DEDUP record per window entry (now DEDUP_BATCH)."""
+    from broker.core.records import encode_dedup
+
+    h = Harness()
+    b = fresh_broker(h)
+    b.begin_recovery()
+    b.replay(RecordType.DEDUP, encode_dedup("amq.direct", "old-id", h.wall.now), 0)
+    b.finish_recovery(0)
+    assert b.dedup.lookup("amq.direct", "old-id", h.wall.now) == 0
