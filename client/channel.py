@@ -439,17 +439,23 @@ class Channel(Settler):
         no_ack: bool = False,
         exclusive: bool = False,
         arguments: Mapping[str, Any] | None = None,
+        ack_timeout_s: float | None = None,
     ) -> AsyncIterator[MessageStream]:
         """Consume ``queue``: ``async with ch.consume(q) as messages: async for msg in
         messages: ...``. At most ``prefetch`` deliveries are unacked at a time (0: no
         limit). The consumer is re-established after every reconnect. Leaving the block
         cancels the consumer and requeues the messages it received but did not yield.
+        ``ack_timeout_s`` overrides the broker's consumer ack timeout: a delivery not
+        acked (or :meth:`~client.Message.touch`-ed) within it goes back to the queue.
 
         Raises:
             ChannelClosedByBroker: the broker refused the consumer (e.g. no such queue).
+            ValueError: a negative ``prefetch`` or a non-positive ``ack_timeout_s``.
         """
         if prefetch < 0:
             raise ValueError("prefetch must be >= 0")
+        if ack_timeout_s is not None and not ack_timeout_s > 0:
+            raise ValueError("ack_timeout_s must be > 0")
         self._check_usable()
         if consumer_tag is None:
             self._consumer_tags += 1
@@ -458,7 +464,7 @@ class Channel(Settler):
             raise ValueError(f"consumer tag {consumer_tag!r} already in use on this channel")
         stream = MessageStream(
             queue, consumer_tag, prefetch=prefetch, no_ack=no_ack, exclusive=exclusive,
-            arguments=dict(arguments) if arguments else None,
+            arguments=dict(arguments) if arguments else None, ack_timeout_s=ack_timeout_s,
         )
         if self._stopped_consuming or self._connection_stopped_consuming():
             stream.stop()
@@ -548,6 +554,18 @@ class Channel(Settler):
             session.send_op({"op": "ack", "delivery_tag": message.delivery_tag})
         else:
             session.send_op({"op": op, "delivery_tag": message.delivery_tag, "requeue": requeue})
+        return True
+
+    def _touch(self, message: Message) -> bool:
+        session = self._session
+        if (
+            session is None
+            or session.generation != message.generation
+            or not session.alive
+            or message.delivery_tag not in session.deliveries
+        ):
+            return False
+        session.send_op({"op": "touch", "delivery_tag": message.delivery_tag})
         return True
 
     # --- closing ----------------------------------------------------------------------

@@ -51,6 +51,9 @@ class Settler:
     def _settle(self, message: Message, op: str, requeue: bool) -> bool:  # pragma: no cover
         raise NotImplementedError
 
+    def _touch(self, message: Message) -> bool:  # pragma: no cover
+        raise NotImplementedError
+
 
 async def _settled(settler: Settler, sent: bool) -> bool:
     """Return ``sent`` after a schedule point every YIELD_EVERY settles (shielded: the
@@ -152,6 +155,23 @@ class Message:
         """
         return await _settled(self._settler, self._settler._settle(self, "reject", requeue))
 
+    async def touch(self) -> bool:
+        """Reset this delivery's ack timeout (consumers started with ``ack_timeout_s``):
+        a handler that needs longer than the timeout calls this now and then so the
+        broker does not take the message back. Returns ``True`` when sent on the session
+        that delivered the message, ``False`` when that session is gone or the delivery
+        already expired (the broker requeued it).
+
+        Raises:
+            MessageAlreadySettled: already settled; nothing was sent.
+        """
+        if self._settled:
+            raise MessageAlreadySettled(
+                f"message {self.delivery_tag} of consumer {self.consumer_tag!r} is already settled"
+            )
+        await trio.lowlevel.checkpoint()
+        return self._settler._touch(self)
+
     def _mark_settled(self) -> None:
         """Raises MessageAlreadySettled when already settled."""
         if self._settled:
@@ -185,8 +205,10 @@ class MessageStream:
         no_ack: bool,
         exclusive: bool,
         arguments: dict[str, Any] | None,
+        ack_timeout_s: float | None = None,
     ) -> None:
         self.queue = queue
+        self.ack_timeout_s = ack_timeout_s
         self.consumer_tag = consumer_tag
         self.prefetch = prefetch
         self.no_ack = no_ack
@@ -230,6 +252,8 @@ class MessageStream:
             op["exclusive"] = True
         if self.arguments:
             op["arguments"] = self.arguments
+        if self.ack_timeout_s is not None:
+            op["ack_timeout_ms"] = max(1, round(self.ack_timeout_s * 1000))
         return op
 
     def __aiter__(self) -> MessageStream:

@@ -225,3 +225,32 @@ async def test_channel_errors_are_blamed_on_their_operation(tmp_path: Path) -> N
         assert bodies == [b"a", b"b", b"c"]
     finally:
         await trio.to_thread.run_sync(proc.stop)
+
+
+async def test_ack_timeout_and_touch(broker: BrokerProcess) -> None:
+    """A consumer's ``ack_timeout_s`` reaches the broker: an untouched delivery expires
+    and comes back redelivered (its late ack returns False); one that is touched in
+    time stays with the consumer."""
+    async with client.connect(broker.url) as conn, conn.channel() as ch:
+        await ch.declare_queue("slow")
+        await ch.publish("", "slow", b"touched")
+        with trio.fail_after(20):
+            async with ch.consume("slow", prefetch=1, ack_timeout_s=0.4) as messages:
+                msg = await messages.receive()
+                assert msg.body == b"touched" and not msg.redelivered
+                for _ in range(10):  # 1 s in all, well past the timeout
+                    await trio.sleep(0.1)
+                    assert await msg.touch()
+                assert await msg.ack()
+
+                await ch.publish("", "slow", b"forgotten")
+                msg = await messages.receive()
+                assert msg.body == b"forgotten" and not msg.redelivered
+                again = await messages.receive()  # comes once the first delivery expired
+                assert again.body == b"forgotten" and again.redelivered
+                assert not await msg.ack()  # expired: the broker took it back
+                assert await again.ack()
+    with pytest.raises(ValueError):
+        async with client.connect(broker.url) as conn, conn.channel() as ch:
+            async with ch.consume("slow", ack_timeout_s=0):
+                pass
