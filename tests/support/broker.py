@@ -30,6 +30,18 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+# Small segments and frequent checkpoints, so that a crash or a signal under load also
+# lands during segment rollover and checkpoint writing.
+STRESS_ARGS = (
+    "--segment-max-bytes",
+    "131072",
+    "--checkpoint-wal-bytes",
+    "262144",
+    "--checkpoint-interval-s",
+    "1",
+)
+
+
 class BrokerProcess:
     def __init__(
         self,
@@ -110,6 +122,17 @@ class BrokerProcess:
             return resp.status, json.loads(data)
         except ValueError:
             return resp.status, data
+
+    def drain(self, queue: str) -> list[dict[str, Any]]:
+        """Every message left in ``queue``, taken as long leases that are never acked
+        (so nothing is lost if the test looks again after a restart)."""
+        out: list[dict[str, Any]] = []
+        while True:
+            status, body = self.request("POST", f"/queues/{queue}/get?max=1000&lease=600")
+            assert status == 200, body
+            if not body["messages"]:
+                return out
+            out.extend(body["messages"])
 
     def kill(self) -> None:
         """SIGKILL: a crash."""

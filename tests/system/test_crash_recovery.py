@@ -13,23 +13,15 @@ import random
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.support.broker import BrokerProcess
+from tests.support.broker import STRESS_ARGS, BrokerProcess
 from tests.support.rawchannel import ChannelGone, RawChannel
 
 pytestmark = pytest.mark.slow
 
-BROKER_ARGS = (
-    "--segment-max-bytes",
-    "131072",
-    "--checkpoint-wal-bytes",
-    "262144",
-    "--checkpoint-interval-s",
-    "1",
-)
+BROKER_ARGS = STRESS_ARGS  # crashes also land during rollover and checkpoints
 
 
 class Publisher(threading.Thread):
@@ -91,17 +83,6 @@ class Publisher(threading.Thread):
                 ch.close()
 
 
-def drain(broker: BrokerProcess, queue: str) -> list[dict[str, Any]]:
-    """Every message left in ``queue`` (taken as leases that are never acked)."""
-    out: list[dict[str, Any]] = []
-    while True:
-        status, body = broker.request("POST", f"/queues/{queue}/get?max=1000&lease=600")
-        assert status == 200, body
-        if not body["messages"]:
-            return out
-        out.extend(body["messages"])
-
-
 def crash_rounds(broker: BrokerProcess, rounds: int, rng: random.Random) -> None:
     for _ in range(rounds):
         time.sleep(rng.uniform(0.3, 1.2))
@@ -126,7 +107,7 @@ def test_kill9_during_publish_storm_loses_no_confirmed_message(tmp_path: Path) -
             p.join(timeout=30)
         broker.kill()
         broker.start()
-        found = collections.Counter(m["body"] for m in drain(broker, "crash"))
+        found = collections.Counter(m["body"] for m in broker.drain("crash"))
     finally:
         broker.stop()
 
@@ -190,7 +171,7 @@ def test_kill9_with_consumers_acking_loses_nothing_unacked(tmp_path: Path) -> No
             t.join(timeout=30)
         broker.kill()
         broker.start()
-        left = drain(broker, "work")
+        left = broker.drain("work")
     finally:
         broker.stop()
 

@@ -25,32 +25,12 @@ from typing import Any
 
 import pytest
 
-from tests.support.broker import BrokerProcess
+from tests.support.broker import STRESS_ARGS, BrokerProcess
 from tests.support.rawchannel import ChannelGone, RawChannel
 
 pytestmark = pytest.mark.slow
 
-# Small segments and frequent checkpoints, so that the signal also lands during
-# segment rollover and checkpoint writing.
-BROKER_ARGS = (
-    "--segment-max-bytes",
-    "131072",
-    "--checkpoint-wal-bytes",
-    "262144",
-    "--checkpoint-interval-s",
-    "1",
-)
-
-
-def drain_queue(broker: BrokerProcess, queue: str) -> list[dict[str, Any]]:
-    """Every message left in ``queue`` (taken as long leases that are never acked)."""
-    out: list[dict[str, Any]] = []
-    while True:
-        status, body = broker.request("POST", f"/queues/{queue}/get?max=1000&lease=600")
-        assert status == 200, body
-        if not body["messages"]:
-            return out
-        out.extend(body["messages"])
+BROKER_ARGS = STRESS_ARGS  # crashes also land during rollover and checkpoints
 
 
 def wait_until(predicate: Any, timeout_s: float = 10.0, what: str = "condition") -> None:
@@ -191,7 +171,7 @@ def test_sigterm_during_publish_storm(tmp_path: Path, polite: bool) -> None:
         log = broker.log_tail(400)
         assert "shutting down" in log and "stopped drained=true" in log, log
         broker.start()
-        found = [m["body"] for m in drain_queue(broker, "storm")]
+        found = [m["body"] for m in broker.drain("storm")]
     finally:
         broker.stop()
 
@@ -218,7 +198,7 @@ def test_sigterm_confirms_every_publish_it_took(tmp_path: Path) -> None:
         for p in publishers:
             p.join(timeout=15)
         broker.start()
-        found = [m["body"] for m in drain_queue(broker, "storm")]
+        found = [m["body"] for m in broker.drain("storm")]
     finally:
         broker.stop()
     assert_no_loss_no_duplicates(publishers, found)
@@ -254,7 +234,7 @@ def test_sigterm_while_fsyncs_fail_acks_nothing_unsynced(tmp_path: Path) -> None
         assert "stopped drained=false" in broker.log_tail()
         broker.env = {}  # restart with a healthy disk
         broker.start()
-        found = set(m["body"] for m in drain_queue(broker, "storm"))
+        found = set(m["body"] for m in broker.drain("storm"))
     finally:
         broker.stop()
     acked = set().union(*(p.acked for p in publishers))
@@ -353,7 +333,7 @@ def test_sigterm_during_consumption_requeues_unacked(tmp_path: Path) -> None:
         assert code == 0, broker.log_tail()
         assert consumer.saw_closing
         broker.start()
-        left = drain_queue(broker, "work")
+        left = broker.drain("work")
     finally:
         broker.stop()
 
@@ -409,7 +389,7 @@ def test_sigterm_with_a_consumer_that_stops_reading(tmp_path: Path) -> None:
         assert code == 0, broker.log_tail()
         assert took < 4 + 2, f"shutdown took {took:.1f} s despite --shutdown-timeout-s 4"
         broker.start()
-        left = drain_queue(broker, "big")
+        left = broker.drain("big")
     finally:
         if sock is not None:
             sock.close()
@@ -446,7 +426,7 @@ def test_second_sigterm_exits_at_once_and_loses_nothing_confirmed(tmp_path: Path
         assert took < 2, f"the second signal took {took:.1f} s to end the process"
         assert "second signal" in broker.log_tail()
         broker.start()
-        left = drain_queue(broker, "q")
+        left = broker.drain("q")
     finally:
         if stalled is not None:
             stalled.close()
