@@ -1167,7 +1167,7 @@ class Broker:
         if not 0 < lease_s <= self.max_lease_s:
             raise InvalidArgument(f"lease must be between 0 and {self.max_lease_s:g} seconds")
         ch = self.channels[REST_CHANNEL]
-        out = []
+        out: list[tuple[str, Delivery, bool]] = []
         deadline = self.clock() + lease_s
         while len(out) < max_count:
             entry = self._pop_live(queue)
@@ -1381,9 +1381,9 @@ class Broker:
             state[qid] = {}
         elif rtype == T.DELETE_QUEUE:
             d = rec.decode_json(payload)
-            queue = self._queues_by_id.get(d["qid"])
-            if queue is not None:
-                self._drop_replay_queue(queue)
+            deleted = self._queues_by_id.get(d["qid"])
+            if deleted is not None:
+                self._drop_replay_queue(deleted)
         elif rtype == T.DECLARE_EXCHANGE:
             d = rec.decode_json(payload)
             if d["name"] in self.exchanges and not self.exchanges[d["name"]].builtin:
@@ -1419,9 +1419,9 @@ class Broker:
                     if not any(bk[0] == key for bk in src.table.bindings):
                         self._forget_binding_dest(src.name, key)
         elif rtype == T.DEDUP_BATCH:
-            exchange, entries = rec.decode_dedup_batch(payload)
+            exchange, window = rec.decode_dedup_batch(payload)
             remember = self.dedup.remember
-            for message_id, wall in entries:
+            for message_id, wall in window:
                 remember(exchange, message_id, wall, 0)
         elif rtype == T.DEDUP:  # one entry a record: checkpoints written before DEDUP_BATCH
             exchange, message_id, wall = rec.decode_dedup(payload)

@@ -70,6 +70,8 @@ class ConfirmTracker:
 
     def nack_all(self, reason: str) -> list[tuple[int, bool, bool, str | None]]:
         """Release everything pending as nacks (used when a channel ends)."""
-        out = [(int(item[0]), False, False, reason) for item in self._pending]  # type: ignore[call-overload]
+        out: list[tuple[int, bool, bool, str | None]] = [
+            (int(item[0]), False, False, reason) for item in self._pending  # type: ignore[call-overload]
+        ]
         self._pending.clear()
         return out

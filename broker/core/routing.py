@@ -19,7 +19,7 @@ Rules (AMQP 0-9-1 §3.1.3 and RabbitMQ's documented semantics):
 
 from __future__ import annotations
 
-from typing import Any, Hashable, Iterable
+from typing import Any, Iterable
 
 from .errors import InvalidArgument
 
@@ -35,7 +35,9 @@ __all__ = [
     "headers_match",
 ]
 
-Dest = Hashable
+# A binding's destination: ("q", queue name) or ("x", exchange name). The tables only
+# hash and compare it.
+Dest = tuple[str, str]
 BindingKey = tuple[Dest, str, Any]
 
 EXCHANGE_TYPES = ("direct", "fanout", "topic", "headers")

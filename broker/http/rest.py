@@ -37,10 +37,18 @@ def exchange_name(name: str) -> str:
     return "" if name == DEFAULT_EXCHANGE_ALIAS else name
 
 
+# Fields has methods named str, bool, dict and list, which hide the builtins inside its
+# body: its annotations use these aliases.
+_Text = str
+_Bool = bool
+_Dict = dict
+_List = list
+
+
 class Fields:
     """Typed access to a JSON request object; unknown fields are an error (catches typos)."""
 
-    def __init__(self, obj: Any, allowed: set[str], what: str = "request body") -> None:
+    def __init__(self, obj: Any, allowed: set[_Text], what: _Text = "request body") -> None:
         if not isinstance(obj, dict):
             raise InvalidArgument(f"{what} must be a JSON object")
         unknown = set(obj) - allowed
@@ -48,7 +56,7 @@ class Fields:
             raise InvalidArgument(f"unknown field(s) in {what}: {', '.join(sorted(unknown))}")
         self.obj = obj
 
-    def str(self, name: str, default: str | None = None) -> str:
+    def str(self, name: _Text, default: _Text | None = None) -> _Text:
         value = self.obj.get(name, default)
         if value is None:
             raise InvalidArgument(f"field {name} is required")
@@ -56,19 +64,19 @@ class Fields:
             raise InvalidArgument(f"field {name} must be a string")
         return value
 
-    def opt_str(self, name: str) -> str | None:
+    def opt_str(self, name: _Text) -> _Text | None:
         value = self.obj.get(name)
         if value is not None and not isinstance(value, str):
             raise InvalidArgument(f"field {name} must be a string")
         return value
 
-    def bool(self, name: str, default: bool) -> bool:
+    def bool(self, name: _Text, default: _Bool) -> _Bool:
         value = self.obj.get(name, default)
         if not isinstance(value, bool):
             raise InvalidArgument(f"field {name} must be true or false")
         return value
 
-    def dict(self, name: str) -> dict[str, Any]:
+    def dict(self, name: _Text) -> _Dict[_Text, Any]:
         value = self.obj.get(name, {})
         if value is None:
             return {}
@@ -76,7 +84,7 @@ class Fields:
             raise InvalidArgument(f"field {name} must be an object")
         return value
 
-    def number(self, name: str, default: float | None, *, minimum: float = 0) -> float | None:
+    def number(self, name: _Text, default: float | None, *, minimum: float = 0) -> float | None:
         value = self.obj.get(name)
         if value is None:  # absent or null: the default
             value = default
@@ -86,7 +94,7 @@ class Fields:
             raise InvalidArgument(f"field {name} must be a number >= {minimum:g}")
         return float(value)
 
-    def list(self, name: str) -> list[Any]:
+    def list(self, name: _Text) -> _List[Any]:
         value = self.obj.get(name)
         if not isinstance(value, list) or not value:
             raise InvalidArgument(f"field {name} must be a non-empty list")

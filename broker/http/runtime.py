@@ -282,9 +282,9 @@ class BrokerRuntime:
                 waiter.reason = effect.reason
                 waiter.event.set()
         elif isinstance(effect, Return):
-            waiter = self._rest_publishes.get(effect.delivery_tag)
-            if waiter is not None:
-                waiter.returned = True
+            returned = self._rest_publishes.get(effect.delivery_tag)
+            if returned is not None:
+                returned.returned = True
 
     # ------------------------------------------------------------ REST helpers
 
