@@ -235,10 +235,11 @@ async def test_ack_timeout_and_touch(broker: BrokerProcess) -> None:
         await ch.declare_queue("slow")
         await ch.publish("", "slow", b"touched")
         with trio.fail_after(20):
-            async with ch.consume("slow", prefetch=1, ack_timeout_s=0.4) as messages:
+            # 1 s timeout, touched every 0.1 s: a stall of 0.9 s would be needed to lose it
+            async with ch.consume("slow", prefetch=1, ack_timeout_s=1.0) as messages:
                 msg = await messages.receive()
                 assert msg.body == b"touched" and not msg.redelivered
-                for _ in range(10):  # 1 s in all, well past the timeout
+                for _ in range(25):  # 2.5 s in all, well past the timeout
                     await trio.sleep(0.1)
                     assert await msg.touch()
                 assert await msg.ack()
