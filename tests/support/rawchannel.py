@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 
-__all__ = ["RawChannel", "ChannelGone"]
+__all__ = ["RawChannel", "ChannelGone", "PublishLedger"]
 
 
 class ChannelGone(Exception):
@@ -77,3 +77,50 @@ class RawChannel:
                 thing.close()
             except OSError:
                 pass
+
+
+class PublishLedger:
+    """The bookkeeping of a stress-test publisher: numbers its publishes with message
+    ids unique to ``pid``, and settles the confirms of one channel, coalesced ranges
+    included, noting any confirm out of order or outside what was sent in ``errors``.
+    It never resends, so a duplicate in a queue can only come from the broker."""
+
+    def __init__(self, pid: int, queue: str) -> None:
+        self.pid = pid
+        self.queue = queue
+        self.attempted: set[str] = set()
+        self.acked: set[str] = set()
+        self.nacked: set[str] = set()
+        self.errors: list[str] = []
+        self._n = 0
+        self.new_channel()
+
+    def new_channel(self) -> None:
+        """A fresh channel: delivery tags start at 1 again (unsettled ids stay unknown)."""
+        self._tags: dict[int, str] = {}
+        self.tag = 0
+        self.confirmed = 0
+
+    def batch(self, size: int) -> list[dict[str, Any]]:
+        """``size`` publish ops with new message ids, for :meth:`RawChannel.send`."""
+        ops = []
+        for _ in range(size):
+            self._n += 1
+            self.tag += 1
+            mid = f"p{self.pid}-{self._n}"
+            self._tags[self.tag] = mid
+            self.attempted.add(mid)
+            ops.append({"op": "publish", "routing_key": self.queue, "body": mid, "properties": {"message_id": mid}})
+        return ops
+
+    def settle(self, ev: dict[str, Any]) -> None:
+        """Apply an ``ack`` or ``nack`` event."""
+        upto = ev["delivery_tag"]
+        if not ev["multiple"] and upto != self.confirmed + 1:
+            self.errors.append(f"confirm out of order: {ev} after {self.confirmed}")
+        if upto <= self.confirmed or upto > self.tag:
+            self.errors.append(f"confirm {ev} outside ({self.confirmed}, {self.tag}]")
+        target = self.acked if ev["ev"] == "ack" else self.nacked
+        for t in range(self.confirmed + 1, upto + 1):
+            target.add(self._tags.pop(t))
+        self.confirmed = upto

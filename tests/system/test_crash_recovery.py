@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.broker import STRESS_ARGS, BrokerProcess
-from tests.support.rawchannel import ChannelGone, RawChannel
+from tests.support.rawchannel import ChannelGone, PublishLedger, RawChannel
 
 pytestmark = pytest.mark.slow
 
@@ -30,53 +30,27 @@ class Publisher(threading.Thread):
     def __init__(self, broker: BrokerProcess, pid: int, queue: str, stop: threading.Event) -> None:
         super().__init__(daemon=True)
         self.broker = broker
-        self.pid = pid
-        self.queue = queue
         self.stop = stop
-        self.attempted: set[str] = set()
-        self.acked: set[str] = set()
-        self.nacked: set[str] = set()
-        self.errors: list[str] = []
+        self.ledger = PublishLedger(pid, queue)
+        self.attempted, self.acked, self.nacked = self.ledger.attempted, self.ledger.acked, self.ledger.nacked
+        self.errors = self.ledger.errors
 
     def run(self) -> None:
-        n = 0
+        ledger = self.ledger
         while not self.stop.is_set():
             try:
                 ch = RawChannel(self.broker.port, timeout_s=10)
             except (OSError, ChannelGone):
                 time.sleep(0.05)
                 continue
-            tags: dict[int, str] = {}
-            tag = confirmed = 0
+            ledger.new_channel()
             try:
                 while not self.stop.is_set():
-                    batch = []
-                    for _ in range(random.randint(1, 60)):
-                        n += 1
-                        tag += 1
-                        mid = f"p{self.pid}-{n}"
-                        tags[tag] = mid
-                        self.attempted.add(mid)
-                        batch.append(
-                            {
-                                "op": "publish",
-                                "routing_key": self.queue,
-                                "body": mid,
-                                "properties": {"message_id": mid},
-                            }
-                        )
-                    ch.send(*batch)
-                    while confirmed < tag:
+                    ch.send(*ledger.batch(random.randint(1, 60)))
+                    while ledger.confirmed < ledger.tag:
                         ev = ch.next_event()
-                        if ev["ev"] not in ("ack", "nack"):
-                            continue
-                        upto = ev["delivery_tag"]
-                        if not ev["multiple"] and upto != confirmed + 1:
-                            self.errors.append(f"confirm out of order: {ev} after {confirmed}")
-                        target = self.acked if ev["ev"] == "ack" else self.nacked
-                        for t in range(confirmed + 1, upto + 1):
-                            target.add(tags.pop(t))
-                        confirmed = upto
+                        if ev["ev"] in ("ack", "nack"):
+                            ledger.settle(ev)
             except ChannelGone:
                 pass
             finally:

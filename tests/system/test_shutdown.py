@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from tests.support.broker import STRESS_ARGS, BrokerProcess
-from tests.support.rawchannel import ChannelGone, RawChannel
+from tests.support.rawchannel import ChannelGone, PublishLedger, RawChannel
 
 pytestmark = pytest.mark.slow
 
@@ -77,14 +77,12 @@ class Publisher(threading.Thread):
         super().__init__(daemon=True)
         self.broker = broker
         self.pid = pid
-        self.queue = queue
         self.polite = polite
-        self.attempted: set[str] = set()
-        self.acked: set[str] = set()
-        self.nacked: set[str] = set()
+        self.ledger = PublishLedger(pid, queue)
+        self.attempted, self.acked, self.nacked = self.ledger.attempted, self.ledger.acked, self.ledger.nacked
+        self.errors = self.ledger.errors
         self.saw_closing = False
         self.opened = threading.Event()
-        self.errors: list[str] = []
 
     def run(self) -> None:
         try:
@@ -95,22 +93,11 @@ class Publisher(threading.Thread):
             return
         self.opened.set()
         rng = random.Random(self.pid)
-        tags: dict[int, str] = {}
-        tag = confirmed = n = 0
+        ledger = self.ledger
         try:
             while not (self.polite and self.saw_closing):
-                batch = []
-                for _ in range(rng.randint(1, 60)):
-                    n += 1
-                    tag += 1
-                    mid = f"p{self.pid}-{n}"
-                    tags[tag] = mid
-                    self.attempted.add(mid)
-                    batch.append(
-                        {"op": "publish", "routing_key": self.queue, "body": mid, "properties": {"message_id": mid}}
-                    )
-                ch.send(*batch)
-                while confirmed < tag:
+                ch.send(*ledger.batch(rng.randint(1, 60)))
+                while ledger.confirmed < ledger.tag:
                     ev = ch.next_event()
                     if ev["ev"] == "closing":
                         self.saw_closing = True
@@ -118,15 +105,7 @@ class Publisher(threading.Thread):
                     if ev["ev"] not in ("ack", "nack"):
                         self.errors.append(f"unexpected event {ev}")
                         continue
-                    upto = ev["delivery_tag"]
-                    if not ev["multiple"] and upto != confirmed + 1:
-                        self.errors.append(f"confirm out of order: {ev} after {confirmed}")
-                    if upto <= confirmed or upto > tag:
-                        self.errors.append(f"confirm {ev} outside ({confirmed}, {tag}]")
-                    target = self.acked if ev["ev"] == "ack" else self.nacked
-                    for t in range(confirmed + 1, upto + 1):
-                        target.add(tags.pop(t))
-                    confirmed = upto
+                    ledger.settle(ev)
             # Polite: everything sent is confirmed; end the channel as a client would.
             ch.send({"op": "close"})
             while ch.next_event()["ev"] != "close_ok":
