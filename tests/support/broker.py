@@ -42,6 +42,32 @@ STRESS_ARGS = (
 )
 
 
+def request(
+    port: int,
+    method: str,
+    path: str,
+    body: Any = None,
+    *,
+    headers: dict[str, str] | None = None,
+    timeout_s: float = 30.0,
+) -> tuple[int, Any]:
+    """One HTTP request to a broker on 127.0.0.1:``port`` (a non-bytes body is sent as
+    JSON); returns (status, parsed JSON or raw bytes)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout_s)
+    try:
+        if body is not None and not isinstance(body, bytes):
+            body = json.dumps(body).encode()
+        conn.request(method, path, body=body, headers=headers or {})
+        resp = conn.getresponse()
+        data = resp.read()
+    finally:
+        conn.close()
+    try:
+        return resp.status, json.loads(data)
+    except ValueError:
+        return resp.status, data
+
+
 class BrokerProcess:
     def __init__(
         self,
@@ -109,19 +135,7 @@ class BrokerProcess:
         self, method: str, path: str, body: Any = None, *, headers: dict[str, str] | None = None, timeout_s: float = 30.0
     ) -> tuple[int, Any]:
         """One HTTP request; returns (status, parsed JSON or raw bytes)."""
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout_s)
-        try:
-            if body is not None and not isinstance(body, bytes):
-                body = json.dumps(body).encode()
-            conn.request(method, path, body=body, headers=headers or {})
-            resp = conn.getresponse()
-            data = resp.read()
-        finally:
-            conn.close()
-        try:
-            return resp.status, json.loads(data)
-        except ValueError:
-            return resp.status, data
+        return request(self.port, method, path, body, headers=headers, timeout_s=timeout_s)
 
     def drain(self, queue: str) -> list[dict[str, Any]]:
         """Every message left in ``queue``, taken as long leases that are never acked

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from broker.config import describe_settings
-from tests.support.broker import ROOT, BrokerProcess, free_port
+from tests.support.broker import ROOT, BrokerProcess, free_port, request
 from tests.support.rawchannel import ChannelGone, RawChannel
 
 pytestmark = pytest.mark.slow
@@ -213,25 +213,10 @@ def test_precedence_flag_over_env_over_file_over_default(tmp_path: Path) -> None
         "--port", str(flag_port), "--data-dir", "from-flag", env=env, cwd=tmp_path, port=flag_port
     ):
         for i in range(7):
-            assert _request(flag_port, "PUT", f"/queues/q{i}", {})[0] == 201
-        status, body = _request(flag_port, "PUT", "/queues/one-too-many", {})
+            assert request(flag_port, "PUT", f"/queues/q{i}", {})[0] == 201
+        status, body = request(flag_port, "PUT", "/queues/one-too-many", {})
         assert status == 503 and "(7)" in body["message"], body  # max_queues = 7 from the file
     assert (tmp_path / "from-flag").is_dir()
-
-
-def _request(port: int, method: str, path: str, body: Any = None) -> tuple[int, Any]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    try:
-        data = body if body is None or isinstance(body, bytes) else json.dumps(body).encode()
-        conn.request(method, path, body=data)
-        resp = conn.getresponse()
-        raw = resp.read()
-    finally:
-        conn.close()
-    try:
-        return resp.status, json.loads(raw)
-    except ValueError:
-        return resp.status, raw
 
 
 # ------------------------------------------------------------------------- limits
@@ -245,22 +230,22 @@ def test_limits_refuse_clearly_and_the_broker_carries_on(tmp_path: Path) -> None
     with broker:
         port = broker.port
         # max_queues
-        assert _request(port, "PUT", "/queues/a", {})[0] == 201
-        assert _request(port, "PUT", "/queues/b", {})[0] == 201
-        status, body = _request(port, "PUT", "/queues/c", {})
+        assert request(port, "PUT", "/queues/a", {})[0] == 201
+        assert request(port, "PUT", "/queues/b", {})[0] == 201
+        status, body = request(port, "PUT", "/queues/c", {})
         assert status == 503 and body["error"] == "limit_reached", (status, body)
         assert body["message"] == "queue limit reached (2)"
 
         # max_body_bytes: REST publish and channel publish
-        status, body = _request(port, "POST", "/exchanges/amq.default/publish?routing_key=a", b"x" * 1001)
+        status, body = request(port, "POST", "/exchanges/amq.default/publish?routing_key=a", b"x" * 1001)
         assert status == 413 and body["error"], body
-        status, body = _request(port, "POST", "/exchanges/amq.default/publish?routing_key=a", b"x" * 1000)
+        status, body = request(port, "POST", "/exchanges/amq.default/publish?routing_key=a", b"x" * 1000)
         assert status == 200, body
 
         # max_channels (broker-wide)
         first, second = RawChannel(port), RawChannel(port)
         try:
-            status, body = _request(port, "POST", "/channel", b"")
+            status, body = request(port, "POST", "/channel", b"")
             assert status == 503 and body["error"] == "limit_reached", body
             assert "channel limit" in body["message"]
             second.send({"op": "publish", "routing_key": "a", "body": "y" * 1001})
@@ -284,7 +269,7 @@ def test_limits_refuse_clearly_and_the_broker_carries_on(tmp_path: Path) -> None
 
         # Nothing above crashed anything.
         assert broker.proc is not None and broker.proc.poll() is None
-        status, metrics = _request(port, "GET", "/metrics")
+        status, metrics = request(port, "GET", "/metrics")
         rejected = re.search(rb"^ackbus_connections_rejected_total (\S+)$", metrics, re.MULTILINE)
         assert rejected is not None and float(rejected.group(1)) >= 1
     assert broker.proc is not None and broker.proc.returncode == 0
