@@ -61,7 +61,7 @@ from .codec import (
     Return,
     encode_publish,
 )
-from .consumer import Message, MessageStream, Settler
+from .consumer import YIELD_EVERY, Message, MessageStream, Settler
 from .errors import (
     ChannelClosedByBroker,
     ClientClosed,
@@ -83,9 +83,6 @@ __all__ = ["Channel", "ChannelStatistics", "QueueDeclared"]
 # Sessions in a row that a broker ``error`` without an ``id`` ended, with no confirm
 # in between, before the channel gives up instead of resending into the same error.
 MAX_UNATTRIBUTED_ERRORS = 5
-# start_publish() passes a schedule point once every this many calls (and whenever the
-# pending window is full).
-PUBLISH_YIELD_EVERY = 16
 
 State = Literal["opening", "open", "closing", "closed", "failed"]
 Body = bytes | str
@@ -265,7 +262,7 @@ class Channel(Settler):
         await self._tracker.wait_for_room(handle.size)
         self._check_usable()
         self._enqueue(handle)
-        if not self._published % PUBLISH_YIELD_EVERY:
+        if not self._published % YIELD_EVERY:
             # A schedule point every few publishes, not every one: a trio scheduling
             # round costs as much as preparing a publish, and the writer sends
             # whatever has queued meanwhile in one chunk anyway. wait_for_room()
@@ -540,23 +537,9 @@ class Channel(Settler):
 
     # --- message settling (called by Message) -----------------------------------------
 
-    def _settle(self, message: Message, op: str, requeue: bool) -> bool:
-        message._mark_settled()
-        session = self._session
-        if (
-            session is None
-            or session.generation != message.generation
-            or not session.alive
-            or session.deliveries.pop(message.delivery_tag, None) is None
-        ):
-            return False
-        if op == "ack":
-            session.send_op({"op": "ack", "delivery_tag": message.delivery_tag})
-        else:
-            session.send_op({"op": op, "delivery_tag": message.delivery_tag, "requeue": requeue})
-        return True
-
-    def _touch(self, message: Message) -> bool:
+    def _delivering_session(self, message: Message) -> ChannelSession | None:
+        """The live session that delivered ``message`` and still holds it unsettled,
+        else None (reconnected since, or the delivery expired)."""
         session = self._session
         if (
             session is None
@@ -564,6 +547,24 @@ class Channel(Settler):
             or not session.alive
             or message.delivery_tag not in session.deliveries
         ):
+            return None
+        return session
+
+    def _settle(self, message: Message, op: str, requeue: bool) -> bool:
+        message._mark_settled()
+        session = self._delivering_session(message)
+        if session is None:
+            return False
+        del session.deliveries[message.delivery_tag]
+        if op == "ack":
+            session.send_op({"op": "ack", "delivery_tag": message.delivery_tag})
+        else:
+            session.send_op({"op": op, "delivery_tag": message.delivery_tag, "requeue": requeue})
+        return True
+
+    def _touch(self, message: Message) -> bool:
+        session = self._delivering_session(message)
+        if session is None:
             return False
         session.send_op({"op": "touch", "delivery_tag": message.delivery_tag})
         return True

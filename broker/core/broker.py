@@ -1340,7 +1340,9 @@ class Broker:
                 if entries is None or r.seq in entries:
                     continue
                 if message is None:
-                    message = Message.from_log(r.seq, r.exchange, r.routing_key, r.body, r.properties, r.expires_at)
+                    message = Message(
+                        r.seq, r.exchange, r.routing_key, r.body, r.properties, r.expires_at, owned=True
+                    )
                     self._replay_messages[r.seq] = message
                 queue = self._queues_by_id[qid]
                 expires = r.expires_at

@@ -111,9 +111,9 @@ class DedupWindow:
         return out
 
     def entries(self) -> list[tuple[str, str, float]]:
-        """Live entries as (exchange, message_id, wall_s), for checkpoints."""
+        """Live entries as (exchange, message_id, wall_s), in the order of :meth:`batches`."""
         return [
-            (exchange, message_id, (packed & _MS_MASK) / 1000.0)
-            for exchange, seen in self._by_exchange.items()
-            for message_id, packed in seen.items()
+            (exchange, message_id, wall_s)
+            for exchange, batch in self.batches(max(1, self._count))
+            for message_id, wall_s in batch
         ]

@@ -92,6 +92,22 @@ def _shared(props: dict[str, Any]) -> dict[str, Any]:
     return shared
 
 
+def _split_properties(
+    properties: dict[str, Any] | None, owned: bool
+) -> tuple[str | None, dict[str, Any] | None]:
+    """(message id, the other properties as a shared dict or None). ``owned``: the dict
+    is fresh (decoded from a record) and may be taken apart in place."""
+    if not properties:
+        return None, None
+    message_id = properties.get("message_id")
+    if "message_id" in properties:
+        if owned:
+            del properties["message_id"]
+        else:
+            properties = {k: v for k, v in properties.items() if k != "message_id"}
+    return message_id, (_shared(properties) if properties else None)
+
+
 class Message:
     """One published message. Immutable after publish; shared between queues.
 
@@ -108,53 +124,20 @@ class Message:
         body: bytes,
         properties: dict[str, Any] | None,
         expires_at: float | None = None,
+        *,
+        owned: bool = False,
     ) -> None:
+        """``owned``: ``properties`` is a fresh dict (recovery) the message may take
+        apart instead of copying."""
         self.seq = seq
         self.exchange = exchange
         self.routing_key = routing_key
         self.body = body
-        message_id = None
-        if properties:
-            message_id = properties.get("message_id")
-            if message_id is not None:
-                properties = {k: v for k, v in properties.items() if k != "message_id"}
-            properties = _shared(properties) if properties else None
-        else:
-            properties = None
-        self._props = properties
-        self.message_id: str | None = message_id
-        self.persistent = properties is None or properties.get("delivery_mode", 2) == 2
+        self.message_id, self._props = _split_properties(properties, owned)
+        self.persistent = self._props is None or self._props.get("delivery_mode", 2) == 2
         # Wall-clock time after which the message is dead (per-message expiration or
         # the queue's x-message-ttl, whichever is sooner), or None.
         self.expires_at = expires_at
-
-    @classmethod
-    def from_log(
-        cls,
-        seq: int,
-        exchange: str,
-        routing_key: str,
-        body: bytes,
-        properties: dict[str, Any] | None,
-        expires_at: float | None,
-    ) -> Message:
-        """Like the constructor, for recovery: ``properties`` is a fresh dict (decoded
-        from a record) that may be taken apart in place."""
-        self = cls.__new__(cls)
-        self.seq = seq
-        self.exchange = exchange
-        self.routing_key = routing_key
-        self.body = body
-        if properties:
-            self.message_id = properties.pop("message_id", None)
-            properties = _shared(properties) if properties else None
-        else:
-            self.message_id = None
-            properties = None
-        self._props = properties
-        self.persistent = properties is None or properties.get("delivery_mode", 2) == 2
-        self.expires_at = expires_at
-        return self
 
     @property
     def properties(self) -> dict[str, Any] | None:

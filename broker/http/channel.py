@@ -163,6 +163,14 @@ class ChannelSession:
             self.core.cancel(self.channel_id, tag)
         self.runtime.pump()
 
+    async def finish_publishes(self) -> None:
+        """The channel ends without a ``close`` op (a channel error, broker shutdown):
+        cancel its consumers, then let the publishes it already took get their confirms,
+        bounded by ``FLUSH_TIMEOUT_S`` so a failing disk cannot hold it open."""
+        self.stop_consumers()
+        with trio.move_on_after(FLUSH_TIMEOUT_S):
+            await self.flush_confirms()
+
     def _pending_confirms(self) -> int:
         ch = self.core.channels.get(self.channel_id)
         return len(ch.confirms) if ch is not None else 0
@@ -533,24 +541,16 @@ async def handle_channel(runtime: BrokerRuntime, request: Any, response: Any) ->
             try:
                 with session.reader_scope:
                     await session.serve_reader(request)
-                if session.reader_scope.cancelled_caught:
-                    # Broker shutdown: every publish already read is confirmed (its
-                    # record is synced) before the channel ends; bounded, as a
-                    # failing disk must not hold the shutdown.
+                if session.reader_scope.cancelled_caught:  # broker shutdown
                     reason = "broker shut down"
-                    session.stop_consumers()
-                    with trio.move_on_after(FLUSH_TIMEOUT_S):
-                        await session.flush_confirms()
+                    await session.finish_publishes()
             except ClientDisconnected:
                 disconnected = True
                 nursery.cancel_scope.cancel()
             except BrokerError as exc:
                 reason = f"channel error: {exc.code}"
-                session.stop_consumers()
-                # Publishes before the failing op still get their confirms (bounded:
-                # a failing disk must not hold the channel open).
-                with trio.move_on_after(FLUSH_TIMEOUT_S):
-                    await session.flush_confirms()
+                # Publishes before the failing op still get their confirms.
+                await session.finish_publishes()
                 event = exc.to_json()
                 event["ev"] = "error"
                 failed = session.current_op
