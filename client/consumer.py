@@ -36,10 +36,11 @@ if TYPE_CHECKING:
 __all__ = ["Message", "MessageStream", "Settler"]
 
 
-# ack/nack/reject and the stream's __anext__ pass a schedule point once every this many
-# calls rather than on every one, so a consumer loop settles a whole received batch
-# before the writer runs: its acks then leave in one chunk. Measured with prefetch 100:
-# 2.2 acks per chunk and ~16k msgs/s with a schedule point on every call.
+# ack/nack/reject, the stream's __anext__ and Channel.start_publish pass a schedule
+# point once every this many calls (and whenever they must wait) rather than on every
+# one, so a loop of publishes or acks queues many ops before the channel's writer runs
+# and they leave in one chunk. Measured with prefetch 100: 2.2 acks per chunk and ~16k
+# msgs/s with a schedule point on every call; 30 and ~32k with this.
 YIELD_EVERY = 16
 
 
