@@ -539,10 +539,10 @@ class WriteAheadLog:
                 while not self._chunks and not self._closing:
                     self._wakeup = trio.Event()
                     await self._wakeup.wait()
-        # Let the tasks woken together with this one run first: a delivery made by the
-        # same publish goes out before a (possibly inline) fsync holds the thread, and
+        # Acquiring the lock is a schedule point (as every trio primitive's is): the
+        # tasks woken together with this one run first, so a delivery made by the same
+        # publish goes out before a (possibly inline) fsync holds the thread, and the
         # records they append join this batch.
-        await trio.lowlevel.cancel_shielded_checkpoint()
         async with self._io_lock:
             if self._closing:
                 return  # aclose() flushes what is left

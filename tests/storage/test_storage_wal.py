@@ -687,3 +687,41 @@ async def test_failure_of_the_periodic_fsync_enters_the_failed_state(
         await events.wait_for(lambda: events.recovered == 1)  # tick fails, probe works
         assert events.failures == []
     assert "reported durable under fsync policy interval=100" in caplog.text
+
+
+@pytest.mark.parametrize("inline_max_records", [0, 8])
+async def test_tasks_woken_with_the_writer_run_before_its_write(
+    tmp_path: Path, inline_max_records: int
+) -> None:
+    """The writer passes a schedule point (acquiring its IO lock) before taking a batch,
+    so a task woken together with it (the channel writer sending the delivery the same
+    publish made) runs before the write and fsync, which may hold the event loop (inline
+    batches). trio runs a batch of woken tasks in random order: without that schedule
+    point this fails about half the time (checked by removing it)."""
+    order: list[str] = []
+
+    class RecordingWAL(WriteAheadLog):
+        def _io_write(self, *args: Any) -> Any:
+            order.append("write")
+            return super()._io_write(*args)
+
+    events = Events()
+    wal = RecordingWAL(tmp_path, inline_max_records=inline_max_records, **events.callbacks())
+    async with serving(wal), trio.open_nursery() as nursery:
+        await append_numbered(wal, 1)  # the first batch creates the segment
+        await events.wait_durable(1)
+        for round_ in range(20):
+            woken = trio.Event()
+
+            async def other(ev: trio.Event = woken, n: int = round_) -> None:
+                await ev.wait()
+                order.append(f"other-{n}")
+
+            nursery.start_soon(other)
+            await trio.testing.wait_all_tasks_blocked()
+            last = await append_numbered(wal, 1)
+            woken.set()
+            await events.wait_durable(last)
+    writes = [i for i, what in enumerate(order) if what == "write"]
+    for n in range(20):
+        assert order.index(f"other-{n}") < writes[n + 1], order
