@@ -725,3 +725,27 @@ async def test_tasks_woken_with_the_writer_run_before_its_write(
     writes = [i for i, what in enumerate(order) if what == "write"]
     for n in range(20):
         assert order.index(f"other-{n}") < writes[n + 1], order
+
+
+async def test_small_batches_are_written_on_the_loop_thread_and_large_ones_in_a_worker(
+    tmp_path: Path,
+) -> None:
+    """docs/durability.md: a batch of at most ``inline_max_records`` records that fits
+    the active segment skips the worker thread; bigger batches still use it."""
+    writer_threads: list[bool] = []
+
+    class RecordingWAL(WriteAheadLog):
+        def _io_write(self, *args: Any) -> Any:
+            writer_threads.append(threading.current_thread() is threading.main_thread())
+            return super()._io_write(*args)
+
+    events = Events()
+    wal = RecordingWAL(tmp_path, inline_max_records=8, **events.callbacks())
+    async with serving(wal):
+        last = await append_numbered(wal, 1)  # creates the segment: always a worker
+        await events.wait_durable(last)
+        last = await append_numbered(wal, 8)
+        await events.wait_durable(last)
+        last = await append_numbered(wal, 9)
+        await events.wait_durable(last)
+    assert writer_threads == [False, True, False]
