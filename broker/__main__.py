@@ -38,6 +38,7 @@ def runtime_options(settings: Settings) -> RuntimeOptions:
         segment_max_bytes=settings.segment_max_bytes,
         checkpoint_interval_s=settings.checkpoint_interval_s,
         checkpoint_wal_bytes=settings.checkpoint_wal_bytes,
+        queue_memory_messages=settings.queue_memory_messages,
         repair=settings.repair,
         dedup_window_s=settings.dedup_window_s,
         default_lease_s=settings.default_lease_s,

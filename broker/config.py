@@ -461,6 +461,14 @@ class Settings:
         "Write a checkpoint once the WAL grew by this much since the last one; 0 disables.",
         _NON_NEGATIVE,
     )
+    queue_memory_messages: int = _setting(
+        2048,
+        _INT,
+        "storage",
+        "Ready messages a durable queue keeps in memory; the bodies of the rest of its "
+        "backlog stay only in the WAL segments and are read back when their turn comes.",
+        _at_least(1),
+    )
     repair: bool = _setting(
         False,
         _BOOL,

@@ -1,7 +1,8 @@
 """The sans-IO core: exchanges, queues, bindings, routing, deliveries, confirms, leases.
 
 No trio, no sockets, no files: commands in (method calls), effects out
-(:meth:`Broker.take_effects`). See :mod:`broker.core.broker` for the theory of
+(:meth:`Broker.take_effects`). The one thing it reads is the log, through a function the
+IO layer hands it (``Broker.read_log``): the bodies of paged-out messages. See :mod:`broker.core.broker` for the theory of
 operation.
 """
 
@@ -13,6 +14,7 @@ from .effects import (
     Deliver,
     DeliveryExpired,
     Effect,
+    MessageLost,
     QueueReady,
     Return,
 )
@@ -44,6 +46,7 @@ __all__ = [
     "ConsumerCancelled",
     "Deliver",
     "DeliveryExpired",
+    "MessageLost",
     "QueueReady",
     "Return",
     "Channel",

@@ -40,7 +40,9 @@ by ``POST /queues/{name}/get`` and of one-shot REST publishes.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Iterator
+from array import array
+from struct import error as struct_error
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from . import records as rec
@@ -52,6 +54,7 @@ from .effects import (
     Deliver,
     DeliveryExpired,
     Effect,
+    MessageLost,
     QueueReady,
     Return,
 )
@@ -67,6 +70,7 @@ from .errors import (
 )
 from .message import Entry, Message
 from .names import check_name, check_routing_key
+from .paging import ReplayIndex, decode_refs, encode_refs, locator
 from .routing import EXCHANGE_TYPES
 
 __all__ = ["Broker", "REST_CHANNEL", "BUILTIN_EXCHANGES", "PublishResult"]
@@ -84,7 +88,7 @@ BUILTIN_EXCHANGES = {
 # Per-delivery overhead charged against a channel's credit besides the body (JSON
 # framing, properties): keeps tiny messages from being unbounded in count.
 DELIVERY_OVERHEAD_BYTES = 200
-# Deduplication window entries per DEDUP_BATCH record of a checkpoint (~40 bytes each).
+# Deduplication window entries per DEDUP_DIGESTS record of a checkpoint (16 bytes each).
 DEDUP_BATCH_ENTRIES = 4096
 NO_ROUTE = 312
 _EXPIRED_MEMORY = 4096  # how many expired tags a channel remembers for late-ack errors
@@ -98,6 +102,13 @@ QUEUE_ARGUMENTS: dict[str, Callable[[Any], bool]] = {
 }
 
 PublishResult = tuple[int, int]  # (publish tag, number of queues routed to)
+
+#: Reads log records back by LSN: ``(rtype, payload)`` each, or why it could not.
+ReadLog = Callable[[Sequence[int]], list[tuple[int, bytes] | str]]
+# A durable queue keeps at most this many ready messages in memory before paging the
+# rest of its backlog out (see core/paging.py); they are paged back in this many at once.
+MEMORY_MESSAGES_PER_QUEUE = 2048
+PAGE_IN_BATCH = 1024
 
 
 class Broker:
@@ -117,7 +128,11 @@ class Broker:
         max_queues: int = 10000,
         max_exchanges: int = 10000,
         max_prefetch: int = 65535,
+        read_log: ReadLog | None = None,
+        memory_messages_per_queue: int = MEMORY_MESSAGES_PER_QUEUE,
     ) -> None:
+        """``read_log``: how to read logged records back; without it nothing is paged
+        out and every message stays in memory."""
         self.clock = clock
         self.wall_clock = wall_clock
         self.boot_id = boot_id
@@ -128,6 +143,10 @@ class Broker:
         self.max_queues = max_queues
         self.max_exchanges = max_exchanges
         self.max_prefetch = max_prefetch
+        self.read_log = read_log
+        self.memory_messages_per_queue = memory_messages_per_queue
+        # queues whose tail may hold messages to page out once their records are written
+        self._page_out_due: dict[str, Queue] = {}
 
         self.exchanges: dict[str, Exchange] = {}
         self.queues: dict[str, Queue] = {}
@@ -164,8 +183,8 @@ class Broker:
         self._timers: list[tuple[float, int, int]] = []  # (deadline, channel id, tag)
         self._timers_compact_at = _TIMERS_COMPACT_MIN
 
-        # recovery state: qid -> {seq: Entry}; None once recovery finished
-        self._replay: dict[int, dict[int, Entry]] | None = None
+        # recovery state: the messages of each queue by qid; None once recovery finished
+        self._replay: dict[int, ReplayIndex] | None = None
         self._replay_messages: dict[int, Message] = {}
 
         self.stats = {
@@ -190,7 +209,7 @@ class Broker:
             self._dispatch_dirty()
         if self._getter_checks:
             for queue in self._getter_checks.values():
-                if queue.getters and (queue.ready or queue.requeued) and not queue.deleted:
+                if queue.getters and queue.has_ready() and not queue.deleted:
                     self._effects.append(QueueReady(queue.name))
             self._getter_checks.clear()
         if self._settles or self._delivered_marks:
@@ -241,6 +260,8 @@ class Broker:
         for ch in self.channels.values():
             if len(ch.confirms):
                 self._confirm_dirty[ch.id] = ch
+        if self._page_out_due:
+            self._page_out()
 
     def storage_failed(self, first_lsn: int, last_lsn: int, reason: str) -> None:
         """Records ``first_lsn``..``last_lsn`` could not be written.
@@ -493,6 +514,7 @@ class Broker:
             self._remove_consumer(consumer, auto_delete=False)
             self._effects.append(ConsumerCancelled(consumer.channel.id, consumer.tag, reason))
         queue.clear_ready()
+        self._page_out_due.pop(queue.name, None)
         for source_name in list(queue.bound_from):
             source = self.exchanges.get(source_name)
             if source is not None:
@@ -515,12 +537,14 @@ class Broker:
     def purge_queue(self, name: str, *, channel_id: int = REST_CHANNEL) -> int:
         """Drop every ready message of a queue (not the unacked ones); return the count."""
         queue = self._queue(name, channel_id)
-        entries = queue.clear_ready()
+        entries, paged_seqs = queue.clear_ready()
+        self._page_out_due.pop(queue.name, None)
         if queue.persistent_log:
             seqs = [e.message.seq for e in entries if e.message.persistent]
+            seqs.extend(paged_seqs)
             if seqs:
                 self._settles.setdefault(queue.qid, []).extend(seqs)
-        return len(entries)
+        return len(entries) + len(paged_seqs)
 
     def queue_info(self, queue: Queue) -> dict[str, Any]:
         ready = queue.ready_count()
@@ -816,6 +840,7 @@ class Broker:
                     dedup_id, properties, body,
                 ),
             )
+            message.lsn = lsn
             self._unsynced.append((lsn, message, [q.name for q in queues]))
         for queue in queues:
             self._enqueue(queue, message, wall)
@@ -832,13 +857,19 @@ class Broker:
         if queue.message_ttl_s is not None:
             q_exp = wall + queue.message_ttl_s
             expires = q_exp if expires is None else min(expires, q_exp)
-        queue.ready.append(Entry(message, False, expires))
+        entry = Entry(message, False, expires)
+        if queue.tail or queue.paged:
+            queue.tail.append(entry)
+            self._page_out_due[queue.name] = queue
+        elif len(queue.ready) < self.memory_messages_per_queue or self.read_log is None or not queue.persistent_log:
+            queue.ready.append(entry)
+        else:
+            queue.tail.append(entry)
+            self._page_out_due[queue.name] = queue
         queue.published += 1
         if queue.max_length is not None and queue.overflow == "drop-head":
             while queue.ready_count() > queue.max_length:
-                dropped = queue.pop()
-                if dropped is not None:
-                    self._settle_entry(queue, dropped)
+                self._drop_head(queue)
         if queue.consumers:
             self._dirty_queues[queue.name] = queue
         if queue.getters:
@@ -848,10 +879,94 @@ class Broker:
         if queue.persistent_log and entry.message.persistent and not queue.deleted:
             self._settles.setdefault(queue.qid, []).append(entry.message.seq)
 
+    def _drop_head(self, queue: Queue) -> None:
+        """Drop the oldest ready message (x-overflow drop-head) without reading it."""
+        entry = queue.pop()
+        if entry is not None:
+            self._settle_entry(queue, entry)
+            return
+        for seq, _loc in queue.paged.take(1):
+            self._settles.setdefault(queue.qid, []).append(seq)
+
+    def _page_out(self) -> None:
+        """Move the messages at the front of each due queue's tail whose records are
+        written into its paged-out index, dropping their bodies from memory."""
+        durable = self.durable_lsn
+        for name, queue in list(self._page_out_due.items()):
+            tail = queue.tail
+            paged = queue.paged
+            if queue.deleted:
+                del self._page_out_due[name]
+                continue
+            while tail:
+                message = tail[0].message
+                lsn = message.lsn
+                if lsn == 0 or not message.persistent:
+                    # never logged: it stays in memory, and so does everything after it
+                    del self._page_out_due[name]
+                    break
+                if lsn > durable:
+                    break  # not written yet: a later durable() goes on
+                entry = tail.popleft()
+                paged.append(message.seq, (lsn << 1) | entry.delivered)
+            else:
+                del self._page_out_due[name]
+
+    def _page_in(self, queue: Queue) -> None:
+        """Read the next paged-out messages of ``queue`` back into its in-memory head."""
+        while queue.paged and not queue.ready:
+            queue.ready.extend(self._read_entries(queue, queue.paged.take(PAGE_IN_BATCH)))
+
+    def _read_entries(self, queue: Queue, pairs: list[tuple[int, int]]) -> list[Entry]:
+        """Entries for ``(seq, locator)`` pairs of ``queue``, read from the log.
+
+        A message whose record cannot be read (a damaged or missing segment) leaves the
+        queue for good, reported as a MessageLost effect."""
+        read_log = self.read_log
+        if read_log is None:
+            raise RuntimeError("messages are indexed by LSN but the broker has no log to read")
+        results = read_log([loc >> 1 for _seq, loc in pairs])
+        ttl = queue.message_ttl_s
+        out: list[Entry] = []
+        for (seq, loc), result in zip(pairs, results):
+            lsn = loc >> 1
+            if isinstance(result, str):
+                reason = result
+            elif result[0] != rec.RecordType.ENQUEUE:
+                reason = f"record {lsn} is of type {result[0]}, not a message"
+            else:
+                try:
+                    r = rec.decode_enqueue(result[1])
+                except (ValueError, IndexError, UnicodeDecodeError, struct_error) as exc:
+                    reason = f"record {lsn} does not decode: {exc}"
+                else:
+                    if r.seq == seq:
+                        message = Message(
+                            r.seq, r.exchange, r.routing_key, r.body, r.properties, r.expires_at, owned=True
+                        )
+                        message.lsn = lsn
+                        expires = r.expires_at
+                        if ttl is not None and r.wall_s:
+                            q_exp = r.wall_s + ttl
+                            expires = q_exp if expires is None else min(expires, q_exp)
+                        out.append(Entry(message, bool(loc & 1), expires))
+                        continue
+                    reason = f"record {lsn} holds message {r.seq}, not {seq}"
+            self._settles.setdefault(queue.qid, []).append(seq)
+            self._effects.append(MessageLost(queue.name, seq, lsn, reason))
+        return out
+
+    def _pop(self, queue: Queue) -> Entry | None:
+        entry = queue.pop()
+        if entry is None and queue.paged:
+            self._page_in(queue)
+            entry = queue.pop()
+        return entry
+
     def _pop_live(self, queue: Queue) -> Entry | None:
         """The next ready entry, dropping expired ones on the way."""
         while True:
-            entry = queue.pop()
+            entry = self._pop(queue)
             if entry is None:
                 return None
             if entry.expires_at is not None and entry.expires_at <= self.wall_clock():
@@ -954,7 +1069,7 @@ class Broker:
         if not self.delivering:
             return
         consumers = queue.consumers
-        while consumers and (queue.ready or queue.requeued):
+        while consumers and queue.has_ready():
             n = len(consumers)
             start = queue.rr
             chosen = None
@@ -1330,7 +1445,21 @@ class Broker:
         if lsn > self.last_lsn:
             self.last_lsn = lsn
         T = rec.RecordType
-        if rtype == T.ENQUEUE:
+        if rtype == T.ENQUEUE and lsn:
+            # A logged publish: the queues index it by LSN; its body stays on disk.
+            seq, wall_s, qids, exchange, message_id = rec.peek_enqueue(payload)
+            if seq >= self._next_seq:
+                self._next_seq = seq + 1
+            loc = lsn << 1
+            for qid in qids:
+                entries = state.get(qid)
+                if entries is not None:
+                    entries.add(seq, loc, update=True)
+            if message_id is not None:
+                self.dedup.remember(exchange, message_id, wall_s, 0)
+        elif rtype == T.ENQUEUE:
+            # A message written whole into a checkpoint (checkpoints before QUEUE_REFS):
+            # there is no log record to page it out to, so it is kept in memory.
             r = rec.decode_enqueue(payload)
             if r.seq >= self._next_seq:
                 self._next_seq = r.seq + 1
@@ -1350,23 +1479,34 @@ class Broker:
                     # wall_s is 0 in checkpoints, whose expires_at already holds the TTL
                     q_exp = r.wall_s + queue.message_ttl_s
                     expires = q_exp if expires is None else min(expires, q_exp)
-                entries[r.seq] = Entry(message, False, expires)
+                entries.add_whole(r.seq, Entry(message, False, expires))
             if r.message_id is not None:
                 self.dedup.remember(r.exchange, r.message_id, r.wall_s, 0)
+        elif rtype == T.QUEUE_REFS:
+            qid, pairs = decode_refs(payload)
+            entries = state.get(qid)
+            if entries is not None:
+                it = iter(pairs)
+                top = 0
+                add = entries.add
+                for seq, loc in zip(it, it):
+                    add(seq, loc, update=False)
+                    if seq > top:
+                        top = seq
+                if top >= self._next_seq:
+                    self._next_seq = top + 1
         elif rtype == T.SETTLE:
             qid, seqs = rec.decode_seqs(payload)
             entries = state.get(qid)
             if entries is not None:
                 for seq in seqs:
-                    entries.pop(seq, None)
+                    entries.settle(seq)
         elif rtype == T.DELIVERED:
             qid, seqs = rec.decode_seqs(payload)
             entries = state.get(qid)
             if entries is not None:
                 for seq in seqs:
-                    entry = entries.get(seq)
-                    if entry is not None:
-                        entry.delivered = True
+                    entries.mark_delivered(seq)
         elif rtype == T.DECLARE_QUEUE:
             d = rec.decode_json(payload)
             qid = d["qid"]
@@ -1374,13 +1514,13 @@ class Broker:
                 self._next_qid = qid + 1
             if qid in self._queues_by_id:
                 return
-            old = self.queues.get(d["name"])
-            if old is not None:
-                self._drop_replay_queue(old)
+            replaced = self.queues.get(d["name"])
+            if replaced is not None:
+                self._drop_replay_queue(replaced)
             queue = Queue(qid, d["name"], True, None, d.get("auto_delete", False), d.get("arguments", {}))
             self.queues[queue.name] = queue
             self._queues_by_id[qid] = queue
-            state[qid] = {}
+            state[qid] = ReplayIndex()
         elif rtype == T.DELETE_QUEUE:
             d = rec.decode_json(payload)
             deleted = self._queues_by_id.get(d["qid"])
@@ -1420,7 +1560,9 @@ class Broker:
                     # as unbind() does live: keep bound_from in step with the table
                     if not any(bk[0] == key for bk in src.table.bindings):
                         self._forget_binding_dest(src.name, key)
-        elif rtype == T.DEDUP_BATCH:
+        elif rtype == T.DEDUP_DIGESTS:
+            self.dedup.load_payload(payload)
+        elif rtype == T.DEDUP_BATCH:  # checkpoints written before DEDUP_DIGESTS
             exchange, window = rec.decode_dedup_batch(payload)
             remember = self.dedup.remember
             for message_id, wall in window:
@@ -1457,18 +1599,42 @@ class Broker:
         state = self._replay
         assert state is not None
         for qid, entries in state.items():
-            queue = self._queues_by_id[qid]
-            for seq in sorted(entries):
-                entry = entries[seq]
-                if assume_delivered:
-                    entry.delivered = True
-                queue.ready.append(entry)
+            self._restore_queue(self._queues_by_id[qid], entries, assume_delivered)
         self._replay = None
         self._replay_messages = {}
         self.last_lsn = max(self.last_lsn, last_lsn)
         self.durable_lsn = self.last_lsn
         self._first_pending_lsn = self.last_lsn + 1
         self.dedup.prune(self.wall_clock())
+
+    def _restore_queue(self, queue: Queue, entries: ReplayIndex, assume_delivered: bool) -> None:
+        """Give a queue its recovered messages in sequence order: those indexed by LSN
+        stay paged out (read back when their turn comes), those recovered whole (from a
+        checkpoint of an older format) stay in memory. The in-memory part must precede
+        the paged-out one, so messages indexed by LSN that precede a whole one, or any
+        when there is no log to read, are read back at once."""
+        last_whole = max((seq for seq, item in entries.extra.items() if type(item) is not int), default=0)
+        if self.read_log is None:
+            last_whole = 1 << 63
+        paged = queue.paged
+        pending: list[tuple[int, int]] = []
+        for seq, item in entries.items():
+            if type(item) is int:
+                loc = item | 1 if assume_delivered else item
+                if seq < last_whole:
+                    pending.append((seq, loc))
+                else:
+                    paged.append(seq, loc)
+            else:
+                assert isinstance(item, Entry)
+                if pending:
+                    queue.ready.extend(self._read_entries(queue, pending))
+                    pending = []
+                if assume_delivered:
+                    item.delivered = True
+                queue.ready.append(item)
+        if pending:
+            queue.ready.extend(self._read_entries(queue, pending))
 
     def snapshot(self, chunk_entries: int = 4096) -> tuple[int, Iterator[list[tuple[int, bytes]]]]:
         """A checkpoint of the durable state, as (LSN covered, chunks of records).
@@ -1508,43 +1674,57 @@ class Broker:
             for d in ch.deliveries.values():
                 if d.queue.persistent_log:
                     unacked.setdefault(d.queue.qid, []).append(d.entry)
-        cut: list[tuple[Queue, list[Entry]]] = []
+        cut: list[tuple[Queue, list[Entry], list[tuple[array[int], int, int]]]] = []
         for q in queues:
             entries = [e for _s, e in q.requeued]
             entries.extend(q.ready)
+            entries.extend(q.tail)
             entries.extend(unacked.get(q.qid, ()))
-            cut.append((q, entries))
+            cut.append((q, entries, q.paged.cut()))
         del unacked
         yield head
-        for q, entries in cut:
+        per_record = 2 * chunk_entries
+        for q, entries, paged_cut in cut:
             if q.deleted:
                 continue  # its DELETE_QUEUE record follows the covered LSN
             qid = q.qid
-            for start in range(0, len(entries), chunk_entries):
+            # Messages are referenced by the LSN of their ENQUEUE record, whose segment
+            # the log keeps while it is referenced (QUEUE_REFS): bodies are not copied.
+            for chunk_array, start, stop in paged_cut:
+                for lo in range(start, stop, per_record):
+                    yield [(T.QUEUE_REFS, encode_refs(qid, chunk_array[lo : min(stop, lo + per_record)]))]
+            for lo in range(0, len(entries), chunk_entries):
                 chunk: list[tuple[int, bytes]] = []
+                refs = array("q")
                 delivered: list[int] = []
-                for e in entries[start : start + chunk_entries]:
+                for e in entries[lo : lo + chunk_entries]:
                     m = e.message
                     if not m.persistent:
                         continue
-                    props = m.properties
+                    if m.lsn:
+                        refs.append(m.seq)
+                        refs.append(locator(m.lsn, e.delivered))
+                        continue
+                    # recovered whole from an older checkpoint: no record to refer to
                     chunk.append(
                         (
                             T.ENQUEUE,
                             rec.encode_enqueue(
                                 m.seq, 0.0, e.expires_at, [qid], m.exchange, m.routing_key,
-                                None, props, m.body,
+                                None, m.properties, m.body,
                             ),
                         )
                     )
                     if e.delivered:
                         delivered.append(m.seq)
+                if refs:
+                    chunk.append((T.QUEUE_REFS, encode_refs(qid, refs)))
                 if delivered:
                     chunk.append((T.DELIVERED, rec.encode_seqs(qid, delivered)))
-                yield chunk
+                if chunk:
+                    yield chunk
         tail = [
-            (T.DEDUP_BATCH, rec.encode_dedup_batch(ex, batch))
-            for ex, batch in self.dedup.batches(DEDUP_BATCH_ENTRIES)
+            (T.DEDUP_DIGESTS, payload) for payload in self.dedup.checkpoint_payloads(DEDUP_BATCH_ENTRIES)
         ]
         tail.append(
             (T.META, rec.encode_json({"next_seq": self._next_seq, "next_qid": self._next_qid}))

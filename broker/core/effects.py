@@ -20,6 +20,7 @@ __all__ = [
     "DeliveryExpired",
     "AppendRecords",
     "QueueReady",
+    "MessageLost",
 ]
 
 
@@ -94,3 +95,14 @@ class QueueReady(Effect):
 
     queue: str
 
+
+
+@dataclass(slots=True)
+class MessageLost(Effect):
+    """A paged-out message whose record could not be read back from the log (a damaged
+    or missing segment). It has left its queue; the IO layer reports it loudly."""
+
+    queue: str
+    seq: int
+    lsn: int
+    reason: str

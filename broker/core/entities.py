@@ -13,6 +13,7 @@ from typing import Any
 
 from .confirms import ConfirmTracker
 from .message import Entry
+from .paging import PagedRefs
 from .routing import RoutingTable, make_table
 
 __all__ = ["Exchange", "Queue", "Consumer", "Channel", "Delivery"]
@@ -62,6 +63,12 @@ class Queue:
     New entries arrive in increasing sequence order and leave from the front, so every
     requeued entry precedes every entry still in ``ready``: requeued entries wait in a
     small heap ordered by sequence, which is served before ``ready``.
+
+    A durable queue's backlog is held in three parts, in this order: ``ready`` (the
+    head, in memory), ``paged`` (messages whose bodies are only in the log, see
+    :mod:`broker.core.paging`) and ``tail`` (the newest, in memory until their records
+    are written and they can be paged out). ``tail`` is used only once ``paged`` or a
+    long ``ready`` is ahead of it; the broker moves messages between the parts.
     """
 
     __slots__ = (
@@ -72,6 +79,8 @@ class Queue:
         "auto_delete",
         "arguments",
         "ready",
+        "paged",
+        "tail",
         "requeued",
         "unacked",
         "consumers",
@@ -107,6 +116,8 @@ class Queue:
         self.auto_delete = auto_delete
         self.arguments = arguments
         self.ready: deque[Entry] = deque()
+        self.paged = PagedRefs()
+        self.tail: deque[Entry] = deque()
         self.requeued: list[tuple[int, Entry]] = []
         self.unacked = 0
         self.consumers: list[Consumer] = []
@@ -133,33 +144,46 @@ class Queue:
         return self.durable and self.exclusive_owner is None
 
     def ready_count(self) -> int:
-        return len(self.ready) + len(self.requeued)
+        return len(self.ready) + len(self.requeued) + len(self.paged) + len(self.tail)
 
-    def push(self, entry: Entry) -> None:
-        self.ready.append(entry)
+    def has_ready(self) -> bool:
+        return bool(self.ready or self.requeued or self.paged or self.tail)
 
     def requeue(self, entry: Entry) -> None:
         heapq.heappush(self.requeued, (entry.message.seq, entry))
 
     def pop(self) -> Entry | None:
+        """The next entry held in memory; None when there is none or the next message
+        is paged out (the broker pages it in first)."""
         if self.requeued:
             return heapq.heappop(self.requeued)[1]
         if self.ready:
             return self.ready.popleft()
+        if self.tail and not self.paged:
+            self.ready, self.tail = self.tail, self.ready
+            return self.ready.popleft()
         return None
 
-    def clear_ready(self) -> list[Entry]:
+    def clear_ready(self) -> tuple[list[Entry], list[int]]:
+        """Remove every ready message: (entries held in memory, seqs of paged-out ones)."""
         entries = [e for _, e in self.requeued]
         entries.extend(self.ready)
+        entries.extend(self.tail)
         self.requeued.clear()
         self.ready.clear()
-        return entries
+        self.tail.clear()
+        return entries, self.paged.clear()
 
     def remove_entries(self, seqs: set[int]) -> list[Entry]:
-        """Remove ready entries with these sequence numbers (rare: storage failure)."""
+        """Remove in-memory ready entries with these sequence numbers (rare: storage
+        failure, whose messages are never paged out: their records were not written)."""
         removed = [e for e in self.ready if e.message.seq in seqs]
         if removed:
             self.ready = deque(e for e in self.ready if e.message.seq not in seqs)
+        gone = [e for e in self.tail if e.message.seq in seqs]
+        if gone:
+            removed.extend(gone)
+            self.tail = deque(e for e in self.tail if e.message.seq not in seqs)
         kept = [(s, e) for s, e in self.requeued if s not in seqs]
         if len(kept) != len(self.requeued):
             removed.extend(e for s, e in self.requeued if s in seqs)

@@ -114,7 +114,7 @@ class Message:
     ``properties`` is rebuilt on access from the ``message_id`` and a dict of the other
     properties shared between messages (see ``_shared``): treat it as read-only."""
 
-    __slots__ = ("seq", "exchange", "routing_key", "body", "_props", "message_id", "persistent", "expires_at")
+    __slots__ = ("seq", "exchange", "routing_key", "body", "_props", "message_id", "persistent", "expires_at", "lsn")
 
     def __init__(
         self,
@@ -138,6 +138,9 @@ class Message:
         # Wall-clock time after which the message is dead (per-message expiration or
         # the queue's x-message-ttl, whichever is sooner), or None.
         self.expires_at = expires_at
+        # LSN of the ENQUEUE record holding the message (0: not logged). Durable queues
+        # may drop the body from memory and read it back from there (core/paging.py).
+        self.lsn = 0
 
     @property
     def properties(self) -> dict[str, Any] | None:

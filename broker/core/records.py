@@ -25,6 +25,7 @@ __all__ = [
     "decode_json",
     "encode_enqueue",
     "decode_enqueue",
+    "peek_enqueue",
     "encode_seqs",
     "decode_seqs",
     "encode_dedup",
@@ -47,6 +48,8 @@ class RecordType:
     DEDUP = 10  # a deduplication window entry (checkpoints only)
     META = 11  # counters that must not go backwards (checkpoints only)
     DEDUP_BATCH = 12  # many deduplication window entries of one exchange (checkpoints only)
+    DEDUP_DIGESTS = 13  # many deduplication window entries as digests (checkpoints only)
+    QUEUE_REFS = 14  # messages of one queue by the LSN of their ENQUEUE record (checkpoints only)
 
 
 def encode_json(obj: dict[str, Any]) -> bytes:
@@ -121,6 +124,22 @@ def decode_enqueue(payload: bytes) -> EnqueueRecord:
     return EnqueueRecord(
         seq, wall, expires or None, qids, exchange, routing_key, message_id, properties, body
     )
+
+
+def peek_enqueue(payload: bytes) -> tuple[int, float, list[int], str, str | None]:
+    """``(seq, wall_s, qids, exchange, message_id)`` of an ENQUEUE record, without
+    decoding its properties and body (recovery indexes messages, it does not load them)."""
+    seq, wall, _expires, nq, lex, lrk, lmid, _lprops = _ENQ_HEAD.unpack_from(payload, 0)
+    pos = _ENQ_HEAD.size
+    if nq == 1:
+        qids = [_U32.unpack_from(payload, pos)[0]]
+    else:
+        qids = list(struct.unpack_from(f"<{nq}I", payload, pos))
+    pos += 4 * nq
+    exchange = payload[pos : pos + lex].decode() if lex else ""
+    pos += lex + lrk
+    message_id = payload[pos : pos + lmid].decode() if lmid else None
+    return seq, wall, qids, exchange, message_id
 
 
 # SETTLE / DELIVERED: qid u32 | n u32 | seq u64 * n

@@ -30,11 +30,14 @@ from broker.core import (
     ConsumerCancelled,
     Deliver,
     DeliveryExpired,
+    MessageLost,
     QueueReady,
     REST_CHANNEL,
+    RecordType,
     Return,
     Unavailable,
 )
+from broker.core.paging import ref_lsns
 
 __all__ = ["BrokerRuntime", "ChannelSink", "RuntimeOptions"]
 
@@ -69,6 +72,7 @@ class RuntimeOptions:
     segment_max_bytes: int = 64 << 20
     checkpoint_interval_s: float = 300.0
     checkpoint_wal_bytes: int = 256 << 20
+    queue_memory_messages: int = 2048
     repair: bool = False
     dedup_window_s: float = 120.0
     default_lease_s: float = 30.0
@@ -123,6 +127,7 @@ class BrokerRuntime:
             max_queues=options.max_queues,
             max_exchanges=options.max_exchanges,
             max_prefetch=options.max_prefetch,
+            memory_messages_per_queue=options.queue_memory_messages,
         )
         self.metrics = metrics
         self.started_at = time.time()
@@ -139,6 +144,7 @@ class BrokerRuntime:
         self._last_checkpoint_time = 0.0
         self.checkpoints = 0
         self.last_checkpoint_lsn = 0
+        self.segments_kept = 0  # covered by the last checkpoint, kept for message bodies
         self.last_checkpoint_duration_s = 0.0
         self.recovery_info: dict[str, Any] = {}
         self._durable_waiters: list[_DurableWaiter] = []
@@ -174,6 +180,9 @@ class BrokerRuntime:
             os.makedirs(data_dir, exist_ok=True)
             recovery = storage.recover(data_dir, repair=self.options.repair)
             core = self.core
+            # Recovered messages stay in the log segments (paged out) and are read back
+            # from them by LSN when their turn comes.
+            core.read_log = recovery.reader.read
             core.begin_recovery()
             n_ckpt = n_wal = 0
             for rtype, payload in recovery.checkpoint_records:
@@ -263,6 +272,12 @@ class BrokerRuntime:
                 event = self._queue_events.pop(effect.queue, None)
                 if event is not None:
                     event.set()
+            elif kind is MessageLost:
+                assert isinstance(effect, MessageLost)
+                log.error(
+                    "message lost: its record cannot be read back from the log",
+                    extra={"fields": {"queue": effect.queue, "seq": effect.seq, "lsn": effect.lsn, "reason": effect.reason}},
+                )
         if again:
             self.pump()
         earliest = core.earliest_timer()
@@ -419,6 +434,10 @@ class BrokerRuntime:
             bytes_before = self.wal.statistics().bytes_written
             lsn, chunks = self.core.snapshot()
             sentinel: list[tuple[int, bytes]] = []
+            reader = self.wal.reader
+            # Segments holding the records of messages the checkpoint refers to: the
+            # checkpoint covers them, but they must stay (they hold the bodies).
+            keep: set[int] = set()
 
             def next_chunk() -> list[tuple[int, bytes]]:
                 return next(chunks, sentinel)
@@ -428,12 +447,16 @@ class BrokerRuntime:
                     chunk = trio.from_thread.run_sync(next_chunk)
                     if chunk is sentinel:
                         return
+                    for rtype, payload in chunk:
+                        if rtype == RecordType.QUEUE_REFS:
+                            keep.update(reader.segments_holding(ref_lsns(payload)))
                     yield from chunk
 
             assert self.options.data_dir is not None
             data_dir = Path(self.options.data_dir)
             await trio.to_thread.run_sync(storage.write_checkpoint, data_dir, lsn, records())
-            self.wal.release_through(lsn)
+            self.wal.release_through(lsn, keep)
+            self.segments_kept = len(keep)
             self._wal_bytes_at_checkpoint = bytes_before
             self._last_checkpoint_time = trio.current_time()
             self.checkpoints += 1
@@ -509,6 +532,9 @@ class BrokerRuntime:
                 "checkpoints": self.checkpoints,
                 "last_checkpoint_lsn": self.last_checkpoint_lsn,
                 "fsync": self.options.fsync,
+                # messages whose bodies are only in the WAL segments (see docs/durability.md)
+                "messages_paged_out": sum(len(q.paged) for q in self.core.queues.values()),
+                "segments_kept": self.segments_kept,
             },
             "recovery": self.recovery_info,
         }

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import logging
 import os
+from array import array
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from typing import Final, NoReturn
@@ -56,6 +57,7 @@ from .framing import (
     find_valid_frame,
 )
 from .fs import OS_FILE_SYSTEM, FileSystem
+from .reader import LogReader
 from .segment import (
     DROPPED_SUFFIX,
     SEGMENT_HEADER_BYTES,
@@ -245,6 +247,10 @@ class Recovery:
         self._replayed = 0
         self._last_lsn = self.checkpoint_lsn
         self._moved_aside: set[str] = set()
+        self._read_paths: set[str] = set()
+        #: Where every record of the log is, for reading message bodies back by LSN:
+        #: filled while the segments are read, and handed on to the WAL.
+        self.reader = LogReader(self._wal_dir, fs, max_record_bytes=max_record_bytes)
         self._report: RecoveryReport | None = None
         #: ``(lsn, rtype, payload)`` for every WAL record after the checkpoint, in order.
         self.wal_records: Iterator[WalRecord] = self._iter_wal()
@@ -356,6 +362,9 @@ class Recovery:
         decoder = RecordDecoder(max_record_bytes=self.max_record_bytes, offset=SEGMENT_HEADER_BYTES)
         void_offset: int | None = None
         problem: FrameProblem | None = None
+        offsets = array("Q")  # where each valid record starts, for self.reader
+        pos = SEGMENT_HEADER_BYTES
+        self._read_paths.add(path)
         with self.fs.open_read(path) as file:
             file.seek(SEGMENT_HEADER_BYTES)
             while True:
@@ -368,6 +377,8 @@ class Recovery:
                     if lsn >= cutoff:
                         void_offset = decoder.offset - FRAME_OVERHEAD_BYTES - len(payload)
                         break
+                    offsets.append(pos)
+                    pos = decoder.offset
                     if lsn > ckpt:
                         self._replayed += 1
                         self._last_lsn = lsn
@@ -382,6 +393,8 @@ class Recovery:
                     break
                 if not chunk:
                     break
+        # (before handling damage, which may stop the log here: what was read stands)
+        self.reader.note_segment(segment.first_lsn, path, offsets, pos)
         if void_offset is not None:
             self._void_tail(path, void_offset, lsn)
         elif problem is not None:
@@ -536,6 +549,17 @@ class Recovery:
                 emptied = True
         if emptied:
             self.fs.sync_dir(self._wal_dir)
+        # Segments a checkpoint covers were not replayed, but the ones still on disk
+        # are kept because they hold bodies of queued messages: index them.
+        for segment in self._segments:
+            if (
+                segment.path not in self._read_paths
+                and segment.path not in self._moved_aside
+                and segment.first_lsn <= last
+                and segment.header is not None
+                and self.fs.exists(segment.path)
+            ):
+                self.reader.scan(segment.first_lsn, segment.path)
         next_lsn = last + 1
         self._report = RecoveryReport(
             checkpoint_lsn=self.checkpoint_lsn,

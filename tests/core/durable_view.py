@@ -68,6 +68,7 @@ def durable_view(b: Broker) -> dict[str, Any]:
 def fresh_broker(h: Harness, **kwargs: Any) -> Broker:
     """A new broker sharing ``h``'s clocks (a restart at the same moment)."""
     kwargs.setdefault("boot_id", "b1")
+    kwargs.setdefault("read_log", h.read_log)
     return Broker(clock=FakeClock(h.mono.now), wall_clock=h.wall, **kwargs)
 
 

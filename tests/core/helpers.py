@@ -52,11 +52,18 @@ class Harness:
         self.mono = FakeClock(MONO_START)
         self.wall = FakeClock(WALL_START)
         kwargs.setdefault("boot_id", "b0")
+        kwargs.setdefault("read_log", self.read_log)
+        # every record appended so far, by LSN: the "log" paged-out messages are read from
+        self.log: dict[int, tuple[int, bytes]] = {}
         self.b = Broker(clock=self.mono, wall_clock=self.wall, **kwargs)
         self.effects: list[Effect] = []
         self.records: list[tuple[int, int, bytes]] = []  # (lsn, rtype, payload)
         self.confirms: dict[int, ConfirmState] = {}
         self.returned: dict[int, set[int]] = {}
+
+    def read_log(self, lsns: Any) -> list[tuple[int, bytes] | str]:
+        """The broker's ``read_log``: records by LSN from what it appended so far."""
+        return [self.log.get(lsn, f"record {lsn} is not in the log") for lsn in lsns]
 
     # ----------------------------------------------------------------- driving
 
@@ -70,6 +77,7 @@ class Harness:
                 assert eff.last_lsn == eff.first_lsn + len(eff.records) - 1
                 for i, (rtype, payload) in enumerate(eff.records):
                     self.records.append((eff.first_lsn + i, rtype, payload))
+                    self.log[eff.first_lsn + i] = (rtype, payload)
             elif isinstance(eff, Confirm):
                 st = self.confirms.setdefault(eff.channel_id, ConfirmState())
                 assert eff.delivery_tag > st.last, f"confirm out of order: {eff} after {st.last}"
@@ -161,8 +169,11 @@ class Harness:
 
 
 def ready_entries(b: Broker, queue: str) -> list[Any]:
+    """Ready entries in delivery order, paged-out ones read back from the log (without
+    taking them out of the queue)."""
     q = b.queues[queue]
-    return [e for _s, e in sorted(q.requeued, key=lambda p: p[0])] + list(q.ready)
+    paged = b._read_entries(q, list(q.paged)) if q.paged else []
+    return [e for _s, e in sorted(q.requeued, key=lambda p: p[0])] + list(q.ready) + paged + list(q.tail)
 
 
 __all__ = [

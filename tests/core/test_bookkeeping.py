@@ -1,4 +1,5 @@
-"""The small pure pieces: confirm tracker, dedup window, record codecs, property checks."""
+"""The small pure pieces: confirm tracker, record codecs, property checks (the dedup
+window has tests/core/test_dedup.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ from hypothesis import strategies as st
 
 from broker.core import InvalidArgument, check_properties
 from broker.core.confirms import ConfirmTracker
-from broker.core.dedup import DedupWindow
 from broker.core.records import (
     decode_dedup,
     decode_enqueue,
@@ -87,71 +87,6 @@ def test_tracker_property(items: list[tuple[int, bool]], durables: list[int]) ->
                 settled[x] = ack
             last = tag
     assert sorted(settled) == list(range(1, len(items) + 1))
-
-
-# ---------------------------------------------------------------- DedupWindow
-
-
-def test_dedup_window() -> None:
-    w = DedupWindow(10)
-    assert w.lookup("x", "a", 100) is None
-    w.remember("x", "a", 100, 7)
-    assert w.lookup("x", "a", 105) == 7
-    assert w.lookup("y", "a", 105) is None
-    assert w.lookup("x", "a", 110) == 7  # exactly at the edge: still inside
-    assert w.lookup("x", "a", 110.5) is None
-    assert len(w) == 0
-    w.remember("x", "b", 200, 1)
-    w.forget("x", "b")
-    assert w.lookup("x", "b", 200) is None
-    w.forget("x", "never")
-
-
-def test_dedup_rememember_refreshes() -> None:
-    w = DedupWindow(10)
-    w.remember("x", "a", 100, 1)
-    w.remember("x", "a", 108, 2)
-    assert w.lookup("x", "a", 115) == 2  # the old order entry must not evict the new one
-    assert w.entries() == [("x", "a", 108)]
-
-
-def test_dedup_expires_in_batches_but_answers_exactly() -> None:
-    w = DedupWindow(64)  # prunes at most once a second
-    for i in range(100):
-        w.remember("x", f"m{i}", 1000 + i * 0.1, i + 1)
-    w.remember("y", "other", 1000, 500)
-    assert len(w) == 101
-    # At 1069.05 the window starts at 1005.05: m0..m50 are expired, m51.. are not.
-    assert w.lookup("x", "m50", 1069.05) is None
-    assert w.lookup("x", "m51", 1069.05) == 52
-    assert w.lookup("y", "other", 1069.05) is None
-    assert len(w) == 49  # the batch prune dropped every expired entry, of every exchange
-    w.remember("x", "late", 1069.1, 0)
-    assert [mid for _, mid, _ in w.entries()][-2:] == ["m99", "late"]
-    # Entries expiring before the next batch are still refused by the exact check.
-    assert w.lookup("x", "m52", 1069.3) is None
-    assert w.lookup("x", "m53", 1069.3) == 54
-    w.prune(2000)
-    assert len(w) == 0 and w.entries() == []
-
-
-def test_dedup_batches_split_per_exchange_in_time_order() -> None:
-    w = DedupWindow(100)
-    for i in range(5):
-        w.remember("x", f"m{i}", 10 + i, 0)
-    w.remember("y", "n", 10.25, 0)
-    assert w.batches(2) == [
-        ("x", [("m0", 10.0), ("m1", 11.0)]),
-        ("x", [("m2", 12.0), ("m3", 13.0)]),
-        ("x", [("m4", 14.0)]),
-        ("y", [("n", 10.25)]),
-    ]
-
-
-def test_dedup_disabled() -> None:
-    w = DedupWindow(0)
-    w.remember("x", "a", 100, 1)
-    assert w.lookup("x", "a", 100) is None and w.entries() == []
 
 
 # ------------------------------------------------------------------ records

@@ -69,12 +69,16 @@ class ModelChannel:
 
 
 class BrokerMachine(RuleBasedStateMachine):
+    # ready messages a durable queue keeps in memory before paging the rest out
+    MEMORY_MESSAGES = 2048
+
     def __init__(self) -> None:
         super().__init__()
         self.h = Harness(
             consumer_timeout_s=ACK_TIMEOUT_S,
             default_lease_s=LEASE_S,
             channel_credit_bytes=CREDIT,
+            memory_messages_per_queue=self.MEMORY_MESSAGES,
         )
         self.h.queue("q0")
         self.h.queue("q1", durable=False)
@@ -453,6 +457,17 @@ BrokerMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 TestBrokerMachine = BrokerMachine.TestCase
+
+
+class PagingBrokerMachine(BrokerMachine):
+    """The same rules with durable queues keeping one ready message in memory: every
+    other one is paged out once its record is durable and read back from the log."""
+
+    MEMORY_MESSAGES = 1
+
+
+PagingBrokerMachine.TestCase.settings = BrokerMachine.TestCase.settings
+TestPagingBrokerMachine = PagingBrokerMachine.TestCase
 
 
 # --------------------------------------------------- confirms under storage faults

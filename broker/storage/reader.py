@@ -1,0 +1,280 @@
+"""Reading logged records back by LSN: where each record of each segment starts.
+
+One job: answer "give me the records with these LSNs" for the broker's paged-out
+messages, whose bodies live only in the log segments (see "Memory" in
+docs/durability.md). It knows segments, offsets and frames; what the records mean is
+the core's.
+
+Theory of operation
+-------------------
+
+* **The index.** For every segment it knows, :class:`LogReader` keeps an
+  ``array('Q')`` of the byte offset of each record, in LSN order (a segment holds
+  consecutive LSNs), plus the offset where its last record ends: 8 bytes a record.
+  The WAL writer adds offsets as it writes batches (:meth:`LogReader.note_written`);
+  recovery adds those of the segments it replays (:meth:`LogReader.note_segment`), and
+  scans the frames of the segments it skipped because a checkpoint covers them
+  (:meth:`LogReader.scan`), checking every CRC.
+* **Reads** (:meth:`LogReader.read`) group the wanted LSNs by segment and read each run
+  of nearby records with one ``read``; every frame is checked (length, CRC) before its
+  payload is returned. A record that cannot be read comes back as a string saying why
+  (the segment is gone, the frame is damaged): the caller decides what that means.
+  Reads are blocking and meant for records the WAL has reported durable (written), which
+  the page cache usually still holds.
+* **Threads.** The WAL's IO thread appends offsets while the event loop thread reads;
+  each structural change (a segment added or dropped) happens under a lock, and a
+  reader only ever looks at offsets of records already reported written.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import struct
+import threading
+import zlib
+from array import array
+from collections.abc import Iterable, Sequence
+from typing import BinaryIO
+
+from .framing import FRAME_HEADER_BYTES, FRAME_OVERHEAD_BYTES, RecordDecoder
+from .fs import FileSystem
+from .segment import SEGMENT_HEADER_BYTES
+
+__all__ = ["LogReader", "ReadResult"]
+
+logger = logging.getLogger("broker.storage.reader")
+
+#: ``(rtype, payload)`` of a record, or a string saying why it could not be read.
+ReadResult = tuple[int, bytes] | str
+
+_HEADER = struct.Struct("<II")
+# Nearby wanted records are read with one call when the bytes between them are few.
+_READ_GAP_BYTES = 64 * 1024
+_SCAN_CHUNK_BYTES = 1 << 20
+
+
+class _SegmentIndex:
+    __slots__ = ("first_lsn", "path", "offsets", "end")
+
+    def __init__(self, first_lsn: int, path: str) -> None:
+        self.first_lsn = first_lsn
+        self.path = path
+        self.offsets = array("Q")  # offsets[i]: where record first_lsn + i starts
+        self.end = SEGMENT_HEADER_BYTES  # where the last indexed record ends
+
+
+class LogReader:
+    """Offsets of every record in the log segments, and reads by LSN."""
+
+    def __init__(self, wal_dir: str, fs: FileSystem, *, max_record_bytes: int) -> None:
+        self._wal_dir = wal_dir
+        self._fs = fs
+        self._max_record_bytes = max_record_bytes
+        self._lock = threading.Lock()
+        self._firsts: list[int] = []  # sorted first LSNs of the indexed segments
+        self._segments: dict[int, _SegmentIndex] = {}
+        self._files: dict[int, BinaryIO] = {}
+
+    # ------------------------------------------------------------------ building
+
+    def _segment(self, first_lsn: int, path: str) -> _SegmentIndex:
+        seg = self._segments.get(first_lsn)
+        if seg is None:
+            seg = _SegmentIndex(first_lsn, path)
+            with self._lock:
+                self._segments[first_lsn] = seg
+                bisect.insort(self._firsts, first_lsn)
+        return seg
+
+    def note_written(self, first_lsn: int, path: str, base: int, frame_sizes: Iterable[int]) -> None:
+        """Records written at ``base`` of segment ``first_lsn``, one frame size each.
+
+        Called by the WAL writer after each successful write, in LSN order."""
+        seg = self._segment(first_lsn, path)
+        offsets = seg.offsets
+        pos = base
+        for size in frame_sizes:
+            offsets.append(pos)
+            pos += size
+        seg.end = pos
+
+    def note_segment(self, first_lsn: int, path: str, offsets: array[int], end: int) -> None:
+        """The whole index of a segment read by recovery (its valid records only)."""
+        seg = self._segment(first_lsn, path)
+        seg.offsets = offsets
+        seg.end = end
+
+    def indexed(self, first_lsn: int) -> bool:
+        return first_lsn in self._segments
+
+    def scan(self, first_lsn: int, path: str) -> None:
+        """Index a segment by reading its frames (a segment recovery did not replay).
+
+        Stops at the first frame that does not check out; the records after it cannot
+        be read later (a read of them reports the damage). Logs what it stopped at.
+        """
+        decoder = RecordDecoder(max_record_bytes=self._max_record_bytes, offset=SEGMENT_HEADER_BYTES)
+        offsets = array("Q")
+        pos = SEGMENT_HEADER_BYTES
+        with self._fs.open_read(path) as file:
+            file.seek(SEGMENT_HEADER_BYTES)
+            while True:
+                chunk = file.read(_SCAN_CHUNK_BYTES)
+                if chunk:
+                    decoder.feed(chunk)
+                else:
+                    decoder.feed_eof()
+                for _rtype, _payload in decoder.iter_records():
+                    offsets.append(pos)
+                    pos = decoder.offset
+                if decoder.problem is not None or not chunk:
+                    break
+        if decoder.problem is not None:
+            logger.error(
+                "WAL segment %s is damaged after %d records: %s; messages stored after "
+                "that point cannot be read",
+                path,
+                len(offsets),
+                decoder.problem,
+            )
+        self.note_segment(first_lsn, path, offsets, pos)
+
+    def drop(self, first_lsn: int) -> None:
+        """Forget a segment (it is being deleted) and close its read handle."""
+        with self._lock:
+            self._segments.pop(first_lsn, None)
+            i = bisect.bisect_left(self._firsts, first_lsn)
+            if i < len(self._firsts) and self._firsts[i] == first_lsn:
+                del self._firsts[i]
+            file = self._files.pop(first_lsn, None)
+        if file is not None:
+            file.close()
+
+    def close(self) -> None:
+        with self._lock:
+            files = list(self._files.values())
+            self._files.clear()
+        for file in files:
+            file.close()
+
+    # ------------------------------------------------------------------ lookups
+
+    def segment_of(self, lsn: int) -> int | None:
+        """First LSN of the segment holding record ``lsn`` (None if no indexed one does)."""
+        firsts = self._firsts
+        i = bisect.bisect_right(firsts, lsn) - 1
+        if i < 0:
+            return None
+        seg = self._segments.get(firsts[i])
+        if seg is None or lsn - seg.first_lsn >= len(seg.offsets):
+            return None
+        return seg.first_lsn
+
+    def segments_holding(self, lsns: Iterable[int]) -> set[int]:
+        """First LSNs of the segments holding any of these records."""
+        firsts = list(self._firsts)
+        found: set[int] = set()
+        lo = hi = 0  # LSN range of the segment last matched: most lookups repeat it
+        for lsn in lsns:
+            if lo <= lsn < hi:
+                continue
+            i = bisect.bisect_right(firsts, lsn) - 1
+            if i < 0:
+                continue
+            lo = firsts[i]
+            hi = firsts[i + 1] if i + 1 < len(firsts) else 1 << 63
+            found.add(lo)
+        return found
+
+    def read(self, lsns: Sequence[int]) -> list[ReadResult]:
+        """The records with these LSNs, in the order asked (blocking; see the module
+        docstring). Each result is ``(rtype, payload)`` or the reason it is missing."""
+        results: list[ReadResult] = ["not read"] * len(lsns)
+        order = sorted(range(len(lsns)), key=lsns.__getitem__)
+        firsts = self._firsts
+        k = 0
+        while k < len(order):
+            lsn = lsns[order[k]]
+            i = bisect.bisect_right(firsts, lsn) - 1
+            seg = self._segments.get(firsts[i]) if i >= 0 else None
+            if seg is None or lsn - seg.first_lsn >= len(seg.offsets):
+                results[order[k]] = f"record {lsn} is in no WAL segment on disk"
+                k += 1
+                continue
+            # every wanted record of this segment, read in runs of nearby records
+            j = k
+            limit = seg.first_lsn + len(seg.offsets)
+            while j < len(order) and lsns[order[j]] < limit:
+                j += 1
+            self._read_segment(seg, [order[x] for x in range(k, j)], lsns, results)
+            k = j
+        return results
+
+    def _read_segment(
+        self, seg: _SegmentIndex, positions: list[int], lsns: Sequence[int], results: list[ReadResult]
+    ) -> None:
+        offsets = seg.offsets
+        n = len(offsets)
+
+        def extent(lsn: int) -> tuple[int, int]:
+            idx = lsn - seg.first_lsn
+            start = offsets[idx]
+            end = offsets[idx + 1] if idx + 1 < n else seg.end
+            return start, end
+
+        try:
+            file = self._file(seg)
+        except OSError as exc:
+            for p in positions:
+                results[p] = f"WAL segment {seg.path} cannot be opened: {exc}"
+            return
+        start_p = 0
+        while start_p < len(positions):
+            run_start, run_end = extent(lsns[positions[start_p]])
+            end_p = start_p + 1
+            while end_p < len(positions):
+                s, e = extent(lsns[positions[end_p]])
+                if s - run_end > _READ_GAP_BYTES:
+                    break
+                run_end = max(run_end, e)
+                end_p += 1
+            try:
+                file.seek(run_start)
+                data = file.read(run_end - run_start)
+            except OSError as exc:
+                data = b""
+                reason = f"reading WAL segment {seg.path} failed: {exc}"
+            else:
+                reason = ""
+            for p in positions[start_p:end_p]:
+                lsn = lsns[p]
+                s, e = extent(lsn)
+                if reason:
+                    results[p] = reason
+                else:
+                    results[p] = self._decode_frame(data, s - run_start, e - s, seg, lsn)
+            start_p = end_p
+
+    def _decode_frame(self, data: bytes, pos: int, size: int, seg: _SegmentIndex, lsn: int) -> ReadResult:
+        where = f"record {lsn} at offset {pos} of {seg.path}"
+        if size < FRAME_OVERHEAD_BYTES or pos + size > len(data):
+            return f"{where} is cut short (the file is shorter than its index)"
+        length, crc = _HEADER.unpack_from(data, pos)
+        if length != size - FRAME_HEADER_BYTES:
+            return f"{where} has a damaged length"
+        body_start = pos + FRAME_HEADER_BYTES
+        frame = data[body_start : pos + size]
+        if zlib.crc32(frame) != crc:
+            return f"{where} fails its CRC check"
+        return frame[0], frame[1:]
+
+    def _file(self, seg: _SegmentIndex) -> BinaryIO:
+        file = self._files.get(seg.first_lsn)
+        if file is None:
+            file = self._fs.open_read(seg.path)
+            with self._lock:
+                if seg.first_lsn in self._segments:
+                    self._files[seg.first_lsn] = file
+        return file
+

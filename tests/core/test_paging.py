@@ -1,0 +1,199 @@
+"""Paging: a durable queue's backlog beyond its in-memory head is kept as an index of
+LSNs and read back from the log when its turn comes (core/paging.py)."""
+
+from __future__ import annotations
+
+from array import array
+
+import pytest
+
+from broker.core import MessageLost
+from broker.core.paging import CHUNK_MESSAGES, PagedRefs, decode_refs, encode_refs, locator, ref_lsns
+from broker.core.records import RecordType, decode_seqs
+
+from .durable_view import durable_view, fresh_broker, replay_into
+from .helpers import Harness, ready_entries
+
+# ------------------------------------------------------------------ PagedRefs
+
+
+def test_paged_refs_fifo_across_chunks() -> None:
+    p = PagedRefs()
+    n = CHUNK_MESSAGES * 2 + 5
+    for i in range(n):
+        p.append(i, locator(1000 + i, i % 3 == 0))
+    assert len(p) == n
+    got = p.take(3) + p.take(CHUNK_MESSAGES) + p.take(n)
+    assert got == [(i, ((1000 + i) << 1) | (i % 3 == 0)) for i in range(n)]
+    assert len(p) == 0 and not p and p.take(5) == []
+    p.append(7, locator(9, False))  # usable again after running empty
+    assert list(p) == [(7, 18)]
+
+
+def test_paged_refs_cut_is_unaffected_by_later_changes() -> None:
+    p = PagedRefs()
+    for i in range(10):
+        p.append(i, locator(i, False))
+    p.take(4)
+    cut = p.cut()
+    p.take(3)
+    for i in range(10, 20):
+        p.append(i, locator(i, False))
+    seen = [seq for chunk, start, stop in cut for seq in chunk[start:stop:2]]
+    assert seen == list(range(4, 10))
+
+
+def test_paged_refs_clear_returns_seqs() -> None:
+    p = PagedRefs()
+    for i in range(5):
+        p.append(i, locator(i, False))
+    p.take(2)
+    assert p.clear() == [2, 3, 4] and len(p) == 0
+
+
+def test_refs_record_round_trip_and_malformed() -> None:
+    pairs = array("q", [5, locator(40, True), 6, locator(41, False)])
+    qid, back = decode_refs(encode_refs(3, pairs))
+    assert qid == 3 and back == pairs
+    assert list(ref_lsns(encode_refs(3, pairs))) == [40, 41]
+    with pytest.raises(ValueError):
+        decode_refs(encode_refs(3, pairs)[:-1])
+    with pytest.raises(ValueError):
+        decode_refs(b"\x00")
+
+
+# ------------------------------------------------------------------ broker
+
+
+def paging_harness(memory: int = 2) -> Harness:
+    h = Harness(memory_messages_per_queue=memory)
+    h.queue("q")
+    h.step()
+    return h
+
+
+def publish_n(h: Harness, n: int, start: int = 0, props: dict | None = None) -> None:
+    ch = h.channel()
+    for i in range(start, start + n):
+        h.publish(ch, "", "q", b"m%d" % i, props)
+
+
+def test_backlog_beyond_the_head_is_paged_out_once_durable() -> None:
+    h = paging_harness()
+    publish_n(h, 10)
+    h.step()
+    q = h.b.queues["q"]
+    assert len(q.ready) == 2 and len(q.tail) == 8 and not q.paged  # records not yet written
+    h.b.durable(h.b.last_lsn)
+    assert len(q.ready) == 2 and len(q.paged) == 8 and not q.tail
+    assert q.ready_count() == 10 and h.info("q")["messages_ready"] == 10
+    # each paged-out message is indexed by its ENQUEUE record's LSN
+    for seq, loc in q.paged:
+        rtype, payload = h.log[loc >> 1]
+        assert rtype == RecordType.ENQUEUE
+    # later publishes join the tail and are paged out in turn
+    publish_n(h, 3, 10)
+    h.sync()
+    assert len(q.paged) == 11 and not q.tail
+
+
+def test_consumer_gets_paged_out_messages_in_order_with_bodies() -> None:
+    h = paging_harness()
+    publish_n(h, 25)
+    h.sync()
+    ch = h.channel()
+    h.b.consume(ch, "q", prefetch=0, no_ack=True)
+    assert h.bodies(h.step()) == [b"m%d" % i for i in range(25)]
+    assert h.b.queues["q"].ready_count() == 0
+
+
+def test_unwritten_and_transient_messages_stay_in_memory() -> None:
+    h = paging_harness()
+    publish_n(h, 4)
+    h.sync()
+    publish_n(h, 2, 4, {"delivery_mode": 1})  # transient: no record to read back
+    publish_n(h, 3, 6)
+    h.sync()
+    q = h.b.queues["q"]
+    assert len(q.paged) == 2 and len(q.tail) == 5  # paging stops at the transient one
+    ch = h.channel()
+    h.b.consume(ch, "q", prefetch=0, no_ack=True)
+    assert h.bodies(h.step()) == [b"m%d" % i for i in range(9)]
+
+
+def test_unreadable_record_is_reported_lost_and_settled() -> None:
+    h = paging_harness()
+    publish_n(h, 6)
+    h.sync()
+    q = h.b.queues["q"]
+    (seq, loc), *_ = list(q.paged)
+    del h.log[loc >> 1]  # as if its segment were damaged
+    ch = h.channel()
+    h.b.consume(ch, "q", prefetch=0, no_ack=True)
+    effects = h.step()
+    assert h.bodies(effects) == [b"m%d" % i for i in range(6) if i != 2]
+    (lost,) = h.of_type(MessageLost, effects)
+    assert (lost.queue, lost.seq, lost.lsn) == ("q", seq, loc >> 1) and "not in the log" in lost.reason
+    settled = [s for _l, t, p in h.records if t == RecordType.SETTLE for s in decode_seqs(p)[1]]
+    assert seq in settled  # it does not come back after a restart either
+
+
+def test_record_of_another_message_is_not_delivered_in_its_place() -> None:
+    h = paging_harness()
+    publish_n(h, 4)
+    h.sync()
+    q = h.b.queues["q"]
+    (seq_a, loc_a), (seq_b, loc_b) = list(q.paged)
+    h.log[loc_a >> 1] = h.log[loc_b >> 1]
+    ch = h.channel()
+    h.b.consume(ch, "q", prefetch=0, no_ack=True)
+    effects = h.step()
+    assert h.bodies(effects) == [b"m0", b"m1", b"m3"]
+    (lost,) = h.of_type(MessageLost, effects)
+    assert lost.seq == seq_a and f"holds message {seq_b}" in lost.reason
+
+
+def test_drop_head_and_purge_settle_paged_out_messages_without_reading_them() -> None:
+    h = Harness(memory_messages_per_queue=2)
+    h.queue("q", arguments={"x-max-length": 5})
+    h.step()
+    publish_n(h, 5)
+    h.sync()
+    q = h.b.queues["q"]
+    assert len(q.paged) == 3
+    reads: list[int] = []
+    real = h.b.read_log
+    assert real is not None
+    h.b.read_log = lambda lsns: reads.extend(lsns) or real(lsns)  # type: ignore[func-returns-value]
+    publish_n(h, 3, 5)  # drops the 3 oldest
+    h.sync()
+    assert q.ready_count() == 5
+    assert h.b.purge_queue("q") == 5
+    h.step()
+    assert reads == []
+    settled = sorted(s for _l, t, p in h.records if t == RecordType.SETTLE for s in decode_seqs(p)[1])
+    assert settled == list(range(1, 9))
+    nb = replay_into(fresh_broker(h), h.records, h.b.last_lsn)
+    assert nb.queues["q"].ready_count() == 0
+
+
+def test_snapshot_refers_to_records_and_rebuilds_the_same_queue() -> None:
+    h = paging_harness()
+    publish_n(h, 30)
+    h.sync()
+    ch = h.channel()
+    h.b.consume(ch, "q", prefetch=3)
+    h.step()  # three delivered and unacked, the head refilled from the log
+    live = durable_view(h.b)
+    covered, chunks = h.b.snapshot(chunk_entries=4)
+    recs = [(0, t, p) for chunk in chunks for t, p in chunk]
+    assert not [p for _l, t, p in recs if t == RecordType.ENQUEUE], "a body was copied"
+    assert [p for _l, t, p in recs if t == RecordType.QUEUE_REFS]
+    nb = replay_into(fresh_broker(h), recs, covered)
+    assert durable_view(nb) == live
+    # the log after the snapshot replays on top of it
+    publish_n(h, 5, 30)
+    h.sync()
+    nb2 = replay_into(fresh_broker(h), recs + [r for r in h.records if r[0] > covered], h.b.last_lsn)
+    assert durable_view(nb2) == durable_view(h.b)
+    assert [e.message.body for e in ready_entries(nb2, "q")][-5:] == [b"m%d" % i for i in range(30, 35)]
