@@ -171,21 +171,33 @@ class LogReader:
             return None
         return seg.first_lsn
 
-    def segments_holding(self, lsns: Iterable[int]) -> set[int]:
-        """First LSNs of the segments holding any of these records."""
+    def segments_holding(self, lsns: Iterable[int]) -> dict[int, int]:
+        """How many of these records each segment holds, by the segment's first LSN."""
         firsts = list(self._firsts)
-        found: set[int] = set()
+        found: dict[int, int] = {}
         lo = hi = 0  # LSN range of the segment last matched: most lookups repeat it
+        n = 0
         for lsn in lsns:
             if lo <= lsn < hi:
+                n += 1
                 continue
+            if n:
+                found[lo] = found.get(lo, 0) + n
             i = bisect.bisect_right(firsts, lsn) - 1
             if i < 0:
+                lo = hi = n = 0
                 continue
             lo = firsts[i]
             hi = firsts[i + 1] if i + 1 < len(firsts) else 1 << 63
-            found.add(lo)
+            n = 1
+        if n:
+            found[lo] = found.get(lo, 0) + n
         return found
+
+    def record_count(self, first_lsn: int) -> int:
+        """Records indexed in the segment starting at ``first_lsn`` (0 if unknown)."""
+        seg = self._segments.get(first_lsn)
+        return len(seg.offsets) if seg is not None else 0
 
     def read(self, lsns: Sequence[int]) -> list[ReadResult]:
         """The records with these LSNs, in the order asked (blocking; see the module

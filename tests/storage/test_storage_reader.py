@@ -101,7 +101,12 @@ async def test_released_segment_is_forgotten(tmp_path: Path) -> None:
         assert isinstance(wal.reader.read([1])[0], str)
         assert wal.reader.read([firsts[1]]) == [(RTYPE, payload(firsts[1]))]
         assert len(firsts) >= 5
-        assert wal.reader.segments_holding([1, firsts[1], firsts[1] + 1, 300]) == {firsts[1], firsts[-1]}
+        assert wal.reader.segments_holding([1, firsts[1], firsts[1] + 1, 300, firsts[1] + 2]) == {
+            firsts[1]: 3,
+            firsts[-1]: 1,
+        }
+        assert wal.reader.record_count(firsts[1]) == firsts[2] - firsts[1]
+        assert wal.reader.record_count(1) == 0  # released
     # a restart after that: the kept segment, now before a gap, is still readable
     write_checkpoint(tmp_path, firsts[3] - 1, iter([(1, b"{}")]))
     rec2 = recovered(tmp_path)
