@@ -52,6 +52,9 @@ _HEADER = struct.Struct("<II")
 # Nearby wanted records are read with one call when the bytes between them are few.
 _READ_GAP_BYTES = 64 * 1024
 _SCAN_CHUNK_BYTES = 1 << 20
+# Read handles kept open (a deep backlog spans many segments; file descriptors are
+# shared with the connections).
+_MAX_OPEN_FILES = 32
 
 
 class _SegmentIndex:
@@ -285,8 +288,12 @@ class LogReader:
         file = self._files.get(seg.first_lsn)
         if file is None:
             file = self._fs.open_read(seg.path)
+            stale = None
             with self._lock:
-                if seg.first_lsn in self._segments:
-                    self._files[seg.first_lsn] = file
+                if len(self._files) >= _MAX_OPEN_FILES:  # the least recently opened
+                    stale = self._files.pop(next(iter(self._files)))
+                self._files[seg.first_lsn] = file
+            if stale is not None:
+                stale.close()
         return file
 
