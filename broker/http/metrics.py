@@ -94,6 +94,16 @@ class BrokerMetrics:
             "Checkpoints written.",
             collect=lambda: self._runtime.checkpoints if self._runtime else None,
         )
+        r.gauge(
+            "ackbus_messages_paged_out",
+            "Queued messages whose body is only in the WAL segments.",
+            collect=lambda: sum(len(q.paged) for q in self._runtime.core.queues.values()) if self._runtime else None,
+        )
+        r.counter(
+            "ackbus_messages_lost_total",
+            "Paged-out messages whose record could not be read back (damaged or missing segment).",
+            collect=lambda: self._runtime.messages_lost if self._runtime else None,
+        )
         r.counter(
             "ackbus_connections_rejected_total",
             "HTTP connections answered 503 because max_connections was reached.",

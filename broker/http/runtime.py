@@ -151,6 +151,7 @@ class BrokerRuntime:
         self.last_checkpoint_lsn = 0
         self.segments_kept = 0  # covered by the last checkpoint, kept for message bodies
         self.compacted_segments = 0
+        self.messages_lost = 0  # paged-out messages whose record could not be read back
         self.last_checkpoint_duration_s = 0.0
         self.recovery_info: dict[str, Any] = {}
         self._durable_waiters: list[_DurableWaiter] = []
@@ -280,6 +281,7 @@ class BrokerRuntime:
                     event.set()
             elif kind is MessageLost:
                 assert isinstance(effect, MessageLost)
+                self.messages_lost += 1
                 log.error(
                     "message lost: its record cannot be read back from the log",
                     extra={"fields": {"queue": effect.queue, "seq": effect.seq, "lsn": effect.lsn, "reason": effect.reason}},

@@ -37,7 +37,7 @@ from array import array
 from collections.abc import Iterable, Sequence
 from typing import BinaryIO
 
-from .framing import FRAME_HEADER_BYTES, FRAME_OVERHEAD_BYTES, RecordDecoder
+from .framing import FRAME_HEADER_BYTES, FRAME_OVERHEAD_BYTES, FrameProblem, RecordDecoder
 from .fs import FileSystem
 from .segment import SEGMENT_HEADER_BYTES
 
@@ -111,11 +111,12 @@ class LogReader:
     def indexed(self, first_lsn: int) -> bool:
         return first_lsn in self._segments
 
-    def scan(self, first_lsn: int, path: str) -> None:
+    def scan(self, first_lsn: int, path: str) -> FrameProblem | None:
         """Index a segment by reading its frames (a segment recovery did not replay).
 
-        Stops at the first frame that does not check out; the records after it cannot
-        be read later (a read of them reports the damage). Logs what it stopped at.
+        Stops at the first frame that does not check out and returns what is wrong
+        there (None if the whole segment is sound); the records after it cannot be read
+        later (a read of them reports the damage).
         """
         decoder = RecordDecoder(max_record_bytes=self._max_record_bytes, offset=SEGMENT_HEADER_BYTES)
         offsets = array("Q")
@@ -133,15 +134,8 @@ class LogReader:
                     pos = decoder.offset
                 if decoder.problem is not None or not chunk:
                     break
-        if decoder.problem is not None:
-            logger.error(
-                "WAL segment %s is damaged after %d records: %s; messages stored after "
-                "that point cannot be read",
-                path,
-                len(offsets),
-                decoder.problem,
-            )
         self.note_segment(first_lsn, path, offsets, pos)
+        return decoder.problem
 
     def drop(self, first_lsn: int) -> None:
         """Forget a segment (it is being deleted) and close its read handle."""

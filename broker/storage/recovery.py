@@ -559,7 +559,19 @@ class Recovery:
                 and segment.header is not None
                 and self.fs.exists(segment.path)
             ):
-                self.reader.scan(segment.first_lsn, segment.path)
+                problem = self.reader.scan(segment.first_lsn, segment.path)
+                if problem is None:
+                    continue
+                reason = f"{problem} (a segment kept for the bodies of queued messages)"
+                if not self.repair:
+                    raise CorruptLog(segment.path, problem.offset, reason)
+                logger.error(
+                    "WAL segment %s is damaged at byte offset %d: %s; repair: the queued "
+                    "messages stored from there on are dropped when their turn comes",
+                    segment.path,
+                    problem.offset,
+                    reason,
+                )
         next_lsn = last + 1
         self._report = RecoveryReport(
             checkpoint_lsn=self.checkpoint_lsn,

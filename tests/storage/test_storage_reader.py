@@ -6,9 +6,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
 import trio
 
-from broker.storage import open_wal, recover, write_checkpoint
+from broker.storage import CorruptLog, open_wal, recover, write_checkpoint
 from broker.storage.segment import SEGMENT_HEADER_BYTES
 
 RTYPE = 7
@@ -122,9 +123,16 @@ def test_scan_stops_at_damage_and_reports_the_rest(tmp_path: Path) -> None:
     with open(first, "r+b") as f:
         f.seek(size - 5)
         f.write(b"\xff\xff\xff\xff\xff")  # the segment's last record
-    rec = recovered(tmp_path)
+    # a kept segment is as precious as the rest of the log: damage stops the start...
+    with pytest.raises(CorruptLog) as info:
+        recovered(tmp_path)
+    assert info.value.path == str(first) and "kept for the bodies" in str(info.value)
+    # ...unless repairing: what precedes the damage is readable, the rest says why not
+    rec = recover(tmp_path, repair=True)
+    for _ in rec.wal_records:
+        pass
     n_first = int(segments(tmp_path)[1].name.split(".")[0], 16) - 1
-    got = rec.reader.read([1, n_first])  # type: ignore[attr-defined]
+    got = rec.reader.read([1, n_first])
     assert got[0] == (RTYPE, payload(1))
     assert isinstance(got[1], str)
     rec.reader.close()  # type: ignore[attr-defined]

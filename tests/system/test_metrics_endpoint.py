@@ -51,6 +51,8 @@ EXPECTED_FAMILIES = {
     "ackbus_storage_ok": "gauge",
     "ackbus_checkpoints": "counter",
     "ackbus_checkpoint_seconds": "histogram",
+    "ackbus_messages_paged_out": "gauge",
+    "ackbus_messages_lost": "counter",
     "process_resident_memory_bytes": "gauge",
     "process_start_time_seconds": "gauge",
 }

@@ -194,3 +194,41 @@ def test_compaction_frees_a_segment_pinned_by_one_old_message(tmp_path: Path) ->
         assert broker.drain("deep") == []
     finally:
         broker.stop()
+
+
+def test_damaged_kept_segment_stops_the_start_and_repair_reports_each_lost_message(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    broker = BrokerProcess(data_dir, args=ARGS)
+    broker.start()
+    try:
+        assert broker.request("PUT", "/queues/deep", {})[0] == 201
+        publish(broker, "deep", 0, COUNT)
+        assert broker.terminate() == 0  # the final checkpoint covers every segment
+        segs = wal_segments(data_dir)
+        assert len(segs) >= 5
+        victim = segs[len(segs) // 2]
+        raw = bytearray(victim.read_bytes())
+        raw[len(raw) // 2] ^= 0xFF  # inside some message's record
+        victim.write_bytes(bytes(raw))
+
+        # 1. a segment kept for queued messages is part of the log: refuse to start
+        broker.start(wait_ready=False)
+        assert broker.proc is not None
+        assert broker.proc.wait(timeout=60) == 1
+        log = broker.log_tail(5)
+        assert "corrupt write-ahead log" in log and str(victim) in log and "--repair" in log, log
+
+        # 2. with --repair it starts; each message it cannot read is reported, the rest served
+        broker.args = (*ARGS, "--repair")
+        broker.start()
+        got = [m["body"] for m in broker.drain("deep")]
+        status, metrics = broker.request("GET", "/metrics")
+        assert status == 200
+        log = broker.log_tail(2000)
+    finally:
+        broker.stop()
+    lost = COUNT - len(got)
+    assert 0 < lost < COUNT // 2
+    assert got == sorted(got) and set(got) < {body(i) for i in range(COUNT)}
+    assert log.count("message lost: its record cannot be read back from the log") == lost
+    assert f"ackbus_messages_lost_total {lost}" in metrics.decode()
