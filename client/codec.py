@@ -159,9 +159,11 @@ class Properties:
         if not isinstance(obj, dict):
             raise ProtocolError(f"properties must be an object, got {type(obj).__name__}")
         kwargs: dict[str, Any] = {}
-        for field, kind in _PROPERTY_TYPES.items():
-            value = obj.get(field)
-            if value is None:
+        # Over the fields present (usually two or three), not all twelve: this runs
+        # for every delivery.
+        for field, value in obj.items():
+            kind = _PROPERTY_TYPES.get(field)
+            if kind is None or value is None:
                 continue
             if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
                 raise ProtocolError(f"property {field!r} has the wrong type: {value!r}")

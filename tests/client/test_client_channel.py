@@ -148,6 +148,24 @@ async def test_publish_waits_for_room_then_times_out(
         await ch.wait_for_confirms()
 
 
+async def test_a_cancelled_publish_without_timeout_stays_pending(
+    fake: FakeBroker, conn: client.Connection, autojump_clock: trio.testing.MockClock
+) -> None:
+    """``publish`` without ``timeout_s`` runs without a cancel scope of its own; a
+    cancellation from outside still leaves the sent message pending, as with one."""
+    fake.hold_confirms = True
+    async with conn.channel() as ch:
+        await ch.declare_queue("q")
+        with trio.move_on_after(5) as scope:
+            await ch.publish("", "q", b"1")
+        assert scope.cancelled_caught
+        assert ch.statistics().pending_publishes == 1
+        fake.release_confirms()
+        await ch.wait_for_confirms()
+        assert ch.statistics().confirmed == 1
+        assert fake.bodies("q") == [b"1"]
+
+
 async def test_backpressure_blocks_a_publisher_until_confirms_arrive(
     fake: FakeBroker, conn: client.Connection
 ) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import socket
 
 import pytest
 import trio
@@ -10,7 +11,7 @@ import trio.testing
 
 import client
 from client import BrokerRequestError, ConnectionLost
-from client.transport import Endpoint, Response, error_from_response
+from client.transport import Endpoint, Response, error_from_response, open_tcp
 from tests.client.fakebroker import FakeBroker, open_fake_broker
 
 
@@ -117,6 +118,22 @@ async def test_over_real_tcp() -> None:
                     await ch.publish("", "q", b"over tcp")
             assert fake.bodies("q") == [b"over tcp"]
             nursery.cancel_scope.cancel()
+
+
+async def test_channel_sockets_send_small_writes_at_once() -> None:
+    """TCP_NODELAY (set by trio's SocketStream) and keepalive on the default connector:
+    a lone publish or ack must not wait for Nagle's algorithm."""
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(
+            functools.partial(trio.serve_tcp, trio.aclose_forcefully, 0, host="127.0.0.1")
+        )
+        port = listeners[0].socket.getsockname()[1]
+        stream = await open_tcp(Endpoint("http", "127.0.0.1", port))
+        assert isinstance(stream, trio.SocketStream)
+        assert stream.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+        assert stream.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE)
+        await stream.aclose()
+        nursery.cancel_scope.cancel()
 
 
 async def test_bad_settings_and_urls_fail_early() -> None:

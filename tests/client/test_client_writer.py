@@ -1,0 +1,116 @@
+"""When the channel's writer sends (client/session.py): a lone op with nothing else
+runnable goes out at once, in the writer's first step; ops queued by a busy producer
+are coalesced into few chunks (docs/client.md, "Batching")."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+import trio
+import trio.testing
+
+import client
+from client.consumer import YIELD_EVERY
+from client.transport import Endpoint
+from tests.client.fakebroker import FakeBroker
+
+
+class LoopIterations(trio.abc.Instrument):
+    """Counts passes of trio's run loop (each one an IO check, then a batch of steps)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def before_io_wait(self, timeout: float) -> None:
+        self.count += 1
+
+
+class SendRecorder(trio.abc.Stream):
+    """Wraps the client's side of a connection; calls ``on_send`` with every write."""
+
+    def __init__(self, inner: trio.abc.Stream, on_send: Callable[[bytes], None]) -> None:
+        self._inner = inner
+        self._on_send = on_send
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        self._on_send(bytes(data))
+        await self._inner.send_all(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self._inner.wait_send_all_might_not_block()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        return await self._inner.receive_some(max_bytes)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+@asynccontextmanager
+async def recording_channel(
+    fake: FakeBroker, **settings: int
+) -> AsyncIterator[tuple[client.Channel, list[tuple[int, bytes]], LoopIterations]]:
+    """A channel whose writes are recorded as ``(loop iteration, bytes)``."""
+    loop = LoopIterations()
+    writes: list[tuple[int, bytes]] = []
+
+    async def opener(endpoint: Endpoint) -> trio.abc.Stream:
+        stream = await fake.open_stream(endpoint)
+        return SendRecorder(stream, lambda data: writes.append((loop.count, data)))
+
+    async with client.connect("http://fake.invalid:8080", open_stream=opener) as conn:
+        async with conn.channel(**settings) as ch:
+            await ch.declare_queue("q")
+            await trio.testing.wait_all_tasks_blocked()
+            trio.lowlevel.add_instrument(loop)
+            try:
+                writes.clear()
+                yield ch, writes, loop
+            finally:
+                trio.lowlevel.remove_instrument(loop)
+
+
+def publish_writes(writes: list[tuple[int, bytes]]) -> list[tuple[int, int]]:
+    """``(loop iteration, publishes in it)`` of each write carrying publishes."""
+    return [(it, data.count(b'"op":"publish"')) for it, data in writes if b'"op":"publish"' in data]
+
+
+async def test_a_lone_publish_is_written_in_the_writers_first_step(fake: FakeBroker) -> None:
+    async with recording_channel(fake) as (ch, writes, loop):
+        for body in (b"1", b"2", b"3"):
+            start = loop.count
+            handle = ch.publish_nowait("", "q", body)
+            # nothing else is runnable: the writer wakes in the next pass of the run
+            # loop and sends at once, instead of waiting scheduling rounds for more
+            await handle
+            assert publish_writes(writes)[-1] == (start + 1, 1)
+        assert fake.bodies("q") == [b"1", b"2", b"3"]
+
+
+async def test_a_publish_awaited_alone_is_written_at_once(fake: FakeBroker) -> None:
+    async with recording_channel(fake) as (ch, writes, loop):
+        start = loop.count
+        await ch.publish("", "q", b"alone")
+        assert publish_writes(writes) == [(start + 1, 1)]
+
+
+async def test_a_publishing_loop_is_still_coalesced(fake: FakeBroker) -> None:
+    count = 8 * YIELD_EVERY
+    async with recording_channel(fake, max_pending=10 * count) as (ch, writes, _):
+        for i in range(count):
+            await ch.start_publish("", "q", b"%d" % i)
+        await ch.wait_for_confirms()
+        chunks = publish_writes(writes)
+        assert sum(n for _, n in chunks) == count
+        # the writer keeps waiting while the publisher keeps adding: few, large chunks
+        assert len(chunks) <= 3
+        assert fake.bodies("q") == [b"%d" % i for i in range(count)]
+
+
+async def test_ops_queued_together_leave_in_one_chunk(fake: FakeBroker) -> None:
+    async with recording_channel(fake) as (ch, writes, _):
+        handles = [ch.publish_nowait("", "q", b"%d" % i) for i in range(5)]
+        for handle in handles:
+            await handle
+        assert [n for _, n in publish_writes(writes)] == [5]
