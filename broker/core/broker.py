@@ -938,30 +938,18 @@ class Broker:
         out: list[Entry] = []
         for (seq, loc), result in zip(pairs, results):
             lsn = loc >> 1
-            if isinstance(result, str):
-                reason = result
-            elif result[0] != rec.RecordType.ENQUEUE:
-                reason = f"record {lsn} is of type {result[0]}, not a message"
-            else:
-                try:
-                    r = rec.decode_enqueue(result[1])
-                except (ValueError, IndexError, UnicodeDecodeError, struct_error) as exc:
-                    reason = f"record {lsn} does not decode: {exc}"
-                else:
-                    if r.seq == seq:
-                        message = Message(
-                            r.seq, r.exchange, r.routing_key, r.body, r.properties, r.expires_at, owned=True
-                        )
-                        message.lsn = lsn
-                        expires = r.expires_at
-                        if ttl is not None and r.wall_s:
-                            q_exp = r.wall_s + ttl
-                            expires = q_exp if expires is None else min(expires, q_exp)
-                        out.append(Entry(message, bool(loc & 1), expires))
-                        continue
-                    reason = f"record {lsn} holds message {r.seq}, not {seq}"
-            self._settles.setdefault(queue.qid, []).append(seq)
-            self._effects.append(MessageLost(queue.name, seq, lsn, reason))
+            r = _logged_message(result, seq, lsn)
+            if isinstance(r, str):
+                self._settles.setdefault(queue.qid, []).append(seq)
+                self._effects.append(MessageLost(queue.name, seq, lsn, r))
+                continue
+            message = Message(r.seq, r.exchange, r.routing_key, r.body, r.properties, r.expires_at, owned=True)
+            message.lsn = lsn
+            expires = r.expires_at
+            if ttl is not None and r.wall_s:
+                q_exp = r.wall_s + ttl
+                expires = q_exp if expires is None else min(expires, q_exp)
+            out.append(Entry(message, bool(loc & 1), expires))
         return out
 
     # ------------------------------------------------------------------ compaction
@@ -978,7 +966,7 @@ class Broker:
         until then, and for good if writing it fails, they keep the original.
         """
         read_log = self.read_log
-        if read_log is None or not ranges:
+        if read_log is None or not ranges or self._replay is not None:
             return 0
         starts = [lo for lo, _hi in ranges]
         lo_all, hi_all = ranges[0][0], ranges[-1][1]
@@ -1023,14 +1011,9 @@ class Broker:
         results = read_log([old_lsn[seq] for seq in seqs])
         logged = 0
         for seq, result in zip(seqs, results):
-            if isinstance(result, str) or result[0] != rec.RecordType.ENQUEUE:
+            r = _logged_message(result, seq, old_lsn[seq])
+            if isinstance(r, str):
                 continue  # unreadable: left where it is, reported when its turn comes
-            try:
-                r = rec.decode_enqueue(result[1])
-            except (ValueError, IndexError, UnicodeDecodeError, struct_error):
-                continue
-            if r.seq != seq:
-                continue
             qids = sorted({q.qid for q, _e in holders[seq]})
             payload = rec.encode_enqueue(
                 seq, r.wall_s, r.expires_at, qids, r.exchange, r.routing_key, None, r.properties, r.body
@@ -1827,6 +1810,21 @@ class Broker:
             (T.META, rec.encode_json({"next_seq": self._next_seq, "next_qid": self._next_qid}))
         )
         yield tail
+
+
+def _logged_message(result: tuple[int, bytes] | str, seq: int, lsn: int) -> rec.EnqueueRecord | str:
+    """Message ``seq``'s ENQUEUE record as read back from LSN ``lsn``, or why it is not."""
+    if isinstance(result, str):
+        return result
+    if result[0] != rec.RecordType.ENQUEUE:
+        return f"record {lsn} is of type {result[0]}, not a message"
+    try:
+        r = rec.decode_enqueue(result[1])
+    except (ValueError, IndexError, UnicodeDecodeError, struct_error) as exc:
+        return f"record {lsn} does not decode: {exc}"
+    if r.seq != seq:
+        return f"record {lsn} holds message {r.seq}, not {seq}"
+    return r
 
 
 def _check_arguments(arguments: Any) -> dict[str, Any]:
