@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 
-__all__ = ["RawChannel", "ChannelGone", "PublishLedger"]
+__all__ = ["RawChannel", "ChannelGone", "PublishLedger", "publish_confirmed"]
 
 
 class ChannelGone(Exception):
@@ -124,3 +124,22 @@ class PublishLedger:
         for t in range(self.confirmed + 1, upto + 1):
             target.add(self._tags.pop(t))
         self.confirmed = upto
+
+
+def publish_confirmed(port: int, routing_key: str, bodies: list[str], *, batch: int = 500) -> None:
+    """Publish ``bodies`` to the default exchange on one channel, ``batch`` at a time,
+    waiting for each batch's confirms; every one must be an ``ack``."""
+    ch = RawChannel(port)
+    try:
+        sent = 0
+        while sent < len(bodies):
+            chunk = bodies[sent : sent + batch]
+            ch.send(*[{"op": "publish", "routing_key": routing_key, "body": b} for b in chunk])
+            sent += len(chunk)
+            while True:
+                ev = ch.next_event()
+                assert ev["ev"] == "ack", ev
+                if ev["delivery_tag"] >= sent:
+                    break
+    finally:
+        ch.close()

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.broker import BrokerProcess
-from tests.support.rawchannel import RawChannel
+from tests.support.rawchannel import RawChannel, publish_confirmed
 
 pytestmark = pytest.mark.slow
 
@@ -29,20 +29,7 @@ ATTEMPTS = 10
 
 
 def publish_backlog(broker: BrokerProcess, n: int) -> None:
-    ch = RawChannel(broker.port)
-    try:
-        sent = 0
-        while sent < n:
-            k = min(2000, n - sent)
-            ch.send(*[{"op": "publish", "routing_key": "backlog", "body": BODY}] * k)
-            sent += k
-            while True:
-                ev = ch.next_event()
-                assert ev["ev"] == "ack", ev
-                if ev["delivery_tag"] >= sent:
-                    break
-    finally:
-        ch.close()
+    publish_confirmed(broker.port, "backlog", [BODY] * n, batch=2000)
 
 
 def wait_for_checkpoint_tmp(checkpoint_dir: Path, timeout_s: float = 10.0) -> Path:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.broker import BrokerProcess
-from tests.support.rawchannel import RawChannel
+from tests.support.rawchannel import RawChannel, publish_confirmed
 
 pytestmark = pytest.mark.slow
 
@@ -39,22 +39,7 @@ def body(i: int) -> str:
 
 def publish(broker: BrokerProcess, queue: str, first: int, count: int) -> None:
     """Publish ``count`` messages with confirms; every one must be acked."""
-    ch = RawChannel(broker.port)
-    try:
-        sent = 0
-        while sent < count:
-            k = min(500, count - sent)
-            ch.send(
-                *[{"op": "publish", "routing_key": queue, "body": body(first + sent + j)} for j in range(k)]
-            )
-            sent += k
-            while True:
-                ev = ch.next_event()
-                assert ev["ev"] == "ack", ev
-                if ev["delivery_tag"] >= sent:
-                    break
-    finally:
-        ch.close()
+    publish_confirmed(broker.port, queue, [body(first + i) for i in range(count)])
 
 
 def consume_and_ack(broker: BrokerProcess, queue: str, count: int) -> list[str]:
