@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.broker import BrokerProcess
-from tests.support.rawchannel import RawChannel, publish_confirmed
+from tests.support.rawchannel import publish_confirmed
 
 pytestmark = pytest.mark.slow
 
