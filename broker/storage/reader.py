@@ -223,50 +223,47 @@ class LogReader:
     def _read_segment(
         self, seg: _SegmentIndex, positions: list[int], lsns: Sequence[int], results: list[ReadResult]
     ) -> None:
+        # Extents are taken once, up front: the WAL writer may append to this segment
+        # (and move seg.end) while the file is read.
         offsets = seg.offsets
         n = len(offsets)
-
-        def extent(lsn: int) -> tuple[int, int]:
-            idx = lsn - seg.first_lsn
-            start = offsets[idx]
-            end = offsets[idx + 1] if idx + 1 < n else seg.end
-            return start, end
-
+        end_of_last = seg.end
+        extents: list[tuple[int, int]] = []
+        for p in positions:
+            idx = lsns[p] - seg.first_lsn
+            extents.append((offsets[idx], offsets[idx + 1] if idx + 1 < n else end_of_last))
         try:
             file = self._file(seg)
         except OSError as exc:
             for p in positions:
                 results[p] = f"WAL segment {seg.path} cannot be opened: {exc}"
             return
-        start_p = 0
-        while start_p < len(positions):
-            run_start, run_end = extent(lsns[positions[start_p]])
-            end_p = start_p + 1
-            while end_p < len(positions):
-                s, e = extent(lsns[positions[end_p]])
+        k = 0
+        while k < len(positions):
+            run_start, run_end = extents[k]
+            j = k + 1
+            while j < len(positions):
+                s, e = extents[j]
                 if s - run_end > _READ_GAP_BYTES:
                     break
                 run_end = max(run_end, e)
-                end_p += 1
+                j += 1
             try:
                 file.seek(run_start)
                 data = file.read(run_end - run_start)
             except OSError as exc:
-                data = b""
-                reason = f"reading WAL segment {seg.path} failed: {exc}"
+                for p in positions[k:j]:
+                    results[p] = f"reading WAL segment {seg.path} failed: {exc}"
             else:
-                reason = ""
-            for p in positions[start_p:end_p]:
-                lsn = lsns[p]
-                s, e = extent(lsn)
-                if reason:
-                    results[p] = reason
-                else:
-                    results[p] = self._decode_frame(data, s - run_start, e - s, seg, lsn)
-            start_p = end_p
+                for x in range(k, j):
+                    s, e = extents[x]
+                    results[positions[x]] = self._decode_frame(data, s - run_start, e - s, seg, lsns[positions[x]], s)
+            k = j
 
-    def _decode_frame(self, data: bytes, pos: int, size: int, seg: _SegmentIndex, lsn: int) -> ReadResult:
-        where = f"record {lsn} at offset {pos} of {seg.path}"
+    def _decode_frame(
+        self, data: bytes, pos: int, size: int, seg: _SegmentIndex, lsn: int, file_offset: int
+    ) -> ReadResult:
+        where = f"record {lsn} at offset {file_offset} of {seg.path}"
         if size < FRAME_OVERHEAD_BYTES or pos + size > len(data):
             return f"{where} is cut short (the file is shorter than its index)"
         length, crc = _HEADER.unpack_from(data, pos)

@@ -136,3 +136,33 @@ def test_scan_stops_at_damage_and_reports_the_rest(tmp_path: Path) -> None:
     assert got[0] == (RTYPE, payload(1))
     assert isinstance(got[1], str)
     rec.reader.close()  # type: ignore[attr-defined]
+
+
+async def test_a_write_during_a_read_does_not_change_what_is_read(tmp_path: Path) -> None:
+    """The WAL writer appends to the active segment (and moves its end) while the loop
+    thread reads from it: the extents of what is read are fixed before the read.
+    (Regression: the last indexed record came back "cut short" under load.)"""
+    rec = recovered(tmp_path)
+    async with open_wal(rec, fsync_policy="never") as wal:
+        wal.append_nowait([(RTYPE, payload(x)) for x in range(1, 6)])
+        await wal.sync()
+        reader = wal.reader
+        first = reader.segment_of(5)
+        real_file = reader._file  # type: ignore[attr-defined]
+
+        class Racing:
+            def __init__(self, f: object) -> None:
+                self.f = f
+
+            def seek(self, pos: int) -> None:
+                self.f.seek(pos)  # type: ignore[attr-defined]
+
+            def read(self, n: int) -> bytes:
+                data = self.f.read(n)  # type: ignore[attr-defined]
+                # the writer lands a batch meanwhile: two more records indexed
+                seg = reader._segments[first]  # type: ignore[attr-defined]
+                reader.note_written(first, seg.path, seg.end, [100, 100])
+                return data
+
+        reader._file = lambda seg: Racing(real_file(seg))  # type: ignore[attr-defined]
+        assert reader.read([4, 5]) == [(RTYPE, payload(4)), (RTYPE, payload(5))]
