@@ -224,10 +224,12 @@ class LogReader:
         self, seg: _SegmentIndex, positions: list[int], lsns: Sequence[int], results: list[ReadResult]
     ) -> None:
         # Extents are taken once, up front: the WAL writer may append to this segment
-        # (and move seg.end) while the file is read.
+        # (and move seg.end) while the file is read. It appends offsets first and moves
+        # seg.end after, so seg.end is read first: whatever the interleaving, a record's
+        # end is then the next record's offset or the end of the batch it was written in.
+        end_of_last = seg.end
         offsets = seg.offsets
         n = len(offsets)
-        end_of_last = seg.end
         extents: list[tuple[int, int]] = []
         for p in positions:
             idx = lsns[p] - seg.first_lsn
