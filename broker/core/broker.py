@@ -48,6 +48,7 @@ from typing import Any
 
 from . import records as rec
 from .dedup import DedupWindow
+from .dedup import digest as dedup_digest
 from .effects import (
     AppendRecords,
     Confirm,
@@ -189,6 +190,9 @@ class Broker:
 
         # recovery state: the messages of each queue by qid; None once recovery finished
         self._replay: dict[int, ReplayIndex] | None = None
+        # deduplication entries of the logged publishes replayed, in log order
+        self._replay_dedup_digests: array[int] = array("Q")
+        self._replay_dedup_walls: array[float] = array("d")
         self._replay_messages: dict[int, Message] = {}
 
         self.stats = {
@@ -1517,6 +1521,8 @@ class Broker:
         """Enter replay mode: records applied with :meth:`replay` rebuild state."""
         self._replay = {}
         self._replay_messages = {}
+        self._replay_dedup_digests = array("Q")
+        self._replay_dedup_walls = array("d")
 
     def replay(self, rtype: int, payload: bytes, lsn: int = 0) -> None:
         """Apply one logged record during recovery (idempotent)."""
@@ -1536,7 +1542,9 @@ class Broker:
                 if entries is not None:
                     entries.add(seq, loc, update=True)
             if message_id is not None:
-                self.dedup.remember(exchange, message_id, wall_s, 0)
+                # loaded into the window in one go at the end of recovery
+                self._replay_dedup_digests.append(dedup_digest(exchange, message_id))
+                self._replay_dedup_walls.append(wall_s)
         elif rtype == T.ENQUEUE:
             # A message written whole into a checkpoint (checkpoints before QUEUE_REFS):
             # there is no log record to page it out to, so it is kept in memory.
@@ -1685,6 +1693,9 @@ class Broker:
         self.last_lsn = max(self.last_lsn, last_lsn)
         self.durable_lsn = self.last_lsn
         self._first_pending_lsn = self.last_lsn + 1
+        self.dedup.load_entries(self._replay_dedup_digests, self._replay_dedup_walls)
+        self._replay_dedup_digests = array("Q")
+        self._replay_dedup_walls = array("d")
         self.dedup.prune(self.wall_clock())
 
     def _restore_queue(self, queue: Queue, entries: ReplayIndex, assume_delivered: bool) -> None:

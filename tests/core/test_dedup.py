@@ -577,3 +577,25 @@ def test_load_payload_sizes_the_table_from_the_hint(monkeypatch: pytest.MonkeyPa
     fresh2.load_payload(lying)
     assert fresh2.slots() == 32_768  # sized for 716 + 10_000 entries, not 2**32
     assert len(fresh2) == 717
+
+
+def test_load_entries_is_remember_in_order() -> None:
+    """Recovery loads the ids of replayed publishes in one call; the result must be
+    the same window as remembering them one by one (LSNs aside: replay has none)."""
+    from array import array
+
+    rng = random.Random(7)
+    one, bulk = DedupWindow(60), DedupWindow(60)
+    digests, walls = array("Q"), array("d")
+    t = 1_700_000_000.0
+    for _ in range(5000):
+        t += rng.random() * 0.05
+        mid = f"m{rng.randrange(3000)}"  # repeats: refreshed entries
+        one.remember("x", mid, t, 0)
+        digests.append(digest("x", mid))
+        walls.append(t)
+    bulk.load_entries(digests, walls)
+    assert len(bulk) == len(one) and sorted(bulk.digests()) == sorted(one.digests())
+    for probe in (t, t + 30, t + 59):
+        for i in range(0, 3000, 7):
+            assert bulk.lookup("x", f"m{i}", probe) == one.lookup("x", f"m{i}", probe)
