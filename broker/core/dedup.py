@@ -348,7 +348,9 @@ class DedupWindow:
         :func:`digest`; the same rules as :meth:`load_payload`."""
         if not digests or self._window_s <= 0:
             return
-        times = array("Q", [0 if ms < 0 else min(ms, _MS_MASK) for ms in (round(w * 1000.0) for w in wall_s)])
+        # (a generator, not a list: a million int objects alive at once would leave
+        # the heap fragmented after they are freed)
+        times = array("Q", (0 if ms < 0 else min(ms, _MS_MASK) for ms in (round(w * 1000.0) for w in wall_s)))
         self._load(digests, times, len(digests))
 
     def _load(self, digests: array[int], times: array[int], rest: int) -> None:
