@@ -10,6 +10,7 @@ and frequent checkpoints make that happen many times over in a few thousand mess
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -86,132 +87,120 @@ def wal_segments(data_dir: Path) -> list[Path]:
     return sorted((data_dir / "wal").glob("*.wal"))
 
 
-def test_paged_out_backlog_survives_checkpoints_and_kill9(tmp_path: Path) -> None:
-    data_dir = tmp_path / "data"
-    broker = BrokerProcess(data_dir, args=ARGS)
-    broker.start()
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
+    """A broker with small segments, frequent checkpoints and 16 messages a queue in
+    memory, and a durable queue "deep"; stopped after the test."""
+    proc = BrokerProcess(tmp_path / "data", args=ARGS)
+    proc.start()
     try:
-        assert broker.request("PUT", "/queues/deep", {})[0] == 201
-        publish(broker, "deep", 0, COUNT)
-        info = overview(broker)
-        # all but the in-memory head are paged out once their records are written
-        assert info["storage"]["messages_paged_out"] >= COUNT - 16 - 500, info["storage"]
-        info = wait_for_checkpoint_after(broker, info["storage"]["last_lsn"])
-        # the checkpoint covers every segment, and still keeps those holding bodies
-        assert info["storage"]["segments_kept"] >= 5, info["storage"]
-
-        # part of the backlog is consumed: paged back in, in order, bodies intact
-        first = consume_and_ack(broker, "deep", 1000)
-        assert first == [body(i) for i in range(1000)]
-        publish(broker, "deep", COUNT, 200)  # more after the consumed part
-        broker.kill()
-        broker.start()
-
-        info = overview(broker)
-        assert info["recovery"]["messages"] >= COUNT - 1000 + 200 - 100  # up to a prefetch of acks lazily synced
-        left = [m["body"] for m in broker.drain("deep")]
+        assert proc.request("PUT", "/queues/deep", {})[0] == 201
+        yield proc
     finally:
-        broker.stop()
+        proc.stop()
+
+
+def test_paged_out_backlog_survives_checkpoints_and_kill9(broker: BrokerProcess) -> None:
+    publish(broker, "deep", 0, COUNT)
+    info = overview(broker)
+    # all but the in-memory head are paged out once their records are written
+    assert info["storage"]["messages_paged_out"] >= COUNT - 16 - 500, info["storage"]
+    info = wait_for_checkpoint_after(broker, info["storage"]["last_lsn"])
+    # the checkpoint covers every segment, and still keeps those holding bodies
+    assert info["storage"]["segments_kept"] >= 5, info["storage"]
+
+    # part of the backlog is consumed: paged back in, in order, bodies intact
+    first = consume_and_ack(broker, "deep", 1000)
+    assert first == [body(i) for i in range(1000)]
+    publish(broker, "deep", COUNT, 200)  # more after the consumed part
+    broker.kill()
+    broker.start()
+
+    info = overview(broker)
+    assert info["recovery"]["messages"] >= COUNT - 1000 + 200 - 100  # up to a prefetch of acks lazily synced
+    left = [m["body"] for m in broker.drain("deep")]
     expected = [body(i) for i in range(1000, COUNT + 200)]
     # acks are synced lazily: a few acked messages may come back, never an unacked one lost
     assert left[-len(expected):] == expected, "paged-out messages lost or out of order after kill -9"
     assert set(left[: len(left) - len(expected)]) <= set(first), "a message nobody published"
 
 
-def test_segments_are_released_once_their_messages_are_consumed(tmp_path: Path) -> None:
-    data_dir = tmp_path / "data"
-    broker = BrokerProcess(data_dir, args=ARGS)
+def test_segments_are_released_once_their_messages_are_consumed(broker: BrokerProcess) -> None:
+    data_dir = broker.data_dir
+    publish(broker, "deep", 0, COUNT)
+    info = wait_for_checkpoint_after(broker, overview(broker)["storage"]["last_lsn"])
+    kept = info["storage"]["segments_kept"]
+    assert kept >= 5 and len(wal_segments(data_dir)) >= kept
+    got = consume_and_ack(broker, "deep", COUNT)
+    assert got == [body(i) for i in range(COUNT)]
+    lsn = overview(broker)["storage"]["last_lsn"]
+    # a checkpoint after the consumer took everything keeps no segment
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        info = wait_for_checkpoint_after(broker, lsn)
+        if info["storage"]["segments_kept"] == 0:
+            break
+        lsn = info["storage"]["last_lsn"]
+    assert info["storage"]["segments_kept"] == 0, info["storage"]
+    # what is left is the log since that checkpoint: a few small segments at most
+    assert len(wal_segments(data_dir)) <= 3, wal_segments(data_dir)
+    broker.kill()
     broker.start()
-    try:
-        assert broker.request("PUT", "/queues/deep", {})[0] == 201
-        publish(broker, "deep", 0, COUNT)
-        info = wait_for_checkpoint_after(broker, overview(broker)["storage"]["last_lsn"])
-        kept = info["storage"]["segments_kept"]
-        assert kept >= 5 and len(wal_segments(data_dir)) >= kept
-        got = consume_and_ack(broker, "deep", COUNT)
-        assert got == [body(i) for i in range(COUNT)]
-        lsn = overview(broker)["storage"]["last_lsn"]
-        # a checkpoint after the consumer took everything keeps no segment
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            info = wait_for_checkpoint_after(broker, lsn)
-            if info["storage"]["segments_kept"] == 0:
-                break
-            lsn = info["storage"]["last_lsn"]
-        assert info["storage"]["segments_kept"] == 0, info["storage"]
-        # what is left is the log since that checkpoint: a few small segments at most
-        assert len(wal_segments(data_dir)) <= 3, wal_segments(data_dir)
-        broker.kill()
-        broker.start()
-        # every ack was applied before that checkpoint: nothing comes back
-        assert broker.drain("deep") == []
-    finally:
-        broker.stop()
+    # every ack was applied before that checkpoint: nothing comes back
+    assert broker.drain("deep") == []
 
 
-def test_compaction_frees_a_segment_pinned_by_one_old_message(tmp_path: Path) -> None:
-    data_dir = tmp_path / "data"
-    broker = BrokerProcess(data_dir, args=ARGS)
+def test_compaction_frees_a_segment_pinned_by_one_old_message(broker: BrokerProcess) -> None:
+    data_dir = broker.data_dir
+    assert broker.request("PUT", "/queues/old", {})[0] == 201
+    # the keeper's record lands in the first segment, among 100 records that will
+    # be consumed (one batch of 100 fits a segment; the next batch starts a new one)
+    publish(broker, "deep", 1, 100)
+    publish(broker, "old", 0, 1)
+    first_segment = wal_segments(data_dir)[0]
+    publish(broker, "deep", 101, COUNT - 100)
+    assert consume_and_ack(broker, "deep", COUNT) == [body(i) for i in range(1, COUNT + 1)]
+    # checkpoints find the first segment holding one live message among many
+    # settled ones, log the keeper again, and a later checkpoint deletes the segment
+    deadline = time.monotonic() + 30
+    while first_segment.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    info = overview(broker)
+    assert not first_segment.exists(), (info["storage"], broker.log_tail(30))
+    assert info["storage"]["segments_compacted"] >= 1
+    assert len(wal_segments(data_dir)) <= 4, wal_segments(data_dir)
+    broker.kill()
     broker.start()
-    try:
-        assert broker.request("PUT", "/queues/old", {})[0] == 201
-        assert broker.request("PUT", "/queues/deep", {})[0] == 201
-        # the keeper's record lands in the first segment, among 100 records that will
-        # be consumed (one batch of 100 fits a segment; the next batch starts a new one)
-        publish(broker, "deep", 1, 100)
-        publish(broker, "old", 0, 1)
-        first_segment = wal_segments(data_dir)[0]
-        publish(broker, "deep", 101, COUNT - 100)
-        assert consume_and_ack(broker, "deep", COUNT) == [body(i) for i in range(1, COUNT + 1)]
-        # checkpoints find the first segment holding one live message among many
-        # settled ones, log the keeper again, and a later checkpoint deletes the segment
-        deadline = time.monotonic() + 30
-        while first_segment.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        info = overview(broker)
-        assert not first_segment.exists(), (info["storage"], broker.log_tail(30))
-        assert info["storage"]["segments_compacted"] >= 1
-        assert len(wal_segments(data_dir)) <= 4, wal_segments(data_dir)
-        broker.kill()
-        broker.start()
-        assert [m["body"] for m in broker.drain("old")] == [body(0)]
-        # every ack was applied before the checkpoint that deleted the segment
-        assert broker.drain("deep") == []
-    finally:
-        broker.stop()
+    assert [m["body"] for m in broker.drain("old")] == [body(0)]
+    # every ack was applied before the checkpoint that deleted the segment
+    assert broker.drain("deep") == []
 
 
-def test_damaged_kept_segment_stops_the_start_and_repair_reports_each_lost_message(tmp_path: Path) -> None:
-    data_dir = tmp_path / "data"
-    broker = BrokerProcess(data_dir, args=ARGS)
+def test_damaged_kept_segment_stops_the_start_and_repair_reports_each_lost_message(broker: BrokerProcess) -> None:
+    data_dir = broker.data_dir
+    publish(broker, "deep", 0, COUNT)
+    assert broker.terminate() == 0  # the final checkpoint covers every segment
+    segs = wal_segments(data_dir)
+    assert len(segs) >= 5
+    victim = segs[len(segs) // 2]
+    raw = bytearray(victim.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF  # inside some message's record
+    victim.write_bytes(bytes(raw))
+
+    # 1. a segment kept for queued messages is part of the log: refuse to start
+    broker.start(wait_ready=False)
+    assert broker.proc is not None
+    assert broker.proc.wait(timeout=60) == 1
+    log = broker.log_tail(5)
+    assert "corrupt write-ahead log" in log and str(victim) in log and "--repair" in log, log
+
+    # 2. with --repair it starts; each message it cannot read is reported, the rest served
+    broker.args = (*ARGS, "--repair")
     broker.start()
-    try:
-        assert broker.request("PUT", "/queues/deep", {})[0] == 201
-        publish(broker, "deep", 0, COUNT)
-        assert broker.terminate() == 0  # the final checkpoint covers every segment
-        segs = wal_segments(data_dir)
-        assert len(segs) >= 5
-        victim = segs[len(segs) // 2]
-        raw = bytearray(victim.read_bytes())
-        raw[len(raw) // 2] ^= 0xFF  # inside some message's record
-        victim.write_bytes(bytes(raw))
-
-        # 1. a segment kept for queued messages is part of the log: refuse to start
-        broker.start(wait_ready=False)
-        assert broker.proc is not None
-        assert broker.proc.wait(timeout=60) == 1
-        log = broker.log_tail(5)
-        assert "corrupt write-ahead log" in log and str(victim) in log and "--repair" in log, log
-
-        # 2. with --repair it starts; each message it cannot read is reported, the rest served
-        broker.args = (*ARGS, "--repair")
-        broker.start()
-        got = [m["body"] for m in broker.drain("deep")]
-        status, metrics = broker.request("GET", "/metrics")
-        assert status == 200
-        log = broker.log_tail(2000)
-    finally:
-        broker.stop()
+    got = [m["body"] for m in broker.drain("deep")]
+    status, metrics = broker.request("GET", "/metrics")
+    assert status == 200
+    log = broker.log_tail(2000)
     lost = COUNT - len(got)
     assert 0 < lost < COUNT // 2
     assert got == sorted(got) and set(got) < {body(i) for i in range(COUNT)}
