@@ -17,44 +17,11 @@ from pathlib import Path
 import pytest
 
 from tests.support.broker import STRESS_ARGS, BrokerProcess
-from tests.support.rawchannel import ChannelGone, PublishLedger, RawChannel
+from tests.support.load import Consumer, Publisher
 
 pytestmark = pytest.mark.slow
 
 BROKER_ARGS = STRESS_ARGS  # crashes also land during rollover and checkpoints
-
-
-class Publisher(threading.Thread):
-    """Publishes batches of uniquely numbered messages; records what was acked."""
-
-    def __init__(self, broker: BrokerProcess, pid: int, queue: str, stop: threading.Event) -> None:
-        super().__init__(daemon=True)
-        self.broker = broker
-        self.stop = stop
-        self.ledger = PublishLedger(pid, queue)
-        self.attempted, self.acked, self.nacked = self.ledger.attempted, self.ledger.acked, self.ledger.nacked
-        self.errors = self.ledger.errors
-
-    def run(self) -> None:
-        ledger = self.ledger
-        while not self.stop.is_set():
-            try:
-                ch = RawChannel(self.broker.port, timeout_s=10)
-            except (OSError, ChannelGone):
-                time.sleep(0.05)
-                continue
-            ledger.new_channel()
-            try:
-                while not self.stop.is_set():
-                    ch.send(*ledger.batch(random.randint(1, 60)))
-                    while ledger.confirmed < ledger.tag:
-                        ev = ch.next_event()
-                        if ev["ev"] in ("ack", "nack"):
-                            ledger.settle(ev)
-            except ChannelGone:
-                pass
-            finally:
-                ch.close()
 
 
 def crash_rounds(broker: BrokerProcess, rounds: int, rng: random.Random) -> None:
@@ -92,39 +59,6 @@ def test_kill9_during_publish_storm_loses_no_confirmed_message(tmp_path: Path) -
     assert not acked - set(found), f"{len(acked - set(found))} confirmed messages lost"
     assert not [m for m, c in found.items() if c > 1], "a message came back twice"
     assert not set(found) - attempted, "a message nobody published appeared"
-
-
-class Consumer(threading.Thread):
-    """Consumes with manual acks; records every id it acked."""
-
-    def __init__(self, broker: BrokerProcess, queue: str, stop: threading.Event) -> None:
-        super().__init__(daemon=True)
-        self.broker = broker
-        self.queue = queue
-        self.stop = stop
-        self.acked: list[str] = []
-
-    def run(self) -> None:
-        while not self.stop.is_set():
-            try:
-                ch = RawChannel(self.broker.port, timeout_s=1)
-                ch.send({"op": "consume", "queue": self.queue, "prefetch": 50})
-            except (OSError, ChannelGone):
-                time.sleep(0.05)
-                continue
-            try:
-                while not self.stop.is_set():
-                    try:
-                        ev = ch.next_event()
-                    except ChannelGone:
-                        break
-                    if ev["ev"] == "deliver":
-                        ch.send({"op": "ack", "delivery_tag": ev["delivery_tag"]})
-                        self.acked.append(ev["message"]["body"])
-            except ChannelGone:
-                pass
-            finally:
-                ch.close()
 
 
 def test_kill9_with_consumers_acking_loses_nothing_unacked(tmp_path: Path) -> None:

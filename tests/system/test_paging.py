@@ -9,6 +9,8 @@ and frequent checkpoints make that happen many times over in a few thousand mess
 
 from __future__ import annotations
 
+import random
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.broker import BrokerProcess
+from tests.support.load import Consumer, Publisher
 from tests.support.rawchannel import RawChannel, publish_confirmed
 
 pytestmark = pytest.mark.slow
@@ -150,32 +153,6 @@ def test_segments_are_released_once_their_messages_are_consumed(broker: BrokerPr
     assert broker.drain("deep") == []
 
 
-def test_compaction_frees_a_segment_pinned_by_one_old_message(broker: BrokerProcess) -> None:
-    data_dir = broker.data_dir
-    assert broker.request("PUT", "/queues/old", {})[0] == 201
-    # the keeper's record lands in the first segment, among 100 records that will
-    # be consumed (one batch of 100 fits a segment; the next batch starts a new one)
-    publish(broker, "deep", 1, 100)
-    publish(broker, "old", 0, 1)
-    first_segment = wal_segments(data_dir)[0]
-    publish(broker, "deep", 101, COUNT - 100)
-    assert consume_and_ack(broker, "deep", COUNT) == [body(i) for i in range(1, COUNT + 1)]
-    # checkpoints find the first segment holding one live message among many
-    # settled ones, log the keeper again, and a later checkpoint deletes the segment
-    deadline = time.monotonic() + 30
-    while first_segment.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    info = overview(broker)
-    assert not first_segment.exists(), (info["storage"], broker.log_tail(30))
-    assert info["storage"]["segments_compacted"] >= 1
-    assert len(wal_segments(data_dir)) <= 4, wal_segments(data_dir)
-    broker.kill()
-    broker.start()
-    assert [m["body"] for m in broker.drain("old")] == [body(0)]
-    # every ack was applied before the checkpoint that deleted the segment
-    assert broker.drain("deep") == []
-
-
 def test_damaged_kept_segment_stops_the_start_and_repair_reports_each_lost_message(broker: BrokerProcess) -> None:
     data_dir = broker.data_dir
     publish(broker, "deep", 0, COUNT)
@@ -206,3 +183,41 @@ def test_damaged_kept_segment_stops_the_start_and_repair_reports_each_lost_messa
     assert got == sorted(got) and set(got) < {body(i) for i in range(COUNT)}
     assert log.count("message lost: its record cannot be read back from the log") == lost
     assert f"ackbus_messages_lost_total {lost}" in metrics.decode()
+
+
+def test_kill9_with_a_paged_backlog_beside_a_busy_queue_loses_and_duplicates_nothing(
+    broker: BrokerProcess,
+) -> None:
+    """A queue nobody consumes ("keep", paged out) gets a quarter of the publishes, one
+    that is consumed ("deep") the rest: every segment holds both, checkpoints come every
+    few hundred milliseconds, and kill -9 lands at random moments of that."""
+    assert broker.request("PUT", "/queues/keep", {})[0] == 201
+    stop = threading.Event()
+    keepers = [Publisher(broker, 0, "keep", stop)]
+    workers = [Publisher(broker, pid, "deep", stop) for pid in (1, 2, 3)]
+    consumer = Consumer(broker, "deep", stop)
+    for t in (*keepers, *workers, consumer):
+        t.start()
+    rng = random.Random()
+    for _ in range(4):
+        time.sleep(rng.uniform(0.8, 1.6))
+        broker.kill()
+        broker.start()
+    time.sleep(0.5)
+    stop.set()
+    for t in (*keepers, *workers, consumer):
+        t.join(timeout=30)
+    broker.kill()
+    broker.start()
+    kept = [m["body"] for m in broker.drain("keep")]
+    deep_left = [m["body"] for m in broker.drain("deep")]
+
+    assert not [e for p in (*keepers, *workers) for e in p.errors]
+    acked_keep = keepers[0].acked
+    assert len(acked_keep) > 200
+    assert not acked_keep - set(kept), f"{len(acked_keep - set(kept))} confirmed messages lost"
+    assert len(kept) == len(set(kept)), "a message came back twice"
+    assert kept == sorted(kept, key=lambda mid: int(mid.split("-")[1])), "out of order"
+    assert set(kept) <= keepers[0].attempted
+    acked_deep = set().union(*(p.acked for p in workers))
+    assert not acked_deep - set(consumer.acked) - set(deep_left)
