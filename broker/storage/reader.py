@@ -108,9 +108,6 @@ class LogReader:
         seg.offsets = offsets
         seg.end = end
 
-    def indexed(self, first_lsn: int) -> bool:
-        return first_lsn in self._segments
-
     def scan(self, first_lsn: int, path: str) -> FrameProblem | None:
         """Index a segment by reading its frames (a segment recovery did not replay).
 
@@ -156,17 +153,6 @@ class LogReader:
             file.close()
 
     # ------------------------------------------------------------------ lookups
-
-    def segment_of(self, lsn: int) -> int | None:
-        """First LSN of the segment holding record ``lsn`` (None if no indexed one does)."""
-        firsts = self._firsts
-        i = bisect.bisect_right(firsts, lsn) - 1
-        if i < 0:
-            return None
-        seg = self._segments.get(firsts[i])
-        if seg is None or lsn - seg.first_lsn >= len(seg.offsets):
-            return None
-        return seg.first_lsn
 
     def segments_holding(self, lsns: Iterable[int]) -> dict[int, int]:
         """How many of these records each segment holds, by the segment's first LSN."""

@@ -145,7 +145,7 @@ async def test_a_write_during_a_read_does_not_change_what_is_read(tmp_path: Path
         wal.append_nowait([(RTYPE, payload(x)) for x in range(1, 6)])
         await wal.sync()
         reader = wal.reader
-        first = reader.segment_of(5)
+        (first,) = reader.segments_holding([5])
         real_file = reader._file  # type: ignore[attr-defined]
 
         class Racing:
