@@ -104,7 +104,10 @@ def encode_enqueue(
     return b"".join((head, struct.pack(f"<{nq}I", *qids), ex, rk, mid, props, body))
 
 
-def decode_enqueue(payload: bytes) -> EnqueueRecord:
+def _enqueue_prefix(payload: bytes) -> tuple[int, float, float, list[int], str, int, int, int, int]:
+    """What ENQUEUE decoding and peeking share: ``(seq, wall, expires, qids, exchange,
+    offset after the exchange, routing key length, message id length, properties
+    length)``."""
     seq, wall, expires, nq, lex, lrk, lmid, lprops = _ENQ_HEAD.unpack_from(payload, 0)
     pos = _ENQ_HEAD.size
     if nq == 1:
@@ -112,9 +115,13 @@ def decode_enqueue(payload: bytes) -> EnqueueRecord:
     else:
         qids = list(struct.unpack_from(f"<{nq}I", payload, pos))
     pos += 4 * nq
-    end = pos + lex
-    exchange = payload[pos:end].decode() if lex else ""
-    pos, end = end, end + lrk
+    exchange = payload[pos : pos + lex].decode() if lex else ""
+    return seq, wall, expires, qids, exchange, pos + lex, lrk, lmid, lprops
+
+
+def decode_enqueue(payload: bytes) -> EnqueueRecord:
+    seq, wall, expires, qids, exchange, pos, lrk, lmid, lprops = _enqueue_prefix(payload)
+    end = pos + lrk
     routing_key = payload[pos:end].decode()
     pos, end = end, end + lmid
     message_id = payload[pos:end].decode() if lmid else None
@@ -129,15 +136,8 @@ def decode_enqueue(payload: bytes) -> EnqueueRecord:
 def peek_enqueue(payload: bytes) -> tuple[int, float, list[int], str, str | None]:
     """``(seq, wall_s, qids, exchange, message_id)`` of an ENQUEUE record, without
     decoding its properties and body (recovery indexes messages, it does not load them)."""
-    seq, wall, _expires, nq, lex, lrk, lmid, _lprops = _ENQ_HEAD.unpack_from(payload, 0)
-    pos = _ENQ_HEAD.size
-    if nq == 1:
-        qids = [_U32.unpack_from(payload, pos)[0]]
-    else:
-        qids = list(struct.unpack_from(f"<{nq}I", payload, pos))
-    pos += 4 * nq
-    exchange = payload[pos : pos + lex].decode() if lex else ""
-    pos += lex + lrk
+    seq, wall, _expires, qids, exchange, pos, lrk, lmid, _lprops = _enqueue_prefix(payload)
+    pos += lrk
     message_id = payload[pos : pos + lmid].decode() if lmid else None
     return seq, wall, qids, exchange, message_id
 
