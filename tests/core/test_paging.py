@@ -9,7 +9,7 @@ import pytest
 
 from broker.core import MessageLost
 from broker.core.paging import CHUNK_MESSAGES, PagedRefs, decode_refs, encode_refs, locator, ref_lsns
-from broker.core.records import RecordType, decode_seqs
+from broker.core.records import RecordType, decode_enqueue, decode_seqs
 
 from .durable_view import durable_view, fresh_broker, replay_into
 from .helpers import Harness, ready_entries
@@ -197,3 +197,44 @@ def test_snapshot_refers_to_records_and_rebuilds_the_same_queue() -> None:
     nb2 = replay_into(fresh_broker(h), recs + [r for r in h.records if r[0] > covered], h.b.last_lsn)
     assert durable_view(nb2) == durable_view(h.b)
     assert [e.message.body for e in ready_entries(nb2, "q")][-5:] == [b"m%d" % i for i in range(30, 35)]
+
+
+def test_checkpoint_of_an_older_format_keeps_its_messages_whole_and_in_order() -> None:
+    """Checkpoints written before QUEUE_REFS hold messages whole (ENQUEUE records
+    replayed with LSN 0): they stay in memory, and the log's messages after them stay
+    paged out behind them; one indexed by LSN that precedes a whole one is read back
+    at once so that the queue keeps sequence order."""
+    from broker.core.records import encode_enqueue, encode_json, encode_seqs
+
+    h = paging_harness()
+    qid = h.b.queues["q"].qid
+    publish_n(h, 3, 10)  # logged publishes: seqs 1..3 (bodies m10..m12)
+    h.sync()
+    logged = [(lsn, t, p) for lsn, t, p in h.records if t == RecordType.ENQUEUE]
+    old_checkpoint = [
+        (0, RecordType.DECLARE_QUEUE, encode_json({"qid": qid, "name": "q", "auto_delete": False, "arguments": {}})),
+        # whole messages, seqs 5 and 7, around the logged 6 (the logged records are
+        # renumbered below to interleave with them)
+        (0, RecordType.ENQUEUE, encode_enqueue(5, 0.0, None, [qid], "", "q", None, None, b"whole5")),
+        (0, RecordType.ENQUEUE, encode_enqueue(7, 0.0, None, [qid], "", "q", None, None, b"whole7")),
+        (0, RecordType.DELIVERED, encode_seqs(qid, [7])),
+    ]
+    # the log after that checkpoint: logged messages with seqs 6 and 8
+    renumbered = []
+    for (lsn, t, p), seq in zip(logged, (6, 8, 9)):
+        r = decode_enqueue(p)
+        payload = encode_enqueue(seq, r.wall_s, None, [qid], "", "q", None, None, r.body)
+        h.log[lsn] = (t, payload)
+        renumbered.append((lsn, t, payload))
+    nb = replay_into(fresh_broker(h), old_checkpoint + renumbered, h.b.last_lsn)
+    q = nb.queues["q"]
+    # whole ones (and seq 6, read back to stay between them) in memory, 8 and 9 paged
+    assert [e.message.seq for e in q.ready] == [5, 6, 7]
+    assert [seq for seq, _loc in q.paged] == [8, 9]
+    assert [e.message.body for e in ready_entries(nb, "q")] == [b"whole5", b"m10", b"whole7", b"m11", b"m12"]
+    assert [e.delivered for e in q.ready] == [False, False, True]
+    # and the next checkpoint still carries the whole ones whole
+    _covered, chunks = nb.snapshot()
+    recs = [(t, p) for chunk in chunks for t, p in chunk]
+    whole = [decode_enqueue(p).seq for t, p in recs if t == RecordType.ENQUEUE]
+    assert whole == [5, 7]
