@@ -71,7 +71,7 @@ from .errors import (
 )
 from .message import Entry, Message
 from .names import check_name, check_routing_key
-from .paging import ReplayIndex, decode_refs, encode_refs, locator
+from .paging import ReplayIndex, locator
 from .routing import EXCHANGE_TYPES
 
 __all__ = ["Broker", "REST_CHANNEL", "BUILTIN_EXCHANGES", "PublishResult"]
@@ -1479,7 +1479,7 @@ class Broker:
             if r.message_id is not None:
                 self.dedup.remember(r.exchange, r.message_id, r.wall_s, 0)
         elif rtype == T.QUEUE_REFS:
-            qid, pairs = decode_refs(payload)
+            qid, pairs = rec.decode_refs(payload)
             entries = state.get(qid)
             if entries is not None:
                 it = iter(pairs)
@@ -1691,7 +1691,7 @@ class Broker:
             # the log keeps while it is referenced (QUEUE_REFS): bodies are not copied.
             for chunk_array, start, stop in paged_cut:
                 for lo in range(start, stop, per_record):
-                    yield [(T.QUEUE_REFS, encode_refs(qid, chunk_array[lo : min(stop, lo + per_record)]))]
+                    yield [(T.QUEUE_REFS, rec.encode_refs(qid, chunk_array[lo : min(stop, lo + per_record)]))]
             for lo in range(0, len(entries), chunk_entries):
                 chunk: list[tuple[int, bytes]] = []
                 refs = array("q")
@@ -1717,7 +1717,7 @@ class Broker:
                     if e.delivered:
                         delivered.append(m.seq)
                 if refs:
-                    chunk.append((T.QUEUE_REFS, encode_refs(qid, refs)))
+                    chunk.append((T.QUEUE_REFS, rec.encode_refs(qid, refs)))
                 if delivered:
                     chunk.append((T.DELIVERED, rec.encode_seqs(qid, delivered)))
                 if chunk:

@@ -15,19 +15,17 @@ the chunks and encode them later while the queue goes on changing.
 
 from __future__ import annotations
 
-import sys
 from array import array
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["PagedRefs", "ReplayIndex", "CHUNK_MESSAGES", "locator", "encode_refs", "decode_refs", "ref_lsns"]
+__all__ = ["PagedRefs", "ReplayIndex", "CHUNK_MESSAGES", "locator"]
 
 #: Messages per chunk (two 8-byte integers each: 32 KiB a chunk).
 CHUNK_MESSAGES = 2048
 _CHUNK_INTS = 2 * CHUNK_MESSAGES
-_SWAP = sys.byteorder != "little"  # the log is little-endian
 
 
 def locator(lsn: int, delivered: bool) -> int:
@@ -103,35 +101,6 @@ class PagedRefs:
             out.append((chunk, head, len(chunk)))
             head = 0
         return out
-
-
-def encode_refs(qid: int, pairs: array[int]) -> bytes:
-    """A QUEUE_REFS record: ``qid u32 | n u32 | n x (seq i64, locator i64)``."""
-    if _SWAP:
-        pairs = array("q", pairs)
-        pairs.byteswap()
-    return qid.to_bytes(4, "little") + (len(pairs) // 2).to_bytes(4, "little") + pairs.tobytes()
-
-
-def decode_refs(payload: bytes) -> tuple[int, array[int]]:
-    """``(qid, flat array of seq, locator pairs)``; ValueError if malformed."""
-    if len(payload) < 8:
-        raise ValueError("QUEUE_REFS record too short")
-    qid = int.from_bytes(payload[0:4], "little")
-    n = int.from_bytes(payload[4:8], "little")
-    if len(payload) != 8 + 16 * n:
-        raise ValueError("QUEUE_REFS record length does not match its count")
-    pairs = array("q")
-    pairs.frombytes(payload[8:])
-    if _SWAP:
-        pairs.byteswap()
-    return qid, pairs
-
-
-def ref_lsns(payload: bytes) -> Iterator[int]:
-    """The LSNs a QUEUE_REFS record refers to (the log must keep their segments)."""
-    _qid, pairs = decode_refs(payload)
-    return (loc >> 1 for loc in pairs[1::2])
 
 
 class ReplayIndex:

@@ -13,6 +13,9 @@ Message records are binary (they are the hot path); entity records are JSON.
 from __future__ import annotations
 
 import struct
+import sys
+from array import array
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +29,9 @@ __all__ = [
     "encode_enqueue",
     "decode_enqueue",
     "peek_enqueue",
+    "encode_refs",
+    "decode_refs",
+    "ref_lsns",
     "encode_seqs",
     "decode_seqs",
     "encode_dedup",
@@ -140,6 +146,40 @@ def peek_enqueue(payload: bytes) -> tuple[int, float, list[int], str, str | None
     pos += lrk
     message_id = payload[pos : pos + lmid].decode() if lmid else None
     return seq, wall, qids, exchange, message_id
+
+
+# QUEUE_REFS: qid u32 | n u32 | n x (seq i64, locator i64), locator = lsn << 1 | delivered
+# (see core/paging.py)
+_SWAP = sys.byteorder != "little"  # records are little-endian
+
+
+def encode_refs(qid: int, pairs: array[int]) -> bytes:
+    """A QUEUE_REFS record: ``qid u32 | n u32 | n x (seq i64, locator i64)``."""
+    if _SWAP:
+        pairs = array("q", pairs)
+        pairs.byteswap()
+    return qid.to_bytes(4, "little") + (len(pairs) // 2).to_bytes(4, "little") + pairs.tobytes()
+
+
+def decode_refs(payload: bytes) -> tuple[int, array[int]]:
+    """``(qid, flat array of seq, locator pairs)``; ValueError if malformed."""
+    if len(payload) < 8:
+        raise ValueError("QUEUE_REFS record too short")
+    qid = int.from_bytes(payload[0:4], "little")
+    n = int.from_bytes(payload[4:8], "little")
+    if len(payload) != 8 + 16 * n:
+        raise ValueError("QUEUE_REFS record length does not match its count")
+    pairs = array("q")
+    pairs.frombytes(payload[8:])
+    if _SWAP:
+        pairs.byteswap()
+    return qid, pairs
+
+
+def ref_lsns(payload: bytes) -> Iterator[int]:
+    """The LSNs a QUEUE_REFS record refers to (the log must keep their segments)."""
+    _qid, pairs = decode_refs(payload)
+    return (loc >> 1 for loc in pairs[1::2])
 
 
 # SETTLE / DELIVERED: qid u32 | n u32 | seq u64 * n

@@ -37,7 +37,7 @@ from broker.core import (
     Return,
     Unavailable,
 )
-from broker.core.paging import ref_lsns
+from broker.core.records import ref_lsns
 
 __all__ = ["BrokerRuntime", "ChannelSink", "RuntimeOptions"]
 

@@ -8,7 +8,8 @@ from array import array
 import pytest
 
 from broker.core import MessageLost
-from broker.core.paging import CHUNK_MESSAGES, PagedRefs, decode_refs, encode_refs, locator, ref_lsns
+from broker.core.paging import CHUNK_MESSAGES, PagedRefs, locator
+from broker.core.records import decode_refs, encode_refs, ref_lsns
 from broker.core.records import RecordType, decode_enqueue, decode_seqs
 
 from .durable_view import durable_view, fresh_broker, replay_into
