@@ -164,3 +164,16 @@ async def test_a_write_during_a_read_does_not_change_what_is_read(tmp_path: Path
 
         reader._file = lambda seg: Racing(real_file(seg))  # type: ignore[attr-defined]
         assert reader.read([4, 5]) == [(RTYPE, payload(4)), (RTYPE, payload(5))]
+
+
+async def test_read_handles_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A backlog spread over many segments does not keep a descriptor open for each."""
+    from broker.storage import reader as reader_module
+
+    monkeypatch.setattr(reader_module, "_MAX_OPEN_FILES", 2)
+    reader = await write(tmp_path, 1, 300)
+    firsts = sorted(int(p.name.split(".")[0], 16) for p in segments(tmp_path))
+    assert len(firsts) > 4
+    assert reader.read(firsts) == [(RTYPE, payload(x)) for x in firsts]  # type: ignore[attr-defined]
+    assert len(reader._files) <= 2  # type: ignore[attr-defined]
+    reader.close()  # type: ignore[attr-defined]
