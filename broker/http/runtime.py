@@ -439,8 +439,17 @@ class BrokerRuntime:
             reader = self.wal.reader
             # Segments holding the records of messages the checkpoint refers to, with
             # how many: the checkpoint covers them, but they must stay (they hold the
-            # bodies).
+            # bodies). Records the WAL had not written yet when asked about are mapped
+            # once the sync below has written them: until then nobody knows which
+            # segment (perhaps one not created yet) they go to.
             keep: dict[int, int] = {}
+            unwritten: list[int] = []
+
+            def add_to_keep(lsns: Any) -> None:
+                found, unindexed = reader.segments_holding(lsns)
+                for first, n in found.items():
+                    keep[first] = keep.get(first, 0) + n
+                unwritten.extend(unindexed)
 
             def next_chunk() -> list[tuple[int, bytes]]:
                 return next(chunks, sentinel)
@@ -452,8 +461,7 @@ class BrokerRuntime:
                         return
                     for rtype, payload in chunk:
                         if rtype == RecordType.QUEUE_REFS:
-                            for first, n in reader.segments_holding(ref_lsns(payload)).items():
-                                keep[first] = keep.get(first, 0) + n
+                            add_to_keep(ref_lsns(payload))
                     yield from chunk
 
             assert self.options.data_dir is not None
@@ -469,7 +477,15 @@ class BrokerRuntime:
                     extra={"fields": {"lsn": lsn, "error": str(exc)}},
                 )
             else:
-                self.wal.release_through(lsn, keep)
+                release_lsn = lsn
+                if unwritten:
+                    pending, unwritten[:] = list(unwritten), []
+                    add_to_keep(pending)
+                    if unwritten:
+                        # in no segment on disk even now (lost to damage and --repair):
+                        # keep everything from there on rather than guess
+                        release_lsn = min(lsn, min(unwritten) - 1)
+                self.wal.release_through(release_lsn, keep)
                 self.segments_kept = len(keep)
             self._wal_bytes_at_checkpoint = bytes_before
             self._last_checkpoint_time = trio.current_time()

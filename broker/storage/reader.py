@@ -154,11 +154,21 @@ class LogReader:
 
     # ------------------------------------------------------------------ lookups
 
-    def segments_holding(self, lsns: Iterable[int]) -> dict[int, int]:
-        """How many of these records each segment holds, by the segment's first LSN."""
-        firsts = list(self._firsts)
+    def segments_holding(self, lsns: Iterable[int]) -> tuple[dict[int, int], list[int]]:
+        """How many of these records each segment holds, by the segment's first LSN,
+        and the LSNs not indexed yet (not written yet, or in no segment on disk).
+
+        Only an indexed record is known to be in the segment before it: a record still
+        buffered by the WAL may go to a segment that does not exist yet. A caller that
+        keeps segments for the records it names must ask again for the unindexed ones
+        once they are written.
+        """
+        with self._lock:
+            firsts = list(self._firsts)
+            segments = [self._segments[first] for first in firsts]
         found: dict[int, int] = {}
-        lo = hi = 0  # LSN range of the segment last matched: most lookups repeat it
+        unindexed: list[int] = []
+        lo = hi = 0  # LSNs indexed in the segment last matched: most lookups repeat it
         n = 0
         for lsn in lsns:
             if lo <= lsn < hi:
@@ -167,15 +177,17 @@ class LogReader:
             if n:
                 found[lo] = found.get(lo, 0) + n
             i = bisect.bisect_right(firsts, lsn) - 1
-            if i < 0:
+            seg = segments[i] if i >= 0 else None
+            if seg is None or lsn - seg.first_lsn >= len(seg.offsets):
+                unindexed.append(lsn)
                 lo = hi = n = 0
                 continue
-            lo = firsts[i]
-            hi = firsts[i + 1] if i + 1 < len(firsts) else 1 << 63
+            lo = seg.first_lsn
+            hi = lo + len(seg.offsets)
             n = 1
         if n:
             found[lo] = found.get(lo, 0) + n
-        return found
+        return found, unindexed
 
     def read(self, lsns: Sequence[int]) -> list[ReadResult]:
         """The records with these LSNs, in the order asked (blocking; see the module

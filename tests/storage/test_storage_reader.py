@@ -102,10 +102,10 @@ async def test_released_segment_is_forgotten(tmp_path: Path) -> None:
         assert isinstance(wal.reader.read([1])[0], str)
         assert wal.reader.read([firsts[1]]) == [(RTYPE, payload(firsts[1]))]
         assert len(firsts) >= 5
-        assert wal.reader.segments_holding([1, firsts[1], firsts[1] + 1, 300, firsts[1] + 2]) == {
-            firsts[1]: 3,
-            firsts[-1]: 1,
-        }
+        assert wal.reader.segments_holding([1, firsts[1], firsts[1] + 1, 300, firsts[1] + 2]) == (
+            {firsts[1]: 3, firsts[-1]: 1},
+            [1],  # its segment was deleted
+        )
     # a restart after that: the kept segment, now before a gap, is still readable
     write_checkpoint(tmp_path, firsts[3] - 1, iter([(1, b"{}")]))
     rec2 = recovered(tmp_path)
@@ -145,7 +145,8 @@ async def test_a_write_during_a_read_does_not_change_what_is_read(tmp_path: Path
         wal.append_nowait([(RTYPE, payload(x)) for x in range(1, 6)])
         await wal.sync()
         reader = wal.reader
-        (first,) = reader.segments_holding([5])
+        found, _ = reader.segments_holding([5])
+        (first,) = found
         real_file = reader._file  # type: ignore[attr-defined]
 
         class Racing:
@@ -177,3 +178,22 @@ async def test_read_handles_are_bounded(tmp_path: Path, monkeypatch: pytest.Monk
     assert reader.read(firsts) == [(RTYPE, payload(x)) for x in firsts]  # type: ignore[attr-defined]
     assert len(reader._files) <= 2  # type: ignore[attr-defined]
     reader.close()  # type: ignore[attr-defined]
+
+
+async def test_records_not_written_yet_are_not_placed_in_any_segment(tmp_path: Path) -> None:
+    """A record the WAL still buffers may go to a segment that does not exist yet: the
+    reader must not guess it is in the last one it knows. (Regression: a checkpoint
+    kept the wrong segment for such records and the right one was deleted, losing
+    confirmed messages under kill -9 with small segments.)"""
+    rec = recovered(tmp_path)
+    async with open_wal(rec, fsync_policy="never", segment_max_bytes=400) as wal:
+        wal.append_nowait([(RTYPE, payload(x)) for x in range(1, 6)])
+        await wal.sync()
+        reader = wal.reader
+        wal.append_nowait([(RTYPE, payload(x)) for x in range(6, 40)])  # buffered
+        found, unindexed = reader.segments_holding([2, 3, 6, 7, 39])
+        assert found == {1: 2} and unindexed == [6, 7, 39]
+        await wal.sync()
+        found, unindexed = reader.segments_holding([6, 7, 39])
+        assert unindexed == [] and sum(found.values()) == 3
+        assert 1 not in found  # they went to a new segment: too big for the first
