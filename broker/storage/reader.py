@@ -37,9 +37,9 @@ from array import array
 from collections.abc import Iterable, Sequence
 from typing import BinaryIO
 
-from .framing import FRAME_HEADER_BYTES, FRAME_OVERHEAD_BYTES, FrameProblem, RecordDecoder
+from .framing import FRAME_HEADER_BYTES, FRAME_OVERHEAD_BYTES, FrameProblem, ProblemKind, RecordDecoder
 from .fs import FileSystem
-from .segment import SEGMENT_HEADER_BYTES
+from .segment import SEGMENT_HEADER_BYTES, zero_filled
 
 __all__ = ["LogReader", "ReadResult"]
 
@@ -112,8 +112,9 @@ class LogReader:
         """Index a segment by reading its frames (a segment recovery did not replay).
 
         Stops at the first frame that does not check out and returns what is wrong
-        there (None if the whole segment is sound); the records after it cannot be read
-        later (a read of them reports the damage).
+        there (None if the whole segment is sound, an unused preallocated tail of zeros
+        included); the records after it cannot be read later (a read of them reports
+        the damage).
         """
         decoder = RecordDecoder(max_record_bytes=self._max_record_bytes, offset=SEGMENT_HEADER_BYTES)
         offsets = array("Q")
@@ -131,8 +132,11 @@ class LogReader:
                     pos = decoder.offset
                 if decoder.problem is not None or not chunk:
                     break
+            problem = decoder.problem
+            if problem is not None and problem.kind is ProblemKind.ZEROED and zero_filled(file, problem.offset):
+                problem = None  # unused preallocated space (see segment.py)
         self.note_segment(first_lsn, path, offsets, pos)
-        return decoder.problem
+        return problem
 
     def drop(self, first_lsn: int) -> None:
         """Forget a segment (it is being deleted) and close its read handle."""

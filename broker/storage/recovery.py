@@ -31,6 +31,11 @@ Rules (etcd's, see STYLE.md):
   are void" (written after an IO failure, see ``segment.py``). Such records were never
   reported durable; they are dropped (and truncated away) with a warning, not replayed.
   LSN gaps explained by a void marker are expected.
+* **Preallocated tails.** Zero bytes from a frame boundary to the end of a segment are
+  space the writer reserved and had not used (``wal.py``), not damage: they are cut off
+  (logged at INFO) and are not listed as torn. This holds in any segment, since whether
+  a retired segment's cut reached the disk before a power loss is up to the file system;
+  a record lost under such zeros would show as missing LSNs before the next segment.
 * Segments whose records are all covered by the checkpoint are not read at all.
 * Leftover temporary files (``*.tmp``) are removed.
 """
@@ -67,6 +72,7 @@ from .segment import (
     SegmentHeader,
     decode_segment_header,
     parse_segment_name,
+    zero_filled,
 )
 
 __all__ = ["recover", "Recovery", "RecoveryReport", "TruncatedTail", "VoidedRecords"]
@@ -418,6 +424,10 @@ class Recovery:
         self.fs.truncate(path, offset)
         self._voided.append(VoidedRecords(path, offset, first_lsn, size - offset))
 
+    def _zero_filled(self, path: str, offset: int) -> bool:
+        with self.fs.open_read(path) as file:
+            return zero_filled(file, offset)
+
     def _read_from(self, path: str, offset: int) -> bytes:
         with self.fs.open_read(path) as file:
             file.seek(offset)
@@ -426,6 +436,17 @@ class Recovery:
     def _handle_problem(self, index: int, is_last: bool, problem: FrameProblem) -> None:
         path = self._segments[index].path
         offset = problem.offset
+        if problem.kind is ProblemKind.ZEROED and self._zero_filled(path, offset):
+            size = self.fs.getsize(path)
+            logger.info(
+                "WAL segment %s ends at offset %d: cutting off %d bytes of unused "
+                "preallocated space",
+                path,
+                offset,
+                size - offset,
+            )
+            self.fs.truncate(path, offset)
+            return
         rest = self._read_from(path, offset)
         if not is_last:
             self._corrupt(

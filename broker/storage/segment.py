@@ -21,6 +21,12 @@ behind is discarded on recovery instead of being replayed or mistaken for corrup
 
 A new segment is created as ``<name>.tmp``, header written and fsynced, renamed into
 place and the directory fsynced, so a segment file never has a torn header.
+
+The frames may be followed by zero bytes up to the end of the file: space the writer
+preallocated and had not used yet (a segment is cut back to its frames when retired or
+closed, so only a crash leaves such a tail). :func:`zero_filled` tells it from damage.
+A zero-filled tail can hide no record the log needs: a lost record in a finished segment
+shows as missing LSNs before the next one, and recovery reports those.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ import re
 import struct
 import zlib
 from dataclasses import dataclass
-from typing import Final
+from typing import BinaryIO, Final
 
 from .errors import StorageError
 
@@ -46,6 +52,7 @@ __all__ = [
     "parse_segment_name",
     "encode_segment_header",
     "decode_segment_header",
+    "zero_filled",
 ]
 
 WAL_DIRNAME: Final = "wal"
@@ -111,3 +118,19 @@ def decode_segment_header(data: bytes) -> SegmentHeader:
     if version != _VERSION:
         raise BadSegmentHeader(f"unsupported segment format version {version}")
     return SegmentHeader(first_lsn, void_from)
+
+
+_ZERO_CHECK_BYTES: Final = 1 << 20
+_ZEROS: Final = bytes(_ZERO_CHECK_BYTES)
+
+
+def zero_filled(file: BinaryIO, offset: int) -> bool:
+    """Whether ``file`` holds only zero bytes from ``offset`` to its end (an unused
+    preallocated tail). Reads the tail in 1 MiB pieces; moves the file position."""
+    file.seek(offset)
+    while True:
+        chunk = file.read(_ZERO_CHECK_BYTES)
+        if not chunk:
+            return True
+        if chunk != _ZEROS[: len(chunk)]:
+            return False

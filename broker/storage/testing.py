@@ -10,6 +10,8 @@ Model (what a careful POSIX file system guarantees, and no more):
 
 * A file's durable content is its content at its last ``sync()`` (``fdatasync``), or at
   a ``FileSystem.truncate`` (which syncs). A file never synced is empty after power loss.
+  Space preallocated past the written end counts as zeros, durable with the next sync,
+  as ``fallocate`` is on ext4 and XFS.
 * A directory's durable entries are those at its last ``sync_dir``. Directories that
   existed before the disk first saw them, and the files in them, count as durable then.
 * Directories themselves are assumed durable once created (``makedirs`` fsyncs parents).
@@ -43,6 +45,7 @@ class _Node:
 
     path: str | None
     durable: bytes = b""
+    durable_zeros: int = 0  # preallocated bytes after ``durable`` (zeros), as of the last sync
 
 
 @dataclass(eq=False)
@@ -60,11 +63,12 @@ class _Stats:
 
 
 class _SimFile:
-    def __init__(self, disk: SimulatedDisk, node: _Node, real: WritableFile) -> None:
+    def __init__(self, disk: SimulatedDisk, node: _Node, real: WritableFile, end: int) -> None:
         self._disk = disk
         self._node = node
         self._real = real
         self._dead = False
+        self._end = end  # where the next write goes: the end of what was written
 
     @property
     def path(self) -> str:
@@ -86,8 +90,10 @@ class _SimFile:
                 plan.count -= 1
         if fail:
             self._real.write(data[: len(data) // 2])
+            self._end += len(data) // 2
             raise OSError(plan.err, os.strerror(plan.err))
         self._real.write(data)
+        self._end += len(data)
 
     def sync(self) -> None:
         self._check()
@@ -103,7 +109,8 @@ class _SimFile:
             disk.stats.file_syncs += 1
             if self._node.path is not None:
                 disk.stats.synced_paths.append(self._node.path)
-                self._node.durable = _read(self._node.path)
+                self._node.durable = _read(self._node.path, self._end)
+                self._node.durable_zeros = max(0, os.path.getsize(self._node.path) - self._end)
 
     def truncate(self, size: int) -> None:
         self._check()
@@ -112,6 +119,11 @@ class _SimFile:
                 self._disk._truncate_failures.count -= 1
                 raise OSError(errno.EIO, os.strerror(errno.EIO))
         self._real.truncate(size)
+        self._end = size
+
+    def preallocate(self, size: int) -> None:
+        self._check()
+        self._real.preallocate(size)
 
     def close(self) -> None:
         if not self._dead:
@@ -121,9 +133,9 @@ class _SimFile:
                 self._disk._open.discard(self)
 
 
-def _read(path: str) -> bytes:
+def _read(path: str, limit: int = -1) -> bytes:
     with open(path, "rb") as file:
-        return file.read()
+        return file.read(limit)
 
 
 class SimulatedDisk:
@@ -206,6 +218,8 @@ class SimulatedDisk:
                     path = os.path.join(directory, name)
                     with open(path, "wb") as file:
                         file.write(node.durable)
+                        if node.durable_zeros:
+                            file.truncate(len(node.durable) + node.durable_zeros)
                     node.path = path
                     names[path] = node
             for node in self._names.values():
@@ -230,7 +244,7 @@ class SimulatedDisk:
             if entries is None:
                 return _read(path) if os.path.isfile(path) else None
             node = entries.get(os.path.basename(path))
-            return None if node is None else node.durable
+            return None if node is None else node.durable + bytes(node.durable_zeros)
 
     # -- FileSystem ---------------------------------------------------------------
 
@@ -265,7 +279,7 @@ class SimulatedDisk:
             if old is not None:
                 old.path = None
             self._names[path] = node
-            handle = _SimFile(self, node, real)
+            handle = _SimFile(self, node, real, 0)
             self._open.add(handle)
             return handle
 
@@ -278,7 +292,7 @@ class SimulatedDisk:
             if node is None:
                 node = _Node(path, b"")
                 self._names[path] = node
-            handle = _SimFile(self, node, real)
+            handle = _SimFile(self, node, real, os.path.getsize(path))
             self._open.add(handle)
             return handle
 
@@ -334,6 +348,7 @@ class SimulatedDisk:
             node = self._names.get(path)
             if node is not None:
                 node.durable = _read(path)
+                node.durable_zeros = 0
 
     def sync_dir(self, path: str) -> None:
         with self._lock:

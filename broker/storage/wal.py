@@ -31,6 +31,14 @@ Theory of operation
   batch larger than that is allowed). Before moving on, the old segment is fsynced, and
   the new one is created temp -> fsync -> rename -> fsync directory, so every segment
   but the last is complete on disk.
+* **Preallocation.** The active segment keeps ``preallocate_bytes`` (default 4 MiB) of
+  reserved, zero-reading space ahead of its end (``fallocate``), as etcd's WAL does: a
+  batch then overwrites allocated blocks without growing the file, and its fdatasync
+  commits no size or allocation change (about 55 us cheaper per fsync on this kind of
+  disk, a third of the fsync). A segment is cut back to its records when retired and on
+  close; after a crash, recovery recognises the zero-filled tail and cuts it
+  (``recovery.py``). Preallocation is best effort: if the file system refuses, the
+  segment just grows by appends.
 * **IO failure.** If a write or fsync raises ``OSError`` (ENOSPC, EIO...), the batch's
   LSNs are never reported durable: ``on_failure(first_lsn, last_lsn, exc)`` is called,
   the failed segment is truncated back to its last good offset (best effort) and closed,
@@ -80,6 +88,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_SEGMENT_MAX_BYTES",
+    "DEFAULT_PREALLOCATE_BYTES",
     "DEFAULT_RETRY_INTERVAL_S",
     "FsyncPolicy",
     "parse_fsync_policy",
@@ -93,6 +102,10 @@ logger = logging.getLogger("ackbus.storage")
 #: Segment rollover size. Kafka and etcd use 1 GiB and 64 MiB; 64 MiB keeps the space
 #: a checkpoint can free reasonably fine-grained.
 DEFAULT_SEGMENT_MAX_BYTES: Final = 64 * 1024 * 1024
+#: Space reserved ahead of the active segment's end. etcd reserves a whole segment; a
+#: few MiB gets the same fsync saving (one size change per step is noise) without a
+#: killed broker leaving 64 MiB of zeros behind.
+DEFAULT_PREALLOCATE_BYTES: Final = 4 * 1024 * 1024
 DEFAULT_RETRY_INTERVAL_S: Final = 1.0
 
 OnDurable = Callable[[int], None]
@@ -203,6 +216,9 @@ class _Segment:
     size: int
     good_size: int  # end of the last batch written (and, under "always", fsynced) whole
     has_records: bool
+    # the file's size: ``size`` plus preallocated space (or the segment limit once the
+    # file system refused to preallocate, so that it is not asked again)
+    allocated: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,6 +258,7 @@ class WriteAheadLog:
         retry_interval_s: float = DEFAULT_RETRY_INTERVAL_S,
         max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
         inline_max_records: int = 0,
+        preallocate_bytes: int = DEFAULT_PREALLOCATE_BYTES,
         fs: FileSystem | None = None,
         reader: LogReader | None = None,
     ) -> None:
@@ -253,6 +270,8 @@ class WriteAheadLog:
             raise InvalidConfiguration(f"retry_interval_s must be > 0, got {retry_interval_s}")
         if max_record_bytes < 1:
             raise InvalidConfiguration(f"max_record_bytes must be >= 1, got {max_record_bytes}")
+        if preallocate_bytes < 0:
+            raise InvalidConfiguration(f"preallocate_bytes must be >= 0, got {preallocate_bytes}")
         self._policy = parse_fsync_policy(fsync_policy)
         self._data_dir = os.fspath(data_dir)
         self._wal_dir = os.path.join(self._data_dir, WAL_DIRNAME)
@@ -265,6 +284,7 @@ class WriteAheadLog:
         self._retry_interval_s = retry_interval_s
         self._max_record_bytes = max_record_bytes
         self._inline_max_records = inline_max_records
+        self._preallocate_bytes = preallocate_bytes
         self.reader = reader if reader is not None else LogReader(
             self._wal_dir, self._fs, max_record_bytes=max_record_bytes
         )
@@ -318,6 +338,7 @@ class WriteAheadLog:
         segment_max_bytes: int = DEFAULT_SEGMENT_MAX_BYTES,
         retry_interval_s: float = DEFAULT_RETRY_INTERVAL_S,
         inline_max_records: int = 0,
+        preallocate_bytes: int = DEFAULT_PREALLOCATE_BYTES,
     ) -> WriteAheadLog:
         """The append phase after a recovery: a WAL that continues at ``recovery.next_lsn``.
 
@@ -337,6 +358,7 @@ class WriteAheadLog:
             retry_interval_s=retry_interval_s,
             max_record_bytes=recovery.max_record_bytes,
             inline_max_records=inline_max_records,
+            preallocate_bytes=preallocate_bytes,
             fs=recovery.fs,
             reader=recovery.reader,
         )
@@ -731,6 +753,8 @@ class WriteAheadLog:
             segment.size += len(half)
             raise
         base = segment.size
+        if base + len(data) > segment.allocated:
+            self._io_preallocate(segment, base + len(data))
         segment.file.write(data)
         segment.size += len(data)
         segment.has_records = True
@@ -756,11 +780,35 @@ class WriteAheadLog:
             return None
         return self._io_fsync(segment)
 
+    def _io_preallocate(self, segment: _Segment, need: int) -> None:
+        """Reserve space for at least ``need`` bytes and a step beyond, within the
+        segment's size limit (best effort: a refusal only costs the fsync saving)."""
+        step = self._preallocate_bytes
+        if not step:
+            return
+        target = max(need, min(need + step, self._segment_max_bytes))
+        try:
+            segment.file.preallocate(target)
+        except OSError as exc:
+            logger.info("could not preallocate %s to %d bytes: %s", segment.path, target, exc)
+            target = self._segment_max_bytes  # do not ask again for this segment
+        segment.allocated = max(segment.allocated, target)
+
+    def _io_cut_preallocated(self, segment: _Segment) -> bool:
+        """Cut the segment's preallocated space off (a finished segment ends at its
+        last record); True if the file changed and needs an fsync."""
+        if segment.allocated <= segment.size:
+            return False
+        segment.file.truncate(segment.size)
+        segment.allocated = segment.size
+        return True
+
     def _io_retire_active(self) -> float | None:
-        """fsync (if needed) and close the active segment before starting the next."""
+        """Cut, fsync (if needed) and close the active segment before starting the next."""
         segment = self._active
         assert segment is not None
-        duration = self._io_fsync(segment) if self._dirty else None
+        cut = self._io_cut_preallocated(segment)
+        duration = self._io_fsync(segment) if self._dirty or cut else None
         self._dirty = False
         self._active = None
         segment.file.close()
@@ -774,7 +822,7 @@ class WriteAheadLog:
                 path = os.path.join(self._wal_dir, segment_name(first_lsn))
                 file = self._fs.open_append(path)
                 size = self._fs.getsize(path)
-                self._active = _Segment(first_lsn, path, file, size, size, False)
+                self._active = _Segment(first_lsn, path, file, size, size, False, size)
                 return self._active
         return self._io_create_segment(SegmentHeader(first_lsn))
 
@@ -786,8 +834,17 @@ class WriteAheadLog:
         tmp = path + TMP_SUFFIX
         data = encode_segment_header(header)
         file = fs.create(tmp)
+        allocated = len(data)
         try:
             file.write(data)
+            if self._preallocate_bytes:
+                # under the fsync that follows, so the first batch's fsync stays cheap
+                allocated = min(len(data) + self._preallocate_bytes, max(self._segment_max_bytes, len(data)))
+                try:
+                    file.preallocate(allocated)
+                except OSError as exc:
+                    logger.info("could not preallocate %s: %s", tmp, exc)
+                    allocated = self._segment_max_bytes  # do not ask again for it
             file.sync()
             fs.rename(tmp, path)
             faults.hit("wal.after_segment_create")
@@ -804,7 +861,7 @@ class WriteAheadLog:
             if header.first_lsn not in self._segments:
                 self._segments.append(header.first_lsn)
                 self._segments.sort()
-        self._active = _Segment(header.first_lsn, path, file, len(data), len(data), False)
+        self._active = _Segment(header.first_lsn, path, file, len(data), len(data), False, allocated)
         return self._active
 
     def _io_abandon_active(self) -> None:
@@ -839,7 +896,18 @@ class WriteAheadLog:
     def _io_close_active(self) -> None:
         segment = self._active
         self._active = None
-        if segment is not None:
+        if segment is None:
+            return
+        try:
+            if not self._failed and self._io_cut_preallocated(segment):
+                segment.file.sync()
+        except OSError as exc:
+            logger.warning(
+                "could not cut the preallocated space off %s on close (%s); recovery will",
+                segment.path,
+                exc,
+            )
+        finally:
             segment.file.close()
 
 

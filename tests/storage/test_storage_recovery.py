@@ -145,16 +145,65 @@ def test_a_torn_last_record_is_truncated_at_every_cut_point(
         assert recovery.report.truncated == () and lsns(records) == list(range(1, 10))
 
 
-def test_a_zeroed_tail_is_truncated(tmp_path: Path, recover_all: RecoverAll) -> None:
+def test_a_zero_filled_tail_is_unused_preallocated_space_and_is_cut_quietly(
+    tmp_path: Path, recover_all: RecoverAll, caplog: pytest.LogCaptureFixture
+) -> None:
     path = write_segment(tmp_path, 1, 5)
     size = path.stat().st_size
     with open(path, "ab") as file:
-        file.write(bytes(4096))
+        file.write(bytes(3 << 20))  # more than one 1 MiB piece of the zero check
+    with caplog.at_level(logging.INFO, logger="ackbus.storage"):
+        recovery, records = recover_all(tmp_path)
+    assert lsns(records) == [1, 2, 3, 4, 5]
+    assert recovery.report.truncated == ()  # not a torn tail: nothing was lost
+    assert path.stat().st_size == size
+    assert "preallocated" in caplog.text and "torn" not in caplog.text
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_a_torn_record_inside_preallocated_space_is_a_torn_tail(
+    tmp_path: Path, recover_all: RecoverAll
+) -> None:
+    # A crash in the middle of writing record 6 into preallocated space: its header and
+    # the start of its payload made it, the rest still reads as zeros.
+    path = write_segment(tmp_path, 1, 5)
+    size = path.stat().st_size
+    frame = encode_record(6, b"z" * 2000)
+    with open(path, "ab") as file:
+        file.write(frame[:100] + bytes(1 << 20))
     recovery, records = recover_all(tmp_path)
     assert lsns(records) == [1, 2, 3, 4, 5]
     (tail,) = recovery.report.truncated
-    assert (tail.offset, tail.bytes_dropped, tail.records_dropped) == (size, 4096, 0)
-    assert "zeroed" in tail.reason
+    assert (tail.offset, tail.records_dropped) == (size, 1)
+    assert path.stat().st_size == size
+
+
+def test_a_zero_filled_tail_in_an_earlier_segment_is_not_corruption(
+    tmp_path: Path, recover_all: RecoverAll
+) -> None:
+    # A retired segment whose cut did not reach the disk before a power loss.
+    first = write_segment(tmp_path, 1, 5)
+    size = first.stat().st_size
+    with open(first, "ab") as file:
+        file.write(bytes(8192))
+    write_segment(tmp_path, 6, 3)
+    recovery, records = recover_all(tmp_path)
+    assert lsns(records) == list(range(1, 9))
+    check_payloads(records)
+    assert first.stat().st_size == size
+
+
+def test_zeros_hiding_records_of_an_earlier_segment_are_reported_as_missing_lsns(
+    tmp_path: Path, recover_all: RecoverAll
+) -> None:
+    # The same zeros, but where records 4 and 5 were: the next segment starts at 6.
+    first = write_segment(tmp_path, 1, 5)
+    offsets = record_offsets(1, 5)
+    data = first.read_bytes()
+    first.write_bytes(data[: offsets[3]] + bytes(len(data) - offsets[3] + 4096))
+    write_segment(tmp_path, 6, 3)
+    with pytest.raises(CorruptLog, match="LSN 4..5 are missing"):
+        recover_all(tmp_path)
 
 
 def test_a_crc_failure_in_the_last_record_is_a_torn_tail(

@@ -55,13 +55,15 @@ def frames_of(segment: Path) -> list[Frame]:
     offset = SEGMENT_HEADER_BYTES
     while offset + FRAME_HEADER.size <= len(data):
         length, _crc = FRAME_HEADER.unpack_from(data, offset)
+        if data.count(0, offset) == len(data) - offset:
+            break  # the writer's unused preallocated space (zeros to the end)
         assert length > 0, (segment, offset)
         end = offset + FRAME_HEADER.size + length
         assert end <= len(data), (segment, offset)
         match = BODY_RE.search(data, offset, end)
         out.append(Frame(segment, offset, end - offset, int(match.group(1)) if match else None))
         offset = end
-    assert offset == len(data), f"trailing bytes in {segment}"
+    assert data.count(0, offset) == len(data) - offset, f"trailing bytes in {segment}"
     return out
 
 
