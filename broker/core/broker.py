@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import heapq
 from array import array
+from bisect import bisect_right
 from struct import error as struct_error
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -148,6 +149,9 @@ class Broker:
         self.memory_messages_per_queue = memory_messages_per_queue
         # queues whose tail may hold messages to page out once their records are written
         self._page_out_due: dict[str, Queue] = {}
+        # compaction: (new LSN, seq, [(queue, in-memory entry or None if paged out)]) of
+        # records logged again, applied to the queues once the new copy is written
+        self._relocations: list[tuple[int, int, list[tuple[Queue, Entry | None]]]] = []
 
         self.exchanges: dict[str, Exchange] = {}
         self.queues: dict[str, Queue] = {}
@@ -264,6 +268,8 @@ class Broker:
         for ch in self.channels.values():
             if len(ch.confirms):
                 self._confirm_dirty[ch.id] = ch
+        if self._relocations and self._relocations[0][0] <= lsn:
+            self._apply_relocations(lsn)
         if self._page_out_due:
             self._page_out()
 
@@ -277,6 +283,8 @@ class Broker:
         """
         self.storage_ok = False
         self.storage_reason = reason
+        if self._relocations:  # copies never written: the messages stay where they were
+            self._relocations = [r for r in self._relocations if not first_lsn <= r[0] <= last_lsn]
         for ch in self.channels.values():
             if ch.confirms.fail_lsns(first_lsn, last_lsn, f"storage failure: {reason}"):
                 self._confirm_dirty[ch.id] = ch
@@ -947,6 +955,90 @@ class Broker:
                 expires = q_exp if expires is None else min(expires, q_exp)
             out.append(Entry(message, bool(loc & 1), expires))
         return out
+
+    # ------------------------------------------------------------------ compaction
+
+    def relocate(self, ranges: Sequence[tuple[int, int]]) -> int:
+        """Log again every queued message whose ENQUEUE record's LSN is in one of
+        ``ranges`` (``[first, end)`` pairs, sorted: segments whose other records are all
+        settled), so that a later checkpoint no longer refers to those segments and they
+        can be deleted. Returns how many records were logged.
+
+        Each copy is an ENQUEUE record of the same message for the durable queues that
+        still hold it (without the message id, so the deduplication window is left
+        alone). Queues are pointed at a copy only once it is written (:meth:`durable`):
+        until then, and for good if writing it fails, they keep the original.
+        """
+        read_log = self.read_log
+        if read_log is None or not ranges or self._replay is not None:
+            return 0
+        starts = [lo for lo, _hi in ranges]
+        lo_all, hi_all = ranges[0][0], ranges[-1][1]
+
+        def inside(lsn: int) -> bool:
+            if not lo_all <= lsn < hi_all:
+                return False
+            i = bisect_right(starts, lsn) - 1
+            return i >= 0 and lsn < ranges[i][1]
+
+        holders: dict[int, list[tuple[Queue, Entry | None]]] = {}
+        old_lsn: dict[int, int] = {}
+        unacked: dict[int, list[Entry]] = {}
+        for ch in self.channels.values():
+            for d in ch.deliveries.values():
+                unacked.setdefault(d.queue.qid, []).append(d.entry)
+        for queue in self.queues.values():
+            if not queue.persistent_log or queue.deleted:
+                continue
+            for chunk, start, stop in queue.paged.cut():
+                locs = chunk[start + 1 : stop : 2]
+                if not locs or (max(locs) >> 1) < lo_all or (min(locs) >> 1) >= hi_all:
+                    continue
+                for k in range(start, stop, 2):
+                    lsn = chunk[k + 1] >> 1
+                    if inside(lsn):
+                        seq = chunk[k]
+                        holders.setdefault(seq, []).append((queue, None))
+                        old_lsn[seq] = lsn
+            entries = [e for _s, e in queue.requeued]
+            entries.extend(queue.ready)
+            entries.extend(queue.tail)
+            entries.extend(unacked.get(queue.qid, ()))
+            for entry in entries:
+                m = entry.message
+                if m.lsn and inside(m.lsn):
+                    holders.setdefault(m.seq, []).append((queue, entry))
+                    old_lsn[m.seq] = m.lsn
+        if not holders:
+            return 0
+        seqs = sorted(holders)
+        results = read_log([old_lsn[seq] for seq in seqs])
+        logged = 0
+        for seq, result in zip(seqs, results):
+            r = _logged_message(result, seq, old_lsn[seq])
+            if isinstance(r, str):
+                continue  # unreadable: left where it is, reported when its turn comes
+            qids = sorted({q.qid for q, _e in holders[seq]})
+            payload = rec.encode_enqueue(
+                seq, r.wall_s, r.expires_at, qids, r.exchange, r.routing_key, None, r.properties, r.body
+            )
+            new_lsn = self._append(rec.RecordType.ENQUEUE, payload)
+            self._relocations.append((new_lsn, seq, holders[seq]))
+            logged += 1
+        return logged
+
+    def _apply_relocations(self, durable: int) -> None:
+        relocations = self._relocations
+        i = 0
+        while i < len(relocations) and relocations[i][0] <= durable:
+            new_lsn, seq, holders = relocations[i]
+            for queue, entry in holders:
+                if entry is None:
+                    queue.paged.relocate(seq, new_lsn)
+                elif entry.message.seq == seq:
+                    entry.message.lsn = new_lsn
+            i += 1
+        del relocations[:i]
 
     def _pop(self, queue: Queue) -> Entry | None:
         entry = queue.pop()

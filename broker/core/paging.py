@@ -8,9 +8,11 @@ are, and the queue keeps per message two integers, its sequence number and a *lo
 out, the broker reads the next records back by LSN (paging in).
 
 :class:`PagedRefs` is that index for one queue: a FIFO of ``array('q')`` chunks holding
-``seq, locator`` pairs, in sequence order. Positions already written are never changed
-(taking from the front only moves an offset), so a checkpoint can keep references to
-the chunks and encode them later while the queue goes on changing.
+``seq, locator`` pairs, in sequence order. Taking from the front only moves an offset
+and appending never moves a pair, so a checkpoint can keep references to the chunks
+and encode them later while the queue goes on changing; the one change made in place,
+pointing a message at a relocated copy of its record (compaction), is harmless to such
+a checkpoint: it refers to one copy or the other, and both exist.
 """
 
 from __future__ import annotations
@@ -92,6 +94,16 @@ class PagedRefs:
             yield from zip(it, it)
             head = 0
 
+    def relocate(self, seq: int, lsn: int) -> bool:
+        """Point message ``seq`` at a new copy of its record (compaction), keeping its
+        delivered flag; False if it is not here (any more). Pairs are in sequence order."""
+        found = find_pair(self._chunks, self._head, seq)
+        if found is None:
+            return False
+        chunk, i = found
+        chunk[i + 1] = (lsn << 1) | (chunk[i + 1] & 1)
+        return True
+
     def cut(self) -> list[tuple[array[int], int, int]]:
         """References to the current contents as ``(chunk, start, stop)`` slices, for a
         checkpoint to encode later (see the module docstring)."""
@@ -101,6 +113,32 @@ class PagedRefs:
             out.append((chunk, head, len(chunk)))
             head = 0
         return out
+
+
+def find_pair(chunks: "deque[array[int]]", head: int, seq: int) -> tuple[array[int], int] | None:
+    """The chunk and index of ``seq`` in sorted ``(seq, locator)`` chunks, or None."""
+    lo_c, hi_c = 0, len(chunks) - 1
+    while lo_c <= hi_c:  # the chunk whose range holds seq
+        mid = (lo_c + hi_c) // 2
+        chunk = chunks[mid]
+        start = head if mid == 0 else 0
+        if start >= len(chunk) or seq < chunk[start]:
+            hi_c = mid - 1
+        elif seq > chunk[-2]:
+            lo_c = mid + 1
+        else:
+            lo, hi = start // 2, len(chunk) // 2 - 1
+            while lo <= hi:
+                m = (lo + hi) // 2
+                value = chunk[2 * m]
+                if value == seq:
+                    return chunk, 2 * m
+                if value < seq:
+                    lo = m + 1
+                else:
+                    hi = m - 1
+            return None
+    return None
 
 
 class ReplayIndex:

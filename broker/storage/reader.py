@@ -193,6 +193,11 @@ class LogReader:
             found[lo] = found.get(lo, 0) + n
         return found, unindexed
 
+    def record_count(self, first_lsn: int) -> int:
+        """Records indexed in the segment starting at ``first_lsn`` (0 if unknown)."""
+        seg = self._segments.get(first_lsn)
+        return len(seg.offsets) if seg is not None else 0
+
     def read(self, lsns: Sequence[int]) -> list[ReadResult]:
         """The records with these LSNs, in the order asked (blocking; see the module
         docstring). Each result is ``(rtype, payload)`` or the reason it is missing."""

@@ -400,6 +400,12 @@ class WriteAheadLog:
         return self._last_lsn
 
     @property
+    def active_first_lsn(self) -> int | None:
+        """First LSN of the segment being appended to (None before the first write)."""
+        active = self._active
+        return active.first_lsn if active is not None else None
+
+    @property
     def failed(self) -> bool:
         """True while the WAL is in its failed state."""
         return self._failed

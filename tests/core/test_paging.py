@@ -239,3 +239,96 @@ def test_checkpoint_of_an_older_format_keeps_its_messages_whole_and_in_order() -
     recs = [(t, p) for chunk in chunks for t, p in chunk]
     whole = [decode_enqueue(p).seq for t, p in recs if t == RecordType.ENQUEUE]
     assert whole == [5, 7]
+
+
+# ------------------------------------------------------------------ compaction
+
+
+def enqueue_lsns(h: Harness) -> dict[int, int]:
+    """seq -> LSN of the newest ENQUEUE record for it."""
+    out = {}
+    for lsn, rtype, payload in h.records:
+        if rtype == RecordType.ENQUEUE:
+            out[decode_enqueue(payload).seq] = lsn
+    return out
+
+
+def test_relocate_logs_queued_messages_again_and_switches_once_written() -> None:
+    h = Harness(memory_messages_per_queue=2)
+    h.queue("q")
+    h.queue("other")
+    h.b.bind("amq.fanout", "q")
+    h.b.bind("amq.fanout", "other")
+    h.step()
+    ch = h.channel()
+    for i in range(10):
+        h.publish(ch, "amq.fanout", "", b"m%d" % i, {"message_id": "id%d" % i})
+    h.sync()
+    h.b.purge_queue("other")  # "other" no longer holds them: the copies are for "q" only
+    cons = h.channel()
+    h.b.consume(cons, "q", prefetch=1)
+    h.step()  # m0 delivered and unacked; m1 in memory; m2.. paged out
+    q = h.b.queues["q"]
+    before = enqueue_lsns(h)
+    old_paged = list(q.paged)
+    end = h.b.last_lsn + 1
+    assert h.b.relocate([(1, end)]) == 10
+    assert list(q.paged) == old_paged  # not switched before the copies are written
+    h.step()
+    copies = [(lsn, decode_enqueue(p)) for lsn, t, p in h.records if lsn >= end and t == RecordType.ENQUEUE]
+    assert [r.seq for _l, r in copies] == sorted(before)
+    for _lsn, r in copies:
+        assert r.qids == [q.qid] and r.message_id is None  # the window is left alone
+        assert r.properties is not None and r.properties["message_id"] == "id%d" % (r.seq - 1)
+    h.b.durable(h.b.last_lsn)
+    new = {r.seq: lsn for lsn, r in copies}
+    assert [loc >> 1 for _s, loc in q.paged] == [new[s] for s, _l in q.paged]
+    # a restart replaying the log ends up pointing at the copies...
+    view = durable_view(h.b)
+    nb = replay_into(fresh_broker(h), h.records, h.b.last_lsn)
+    assert [loc >> 1 for _s, loc in nb.queues["q"].paged] == sorted(new.values())
+    # ...and the old records can go (the old segment, after the next checkpoint)
+    for lsn in list(h.log):
+        if lsn < end:
+            del h.log[lsn]
+    assert durable_view(nb) == view
+    h.b.consume(h.channel(), "q", prefetch=0, no_ack=True)
+    assert h.bodies(h.step()) == [b"m%d" % i for i in range(1, 10)]
+    assert not h.of_type(MessageLost)
+
+
+def test_relocated_copy_that_fails_to_write_is_never_used() -> None:
+    h = paging_harness()
+    publish_n(h, 6)
+    h.sync()
+    q = h.b.queues["q"]
+    old = list(q.paged)
+    first = h.b.last_lsn + 1
+    assert h.b.relocate([(1, first)]) == 6
+    h.step()
+    h.b.storage_failed(first, h.b.last_lsn, "disk full")
+    h.b.storage_recovered()
+    publish_n(h, 1, 6)
+    h.sync()  # later records durable: the failed copies must not be switched to
+    assert list(q.paged)[: len(old)] == old
+    h.b.consume(h.channel(), "q", prefetch=0, no_ack=True)
+    assert h.bodies(h.step()) == [b"m%d" % i for i in range(7)]
+
+
+def test_snapshot_after_relocation_refers_to_the_copies() -> None:
+    h = paging_harness()
+    publish_n(h, 12)
+    h.sync()
+    end = h.b.last_lsn + 1
+    h.b.relocate([(1, end)])
+    h.sync()
+    live = durable_view(h.b)
+    covered, chunks = h.b.snapshot(chunk_entries=5)
+    recs = [(0, t, p) for chunk in chunks for t, p in chunk]
+    refs = [lsn for _l, t, p in recs if t == RecordType.QUEUE_REFS for lsn in ref_lsns(p)]
+    assert refs and min(refs) >= end
+    for lsn in list(h.log):
+        if lsn < end:
+            del h.log[lsn]  # the compacted segment deleted
+    nb = replay_into(fresh_broker(h), recs, covered)
+    assert durable_view(nb) == live

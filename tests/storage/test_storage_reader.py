@@ -106,6 +106,8 @@ async def test_released_segment_is_forgotten(tmp_path: Path) -> None:
             {firsts[1]: 3, firsts[-1]: 1},
             [1],  # its segment was deleted
         )
+        assert wal.reader.record_count(firsts[1]) == firsts[2] - firsts[1]
+        assert wal.reader.record_count(1) == 0  # released
     # a restart after that: the kept segment, now before a gap, is still readable
     write_checkpoint(tmp_path, firsts[3] - 1, iter([(1, b"{}")]))
     rec2 = recovered(tmp_path)

@@ -153,6 +153,32 @@ def test_segments_are_released_once_their_messages_are_consumed(broker: BrokerPr
     assert broker.drain("deep") == []
 
 
+def test_compaction_frees_a_segment_pinned_by_one_old_message(broker: BrokerProcess) -> None:
+    data_dir = broker.data_dir
+    assert broker.request("PUT", "/queues/old", {})[0] == 201
+    # the keeper's record lands in the first segment, among 100 records that will
+    # be consumed (one batch of 100 fits a segment; the next batch starts a new one)
+    publish(broker, "deep", 1, 100)
+    publish(broker, "old", 0, 1)
+    first_segment = wal_segments(data_dir)[0]
+    publish(broker, "deep", 101, COUNT - 100)
+    assert consume_and_ack(broker, "deep", COUNT) == [body(i) for i in range(1, COUNT + 1)]
+    # checkpoints find the first segment holding one live message among many
+    # settled ones, log the keeper again, and a later checkpoint deletes the segment
+    deadline = time.monotonic() + 30
+    while first_segment.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    info = overview(broker)
+    assert not first_segment.exists(), (info["storage"], broker.log_tail(30))
+    assert info["storage"]["segments_compacted"] >= 1
+    assert len(wal_segments(data_dir)) <= 4, wal_segments(data_dir)
+    broker.kill()
+    broker.start()
+    assert [m["body"] for m in broker.drain("old")] == [body(0)]
+    # every ack was applied before the checkpoint that deleted the segment
+    assert broker.drain("deep") == []
+
+
 def test_damaged_kept_segment_stops_the_start_and_repair_reports_each_lost_message(broker: BrokerProcess) -> None:
     data_dir = broker.data_dir
     publish(broker, "deep", 0, COUNT)
