@@ -172,8 +172,8 @@ class Broker:
         self._first_pending_lsn = 1
         self._settles: dict[int, list[int]] = {}
         self._delivered_marks: dict[int, list[int]] = {}
-        # (lsn, message, routed queue names) of ENQUEUE records not yet durable
-        self._unsynced: list[tuple[int, Message, list[str]]] = []
+        # (lsn, message, queues routed to) of ENQUEUE records not yet durable
+        self._unsynced: list[tuple[int, Message, list[Queue]]] = []
         self.storage_ok = True
         self.storage_reason = ""
         # False while the broker shuts down: nothing more is handed to consumers.
@@ -293,12 +293,12 @@ class Broker:
             return
         self._unsynced = [item for item in self._unsynced if not first_lsn <= item[0] <= last_lsn]
         by_queue: dict[str, set[int]] = {}
-        for _lsn, message, queue_names in failed:
+        for _lsn, message, queues in failed:
             mid = message.message_id
             if mid is not None:
                 self.dedup.forget(message.exchange, mid)
-            for qname in queue_names:
-                by_queue.setdefault(qname, set()).add(message.seq)
+            for routed in queues:
+                by_queue.setdefault(routed.name, set()).add(message.seq)
         for qname, seqs in by_queue.items():
             queue = self.queues.get(qname)
             if queue is not None:
@@ -853,7 +853,7 @@ class Broker:
                 ),
             )
             message.lsn = lsn
-            self._unsynced.append((lsn, message, [q.name for q in queues]))
+            self._unsynced.append((lsn, message, queues))  # a list of its own (route's)
         for queue in queues:
             self._enqueue(queue, message, wall)
         if dedup_id is not None:

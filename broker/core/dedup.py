@@ -142,6 +142,7 @@ class DedupWindow:
         "_last_exchange",
         "_last_id",
         "_last_digest",
+        "_last_slot",
     )
 
     def __init__(self, window_s: float) -> None:
@@ -160,6 +161,9 @@ class DedupWindow:
         self._last_exchange = ""
         self._last_id = ""
         self._last_digest = digest("", "")
+        # the empty slot where that lookup ended, while no entry has moved since (-1:
+        # none): the remember that follows a miss inserts there without probing again
+        self._last_slot = -1
 
     @property
     def window_s(self) -> float:
@@ -202,8 +206,10 @@ class DedupWindow:
             if k == d:
                 break
             if not k:
+                self._last_slot = j
                 return None
             j = (j + 2) & mask
+        self._last_slot = -1
         packed = table[j + 1]
         if (packed & _MS_MASK) < now_ms - self._window_ms:
             self._delete(j)
@@ -222,13 +228,13 @@ class DedupWindow:
         if self._window_s <= 0:
             return
         if message_id is self._last_id and exchange is self._last_exchange:
-            d = self._last_digest
+            self.remember_digest(self._last_digest, wall_s, lsn, self._last_slot)
         else:
-            d = digest(exchange, message_id)
-        self.remember_digest(d, wall_s, lsn)
+            self.remember_digest(digest(exchange, message_id), wall_s, lsn)
 
-    def remember_digest(self, digest: int, wall_s: float, lsn: int) -> None:
-        """:meth:`remember` by key: ``digest`` as made by :func:`digest`, ``lsn >= 0``."""
+    def remember_digest(self, digest: int, wall_s: float, lsn: int, slot: int = -1) -> None:
+        """:meth:`remember` by key: ``digest`` as made by :func:`digest`, ``lsn >= 0``.
+        ``slot``: where a lookup of it just ended (``_last_slot``), if known."""
         if self._window_s <= 0:
             return
         ms = round(wall_s * 1000.0)
@@ -242,17 +248,23 @@ class DedupWindow:
                 self._max_lsn = lsn
             ms |= ((lsn - 1) % _LSN_MOD + 1) << _MS_BITS
         table = self._table
-        mask = self._mask
-        j = (digest << 1) & mask
-        while True:
-            k = table[j]
-            if k == digest:
-                break
-            if not k:
-                table[j] = digest
-                self._count += 1
-                break
-            j = (j + 2) & mask
+        if slot >= 0:
+            j = slot
+            table[j] = digest
+            self._count += 1
+        else:
+            mask = self._mask
+            j = (digest << 1) & mask
+            while True:
+                k = table[j]
+                if k == digest:
+                    break
+                if not k:
+                    table[j] = digest
+                    self._count += 1
+                    break
+                j = (j + 2) & mask
+        self._last_slot = -1
         table[j + 1] = ms
         tail = self._tail
         tail.append(digest)
@@ -354,6 +366,7 @@ class DedupWindow:
         self._load(digests, times, len(digests))
 
     def _load(self, digests: array[int], times: array[int], rest: int) -> None:
+        self._last_slot = -1
         n = len(digests)
         if self._count + n > self._grow_above:
             # room for the rest of the checkpoint too (rest is only a hint: bounded)
@@ -395,6 +408,7 @@ class DedupWindow:
     # ----------------------------------------------------------------- internals
 
     def _set_table(self, table: array[int]) -> None:
+        self._last_slot = -1
         self._table = table
         slots = len(table) // 2
         self._mask = 2 * slots - 2
@@ -405,6 +419,7 @@ class DedupWindow:
         """Empty the slot at ``j`` and move back the entries after it that may take its
         place (Knuth's algorithm R: linear probing must find no empty slot between an
         entry's home and the entry)."""
+        self._last_slot = -1
         table = self._table
         mask = self._mask
         i = j
@@ -457,6 +472,7 @@ class DedupWindow:
                 self._new_tail()
 
     def _prune_ms(self, now_ms: int) -> None:
+        self._last_slot = -1  # (entries move: the deletes below are inlined)
         horizon = now_ms - self._window_ms
         chunks = self._chunks
         table = self._table

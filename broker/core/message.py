@@ -40,16 +40,21 @@ def check_properties(props: object) -> dict[str, Any] | None:
         raise InvalidArgument("properties must be an object")
     if not props:
         return None
+    has_none = False
     for key, value in props.items():
         if value is None:
+            has_none = True
             continue
         if key in _STR_PROPS:
             if not isinstance(value, str):
                 raise InvalidArgument(f"property {key} must be a string")
-            try:
-                too_long = len(value) > 255 or len(value.encode()) > 255
-            except UnicodeEncodeError:
-                raise InvalidArgument(f"property {key} is not valid UTF-8 text") from None
+            if value.isascii():  # O(1): no encoding needed to know its UTF-8 length
+                too_long = len(value) > 255
+            else:
+                try:
+                    too_long = len(value) > 255 or len(value.encode()) > 255
+                except UnicodeEncodeError:
+                    raise InvalidArgument(f"property {key} is not valid UTF-8 text") from None
             if too_long:
                 raise InvalidArgument(f"property {key} is longer than 255 bytes")
         elif key == "headers":
@@ -66,7 +71,7 @@ def check_properties(props: object) -> dict[str, Any] | None:
                 raise InvalidArgument(f"property {key} must be a non-negative integer")
         else:
             raise InvalidArgument(f"unknown property {key!r}")
-    if any(v is None for v in props.values()):
+    if has_none:
         props = {k: v for k, v in props.items() if v is not None}
     return props or None
 
@@ -79,33 +84,41 @@ _SHARED_PROPERTIES: dict[tuple[tuple[str, Any], ...], dict[str, Any]] = {}
 _SHARED_PROPERTIES_MAX = 4096
 
 
-def _shared(props: dict[str, Any]) -> dict[str, Any]:
-    try:
-        key = tuple(props.items())
-        shared = _SHARED_PROPERTIES.get(key)
-    except TypeError:  # an unhashable value (headers): keep this message's own dict
-        return props
-    if shared is None:
-        if len(_SHARED_PROPERTIES) >= _SHARED_PROPERTIES_MAX:
-            _SHARED_PROPERTIES.clear()
-        shared = _SHARED_PROPERTIES[key] = props
-    return shared
+def _not_message_id(item: tuple[str, Any]) -> bool:
+    return item[0] != "message_id"
 
 
 def _split_properties(
     properties: dict[str, Any] | None, owned: bool
 ) -> tuple[str | None, dict[str, Any] | None]:
     """(message id, the other properties as a shared dict or None). ``owned``: the dict
-    is fresh (decoded from a record) and may be taken apart in place."""
+    is fresh (decoded from a record) and may be taken apart in place.
+
+    The cache is looked up by the other properties' items, so a hit (the common case)
+    builds no dict."""
     if not properties:
         return None, None
     message_id = properties.get("message_id")
-    if "message_id" in properties:
-        if owned:
-            del properties["message_id"]
-        else:
-            properties = {k: v for k, v in properties.items() if k != "message_id"}
-    return message_id, (_shared(properties) if properties else None)
+    has_id = message_id is not None or "message_id" in properties
+    items = tuple(filter(_not_message_id, properties.items())) if has_id else tuple(properties.items())
+    if not items:
+        return message_id, None
+    try:
+        shared = _SHARED_PROPERTIES.get(items)
+    except TypeError:  # an unhashable value (headers): this message keeps its own dict
+        return message_id, _without_id(properties, owned) if has_id else properties
+    if shared is None:
+        if len(_SHARED_PROPERTIES) >= _SHARED_PROPERTIES_MAX:
+            _SHARED_PROPERTIES.clear()
+        shared = _SHARED_PROPERTIES[items] = _without_id(properties, owned) if has_id else properties
+    return message_id, shared
+
+
+def _without_id(properties: dict[str, Any], owned: bool) -> dict[str, Any]:
+    if owned:
+        del properties["message_id"]
+        return properties
+    return {k: v for k, v in properties.items() if k != "message_id"}
 
 
 class Message:

@@ -387,6 +387,20 @@ def test_random_operations_against_a_dict_model(seed: int) -> None:
                 entry = None
             assert got == (None if entry is None else entry[1]), (step, key)
             if got is None and rng.random() < 0.9:
+                # The remember of a missed lookup inserts where the lookup's probe ended,
+                # unless entries moved in between: make them move sometimes.
+                between = rng.random()
+                other = (rng.choice(exchanges), rng.choice(ids))
+                if other != key and between < 0.1:
+                    w.forget(other[0], other[1])
+                    model.pop(other, None)
+                elif other != key and between < 0.2:
+                    lsn += 1
+                    w.remember(other[0], other[1], now, lsn)
+                    model[other] = (now_ms, lsn)
+                elif between < 0.22:
+                    w.prune(now)
+                    model_prune(now_ms)
                 lsn += 1
                 new_lsn = lsn if rng.random() < 0.7 else 0
                 w.remember(key[0], key[1], now, new_lsn)
