@@ -84,41 +84,27 @@ _SHARED_PROPERTIES: dict[tuple[tuple[str, Any], ...], dict[str, Any]] = {}
 _SHARED_PROPERTIES_MAX = 4096
 
 
-def _not_message_id(item: tuple[str, Any]) -> bool:
-    return item[0] != "message_id"
-
-
 def _split_properties(
     properties: dict[str, Any] | None, owned: bool
 ) -> tuple[str | None, dict[str, Any] | None]:
     """(message id, the other properties as a shared dict or None). ``owned``: the dict
-    is fresh (decoded from a record) and may be taken apart in place.
-
-    The cache is looked up by the other properties' items, so a hit (the common case)
-    builds no dict."""
+    is fresh (decoded from a record) and may be taken apart in place."""
     if not properties:
         return None, None
-    message_id = properties.get("message_id")
-    has_id = message_id is not None or "message_id" in properties
-    items = tuple(filter(_not_message_id, properties.items())) if has_id else tuple(properties.items())
-    if not items:
+    others = properties if owned else properties.copy()  # (a C-level copy: the cheapest)
+    message_id = others.pop("message_id", None)
+    if not others:
         return message_id, None
     try:
-        shared = _SHARED_PROPERTIES.get(items)
+        key = tuple(others.items())
+        shared = _SHARED_PROPERTIES.get(key)
     except TypeError:  # an unhashable value (headers): this message keeps its own dict
-        return message_id, _without_id(properties, owned) if has_id else properties
+        return message_id, others
     if shared is None:
         if len(_SHARED_PROPERTIES) >= _SHARED_PROPERTIES_MAX:
             _SHARED_PROPERTIES.clear()
-        shared = _SHARED_PROPERTIES[items] = _without_id(properties, owned) if has_id else properties
+        shared = _SHARED_PROPERTIES[key] = others
     return message_id, shared
-
-
-def _without_id(properties: dict[str, Any], owned: bool) -> dict[str, Any]:
-    if owned:
-        del properties["message_id"]
-        return properties
-    return {k: v for k, v in properties.items() if k != "message_id"}
 
 
 class Message:

@@ -107,7 +107,8 @@ def encode_enqueue(
     head = _ENQ_HEAD.pack(
         seq, wall_s, expires_at or 0.0, nq, len(ex), len(rk), len(mid), len(props)
     )
-    return b"".join((head, struct.pack(f"<{nq}I", *qids), ex, rk, mid, props, body))
+    packed_qids = _U32.pack(qids[0]) if nq == 1 else struct.pack(f"<{nq}I", *qids)
+    return b"".join((head, packed_qids, ex, rk, mid, props, body))
 
 
 def _enqueue_prefix(payload: bytes) -> tuple[int, float, float, list[int], str, int, int, int, int]:
