@@ -12,8 +12,20 @@ opens the next. A session only moves lines:
   scheduling rounds for ops nobody is about to queue would only add latency. The
   queue is bounded by its producers: publishes by the pending window, acks by
   prefetch, requests by their callers.
+- *Direct writes*: while the writer is parked with nothing queued, and has been quiet
+  for a scheduling round (so no producer is mid-burst), the first op queued is not
+  handed to it but written by :meth:`ChannelSession.send_nowait` itself, in the
+  producer's own step, with a non-blocking write (plain TCP only, see
+  :meth:`~client.transport.DuplexExchange.write_nowait`). Handing it over cost a pass
+  of trio's run loop, and often the reading of a confirm woken in the same pass went
+  first. That first op disarms direct writes; the ops after it queue as usual, and the
+  writer, woken to take over, re-arms them once it is idle again. Order is kept: a
+  direct write happens only with nothing queued or being sent, and bytes the socket
+  did not take go out first.
 - :meth:`ChannelSession.serve` runs the writer and the reader until the exchange ends,
-  handing each decoded event to a callback, synchronously and in order.
+  handing each decoded event to a callback, synchronously and in order. After a read
+  that handed deliveries to consumers, the reader lets them run before it reads
+  again.
 
 Rules: a session never reconnects and is never reused. It ends exactly once; its
 ``end_reason`` is ``None`` for a clean end (the broker ended the response), else the
@@ -29,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from .codec import Error, Event, LineSplitter, Open, decode_event, encode_op
+from .codec import Deliver, Error, Event, LineSplitter, Open, decode_event, encode_op
 from .errors import ChannelClosedByBroker, ClientError, ConnectionLost, ProtocolError
 from .transport import DuplexExchange, Endpoint, StreamOpener
 
@@ -112,6 +124,11 @@ class ChannelSession:
         self._backlog = backlog
         self._out: deque[bytes] = deque()
         self._out_ready = trio.Event()
+        # Armed only while the writer is parked with nothing queued or left over: the
+        # next op may then be written directly (see the module docstring).
+        self._direct = False
+        # Framed bytes a direct write left over; the writer sends them first.
+        self._leftover = b""
         self._finish = False
         self._scope = trio.CancelScope()
 
@@ -120,8 +137,22 @@ class ChannelSession:
         return not self.ended.is_set()
 
     def send_nowait(self, line: bytes) -> None:
-        """Queue one encoded op line (no effect once the session is finishing)."""
+        """Queue one encoded op line (no effect once the session is finishing), or
+        write it at once when the writer is idle (see the module docstring). A
+        connection found broken by that write ends the session (the op is then lost
+        with it, as a queued one would be)."""
         if self._finish or self.ended.is_set():
+            return
+        if self._direct:
+            self._direct = False
+            try:
+                self._leftover = self._exchange.write_nowait(line)
+            except ConnectionLost as exc:
+                self.abort(exc)
+                return
+            # Wake the writer: it sends any leftover, coalesces what the producer
+            # queues after this op, and re-arms direct writes once idle again.
+            self._out_ready.set()
             return
         self._out.append(line)
         self._out_ready.set()
@@ -149,6 +180,7 @@ class ChannelSession:
         """End the session now (the connection is closed by :meth:`serve`)."""
         if self.end_reason is None and reason is not None:
             self.end_reason = reason
+        self._direct = False
         self._scope.cancel()
 
     async def serve(self, on_event: Callable[[ChannelSession, Event], None]) -> None:
@@ -188,27 +220,51 @@ class ChannelSession:
             if not data:
                 self._splitter.check_at_end()
                 return
+            delivered = False
             for line in self._splitter.feed(data):
-                on_event(self, decode_event(line))
+                event = decode_event(line)
+                on_event(self, event)
+                delivered = delivered or type(event) is Deliver
+            if delivered and trio.lowlevel.current_statistics().tasks_runnable:
+                await _let_consumers_run()
 
     async def _write_loop(self) -> None:
         out = self._out
+        exchange = self._exchange
+        # After sending a batch, one quiet scheduling round before direct writes are
+        # armed: a producer still going (a publishing loop) queues more meanwhile, and
+        # its ops keep leaving in large chunks instead of one alone, then the rest.
+        quiet_round = False
         while True:
+            if self._leftover:
+                leftover, self._leftover = self._leftover, b""
+                await exchange.send_framed(leftover)
+                continue
             if not out:
                 if self._finish:
-                    await self._exchange.end()
+                    await exchange.end()
                     await trio.sleep_forever()
                 self._out_ready = trio.Event()
-                await self._out_ready.wait()
-                await self._coalesce()
+                if quiet_round:
+                    quiet_round = False
+                    await trio.lowlevel.cancel_shielded_checkpoint()
+                    continue
+                self._direct = exchange.can_write_nowait
+                try:
+                    await self._out_ready.wait()
+                finally:
+                    self._direct = False
+                if out:
+                    await self._coalesce()
                 continue
+            quiet_round = exchange.can_write_nowait
             batch: list[bytes] = []
             size = 0
             while out and size < CHUNK_BYTES:
                 line = out.popleft()
                 batch.append(line)
                 size += len(line)
-            await self._exchange.send(b"".join(batch))
+            await exchange.send(b"".join(batch))
 
     async def _coalesce(self) -> None:
         """Wait while ops may still be coming, so that one chunk carries many.
@@ -241,6 +297,24 @@ class ChannelSession:
             quiet += 1
             if quiet == 2:
                 return
+
+
+async def _let_consumers_run() -> None:
+    """Let the consumers just handed deliveries run before the reader reads again.
+
+    The reader's next read usually finds nothing and has to register for readiness;
+    done first, it delays the consumer, whose delivery is waiting (traced with trio
+    instruments on the e2e benchmark: hand-over to the consumer's step 43 -> 34 µs
+    median, the reader's step after the hand-over 33 -> 17 µs). Trio runs the tasks
+    of one pass in random order, so one schedule point would put the consumer first
+    only half of the time: two do it always, for one extra run-loop pass per read (a
+    pass serves all the deliveries of the read). Only after deliveries: a reader
+    that yields is a runnable task, and the writer, seeing one, would wait rounds
+    for more ops before sending a lone one (a publisher's next publish after its
+    confirm, say).
+    """
+    await trio.lowlevel.checkpoint()
+    await trio.lowlevel.checkpoint()
 
 
 async def open_session(

@@ -24,6 +24,7 @@ chained; a non-2xx answer to the channel request as
 
 from __future__ import annotations
 
+import os
 import socket
 import ssl
 import urllib.parse
@@ -375,6 +376,9 @@ class DuplexExchange:
     def __init__(self, stream: trio.abc.Stream, conn: h11.Connection) -> None:
         self._stream = stream
         self._h11 = conn
+        # The socket :meth:`write_nowait` writes to: only a plain TCP stream has one
+        # (a TLS stream must encrypt, a test's memory stream has no descriptor).
+        self._socket = stream.socket if isinstance(stream, trio.SocketStream) else None
         # Set once a chunked 200 response head was read: the body is decoded here,
         # starting with the bytes h11 had received past the head.
         self._body: ChunkedDecoder | None = None
@@ -470,6 +474,49 @@ class DuplexExchange:
                 await self._stream.send_all(encode_chunk(data))
             except NETWORK_ERRORS as exc:
                 raise ConnectionLost(f"channel connection broke while sending: {exc}") from exc
+
+    @property
+    def can_write_nowait(self) -> bool:
+        """:meth:`write_nowait` can write (the stream is a plain TCP socket)."""
+        return self._socket is not None
+
+    def write_nowait(self, data: bytes) -> bytes:
+        """Frame ``data`` as one chunk and write what the socket takes right now,
+        without waiting and without a schedule point; return the framed bytes it did
+        not take (usually none), which must go out with :meth:`send_framed` before
+        anything else. Only when :attr:`can_write_nowait`, and only while no
+        :meth:`send` is in progress (the caller keeps one writer at a time).
+
+        This is how a lone op leaves in its producer's own step: handing it to a
+        writer task costs a pass of trio's run loop, and the tasks woken with the
+        writer (a confirm being read, say) may run before it. The socket is already
+        non-blocking (trio made it so); a plain ``write(2)`` on it is what trio's own
+        send does, minus the schedule point.
+
+        Raises:
+            ConnectionLost: the connection broke (or was closed).
+        """
+        assert self._socket is not None, "write_nowait needs a plain TCP stream"
+        framed = encode_chunk(data)
+        try:
+            # fileno() is -1 once the socket is closed: EBADF, never another file.
+            written = os.write(self._socket.fileno(), framed)
+        except BlockingIOError:
+            return framed
+        except OSError as exc:
+            raise ConnectionLost(f"channel connection broke while sending: {exc}") from exc
+        return framed[written:]
+
+    async def send_framed(self, framed: bytes) -> None:
+        """Send bytes already framed (what :meth:`write_nowait` left over).
+
+        Raises:
+            ConnectionLost: the connection broke.
+        """
+        try:
+            await self._stream.send_all(framed)
+        except NETWORK_ERRORS as exc:
+            raise ConnectionLost(f"channel connection broke while sending: {exc}") from exc
 
     async def end(self) -> None:
         """End the request body (the response may go on).

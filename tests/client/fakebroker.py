@@ -128,6 +128,9 @@ class FakeBroker:
         self.refuse_until = -1.0
         self.refuse = False
         self.echo_error_ids = True
+        # Connect over a socket pair instead of memory streams: the client then sees a
+        # trio.SocketStream, which it may write to directly (client/session.py).
+        self.socket_streams = False
         # observations
         self.publishes = 0
         self.duplicates = 0
@@ -136,6 +139,8 @@ class FakeBroker:
         self.channels_opened = 0
         self.acked_ids: list[str | None] = []
         self.ops_seen: list[dict[str, Any]] = []
+        #: The client's end of each socket pair (with ``socket_streams``).
+        self.client_sockets: list[trio.socket.SocketType] = []
 
     # --- connections ------------------------------------------------------------------
 
@@ -145,7 +150,14 @@ class FakeBroker:
         if self.refuse or trio.current_time() < self.refuse_until:
             raise ConnectionRefusedError(111, "Connection refused (fake)")
         self.connects += 1
-        client_side, server_side = trio.testing.memory_stream_pair()
+        client_side: trio.abc.Stream
+        server_side: trio.abc.Stream
+        if self.socket_streams:
+            client_sock, server_sock = trio.socket.socketpair()
+            self.client_sockets.append(client_sock)
+            client_side, server_side = trio.SocketStream(client_sock), trio.SocketStream(server_sock)
+        else:
+            client_side, server_side = trio.testing.memory_stream_pair()
         self._nursery.start_soon(self._serve_connection, server_side)
         return client_side
 
