@@ -260,8 +260,6 @@ class ChannelSession:
                                 await self.apply(op)
                 finally:
                     self.runtime.pump()
-                if trio.lowlevel.current_statistics().tasks_runnable:
-                    await _let_woken_tasks_run()
                 await self.wait_outbox_room()
             if pending.strip():
                 await self.apply(parse_op_line(bytes(pending)))
@@ -327,22 +325,6 @@ class ChannelSession:
         charge = len(body) + DELIVERY_OVERHEAD_BYTES
         self.unconfirmed.append((tag, charge, time.perf_counter()))
         self.unconfirmed_bytes += charge
-
-
-async def _let_woken_tasks_run() -> None:
-    """Let the tasks a block of ops woke run before the reader reads again: the
-    writers of the channels it handed deliveries to (the publish -> deliver latency
-    is on them), then the WAL writer (whose lock is itself a schedule point, so the
-    delivery still leaves before an inline fsync holds the thread).
-
-    The reader's next read usually finds nothing and has to register for readiness,
-    going through h11 on the way; done first, it delays those writers. Trio runs the
-    tasks of one pass in random order, so one schedule point would put them first
-    only half of the time: two do it always, for one extra pass of the run loop per
-    received chunk (which carries all the ops the client coalesced).
-    """
-    await trio.lowlevel.checkpoint()
-    await trio.lowlevel.checkpoint()
 
 
 def _reply(request: dict[str, Any], ev: str, /, **fields: Any) -> dict[str, Any]:
