@@ -555,17 +555,21 @@ class Channel(Settler):
         if session is None:
             return False
         del session.deliveries[message.delivery_tag]
+        # Settling ops are never written directly (client/session.py): nobody waits on
+        # them, and a consumer settles in bursts that the writer coalesces.
         if op == "ack":
-            session.send_op({"op": "ack", "delivery_tag": message.delivery_tag})
+            session.send_op({"op": "ack", "delivery_tag": message.delivery_tag}, direct=False)
         else:
-            session.send_op({"op": op, "delivery_tag": message.delivery_tag, "requeue": requeue})
+            session.send_op(
+                {"op": op, "delivery_tag": message.delivery_tag, "requeue": requeue}, direct=False
+            )
         return True
 
     def _touch(self, message: Message) -> bool:
         session = self._delivering_session(message)
         if session is None:
             return False
-        session.send_op({"op": "touch", "delivery_tag": message.delivery_tag})
+        session.send_op({"op": "touch", "delivery_tag": message.delivery_tag}, direct=False)
         return True
 
     # --- closing ----------------------------------------------------------------------
@@ -686,7 +690,9 @@ class Channel(Settler):
         self._published += 1
         session = self._session
         if session is not None and session.ready and not session.draining:
-            session.send_nowait(handle.line)
+            # Written at once only when no other publish is unconfirmed (Nagle's rule,
+            # client/session.py): a publishing loop's ops are coalesced instead.
+            session.send_nowait(handle.line, direct=len(self._tracker) == 1)
 
     # --- internals: requests ----------------------------------------------------------
 
@@ -843,7 +849,7 @@ class Channel(Settler):
             return
         resend = self._tracker.restart()
         for handle in resend:
-            session.send_nowait(handle.line)
+            session.send_nowait(handle.line, direct=False)
         if self._state != "opening":
             self._resent += len(resend)
             self._reconnects += 1

@@ -12,16 +12,20 @@ opens the next. A session only moves lines:
   scheduling rounds for ops nobody is about to queue would only add latency. The
   queue is bounded by its producers: publishes by the pending window, acks by
   prefetch, requests by their callers.
-- *Direct writes*: while the writer is parked with nothing queued, and has been quiet
-  for a scheduling round (so no producer is mid-burst), the first op queued is not
-  handed to it but written by :meth:`ChannelSession.send_nowait` itself, in the
-  producer's own step, with a non-blocking write (plain TCP only, see
+- *Direct writes*: an op that nothing is queued behind, and that the caller marks
+  ``direct`` (a publish with no other publish unconfirmed, a request) is not handed
+  to the writer when the writer is parked with nothing queued or being sent: it is
+  written by :meth:`ChannelSession.send_nowait` itself, in the producer's own step,
+  with a non-blocking write (plain TCP only, see
   :meth:`~client.transport.DuplexExchange.write_nowait`). Handing it over cost a pass
   of trio's run loop, and often the reading of a confirm woken in the same pass went
-  first. That first op disarms direct writes; the ops after it queue as usual, and the
-  writer, woken to take over, re-arms them once it is idle again. Order is kept: a
-  direct write happens only with nothing queued or being sent, and bytes the socket
-  did not take go out first.
+  first. The rule is Nagle's: send at once when nothing is in flight, else let the
+  batch build up. A publishing loop keeps publishes unconfirmed, so its ops queue
+  and leave in large chunks as before; so do settling ops (``ack``, ``nack``,
+  ``reject``, ``touch``), never ``direct``: nobody waits on them, and a consumer
+  settles in bursts. Order is kept: a direct write happens only with nothing queued
+  or being sent, and bytes the socket did not take go out (by the writer) before
+  anything else.
 - :meth:`ChannelSession.serve` runs the writer and the reader until the exchange ends,
   handing each decoded event to a callback, synchronously and in order. After a read
   that handed deliveries to consumers, the reader lets them run before it reads
@@ -124,8 +128,8 @@ class ChannelSession:
         self._backlog = backlog
         self._out: deque[bytes] = deque()
         self._out_ready = trio.Event()
-        # Armed only while the writer is parked with nothing queued or left over: the
-        # next op may then be written directly (see the module docstring).
+        # True only while the writer is parked with nothing queued or left over: an
+        # op may then be written directly (see the module docstring).
         self._direct = False
         # Framed bytes a direct write left over; the writer sends them first.
         self._leftover = b""
@@ -136,30 +140,32 @@ class ChannelSession:
     def alive(self) -> bool:
         return not self.ended.is_set()
 
-    def send_nowait(self, line: bytes) -> None:
-        """Queue one encoded op line (no effect once the session is finishing), or
-        write it at once when the writer is idle (see the module docstring). A
-        connection found broken by that write ends the session (the op is then lost
-        with it, as a queued one would be)."""
+    def send_nowait(self, line: bytes, *, direct: bool = True) -> None:
+        """Queue one encoded op line (no effect once the session is finishing), or,
+        with ``direct``, write it at once when the writer is idle (see the module
+        docstring). A connection found broken by that write ends the session (the op
+        is then lost with it, as a queued one would be)."""
         if self._finish or self.ended.is_set():
             return
-        if self._direct:
-            self._direct = False
+        if self._direct and direct:
             try:
-                self._leftover = self._exchange.write_nowait(line)
+                leftover = self._exchange.write_nowait(line)
             except ConnectionLost as exc:
                 self.abort(exc)
                 return
-            # Wake the writer: it sends any leftover, coalesces what the producer
-            # queues after this op, and re-arms direct writes once idle again.
-            self._out_ready.set()
+            if leftover:
+                # The writer sends it first; until then nothing may be written directly.
+                self._leftover = leftover
+                self._direct = False
+                self._out_ready.set()
             return
+        self._direct = False  # an op is queued: nothing may overtake it
         self._out.append(line)
         self._out_ready.set()
 
-    def send_op(self, op: dict[str, Any]) -> None:
-        """Encode and queue one op."""
-        self.send_nowait(encode_op(op))
+    def send_op(self, op: dict[str, Any], *, direct: bool = True) -> None:
+        """Encode and queue one op (``direct``: see :meth:`send_nowait`)."""
+        self.send_nowait(encode_op(op), direct=direct)
 
     def request(self, op: dict[str, Any], op_id: int) -> Reply:
         """Queue ``op`` with ``id`` = ``op_id`` and return the awaitable reply."""
@@ -231,10 +237,6 @@ class ChannelSession:
     async def _write_loop(self) -> None:
         out = self._out
         exchange = self._exchange
-        # After sending a batch, one quiet scheduling round before direct writes are
-        # armed: a producer still going (a publishing loop) queues more meanwhile, and
-        # its ops keep leaving in large chunks instead of one alone, then the rest.
-        quiet_round = False
         while True:
             if self._leftover:
                 leftover, self._leftover = self._leftover, b""
@@ -245,10 +247,6 @@ class ChannelSession:
                     await exchange.end()
                     await trio.sleep_forever()
                 self._out_ready = trio.Event()
-                if quiet_round:
-                    quiet_round = False
-                    await trio.lowlevel.cancel_shielded_checkpoint()
-                    continue
                 self._direct = exchange.can_write_nowait
                 try:
                     await self._out_ready.wait()
@@ -257,7 +255,6 @@ class ChannelSession:
                 if out:
                     await self._coalesce()
                 continue
-            quiet_round = exchange.can_write_nowait
             batch: list[bytes] = []
             size = 0
             while out and size < CHUNK_BYTES:

@@ -158,3 +158,36 @@ async def test_the_reader_lets_a_consumer_run_before_it_reads_again(
     # the consumer got its message before the reader read again
     after = order.index("delivered")
     assert order[after:after + 3] == ["delivered", "consumer", "read"]
+
+
+async def test_an_op_that_may_go_direct_does_not_overtake_a_queued_one(
+    fake: FakeBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with socket_channel(fake) as ch:
+        await ch.publish("", "q", b"m")
+        async with ch.consume("q") as messages:
+            async for message in messages:
+                await trio.testing.wait_all_tasks_blocked()
+                writes = Writes(monkeypatch)
+                await message.ack()  # queued (settling ops never go direct)
+                # nothing unconfirmed: this publish may go direct, but the ack is queued
+                handle = ch.publish_nowait("", "q", b"after the ack")
+                assert writes.log == []
+                await handle
+                assert writes.log == [("writer", 1)]  # the ack, then the publish
+                break
+
+
+async def test_settling_ops_are_never_written_directly(
+    fake: FakeBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with socket_channel(fake) as ch:
+        await ch.publish("", "q", b"m")
+        async with ch.consume("q") as messages:
+            async for message in messages:
+                await trio.testing.wait_all_tasks_blocked()
+                writes = Writes(monkeypatch)
+                await message.ack()
+                await trio.testing.wait_all_tasks_blocked()
+                assert [how for how, _ in writes.log] == ["writer"]
+                break
