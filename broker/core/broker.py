@@ -40,6 +40,8 @@ by ``POST /queues/{name}/get`` and of one-shot REST publishes.
 from __future__ import annotations
 
 import heapq
+import math
+import sys
 from array import array
 from bisect import bisect_right
 from struct import error as struct_error
@@ -47,8 +49,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from . import records as rec
-from .dedup import DedupWindow
-from .dedup import digest as dedup_digest
+from .dedup import DedupWindow, digest_utf8
 from .effects import (
     AppendRecords,
     Confirm,
@@ -110,6 +111,7 @@ ReadLog = Callable[[Sequence[int]], list[tuple[int, bytes] | str]]
 # A durable queue keeps at most this many ready messages in memory before paging the
 # rest of its backlog out (see core/paging.py); they are paged back in this many at once.
 MEMORY_MESSAGES_PER_QUEUE = 2048
+_ENQUEUE = int(rec.RecordType.ENQUEUE)  # (a plain int: compared once per replayed record)
 PAGE_IN_BATCH = 1024
 
 
@@ -192,7 +194,8 @@ class Broker:
         self._replay: dict[int, ReplayIndex] | None = None
         # deduplication entries of the logged publishes replayed, in log order
         self._replay_dedup_digests: array[int] = array("Q")
-        self._replay_dedup_walls: array[float] = array("d")
+        self._replay_dedup_ms: array[int] = array("q")
+        self._replay_dedup_from = 0.0
         self._replay_messages: dict[int, Message] = {}
 
         self.stats = {
@@ -1522,7 +1525,10 @@ class Broker:
         self._replay = {}
         self._replay_messages = {}
         self._replay_dedup_digests = array("Q")
-        self._replay_dedup_walls = array("d")
+        self._replay_dedup_ms = array("q")
+        # publishes older than the window are not remembered (they would expire at once)
+        window_s = self.dedup.window_s
+        self._replay_dedup_from = self.wall_clock() - window_s if window_s > 0 else math.inf
 
     def replay(self, rtype: int, payload: bytes, lsn: int = 0) -> None:
         """Apply one logged record during recovery (idempotent)."""
@@ -1531,9 +1537,9 @@ class Broker:
         if lsn > self.last_lsn:
             self.last_lsn = lsn
         T = rec.RecordType
-        if rtype == T.ENQUEUE and lsn:
+        if rtype == _ENQUEUE and lsn:
             # A logged publish: the queues index it by LSN; its body stays on disk.
-            seq, wall_s, qids, exchange, message_id = rec.peek_enqueue(payload)
+            seq, wall_s, qids, exchange_utf8, id_utf8 = rec.peek_enqueue(payload)
             if seq >= self._next_seq:
                 self._next_seq = seq + 1
             loc = lsn << 1
@@ -1541,10 +1547,10 @@ class Broker:
                 entries = state.get(qid)
                 if entries is not None:
                     entries.add(seq, loc, update=True)
-            if message_id is not None:
+            if id_utf8 is not None and wall_s >= self._replay_dedup_from:
                 # loaded into the window in one go at the end of recovery
-                self._replay_dedup_digests.append(dedup_digest(exchange, message_id))
-                self._replay_dedup_walls.append(wall_s)
+                self._replay_dedup_digests.append(digest_utf8(exchange_utf8, id_utf8))
+                self._replay_dedup_ms.append(round(wall_s * 1000.0))
         elif rtype == T.ENQUEUE:
             # A message written whole into a checkpoint (checkpoints before QUEUE_REFS):
             # there is no log record to page it out to, so it is kept in memory.
@@ -1693,9 +1699,9 @@ class Broker:
         self.last_lsn = max(self.last_lsn, last_lsn)
         self.durable_lsn = self.last_lsn
         self._first_pending_lsn = self.last_lsn + 1
-        self.dedup.load_entries(self._replay_dedup_digests, self._replay_dedup_walls)
+        self.dedup.load_entries(self._replay_dedup_digests, self._replay_dedup_ms)
         self._replay_dedup_digests = array("Q")
-        self._replay_dedup_walls = array("d")
+        self._replay_dedup_ms = array("q")
         self.dedup.prune(self.wall_clock())
 
     def _restore_queue(self, queue: Queue, entries: ReplayIndex, assume_delivered: bool) -> None:
@@ -1704,6 +1710,13 @@ class Broker:
         checkpoint of an older format) stay in memory. The in-memory part must precede
         the paged-out one, so messages indexed by LSN that precede a whole one, or any
         when there is no log to read, are read back at once."""
+        logged = entries.logged()
+        if logged is not None and self.read_log is not None and not queue.paged:
+            seqs, locs = logged
+            if assume_delivered:
+                locs = _with_delivered_bit(locs)
+            queue.paged.extend(seqs, locs)
+            return
         last_whole = max((seq for seq, item in entries.extra.items() if type(item) is not int), default=0)
         if self.read_log is None:
             last_whole = 1 << 63
@@ -1821,6 +1834,21 @@ class Broker:
             (T.META, rec.encode_json({"next_seq": self._next_seq, "next_qid": self._next_qid}))
         )
         yield tail
+
+
+_SET_BIT0 = bytes(b | 1 for b in range(256))
+
+
+def _with_delivered_bit(locs: array[int]) -> array[int]:
+    """``locs`` with every locator's delivered bit (bit 0) set, without a loop in Python
+    on a little-endian machine: bit 0 of an int64 is bit 0 of its first byte."""
+    if sys.byteorder != "little":
+        return array("q", (loc | 1 for loc in locs))
+    raw = bytearray(locs.tobytes())
+    raw[0::8] = raw[0::8].translate(_SET_BIT0)
+    out = array("q")
+    out.frombytes(raw)
+    return out
 
 
 def _logged_message(result: tuple[int, bytes] | str, seq: int, lsn: int) -> rec.EnqueueRecord | str:

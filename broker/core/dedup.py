@@ -67,7 +67,7 @@ from collections import deque
 from itertools import compress
 from hashlib import blake2b
 
-__all__ = ["DedupWindow", "digest"]
+__all__ = ["DedupWindow", "digest", "digest_utf8"]
 
 _MS_BITS = 44
 _MS_MASK = (1 << _MS_BITS) - 1
@@ -100,6 +100,23 @@ def digest(exchange: str, message_id: str) -> int:
         prefix = _PREFIXES[exchange] = blake2b(exchange.encode() + b"\0", digest_size=8)
     h = prefix.copy()
     h.update(message_id.encode())
+    d = int.from_bytes(h.digest(), "little")
+    return d if d > 1 else d + 2
+
+
+_PREFIXES_UTF8: dict[bytes, blake2b] = {}
+
+
+def digest_utf8(exchange: bytes, message_id: bytes) -> int:
+    """:func:`digest` of an exchange name and message id given as their UTF-8 bytes (as
+    ENQUEUE records hold them): recovery hashes a million without decoding them."""
+    prefix = _PREFIXES_UTF8.get(exchange)
+    if prefix is None:
+        if len(_PREFIXES_UTF8) >= _PREFIXES_MAX:
+            _PREFIXES_UTF8.clear()
+        prefix = _PREFIXES_UTF8[exchange] = blake2b(exchange + b"\0", digest_size=8)
+    h = prefix.copy()
+    h.update(message_id)
     d = int.from_bytes(h.digest(), "little")
     return d if d > 1 else d + 2
 
@@ -353,16 +370,20 @@ class DedupWindow:
             )
         self._load(digests, times, rest)
 
-    def load_entries(self, digests: array[int], wall_s: array[float]) -> None:
+    def load_entries(self, digests: array[int], wall_ms: array[int]) -> None:
         """Remember many publishes at once, in time order, without their LSNs: what
         recovery collected from the log's ENQUEUE records (one call instead of a
         :meth:`remember` per record, about four times cheaper). ``digests`` as made by
-        :func:`digest`; the same rules as :meth:`load_payload`."""
+        :func:`digest`, ``wall_ms`` their times in milliseconds (``round(wall_s *
+        1000)``); the same rules as :meth:`load_payload`."""
         if not digests or self._window_s <= 0:
             return
-        # (a generator, not a list: a million int objects alive at once would leave
-        # the heap fragmented after they are freed)
-        times = array("Q", (0 if ms < 0 else min(ms, _MS_MASK) for ms in (round(w * 1000.0) for w in wall_s)))
+        if min(wall_ms) >= 0 and max(wall_ms) <= _MS_MASK:
+            times = array("Q", wall_ms)  # (a C loop; the clamping below is a Python one)
+        else:
+            # (a generator, not a list: a million int objects alive at once would
+            # leave the heap fragmented after they are freed)
+            times = array("Q", (0 if ms < 0 else min(ms, _MS_MASK) for ms in wall_ms))
         self._load(digests, times, len(digests))
 
     def _load(self, digests: array[int], times: array[int], rest: int) -> None:
@@ -474,6 +495,18 @@ class DedupWindow:
     def _prune_ms(self, now_ms: int) -> None:
         self._last_slot = -1  # (entries move: the deletes below are inlined)
         horizon = now_ms - self._window_ms
+        if self._count and self._tail_max < horizon and max(self._chunk_max, default=0) < horizon:
+            # Every item is older than the window, and so is every entry (an entry's
+            # time is that of one of its items): start afresh instead of deleting them
+            # one by one (a restart after a pause longer than the window: a million
+            # deletes took a second).
+            self._set_table(_zeros(2 * _MIN_SLOTS))
+            self._count = 0
+            self._tail = array("Q")
+            self._chunks = deque([self._tail])
+            self._chunk_max = deque()
+            self._tail_max = 0
+            self._head = 0
         chunks = self._chunks
         table = self._table
         mask = self._mask

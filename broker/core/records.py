@@ -111,10 +111,10 @@ def encode_enqueue(
     return b"".join((head, packed_qids, ex, rk, mid, props, body))
 
 
-def _enqueue_prefix(payload: bytes) -> tuple[int, float, float, list[int], str, int, int, int, int]:
-    """What ENQUEUE decoding and peeking share: ``(seq, wall, expires, qids, exchange,
-    offset after the exchange, routing key length, message id length, properties
-    length)``."""
+def _enqueue_prefix(payload: bytes) -> tuple[int, float, float, list[int], bytes, int, int, int, int]:
+    """What ENQUEUE decoding and peeking share: ``(seq, wall, expires, qids, exchange
+    (UTF-8), offset after the exchange, routing key length, message id length,
+    properties length)``."""
     seq, wall, expires, nq, lex, lrk, lmid, lprops = _ENQ_HEAD.unpack_from(payload, 0)
     pos = _ENQ_HEAD.size
     if nq == 1:
@@ -122,12 +122,12 @@ def _enqueue_prefix(payload: bytes) -> tuple[int, float, float, list[int], str, 
     else:
         qids = list(struct.unpack_from(f"<{nq}I", payload, pos))
     pos += 4 * nq
-    exchange = payload[pos : pos + lex].decode() if lex else ""
-    return seq, wall, expires, qids, exchange, pos + lex, lrk, lmid, lprops
+    return seq, wall, expires, qids, payload[pos : pos + lex], pos + lex, lrk, lmid, lprops
 
 
 def decode_enqueue(payload: bytes) -> EnqueueRecord:
-    seq, wall, expires, qids, exchange, pos, lrk, lmid, lprops = _enqueue_prefix(payload)
+    seq, wall, expires, qids, exchange_utf8, pos, lrk, lmid, lprops = _enqueue_prefix(payload)
+    exchange = exchange_utf8.decode()
     end = pos + lrk
     routing_key = payload[pos:end].decode()
     pos, end = end, end + lmid
@@ -140,13 +140,14 @@ def decode_enqueue(payload: bytes) -> EnqueueRecord:
     )
 
 
-def peek_enqueue(payload: bytes) -> tuple[int, float, list[int], str, str | None]:
+def peek_enqueue(payload: bytes) -> tuple[int, float, list[int], bytes, bytes | None]:
     """``(seq, wall_s, qids, exchange, message_id)`` of an ENQUEUE record, without
-    decoding its properties and body (recovery indexes messages, it does not load them)."""
+    decoding its properties and body (recovery indexes messages, it does not load
+    them). Exchange and message id are their UTF-8 bytes, undecoded: recovery only
+    hashes them (``dedup.digest_utf8``)."""
     seq, wall, _expires, qids, exchange, pos, lrk, lmid, _lprops = _enqueue_prefix(payload)
     pos += lrk
-    message_id = payload[pos : pos + lmid].decode() if lmid else None
-    return seq, wall, qids, exchange, message_id
+    return seq, wall, qids, exchange, payload[pos : pos + lmid] if lmid else None
 
 
 # QUEUE_REFS: qid u32 | n u32 | n x (seq i64, locator i64), locator = lsn << 1 | delivered

@@ -600,16 +600,20 @@ def test_load_entries_is_remember_in_order() -> None:
 
     rng = random.Random(7)
     one, bulk = DedupWindow(60), DedupWindow(60)
-    digests, walls = array("Q"), array("d")
+    digests, walls = array("Q"), array("q")
     t = 1_700_000_000.0
     for _ in range(5000):
         t += rng.random() * 0.05
         mid = f"m{rng.randrange(3000)}"  # repeats: refreshed entries
         one.remember("x", mid, t, 0)
         digests.append(digest("x", mid))
-        walls.append(t)
+        walls.append(round(t * 1000))
     bulk.load_entries(digests, walls)
     assert len(bulk) == len(one) and sorted(bulk.digests()) == sorted(one.digests())
+    # times outside 0..2**44 ms are clamped, as remember() does
+    clamped = DedupWindow(60)
+    clamped.load_entries(array("Q", [digest("x", "a"), digest("x", "b")]), array("q", [-5, 1 << 50]))
+    assert sorted(ms for _d, ms in clamped.digests()) == [0, (1 << 44) - 1]
     for probe in (t, t + 30, t + 59):
         for i in range(0, 3000, 7):
             assert bulk.lookup("x", f"m{i}", probe) == one.lookup("x", f"m{i}", probe)
