@@ -377,8 +377,11 @@ class DuplexExchange:
         self._stream = stream
         self._h11 = conn
         # The socket :meth:`write_nowait` writes to: only a plain TCP stream has one
-        # (a TLS stream must encrypt, a test's memory stream has no descriptor).
-        self._socket = stream.socket if isinstance(stream, trio.SocketStream) else None
+        # (a TLS stream must encrypt, a test's memory stream has no descriptor), and
+        # only on POSIX, where a socket is a file descriptor that write(2) takes.
+        self._socket = (
+            stream.socket if isinstance(stream, trio.SocketStream) and os.name == "posix" else None
+        )
         # Set once a chunked 200 response head was read: the body is decoded here,
         # starting with the bytes h11 had received past the head.
         self._body: ChunkedDecoder | None = None
