@@ -258,9 +258,10 @@ class Channel(Settler):
             ConnectionLost, ClientClosed: the channel failed or was closed first.
         """
         handle = self._prepare(exchange, routing_key, body, properties, mandatory)
+        waited = not self._tracker.has_room(handle.size)
         await self._tracker.wait_for_room(handle.size)
         self._check_usable()
-        self._enqueue(handle)
+        self._enqueue(handle, direct=not waited)
         if not self._published % YIELD_EVERY:
             # A schedule point every few publishes, not every one: a trio scheduling
             # round costs as much as preparing a publish, and the writer sends
@@ -287,7 +288,7 @@ class Channel(Settler):
         handle = self._prepare(exchange, routing_key, body, properties, mandatory)
         if not self._tracker.has_room(handle.size):
             raise trio.WouldBlock
-        self._enqueue(handle)
+        self._enqueue(handle, direct=True)
         return handle
 
     async def wait_for_confirms(self, *, timeout_s: float | None = None) -> None:
@@ -678,12 +679,15 @@ class Channel(Settler):
         return PendingPublish(message_id, 0, line)
 
     async def _enqueue_and_wait(self, handle: PendingPublish) -> str:
+        waited = not self._tracker.has_room(handle.size)
         await self._tracker.wait_for_room(handle.size)
         self._check_usable()
-        self._enqueue(handle)
+        self._enqueue(handle, direct=not waited)
         return await handle.wait()
 
-    def _enqueue(self, handle: PendingPublish) -> None:
+    def _enqueue(self, handle: PendingPublish, *, direct: bool) -> None:
+        """Track and send a publish. ``direct``: it may be written at once (it did not
+        wait for room in a full window, see below)."""
         self._seq += 1
         handle.seq = self._seq
         self._tracker.add(handle)
@@ -691,8 +695,12 @@ class Channel(Settler):
         session = self._session
         if session is not None and session.ready and not session.draining:
             # Written at once only when no other publish is unconfirmed (Nagle's rule,
-            # client/session.py): a publishing loop's ops are coalesced instead.
-            session.send_nowait(handle.line, direct=len(self._tracker) == 1)
+            # client/session.py): a publishing loop's ops are coalesced instead. Nor
+            # when it had to wait for room: a loop that filled its window gets it back
+            # all at once when one fsync confirms the lot, and the first publish of
+            # the refill sent alone would cost the broker an fsync of its own (window
+            # 64: 21.8k -> 18.4k msg/s).
+            session.send_nowait(handle.line, direct=direct and len(self._tracker) == 1)
 
     # --- internals: requests ----------------------------------------------------------
 

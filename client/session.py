@@ -13,7 +13,8 @@ opens the next. A session only moves lines:
   queue is bounded by its producers: publishes by the pending window, acks by
   prefetch, requests by their callers.
 - *Direct writes*: an op that nothing is queued behind, and that the caller marks
-  ``direct`` (a publish with no other publish unconfirmed, a request) is not handed
+  ``direct`` (a publish with no other publish unconfirmed that did not wait for room
+  in the window, a request) is not handed
   to the writer when the writer is parked with nothing queued or being sent: it is
   written by :meth:`ChannelSession.send_nowait` itself, in the producer's own step,
   with a non-blocking write (plain TCP only, see

@@ -191,3 +191,33 @@ async def test_settling_ops_are_never_written_directly(
                 await trio.testing.wait_all_tasks_blocked()
                 assert [how for how, _ in writes.log] == ["writer"]
                 break
+
+
+async def test_a_publish_that_waited_for_room_is_not_written_directly(
+    fake: FakeBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A loop that filled its window gets it back all at once when the broker confirms
+    the lot; the first publish of the refill must not go alone (the broker would fsync
+    it on its own), even though nothing else is unconfirmed at that moment."""
+    async with socket_channel(fake, max_pending=4) as ch:
+        writes = Writes(monkeypatch)
+        fake.hold_confirms = True
+
+        async def loop() -> None:
+            for i in range(12):
+                await ch.start_publish("", "q", b"%d" % i)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(loop)
+            for _ in range(2):
+                await trio.testing.wait_all_tasks_blocked()
+                fake.release_confirms()  # the whole window at once
+            await trio.testing.wait_all_tasks_blocked()
+        fake.hold_confirms = False
+        fake.release_confirms()
+        await ch.wait_for_confirms()
+        chunks = writes.publishes()
+        assert chunks[0] == ("direct", 1)  # the loop's very first publish
+        assert [how for how, _ in chunks[1:]] == ["writer"] * (len(chunks) - 1)
+        assert sum(n for _, n in chunks) == 12
+        assert fake.bodies("q") == [b"%d" % i for i in range(12)]
