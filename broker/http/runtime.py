@@ -443,20 +443,9 @@ class BrokerRuntime:
             bytes_before = self.wal.statistics().bytes_written
             lsn, chunks = self.core.snapshot()
             sentinel: list[tuple[int, bytes]] = []
-            reader = self.wal.reader
-            # Segments holding the records of messages the checkpoint refers to, with
-            # how many: the checkpoint covers them, but they must stay (they hold the
-            # bodies). Records the WAL had not written yet when asked about are mapped
-            # once the sync below has written them: until then nobody knows which
-            # segment (perhaps one not created yet) they go to.
-            keep: dict[int, int] = {}
-            unwritten: list[int] = []
-
-            def add_to_keep(lsns: Any) -> None:
-                found, unindexed = reader.segments_holding(lsns)
-                for first, n in found.items():
-                    keep[first] = keep.get(first, 0) + n
-                unwritten.extend(unindexed)
+            # Segments the checkpoint covers but must keep: they hold the bodies of
+            # the queued messages it refers to.
+            keep = storage.SegmentsToKeep(self.wal.reader)
 
             def next_chunk() -> list[tuple[int, bytes]]:
                 return next(chunks, sentinel)
@@ -468,7 +457,7 @@ class BrokerRuntime:
                         return
                     for rtype, payload in chunk:
                         if rtype == RecordType.QUEUE_REFS:
-                            add_to_keep(ref_lsns(payload))
+                            keep.add(ref_lsns(payload))
                     yield from chunk
 
             assert self.options.data_dir is not None
@@ -484,18 +473,10 @@ class BrokerRuntime:
                     extra={"fields": {"lsn": lsn, "error": str(exc)}},
                 )
             else:
-                release_lsn = lsn
-                if unwritten:
-                    pending, unwritten[:] = list(unwritten), []
-                    add_to_keep(pending)
-                    if unwritten:
-                        # in no segment on disk even now (lost to damage and --repair):
-                        # keep everything from there on rather than guess
-                        release_lsn = min(lsn, min(unwritten) - 1)
-                self.wal.release_through(release_lsn, keep)
-                self.segments_kept = len(keep)
+                self.wal.release_through(keep.release_limit(lsn), keep.counts)
+                self.segments_kept = len(keep.counts)
                 if compact:
-                    self._compact(keep, lsn)
+                    self._compact(keep.counts, lsn)
             self._wal_bytes_at_checkpoint = bytes_before
             self._last_checkpoint_time = trio.current_time()
             self.checkpoints += 1

@@ -49,6 +49,7 @@ from .framing import (
     encode_records,
 )
 from .fs import FileSystem, OsFileSystem, WritableFile
+from .reader import SegmentsToKeep
 from .recovery import Recovery, RecoveryReport, TruncatedTail, VoidedRecords, recover
 from .wal import (
     DEFAULT_RETRY_INTERVAL_S,
@@ -77,6 +78,7 @@ __all__ = [
     "parse_fsync_policy",
     "WALStatistics",
     "WriteAheadLog",
+    "SegmentsToKeep",
     "open_wal",
     # checkpoints
     "CheckpointInfo",

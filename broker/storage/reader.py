@@ -41,7 +41,7 @@ from .framing import FRAME_HEADER_BYTES, FRAME_OVERHEAD_BYTES, FrameProblem, Pro
 from .fs import FileSystem
 from .segment import SEGMENT_HEADER_BYTES, zero_filled
 
-__all__ = ["LogReader", "ReadResult"]
+__all__ = ["LogReader", "ReadResult", "SegmentsToKeep"]
 
 logger = logging.getLogger("broker.storage.reader")
 
@@ -292,3 +292,37 @@ class LogReader:
                 stale.close()
         return file
 
+
+
+class SegmentsToKeep:
+    """The segments a checkpoint must keep because it refers to records in them (the
+    bodies of queued messages), by first LSN with how many such records.
+
+    Built while the checkpoint is written (:meth:`add` for each ``QUEUE_REFS``
+    record). A record the WAL has not written yet cannot be placed then: it may go to
+    a segment that does not exist yet. :meth:`release_limit`, called once the WAL is
+    synced, places those and says through which LSN segments may be released.
+    """
+
+    def __init__(self, reader: LogReader) -> None:
+        self._reader = reader
+        self.counts: dict[int, int] = {}
+        self._unplaced: list[int] = []
+
+    def add(self, lsns: Iterable[int]) -> None:
+        found, unindexed = self._reader.segments_holding(lsns)
+        counts = self.counts
+        for first, n in found.items():
+            counts[first] = counts.get(first, 0) + n
+        self._unplaced.extend(unindexed)
+
+    def release_limit(self, lsn: int) -> int:
+        """``lsn``, or less if a record referred to is in no segment on disk even now
+        (lost to damage under --repair): nothing from it on may be released then, as
+        nobody knows which segment would have held it. Call after the WAL is synced."""
+        pending, self._unplaced = self._unplaced, []
+        if pending:
+            self.add(pending)
+        if self._unplaced:
+            return min(lsn, min(self._unplaced) - 1)
+        return lsn

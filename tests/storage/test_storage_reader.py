@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from broker.storage import CorruptLog, open_wal, recover, write_checkpoint
+from broker.storage import CorruptLog, SegmentsToKeep, open_wal, recover, write_checkpoint
 from broker.storage.segment import SEGMENT_HEADER_BYTES
 
 RTYPE = 7
@@ -199,3 +199,28 @@ async def test_records_not_written_yet_are_not_placed_in_any_segment(tmp_path: P
         found, unindexed = reader.segments_holding([6, 7, 39])
         assert unindexed == [] and sum(found.values()) == 3
         assert 1 not in found  # they went to a new segment: too big for the first
+
+
+async def test_segments_to_keep_places_records_once_written_and_caps_the_release(tmp_path: Path) -> None:
+    """What a checkpoint keeps: records buffered while it is written are placed after
+    the sync; a record in no segment even then stops the release before it."""
+    rec = recovered(tmp_path)
+    async with open_wal(rec, fsync_policy="never", segment_max_bytes=400) as wal:
+        wal.append_nowait([(RTYPE, payload(x)) for x in range(1, 6)])
+        await wal.sync()
+        keep = SegmentsToKeep(wal.reader)
+        keep.add([2, 3])
+        wal.append_nowait([(RTYPE, payload(x)) for x in range(6, 40)])  # buffered
+        keep.add([7, 39])
+        assert keep.counts == {1: 2}
+        await wal.sync()
+        assert keep.release_limit(39) == 39
+        assert keep.counts[1] == 2 and sum(keep.counts.values()) == 4
+        # a referred-to record that no segment holds (lost): keep everything from it on
+        lost = SegmentsToKeep(wal.reader)
+        lost.add([3, 1000])
+        assert lost.release_limit(39) == 39  # 1000 is beyond the checkpoint anyway
+        gone = SegmentsToKeep(wal.reader)
+        wal.reader.drop(1)  # as if segment 1 had been deleted
+        gone.add([3, 7])
+        assert gone.release_limit(39) == 2
