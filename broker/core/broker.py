@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import heapq
 import math
-import sys
 from array import array
 from bisect import bisect_right
 from struct import error as struct_error
@@ -73,7 +72,7 @@ from .errors import (
 )
 from .message import Entry, Message
 from .names import check_name, check_routing_key
-from .paging import ReplayIndex, locator
+from .paging import ReplayIndex, locator, mark_all_delivered
 from .routing import EXCHANGE_TYPES
 
 __all__ = ["Broker", "REST_CHANNEL", "BUILTIN_EXCHANGES", "PublishResult"]
@@ -1711,10 +1710,10 @@ class Broker:
         the paged-out one, so messages indexed by LSN that precede a whole one, or any
         when there is no log to read, are read back at once."""
         logged = entries.logged()
-        if logged is not None and self.read_log is not None and not queue.paged:
+        if logged is not None and self.read_log is not None:
             seqs, locs = logged
             if assume_delivered:
-                locs = _with_delivered_bit(locs)
+                locs = mark_all_delivered(locs)
             queue.paged.extend(seqs, locs)
             return
         last_whole = max((seq for seq, item in entries.extra.items() if type(item) is not int), default=0)
@@ -1834,21 +1833,6 @@ class Broker:
             (T.META, rec.encode_json({"next_seq": self._next_seq, "next_qid": self._next_qid}))
         )
         yield tail
-
-
-_SET_BIT0 = bytes(b | 1 for b in range(256))
-
-
-def _with_delivered_bit(locs: array[int]) -> array[int]:
-    """``locs`` with every locator's delivered bit (bit 0) set, without a loop in Python
-    on a little-endian machine: bit 0 of an int64 is bit 0 of its first byte."""
-    if sys.byteorder != "little":
-        return array("q", (loc | 1 for loc in locs))
-    raw = bytearray(locs.tobytes())
-    raw[0::8] = raw[0::8].translate(_SET_BIT0)
-    out = array("q")
-    out.frombytes(raw)
-    return out
 
 
 def _logged_message(result: tuple[int, bytes] | str, seq: int, lsn: int) -> rec.EnqueueRecord | str:

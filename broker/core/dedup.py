@@ -82,8 +82,17 @@ _SWAP = sys.byteorder != "little"
 
 # exchange -> BLAKE2b state after ``exchange + "\0"``: copying it is cheaper than hashing
 # the exchange name again (about a third of the cost of a digest)
-_PREFIXES: dict[str, blake2b] = {}
+_PREFIXES: dict[str | bytes, blake2b] = {}
 _PREFIXES_MAX = 256
+
+
+def _prefix(exchange: str | bytes) -> blake2b:
+    """The cached state for ``exchange`` (a name, or its UTF-8), made on a miss."""
+    if len(_PREFIXES) >= _PREFIXES_MAX:
+        _PREFIXES.clear()
+    utf8 = exchange.encode() if isinstance(exchange, str) else exchange
+    state = _PREFIXES[exchange] = blake2b(utf8 + b"\0", digest_size=8)
+    return state
 
 
 def digest(exchange: str, message_id: str) -> int:
@@ -93,29 +102,16 @@ def digest(exchange: str, message_id: str) -> int:
 
     Raises UnicodeEncodeError for a string that is not valid Unicode (lone surrogates).
     """
-    prefix = _PREFIXES.get(exchange)
-    if prefix is None:
-        if len(_PREFIXES) >= _PREFIXES_MAX:
-            _PREFIXES.clear()
-        prefix = _PREFIXES[exchange] = blake2b(exchange.encode() + b"\0", digest_size=8)
-    h = prefix.copy()
+    h = (_PREFIXES.get(exchange) or _prefix(exchange)).copy()
     h.update(message_id.encode())
     d = int.from_bytes(h.digest(), "little")
     return d if d > 1 else d + 2
 
 
-_PREFIXES_UTF8: dict[bytes, blake2b] = {}
-
-
 def digest_utf8(exchange: bytes, message_id: bytes) -> int:
     """:func:`digest` of an exchange name and message id given as their UTF-8 bytes (as
     ENQUEUE records hold them): recovery hashes a million without decoding them."""
-    prefix = _PREFIXES_UTF8.get(exchange)
-    if prefix is None:
-        if len(_PREFIXES_UTF8) >= _PREFIXES_MAX:
-            _PREFIXES_UTF8.clear()
-        prefix = _PREFIXES_UTF8[exchange] = blake2b(exchange + b"\0", digest_size=8)
-    h = prefix.copy()
+    h = (_PREFIXES.get(exchange) or _prefix(exchange)).copy()
     h.update(message_id)
     d = int.from_bytes(h.digest(), "little")
     return d if d > 1 else d + 2

@@ -17,6 +17,7 @@ a checkpoint: it refers to one copy or the other, and both exist.
 
 from __future__ import annotations
 
+import sys
 from array import array
 from bisect import bisect_left
 from collections import deque
@@ -24,7 +25,7 @@ from collections.abc import Iterator
 from itertools import compress
 from typing import Any
 
-__all__ = ["PagedRefs", "ReplayIndex", "CHUNK_MESSAGES", "locator"]
+__all__ = ["PagedRefs", "ReplayIndex", "CHUNK_MESSAGES", "locator", "mark_all_delivered"]
 
 #: Messages per chunk (two 8-byte integers each: 32 KiB a chunk).
 CHUNK_MESSAGES = 2048
@@ -35,6 +36,21 @@ def locator(lsn: int, delivered: bool) -> int:
     """What the index keeps besides the sequence number: the ENQUEUE record's LSN and
     whether the message was delivered before."""
     return (lsn << 1) | delivered
+
+
+_SET_BIT0 = bytes(b | 1 for b in range(256))
+
+
+def mark_all_delivered(locators: array[int]) -> array[int]:
+    """``locators`` with every delivered bit (bit 0) set, without a loop in Python on
+    a little-endian machine: bit 0 of an int64 is bit 0 of its first byte."""
+    if sys.byteorder != "little":
+        return array("q", (loc | 1 for loc in locators))
+    raw = bytearray(locators.tobytes())
+    raw[0::8] = raw[0::8].translate(_SET_BIT0)
+    out = array("q")
+    out.frombytes(raw)
+    return out
 
 
 class PagedRefs:
@@ -63,11 +79,8 @@ class PagedRefs:
         self._count += 1
 
     def extend(self, seqs: array[int], locs: array[int]) -> None:
-        """Append many pairs at once (recovery: a million in C loops, not Python ones)."""
-        if self._chunks:
-            for seq, loc in zip(seqs, locs):
-                self.append(seq, loc)
-            return
+        """Append many pairs at once (recovery: a million in C loops, not Python ones).
+        They go to chunks of their own: a chunk need not be full to have one after it."""
         n = len(seqs)
         for start in range(0, n, CHUNK_MESSAGES):
             stop = min(n, start + CHUNK_MESSAGES)

@@ -10,7 +10,7 @@ from hashlib import blake2b
 import pytest
 
 from broker.core import dedup as dedup_module
-from broker.core.dedup import DedupWindow, digest
+from broker.core.dedup import DedupWindow, digest, digest_utf8
 
 
 def _window_with(*entries: tuple[str, str, float]) -> DedupWindow:
@@ -29,6 +29,8 @@ def test_digest_is_blake2b_of_exchange_and_id_and_stable() -> None:
     for exchange, mid in [("amq.direct", "a"), ("", "a"), ("x", ""), ("ex", "é✓")]:
         raw = blake2b((exchange + "\0" + mid).encode(), digest_size=8).digest()
         assert digest(exchange, mid) == int.from_bytes(raw, "little")
+        # recovery's form, from the UTF-8 in the records, is the same key
+        assert digest_utf8(exchange.encode(), mid.encode()) == digest(exchange, mid)
     assert digest("a", "b") != digest("b", "a")
     assert digest("", "ab") != digest("a", "b")
 
