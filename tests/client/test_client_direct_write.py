@@ -160,37 +160,39 @@ async def test_the_reader_lets_a_consumer_run_before_it_reads_again(
     assert order[after:after + 3] == ["delivered", "consumer", "read"]
 
 
-async def test_an_op_that_may_go_direct_does_not_overtake_a_queued_one(
-    fake: FakeBroker, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@asynccontextmanager
+async def one_delivery(fake: FakeBroker) -> AsyncIterator[tuple[client.Channel, client.Message]]:
+    """A socket channel holding one unacked delivery, everything else settled."""
     async with socket_channel(fake) as ch:
         await ch.publish("", "q", b"m")
         async with ch.consume("q") as messages:
             async for message in messages:
                 await trio.testing.wait_all_tasks_blocked()
-                writes = Writes(monkeypatch)
-                await message.ack()  # queued (settling ops never go direct)
-                # nothing unconfirmed: this publish may go direct, but the ack is queued
-                handle = ch.publish_nowait("", "q", b"after the ack")
-                assert writes.log == []
-                await handle
-                assert writes.log == [("writer", 1)]  # the ack, then the publish
+                yield ch, message
                 break
+
+
+async def test_an_op_that_may_go_direct_does_not_overtake_a_queued_one(
+    fake: FakeBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with one_delivery(fake) as (ch, message):
+        writes = Writes(monkeypatch)
+        await message.ack()  # queued (settling ops never go direct)
+        # nothing unconfirmed: this publish may go direct, but the ack is queued
+        handle = ch.publish_nowait("", "q", b"after the ack")
+        assert writes.log == []
+        await handle
+        assert writes.log == [("writer", 1)]  # the ack, then the publish
 
 
 async def test_settling_ops_are_never_written_directly(
     fake: FakeBroker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    async with socket_channel(fake) as ch:
-        await ch.publish("", "q", b"m")
-        async with ch.consume("q") as messages:
-            async for message in messages:
-                await trio.testing.wait_all_tasks_blocked()
-                writes = Writes(monkeypatch)
-                await message.ack()
-                await trio.testing.wait_all_tasks_blocked()
-                assert [how for how, _ in writes.log] == ["writer"]
-                break
+    async with one_delivery(fake) as (_ch, message):
+        writes = Writes(monkeypatch)
+        await message.ack()
+        await trio.testing.wait_all_tasks_blocked()
+        assert [how for how, _ in writes.log] == ["writer"]
 
 
 async def test_a_publish_that_waited_for_room_is_not_written_directly(

@@ -224,3 +224,17 @@ async def test_segments_to_keep_places_records_once_written_and_caps_the_release
         wal.reader.drop(1)  # as if segment 1 had been deleted
         gone.add([3, 7])
         assert gone.release_limit(39) == 2
+
+
+def test_scan_takes_a_zero_filled_tail_for_unused_preallocated_space(tmp_path: Path) -> None:
+    """A covered segment whose cut did not reach the disk before a power loss ends in
+    zeros: that is the end of its records, not damage (docs/durability.md)."""
+    trio.run(write, tmp_path, 1, 100)
+    write_checkpoint(tmp_path, 100, iter([(1, b"{}")]))
+    first = segments(tmp_path)[0]
+    with open(first, "ab") as f:
+        f.write(bytes(8192))
+    rec = recovered(tmp_path)
+    n_first = int(segments(tmp_path)[1].name.split(".")[0], 16) - 1
+    assert rec.reader.read([1, n_first]) == [(RTYPE, payload(1)), (RTYPE, payload(n_first))]  # type: ignore[attr-defined]
+    rec.reader.close()  # type: ignore[attr-defined]

@@ -318,19 +318,30 @@ async def test_never_policy_fsyncs_only_when_asked(tmp_path: Path) -> None:
     assert wal.statistics().last_synced_lsn == 16
 
 
+async def lose_power_after(tmp_path: Path, *, synced: int, written: int) -> tuple[SimulatedDisk, Events, int]:
+    """Under fsync 'never': append ``synced`` records and sync, then ``written`` more
+    (reported durable, not fsynced), then lose power. Returns the disk, the callbacks
+    seen and the LSN sync() answered (0 if none)."""
+    disk = SimulatedDisk()
+    events = Events()
+    wal = WriteAheadLog(tmp_path, fs=disk, fsync_policy="never", **events.callbacks())
+    synced_lsn = 0
+    async with trio.open_nursery() as nursery:
+        await nursery.start(wal.serve)
+        if synced:
+            await append_numbered(wal, synced)
+            synced_lsn = await wal.sync()
+        await events.wait_durable(await append_numbered(wal, written))
+        disk.lose_power()
+        nursery.cancel_scope.cancel()
+    return disk, events, synced_lsn
+
+
 async def test_never_policy_loses_unsynced_records_on_power_loss(
     tmp_path: Path, recover_all: RecoverAll
 ) -> None:
     """Documents why 'never' is unsafe: acknowledged records vanish with the power."""
-    disk = SimulatedDisk()
-    events = Events()
-    wal = WriteAheadLog(tmp_path, fs=disk, fsync_policy="never", **events.callbacks())
-    async with trio.open_nursery() as nursery:
-        await nursery.start(wal.serve)
-        last = await append_numbered(wal, 5)
-        await events.wait_durable(last)
-        nursery.cancel_scope.cancel()
-    disk.lose_power()
+    disk, events, _ = await lose_power_after(tmp_path, synced=0, written=5)
     _, records = recover_all(tmp_path, fs=disk)
     assert records == []
     assert events.durable[-1] == 5
@@ -833,16 +844,7 @@ async def test_a_crash_leaves_a_zero_tail_that_recovery_cuts_and_appending_conti
 async def test_power_loss_keeps_the_durable_records_of_a_preallocated_segment(
     tmp_path: Path, recover_all: RecoverAll
 ) -> None:
-    disk = SimulatedDisk()
-    events = Events()
-    wal = WriteAheadLog(tmp_path, fs=disk, fsync_policy="never", **events.callbacks())
-    async with trio.open_nursery() as nursery:
-        await nursery.start(wal.serve)
-        await append_numbered(wal, 5)
-        synced = await wal.sync()
-        await events.wait_durable(await append_numbered(wal, 5))  # written, not fsynced
-        disk.lose_power()
-        nursery.cancel_scope.cancel()
+    _disk, _events, synced = await lose_power_after(tmp_path, synced=5, written=5)
     segment = wal_dir(tmp_path) / f"{1:016x}.wal"
     assert segment.stat().st_size > logical_end(segment)  # the reserve was durable
     _, records = recover_all(tmp_path)
