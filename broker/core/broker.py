@@ -222,12 +222,14 @@ class Broker:
                 if queue.getters and queue.has_ready() and not queue.deleted:
                     self._effects.append(QueueReady(queue.name))
             self._getter_checks.clear()
+        # Records logged before the marks (publishes, declares...) have waiters.
+        lazy = not self._records
         if self._settles or self._delivered_marks:
             self._flush_marks()
         if self._records:
             records = self._records
             self._records = []
-            self._effects.append(AppendRecords(records, self._first_pending_lsn, self.last_lsn))
+            self._effects.append(AppendRecords(records, self._first_pending_lsn, self.last_lsn, lazy))
             self._first_pending_lsn = self.last_lsn + 1
         if self._confirm_dirty:
             self._release_confirms()

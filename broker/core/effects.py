@@ -82,11 +82,17 @@ class DeliveryExpired(Effect):
 
 @dataclass(slots=True)
 class AppendRecords(Effect):
-    """Append these records to the log; they take LSNs ``first_lsn`` .. ``last_lsn``."""
+    """Append these records to the log; they take LSNs ``first_lsn`` .. ``last_lsn``.
+
+    ``lazy``: the batch only settles or marks deliveries (acks and the like), which
+    nobody waits for; the log may sync it later (the design lets consumer acks be
+    synced lazily: a lost one means a redelivery, never a lost message).
+    """
 
     records: list[tuple[int, bytes]]
     first_lsn: int
     last_lsn: int
+    lazy: bool = False
 
 
 @dataclass(slots=True)

@@ -271,7 +271,7 @@ class BrokerRuntime:
                     core.durable(effect.last_lsn)
                     again = True
                 else:
-                    last = self.wal.append_nowait(effect.records)
+                    last = self.wal.append_nowait(effect.records, lazy=effect.lazy)
                     if last != effect.last_lsn:  # pragma: no cover - would be a bug
                         raise RuntimeError(f"LSN mismatch: core {effect.last_lsn}, wal {last}")
             elif kind is QueueReady:

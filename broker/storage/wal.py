@@ -25,6 +25,12 @@ Theory of operation
   :meth:`~WriteAheadLog.sync`, on close and when a segment is retired. ``interval`` and
   ``never`` survive a crash of the process (the page cache holds the data) but not of the
   machine.
+* **Lazy records.** ``append_nowait(records, lazy=True)`` marks records nobody waits
+  for (a consumer's ack): under ``always`` a batch of only such records is written
+  without an fsync and reported at once, as ``interval`` would; the next fsync (the
+  next batch that has a record someone waits for, a sync, a segment's retirement) or at
+  the latest ``lazy_sync_s`` later makes it durable. So acks neither cost an fsync each
+  nor hold the event loop while a publish waits to be read.
 * **Segments.** ``<data_dir>/wal/<first LSN in 16 hex>.wal``, 32-byte header
   (``segment.py``) then frames (``framing.py``). A batch that would take the active
   segment past ``segment_max_bytes`` goes to a new segment (a segment holding a single
@@ -90,6 +96,7 @@ __all__ = [
     "DEFAULT_SEGMENT_MAX_BYTES",
     "DEFAULT_PREALLOCATE_BYTES",
     "DEFAULT_RETRY_INTERVAL_S",
+    "DEFAULT_LAZY_SYNC_S",
     "FsyncPolicy",
     "parse_fsync_policy",
     "WALStatistics",
@@ -107,6 +114,9 @@ DEFAULT_SEGMENT_MAX_BYTES: Final = 64 * 1024 * 1024
 #: killed broker leaving 64 MiB of zeros behind.
 DEFAULT_PREALLOCATE_BYTES: Final = 4 * 1024 * 1024
 DEFAULT_RETRY_INTERVAL_S: Final = 1.0
+#: Longest a lazily appended record (see the module docstring) stays unsynced under
+#: ``always``: a power loss may bring back the acks of this last stretch of time.
+DEFAULT_LAZY_SYNC_S: Final = 0.2
 
 OnDurable = Callable[[int], None]
 OnFailure = Callable[[int, int, OSError], None]
@@ -256,6 +266,7 @@ class WriteAheadLog:
         on_fsync: OnFsync | None = None,
         segment_max_bytes: int = DEFAULT_SEGMENT_MAX_BYTES,
         retry_interval_s: float = DEFAULT_RETRY_INTERVAL_S,
+        lazy_sync_s: float = DEFAULT_LAZY_SYNC_S,
         max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
         inline_max_records: int = 0,
         preallocate_bytes: int = DEFAULT_PREALLOCATE_BYTES,
@@ -268,6 +279,8 @@ class WriteAheadLog:
             raise InvalidConfiguration(f"segment_max_bytes too small: {segment_max_bytes}")
         if not retry_interval_s > 0:
             raise InvalidConfiguration(f"retry_interval_s must be > 0, got {retry_interval_s}")
+        if not lazy_sync_s > 0:
+            raise InvalidConfiguration(f"lazy_sync_s must be > 0, got {lazy_sync_s}")
         if max_record_bytes < 1:
             raise InvalidConfiguration(f"max_record_bytes must be >= 1, got {max_record_bytes}")
         if preallocate_bytes < 0:
@@ -282,6 +295,7 @@ class WriteAheadLog:
         self._on_fsync = on_fsync
         self._segment_max_bytes = segment_max_bytes
         self._retry_interval_s = retry_interval_s
+        self._lazy_sync_s = lazy_sync_s
         self._max_record_bytes = max_record_bytes
         self._inline_max_records = inline_max_records
         self._preallocate_bytes = preallocate_bytes
@@ -295,6 +309,8 @@ class WriteAheadLog:
         self._chunks: list[bytes] = []
         self._frame_sizes: list[int] = []  # of the buffered records, for the reader
         self._buffered_bytes = 0
+        # Some buffered record is not lazy: under "always" the next batch is fsynced.
+        self._buffer_wants_sync = False
         self._good_lsn = next_lsn - 1  # last LSN written whole (and synced under "always")
         self._synced_lsn = next_lsn - 1
         self._durable_lsn = next_lsn - 1  # last LSN reported through on_durable
@@ -307,6 +323,7 @@ class WriteAheadLog:
         self._scan_existing_segments(next_lsn)
         self._active: _Segment | None = None
         self._dirty = False  # bytes written to the active segment since its last fsync
+        self._dirty_since = math.inf  # when _dirty last became true
         self._last_sync_time = -math.inf
 
         self._failed = False
@@ -410,12 +427,14 @@ class WriteAheadLog:
         """True while the WAL is in its failed state."""
         return self._failed
 
-    def append_nowait(self, records: Sequence[tuple[int, bytes]]) -> int:
+    def append_nowait(self, records: Sequence[tuple[int, bytes]], *, lazy: bool = False) -> int:
         """Buffer records for the next batch; return the LSN of the last one. Never blocks.
 
         Records get consecutive LSNs in the order given. An empty sequence returns the
         current last LSN. While the WAL is failed, records are still numbered and then
-        reported through ``on_failure`` without being written.
+        reported through ``on_failure`` without being written. ``lazy``: nobody waits
+        for these records, so under ``always`` they alone do not cost an fsync (see
+        "Lazy records" in the module docstring).
 
         Raises:
             WALClosed: after :meth:`aclose` began.
@@ -431,6 +450,8 @@ class WriteAheadLog:
             self._frame_sizes.extend([len(payload) + FRAME_OVERHEAD_BYTES for _t, payload in records])
             self._buffered_bytes += len(data)
             self._last_lsn += count
+            if not lazy:
+                self._buffer_wants_sync = True
             self._wakeup.set()
         return self._last_lsn
 
@@ -571,6 +592,8 @@ class WriteAheadLog:
             deadline = self._retry_at
         elif self._dirty and self._policy.mode == "interval":
             deadline = self._last_sync_time + self._policy.interval_s
+        elif self._dirty and self._policy.mode == "always":
+            deadline = self._dirty_since + self._lazy_sync_s  # lazily written records
         else:
             deadline = math.inf
         if not self._chunks:
@@ -602,15 +625,17 @@ class WriteAheadLog:
         nbytes = self._buffered_bytes
         data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         sizes = self._frame_sizes
+        wants_sync = self._buffer_wants_sync
         self._chunks = []
         self._frame_sizes = []
         self._buffered_bytes = 0
         self._buffered_first = last + 1
+        self._buffer_wants_sync = False
         policy = self._policy
         now = trio.current_time()
         do_sync = (
             force_sync
-            or policy.mode == "always"
+            or (policy.mode == "always" and wants_sync)
             or (policy.mode == "interval" and now - self._last_sync_time >= policy.interval_s)
         )
         active = self._active
@@ -636,6 +661,7 @@ class WriteAheadLog:
             self._frame_sizes[:0] = sizes
             self._buffered_bytes += nbytes
             self._buffered_first = first
+            self._buffer_wants_sync = self._buffer_wants_sync or wants_sync
             raise
         except OSError as exc:
             await self._enter_failed(exc, first, last)
@@ -652,8 +678,9 @@ class WriteAheadLog:
             self._dirty = False
             self._last_sync_time = trio.current_time()
             self._note_fsync(result.fsync_s)
-        else:
+        elif not self._dirty:
             self._dirty = True
+            self._dirty_since = trio.current_time()
         self._durable_lsn = last
         self._on_durable(last)
 
@@ -712,6 +739,7 @@ class WriteAheadLog:
         self._frame_sizes = []
         self._buffered_bytes = 0
         self._buffered_first = last + 1
+        self._buffer_wants_sync = False
         assert self._failure is not None
         if self._on_failure is not None:
             self._on_failure(first, last, self._failure)

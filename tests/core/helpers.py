@@ -7,7 +7,8 @@ hold for every test, so no test can forget them:
 * ``AppendRecords`` batches are numbered contiguously from LSN 1;
 * publisher confirms on each channel come in tag order, each tag exactly once
   (``multiple`` ranges are expanded against the last confirmed tag);
-* a ``Return`` comes before the confirm of its tag.
+* a ``Return`` comes before the confirm of its tag;
+* a batch marked ``lazy`` holds only records nobody waits for (``SETTLE``, ``DELIVERED``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,10 @@ from broker.core import (
     QueueReady,
     Return,
 )
+
+from broker.core.records import RecordType
+
+_LAZY_TYPES = {RecordType.SETTLE, RecordType.DELIVERED}
 
 WALL_START = 1_700_000_000.0
 MONO_START = 1000.0
@@ -75,6 +80,8 @@ class Harness:
                 expected_first = self.records[-1][0] + 1 if self.records else 1
                 assert eff.first_lsn == expected_first, (eff.first_lsn, expected_first)
                 assert eff.last_lsn == eff.first_lsn + len(eff.records) - 1
+                if eff.lazy:
+                    assert {rtype for rtype, _ in eff.records} <= _LAZY_TYPES, eff
                 for i, (rtype, payload) in enumerate(eff.records):
                     self.records.append((eff.first_lsn + i, rtype, payload))
                     self.log[eff.first_lsn + i] = (rtype, payload)

@@ -7,6 +7,7 @@ import pytest
 
 from broker.core import (
     AccessRefused,
+    AppendRecords,
     ChannelError,
     ConsumerCancelled,
     Deliver,
@@ -251,6 +252,34 @@ def test_unknown_tag_is_channel_error_without_change(op: str, tag: object) -> No
     assert ei.value.code in ("unknown_delivery_tag", "invalid_argument")
     assert h.delivers(h.step()) == []
     assert snapshot_state(h, "q", ch) == before
+
+
+def test_a_batch_of_only_acks_and_delivery_marks_is_lazy() -> None:
+    """The log may sync acks later (the design's "consumer acks may be synced lazily"),
+    but never a batch that also holds a record somebody waits for."""
+    h = Harness()
+    h.queue("q")
+    ch = h.channel()
+    consumer = h.b.consume(ch, "q")
+    h.publish(ch, "", "q", b"m1")
+    (batch,) = h.of_type(AppendRecords, h.sync())  # ENQUEUE and DELIVERED together
+    assert not batch.lazy
+    h.b.ack(ch, 1, False)
+    h.publish(ch, "", "q", b"m2")
+    (batch,) = h.of_type(AppendRecords, h.sync())  # the ack rides with a publish
+    assert not batch.lazy
+    assert [rtype for rtype, _ in batch.records][0] == RecordType.ENQUEUE
+    h.b.ack(ch, 2, False)
+    (batch,) = h.of_type(AppendRecords, h.sync())
+    assert batch.lazy
+    assert [rtype for rtype, _ in batch.records] == [RecordType.SETTLE]
+    h.b.cancel(ch, consumer)
+    h.publish(ch, "", "q", b"m3")
+    h.sync()
+    h.b.get("q", 1, lease_s=30)
+    (batch,) = h.of_type(AppendRecords, h.sync())  # a lease's delivery mark alone
+    assert batch.lazy
+    assert [rtype for rtype, _ in batch.records] == [RecordType.DELIVERED]
 
 
 def test_double_ack_is_channel_error() -> None:

@@ -85,8 +85,11 @@ class FakeWAL:
 
     def __init__(self) -> None:
         self.last_lsn = 0
+        #: (first LSN, last LSN, lazy) of every append, in order.
+        self.appends: list[tuple[int, int, bool]] = []
 
-    def append_nowait(self, records: list[tuple[int, bytes]]) -> int:
+    def append_nowait(self, records: list[tuple[int, bytes]], *, lazy: bool = False) -> int:
+        self.appends.append((self.last_lsn + 1, self.last_lsn + len(records), lazy))
         self.last_lsn += len(records)
         return self.last_lsn
 

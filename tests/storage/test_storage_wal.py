@@ -6,6 +6,7 @@ import errno
 import os
 import struct
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -347,6 +348,90 @@ async def test_never_policy_loses_unsynced_records_on_power_loss(
     assert events.durable[-1] == 5
 
 
+# --------------------------------------------------------------------------- lazy records
+
+
+@pytest.mark.parametrize("inline_max_records", [0, 8])
+async def test_lazy_records_alone_are_written_without_an_fsync_then_synced_in_time(
+    tmp_path: Path, mock_clock: trio.testing.MockClock, inline_max_records: int
+) -> None:
+    """Under "always", a batch of only lazy records (acks) is reported after its write;
+    the fsync follows within lazy_sync_s, counted from the first unsynced write."""
+    events = Events()
+    disk = SimulatedDisk()
+    synced_at: list[float] = []  # when each fsync of a segment began, on the mock clock
+
+    def note_sync(path: str) -> None:
+        if path.endswith(".wal"):
+            synced_at.append(mock_clock.current_time())
+
+    disk.sync_hook = note_sync
+    wal = WriteAheadLog(
+        tmp_path, fs=disk, lazy_sync_s=0.2, inline_max_records=inline_max_records, **events.callbacks()
+    )
+    async def settle() -> None:
+        """Give the writer real time to start any fsync it wrongly thinks is due (the
+        mock clock stands still meanwhile; an fsync runs in a thread)."""
+        await trio.testing.wait_all_tasks_blocked()
+        await trio.to_thread.run_sync(time.sleep, 0.05)
+
+    async with serving(wal):
+        await events.wait_durable(await append_numbered(wal, 1))
+        mock_clock.jump(10)  # long after that fsync
+        await events.wait_durable(wal.append_nowait([(8, b"ack 1")], lazy=True))
+        stats = wal.statistics()
+        assert (stats.last_synced_lsn, stats.last_durable_lsn) == (1, 2)
+        await settle()
+        mock_clock.jump(0.15)
+        await events.wait_durable(wal.append_nowait([(8, b"ack 2")], lazy=True))
+        mock_clock.jump(0.049)
+        await settle()
+        assert synced_at == [0.0]
+        mock_clock.jump(0.001)  # 0.2 s after the first unsynced write, not the second
+        await events.wait_for(lambda: wal.statistics().fsyncs == 2)
+        assert wal.statistics().last_synced_lsn == 3
+        mock_clock.jump(10)
+        await settle()
+        assert synced_at == [0.0, 10.2]  # nothing unsynced since: no more fsyncs
+
+
+async def test_a_record_with_a_waiter_syncs_the_lazy_ones_before_it(
+    tmp_path: Path, recover_all: RecoverAll
+) -> None:
+    disk = SimulatedDisk()
+    events = Events()
+    wal = WriteAheadLog(tmp_path, fs=disk, lazy_sync_s=3600, **events.callbacks())
+    async with trio.open_nursery() as nursery:
+        await nursery.start(wal.serve)
+        await events.wait_durable(wal.append_nowait([(8, b"ack 1")], lazy=True))
+        await events.wait_durable(wal.append_nowait([(8, b"ack 2")], lazy=True))
+        assert wal.statistics().fsyncs == 0
+        # a lazy and a waited-for record in one batch: the batch is fsynced
+        wal.append_nowait([(8, b"ack 3")], lazy=True)
+        await events.wait_durable(wal.append_nowait([(7, b"publish")]))
+        stats = wal.statistics()
+        assert (stats.fsyncs, stats.last_synced_lsn) == (1, 4)
+        await events.wait_durable(wal.append_nowait([(8, b"ack 4")], lazy=True))
+        disk.lose_power()
+        nursery.cancel_scope.cancel()
+    _, records = recover_all(tmp_path, fs=disk)
+    # the lazy record after the last fsync is gone with the power; none before it
+    assert records == [(1, 8, b"ack 1"), (2, 8, b"ack 2"), (3, 8, b"ack 3"), (4, 7, b"publish")]
+
+
+async def test_lazy_records_are_synced_by_sync_and_close(tmp_path: Path) -> None:
+    events = Events()
+    wal = WriteAheadLog(tmp_path, lazy_sync_s=3600, **events.callbacks())
+    async with serving(wal):
+        await events.wait_durable(wal.append_nowait([(8, b"ack")], lazy=True))
+        assert wal.statistics().fsyncs == 0
+        assert await wal.sync() == 1
+        assert wal.statistics().fsyncs == 1
+        await events.wait_durable(wal.append_nowait([(8, b"ack")], lazy=True))
+    stats = wal.statistics()
+    assert (stats.fsyncs, stats.last_synced_lsn) == (2, 2)
+
+
 # --------------------------------------------------------------------------- segments
 
 
@@ -474,6 +559,7 @@ async def test_refuses_to_append_over_existing_records(tmp_path: Path) -> None:
     [
         {"segment_max_bytes": 10},
         {"retry_interval_s": 0},
+        {"lazy_sync_s": 0},
         {"max_record_bytes": 0},
         {"fsync_policy": "bogus"},
     ],

@@ -104,8 +104,9 @@ def test_a_delivery_whose_mark_never_reached_the_disk_comes_back_redelivered(tmp
     """A delivery does not wait for its delivered mark to be synced, so a crash can
     lose the mark. The message must still come back marked redelivered (the consumer
     may have seen, even acked, it), never looking fresh. The fault fails exactly the
-    fsync of the batch holding the mark (1: declare, 2: publish, 3: the mark)."""
-    broker = BrokerProcess(tmp_path / "data", env={"ACKBUS_FAULTS": "wal.fsync_error@2:1"})
+    write of the batch holding the mark (1: declare, 2: publish, 3: the mark), which
+    the log then cuts off."""
+    broker = BrokerProcess(tmp_path / "data", env={"ACKBUS_FAULTS": "wal.write_error@2:1"})
     broker.start()
     try:
         assert broker.request("PUT", "/queues/q", {})[0] == 201
