@@ -14,7 +14,11 @@ Rules (docs/protocol.md):
   use any such op as a barrier. ``publish`` and the settling ops (``ack``, ``nack``,
   ``reject``, ``touch``) do not pump: their effects leave with the rest of the chunk.
 * One reader task (ops in) and one writer task (events out). The writer batches every
-  queued event into one chunk. While the outbox holds more than ``OUTBOX_MAX_EVENTS``
+  queued event into one chunk. When the connection is idle, events queued during a
+  pump leave at its end instead, in the pumping task's own step
+  (:meth:`ChannelSession.flush_nowait`): a delivery goes out in the step of the
+  publish that caused it, a confirm in the step of the fsync that released it, without
+  waiting a pass of trio's run loop for the writer (nor behind the reader's next read). While the outbox holds more than ``OUTBOX_MAX_EVENTS``
   events, or more than ``OUTBOX_MAX_BYTES`` bytes of events other than deliveries
   (returns carry whole message bodies), the reader stops reading, so a client that
   publishes without reading its confirms is slowed by TCP backpressure instead of
@@ -106,12 +110,20 @@ class ChannelSession:
         self.reader_scope = trio.CancelScope()
         #: The op being applied (its ``id`` is echoed by an ``error`` it causes).
         self.current_op: dict[str, Any] | None = None
+        # Asked the runtime for a flush_nowait (see want_flush).
+        self._flush_asked = False
+        # A flush_nowait left bytes over: the writer sends them, then grants this credit.
+        self._flush_needed = False
+        self._held_credit = 0
 
     # ChannelSink ---------------------------------------------------------
 
     def push(self, effect: Any) -> None:
         self.outbox.append(effect)
         self._wakeup.set()
+        if not self._flush_asked:
+            self._flush_asked = True
+            self.runtime.want_flush(self)
         kind = type(effect)
         if kind is Deliver:
             return  # bounded by the core's credit
@@ -151,6 +163,30 @@ class ChannelSession:
         self.outbox.append(event)
         self.outbox_bytes += EVENT_BYTES
         self._wakeup.set()
+        if not self._flush_asked:
+            self._flush_asked = True
+            self.runtime.want_flush(self)
+
+    def flush_nowait(self) -> bool:
+        """Send the outbox now, in the caller's step, if the connection is idle
+        (``Response.send_nowait``); else leave it to the writer. Called by the
+        runtime's pump. True if deliveries went out and their credit was granted (the
+        core may deliver more)."""
+        self._flush_asked = False
+        if not self.outbox or not self.response.can_send_nowait():
+            return False
+        data, credit = self._take_outbox()
+        self._room.set()
+        if self.response.send_nowait(data):
+            # The socket did not take it all: the writer sends the rest, then grants.
+            self._flush_needed = True
+            self._held_credit += credit
+            self._wakeup.set()
+            return False
+        if credit:
+            self.core.grant_credit(self.channel_id, credit)
+            return True
+        return False
 
     def stop_consumers(self) -> None:
         """Cancel every consumer of this channel in the core: the channel is ending and
@@ -177,8 +213,13 @@ class ChannelSession:
 
     async def serve_writer(self) -> None:
         """Send queued events, many per chunk, until the session finishes."""
-        core = self.core
         while True:
+            if self._flush_needed:
+                self._flush_needed = False
+                await self.response.flush()
+                credit, self._held_credit = self._held_credit, 0
+                self._grant(credit)
+                continue
             if not self.outbox:
                 if self.finished:
                     return
@@ -186,22 +227,31 @@ class ChannelSession:
                 self._wakeup = trio.Event()
                 await self._wakeup.wait()
                 continue
-            batch = self.outbox
-            self.outbox = []
-            self.outbox_bytes = 0
-            parts = []
-            credit = 0
-            for item in batch:
-                if type(item) is dict:
-                    parts.append(dumps_line(item))
-                else:
-                    parts.append(dumps_line(event_json(item)))
-                    if type(item) is Deliver:
-                        credit += len(item.message.body) + DELIVERY_OVERHEAD_BYTES
-            await self.response.send(b"".join(parts))
-            if credit:
-                core.grant_credit(self.channel_id, credit)
-                self.runtime.pump()
+            data, credit = self._take_outbox()
+            await self.response.send(data)
+            self._grant(credit)
+
+    def _take_outbox(self) -> tuple[bytes, int]:
+        """Empty the outbox into one chunk's bytes; also the delivery credit it uses."""
+        batch = self.outbox
+        self.outbox = []
+        self.outbox_bytes = 0
+        parts = []
+        credit = 0
+        for item in batch:
+            if type(item) is dict:
+                parts.append(dumps_line(item))
+            else:
+                parts.append(dumps_line(event_json(item)))
+                if type(item) is Deliver:
+                    credit += len(item.message.body) + DELIVERY_OVERHEAD_BYTES
+        return b"".join(parts), credit
+
+    def _grant(self, credit: int) -> None:
+        """Give back the delivery credit of deliveries the socket took."""
+        if credit:
+            self.core.grant_credit(self.channel_id, credit)
+            self.runtime.pump()
 
     async def wait_outbox_room(self) -> None:
         """Wait while the outbox or the unconfirmed publishes are over their bounds."""

@@ -31,6 +31,13 @@ Rules that make full duplex safe
 * h11 allows the server to send its response while the client's body is still arriving
   (the two halves of its state machine are independent), so a handler can ``start()``
   a streaming response, spawn a reader task and keep writing: that is the channel.
+* **Writes without a schedule point.** ``Response.send_nowait`` frames a chunk itself
+  and writes it with a non-blocking ``write(2)`` in the caller's own step, when nobody
+  holds the send lock and nothing is left over (plain TCP, POSIX, chunked coding
+  only). Whatever the socket did not take is kept and goes out under the lock before
+  anything else. h11 keeps no state per chunk it writes, so skipping it for these
+  chunks leaves its state machine right. This is how a delivery leaves in the step of
+  the publish that caused it, instead of a pass of trio's run loop later.
 
 Failure rules
 -------------
@@ -48,6 +55,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import os
 import time
 from collections.abc import Iterable, Mapping
 from email.utils import formatdate
@@ -392,11 +400,13 @@ class Response:
     to a ``HEAD`` request silently drops its body (RFC 9110 section 9.3.2).
     """
 
-    __slots__ = ("_conn", "_head", "finished", "started", "status_code")
+    __slots__ = ("_chunked", "_conn", "_head", "finished", "started", "status_code")
 
     def __init__(self, conn: _Connection, request: Request) -> None:
         self._conn = conn
         self._head = request.method == "HEAD"
+        # A streamed body goes out in chunks (an HTTP/1.1 client, no Content-Length).
+        self._chunked = False
         #: The status line and headers have been handed to the socket.
         self.started = False
         #: The response is complete.
@@ -503,7 +513,39 @@ class Response:
         )
         self.started = True
         self.status_code = status
+        self._chunked = (
+            not self._head
+            and conn.h11.their_http_version == b"1.1"
+            and not any(name == b"content-length" for name, _ in fields)
+        )
         await conn.send_events(events)
+
+    def can_send_nowait(self) -> bool:
+        """:meth:`send_nowait` may be called now: a chunked stream is under way on a
+        plain TCP socket, no write is in progress and nothing is left over."""
+        conn = self._conn
+        return (
+            self._chunked
+            and not self.finished
+            and conn.socket is not None
+            and not conn.unsent
+            and not conn.broken
+            and not conn.send_lock_held()
+        )
+
+    def send_nowait(self, data: bytes) -> bool:
+        """Send one piece (one chunk) without a schedule point; only when
+        :meth:`can_send_nowait`. Returns True when part of it is left over: it goes out
+        first with the next :meth:`send`, :meth:`flush` or :meth:`end`, so the caller
+        must make sure one follows. Never raises for a broken connection: that shows
+        in the next send."""
+        assert self.can_send_nowait(), "send_nowait() needs can_send_nowait()"
+        return self._conn.write_nowait(b"%x\r\n%b\r\n" % (len(data), data))
+
+    async def flush(self) -> None:
+        """Send what :meth:`send_nowait` left over (if anything)."""
+        if self._conn.unsent:
+            await self._conn.send_events([])
 
     async def send(self, data: bytes) -> None:
         """Send one piece of a streamed response (as one chunk). Empty data is a no-op."""
@@ -536,6 +578,8 @@ class _Connection:
         "_send_started",
         "_send_timed_out",
         "_served",
+        "socket",
+        "unsent",
         "_waiting_idle",
         "accepted_at",
         "h11",
@@ -572,6 +616,13 @@ class _Connection:
         self._waiting_idle = False
         self._send_started: float | None = None
         self._send_timed_out = False
+        #: What :meth:`write_nowait` writes to: only a plain TCP stream has one (not
+        #: TLS, not a test's memory stream), and only on POSIX, where write(2) takes it.
+        self.socket = (
+            stream.socket if isinstance(stream, trio.SocketStream) and os.name == "posix" else None
+        )
+        #: Bytes a :meth:`write_nowait` left over: they go out before any other.
+        self.unsent = b""
         #: A body event (or parse error) pulled from h11 ahead of the handler's read.
         self._pending: h11.Data | h11.RemoteProtocolError | None = None
 
@@ -998,8 +1049,31 @@ class _Connection:
                 return
             buffered += len(data)
 
+    @property
+    def broken(self) -> bool:
+        return self._broken
+
+    def send_lock_held(self) -> bool:
+        return self._send_lock.locked()
+
+    def write_nowait(self, framed: bytes) -> bool:
+        """Write what the socket takes now (the caller checked that no write is in
+        progress and nothing is left over); keep the rest in ``unsent``. True if some
+        is left. A failed write keeps everything: the next send reports the failure."""
+        assert self.socket is not None
+        try:
+            # fileno() is -1 once the socket is closed: EBADF, never another file.
+            written = os.write(self.socket.fileno(), framed)
+        except OSError:  # BlockingIOError included
+            written = 0
+        if written < len(framed):
+            self.unsent = framed[written:]
+            return True
+        return False
+
     async def send_events(self, events: list[h11.Event]) -> None:
-        """Serialize ``events`` with h11 and write them, holding the send lock.
+        """Serialize ``events`` with h11 and write them, holding the send lock; what
+        :meth:`write_nowait` left over goes first. No events: only that.
 
         Raises: ``ClientDisconnected``; ``h11.LocalProtocolError`` for a handler bug
         (such as more data than the declared Content-Length).
@@ -1018,6 +1092,9 @@ class _Connection:
             else:
                 payload = b"".join([h.send(event) or b"" for event in events])
             assert payload is not None
+            if self.unsent:
+                payload = self.unsent + payload
+                self.unsent = b""
             await self._send_all(payload)
         finally:
             lock.release()

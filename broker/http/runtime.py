@@ -30,6 +30,7 @@ from broker.core import (
     ConsumerCancelled,
     Deliver,
     DeliveryExpired,
+    Effect,
     MessageLost,
     QueueReady,
     REST_CHANNEL,
@@ -66,6 +67,12 @@ class ChannelSink(Protocol):
     def closing(self, reason: str) -> None: ...
 
     def shutdown(self) -> None: ...
+
+
+class Flushable(Protocol):
+    """A sink that can send its queued events in the caller's step (``want_flush``)."""
+
+    def flush_nowait(self) -> bool: ...
 
 
 @dataclass
@@ -140,6 +147,8 @@ class BrokerRuntime:
         self.shutting_down = False
         self.wal: Any = None
         self.sinks: dict[int, ChannelSink] = {}
+        # Sinks that queued events since the last pump: it tries to send them at once.
+        self._to_flush: list[Flushable] = []
         self._rest_publishes: dict[int, _RestPublish] = {}
         self._queue_events: dict[str, trio.Event] = {}
         self._timer_wakeup = trio.Event()
@@ -247,12 +256,32 @@ class BrokerRuntime:
 
     # -------------------------------------------------------------- the pump
 
+    def want_flush(self, sink: Flushable) -> None:
+        """``sink`` has events queued: the next :meth:`pump` calls its ``flush_nowait``
+        (a sink asks once per flush)."""
+        self._to_flush.append(sink)
+
     def pump(self) -> None:
-        """Carry out every effect the core has produced."""
+        """Carry out every effect the core has produced, then let the sinks that
+        queued events send them now (see ``ChannelSession.flush_nowait``)."""
+        effects = self.core.take_effects()
+        if effects:
+            self._carry_out(effects)
+        while self._to_flush:
+            sinks, self._to_flush = self._to_flush, []
+            granted = False
+            for sink in sinks:
+                if sink.flush_nowait():
+                    granted = True
+            if not granted:
+                continue
+            # Deliveries went out and their credit came back: the core may deliver more.
+            effects = self.core.take_effects()
+            if effects:
+                self._carry_out(effects)
+
+    def _carry_out(self, effects: list[Effect]) -> None:
         core = self.core
-        effects = core.take_effects()
-        if not effects:
-            return
         sinks = self.sinks
         again = False
         for effect in effects:
