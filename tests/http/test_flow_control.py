@@ -21,9 +21,11 @@ import pytest
 import trio
 import trio.testing
 
-from broker.core import Deliver, Return
+from broker.core import REST_CHANNEL, Deliver, Return
 from broker.core.broker import DELIVERY_OVERHEAD_BYTES
 from broker.http.app import BrokerApp
+from broker.http.connection import _Connection
+from broker.http.runtime import BrokerRuntime
 from broker.http.runtime import RuntimeOptions
 from broker.http.channel import (
     OUTBOX_MAX_BYTES,
@@ -147,6 +149,44 @@ async def test_consumer_that_stops_reading_pauses_deliveries_with_bounded_buffer
     await ch.send({"op": "ack", "delivery_tag": 0, "multiple": True})
     assert [e for e in await ch.sync() if e["ev"] == "deliver"] == []
     assert (queue.ready_count(), queue.unacked) == (0, 0)
+
+
+async def test_deliveries_the_socket_takes_only_in_part_arrive_whole_and_in_order(
+    app: BrokerApp, clients: Clients, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pump writes queued events at once when the connection is idle
+    (``Response.send_nowait``); against a full socket buffer part of a chunk stays
+    behind, and must go out before anything else, with its credit held until then."""
+    left_over: list[bool] = []
+    write_nowait = _Connection.write_nowait
+
+    def spy(self: _Connection, framed: bytes) -> bool:
+        left = write_nowait(self, framed)
+        left_over.append(left)
+        return left
+
+    monkeypatch.setattr(_Connection, "write_nowait", spy)
+    n = 300
+    await publish_backlog(clients, "part", n)
+    queue = app.runtime.core.queues["part"]
+    ch = await slow_channel(clients, app)
+    await ch.send({"op": "consume", "queue": "part", "prefetch": 0})
+    await settle(lambda: queue.delivered)
+    assert True in left_over  # the socket filled up mid-chunk
+    assert queue.ready_count() > 0  # and deliveries paused
+    seen = 0
+    while seen < n:
+        event = await ch.next_event()
+        if event["ev"] != "deliver":
+            continue
+        assert event["delivery_tag"] == seen + 1
+        assert event["message"]["body"] == f"{seen:06d}" + "x" * BODY
+        seen += 1
+        if seen % 50 == 0:
+            await ch.send({"op": "ack", "delivery_tag": seen, "multiple": True})
+    assert [e for e in await ch.sync() if e["ev"] == "deliver"] == []
+    assert (queue.ready_count(), queue.unacked) == (0, 0)
+    assert False in left_over  # most writes are taken whole
 
 
 async def test_stuck_consumer_does_not_hold_back_other_consumers(app: BrokerApp, clients: Clients) -> None:
@@ -291,3 +331,61 @@ async def test_publisher_outrunning_the_disk_is_slowed_by_tcp_backpressure() -> 
             event = await ch.next_event()
             assert event["ev"] == "ack" and event["delivery_tag"] >= taken
             nursery.cancel_scope.cancel()
+
+
+class PartialSocketResponse:
+    """A response whose socket takes part of every ``send_nowait``; the rest goes out
+    with ``flush()``, which waits until the test says so."""
+
+    def __init__(self) -> None:
+        self.left_over = False
+        self.finished = False
+        self.drained = trio.Event()
+        self.chunks: list[bytes] = []
+
+    def can_send_nowait(self) -> bool:
+        return not self.left_over
+
+    def send_nowait(self, data: bytes) -> bool:
+        self.chunks.append(data)
+        self.left_over = True
+        return True
+
+    async def flush(self) -> None:
+        await self.drained.wait()
+        self.left_over = False
+
+    async def send(self, data: bytes) -> None:
+        self.chunks.append(data)
+
+
+async def test_credit_of_deliveries_left_over_is_given_back_only_once_they_are_sent(
+    app: BrokerApp,
+) -> None:
+    runtime: BrokerRuntime = app.runtime
+    core = runtime.core
+    core.declare_queue("held", durable=False)
+    channel_id = core.open_channel()
+    response = PartialSocketResponse()
+    sink = ChannelSession(runtime, channel_id, response)
+    runtime.sinks[channel_id] = sink
+    core.consume(channel_id, "held", prefetch=0)
+    for i in range(3):
+        core.publish(REST_CHANNEL, "", "held", b"m%d" % i, None)
+    runtime.pump()  # the deliveries leave in the pump, the socket takes part
+    assert len(response.chunks) == 1 and response.left_over
+    spent = CREDIT - core.channels[channel_id].credit
+    assert spent == sum(len(b"m0") + DELIVERY_OVERHEAD_BYTES for _ in range(3))
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(sink.serve_writer)
+        await trio.testing.wait_all_tasks_blocked()
+        assert CREDIT - core.channels[channel_id].credit == spent  # still held
+        core.publish(REST_CHANNEL, "", "held", b"m3", None)
+        runtime.pump()  # nothing may overtake the left-over bytes: it waits
+        assert len(response.chunks) == 1 and len(sink.outbox) == 1
+        response.drained.set()
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(response.chunks) == 2 and not sink.outbox
+        assert core.channels[channel_id].credit == CREDIT  # all of it back
+        sink.finished = True
+        sink._wakeup.set()
