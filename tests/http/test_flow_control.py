@@ -100,6 +100,22 @@ async def publish_backlog(clients: Clients, queue: str, n: int, size: int = BODY
     assert all(e["ev"] == "ack" for e in events)
 
 
+async def read_backlog_in_order(ch: ChannelClient, n: int, *, ack_every: int) -> None:
+    """Read the ``n`` deliveries of a ``publish_backlog``: each exactly once, whole, in
+    order, never redelivered; ack them ``ack_every`` at a time (multiple)."""
+    seen = 0
+    while seen < n:
+        event = await ch.next_event()
+        if event["ev"] != "deliver":
+            continue
+        assert event["delivery_tag"] == seen + 1
+        assert event["message"]["body"] == f"{seen:06d}" + "x" * BODY
+        assert event["redelivered"] is False
+        seen += 1
+        if seen % ack_every == 0:
+            await ch.send({"op": "ack", "delivery_tag": seen, "multiple": True})
+
+
 # -- a consumer that stops reading -------------------------------------------------------
 
 
@@ -135,17 +151,7 @@ async def test_consumer_that_stops_reading_pauses_deliveries_with_bounded_buffer
     assert core.channels[ch.channel_id].credit == cch.credit
 
     # Paused, not dropped: read and ack everything; every message arrives once, in order.
-    seen = 0
-    while seen < n:
-        event = await ch.next_event()
-        if event["ev"] != "deliver":
-            continue
-        assert event["delivery_tag"] == seen + 1
-        assert event["message"]["body"][:6] == f"{seen:06d}"
-        assert event["redelivered"] is False
-        seen += 1
-        if seen % 100 == 0:
-            await ch.send({"op": "ack", "delivery_tag": seen, "multiple": True})
+    await read_backlog_in_order(ch, n, ack_every=100)
     await ch.send({"op": "ack", "delivery_tag": 0, "multiple": True})
     assert [e for e in await ch.sync() if e["ev"] == "deliver"] == []
     assert (queue.ready_count(), queue.unacked) == (0, 0)
@@ -174,16 +180,7 @@ async def test_deliveries_the_socket_takes_only_in_part_arrive_whole_and_in_orde
     await settle(lambda: queue.delivered)
     assert True in left_over  # the socket filled up mid-chunk
     assert queue.ready_count() > 0  # and deliveries paused
-    seen = 0
-    while seen < n:
-        event = await ch.next_event()
-        if event["ev"] != "deliver":
-            continue
-        assert event["delivery_tag"] == seen + 1
-        assert event["message"]["body"] == f"{seen:06d}" + "x" * BODY
-        seen += 1
-        if seen % 50 == 0:
-            await ch.send({"op": "ack", "delivery_tag": seen, "multiple": True})
+    await read_backlog_in_order(ch, n, ack_every=50)
     assert [e for e in await ch.sync() if e["ev"] == "deliver"] == []
     assert (queue.ready_count(), queue.unacked) == (0, 0)
     assert False in left_over  # most writes are taken whole
