@@ -70,6 +70,27 @@ async def test_acks_wait_for_the_disk_and_never_overtake(app: BrokerApp, clients
     assert await ch.sync() == [{"ev": "ack", "delivery_tag": 5, "multiple": False}]
 
 
+async def test_the_log_may_sync_a_consumers_acks_lazily_but_not_a_publish(
+    app: BrokerApp, clients: Clients
+) -> None:
+    """The runtime hands the core's ``lazy`` mark to the log: an ack's batch may wait
+    for a later fsync (nobody waits on it), a publish's batch never."""
+    ch = await clients.channel()
+    await durable_queue(app, ch, "lz")
+    await ch.send({"op": "consume", "queue": "lz", "id": "c"})
+    await ch.expect("consume_ok", id="c")
+    before = len(wal(app).appends)
+    await ch.send(persistent("lz", "m"))
+    (delivery,) = await ch.sync()  # a delivery does not wait for the disk
+    assert delivery["ev"] == "deliver"
+    assert [lazy for _first, _last, lazy in wal(app).appends[before:]] == [False]
+    app.runtime._on_durable(wal(app).last_lsn)
+    assert [e["ev"] for e in await ch.sync()] == ["ack"]
+    await ch.send({"op": "ack", "delivery_tag": delivery["delivery_tag"]})
+    await ch.sync()
+    assert [lazy for _first, _last, lazy in wal(app).appends[before:]] == [False, True]
+
+
 async def test_many_in_flight_settled_once_in_ragged_durable_steps(app: BrokerApp, clients: Clients) -> None:
     ch = await clients.channel()
     await durable_queue(app, ch, "many")
