@@ -18,8 +18,9 @@ Rules (docs/protocol.md):
   pump leave at its end instead, in the pumping task's own step
   (:meth:`ChannelSession.flush_nowait`): a delivery goes out in the step of the
   publish that caused it, a confirm in the step of the fsync that released it, without
-  waiting a pass of trio's run loop for the writer (nor behind the reader's next read). While the outbox holds more than ``OUTBOX_MAX_EVENTS``
-  events, or more than ``OUTBOX_MAX_BYTES`` bytes of events other than deliveries
+  waiting a pass of trio's run loop for the writer (nor behind the reader's next
+  read). While the outbox holds more than ``OUTBOX_MAX_EVENTS`` events, or more than
+  ``OUTBOX_MAX_BYTES`` bytes of events other than deliveries
   (returns carry whole message bodies), the reader stops reading, so a client that
   publishes without reading its confirms is slowed by TCP backpressure instead of
   growing broker memory. Likewise while the publishes still waiting for their confirm

@@ -578,8 +578,6 @@ class _Connection:
         "_send_started",
         "_send_timed_out",
         "_served",
-        "socket",
-        "unsent",
         "_waiting_idle",
         "accepted_at",
         "h11",
@@ -589,7 +587,9 @@ class _Connection:
         "response",
         "scope",
         "shared",
+        "socket",
         "stream",
+        "unsent",
     )
 
     def __init__(self, shared: _Shared, stream: trio.abc.Stream) -> None:

@@ -269,16 +269,11 @@ class BrokerRuntime:
             self._carry_out(effects)
         while self._to_flush:
             sinks, self._to_flush = self._to_flush, []
-            granted = False
-            for sink in sinks:
-                if sink.flush_nowait():
-                    granted = True
-            if not granted:
-                continue
-            # Deliveries went out and their credit came back: the core may deliver more.
-            effects = self.core.take_effects()
-            if effects:
-                self._carry_out(effects)
+            if any([sink.flush_nowait() for sink in sinks]):  # a list: flush every one
+                # Deliveries went out and their credit came back: the core may deliver more.
+                effects = self.core.take_effects()
+                if effects:
+                    self._carry_out(effects)
 
     def _carry_out(self, effects: list[Effect]) -> None:
         core = self.core
