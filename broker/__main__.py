@@ -23,56 +23,10 @@ from typing import Any
 import trio
 
 from broker.config import ConfigError, Settings, load_settings
-from broker.http.app import BrokerApp
-from broker.http.limits import Limits
-from broker.http.runtime import BrokerRuntime, RuntimeOptions
+from broker.app import BrokerApp, build_app
 from broker.logs import configure_logging, reopen_log_files
 
 log = logging.getLogger("ackbus")
-
-
-def runtime_options(settings: Settings) -> RuntimeOptions:
-    return RuntimeOptions(
-        data_dir=settings.data_dir,
-        fsync=settings.fsync,
-        segment_max_bytes=settings.segment_max_bytes,
-        checkpoint_interval_s=settings.checkpoint_interval_s,
-        checkpoint_wal_bytes=settings.checkpoint_wal_bytes,
-        queue_memory_messages=settings.queue_memory_messages,
-        repair=settings.repair,
-        dedup_window_s=settings.dedup_window_s,
-        default_lease_s=settings.default_lease_s,
-        max_lease_s=settings.max_lease_s,
-        consumer_timeout_s=settings.consumer_timeout_s,
-        channel_buffer_bytes=settings.channel_buffer_bytes,
-        max_queues=settings.max_queues,
-        max_exchanges=settings.max_exchanges,
-        max_prefetch=settings.max_prefetch,
-        max_channels=settings.max_channels,
-        max_wait_s=settings.max_wait_s,
-        max_body_bytes=settings.max_body_bytes,
-    )
-
-
-def http_limits(settings: Settings) -> Limits:
-    return Limits(
-        max_header_bytes=settings.max_header_bytes,
-        max_body_bytes=settings.max_body_bytes,
-        header_timeout_s=settings.header_timeout_s,
-        idle_timeout_s=settings.idle_timeout_s,
-        body_timeout_s=settings.body_timeout_s,
-        max_connections=settings.max_connections,
-    )
-
-
-def build_app(settings: Settings) -> BrokerApp:
-    from broker.http.metrics import BrokerMetrics
-
-    metrics = BrokerMetrics()
-    runtime = BrokerRuntime(runtime_options(settings), metrics=metrics)
-    app = BrokerApp(runtime, http_limits(settings), metrics_handler=metrics.handler(runtime))
-    metrics.bind(runtime, app.server)
-    return app
 
 
 async def run(settings: Settings) -> int:

@@ -1,30 +1,37 @@
-"""The trio + h11 layer: HTTP server plumbing, REST handlers, channels, streams,
-and the runtime that carries out the core's effects."""
+"""A generic HTTP/1.1 server on trio and h11: connections, routing, limits, errors.
 
-from broker.http.app import BrokerApp, build_router
-from broker.http.connection import LIMIT, BodyIterator, HeaderInput, Request, Response
+It knows nothing of the broker: handlers are plain async functions of a request and a
+response, registered on a :class:`Router` by the API layer."""
+
+from broker.http.connection import (
+    LIMIT,
+    BodyIterator,
+    ErrorTranslator,
+    Handler,
+    HeaderInput,
+    Request,
+    Response,
+)
 from broker.http.errors import (
     BadRequest,
     ClientDisconnected,
     HeaderFieldsTooLarge,
     HTTPError,
+    InvalidRequest,
     MethodNotAllowed,
+    NoSuchEndpoint,
     NotImplementedByServer,
+    PayloadTooLarge,
     RequestTimeout,
+    ServiceUnavailable,
 )
 from broker.http.headers import Headers
 from broker.http.limits import Limits
 from broker.http.query import QueryParams
-from broker.http.router import Handler, RouteMatch, Router, split_path
-from broker.http.runtime import BrokerRuntime, ChannelSink, RuntimeOptions
+from broker.http.router import RouteMatch, Router, split_path
 from broker.http.server import HTTPServer, ServerStatistics, serve_http
 
 __all__ = [
-    "BrokerApp",
-    "build_router",
-    "BrokerRuntime",
-    "ChannelSink",
-    "RuntimeOptions",
     "HTTPServer",
     "ServerStatistics",
     "serve_http",
@@ -47,4 +54,9 @@ __all__ = [
     "RequestTimeout",
     "HeaderFieldsTooLarge",
     "NotImplementedByServer",
+    "InvalidRequest",
+    "NoSuchEndpoint",
+    "PayloadTooLarge",
+    "ServiceUnavailable",
+    "ErrorTranslator",
 ]

@@ -44,8 +44,8 @@ Failure rules
 
 * Anything malformed or over a limit before the handler runs: a JSON error
   (400/408/431/501), ``Connection: close``, lingering close.
-* A ``BrokerError`` escaping the handler before the response started: that error as
-  JSON; the connection is kept if the request body can be drained cheaply.
+* An ``HTTPError`` (or an exception the server's ``error_translator`` maps to one)
+  escaping the handler before the response started: that error as JSON; the connection is kept if the request body can be drained cheaply.
 * Any other exception: logged on ``ackbus.http``, 500 ``internal_error`` if the
   response had not started, connection closed. Other connections are unaffected.
 * The client leaving mid-exchange surfaces in the handler as ``ClientDisconnected``.
@@ -57,7 +57,7 @@ import enum
 import logging
 import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from email.utils import formatdate
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, Final, TypeAlias, cast
@@ -66,11 +66,12 @@ import h11
 import orjson
 import trio
 
-from broker.core.errors import BrokerError, InvalidArgument, PayloadTooLarge
 from broker.http.errors import (
     ClientDisconnected,
     HeaderFieldsTooLarge,
     HTTPError,
+    InvalidRequest,
+    PayloadTooLarge,
     RequestTimeout,
     protocol_error,
 )
@@ -78,16 +79,25 @@ from broker.http.headers import Headers
 from broker.http.limits import Limits
 from broker.http.query import QueryParams
 
-if TYPE_CHECKING:
-    from broker.http.router import Handler
-
 __all__ = [
+    "ErrorTranslator",
+    "Handler",
     "LIMIT",
     "BodyIterator",
     "HeaderInput",
     "Request",
     "Response",
 ]
+
+#: What a route (and the server's ``app``) is: an async callable answering one request.
+Handler: TypeAlias = "Callable[[Request, Response], Awaitable[None]]"
+#: Maps an exception a handler raised to the error response it means (None: a 500).
+ErrorTranslator: TypeAlias = "Callable[[BaseException], HTTPError | None]"
+
+
+def no_translation(exc: BaseException) -> HTTPError | None:
+    """The default ``ErrorTranslator``: only ``HTTPError`` has a meaning."""
+    return None
 
 log = logging.getLogger("ackbus.http")
 
@@ -142,11 +152,20 @@ class _Shared:
     """State every connection of one server sees: the app, the limits, the shutdown
     flag, counters, and the registry of live connections."""
 
-    __slots__ = ("app", "closing", "connections", "limits", "requests_served", "send_watchdog")
+    __slots__ = (
+        "app",
+        "closing",
+        "connections",
+        "error_translator",
+        "limits",
+        "requests_served",
+        "send_watchdog",
+    )
 
-    def __init__(self, app: Handler, limits: Limits) -> None:
+    def __init__(self, app: Handler, limits: Limits, error_translator: ErrorTranslator) -> None:
         self.app = app
         self.limits = limits
+        self.error_translator = error_translator
         self.closing = trio.Event()
         self.requests_served = 0
         self.connections: set[_Connection] = set()
@@ -327,7 +346,7 @@ class Request:
         An empty body returns ``default`` if one is given. With ``require_object``
         (the default) the document must be a JSON object.
 
-        Raises: ``InvalidArgument`` with code ``invalid_json`` and the parser's message
+        Raises: ``InvalidRequest`` with code ``invalid_json`` and the parser's message
         for unparsable input, code ``invalid_argument`` for a non-object; and whatever
         :meth:`read_body` raises.
         """
@@ -337,11 +356,11 @@ class Request:
         try:
             document = orjson.loads(body)
         except orjson.JSONDecodeError as exc:
-            raise InvalidArgument(
+            raise InvalidRequest(
                 f"request body is not valid JSON: {exc}", code="invalid_json"
             ) from None
         if require_object and not isinstance(document, dict):
-            raise InvalidArgument(
+            raise InvalidRequest(
                 f"request body must be a JSON object, not {type(document).__name__}"
             )
         return document
@@ -445,12 +464,11 @@ class Response:
         """Send a response without a body (``204 No Content`` by default)."""
         await self._send_complete(status, None, b"", headers)
 
-    async def send_error(self, exc: BrokerError, *, headers: HeaderInput = None) -> None:
+    async def send_error(self, exc: HTTPError, *, headers: HeaderInput = None) -> None:
         """Send ``{"error": exc.code, "message": exc.message}`` with ``exc.status``,
-        plus the headers an ``HTTPError`` carries (``Allow`` for a 405)."""
+        plus the headers the error carries (``Allow`` for a 405)."""
         extra = _encode_headers(headers)
-        if isinstance(exc, HTTPError):
-            extra.extend(_encode_headers(exc.headers))
+        extra.extend(_encode_headers(exc.headers))
         await self._send_complete(exc.status, _JSON, orjson.dumps(exc.to_json()), extra)
 
     async def _send_complete(
@@ -771,7 +789,7 @@ class _Connection:
                 log.error(
                     "handler for %s %s returned without responding", request.method, request.path
                 )
-                await response.send_error(BrokerError("the handler did not produce a response"))
+                await response.send_error(HTTPError("the handler did not produce a response"))
             elif not response.finished:
                 await response.end()
             return await self._finish_cycle()
@@ -805,8 +823,10 @@ class _Connection:
         if _only(exc, ClientDisconnected):
             log.debug("client left during %s %s", request.method, request.path)
             return False
-        leaf = _single_leaf(exc)
-        if isinstance(leaf, BrokerError):
+        leaf: BaseException | None = _single_leaf(exc)
+        if leaf is not None and not isinstance(leaf, HTTPError):
+            leaf = self.shared.error_translator(leaf)
+        if isinstance(leaf, HTTPError):
             if not response.started:
                 await response.send_error(leaf)
                 return await self._finish_cycle()
@@ -823,7 +843,7 @@ class _Connection:
         )
         self.must_close = True
         if not response.started:
-            await response.send_error(BrokerError("internal server error"))
+            await response.send_error(HTTPError("internal server error"))
         return False
 
     async def _finish_cycle(self) -> bool:

@@ -1,10 +1,12 @@
-"""Errors that only the HTTP layer raises: protocol-level failures and disconnects.
+"""The HTTP server's errors: every error response it sends is one of these.
 
-They extend the broker's :class:`~broker.core.errors.BrokerError` hierarchy, so that
-every error response is produced the same way (``{"error": code, "message": text}``
-with ``status``), and add what HTTP needs beyond it: extra response headers such as
-``Allow``. :class:`ClientDisconnected` is deliberately *not* a ``BrokerError``: nobody
-is left to answer, it only tells a handler to clean up.
+An :class:`HTTPError` carries a status, a stable machine ``code`` and a message, and
+becomes ``{"error": code, "message": text}`` with that status, plus any extra response
+headers it names (``Allow`` for a 405). Handlers raise them directly, or raise their
+own exception types and give the server a translator (``HTTPServer(error_translator=)``)
+that maps those to an ``HTTPError``; anything else is a 500.
+:class:`ClientDisconnected` is deliberately *not* an ``HTTPError``: nobody is left to
+answer, it only tells a handler to clean up.
 """
 
 from __future__ import annotations
@@ -13,16 +15,18 @@ from collections.abc import Sequence
 
 import h11
 
-from broker.core.errors import BrokerError
-
 __all__ = [
     "BadRequest",
     "ClientDisconnected",
     "HTTPError",
     "HeaderFieldsTooLarge",
+    "InvalidRequest",
     "MethodNotAllowed",
+    "NoSuchEndpoint",
     "NotImplementedByServer",
+    "PayloadTooLarge",
     "RequestTimeout",
+    "ServiceUnavailable",
     "protocol_error",
 ]
 
@@ -38,8 +42,14 @@ class ClientDisconnected(Exception):
     """
 
 
-class HTTPError(BrokerError):
-    """A ``BrokerError`` raised by the HTTP layer itself, possibly with extra headers."""
+class HTTPError(Exception):
+    """An error response: ``status``, machine ``code``, ``message``, extra ``headers``.
+
+    Without a more specific class it is a 500 ``internal_error``.
+    """
+
+    code: str = "internal_error"
+    status: int = 500
 
     def __init__(
         self,
@@ -49,10 +59,17 @@ class HTTPError(BrokerError):
         status: int | None = None,
         headers: Sequence[tuple[str, str]] = (),
     ) -> None:
-        super().__init__(message, code=code)
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            self.code = code
         if status is not None:
             self.status = status
         self.headers: tuple[tuple[str, str], ...] = tuple(headers)
+
+    def to_json(self) -> dict[str, str]:
+        """The response body: ``{"error": code, "message": message}``."""
+        return {"error": self.code, "message": self.message}
 
 
 class BadRequest(HTTPError):
@@ -60,6 +77,35 @@ class BadRequest(HTTPError):
 
     code = "bad_request"
     status = 400
+
+
+class InvalidRequest(HTTPError):
+    """A well-formed HTTP request whose path, query string or JSON body is not valid
+    (400, code ``invalid_argument``, or ``invalid_json`` for a body that does not parse)."""
+
+    code = "invalid_argument"
+    status = 400
+
+
+class NoSuchEndpoint(HTTPError):
+    """No route has this path (404)."""
+
+    code = "not_found"
+    status = 404
+
+
+class PayloadTooLarge(HTTPError):
+    """The request body exceeds its limit (413)."""
+
+    code = "payload_too_large"
+    status = 413
+
+
+class ServiceUnavailable(HTTPError):
+    """The server cannot take the request now, e.g. too many connections (503)."""
+
+    code = "unavailable"
+    status = 503
 
 
 class MethodNotAllowed(HTTPError):

@@ -1,7 +1,7 @@
 """Query-string parameters with typed, bounded getters that fail as ``400``.
 
 Handlers never call ``int(...)`` on user input themselves: each getter names the
-parameter in its error (``InvalidArgument``, status 400), so a client learns exactly
+parameter in its error (``InvalidRequest``, status 400), so a client learns exactly
 which parameter was wrong and why. Parsing follows the URL standard's
 ``application/x-www-form-urlencoded`` rules (``+`` is a space, ``%XX`` is a byte, the
 bytes are UTF-8), as ``urllib.parse.parse_qsl`` implements them, and happens lazily on
@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 from typing import Final, TypeVar, overload
 from urllib.parse import parse_qsl
 
-from broker.core.errors import InvalidArgument
+from broker.http.errors import InvalidRequest
 
 __all__ = ["QueryParams"]
 
@@ -54,7 +54,7 @@ class QueryParams:
     for the typed getters (which value would win is ambiguous); ``get_all`` returns
     every value.
 
-    Raises (from every getter): ``InvalidArgument`` -- missing, repeated, malformed or
+    Raises (from every getter): ``InvalidRequest`` -- missing, repeated, malformed or
     out of bounds, with a message naming the parameter.
     """
 
@@ -82,9 +82,9 @@ class QueryParams:
                         max_num_fields=MAX_FIELDS,
                     )
                 except UnicodeDecodeError as exc:
-                    raise InvalidArgument(f"query string is not valid UTF-8: {exc}") from None
+                    raise InvalidRequest(f"query string is not valid UTF-8: {exc}") from None
                 except ValueError as exc:
-                    raise InvalidArgument(f"malformed query string: {exc}") from None
+                    raise InvalidRequest(f"malformed query string: {exc}") from None
             mapping: dict[str, list[str]] = {}
             for key, value in pairs:
                 mapping.setdefault(key, []).append(value)
@@ -119,12 +119,12 @@ class QueryParams:
         if values is None:
             return None
         if len(values) > 1:
-            raise InvalidArgument(f"query parameter {name!r} is given more than once")
+            raise InvalidRequest(f"query parameter {name!r} is given more than once")
         return values[0]
 
     @staticmethod
-    def _required(name: str) -> InvalidArgument:
-        return InvalidArgument(f"missing required query parameter {name!r}")
+    def _required(name: str) -> InvalidRequest:
+        return InvalidRequest(f"missing required query parameter {name!r}")
 
     # -- str -----------------------------------------------------------------------
 
@@ -162,11 +162,11 @@ class QueryParams:
                 raise self._required(name)
             return default
         if max_length is not None and len(value) > max_length:
-            raise InvalidArgument(
+            raise InvalidRequest(
                 f"query parameter {name!r} is longer than {max_length} characters"
             )
         if choices is not None and value not in choices:
-            raise InvalidArgument(
+            raise InvalidRequest(
                 f"query parameter {name!r} must be one of {', '.join(choices)}; got {_show(value)}"
             )
         return value
@@ -203,7 +203,7 @@ class QueryParams:
                 raise self._required(name)
             return default
         if _INT_RE.fullmatch(value) is None:
-            raise InvalidArgument(
+            raise InvalidRequest(
                 f"query parameter {name!r} must be an integer; got {_show(value)}"
             )
         number = int(value)
@@ -246,7 +246,7 @@ class QueryParams:
             return default
         number = float(value) if _FLOAT_RE.fullmatch(value) else math.nan
         if not math.isfinite(number):
-            raise InvalidArgument(f"query parameter {name!r} must be a number; got {_show(value)}")
+            raise InvalidRequest(f"query parameter {name!r} must be a number; got {_show(value)}")
         _check_bounds(name, number, min_value, max_value)
         return number
 
@@ -270,7 +270,7 @@ class QueryParams:
             return True
         if lowered in _FALSE:
             return False
-        raise InvalidArgument(
+        raise InvalidRequest(
             f"query parameter {name!r} must be true, false, 1 or 0; got {_show(value)}"
         )
 
@@ -279,10 +279,10 @@ def _check_bounds(
     name: str, number: float, min_value: float | None, max_value: float | None
 ) -> None:
     if min_value is not None and number < min_value:
-        raise InvalidArgument(
+        raise InvalidRequest(
             f"query parameter {name!r} must be at least {min_value}; got {number}"
         )
     if max_value is not None and number > max_value:
-        raise InvalidArgument(
+        raise InvalidRequest(
             f"query parameter {name!r} must be at most {max_value}; got {number}"
         )

@@ -22,20 +22,15 @@ segment whatever the number of routes.
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Final, TypeVar
+from collections.abc import Callable
+from typing import Final, TypeVar
 from urllib.parse import unquote
 
-from broker.core.errors import InvalidArgument, NotFound
-from broker.http.errors import MethodNotAllowed
-
-if TYPE_CHECKING:
-    from broker.http.connection import Request, Response
+from broker.http.connection import Handler, Request, Response
+from broker.http.errors import InvalidRequest, MethodNotAllowed, NoSuchEndpoint
 
 __all__ = ["Handler", "RouteMatch", "Router"]
 
-#: What a route (and the server's ``app``) is: an async callable answering one request.
-Handler = Callable[["Request", "Response"], Awaitable[None]]
 _H = TypeVar("_H", bound=Handler)
 
 _PARAM_RE: Final = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -67,18 +62,18 @@ class RouteMatch:
 def split_path(path: str) -> list[str]:
     """Split a request path into percent-decoded segments.
 
-    Raises: ``InvalidArgument`` if a segment's percent-decoding is not UTF-8 or the
+    Raises: ``InvalidRequest`` if a segment's percent-decoding is not UTF-8 or the
     path does not start with ``/``.
     """
     if not path.startswith("/"):
-        raise InvalidArgument(f"request path must start with '/': {path[:64]!r}")
+        raise InvalidRequest(f"request path must start with '/': {path[:64]!r}")
     segments = path[1:].split("/")
     for index, segment in enumerate(segments):
         if "%" in segment:
             try:
                 segments[index] = unquote(segment, errors="strict")
             except UnicodeDecodeError:
-                raise InvalidArgument(
+                raise InvalidRequest(
                     f"path segment {segment[:64]!r} is not valid percent-encoded UTF-8"
                 ) from None
     return segments
@@ -145,15 +140,15 @@ class Router:
     def match(self, method: str, path: str) -> RouteMatch:
         """Find the handler for ``method`` and the (still percent-encoded) ``path``.
 
-        Raises: ``NotFound`` (404) if no route has this path, ``MethodNotAllowed``
-        (405) if routes have it but not for this method, ``InvalidArgument`` (400) for
+        Raises: ``NoSuchEndpoint`` (404) if no route has this path, ``MethodNotAllowed``
+        (405) if routes have it but not for this method, ``InvalidRequest`` (400) for
         a path that does not decode.
         """
         segments = split_path(path)
         values: list[str] = []
         found = self._find(self._root, segments, 0, method, values)
         if found is None:
-            raise NotFound(f"no such endpoint: {path[:200]}")
+            raise NoSuchEndpoint(f"no such endpoint: {path[:200]}")
         routes = found.routes
         route = routes.get(method)
         if route is None and method == "HEAD":

@@ -28,10 +28,17 @@ from typing import Final
 import orjson
 import trio
 
-from broker.core.errors import Unavailable
-from broker.http.connection import Request, Response, _Connection, _Shared
+from broker.http.connection import (
+    ErrorTranslator,
+    Handler,
+    Request,
+    Response,
+    _Connection,
+    _Shared,
+    no_translation,
+)
+from broker.http.errors import ServiceUnavailable
 from broker.http.limits import Limits
-from broker.http.router import Handler
 
 __all__ = ["HTTPServer", "ServerStatistics", "serve_http"]
 
@@ -41,7 +48,7 @@ _GONE: Final = (trio.BrokenResourceError, trio.ClosedResourceError, trio.BusyRes
 
 
 def _rejection() -> bytes:
-    body = orjson.dumps(Unavailable("too many connections; try again later").to_json())
+    body = orjson.dumps(ServiceUnavailable("too many connections; try again later").to_json())
     return (
         b"HTTP/1.1 503 Service Unavailable\r\n"
         b"content-type: application/json\r\n"
@@ -83,8 +90,16 @@ class HTTPServer:
     connection, ``max_connections`` to all of them together.
     """
 
-    def __init__(self, app: Handler, *, limits: Limits | None = None) -> None:
-        self._shared = _Shared(app, limits or Limits())
+    def __init__(
+        self,
+        app: Handler,
+        *,
+        limits: Limits | None = None,
+        error_translator: ErrorTranslator = no_translation,
+    ) -> None:
+        """``error_translator`` maps the exceptions of the app's own error types to the
+        responses they mean; without one, only ``HTTPError`` is answered as such."""
+        self._shared = _Shared(app, limits or Limits(), error_translator)
         self._accept_scope: trio.CancelScope | None = None
         self._stopped = False
         self._listeners: list[trio.abc.Listener[trio.abc.Stream]] = []

@@ -22,9 +22,9 @@ import orjson
 import trio
 import trio.testing
 
-from broker.http.app import BrokerApp
+from broker.app import BrokerApp
 from broker.http.limits import Limits
-from broker.http.runtime import BrokerRuntime, RuntimeOptions
+from broker.runtime import BrokerRuntime, RuntimeOptions
 
 __all__ = [
     "ChannelClient",

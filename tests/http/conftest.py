@@ -51,9 +51,9 @@ import pytest
 import trio
 import trio.testing
 
-from broker.http.app import BrokerApp
+from broker.app import BrokerApp
 from broker.http.limits import Limits
-from broker.http.runtime import BrokerRuntime, RuntimeOptions
+from broker.runtime import BrokerRuntime, RuntimeOptions
 from tests.http.channel_client import Clients
 
 __all__ = [

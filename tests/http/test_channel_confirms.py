@@ -15,7 +15,7 @@ import pytest
 import trio
 import trio.testing
 
-from broker.http.app import BrokerApp
+from broker.app import BrokerApp
 from tests.http.channel_client import ChannelClient, Clients, FakeWAL, open_tcp_broker, wait_until
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import trio.testing
 
-from broker.http.app import BrokerApp
+from broker.app import BrokerApp
 from tests.http.channel_client import ChannelClient, Clients, wait_until
 
 

@@ -12,7 +12,7 @@ import pytest
 import trio
 import trio.testing
 
-from broker.http.app import BrokerApp
+from broker.app import BrokerApp
 from tests.http.channel_client import ChannelEnded, Clients, open_tcp_broker
 
 

@@ -23,11 +23,11 @@ import trio.testing
 
 from broker.core import REST_CHANNEL, Deliver, Return
 from broker.core.broker import DELIVERY_OVERHEAD_BYTES
-from broker.http.app import BrokerApp
+from broker.app import BrokerApp
 from broker.http.connection import _Connection
-from broker.http.runtime import BrokerRuntime
-from broker.http.runtime import RuntimeOptions
-from broker.http.channel import (
+from broker.runtime import BrokerRuntime
+from broker.runtime import RuntimeOptions
+from broker.api.channel import (
     OUTBOX_MAX_BYTES,
     OUTBOX_MAX_EVENTS,
     UNCONFIRMED_MAX_BYTES,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 import trio
 
-from broker.http.app import BrokerApp
+from broker.app import BrokerApp
 from tests.http.conftest import HTTPClient, RawConnection, open_tcp_client
 
 

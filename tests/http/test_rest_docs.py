@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from broker.http.app import build_router
-from broker.http.runtime import BrokerRuntime, RuntimeOptions
+from broker.api import build_router
+from broker.runtime import BrokerRuntime, RuntimeOptions
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "http-api.md"
 

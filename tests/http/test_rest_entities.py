@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from broker.http.app import BrokerApp
+from broker.app import BrokerApp
 from tests.http.conftest import HTTPClient, assert_error
 
 

@@ -14,7 +14,7 @@ import pytest
 import trio
 import trio.testing
 
-from broker.http.app import BrokerApp
+from broker.app import BrokerApp
 from tests.http.conftest import HTTPClient, RawConnection, assert_error
 
 

@@ -14,9 +14,9 @@ import pytest
 import trio
 import trio.testing
 
-from broker.http.app import BrokerApp
+from broker.app import BrokerApp
 from broker.http.limits import Limits
-from broker.http.runtime import RuntimeOptions
+from broker.runtime import RuntimeOptions
 from tests.http.conftest import (
     HTTPClient,
     Reply,

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import trio
 
-from broker.http.app import BrokerApp
+from broker.app import BrokerApp
 from broker.http.limits import Limits
 from tests.http.conftest import (
     HTTPClient,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import trio
 
-from broker.http.runtime import BrokerRuntime, RuntimeOptions
+from broker.runtime import BrokerRuntime, RuntimeOptions
 
 
 async def test_checkpoint_syncs_the_log_before_releasing_segments(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ import pytest
 import trio
 import trio.testing
 
-from broker.core.errors import NotFound, PayloadTooLarge
+from broker.http.errors import NoSuchEndpoint as NotFound, PayloadTooLarge
 from broker.http.connection import Request, Response
 from broker.http.errors import ClientDisconnected
 from broker.http.limits import Limits

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broker.core.errors import InvalidArgument, NotFound
+from broker.http.errors import InvalidRequest as InvalidArgument, NoSuchEndpoint as NotFound
 from broker.http.errors import (
     BadRequest,
     HeaderFieldsTooLarge,

@@ -11,7 +11,7 @@ import pytest
 import trio
 import trio.testing
 
-from broker.http.app import BrokerApp
+from broker.app import BrokerApp
 from tests.http.channel_client import (
     ChannelEnded,
     Clients,

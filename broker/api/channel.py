@@ -55,10 +55,10 @@ from broker.core import (
     check_properties,
 )
 from broker.core.broker import DELIVERY_OVERHEAD_BYTES
-from broker.http.codec import body_from_json, dumps_line, event_json, parse_op_line
+from broker.api.codec import body_from_json, dumps_line, event_json, parse_op_line
 from broker.http.errors import ClientDisconnected
-from broker.http.rest import exchange_name
-from broker.http.runtime import BrokerRuntime
+from broker.api.rest import exchange_name
+from broker.runtime import BrokerRuntime
 
 __all__ = ["ChannelSession", "handle_channel"]
 

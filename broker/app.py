@@ -1,4 +1,5 @@
-"""The broker's HTTP application: every route, and the serve/shutdown sequence."""
+"""Assembles one broker: settings -> runtime (core + log) -> API routes -> HTTP server,
+and runs the serve/shutdown sequence."""
 
 from __future__ import annotations
 
@@ -9,15 +10,14 @@ from typing import Any
 
 import trio
 
-from broker.http.channel import handle_channel
-from broker.http.limits import Limits
-from broker.http.rest import add_rest_routes
-from broker.http.router import Router
-from broker.http.runtime import BrokerRuntime
-from broker.http.server import HTTPServer
-from broker.http.stream import handle_stream
+from broker.api import build_router
+from broker.api.errors import http_error
+from broker.api.metrics import BrokerMetrics
+from broker.config import Settings
+from broker.http import HTTPServer, Limits
+from broker.runtime import BrokerRuntime, RuntimeOptions
 
-__all__ = ["build_router", "BrokerApp"]
+__all__ = ["BrokerApp", "build_app", "build_router", "http_limits", "runtime_options"]
 
 log = logging.getLogger("ackbus.app")
 
@@ -25,23 +25,14 @@ log = logging.getLogger("ackbus.app")
 FINAL_CHECKPOINT_GRACE_S = 30.0
 
 
-def build_router(runtime: BrokerRuntime, *, metrics_handler: Any = None) -> Router:
-    """Every endpoint of the HTTP API, bound to ``runtime``."""
-    router = Router()
-    add_rest_routes(router, runtime)
-    router.add("POST", "/channel", partial(handle_channel, runtime))
-    router.add("GET", "/queues/{name}/stream", partial(handle_stream, runtime))
-    if metrics_handler is not None:
-        router.add("GET", "/metrics", metrics_handler)
-    return router
-
-
 class BrokerApp:
     """A runtime and its HTTP server, started and stopped together."""
 
     def __init__(self, runtime: BrokerRuntime, limits: Limits, *, metrics_handler: Any = None) -> None:
         self.runtime = runtime
-        self.server = HTTPServer(build_router(runtime, metrics_handler=metrics_handler), limits=limits)
+        self.server = HTTPServer(
+            build_router(runtime, metrics_handler=metrics_handler), limits=limits, error_translator=http_error
+        )
         self._scope: trio.CancelScope | None = None
 
     async def serve(
@@ -107,3 +98,46 @@ class BrokerApp:
         if self._scope is not None:
             self._scope.cancel()
         return drained
+
+
+def runtime_options(settings: Settings) -> RuntimeOptions:
+    return RuntimeOptions(
+        data_dir=settings.data_dir,
+        fsync=settings.fsync,
+        segment_max_bytes=settings.segment_max_bytes,
+        checkpoint_interval_s=settings.checkpoint_interval_s,
+        checkpoint_wal_bytes=settings.checkpoint_wal_bytes,
+        queue_memory_messages=settings.queue_memory_messages,
+        repair=settings.repair,
+        dedup_window_s=settings.dedup_window_s,
+        default_lease_s=settings.default_lease_s,
+        max_lease_s=settings.max_lease_s,
+        consumer_timeout_s=settings.consumer_timeout_s,
+        channel_buffer_bytes=settings.channel_buffer_bytes,
+        max_queues=settings.max_queues,
+        max_exchanges=settings.max_exchanges,
+        max_prefetch=settings.max_prefetch,
+        max_channels=settings.max_channels,
+        max_wait_s=settings.max_wait_s,
+        max_body_bytes=settings.max_body_bytes,
+    )
+
+
+def http_limits(settings: Settings) -> Limits:
+    return Limits(
+        max_header_bytes=settings.max_header_bytes,
+        max_body_bytes=settings.max_body_bytes,
+        header_timeout_s=settings.header_timeout_s,
+        idle_timeout_s=settings.idle_timeout_s,
+        body_timeout_s=settings.body_timeout_s,
+        max_connections=settings.max_connections,
+    )
+
+
+def build_app(settings: Settings) -> BrokerApp:
+    """A broker with metrics, built from ``settings`` (not started)."""
+    metrics = BrokerMetrics()
+    runtime = BrokerRuntime(runtime_options(settings), metrics=metrics)
+    app = BrokerApp(runtime, http_limits(settings), metrics_handler=metrics.handler(runtime))
+    metrics.bind(runtime, app.server)
+    return app

@@ -22,10 +22,10 @@ from broker.core import (
     PayloadTooLarge,
     check_routing_key,
 )
-from broker.http.codec import message_json, properties_from_headers
+from broker.api.codec import message_json, properties_from_headers
 from broker.http.errors import ClientDisconnected
 from broker.http.router import Handler, Router
-from broker.http.runtime import BrokerRuntime
+from broker.runtime import BrokerRuntime
 
 __all__ = ["add_rest_routes", "exchange_name", "Fields"]
 

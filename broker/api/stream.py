@@ -19,9 +19,9 @@ import trio
 
 from broker.core import ConsumerCancelled, Deliver, InvalidArgument
 from broker.core.broker import DELIVERY_OVERHEAD_BYTES
-from broker.http.codec import dumps_line, message_json
+from broker.api.codec import dumps_line, message_json
 from broker.http.errors import ClientDisconnected
-from broker.http.runtime import BrokerRuntime
+from broker.runtime import BrokerRuntime
 
 __all__ = ["handle_stream"]
 

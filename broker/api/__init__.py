@@ -1,0 +1,10 @@
+"""The API layer: turns HTTP exchanges into core commands and effects into bytes.
+
+REST resources, the channel and stream protocols, the NDJSON codec and the metrics
+endpoint. It sits on the generic HTTP server (:mod:`broker.http`) and the runtime
+(:mod:`broker.runtime`).
+"""
+
+from broker.api.routes import build_router
+
+__all__ = ["build_router"]

@@ -1,0 +1,25 @@
+"""Every endpoint of the HTTP API, bound to one runtime."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+from broker.api.channel import handle_channel
+from broker.api.rest import add_rest_routes
+from broker.api.stream import handle_stream
+from broker.http.router import Router
+from broker.runtime import BrokerRuntime
+
+__all__ = ["build_router"]
+
+
+def build_router(runtime: BrokerRuntime, *, metrics_handler: Any = None) -> Router:
+    """Every endpoint of the HTTP API, bound to ``runtime``."""
+    router = Router()
+    add_rest_routes(router, runtime)
+    router.add("POST", "/channel", partial(handle_channel, runtime))
+    router.add("GET", "/queues/{name}/stream", partial(handle_stream, runtime))
+    if metrics_handler is not None:
+        router.add("GET", "/metrics", metrics_handler)
+    return router
