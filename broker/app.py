@@ -10,9 +10,7 @@ from typing import Any
 
 import trio
 
-from broker.api import build_router
-from broker.api.errors import http_error
-from broker.api.metrics import BrokerMetrics
+from broker.api import BrokerMetrics, build_router, http_error
 from broker.config import Settings
 from broker.http import HTTPServer, Limits
 from broker.runtime import BrokerRuntime, RuntimeOptions

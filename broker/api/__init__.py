@@ -5,6 +5,8 @@ endpoint. It sits on the generic HTTP server (:mod:`broker.http`) and the runtim
 (:mod:`broker.runtime`).
 """
 
+from broker.api.errors import http_error
+from broker.api.metrics import BrokerMetrics
 from broker.api.routes import build_router
 
-__all__ = ["build_router"]
+__all__ = ["BrokerMetrics", "build_router", "http_error"]

@@ -8,7 +8,7 @@ from typing import Any
 from broker.api.channel import handle_channel
 from broker.api.rest import add_rest_routes
 from broker.api.stream import handle_stream
-from broker.http.router import Router
+from broker.http import Router
 from broker.runtime import BrokerRuntime
 
 __all__ = ["build_router"]
