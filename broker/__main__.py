@@ -25,6 +25,7 @@ import trio
 from broker.config import ConfigError, Settings, load_settings
 from broker.app import BrokerApp, build_app
 from broker.logs import configure_logging, reopen_log_files
+from broker.storage import FaultsNotAllowed, check_fault_environment
 
 log = logging.getLogger("ackbus")
 
@@ -118,7 +119,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         settings = load_settings(argv, os.environ)
         configure_logging(settings.log_level, settings.log_format, settings.log_file)
-    except ConfigError as exc:
+        check_fault_environment()
+    except (ConfigError, FaultsNotAllowed, ValueError) as exc:
         print(f"ackbus-broker: {exc}", file=sys.stderr)
         sys.exit(2)
     from broker import __version__

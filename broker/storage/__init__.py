@@ -5,22 +5,25 @@ This layer knows bytes and files, not HTTP and not the broker's data model. A re
 Records are numbered by LSN 1, 2, 3... across the log; the WAL assigns them in append
 order and reports, through a callback, the highest LSN that is durable.
 
-Typical use by the broker::
+Typical use (the broker's runtime does this, see ``broker.runtime``)::
 
     recovery = recover(data_dir)                      # read phase
+    core.begin_recovery()
     for rtype, payload in recovery.checkpoint_records:
-        core.load(rtype, payload)
+        core.replay(rtype, payload, 0)                # checkpoint state: no LSN
     for lsn, rtype, payload in recovery.wal_records:
-        core.replay(lsn, rtype, payload)
-    core_lsn_counter = recovery.last_lsn             # == recovery.next_lsn - 1
-    wal = WriteAheadLog.open(recovery, fsync_policy="always",
+        core.replay(rtype, payload, lsn)
+    core.finish_recovery(recovery.last_lsn)           # == recovery.next_lsn - 1
+    wal = WriteAheadLog.open(recovery, fsync_policy=parse_fsync_policy("always"),
                              on_durable=..., on_failure=..., on_recovered=...)
     async with trio.open_nursery() as nursery:       # append phase
         await nursery.start(wal.serve)
-        lsn = wal.append_nowait([(rtype, payload), ...])
+        last_lsn = wal.append_nowait([(rtype, payload), ...])
         ...
-        info = await trio.to_thread.run_sync(write_checkpoint, data_dir, lsn, records)
-        wal.release_through(info.lsn)
+        keep = SegmentsToKeep(wal.reader)             # segments the checkpoint refers to
+        await trio.to_thread.run_sync(write_checkpoint, data_dir, lsn, records)
+        await wal.sync()
+        wal.release_through(keep.release_limit(lsn), keep.counts)
         ...
         await wal.aclose()
 
@@ -48,6 +51,8 @@ from .framing import (
     encode_record,
     encode_records,
 )
+from .faults import FaultsNotAllowed
+from .faults import check_environment as check_fault_environment
 from .fs import FileSystem, OsFileSystem, WritableFile
 from .reader import SegmentsToKeep
 from .recovery import Recovery, RecoveryReport, TruncatedTail, VoidedRecords, recover
@@ -95,6 +100,9 @@ __all__ = [
     "FileSystem",
     "WritableFile",
     "OsFileSystem",
+    # test-only fault points
+    "FaultsNotAllowed",
+    "check_fault_environment",
     # errors
     "StorageError",
     "CorruptLog",

@@ -4,8 +4,12 @@ One job: let a test make the storage code crash or fail at an exact step, and ma
 cost nothing when no test asks for it.
 
 Fault points are inactive unless the environment variable ``ACKBUS_FAULTS`` names them
-(read once, on first use) or a test activates them with :func:`activate`. The variable is
-a comma-separated list of ``name[@skip][:count]``:
+(read once, on first use) or a test activates them with :func:`activate`. They are for
+tests only: ``ACKBUS_FAULTS`` is ignored unless ``ACKBUS_FAULTS_ALLOWED=1`` is set as
+well, so that a stray variable cannot arm a kill in a production broker (which refuses
+to start when it finds ``ACKBUS_FAULTS`` without the second variable; see
+:func:`check_environment`). The variable is a comma-separated list of
+``name[@skip][:count]``:
 
 * ``skip`` - let the first ``skip`` hits pass (default 0);
 * ``count`` - then trigger this many times (default: every hit).
@@ -44,7 +48,10 @@ from dataclasses import dataclass
 from typing import Final
 
 __all__ = [
+    "ALLOW_ENV_VAR",
     "ENV_VAR",
+    "FaultsNotAllowed",
+    "check_environment",
     "KILL_POINTS",
     "ERROR_POINTS",
     "FAULT_POINTS",
@@ -59,6 +66,7 @@ __all__ = [
 ]
 
 ENV_VAR: Final = "ACKBUS_FAULTS"
+ALLOW_ENV_VAR: Final = "ACKBUS_FAULTS_ALLOWED"
 
 KILL_POINTS: Final = frozenset(
     {
@@ -120,11 +128,37 @@ def parse_spec(spec: str) -> dict[str, tuple[int, int | None]]:
     return result
 
 
+class FaultsNotAllowed(Exception):
+    """``ACKBUS_FAULTS`` is set without ``ACKBUS_FAULTS_ALLOWED=1``."""
+
+
+def check_environment(environ: dict[str, str] | None = None) -> None:
+    """Refuse fault points named in the environment unless tests allowed them.
+
+    Raises:
+        FaultsNotAllowed: ``ACKBUS_FAULTS`` is set and ``ACKBUS_FAULTS_ALLOWED`` is not 1.
+        ValueError: it is allowed but malformed (see :func:`parse_spec`).
+    """
+    env = os.environ if environ is None else environ
+    spec = env.get(ENV_VAR, "")
+    if not spec.strip():
+        return
+    if env.get(ALLOW_ENV_VAR) != "1":
+        raise FaultsNotAllowed(
+            f"{ENV_VAR} is set ({spec!r}): it arms test-only fault points that kill the "
+            f"process or fail its writes. Unset it, or set {ALLOW_ENV_VAR}=1 as well "
+            "if this is a test."
+        )
+    parse_spec(spec)
+
+
 def _load_env_locked() -> None:
     global _env_loaded
     if _env_loaded:
         return
     _env_loaded = True
+    if os.environ.get(ALLOW_ENV_VAR) != "1":
+        return
     for name, (skip, count) in parse_spec(os.environ.get(ENV_VAR, "")).items():
         _active.setdefault(name, _Fault(skip, count))
 

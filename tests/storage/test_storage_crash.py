@@ -27,6 +27,7 @@ def run_writer(*args: object, faults: str | None = None) -> tuple[int, list[list
     env.pop("ACKBUS_FAULTS", None)
     if faults:
         env["ACKBUS_FAULTS"] = faults
+        env["ACKBUS_FAULTS_ALLOWED"] = "1"
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), *map(str, args)],
         cwd=ROOT,

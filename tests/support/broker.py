@@ -92,7 +92,10 @@ class BrokerProcess:
         assert self.proc is None or self.proc.poll() is not None, "already running"
         env = dict(os.environ)
         env.pop("ACKBUS_FAULTS", None)
+        env.pop("ACKBUS_FAULTS_ALLOWED", None)
         env.update(self.env)
+        if "ACKBUS_FAULTS" in self.env:
+            env["ACKBUS_FAULTS_ALLOWED"] = "1"  # fault points are refused without it
         env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
