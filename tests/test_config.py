@@ -385,3 +385,13 @@ def test_operations_doc_lists_every_setting() -> None:
     for info in describe_settings():
         row = f"| `{info.name}` | `{info.flag}` | `{info.env}` | `{info.show_default()}` |"
         assert row in doc, f"docs/operations.md lacks the row for {info.name}: {row}"
+
+
+def test_fsync_syntax_is_the_storage_layers() -> None:
+    """One parser for the fsync policy (broker.storage.parse_fsync_policy): every form
+    the WAL accepts, the settings accept, normalised to the WAL's text form."""
+    from broker.storage import parse_fsync_policy
+
+    for text in (" Interval = 50 ", "INTERVAL=50", "always", " never"):
+        value = load_settings(["--fsync", text], {}).fsync
+        assert value == str(parse_fsync_policy(text))

@@ -34,42 +34,47 @@ reference in ``docs/operations.md`` are derived from them (a test checks the doc
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import difflib
-import math
 import pathlib
-import re
-import tomllib
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, Final, Literal, NoReturn, cast
+from collections.abc import Callable, Mapping
+from typing import Any, Final, Literal
 
-from broker import __version__
+from broker.config.kinds import (
+    _BOOL,
+    _INT,
+    _NON_NEGATIVE,
+    _PATH,
+    _SECONDS,
+    _SIZE,
+    _STR,
+    KiB,
+    MiB,
+    _at_least,
+    _between,
+    _Check,
+    _Choice,
+    _Fsync,
+    _Invalid,
+    _Kind,
+    _OptionalPath,
+    _positive,
+)
+from broker.storage import parse_fsync_policy
 
 __all__ = [
     "ConfigError",
     "ENV_PREFIX",
     "CONFIG_ENV",
-    "GiB",
-    "KiB",
     "LogFormat",
     "LogLevel",
-    "MiB",
     "SettingInfo",
     "Settings",
-    "build_arg_parser",
     "describe_settings",
-    "format_size",
-    "load_settings",
-    "parse_size",
 ]
 
 ENV_PREFIX: Final = "ACKBUS_"
 CONFIG_ENV: Final = "ACKBUS_CONFIG"
 
-KiB: Final = 1024
-MiB: Final = 1024 * KiB
-GiB: Final = 1024 * MiB
 
 LogLevel = Literal["debug", "info", "warning", "error"]
 LogFormat = Literal["human", "json"]
@@ -87,273 +92,6 @@ class ConfigError(Exception):
         self.message = message
         self.setting = setting
         self.source = source
-
-
-class _Invalid(ValueError):
-    """Internal: a value failed conversion or a check; the caller adds name and source."""
-
-
-# --------------------------------------------------------------------------- kinds
-#
-# A kind converts a value from text (flags, environment) or from a Python value (TOML,
-# direct construction of Settings) and renders a default for people.
-
-
-class _Kind:
-    metavar = "VALUE"
-    type_name = "a value"
-
-    def parse(self, text: str) -> Any:
-        """Convert the text of a flag or environment variable; raise _Invalid."""
-        raise NotImplementedError
-
-    def coerce(self, value: object) -> Any:
-        """Convert a TOML value or a constructor argument; raise _Invalid."""
-        raise NotImplementedError
-
-    def show(self, value: Any) -> str:
-        return str(value)
-
-
-class _Str(_Kind):
-    metavar = "TEXT"
-    type_name = "a string"
-
-    def parse(self, text: str) -> Any:
-        if not text:
-            raise _Invalid("must not be empty")
-        return text
-
-    def coerce(self, value: object) -> Any:
-        if not isinstance(value, str):
-            raise _Invalid(f"must be {self.type_name}, not {_toml_type(value)}")
-        return self.parse(value)
-
-
-class _Choice(_Str):
-    def __init__(self, *choices: str) -> None:
-        self.choices = choices
-        self.metavar = "{" + ",".join(choices) + "}"
-
-    def parse(self, text: str) -> Any:
-        lowered = text.strip().lower()
-        if lowered not in self.choices:
-            raise _Invalid(f"must be one of {', '.join(self.choices)}")
-        return lowered
-
-
-class _Fsync(_Str):
-    metavar = "always|never|interval=MS"
-    _INTERVAL = re.compile(r"interval=(\d+)")
-
-    def parse(self, text: str) -> Any:
-        lowered = text.strip().lower()
-        if lowered in ("always", "never"):
-            return lowered
-        match = self._INTERVAL.fullmatch(lowered)
-        if match is None or int(match.group(1)) < 1:
-            raise _Invalid("must be always, never, or interval=<milliseconds> with milliseconds >= 1")
-        return f"interval={int(match.group(1))}"
-
-
-class _Path(_Kind):
-    metavar = "PATH"
-    type_name = "a path string"
-
-    def parse(self, text: str) -> Any:
-        if not text:
-            raise _Invalid("must not be empty")
-        return pathlib.Path(text)
-
-    def show(self, value: Any) -> str:
-        # Path("./data") prints as "data"; keep the "./" that makes it read as a path.
-        text = str(value)
-        return text if pathlib.PurePath(text).is_absolute() or text.startswith(".") else f"./{text}"
-
-    def coerce(self, value: object) -> Any:
-        if isinstance(value, pathlib.PurePath):
-            value = str(value)
-        if not isinstance(value, str):
-            raise _Invalid(f"must be {self.type_name}, not {_toml_type(value)}")
-        return self.parse(value)
-
-
-class _OptionalPath(_Path):
-    """A path where the empty string (or None, in Python) means "not set"."""
-
-    def parse(self, text: str) -> Any:
-        return pathlib.Path(text) if text else None
-
-    def coerce(self, value: object) -> Any:
-        return None if value is None else super().coerce(value)
-
-    def show(self, value: Any) -> str:
-        return "stderr" if value is None else super().show(value)
-
-
-class _Int(_Kind):
-    metavar = "N"
-    type_name = "an integer"
-
-    def parse(self, text: str) -> Any:
-        try:
-            return int(text.strip(), 10)
-        except ValueError:
-            raise _Invalid(f"must be {self.type_name}") from None
-
-    def coerce(self, value: object) -> Any:
-        # bool is a subclass of int in Python; `port = true` is a mistake, not 1.
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise _Invalid(f"must be {self.type_name}, not {_toml_type(value)}")
-        return value
-
-
-_SIZE_UNITS: Final[Mapping[str, int]] = {
-    "": 1,
-    "b": 1,
-    "k": KiB,
-    "kib": KiB,
-    "m": MiB,
-    "mib": MiB,
-    "g": GiB,
-    "gib": GiB,
-    "t": 1024 * GiB,
-    "tib": 1024 * GiB,
-    "kb": 1000,
-    "mb": 1000**2,
-    "gb": 1000**3,
-    "tb": 1000**4,
-}
-_SIZE_RE: Final = re.compile(r"\s*([+-]?\d[\d_]*)\s*([a-zA-Z]*)\s*")
-
-
-def parse_size(text: str) -> int:
-    """Parse a byte size such as ``65536``, ``16MiB``, ``64m`` or ``1MB``.
-
-    ``k``/``m``/``g``/``t`` and ``KiB``/``MiB``/``GiB``/``TiB`` are powers of 1024;
-    ``kB``/``MB``/``GB``/``TB`` are powers of 1000. Units are case-insensitive.
-    Raises ValueError when the text is not a size. The sign is kept, so that the caller
-    can say "must not be negative" rather than "not a size".
-    """
-    match = _SIZE_RE.fullmatch(text)
-    if match is None:
-        raise ValueError(f"not a size: {text!r}")
-    number, unit = match.groups()
-    multiplier = _SIZE_UNITS.get(unit.lower())
-    if multiplier is None:
-        raise ValueError(f"unknown size unit {unit!r} in {text!r}")
-    return int(number) * multiplier
-
-
-def format_size(value: int) -> str:
-    """Render a byte count with the largest binary unit that divides it: ``16MiB``."""
-    for unit, size in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
-        if value and value % size == 0:
-            return f"{value // size}{unit}"
-    return str(value)
-
-
-class _Size(_Int):
-    metavar = "BYTES"
-    type_name = "a size in bytes"
-
-    def parse(self, text: str) -> Any:
-        try:
-            return parse_size(text)
-        except ValueError:
-            raise _Invalid(f"must be {self.type_name}, optionally with a unit such as KiB, MiB, GiB") from None
-
-    def coerce(self, value: object) -> Any:
-        if isinstance(value, str):
-            return self.parse(value)
-        return super().coerce(value)
-
-    def show(self, value: Any) -> str:
-        return format_size(cast(int, value))
-
-
-class _Seconds(_Kind):
-    metavar = "SECONDS"
-    type_name = "a number of seconds"
-
-    def parse(self, text: str) -> Any:
-        try:
-            value = float(text.strip())
-        except ValueError:
-            raise _Invalid(f"must be {self.type_name}") from None
-        return self._finite(value)
-
-    def coerce(self, value: object) -> Any:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise _Invalid(f"must be {self.type_name}, not {_toml_type(value)}")
-        return self._finite(float(value))
-
-    @staticmethod
-    def _finite(value: float) -> float:
-        if not math.isfinite(value):
-            raise _Invalid("must be a finite number")
-        return value
-
-    def show(self, value: Any) -> str:
-        return f"{value:g}"
-
-
-_TRUE: Final = frozenset({"true", "1", "yes"})
-_FALSE: Final = frozenset({"false", "0", "no"})
-
-
-class _Bool(_Kind):
-    metavar = "BOOL"
-    type_name = "a boolean"
-
-    def parse(self, text: str) -> Any:
-        lowered = text.strip().lower()
-        if lowered in _TRUE:
-            return True
-        if lowered in _FALSE:
-            return False
-        raise _Invalid("must be one of true/false, 1/0, yes/no")
-
-    def coerce(self, value: object) -> Any:
-        if not isinstance(value, bool):
-            raise _Invalid(f"must be {self.type_name}, not {_toml_type(value)}")
-        return value
-
-    def show(self, value: Any) -> str:
-        return "true" if value else "false"
-
-
-def _toml_type(value: object) -> str:
-    names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "an array", dict: "a table"}
-    return names.get(type(value), type(value).__name__)
-
-
-# --------------------------------------------------------------------------- checks
-
-_Check = Callable[[Any], str | None]
-
-
-def _at_least(low: float) -> _Check:
-    def check(value: Any) -> str | None:
-        if value < low:
-            return "must not be negative" if low == 0 else f"must be at least {low:g}"
-        return None
-
-    return check
-
-
-def _between(low: int, high: int) -> _Check:
-    def check(value: Any) -> str | None:
-        return None if low <= value <= high else f"must be between {low} and {high}"
-
-    return check
-
-
-def _positive(value: Any) -> str | None:
-    return None if value > 0 else "must be greater than 0"
-
-
-_NON_NEGATIVE: Final = _at_least(0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -388,12 +126,6 @@ def _setting(default: Any, kind: _Kind, group: str, help: str, check: _Check | N
     return dataclasses.field(default=default, metadata={"ackbus": info})
 
 
-_STR = _Str()
-_PATH = _Path()
-_INT = _Int()
-_SIZE = _Size()
-_SECONDS = _Seconds()
-_BOOL = _Bool()
 
 
 # --------------------------------------------------------------------------- settings
@@ -537,9 +269,8 @@ class Settings:
     @property
     def fsync_interval_ms(self) -> int | None:
         """The ``interval=MS`` of :attr:`fsync` as an int, else None."""
-        if self.fsync.startswith("interval="):
-            return int(self.fsync.removeprefix("interval="))
-        return None
+        policy = parse_fsync_policy(self.fsync)
+        return policy.interval_ms if policy.mode == "interval" else None
 
     def as_dict(self) -> dict[str, str | int | float | bool | None]:
         """JSON-friendly view (paths as strings), for the start-up log line and /overview."""
@@ -591,120 +322,3 @@ def _check_together(values: Mapping[str, Any], sources: Mapping[str, str]) -> No
             setting="default_lease_s",
             source=sources["default_lease_s"],
         )
-
-
-class _ArgumentParser(argparse.ArgumentParser):
-    """argparse, but a usage error raises ConfigError instead of exiting by itself."""
-
-    def error(self, message: str) -> NoReturn:
-        raise ConfigError(f"{message} (see --help)", source="command line")
-
-
-_GROUP_TITLES: Final = {
-    "network": "network",
-    "http": "HTTP limits and timeouts",
-    "limits": "entity limits",
-    "storage": "storage (write-ahead log)",
-    "messaging": "messaging",
-    "logging": "logging",
-}
-
-_EPILOG: Final = f"""\
-Every setting can also come from an environment variable {ENV_PREFIX}<NAME> or from a
-TOML file (--config or {CONFIG_ENV}) whose keys are the setting names, such as
-max_body_bytes = "16MiB". Precedence: flags > environment > config file > defaults.
-Sizes accept units: k/KiB, m/MiB, g/GiB (x1024) and kB, MB, GB (x1000).
-Durations are in seconds."""
-
-
-def build_arg_parser(prog: str = "ackbus-broker") -> argparse.ArgumentParser:
-    """The broker's command-line parser: ``--config``, ``--version`` and one flag per setting.
-
-    Every setting flag has ``default=None`` (and booleans a ``--no-`` twin), so the
-    loader can tell "not given" from "given"; the help text carries the real default
-    and the environment variable. Usage errors raise :class:`ConfigError`.
-    """
-    parser = _ArgumentParser(
-        prog=prog,
-        description="ackbus: an AMQP-style message broker spoken over HTTP/1.1.",
-        epilog=_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        allow_abbrev=False,
-    )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    parser.add_argument(
-        "--config", metavar="PATH", default=None, help=f"TOML file of settings (env: {CONFIG_ENV})"
-    )
-    groups = {key: parser.add_argument_group(title) for key, title in _GROUP_TITLES.items()}
-    for info in _INFOS:
-        text = f"{info.help} (default: {info.show_default()}; env: {info.env})".replace("%", "%%")
-        group = groups[info.group]
-        if isinstance(info.kind, _Bool):
-            group.add_argument(
-                info.flag, dest=info.name, action=argparse.BooleanOptionalAction, default=None, help=text
-            )
-        else:
-            group.add_argument(info.flag, dest=info.name, metavar=info.metavar, default=None, help=text)
-    return parser
-
-
-def load_settings(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Settings:
-    """Read settings from flags, environment and config file; validate; return them.
-
-    ``argv`` excludes the program name (None: ``sys.argv[1:]``). ``environ`` is passed
-    in, not read from ``os.environ``, so that tests need no monkeypatching; environment
-    variables that start with ``ACKBUS_`` but name no setting are ignored (the client
-    and the test fault points use that prefix too).
-
-    Raises ConfigError for any invalid value, unreadable or malformed config file,
-    unknown config key or usage error. ``--help`` and ``--version`` print and raise
-    ``SystemExit(0)``, as argparse does.
-    """
-    args = build_arg_parser().parse_args(argv)
-
-    values: dict[str, Any] = {info.name: info.default for info in _INFOS}
-    sources: dict[str, str] = dict.fromkeys(values, "default")
-
-    config_path: str | None = args.config
-    config_source = "--config"
-    if config_path is None and environ.get(CONFIG_ENV):
-        config_path, config_source = environ[CONFIG_ENV], f"environment variable {CONFIG_ENV}"
-    if config_path is not None:
-        for info, raw, source in _read_toml(config_path, config_source):
-            values[info.name] = _validate(info, info.kind.coerce, raw, source)
-            sources[info.name] = source
-
-    for info in _INFOS:
-        text = environ.get(info.env)
-        if text is not None:
-            source = f"environment variable {info.env}"
-            values[info.name] = _validate(info, info.kind.parse, text, source)
-            sources[info.name] = source
-
-    for info in _INFOS:
-        given = getattr(args, info.name)
-        if given is not None:
-            parse = info.kind.coerce if isinstance(given, bool) else info.kind.parse
-            values[info.name] = _validate(info, parse, given, info.flag)
-            sources[info.name] = info.flag
-
-    _check_together(values, sources)
-    return Settings(**values)
-
-
-def _read_toml(path: str, how: str) -> Iterator[tuple[SettingInfo, object, str]]:
-    source = f"config file {path}"
-    try:
-        with open(path, "rb") as file:
-            document = tomllib.load(file)
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {path} (from {how}): {exc.strerror or exc}", source=source) from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"config file {path} is not valid TOML: {exc}", source=source) from exc
-    for key, raw in document.items():
-        info = _BY_NAME.get(key)
-        if info is None:
-            hint = difflib.get_close_matches(key.replace("-", "_").lower(), _BY_NAME, n=1)
-            suggestion = f"; did you mean {hint[0]!r}?" if hint else ""
-            raise ConfigError(f"unknown setting {key!r} in {source}{suggestion}", setting=key, source=source)
-        yield info, raw, source

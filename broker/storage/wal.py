@@ -192,8 +192,8 @@ def parse_fsync_policy(text: str | int | FsyncPolicy) -> FsyncPolicy:
         if interval_ms >= 1:
             return FsyncPolicy.every(interval_ms)
     raise InvalidConfiguration(
-        f"invalid fsync policy {text!r}: expected 'always', 'never' or 'interval=<ms>' "
-        "with a positive whole number of milliseconds, e.g. 'interval=50'"
+        f"invalid fsync policy {text!r}: must be always, never, or interval=<ms> "
+        "with a whole number of milliseconds >= 1, e.g. interval=50"
     )
 
 
