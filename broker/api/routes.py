@@ -19,7 +19,9 @@ def build_router(runtime: BrokerRuntime, *, metrics_handler: Any = None) -> Rout
     router = Router()
     add_rest_routes(router, runtime)
     router.add("POST", "/channel", partial(handle_channel, runtime))
-    router.add("GET", "/queues/{name}/stream", partial(handle_stream, runtime))
+    # A streaming consume hands out (and may auto-ack) messages: never for a HEAD,
+    # whose response would carry none of them.
+    router.add("GET", "/queues/{name}/stream", partial(handle_stream, runtime), head=False)
     if metrics_handler is not None:
         router.add("GET", "/metrics", metrics_handler)
     return router

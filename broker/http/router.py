@@ -7,13 +7,17 @@ Rules:
 * The request path is split on ``/`` **before** percent-decoding, so an encoded slash
   (``%2F``) stays inside its segment: ``/queues/a%2Fb`` has the parameter
   ``name="a/b"`` (RFC 3986 section 2.2: a percent-encoded reserved character is data,
-  not a delimiter). Segments decode as UTF-8; invalid UTF-8 is a ``400``.
+  not a delimiter). Segments decode as UTF-8; invalid UTF-8 is a ``400``, and so is a
+  ``%`` not followed by two hex digits (RFC 3986 section 2.1: ``pct-encoded =
+  "%" HEXDIG HEXDIG``), which would otherwise be taken literally.
 * Literal segments win over placeholders (``/queues/stats`` before
   ``/queues/{name}``), with backtracking, so registration order never matters.
 * No route for the path → ``404 not_found``. Routes for the path but not for the
   method → ``405 method_not_allowed`` with an ``Allow`` header (RFC 9110 section
-  15.5.6). ``HEAD`` is served by the ``GET`` handler when no ``HEAD`` route exists
-  (RFC 9110 section 9.3.2); the response layer drops the body.
+  15.5.6). ``HEAD`` is served by a ``GET`` route's handler (RFC 9110 section 9.3.2;
+  the response layer drops the body) unless that route was added with ``head=False``:
+  a ``GET`` whose handler has effects (a streaming consume hands out messages) must
+  not run for a ``HEAD`` that will never see them, so ``HEAD`` there is a ``405``.
 
 The routes live in a trie keyed by segment, so matching costs one dict lookup per
 segment whatever the number of routes.
@@ -35,18 +39,23 @@ _H = TypeVar("_H", bound=Handler)
 
 _PARAM_RE: Final = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _METHOD_RE: Final = re.compile(r"[A-Z]+")
+#: A ``%`` that does not start a ``%XX`` escape.
+_BAD_ESCAPE_RE: Final = re.compile(r"%(?![0-9A-Fa-f]{2})")
 
 
 class _Node:
     """One trie node: children by literal segment, one placeholder child, and the
     handlers of the routes that end here (by method, with their parameter names)."""
 
-    __slots__ = ("literals", "param", "routes")
+    __slots__ = ("implicit_head", "literals", "param", "routes")
 
     def __init__(self) -> None:
         self.literals: dict[str, _Node] = {}
         self.param: _Node | None = None
         self.routes: dict[str, tuple[Handler, tuple[str, ...]]] = {}
+        #: ``HEAD`` is here only as the twin of the ``GET`` route (an explicit ``HEAD``
+        #: route replaces it).
+        self.implicit_head = False
 
 
 class RouteMatch:
@@ -62,14 +71,19 @@ class RouteMatch:
 def split_path(path: str) -> list[str]:
     """Split a request path into percent-decoded segments.
 
-    Raises: ``InvalidRequest`` if a segment's percent-decoding is not UTF-8 or the
-    path does not start with ``/``.
+    Raises: ``InvalidRequest`` if a segment's percent-decoding is not UTF-8, a ``%``
+    does not start a ``%XX`` escape, or the path does not start with ``/``.
     """
     if not path.startswith("/"):
         raise InvalidRequest(f"request path must start with '/': {path[:64]!r}")
     segments = path[1:].split("/")
     for index, segment in enumerate(segments):
         if "%" in segment:
+            if _BAD_ESCAPE_RE.search(segment) is not None:
+                raise InvalidRequest(
+                    f"path segment {segment[:64]!r} has a '%' that is not a %XX escape "
+                    "(write a literal '%' as %25)"
+                )
             try:
                 segments[index] = unquote(segment, errors="strict")
             except UnicodeDecodeError:
@@ -95,8 +109,10 @@ class Router:
     def __init__(self) -> None:
         self._root = _Node()
 
-    def add(self, method: str, pattern: str, handler: Handler) -> None:
-        """Register ``handler`` for ``method`` on ``pattern``.
+    def add(self, method: str, pattern: str, handler: Handler, *, head: bool = True) -> None:
+        """Register ``handler`` for ``method`` on ``pattern``. A ``GET`` route serves
+        ``HEAD`` too unless ``head=False`` (its handler has effects a ``HEAD`` must not
+        cause).
 
         Raises: ``ValueError`` for a malformed pattern or method, a repeated
         placeholder name, or a route already registered for this method and shape.
@@ -124,15 +140,20 @@ class Router:
                         "whole segment like {name}, and literals are given decoded"
                     )
                 node = node.literals.setdefault(segment, _Node())
-        if method in node.routes:
+        if method in node.routes and not (method == "HEAD" and node.implicit_head):
             raise ValueError(f"route {method} {pattern} is already registered")
         node.routes[method] = (handler, tuple(names))
+        if method == "HEAD":
+            node.implicit_head = False
+        elif method == "GET" and head and "HEAD" not in node.routes:
+            node.routes["HEAD"] = (handler, tuple(names))
+            node.implicit_head = True
 
-    def route(self, method: str, pattern: str) -> Callable[[_H], _H]:
+    def route(self, method: str, pattern: str, *, head: bool = True) -> Callable[[_H], _H]:
         """Decorator form of :meth:`add`."""
 
         def register(handler: _H) -> _H:
-            self.add(method, pattern, handler)
+            self.add(method, pattern, handler, head=head)
             return handler
 
         return register
@@ -151,13 +172,8 @@ class Router:
             raise NoSuchEndpoint(f"no such endpoint: {path[:200]}")
         routes = found.routes
         route = routes.get(method)
-        if route is None and method == "HEAD":
-            route = routes.get("GET")
         if route is None:
-            allow = set(routes)
-            if "GET" in allow:
-                allow.add("HEAD")
-            raise MethodNotAllowed(method, path[:200], sorted(allow))
+            raise MethodNotAllowed(method, path[:200], sorted(routes))
         handler, names = route
         return RouteMatch(handler, dict(zip(names, values, strict=True)))
 
@@ -165,7 +181,7 @@ class Router:
         self, node: _Node, segments: list[str], index: int, method: str, values: list[str]
     ) -> _Node | None:
         """Depth-first search, literals first. Returns the first end node serving
-        ``method`` (or ``GET`` for ``HEAD``); failing that, the first end node with any
+        ``method``; failing that, the first end node with any
         route, so the caller can answer 405 rather than 404. ``values`` ends holding the
         placeholder values along the returned path."""
         if index == len(segments):
@@ -204,4 +220,4 @@ class Router:
 
 
 def _serves(node: _Node, method: str) -> bool:
-    return method in node.routes or (method == "HEAD" and "GET" in node.routes)
+    return method in node.routes

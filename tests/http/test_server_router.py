@@ -237,3 +237,27 @@ def test_protocol_error_mapping() -> None:
     assert isinstance(big, HeaderFieldsTooLarge) and big.status == 431
     te = protocol_error(h11.RemoteProtocolError("x", error_status_hint=501))
     assert isinstance(te, NotImplementedByServer) and te.to_json()["error"] == "not_implemented"
+
+
+@pytest.mark.parametrize("path", ["/queues/%", "/queues/%%", "/queues/a%2", "/queues/%zz", "/queues/x%g1"])
+def test_a_percent_sign_that_is_not_an_escape_is_400(path: str) -> None:
+    # before: taken literally, so PUT /queues/% declared a queue named "%"
+    with pytest.raises(InvalidArgument, match="not a %XX escape"):
+        make_router().match("GET", path)
+
+
+def test_a_get_route_added_with_head_false_refuses_head() -> None:
+    router = Router()
+    router.add("GET", "/queues/{name}/stream", _h, head=False)
+    with pytest.raises(MethodNotAllowed) as info:
+        router.match("HEAD", "/queues/q/stream")
+    assert info.value.allow == ("GET",)
+    assert router.match("GET", "/queues/q/stream").handler is _h
+
+
+def test_an_explicit_head_route_replaces_the_get_twin() -> None:
+    router = Router()
+    router.add("GET", "/x", _h)
+    router.add("HEAD", "/x", _h2)
+    assert router.match("HEAD", "/x").handler is _h2
+    assert router.match("GET", "/x").handler is _h
