@@ -49,6 +49,11 @@ class Limits:
     #: Concurrent connections; a connection over the limit is answered ``503`` and
     #: closed at once.
     max_connections: int = 10_000
+    #: File descriptors kept free for the rest of the process (the broker's log opens
+    #: segment files to read paged-out messages back): a connection whose socket
+    #: leaves fewer than this many under the soft ``RLIMIT_NOFILE`` is answered ``503``
+    #: and closed, as over ``max_connections``. Clients can retry; the log cannot.
+    reserved_fds: int = 64
     #: Bytes read per ``receive_some`` call.
     read_chunk_bytes: int = 64 * 1024
     #: After a response that leaves part of the request body unread, up to this many
@@ -72,7 +77,7 @@ class Limits:
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"Limits.{name} must be positive")
-        for name in ("max_drain_bytes", "max_linger_bytes", "linger_s"):
+        for name in ("max_drain_bytes", "max_linger_bytes", "linger_s", "reserved_fds"):
             if getattr(self, name) < 0:
                 raise ValueError(f"Limits.{name} must not be negative")
         for name in ("header_timeout_s", "idle_timeout_s", "body_timeout_s"):

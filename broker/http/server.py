@@ -106,6 +106,9 @@ class HTTPServer:
         self._total_accepted = 0
         self._rejected = 0
         self._drained: trio.Event | None = None
+        #: A socket with a descriptor at or above this leaves fewer than
+        #: ``limits.reserved_fds`` free (descriptors are allocated lowest first).
+        self._fd_ceiling = _soft_nofile_limit() - self._shared.limits.reserved_fds
 
     @property
     def limits(self) -> Limits:
@@ -197,7 +200,11 @@ class HTTPServer:
         ``Cancelled``."""
         shared = self._shared
         self._total_accepted += 1
-        if len(shared.connections) >= shared.limits.max_connections or self._stopped:
+        if (
+            len(shared.connections) >= shared.limits.max_connections
+            or self._stopped
+            or _fd_of(stream) >= self._fd_ceiling
+        ):
             self._rejected += 1
             await _turn_away(stream)
             return
@@ -285,6 +292,23 @@ class HTTPServer:
             active_requests=active,
             streaming_responses=streaming,
         )
+
+
+def _soft_nofile_limit() -> int:
+    """The process's soft limit on open descriptors (no limit where unknown)."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not POSIX
+        return 1 << 62
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return soft if soft != resource.RLIM_INFINITY else 1 << 62
+
+
+def _fd_of(stream: trio.abc.Stream) -> int:
+    """The descriptor of a socket stream (-1 for other streams)."""
+    if isinstance(stream, trio.SocketStream):
+        return stream.socket.fileno()
+    return -1
 
 
 async def _turn_away(stream: trio.abc.Stream) -> None:

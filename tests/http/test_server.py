@@ -6,6 +6,8 @@ abandoned requests can be sent exactly as a hostile or buggy client would.
 
 from __future__ import annotations
 
+import contextlib
+
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -817,3 +819,36 @@ async def test_serve_http_hands_back_the_server() -> None:
 async def test_payload_too_large_is_a_broker_error() -> None:
     # handlers may raise it themselves; the server maps it like any BrokerError
     assert PayloadTooLarge("x").status == 413
+
+
+async def test_connections_that_would_eat_the_reserved_descriptors_get_503(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Client sockets must not take the last descriptors: the broker's log needs them
+    to read messages back (with every descriptor taken, reads failed with EMFILE)."""
+    import socket
+
+    from broker.http import server as server_module
+
+    probe = socket.socket()
+    lowest_free = probe.fileno()
+    probe.close()
+    # Room for about 12 more descriptors before the reserve; each connection costs two
+    # here (client and server sockets live in this one process).
+    monkeypatch.setattr(server_module, "_soft_nofile_limit", lambda: lowest_free + 12 + 64)
+    async with running(Limits(reserved_fds=64)) as (server, port, _):
+        async with contextlib.AsyncExitStack() as stack:
+            statuses = []
+            for _ in range(12):
+                stream, reader = await stack.enter_async_context(connect(port))
+                await stream.send_all(get("/healthz"))
+                statuses.append((await reader.response()).status)
+            assert statuses[0] == 200
+            assert 503 in statuses
+            admitted = statuses.count(200)
+            assert 1 <= admitted <= 6
+            assert server.statistics().rejected_connections == statuses.count(503)
+        with trio.fail_after(5):
+            while server.statistics().open_connections:
+                await trio.sleep(0.01)
+        assert (await roundtrip(port, get("/healthz"))).status == 200
