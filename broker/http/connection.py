@@ -49,6 +49,16 @@ Failure rules
 * Any other exception: logged on ``ackbus.http``, 500 ``internal_error`` if the
   response had not started, connection closed. Other connections are unaffected.
 * The client leaving mid-exchange surfaces in the handler as ``ClientDisconnected``.
+
+Why one module of ~1,200 lines
+------------------------------
+
+:class:`Request`, :class:`Response` and :class:`_Connection` are three views of one
+h11 state machine and one socket: the request reads body events the connection loop
+would otherwise read, the response writes under the connection's send lock and its
+direct-write path touches the connection's left-over bytes, and the loop finishes what
+both leave behind. Split across modules they would reach into each other's private
+state; kept together, every rule above is enforced in one place.
 """
 
 from __future__ import annotations
