@@ -32,7 +32,7 @@ from .errors import (
 )
 from .message import PROPERTY_NAMES, Entry, Message, check_properties
 from .names import check_name, check_routing_key
-from .records import RecordType
+from .records import RecordType, ref_lsns
 from .routing import EXCHANGE_TYPES, headers_match, topic_matches
 
 __all__ = [
@@ -70,6 +70,7 @@ __all__ = [
     "check_name",
     "check_routing_key",
     "RecordType",
+    "ref_lsns",
     "EXCHANGE_TYPES",
     "headers_match",
     "topic_matches",

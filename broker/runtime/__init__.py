@@ -1,10 +1,22 @@
 """The runtime: carries out the core's effects with trio.
 
-It owns the sans-IO core, the write-ahead log, the timers and the checkpoint schedule,
-and glues recovery together at start. It imports the core and storage, never the HTTP
-server or the API layer: those call into it.
+It owns the sans-IO core, the write-ahead log, the timers and the checkpoint schedule
+(``checkpoints.py``), and glues recovery together at start (``recovery.py``). It talks
+to the log, the channels and metrics through typed ports (``ports.py``). It imports the
+core and storage, never the HTTP server or the API layer: those call into it.
 """
 
-from broker.runtime.runtime import BrokerRuntime, ChannelSink, RuntimeOptions
+from broker.runtime.checkpoints import Checkpointer
+from broker.runtime.options import RuntimeOptions
+from broker.runtime.ports import ChannelSink, Flushable, LogPort, MetricsPort
+from broker.runtime.runtime import BrokerRuntime
 
-__all__ = ["BrokerRuntime", "ChannelSink", "RuntimeOptions"]
+__all__ = [
+    "BrokerRuntime",
+    "ChannelSink",
+    "Checkpointer",
+    "Flushable",
+    "LogPort",
+    "MetricsPort",
+    "RuntimeOptions",
+]

@@ -2,28 +2,27 @@
 
 :class:`BrokerRuntime` owns the sans-IO :class:`~broker.core.Broker`, the write-ahead
 log, the timers and the checkpoint schedule. Handlers call core commands through it
-and then :meth:`BrokerRuntime.pump`, which takes the core's effects and acts on them:
-channel events go to the outbox of the channel they address, log records to the WAL
-(whose durability reports come back as :meth:`Broker.durable`), long-poll wake-ups to
-parked getters. Every state change of the core happens on the trio thread.
+and then :meth:`BrokerRuntime.pump`, which takes the core's effects and acts on them
+through a table from effect type to handler: channel events go to the outbox of the
+channel they address, log records to the WAL (whose durability reports come back as
+:meth:`Broker.durable`), long-poll wake-ups to parked getters. Every state change of the
+core happens on the trio thread.
 """
 
 from __future__ import annotations
 
-import gc
 import logging
 import math
-import os
 import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import trio
 
 from broker.core import (
+    REST_CHANNEL,
     AppendRecords,
     Broker,
     Confirm,
@@ -33,70 +32,17 @@ from broker.core import (
     Effect,
     MessageLost,
     QueueReady,
-    REST_CHANNEL,
-    RecordType,
     Return,
     Unavailable,
 )
-from broker.core.records import ref_lsns
+from broker.runtime.checkpoints import Checkpointer
+from broker.runtime.options import RuntimeOptions
+from broker.runtime.ports import ChannelSink, Flushable, LogPort, MetricsPort
+from broker.runtime.recovery import WALCallbacks, recover_broker
 
-__all__ = ["BrokerRuntime", "ChannelSink", "RuntimeOptions"]
-
-# Batches of at most this many WAL records are written and fsynced on the event loop
-# thread instead of a worker thread: the thread hand-off costs about as much as the
-# fsync (~150 us vs ~200 us on the benchmark machine), and a batch this small means
-# there is little traffic to overlap with. One-at-a-time confirmed publish, raw client:
-# p50 0.84 -> 0.59 ms, p99 3.9 -> 1.4 ms. Bigger batches (load) still go to the thread.
-WAL_INLINE_MAX_RECORDS = 8
-# A segment a checkpoint keeps only for its queued messages is compacted (those few
-# messages logged again, so the next checkpoint can delete it) once at most one record
-# in this many is a queued message: rewriting a segment's records costs at most a
-# quarter of the space it frees.
-COMPACT_LIVE_DIVISOR = 4
-# Recoveries of at least this many records end with gc.freeze() (see _recover).
-GC_FREEZE_MIN_RECORDS = 10_000
+__all__ = ["BrokerRuntime"]
 
 log = logging.getLogger("ackbus.runtime")
-
-
-class ChannelSink(Protocol):
-    """Where a channel's events go: the channel or stream handler's outbox."""
-
-    def push(self, effect: Any) -> None: ...
-
-    def closing(self, reason: str) -> None: ...
-
-    def shutdown(self) -> None: ...
-
-
-class Flushable(Protocol):
-    """A sink that can send its queued events in the caller's step (``want_flush``)."""
-
-    def flush_nowait(self) -> bool: ...
-
-
-@dataclass
-class RuntimeOptions:
-    """The runtime's share of the settings (see broker.config for their meaning)."""
-
-    data_dir: Path | None = None  # None: memory only, nothing written
-    fsync: str = "always"
-    segment_max_bytes: int = 64 << 20
-    checkpoint_interval_s: float = 300.0
-    checkpoint_wal_bytes: int = 256 << 20
-    queue_memory_messages: int = 2048
-    repair: bool = False
-    dedup_window_s: float = 120.0
-    default_lease_s: float = 30.0
-    max_lease_s: float = 43200.0
-    consumer_timeout_s: float = 1800.0
-    channel_buffer_bytes: int = 1 << 20
-    max_queues: int = 10000
-    max_exchanges: int = 10000
-    max_prefetch: int = 65535
-    max_channels: int = 2048
-    max_wait_s: float = 60.0
-    max_body_bytes: int = 16 << 20
 
 
 @dataclass
@@ -123,7 +69,7 @@ class BrokerRuntime:
         *,
         clock: Callable[[], float] = trio.current_time,
         wall_clock: Callable[[], float] = time.time,
-        metrics: Any = None,
+        metrics: MetricsPort | None = None,
     ) -> None:
         self.options = options
         self.boot_id = secrets.token_hex(4)
@@ -145,7 +91,7 @@ class BrokerRuntime:
         self.started_at = time.time()
         self.ready = False
         self.shutting_down = False
-        self.wal: Any = None
+        self.wal: LogPort | None = None
         self.sinks: dict[int, ChannelSink] = {}
         # Sinks that queued events since the last pump: it tries to send them at once.
         self._to_flush: list[Flushable] = []
@@ -153,22 +99,37 @@ class BrokerRuntime:
         self._queue_events: dict[str, trio.Event] = {}
         self._timer_wakeup = trio.Event()
         self._timer_at = math.inf
-        self._checkpoint_lock = trio.Lock()
-        self._wal_bytes_at_checkpoint = 0
-        self._last_checkpoint_time = 0.0
-        self.checkpoints = 0
-        self.last_checkpoint_lsn = 0
-        self.segments_kept = 0  # covered by the last checkpoint, kept for message bodies
-        self.compacted_segments = 0
+        self.checkpointer: Checkpointer | None = None
+        if options.data_dir is not None:
+            self.checkpointer = Checkpointer(
+                self.core,
+                options.data_dir,
+                interval_s=options.checkpoint_interval_s,
+                wal_bytes=options.checkpoint_wal_bytes,
+                metrics=metrics,
+                pump=self.pump,
+            )
         self.messages_lost = 0  # paged-out messages whose record could not be read back
-        self.last_checkpoint_duration_s = 0.0
         self.recovery_info: dict[str, Any] = {}
         self._durable_waiters: list[_DurableWaiter] = []
         self.ready_event = trio.Event()
+        # A store written by AppendRecords with no log: the pump goes round again.
+        self._again = False
+        #: How each kind of effect is carried out (see _carry_out).
+        self._effect_handlers: dict[type[Effect], Callable[[Any], None]] = {
+            Deliver: self._to_channel,
+            Confirm: self._to_channel,
+            Return: self._to_channel,
+            ConsumerCancelled: self._to_channel,
+            DeliveryExpired: self._to_channel,
+            AppendRecords: self._append_records,
+            QueueReady: self._queue_ready,
+            MessageLost: self._message_lost,
+        }
 
     # --------------------------------------------------------------- lifecycle
 
-    async def serve(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Recover, then run the WAL writer, timers and checkpoints until cancelled.
 
         ``task_status.started()`` is called at once (before recovery) so the HTTP
@@ -176,83 +137,29 @@ class BrokerRuntime:
         """
         async with trio.open_nursery() as nursery:
             task_status.started()
-            if self.options.data_dir is not None:
-                await self._recover()
-                await nursery.start(self.wal.serve)
-                nursery.start_soon(self._serve_checkpoints)
+            if self.options.data_dir is not None and self.checkpointer is not None:
+                recovered = await recover_broker(
+                    self.core,
+                    self.options.data_dir,
+                    repair=self.options.repair,
+                    fsync=self.options.fsync,
+                    segment_max_bytes=self.options.segment_max_bytes,
+                    callbacks=WALCallbacks(
+                        on_durable=self._on_durable,
+                        on_failure=self._on_failure,
+                        on_recovered=self._on_recovered,
+                        on_fsync=self._on_fsync,
+                    ),
+                )
+                self.wal = recovered.wal
+                self.recovery_info = recovered.info
+                self.checkpointer.started(recovered.wal, recovered.checkpoint_lsn)
+                await nursery.start(recovered.wal.serve)
+                nursery.start_soon(self.checkpointer.serve)
             nursery.start_soon(self._serve_timers)
             self.ready = True
             self.ready_event.set()
             log.info("broker ready", extra={"fields": self.recovery_info})
-
-    async def _recover(self) -> None:
-        from broker import storage
-
-        data_dir = self.options.data_dir
-        assert data_dir is not None
-        started = time.perf_counter()
-
-        def recover_sync() -> Any:
-            os.makedirs(data_dir, exist_ok=True)
-            recovery = storage.recover(data_dir, repair=self.options.repair)
-            core = self.core
-            # Recovered messages stay in the log segments (paged out) and are read back
-            # from them by LSN when their turn comes.
-            core.read_log = recovery.reader.read
-            core.begin_recovery()
-            n_ckpt = n_wal = 0
-            for rtype, payload in recovery.checkpoint_records:
-                core.replay(rtype, payload, 0)
-                n_ckpt += 1
-            core.last_lsn = max(core.last_lsn, recovery.checkpoint_lsn)
-            for lsn, rtype, payload in recovery.wal_records:
-                core.replay(rtype, payload, lsn)
-                n_wal += 1
-            # Records after the checkpoint mean the broker did not stop cleanly (a clean
-            # stop ends with a checkpoint covering everything).
-            core.finish_recovery(recovery.last_lsn, assume_delivered=n_wal > 0)
-            return recovery, n_ckpt, n_wal
-
-        # Recovery builds millions of long-lived objects and no garbage cycles: the
-        # cyclic collector would only re-scan them again and again (1M messages:
-        # 8.3 s with it, 6.6 s without). Afterwards they are moved out of its way
-        # (gc.freeze) so that serving does not re-scan them either; they are still
-        # freed by reference counting once consumed.
-        gc_enabled = gc.isenabled()
-        gc.disable()
-        try:
-            recovery, n_ckpt, n_wal = await trio.to_thread.run_sync(recover_sync)
-        finally:
-            if gc_enabled:
-                gc.enable()
-        if n_ckpt + n_wal >= GC_FREEZE_MIN_RECORDS:
-            gc.freeze()
-        self.wal = storage.WriteAheadLog.open(
-            recovery,
-            fsync_policy=storage.parse_fsync_policy(self.options.fsync),
-            segment_max_bytes=self.options.segment_max_bytes,
-            inline_max_records=WAL_INLINE_MAX_RECORDS,
-            on_durable=self._on_durable,
-            on_failure=self._on_failure,
-            on_recovered=self._on_recovered,
-            on_fsync=self._on_fsync,
-        )
-        self.last_checkpoint_lsn = recovery.checkpoint_lsn
-        self._last_checkpoint_time = trio.current_time()
-        totals = self.core.totals()
-        self.recovery_info = {
-            "checkpoint_records": n_ckpt,
-            "wal_records": n_wal,
-            "last_lsn": self.core.last_lsn,
-            "messages": totals["messages_ready"],
-            "queues": totals["queues"],
-            "duration_s": round(time.perf_counter() - started, 3),
-        }
-        report = recovery.report
-        if report.truncated:
-            self.recovery_info["truncated"] = [str(t) for t in report.truncated]
-        if report.voided:
-            self.recovery_info["voided"] = [str(v) for v in report.voided]
 
     # -------------------------------------------------------------- the pump
 
@@ -276,47 +183,47 @@ class BrokerRuntime:
                     self._carry_out(effects)
 
     def _carry_out(self, effects: list[Effect]) -> None:
-        core = self.core
-        sinks = self.sinks
-        again = False
+        handlers = self._effect_handlers
         for effect in effects:
-            kind = type(effect)
-            if kind is Deliver or kind is Confirm or kind is Return or kind is ConsumerCancelled or kind is DeliveryExpired:
-                channel_id = effect.channel_id  # type: ignore[attr-defined]
-                if channel_id == REST_CHANNEL:
-                    self._rest_effect(effect)
-                    continue
-                sink = sinks.get(channel_id)
-                if sink is not None:
-                    sink.push(effect)
-            elif kind is AppendRecords:
-                assert isinstance(effect, AppendRecords)
-                if self.wal is None:
-                    core.durable(effect.last_lsn)
-                    again = True
-                else:
-                    last = self.wal.append_nowait(effect.records, lazy=effect.lazy)
-                    if last != effect.last_lsn:  # pragma: no cover - would be a bug
-                        raise RuntimeError(f"LSN mismatch: core {effect.last_lsn}, wal {last}")
-            elif kind is QueueReady:
-                assert isinstance(effect, QueueReady)
-                event = self._queue_events.pop(effect.queue, None)
-                if event is not None:
-                    event.set()
-            elif kind is MessageLost:
-                assert isinstance(effect, MessageLost)
-                self.messages_lost += 1
-                log.error(
-                    "message lost: its record cannot be read back from the log",
-                    extra={"fields": {"queue": effect.queue, "seq": effect.seq, "lsn": effect.lsn, "reason": effect.reason}},
-                )
-        if again:
+            handlers[type(effect)](effect)
+        if self._again:
+            self._again = False
             self.pump()
-        earliest = core.earliest_timer()
+        earliest = self.core.earliest_timer()
         if earliest is not None and earliest < self._timer_at:
             self._timer_wakeup.set()
 
-    def _rest_effect(self, effect: Any) -> None:
+    def _to_channel(self, effect: Deliver | Confirm | Return | ConsumerCancelled | DeliveryExpired) -> None:
+        channel_id = effect.channel_id
+        if channel_id == REST_CHANNEL:
+            self._rest_effect(effect)
+            return
+        sink = self.sinks.get(channel_id)
+        if sink is not None:
+            sink.push(effect)
+
+    def _append_records(self, effect: AppendRecords) -> None:
+        if self.wal is None:
+            self.core.durable(effect.last_lsn)
+            self._again = True
+            return
+        last = self.wal.append_nowait(effect.records, lazy=effect.lazy)
+        if last != effect.last_lsn:  # pragma: no cover - would be a bug
+            raise RuntimeError(f"LSN mismatch: core {effect.last_lsn}, wal {last}")
+
+    def _queue_ready(self, effect: QueueReady) -> None:
+        event = self._queue_events.pop(effect.queue, None)
+        if event is not None:
+            event.set()
+
+    def _message_lost(self, effect: MessageLost) -> None:
+        self.messages_lost += 1
+        log.error(
+            "message lost: its record cannot be read back from the log",
+            extra={"fields": {"queue": effect.queue, "seq": effect.seq, "lsn": effect.lsn, "reason": effect.reason}},
+        )
+
+    def _rest_effect(self, effect: Effect) -> None:
         if isinstance(effect, Confirm):
             waiters = self._rest_publishes
             if effect.multiple:
@@ -336,6 +243,7 @@ class BrokerRuntime:
     # ------------------------------------------------------------ REST helpers
 
     def check_ready(self) -> None:
+        """Raises ``Unavailable`` while recovering or shutting down."""
         if not self.ready:
             raise Unavailable("the broker is recovering", code="not_ready")
         if self.shutting_down:
@@ -434,111 +342,20 @@ class BrokerRuntime:
 
     # ------------------------------------------------------------- checkpoints
 
-    async def _serve_checkpoints(self) -> None:
-        interval_s = self.options.checkpoint_interval_s or math.inf  # 0 disables
-        size_bytes = self.options.checkpoint_wal_bytes or math.inf  # 0 disables
-        while True:
-            await trio.sleep(min(1.0, interval_s))
-            stats = self.wal.statistics()
-            grown = stats.bytes_written - self._wal_bytes_at_checkpoint
-            due_by_time = trio.current_time() - self._last_checkpoint_time >= interval_s
-            if grown >= size_bytes or (due_by_time and grown > 0):
-                try:
-                    await self.checkpoint()
-                except OSError as exc:
-                    log.error("checkpoint failed; will retry", extra={"fields": {"error": str(exc)}})
-                    self._last_checkpoint_time = trio.current_time()
-
     async def checkpoint(self, *, compact: bool = True) -> None:
-        """Write a checkpoint of the durable state and drop the log it covers.
-        ``compact``: then log again the messages of mostly consumed kept segments.
+        """Write a checkpoint now (see :meth:`Checkpointer.checkpoint`); nothing
+        without a log."""
+        if self.checkpointer is not None:
+            await self.checkpointer.checkpoint(compact=compact)
 
-        The snapshot is produced chunk by chunk on the trio thread (each chunk when the
-        writer thread asks for it) while the file is written and fsynced in a worker
-        thread, so serving continues throughout.
-        """
-        if self.wal is None:
-            return
-        from broker import storage
+    @property
+    def checkpoints(self) -> int:
+        """Checkpoints written since start."""
+        return self.checkpointer.count if self.checkpointer is not None else 0
 
-        async with self._checkpoint_lock:
-            started = time.perf_counter()
-            self.pump()
-            bytes_before = self.wal.statistics().bytes_written
-            lsn, chunks = self.core.snapshot()
-            sentinel: list[tuple[int, bytes]] = []
-            # Segments the checkpoint covers but must keep: they hold the bodies of
-            # the queued messages it refers to.
-            keep = storage.SegmentsToKeep(self.wal.reader)
-
-            def next_chunk() -> list[tuple[int, bytes]]:
-                return next(chunks, sentinel)
-
-            def records() -> Any:
-                while True:
-                    chunk = trio.from_thread.run_sync(next_chunk)
-                    if chunk is sentinel:
-                        return
-                    for rtype, payload in chunk:
-                        if rtype == RecordType.QUEUE_REFS:
-                            keep.add(ref_lsns(payload))
-                    yield from chunk
-
-            assert self.options.data_dir is not None
-            data_dir = Path(self.options.data_dir)
-            await trio.to_thread.run_sync(storage.write_checkpoint, data_dir, lsn, records())
-            # The checkpoint refers to records by LSN: they must be on disk before the
-            # segments it no longer needs go (under fsync=always they already are).
-            try:
-                await self.wal.sync()
-            except storage.WALFailed as exc:
-                log.warning(
-                    "checkpoint written, but the log cannot be synced: no segment deleted",
-                    extra={"fields": {"lsn": lsn, "error": str(exc)}},
-                )
-            else:
-                self.wal.release_through(keep.release_limit(lsn), keep.counts)
-                self.segments_kept = len(keep.counts)
-                if compact:
-                    self._compact(keep.counts, lsn)
-            self._wal_bytes_at_checkpoint = bytes_before
-            self._last_checkpoint_time = trio.current_time()
-            self.checkpoints += 1
-            self.last_checkpoint_lsn = lsn
-            self.last_checkpoint_duration_s = time.perf_counter() - started
-            if self.metrics is not None:
-                self.metrics.observe_checkpoint(self.last_checkpoint_duration_s)
-            log.info(
-                "checkpoint written",
-                extra={"fields": {"lsn": lsn, "duration_s": round(self.last_checkpoint_duration_s, 3)}},
-            )
-
-    def _compact(self, kept: dict[int, int], covered: int) -> None:
-        """Log again the few queued messages of mostly consumed segments the checkpoint
-        just written covers and kept, so that the next checkpoint can delete those
-        segments (see docs/durability.md). Never the segment being appended to: the
-        copies would land in it again."""
-        reader = self.wal.reader
-        active = self.wal.active_first_lsn
-        sparse = []
-        for first, live in kept.items():
-            records = reader.record_count(first)
-            if (
-                records
-                and first != active
-                and first + records - 1 <= covered
-                and live * COMPACT_LIVE_DIVISOR <= records
-            ):
-                sparse.append((first, first + records))
-        if not sparse:
-            return
-        logged = self.core.relocate(sorted(sparse))
-        self.pump()
-        self.compacted_segments += len(sparse)
-        log.info(
-            "compacting WAL segments",
-            extra={"fields": {"segments": len(sparse), "messages_logged_again": logged}},
-        )
+    @property
+    def last_checkpoint_lsn(self) -> int:
+        return self.checkpointer.last_lsn if self.checkpointer is not None else 0
 
     # --------------------------------------------------------------- shutdown
 
@@ -588,8 +405,10 @@ class BrokerRuntime:
             await self.wal.aclose()
 
     def overview(self) -> dict[str, Any]:
+        """``GET /overview``: version, uptime, totals, storage and recovery state."""
         from broker import __version__
 
+        ckpt = self.checkpointer
         info: dict[str, Any] = {
             "version": __version__,
             "uptime_s": round(time.time() - self.started_at, 3),
@@ -607,8 +426,8 @@ class BrokerRuntime:
                 "fsync": self.options.fsync,
                 # messages whose bodies are only in the WAL segments (see docs/durability.md)
                 "messages_paged_out": sum(len(q.paged) for q in self.core.queues.values()),
-                "segments_kept": self.segments_kept,
-                "segments_compacted": self.compacted_segments,
+                "segments_kept": ckpt.segments_kept if ckpt is not None else 0,
+                "segments_compacted": ckpt.compacted_segments if ckpt is not None else 0,
             },
             "recovery": self.recovery_info,
         }

@@ -54,7 +54,7 @@ from .framing import (
 from .faults import FaultsNotAllowed
 from .faults import check_environment as check_fault_environment
 from .fs import FileSystem, OsFileSystem, WritableFile
-from .reader import SegmentsToKeep
+from .reader import LogReader, SegmentsToKeep
 from .recovery import Recovery, RecoveryReport, TruncatedTail, VoidedRecords, recover
 from .wal import (
     DEFAULT_RETRY_INTERVAL_S,
@@ -84,6 +84,7 @@ __all__ = [
     "WALStatistics",
     "WriteAheadLog",
     "SegmentsToKeep",
+    "LogReader",
     "open_wal",
     # checkpoints
     "CheckpointInfo",

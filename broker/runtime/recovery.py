@@ -1,0 +1,129 @@
+"""Recovery at start: read the log back into the core, then open the log for appends.
+
+The read phase (``storage.recover``: the last checkpoint, then the log after it) runs in
+a worker thread and replays every record into the core there: the trio thread is free to
+answer ``/healthz`` with "recovering" meanwhile, and nothing else touches the core until
+recovery has finished. The append phase opens the write-ahead log on what was read.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from broker import storage
+from broker.core import Broker
+
+__all__ = ["GC_FREEZE_MIN_RECORDS", "Recovered", "WALCallbacks", "WAL_INLINE_MAX_RECORDS", "recover_broker"]
+
+# Batches of at most this many WAL records are written and fsynced on the event loop
+# thread instead of a worker thread: the thread hand-off costs about as much as the
+# fsync (~150 us vs ~200 us on the benchmark machine), and a batch this small means
+# there is little traffic to overlap with. One-at-a-time confirmed publish, raw client:
+# p50 0.84 -> 0.59 ms, p99 3.9 -> 1.4 ms. Bigger batches (load) still go to the thread.
+WAL_INLINE_MAX_RECORDS = 8
+# Recoveries of at least this many records end with gc.freeze() (see recover_broker).
+GC_FREEZE_MIN_RECORDS = 10_000
+
+
+@dataclass
+class Recovered:
+    """What recovery produced: the log, open for appends, and a report for people."""
+
+    wal: storage.WriteAheadLog
+    checkpoint_lsn: int
+    info: dict[str, Any]
+
+
+@dataclass
+class WALCallbacks:
+    """How the log reports back to the runtime (see ``storage.WriteAheadLog.open``)."""
+
+    on_durable: Callable[[int], None]
+    on_failure: Callable[[int, int, OSError], None]
+    on_recovered: Callable[[], None]
+    on_fsync: Callable[[float], None]
+
+
+async def recover_broker(
+    core: Broker,
+    data_dir: Path,
+    *,
+    repair: bool,
+    fsync: str,
+    segment_max_bytes: int,
+    callbacks: WALCallbacks,
+) -> Recovered:
+    """Replay ``data_dir``'s checkpoint and log into ``core`` and open the log.
+
+    Raises: ``storage.StorageError`` for a log that cannot be recovered (corruption
+    before its tail, unless ``repair``); ``OSError`` when the directory cannot be used.
+    """
+    started = time.perf_counter()
+
+    def recover_sync() -> tuple[storage.Recovery, int, int]:
+        os.makedirs(data_dir, exist_ok=True)
+        recovery = storage.recover(data_dir, repair=repair)
+        # Recovered messages stay in the log segments (paged out) and are read back
+        # from them by LSN when their turn comes.
+        core.read_log = recovery.reader.read
+        core.begin_recovery()
+        n_ckpt = n_wal = 0
+        for rtype, payload in recovery.checkpoint_records:
+            core.replay(rtype, payload, 0)
+            n_ckpt += 1
+        core.last_lsn = max(core.last_lsn, recovery.checkpoint_lsn)
+        for lsn, rtype, payload in recovery.wal_records:
+            core.replay(rtype, payload, lsn)
+            n_wal += 1
+        # Records after the checkpoint mean the broker did not stop cleanly (a clean
+        # stop ends with a checkpoint covering everything).
+        core.finish_recovery(recovery.last_lsn, assume_delivered=n_wal > 0)
+        return recovery, n_ckpt, n_wal
+
+    # Recovery builds millions of long-lived objects and no garbage cycles: the cyclic
+    # collector would only re-scan them again and again (1M messages: 8.3 s with it,
+    # 6.6 s without). Afterwards they are moved out of its way (gc.freeze) so that
+    # serving does not re-scan them either; they are still freed by reference counting
+    # once consumed.
+    gc_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        recovery, n_ckpt, n_wal = await trio.to_thread.run_sync(recover_sync)
+    finally:
+        if gc_enabled:
+            gc.enable()
+    if n_ckpt + n_wal >= GC_FREEZE_MIN_RECORDS:
+        gc.freeze()
+    wal = storage.WriteAheadLog.open(
+        recovery,
+        fsync_policy=storage.parse_fsync_policy(fsync),
+        segment_max_bytes=segment_max_bytes,
+        inline_max_records=WAL_INLINE_MAX_RECORDS,
+        on_durable=callbacks.on_durable,
+        on_failure=callbacks.on_failure,
+        on_recovered=callbacks.on_recovered,
+        on_fsync=callbacks.on_fsync,
+    )
+    totals = core.totals()
+    info: dict[str, Any] = {
+        "checkpoint_records": n_ckpt,
+        "wal_records": n_wal,
+        "last_lsn": core.last_lsn,
+        "messages": totals["messages_ready"],
+        "queues": totals["queues"],
+        "duration_s": round(time.perf_counter() - started, 3),
+    }
+    report = recovery.report
+    if report.truncated:
+        info["truncated"] = [str(t) for t in report.truncated]
+    if report.voided:
+        info["voided"] = [str(v) for v in report.voided]
+    return Recovered(wal, recovery.checkpoint_lsn, info)
