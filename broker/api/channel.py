@@ -145,14 +145,29 @@ class ChannelSession:
             self._room.set()
             if not self._pending_confirms():
                 self._confirms_settled.set()
+                if self.closing_reason is not None:
+                    self.end_if_quiet()
 
     def closing(self, reason: str) -> None:
-        """The broker is shutting down: say so; operations are still taken until
-        :meth:`shutdown`, so in-flight publishes are confirmed and acks still land."""
+        """The broker is shutting down: say so. Operations are still taken, so
+        in-flight publishes are confirmed and acks still land, until the client closes
+        the channel, or has nothing left to settle (see :meth:`end_if_quiet`), or the
+        runtime's drain deadline calls :meth:`shutdown`."""
         if self.closing_reason is None:
             self.closing_reason = reason
             self.send_event({"ev": "closing", "reason": reason})
             self.closing_event.set()
+            self.end_if_quiet()
+
+    def end_if_quiet(self) -> None:
+        """While the broker shuts down: end the channel once every publish it took is
+        confirmed and none of its deliveries is unacked, since nothing the client could
+        still send would change anything. Does nothing before ``closing``."""
+        if self.closing_reason is None:
+            return
+        ch = self.core.channels.get(self.channel_id)
+        if ch is None or (not ch.deliveries and not len(ch.confirms)):
+            self.reader_scope.cancel()
 
     def shutdown(self) -> None:
         """Stop reading operations; the writer flushes what is queued and the channel ends."""
@@ -311,6 +326,8 @@ class ChannelSession:
                                 await self.apply(op)
                 finally:
                     self.runtime.pump()
+                if self.closing_reason is not None:
+                    self.end_if_quiet()  # the acks sent in answer to closing may be the last
                 await self.wait_outbox_room()
             if pending.strip():
                 await self.apply(parse_op_line(bytes(pending)))
@@ -578,7 +595,7 @@ async def handle_channel(runtime: BrokerRuntime, request: Any, response: Any) ->
     core = runtime.core
     channel_id = core.open_channel()
     session = ChannelSession(runtime, channel_id, response)
-    runtime.sinks[channel_id] = session
+    runtime.add_sink(channel_id, session)
     log.info("channel opened", extra={"fields": {"channel": channel_id}})
     reason = "channel closed"
     disconnected = False
@@ -627,7 +644,7 @@ async def handle_channel(runtime: BrokerRuntime, request: Any, response: Any) ->
     except ClientDisconnected:
         reason = "client disconnected"
     finally:
-        runtime.sinks.pop(channel_id, None)
+        runtime.remove_sink(channel_id)
         core.close_channel(channel_id, reason)
         runtime.pump()
         log.info("channel closed", extra={"fields": {"channel": channel_id, "reason": reason}})

@@ -86,7 +86,7 @@ async def handle_stream(runtime: BrokerRuntime, request: Any, response: Any) -> 
     core = runtime.core
     channel_id = core.open_channel()
     sink = _StreamSink()
-    runtime.sinks[channel_id] = sink
+    runtime.add_sink(channel_id, sink)
     disconnected = False
     try:
         # Auto mode is not a no_ack consumer: its deliveries are acked by the writer
@@ -119,7 +119,7 @@ async def handle_stream(runtime: BrokerRuntime, request: Any, response: Any) -> 
     except ClientDisconnected:
         pass
     finally:
-        runtime.sinks.pop(channel_id, None)
+        runtime.remove_sink(channel_id)
         core.close_channel(channel_id, "stream ended")
         runtime.pump()
 

@@ -93,6 +93,8 @@ class BrokerRuntime:
         self.shutting_down = False
         self.wal: LogPort | None = None
         self.sinks: dict[int, ChannelSink] = {}
+        # Set (and replaced) whenever a sink goes: the drain waits on it.
+        self._sink_removed = trio.Event()
         # Sinks that queued events since the last pump: it tries to send them at once.
         self._to_flush: list[Flushable] = []
         self._rest_publishes: dict[int, _RestPublish] = {}
@@ -160,6 +162,18 @@ class BrokerRuntime:
             self.ready = True
             self.ready_event.set()
             log.info("broker ready", extra={"fields": self.recovery_info})
+
+    # ------------------------------------------------------------------ sinks
+
+    def add_sink(self, channel_id: int, sink: ChannelSink) -> None:
+        """Send the events of ``channel_id`` to ``sink`` from now on."""
+        self.sinks[channel_id] = sink
+
+    def remove_sink(self, channel_id: int) -> None:
+        """The channel or stream of ``channel_id`` has ended."""
+        if self.sinks.pop(channel_id, None) is not None:
+            self._sink_removed.set()
+            self._sink_removed = trio.Event()
 
     # -------------------------------------------------------------- the pump
 
@@ -362,8 +376,10 @@ class BrokerRuntime:
     async def drain(self, timeout_s: float) -> bool:
         """Begin a graceful shutdown: stop deliveries, send ``closing`` to every
         channel, wait (at most ``timeout_s``) until every record is durable and so
-        every confirm is sent, then tell every channel to end. Returns whether
-        everything drained in time."""
+        every confirm is sent, and until every channel has ended: a channel ends when
+        its client closes it or has nothing left to settle, so acks sent in answer to
+        ``closing`` still land. Then tell the channels still open to end. Returns
+        whether the log synced everything in time."""
         self.shutting_down = True
         self.core.delivering = False
         for sink in list(self.sinks.values()):
@@ -378,6 +394,8 @@ class BrokerRuntime:
                 log.error("shutdown drain: storage failed", extra={"fields": {"error": str(exc)}})
             else:
                 drained = True
+            while self.sinks:
+                await self._sink_removed.wait()
         for sink in list(self.sinks.values()):
             sink.shutdown()
         return drained

@@ -471,3 +471,66 @@ def test_sigterm_during_recovery_exits_0_once_recovery_ends(tmp_path: Path) -> N
         assert status == 200 and queue["messages_ready"] == n
     finally:
         broker.stop()
+
+
+def _consume_held(broker: BrokerProcess, queue: str, count: int) -> RawChannel:
+    """A channel holding ``count`` unacked deliveries of ``queue``."""
+    ch = RawChannel(broker.port)
+    ch.send({"op": "consume", "queue": queue, "consumer_tag": "c", "prefetch": count, "id": 1})
+    delivered = 0
+    while delivered < count:
+        ev = ch.next_event()
+        if ev["ev"] == "deliver":
+            delivered += 1
+    return ch
+
+
+def _until_closing(ch: RawChannel) -> None:
+    while True:
+        ev = ch.next_event()
+        assert ev["ev"] != "deliver", "a delivery during shutdown"
+        if ev["ev"] == "closing":
+            return
+
+
+def test_acks_sent_in_answer_to_closing_land(tmp_path: Path) -> None:
+    """docs/operations.md: during the drain, acks still land. A consumer that acks
+    some of its messages after `closing` and then closes: those stay acked after the
+    restart, the rest come back redelivered. A second consumer that acks everything it
+    holds after `closing` sees the broker end its channel without closing it."""
+    broker = BrokerProcess(tmp_path / "data", args=[*BROKER_ARGS, "--shutdown-timeout-s", "60"])
+    broker.start()
+    try:
+        for q in ("work", "other"):
+            assert broker.request("PUT", f"/queues/{q}", {})[0] == 201
+        publish_confirmed(broker, "work", [f"w{i}" for i in range(50)])
+        publish_confirmed(broker, "other", [f"o{i}" for i in range(10)])
+        partial = _consume_held(broker, "work", 50)
+        complete = _consume_held(broker, "other", 10)
+        assert broker.proc is not None
+        broker.proc.send_signal(signal.SIGTERM)
+        _until_closing(partial)
+        _until_closing(complete)
+        for tag in range(1, 31):  # one chunk per ack: the drain must outlast a few
+            partial.send({"op": "ack", "delivery_tag": tag})
+            time.sleep(0.005)
+        complete.send({"op": "ack", "delivery_tag": 10, "multiple": True})
+        partial.send({"op": "close", "id": 2})
+        while (ev := partial.next_event())["ev"] != "close_ok":
+            assert ev["ev"] not in ("deliver", "error"), ev
+        with pytest.raises(ChannelGone):  # ended by the broker: nothing left to settle
+            while True:
+                ev = complete.next_event()
+                assert ev["ev"] not in ("deliver", "error"), ev
+        partial.close()
+        complete.close()
+        assert broker.proc.wait(timeout=30) == 0, broker.log_tail()
+        broker.proc = None
+        broker.start()
+        left_work = broker.drain("work")
+        left_other = broker.drain("other")
+    finally:
+        broker.stop()
+    assert sorted(int(m["body"][1:]) for m in left_work) == list(range(30, 50))
+    assert all(m["redelivered"] for m in left_work)
+    assert left_other == []
