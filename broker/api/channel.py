@@ -30,8 +30,9 @@ Rules (docs/protocol.md):
 * However the exchange ends (``close``, end of the request body, disconnect, channel
   error, broker shutdown) the channel is closed in the core exactly once: unacked
   deliveries go back to their queues and consumers are cancelled. Once the channel is
-  ending (``close_ok`` or ``error`` queued) its consumers are cancelled at once, so no
-  delivery follows those events.
+  ending (``close_ok`` or ``error`` queued) its consumers are cancelled at once and the
+  session detaches from the runtime, so no event (a delivery, an ack timeout
+  expiring) follows those final events.
 """
 
 from __future__ import annotations
@@ -174,6 +175,13 @@ class ChannelSession:
         self.reader_scope.cancel()
 
     # outbox ------------------------------------------------------------
+
+    def send_final(self, event: dict[str, Any]) -> None:
+        """Queue the channel's last event (``close_ok`` or ``error``) and detach from
+        the runtime: nothing the core still produces for this channel (an ack timeout
+        expiring before the channel is closed in the core) may follow it."""
+        self.send_event(event)
+        self.runtime.remove_sink(self.channel_id)
 
     def send_event(self, event: dict[str, Any]) -> None:
         self.outbox.append(event)
@@ -352,7 +360,7 @@ class ChannelSession:
                     # Raised outside the nursery, so the caller sees it unwrapped.
                     raise ClientDisconnected("client closed the connection")
             self.stop_consumers()
-            self.send_event({"ev": "close_ok"})
+            self.send_final({"ev": "close_ok"})
         except _ChannelClosed:
             pass
 
@@ -561,7 +569,7 @@ async def _op_close(s: ChannelSession, op: dict[str, Any]) -> None:
     s.runtime.pump()
     await s.flush_confirms()
     s.stop_consumers()
-    s.send_event(_reply(op, "close_ok"))
+    s.send_final(_reply(op, "close_ok"))
     raise _ChannelClosed()
 
 
@@ -631,7 +639,7 @@ async def handle_channel(runtime: BrokerRuntime, request: Any, response: Any) ->
                 failed = session.current_op
                 if failed is not None and "id" in failed:
                     event["id"] = failed["id"]
-                session.send_event(event)
+                session.send_final(event)
             finally:
                 session.finished = True
                 session._wakeup.set()
