@@ -188,6 +188,10 @@ class BrokerRuntime:
         effects = self.core.take_effects()
         if effects:
             self._carry_out(effects)
+        else:
+            # A command may set a deadline without any effect (a lease handed out on a
+            # non-durable queue writes nothing): the timer task must still hear of it.
+            self._wake_timer_if_earlier()
         while self._to_flush:
             sinks, self._to_flush = self._to_flush, []
             if any([sink.flush_nowait() for sink in sinks]):  # a list: flush every one
@@ -203,6 +207,9 @@ class BrokerRuntime:
         if self._again:
             self._again = False
             self.pump()
+        self._wake_timer_if_earlier()
+
+    def _wake_timer_if_earlier(self) -> None:
         earliest = self.core.earliest_timer()
         if earliest is not None and earliest < self._timer_at:
             self._timer_wakeup.set()

@@ -406,3 +406,22 @@ async def test_settling_on_an_unknown_queue_is_404(client: HTTPClient) -> None:
         assert_error(await client.post(f"/queues/nope/{action}", json=body), 404, "not_found")
     assert await stats(client, "q") == (0, 1)
     assert (await client.post("/queues/q/ack", json={"lease_ids": [leased["lease_id"]]})).json() == {"acked": 1}
+
+
+async def test_a_lease_on_a_non_durable_queue_expires_on_time_on_an_idle_broker(
+    autojump_clock: trio.testing.MockClock, memory_client: HTTPClient
+) -> None:
+    # A get on a non-durable queue writes nothing to the log, so the pump had no
+    # effect to carry out and never woke the timer task for the lease's deadline:
+    # the message stayed unacked (40 s and more) until something else happened.
+    reply = await memory_client.put("/queues/lq", json={"durable": False})
+    assert reply.status == 201
+    await publish(memory_client, "lq", b"m")
+    [message] = await get(memory_client, "lq", "lease=1")
+    assert await stats(memory_client, "lq") == (0, 1)
+    start = trio.current_time()
+    await trio.sleep(1.5)
+    assert await stats(memory_client, "lq") == (1, 0), "the lease did not expire on time"
+    assert trio.current_time() - start < 2
+    [again] = await get(memory_client, "lq")
+    assert again["body"] == "m" and again["redelivered"]
