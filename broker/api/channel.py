@@ -52,7 +52,6 @@ from broker.core import (
     Deliver,
     InvalidArgument,
     Return,
-    Unavailable,
     check_properties,
 )
 from broker.core.broker import DELIVERY_OVERHEAD_BYTES
@@ -596,10 +595,7 @@ _SETTLE_OPS = {_op_ack, _op_nack, _op_reject, _op_touch}
 async def handle_channel(runtime: BrokerRuntime, request: Any, response: Any) -> None:
     """Serve one channel for the lifetime of this HTTP exchange."""
     runtime.check_ready()
-    if len(runtime.sinks) >= runtime.options.max_channels:
-        raise Unavailable(
-            f"channel limit reached ({runtime.options.max_channels})", code="limit_reached"
-        )
+    runtime.check_channel_room()
     core = runtime.core
     channel_id = core.open_channel()
     session = ChannelSession(runtime, channel_id, response)

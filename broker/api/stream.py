@@ -83,6 +83,7 @@ async def handle_stream(runtime: BrokerRuntime, request: Any, response: Any) -> 
     )
     sse = "text/event-stream" in (request.headers.get("accept") or "")
     await request.read_body()
+    runtime.check_channel_room()
     core = runtime.core
     channel_id = core.open_channel()
     sink = _StreamSink()

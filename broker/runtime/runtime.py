@@ -165,6 +165,14 @@ class BrokerRuntime:
 
     # ------------------------------------------------------------------ sinks
 
+    def check_channel_room(self) -> None:
+        """Raises ``Unavailable`` (``limit_reached``) when ``max_channels`` channels and
+        streams are open: one limit for both, since each holds a core channel."""
+        if len(self.sinks) >= self.options.max_channels:
+            raise Unavailable(
+                f"channel limit reached ({self.options.max_channels})", code="limit_reached"
+            )
+
     def add_sink(self, channel_id: int, sink: ChannelSink) -> None:
         """Send the events of ``channel_id`` to ``sink`` from now on."""
         self.sinks[channel_id] = sink

@@ -470,3 +470,20 @@ async def test_a_body_with_content_length_is_a_channel_too(app: BrokerApp, clien
             break
     events = [orjson.loads(line) for line in raw.splitlines()]
     assert [e["ev"] for e in events] == ["open", "ok", "ack", "close_ok"]
+
+
+async def test_streams_count_against_max_channels_like_channels() -> None:
+    # Each stream holds a core channel: before, 20 of 20 streams were served with
+    # max_channels=5 while POST /channel already got 503.
+    async with open_tcp_broker(max_channels=2) as app, Clients(app.port) as c:
+        assert (await c.rest("PUT", "/queues/s"))[0] == 201
+        first = await c.stream("s")
+        second = await c.stream("s")
+        assert first.status == 200 and second.status == 200
+        status, body = await c.rest("GET", "/queues/s/stream")
+        assert status == 503 and body["error"] == "limit_reached"
+        status, body = await c.rest(
+            "POST", "/channel", b"", headers=[("Content-Type", "application/x-ndjson")]
+        )
+        assert status == 503 and body["error"] == "limit_reached"
+        assert len(app.runtime.sinks) == 2
