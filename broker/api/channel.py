@@ -52,6 +52,7 @@ from broker.core import (
     Deliver,
     InvalidArgument,
     Return,
+    check_json_value,
     check_properties,
 )
 from broker.core.broker import DELIVERY_OVERHEAD_BYTES
@@ -373,7 +374,8 @@ class ChannelSession:
             return
         handler = _OPS.get(name) if isinstance(name, str) else None
         if handler is None:
-            raise ChannelError(f"unknown op {name!r}", code="unknown_op")
+            raise ChannelError(f"unknown op {str(name)[:64]!r}", code="unknown_op")
+        _check_id(op)
         if handler not in _SETTLE_OPS:
             # Events caused by earlier ops go out before this op's reply (a barrier).
             self.runtime.pump()
@@ -402,12 +404,32 @@ class ChannelSession:
         self.unconfirmed_bytes += charge
 
 
+def _echo_id(op: dict[str, Any]) -> tuple[bool, Any]:
+    """(whether to echo, the id): an op's ``id`` (any JSON value: the client's
+    correlation token) is echoed only within the bounds of every JSON value the broker
+    keeps (``check_json_value``): one nested too deep could not even be encoded."""
+    if "id" not in op:
+        return False, None
+    try:
+        check_json_value(op["id"], "id")
+    except InvalidArgument:
+        return False, None
+    return True, op["id"]
+
+
+def _check_id(op: dict[str, Any]) -> None:
+    """Raises InvalidArgument for an ``id`` that cannot be echoed."""
+    if "id" in op:
+        check_json_value(op["id"], "id")
+
+
 def _reply(request: dict[str, Any], ev: str, /, **fields: Any) -> dict[str, Any]:
     """The reply event ``ev`` to the op ``request`` (echoing its ``id``). Positional-only
     parameters: replies carry a field named ``op``."""
     event: dict[str, Any] = {"ev": ev}
-    if "id" in request:
-        event["id"] = request["id"]
+    echo, op_id = _echo_id(request)
+    if echo:
+        event["id"] = op_id
     event.update(fields)
     return event
 
@@ -633,8 +655,10 @@ async def handle_channel(runtime: BrokerRuntime, request: Any, response: Any) ->
                 event = exc.to_json()
                 event["ev"] = "error"
                 failed = session.current_op
-                if failed is not None and "id" in failed:
-                    event["id"] = failed["id"]
+                if failed is not None:
+                    echo, op_id = _echo_id(failed)
+                    if echo:
+                        event["id"] = op_id
                 session.send_final(event)
             finally:
                 session.finished = True

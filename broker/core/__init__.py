@@ -30,7 +30,16 @@ from .errors import (
     ResourceLocked,
     Unavailable,
 )
-from .message import PROPERTY_NAMES, Entry, Message, check_properties
+from .message import (
+    MAX_EXPIRATION_MS,
+    MAX_JSON_DEPTH,
+    MAX_JSON_ITEMS,
+    PROPERTY_NAMES,
+    Entry,
+    Message,
+    check_json_value,
+    check_properties,
+)
 from .names import check_name, check_routing_key
 from .records import RecordType, ref_lsns
 from .routing import EXCHANGE_TYPES, headers_match, topic_matches
@@ -67,6 +76,10 @@ __all__ = [
     "Message",
     "PROPERTY_NAMES",
     "check_properties",
+    "check_json_value",
+    "MAX_EXPIRATION_MS",
+    "MAX_JSON_DEPTH",
+    "MAX_JSON_ITEMS",
     "check_name",
     "check_routing_key",
     "RecordType",

@@ -70,7 +70,7 @@ from .errors import (
     ResourceLocked,
     Unavailable,
 )
-from .message import Entry, Message
+from .message import Entry, Message, check_json_value
 from .names import check_name, check_routing_key
 from .paging import ReplayIndex, locator, mark_all_delivered
 from .routing import EXCHANGE_TYPES
@@ -1857,6 +1857,7 @@ def _check_arguments(arguments: Any) -> dict[str, Any]:
         return {}
     if not isinstance(arguments, dict):
         raise InvalidArgument("arguments must be an object")
+    check_json_value(arguments, "arguments")
     return arguments
 
 

@@ -11,7 +11,16 @@ from typing import Any
 
 from .errors import InvalidArgument
 
-__all__ = ["Message", "Entry", "check_properties", "PROPERTY_NAMES"]
+__all__ = [
+    "MAX_EXPIRATION_MS",
+    "MAX_JSON_DEPTH",
+    "MAX_JSON_ITEMS",
+    "Message",
+    "Entry",
+    "check_json_value",
+    "check_properties",
+    "PROPERTY_NAMES",
+]
 
 _STR_PROPS = (
     "content_type",
@@ -27,6 +36,49 @@ _STR_PROPS = (
 PROPERTY_NAMES = frozenset(
     _STR_PROPS + ("headers", "delivery_mode", "priority", "expiration", "timestamp")
 )
+
+
+#: Deepest nesting of objects and arrays in a JSON value the broker keeps (message
+#: headers, entity arguments). The log, checkpoints and deliveries encode them with
+#: orjson, which refuses more than 254 levels: a value accepted must never fail to
+#: encode later. 32 is far beyond any real use (AMQP field tables nest a few levels).
+MAX_JSON_DEPTH = 32
+#: Most items (keys plus elements, at every level) in one such value.
+MAX_JSON_ITEMS = 10_000
+#: Largest integer in such a value: JSON numbers the log stores as signed 64-bit.
+_INT64 = (1 << 63) - 1
+#: Largest ``expiration`` (ms): 2^32 - 1, RabbitMQ's bound for a message TTL (49.7 days).
+MAX_EXPIRATION_MS = (1 << 32) - 1
+
+
+def check_json_value(value: object, what: str) -> None:
+    """Refuse a JSON value the broker could not keep: nested deeper than
+    ``MAX_JSON_DEPTH``, with more than ``MAX_JSON_ITEMS`` items, or holding an
+    integer outside 64 bits.
+
+    Raises InvalidArgument naming ``what`` and the limit.
+    """
+    items = 0
+    stack: list[tuple[object, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict):
+            children: Any = node.values()
+        elif isinstance(node, list):
+            children = node
+        else:
+            if isinstance(node, int) and not isinstance(node, bool) and not -_INT64 - 1 <= node <= _INT64:
+                raise InvalidArgument(f"{what} holds an integer outside 64 bits")
+            continue
+        if depth > MAX_JSON_DEPTH:
+            raise InvalidArgument(f"{what} is nested more than {MAX_JSON_DEPTH} levels deep")
+        items += len(node)
+        if items > MAX_JSON_ITEMS:
+            raise InvalidArgument(f"{what} has more than {MAX_JSON_ITEMS} items")
+        for child in children:
+            if isinstance(child, (dict, list)) or type(child) is int:
+                stack.append((child, depth + 1))
+    return None
 
 
 def check_properties(props: object) -> dict[str, Any] | None:
@@ -60,15 +112,19 @@ def check_properties(props: object) -> dict[str, Any] | None:
         elif key == "headers":
             if not isinstance(value, dict):
                 raise InvalidArgument("property headers must be an object")
+            check_json_value(value, "property headers")
         elif key == "delivery_mode":
             if value not in (1, 2) or isinstance(value, bool):
                 raise InvalidArgument("property delivery_mode must be 1 (transient) or 2 (persistent)")
         elif key == "priority":
             if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 255:
                 raise InvalidArgument("property priority must be an integer 0..255")
-        elif key in ("expiration", "timestamp"):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise InvalidArgument(f"property {key} must be a non-negative integer")
+        elif key == "expiration":
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_EXPIRATION_MS:
+                raise InvalidArgument(f"property expiration must be an integer 0..{MAX_EXPIRATION_MS} (ms)")
+        elif key == "timestamp":
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= _INT64:
+                raise InvalidArgument(f"property timestamp must be an integer 0..{_INT64}")
         else:
             raise InvalidArgument(f"unknown property {key!r}")
     if has_none:

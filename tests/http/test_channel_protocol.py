@@ -487,3 +487,15 @@ async def test_streams_count_against_max_channels_like_channels() -> None:
         )
         assert status == 503 and body["error"] == "limit_reached"
         assert len(app.runtime.sinks) == 2
+
+
+async def test_an_op_id_nested_too_deep_is_an_error_event_not_a_dead_channel(
+    app: BrokerApp, clients: Clients
+) -> None:
+    # before: echoing a 300-deep id failed to encode and the channel ended silently
+    ch = await clients.channel()
+    deep = b'{"a":' * 300 + b"1" + b"}" * 300
+    await ch.send_raw(b'{"op": "declare_queue", "queue": "deep", "id": ' + deep + b"}\n")
+    error = await ch.expect("error")
+    assert error["error"] == "invalid_argument" and "id" not in error
+    assert "deep" not in app.runtime.core.queues

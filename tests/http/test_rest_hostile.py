@@ -33,3 +33,35 @@ async def test_a_stray_percent_in_a_queue_name_is_400_and_declares_nothing(
     assert not any("%" in name for name in broker_app.runtime.core.queues)
     assert (await client.put("/queues/100%25")).status == 201  # an escaped % is fine
     assert "100%" in broker_app.runtime.core.queues
+
+
+async def test_out_of_range_numeric_headers_are_400_and_count_nothing(
+    client: HTTPClient, broker_app: BrokerApp
+) -> None:
+    assert (await client.put("/queues/n")).status == 201
+    before = dict(broker_app.runtime.core.stats)
+    for header in (("X-Timestamp", str(1 << 64)), ("X-Expiration", "1" + "0" * 400)):
+        reply = await client.post(
+            "/exchanges/amq.default/publish?routing_key=n", body=b"x", headers=[header]
+        )
+        assert_error(reply, 400, "invalid_argument")
+    assert dict(broker_app.runtime.core.stats) == before
+    assert (await client.get("/queues/n")).json()["messages_ready"] == 0
+
+
+async def test_deeply_nested_arguments_and_headers_are_400_and_the_broker_lives_on(
+    client: HTTPClient, broker_app: BrokerApp
+) -> None:
+    deep = b'{"a":' * 300 + b'"x"' + b"}" * 300  # (too deep for the client's encoder)
+    body = b'{"type": "direct", "arguments": {"d": ' + deep + b"}}"
+    reply = await client.put("/exchanges/x", body=body, headers=[("Content-Type", "application/json")])
+    assert reply.status == 400
+    assert "x" not in broker_app.runtime.core.exchanges
+    assert (await client.get("/exchanges")).status == 200
+    assert (await client.put("/queues/d")).status == 201
+    reply = await client.post(
+        "/exchanges/amq.default/publish?routing_key=d",
+        body=b"x",
+        headers=[("X-Header-a", "b")],
+    )
+    assert reply.status == 200
