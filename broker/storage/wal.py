@@ -78,12 +78,16 @@ from . import faults
 from .errors import InvalidConfiguration, StorageError, WALClosed, WALFailed
 from .framing import DEFAULT_MAX_RECORD_BYTES, FRAME_OVERHEAD_BYTES, encode_records
 from .fs import OS_FILE_SYSTEM, FileSystem, WritableFile
-from .reader import LogReader, ReadResult
+from .group import GROUP_HEADER_BYTES, GROUP_SPLIT_BYTES, encode_group_header, group_spans
+from .reader import LogReader
 from .segment import (
     SEGMENT_HEADER_BYTES,
+    SEGMENT_VERSION,
     TMP_SUFFIX,
     WAL_DIRNAME,
+    BadSegmentHeader,
     SegmentHeader,
+    decode_segment_header,
     encode_segment_header,
     parse_segment_name,
     segment_name,
@@ -233,6 +237,7 @@ class _Segment:
 
 @dataclass(frozen=True, slots=True)
 class _WriteResult:
+    nbytes: int  # written, group headers included
     fsync_s: float | None
     retired_sync_s: float | None
 
@@ -319,7 +324,9 @@ class WriteAheadLog:
         # segments) and by release_through, hence the (threading) lock.
         self._segments: list[int] = []
         self._segments_lock = threading.Lock()
-        self._reuse_segment: int | None = None
+        # an empty segment named by next_lsn, found at start: appended to (if it is in
+        # the current format) or made again with the same void marker
+        self._reuse_segment: SegmentHeader | None = None
         self._scan_existing_segments(next_lsn)
         self._active: _Segment | None = None
         self._dirty = False  # bytes written to the active segment since its last fsync
@@ -400,7 +407,12 @@ class WriteAheadLog:
                     )
                 # An empty segment left by a rollover or a failure probe: append to it
                 # (its name is ours, and its header may carry a void marker to keep).
-                self._reuse_segment = first
+                with fs.open_read(path) as file:
+                    raw = file.read(SEGMENT_HEADER_BYTES)
+                try:
+                    self._reuse_segment = decode_segment_header(raw)
+                except BadSegmentHeader:
+                    self._reuse_segment = SegmentHeader(first)
             self._segments.append(first)
         self._segments.sort()
 
@@ -642,18 +654,20 @@ class WriteAheadLog:
         inline = (
             last - first < self._inline_max_records
             and active is not None
-            and active.size + len(data) <= self._segment_max_bytes
+            and active.size + GROUP_HEADER_BYTES + len(data) <= self._segment_max_bytes
+            and len(data) <= GROUP_SPLIT_BYTES
         )
+        synced = self._synced_lsn
         try:
             if inline:
                 # A small batch (a lone publisher's one record): write and fsync on
                 # this thread. Handing it to a worker thread and back costs more than
                 # the fsync itself (measured: ~150 us vs ~200 us here), and with so
                 # few records there is nothing to overlap the fsync with anyway.
-                result = self._io_write(data, first, do_sync, sizes)
+                result = self._io_write(data, first, do_sync, sizes, synced)
             else:
                 result = await trio.to_thread.run_sync(
-                    self._io_write, data, first, do_sync, sizes, limiter=self._limiter
+                    self._io_write, data, first, do_sync, sizes, synced, limiter=self._limiter
                 )
         except trio.Cancelled:
             # Raised only before the thread started: nothing was written. Put it back.
@@ -666,7 +680,7 @@ class WriteAheadLog:
         except OSError as exc:
             await self._enter_failed(exc, first, last)
             return
-        self._bytes_written += len(data)
+        self._bytes_written += result.nbytes
         self._records_written += last - first + 1
         self._good_lsn = last
         if result.retired_sync_s is not None:
@@ -770,38 +784,81 @@ class WriteAheadLog:
 
     # ------------------------------------------------------------------ worker-thread IO
 
-    def _io_write(self, data: bytes, first_lsn: int, do_sync: bool, sizes: Sequence[int] = ()) -> _WriteResult:
+    def _io_write(
+        self, data: bytes, first_lsn: int, do_sync: bool, sizes: Sequence[int], synced_lsn: int
+    ) -> _WriteResult:
+        """Write one batch (``data``: the frames of ``sizes`` records from ``first_lsn``)
+        as one write group, or several if it is large (``group.py``). ``synced_lsn``:
+        the highest LSN fsynced so far, recorded in the group as evidence for recovery."""
         retired_sync_s: float | None = None
+        spans = group_spans(sizes) if len(data) > GROUP_SPLIT_BYTES else None
+        nbytes = len(data) + GROUP_HEADER_BYTES * (1 if spans is None else len(spans))
         segment = self._active
         if segment is None or (
-            segment.has_records and segment.size + len(data) > self._segment_max_bytes
+            segment.has_records and segment.size + nbytes > self._segment_max_bytes
         ):
             if segment is not None:
                 retired_sync_s = self._io_retire_active()
             segment = self._io_open_segment(first_lsn)
+            # every earlier segment was fsynced before this one was started
+            synced_lsn = max(synced_lsn, first_lsn - 1)
+        base = segment.size
+        if spans is None:
+            parts: Sequence[bytes | memoryview] = (
+                encode_group_header(first_lsn, len(sizes), synced_lsn, len(data)),
+                data,
+            )
+        else:
+            parts = self._group_parts(data, first_lsn, sizes, spans, synced_lsn)
         try:
             faults.hit("wal.write_error")
+            faults.hit("wal.write_enospc")
         except OSError:
-            half = data[: len(data) // 2]
+            half = b"".join(parts)[: nbytes // 2]
             segment.file.write(half)
             segment.size += len(half)
             raise
-        base = segment.size
-        if base + len(data) > segment.allocated:
-            self._io_preallocate(segment, base + len(data))
-        segment.file.write(data)
-        segment.size += len(data)
+        if base + nbytes > segment.allocated:
+            self._io_preallocate(segment, base + nbytes)
+        segment.file.write_parts(parts)
+        segment.size += nbytes
         segment.has_records = True
         faults.hit("wal.after_write")
         fsync_s = self._io_fsync(segment) if do_sync else None
         segment.good_size = segment.size
-        if sizes:
-            self.reader.note_written(segment.first_lsn, segment.path, base, sizes)
-        return _WriteResult(fsync_s, retired_sync_s)
+        reader = self.reader
+        if spans is None:
+            reader.note_written(segment.first_lsn, segment.path, base + GROUP_HEADER_BYTES, sizes)
+        else:
+            pos = base
+            for start, end, frame_bytes in spans:
+                pos += GROUP_HEADER_BYTES
+                reader.note_written(segment.first_lsn, segment.path, pos, sizes[start:end])
+                pos += frame_bytes
+        return _WriteResult(nbytes, fsync_s, retired_sync_s)
+
+    @staticmethod
+    def _group_parts(
+        data: bytes,
+        first_lsn: int,
+        sizes: Sequence[int],
+        spans: Sequence[tuple[int, int, int]],
+        synced_lsn: int,
+    ) -> list[bytes | memoryview]:
+        """Headers and frames of a batch written as several groups (one write)."""
+        parts: list[bytes | memoryview] = []
+        view = memoryview(data)
+        pos = 0
+        for start, end, frame_bytes in spans:
+            parts.append(encode_group_header(first_lsn + start, end - start, synced_lsn, frame_bytes))
+            parts.append(view[pos : pos + frame_bytes])
+            pos += frame_bytes
+        return parts
 
     def _io_fsync(self, segment: _Segment) -> float:
         faults.hit("wal.before_fsync")
         faults.hit("wal.fsync_error")
+        faults.hit("wal.fsync_enospc")
         started = time.perf_counter()
         segment.file.sync()
         duration = time.perf_counter() - started
@@ -822,6 +879,7 @@ class WriteAheadLog:
             return
         target = max(need, min(need + step, self._segment_max_bytes))
         try:
+            faults.hit("wal.preallocate_enospc")
             segment.file.preallocate(target)
         except OSError as exc:
             logger.info("could not preallocate %s to %d bytes: %s", segment.path, target, exc)
@@ -852,7 +910,10 @@ class WriteAheadLog:
         """Open the segment the next batch (starting at ``first_lsn``) goes to."""
         if self._reuse_segment is not None:
             reuse, self._reuse_segment = self._reuse_segment, None
-            if reuse == first_lsn:
+            if reuse.first_lsn == first_lsn:
+                if reuse.version != SEGMENT_VERSION:
+                    # an older format: made again, keeping its void marker
+                    return self._io_create_segment(SegmentHeader(first_lsn, reuse.void_from_lsn))
                 path = os.path.join(self._wal_dir, segment_name(first_lsn))
                 file = self._fs.open_append(path)
                 size = self._fs.getsize(path)
@@ -870,11 +931,14 @@ class WriteAheadLog:
         file = fs.create(tmp)
         allocated = len(data)
         try:
+            faults.hit("wal.segment_create_error")
+            faults.hit("wal.segment_create_enospc")
             file.write(data)
             if self._preallocate_bytes:
                 # under the fsync that follows, so the first batch's fsync stays cheap
                 allocated = min(len(data) + self._preallocate_bytes, max(self._segment_max_bytes, len(data)))
                 try:
+                    faults.hit("wal.preallocate_enospc")
                     file.preallocate(allocated)
                 except OSError as exc:
                     logger.info("could not preallocate %s: %s", tmp, exc)
