@@ -43,7 +43,7 @@ from typing import Final, NamedTuple
 from . import faults
 from .errors import CorruptCheckpoint
 from .framing import DEFAULT_MAX_RECORD_BYTES, RecordDecoder, encode_records
-from .fs import OS_FILE_SYSTEM, FileSystem
+from .fs import OS_FILE_SYSTEM, FileSystem, WritableFile
 
 __all__ = [
     "CHECKPOINT_DIRNAME",
@@ -170,7 +170,7 @@ def write_checkpoint(
     size = len(header)
     try:
         try:
-            file.write(header)
+            _write(file, header)
             batch: list[tuple[int, bytes]] = []
             batch_bytes = 0
             for record in records:
@@ -178,7 +178,7 @@ def write_checkpoint(
                 batch_bytes += len(record[1]) + 9
                 if batch_bytes >= _CHUNK_BYTES:
                     data, n = encode_records(batch, max_record_bytes=max_record_bytes)
-                    file.write(data)
+                    _write(file, data)
                     body_crc = zlib.crc32(data, body_crc)
                     count += n
                     size += len(data)
@@ -186,15 +186,17 @@ def write_checkpoint(
                     batch_bytes = 0
             if batch:
                 data, n = encode_records(batch, max_record_bytes=max_record_bytes)
-                file.write(data)
+                _write(file, data)
                 body_crc = zlib.crc32(data, body_crc)
                 count += n
                 size += len(data)
             trailer = _TRAILER.pack(_TRAILER_MARKER, count, body_crc)
             trailer += _CRC.pack(zlib.crc32(trailer))
-            file.write(trailer)
+            _write(file, trailer)
             size += len(trailer)
             faults.hit("checkpoint.after_tmp_write")
+            faults.hit("checkpoint.fsync_error")
+            faults.hit("checkpoint.fsync_enospc")
             file.sync()
         finally:
             file.close()
@@ -205,8 +207,19 @@ def write_checkpoint(
             pass
         raise
     faults.hit("checkpoint.before_rename")
-    fs.rename(tmp, path)
+    try:
+        faults.hit("checkpoint.rename_error")
+        faults.hit("checkpoint.rename_enospc")
+        fs.rename(tmp, path)
+    except OSError:
+        try:
+            fs.remove(tmp)
+        except OSError:
+            pass
+        raise
     faults.hit("checkpoint.after_rename")
+    faults.hit("checkpoint.dir_fsync_error")
+    faults.hit("checkpoint.dir_fsync_enospc")
     fs.sync_dir(directory)
     deleted = []
     for old in existing:
@@ -226,6 +239,12 @@ def write_checkpoint(
             logger.warning("could not fsync %s after deleting old checkpoints: %s", directory, exc)
     logger.info("checkpoint written: %s (%d records, %d bytes)", path, count, size)
     return CheckpointInfo(lsn, path, count, size, tuple(deleted))
+
+
+def _write(file: WritableFile, data: bytes) -> None:
+    faults.hit("checkpoint.write_error")
+    faults.hit("checkpoint.write_enospc")
+    file.write(data)
 
 
 def _verify(fs: FileSystem, path: str, lsn: int) -> tuple[int, int]:
