@@ -42,6 +42,10 @@ Rules (etcd's, extended with write groups):
 * The last segment holding records is fsynced at the end: what a crashed process left
   in the page cache is then on disk, as the WAL that continues the log assumes (its
   groups record everything before them as fsynced).
+
+The module is long because reading, voiding, truncating and repairing share the state
+of one pass over the segments; what damage means is decided in ``damage.py``, how a
+segment decodes in ``framing.py`` and ``group.py``.
 """
 
 from __future__ import annotations

@@ -16,6 +16,9 @@ Model (what a careful POSIX file system guarantees, and no more):
   existed before the disk first saw them, and the files in them, count as durable then.
 * Directories themselves are assumed durable once created (``makedirs`` fsyncs parents).
 * Reads see everything written, as the page cache would.
+* ``capacity_bytes`` makes a small disk: a write or preallocation that would take the
+  files in the directories the disk knows past it fails with ``ENOSPC`` (what fits of
+  a write is written first).
 * A power cut may also be *torn* (:meth:`SimulatedDisk.lose_power` with ``keep``):
   any subset of the sector-sized pieces written since the last fsync reaches the disk,
   in any order, as a real disk may leave them.
@@ -101,6 +104,13 @@ class _SimFile:
             self._real.write(data[: len(data) // 2])
             self._end += len(data) // 2
             raise OSError(plan.err, os.strerror(plan.err))
+        room = disk._room(self.path, self._end, len(data))
+        if room is not None and room < len(data):
+            # a full disk: what fits is written, then ENOSPC (as write(2) does)
+            if room > 0:
+                self._real.write(data[:room])
+                self._end += room
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         self._real.write(data)
         self._end += len(data)
 
@@ -135,6 +145,9 @@ class _SimFile:
 
     def preallocate(self, size: int) -> None:
         self._check()
+        room = self._disk._room(self.path, 0, size)
+        if room is not None and room < size:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         self._real.preallocate(size)
 
     def close(self) -> None:
@@ -171,6 +184,7 @@ class SimulatedDisk:
     Attributes you may set:
         sync_hook: called with the path before every file fsync, in the syncing
             thread; block in it to make fsync slow (group-commit tests).
+        capacity_bytes: the size of a small disk (see the module docstring).
     """
 
     def __init__(self, base: FileSystem | None = None) -> None:
@@ -183,8 +197,39 @@ class SimulatedDisk:
         self._write_failures = _FailPlan()
         self._truncate_failures = _FailPlan()
         self.sync_hook: Callable[[str], None] | None = None
+        #: bytes the files under the directories the disk knows may take in all
+        #: (None: no limit); a write or preallocation past it fails with ENOSPC
+        self.capacity_bytes: int | None = None
         self.stats = _Stats()
         self._halted: str | None = None
+
+    # -- space ------------------------------------------------------------------
+
+    def used_bytes(self) -> int:
+        """What the files in the directories the disk knows take (their sizes)."""
+        total = 0
+        with self._lock:
+            directories = list(self._durable_entries)
+        for directory in directories:
+            if not os.path.isdir(directory):
+                continue
+            for name in os.listdir(directory):
+                path = os.path.join(directory, name)
+                if os.path.isfile(path):
+                    total += os.path.getsize(path)
+        return total
+
+    def _room(self, path: str, start: int, length: int) -> int | None:
+        """How many of ``length`` bytes written to ``path`` at ``start`` fit under the
+        capacity (None: no limit). Bytes within the file's size (written or
+        preallocated blocks) take no new space; each byte past it takes one."""
+        capacity = self.capacity_bytes
+        if capacity is None:
+            return None
+        size = os.path.getsize(path) if os.path.isfile(path) else 0
+        within = max(0, min(length, size - start))
+        free = max(0, capacity - self.used_bytes())
+        return within + min(length - within, free)
 
     # -- crashing -----------------------------------------------------------------
 
@@ -294,11 +339,10 @@ class SimulatedDisk:
                 for name, node in entries.items():
                     path = os.path.join(directory, name)
                     image = node.durable + bytes(node.durable_zeros)
-                    current = None
                     if keep is not None and node.path is not None and os.path.isfile(node.path):
                         current = _read(node.path)
-                    if current is not None and current != image:
-                        image = _torn_image(image, current, path, keep, piece_bytes)  # type: ignore[arg-type]
+                        if current != image:
+                            image = _torn_image(image, current, path, keep, piece_bytes)
                     images[path] = image
         return images
 

@@ -31,8 +31,13 @@ Theory of operation
   next batch that has a record someone waits for, a sync, a segment's retirement) or at
   the latest ``lazy_sync_s`` later makes it durable. So acks neither cost an fsync each
   nor hold the event loop while a publish waits to be read.
+* **Write groups.** Each batch is written as one *group* (``group.py``): a 32-byte
+  header (first LSN, record count, and ``synced_lsn``, the highest LSN fsynced before
+  the group was written) then the records' frames (``framing.py``), in one ``writev``.
+  ``synced_lsn`` is what lets recovery tell a write torn by a power cut from damage to
+  bytes an fsync covered. A batch over 16 MiB is several groups, in the same write.
 * **Segments.** ``<data_dir>/wal/<first LSN in 16 hex>.wal``, 32-byte header
-  (``segment.py``) then frames (``framing.py``). A batch that would take the active
+  (``segment.py``) then groups. A batch that would take the active
   segment past ``segment_max_bytes`` goes to a new segment (a segment holding a single
   batch larger than that is allowed). Before moving on, the old segment is fsynced, and
   the new one is created temp -> fsync -> rename -> fsync directory, so every segment
@@ -54,10 +59,20 @@ Theory of operation
   after the last good LSN as void (so a truncation that did not work cannot resurrect a
   failed batch at recovery). When the probe's fsyncs succeed it calls ``on_recovered()``
   and accepts batches again. LSN gaps between segments are expected after this. No
-  ``OSError`` escapes :meth:`serve`: the broker keeps running and nacks.
+  ``OSError`` escapes :meth:`serve`: the broker keeps running and nacks. After a full
+  disk (``ENOSPC``), :meth:`sync` probes at once instead of waiting for the timer: the
+  caller is normally a checkpoint that just made room, and wants to release segments.
+* **Space reserve.** With ``reserve_bytes`` > 0 the WAL keeps ``<data_dir>/reserve``
+  (``reserve.py``), a preallocated file of at least that size (twice the newest
+  checkpoint if larger) that a checkpoint on a full disk deletes to make room. The
+  writer makes it when it starts and again after segments were released, when idle.
 * **Cancellation.** IO runs in worker threads that are never abandoned: cancelling
   :meth:`serve` waits for the current write/fsync to finish. A batch taken for writing
   but not yet handed to its thread is put back, so cancellation never loses a record.
+
+The module is long because it is one state machine - LSN bookkeeping, the active
+segment, the failed state - shared by the event loop side and the IO thread; the
+formats it writes live in ``segment.py`` and ``group.py``.
 """
 
 from __future__ import annotations
@@ -78,8 +93,10 @@ from . import faults
 from .errors import InvalidConfiguration, StorageError, WALClosed, WALFailed
 from .framing import DEFAULT_MAX_RECORD_BYTES, FRAME_OVERHEAD_BYTES, encode_records
 from .fs import OS_FILE_SYSTEM, FileSystem, WritableFile
+from .checkpoint import newest_checkpoint_bytes
 from .group import GROUP_HEADER_BYTES, GROUP_SPLIT_BYTES, encode_group_header, group_spans
 from .reader import LogReader
+from .reserve import ensure_reserve, is_disk_full, wanted_reserve_bytes
 from .segment import (
     SEGMENT_HEADER_BYTES,
     SEGMENT_VERSION,
@@ -275,6 +292,7 @@ class WriteAheadLog:
         max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
         inline_max_records: int = 0,
         preallocate_bytes: int = DEFAULT_PREALLOCATE_BYTES,
+        reserve_bytes: int = 0,
         fs: FileSystem | None = None,
         reader: LogReader | None = None,
     ) -> None:
@@ -290,6 +308,8 @@ class WriteAheadLog:
             raise InvalidConfiguration(f"max_record_bytes must be >= 1, got {max_record_bytes}")
         if preallocate_bytes < 0:
             raise InvalidConfiguration(f"preallocate_bytes must be >= 0, got {preallocate_bytes}")
+        if reserve_bytes < 0:
+            raise InvalidConfiguration(f"reserve_bytes must be >= 0, got {reserve_bytes}")
         self._policy = parse_fsync_policy(fsync_policy)
         self._data_dir = os.fspath(data_dir)
         self._wal_dir = os.path.join(self._data_dir, WAL_DIRNAME)
@@ -304,6 +324,9 @@ class WriteAheadLog:
         self._max_record_bytes = max_record_bytes
         self._inline_max_records = inline_max_records
         self._preallocate_bytes = preallocate_bytes
+        self._reserve_bytes = reserve_bytes
+        # the space reserve (reserve.py) is to be made or grown when the writer is idle
+        self._reserve_wanted = reserve_bytes > 0
         self.reader = reader if reader is not None else LogReader(
             self._wal_dir, self._fs, max_record_bytes=max_record_bytes
         )
@@ -363,6 +386,7 @@ class WriteAheadLog:
         retry_interval_s: float = DEFAULT_RETRY_INTERVAL_S,
         inline_max_records: int = 0,
         preallocate_bytes: int = DEFAULT_PREALLOCATE_BYTES,
+        reserve_bytes: int = 0,
     ) -> WriteAheadLog:
         """The append phase after a recovery: a WAL that continues at ``recovery.next_lsn``.
 
@@ -383,6 +407,7 @@ class WriteAheadLog:
             max_record_bytes=recovery.max_record_bytes,
             inline_max_records=inline_max_records,
             preallocate_bytes=preallocate_bytes,
+            reserve_bytes=reserve_bytes,
             fs=recovery.fs,
             reader=recovery.reader,
         )
@@ -502,6 +527,11 @@ class WriteAheadLog:
         async with self._io_lock:
             if self._closed:
                 raise WALClosed("the write-ahead log is closed")
+            if self._failed and self._failure is not None and is_disk_full(self._failure):
+                # A full disk: the caller is most likely a checkpoint that just made
+                # room (its own file, or the space reserve it released). Waiting for the
+                # next probe would keep it from releasing segments until the next one.
+                await self._probe()
             if not self._failed and self._chunks:
                 await self._commit(force_sync=True)
             if not self._failed and self._dirty:
@@ -549,6 +579,10 @@ class WriteAheadLog:
                 removed.append(path)
         if removed:
             logger.info("released %d WAL segment(s) through LSN %d", len(removed), lsn)
+            if self._reserve_bytes:
+                # room again: the writer makes (or grows) the space reserve when idle
+                self._reserve_wanted = True
+                self._wakeup.set()
         return removed
 
     async def aclose(self) -> None:
@@ -610,7 +644,7 @@ class WriteAheadLog:
             deadline = math.inf
         if not self._chunks:
             with trio.move_on_at(deadline):
-                while not self._chunks and not self._closing:
+                while not self._chunks and not self._closing and not self._reserve_due():
                     self._wakeup = trio.Event()
                     await self._wakeup.wait()
         # Acquiring the lock is a schedule point (as every trio primitive's is): the
@@ -628,6 +662,12 @@ class WriteAheadLog:
                 await self._commit(force_sync=False)
             elif self._dirty and trio.current_time() >= deadline:
                 await self._sync_active()
+            elif self._reserve_due():
+                self._reserve_wanted = False
+                await trio.to_thread.run_sync(self._io_ensure_reserve, limiter=self._limiter)
+
+    def _reserve_due(self) -> bool:
+        return self._reserve_wanted and not self._failed
 
     async def _commit(self, *, force_sync: bool) -> None:
         """Write (and maybe fsync) every buffered record as one batch. Holds _io_lock."""
@@ -961,6 +1001,11 @@ class WriteAheadLog:
                 self._segments.sort()
         self._active = _Segment(header.first_lsn, path, file, len(data), len(data), False, allocated)
         return self._active
+
+    def _io_ensure_reserve(self) -> None:
+        """Make or grow the space reserve (best effort: a full disk just has to wait)."""
+        size = wanted_reserve_bytes(self._reserve_bytes, newest_checkpoint_bytes(self._data_dir, self._fs))
+        ensure_reserve(self._data_dir, size, self._fs)
 
     def _io_abandon_active(self) -> None:
         """After a failure: truncate the active segment to its last good offset, close it."""
