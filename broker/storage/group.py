@@ -72,6 +72,7 @@ __all__ = [
 GROUP_MAGIC: Final = b"AKGR"
 _HEADER: Final = struct.Struct("<I4sIQQ")
 _CRC: Final = struct.Struct("<I")
+_WHOLE_HEADER: Final = struct.Struct("<I4sIQQI")
 _FRAME: Final = struct.Struct("<II")
 #: Bytes of a group header.
 GROUP_HEADER_BYTES: Final = _HEADER.size + _CRC.size
@@ -103,12 +104,10 @@ class GroupHeader(NamedTuple):
         return _LENGTH_FROM + self.length
 
 
-class Group(NamedTuple):
-    """A valid group: its LSNs, its evidence and its ``(rtype, payload)`` records."""
-
-    first_lsn: int
-    synced_lsn: int
-    records: list[tuple[int, bytes]]
+#: A valid group as :meth:`GroupDecoder.iter_groups` yields it:
+#: ``(first_lsn, synced_lsn, [(rtype, payload), ...])`` (a plain tuple: recovery makes
+#: one per write of the log).
+Group = tuple[int, int, list[tuple[int, bytes]]]
 
 
 def max_group_length(max_record_bytes: int) -> int:
@@ -259,8 +258,7 @@ class GroupDecoder:
         n = len(buf)
         pos = self._pos
         base = self._base
-        unpack_header = _HEADER.unpack_from
-        unpack_crc = _CRC.unpack_from
+        unpack_header = _WHOLE_HEADER.unpack_from
         unpack_frame = _FRAME.unpack_from
         crc32 = zlib.crc32
         tbl = _RTYPE_CRC
@@ -269,17 +267,20 @@ class GroupDecoder:
         offsets = self._offsets
         add_offset = offsets.append
         header_bytes = GROUP_HEADER_BYTES
-        body_crc_at = _HEADER.size
+        crc_at = _HEADER.size
         fhdr = FRAME_HEADER_BYTES
         fovh = FRAME_OVERHEAD_BYTES
+        lsn = self._lsn
         while n - pos >= header_bytes:
-            length, magic, count, first_lsn, synced_lsn = unpack_header(buf, pos)
-            if magic != GROUP_MAGIC or not _MIN_LENGTH <= length <= max_length:
-                break
+            length, magic, count, first_lsn, synced_lsn, crc = unpack_header(buf, pos)
             end = pos + _LENGTH_FROM + length
-            if end > n or first_lsn != self._lsn or count < 1:
-                break
-            if crc32(buf[pos : pos + body_crc_at]) != unpack_crc(buf, pos + body_crc_at)[0]:
+            if (
+                magic != GROUP_MAGIC
+                or first_lsn != lsn
+                or not _MIN_LENGTH <= length <= max_length
+                or end > n
+                or crc32(buf[pos : pos + crc_at]) != crc
+            ):
                 break
             records: list[tuple[int, bytes]] = []
             append = records.append
@@ -303,9 +304,10 @@ class GroupDecoder:
                 del offsets[marker:]
                 break
             pos = end
+            lsn = first_lsn + count
             self._pos = end
-            self._lsn = first_lsn + count
-            yield Group(first_lsn, synced_lsn, records)
+            self._lsn = lsn
+            yield first_lsn, synced_lsn, records
         self._stop_or_need_data()
 
     def _stop_or_need_data(self) -> NeedData | FrameProblem:

@@ -70,7 +70,7 @@ from .framing import (
     find_valid_frame,
 )
 from .fs import OS_FILE_SYSTEM, FileSystem
-from .group import GroupDecoder
+from .group import GROUP_HEADER_BYTES, GroupDecoder
 from .reader import LogReader
 from .segment import (
     DROPPED_SUFFIX,
@@ -415,7 +415,6 @@ class Recovery:
             max_record_bytes=self.max_record_bytes,
             offsets=offsets,
         )
-        end = SEGMENT_HEADER_BYTES
         while True:
             chunk = file.read(_CHUNK_BYTES)
             if chunk:
@@ -423,27 +422,34 @@ class Recovery:
             else:
                 decoder.feed_eof()
             for group_lsn, _synced, records in decoder.iter_groups():
-                if group_lsn + len(records) > cutoff:
+                count = len(records)
+                if group_lsn + count > cutoff:
                     # a failed batch (and whatever follows it): not replayed
                     del offsets[group_lsn - first_lsn :]
-                    return _SegmentEnd(lsn, end, end, None)
-                end = decoder.offset
-                if lsn + len(records) <= ckpt + 1:
-                    lsn += len(records)  # covered by the checkpoint
-                    continue
-                for rtype, payload in records:
-                    if lsn > ckpt:
-                        self._replayed += 1
-                        self._last_lsn = lsn
+                    start = decoder.offset - GROUP_HEADER_BYTES - sum(
+                        FRAME_OVERHEAD_BYTES + len(payload) for _rtype, payload in records
+                    )
+                    return _SegmentEnd(lsn, start, start, None)
+                if lsn > ckpt:
+                    for rtype, payload in records:
                         yield lsn, rtype, payload
-                    lsn += 1
+                        lsn += 1
+                    self._replayed += count
+                    self._last_lsn = lsn - 1
+                else:  # (partly) covered by the checkpoint
+                    for rtype, payload in records:
+                        if lsn > ckpt:
+                            self._replayed += 1
+                            self._last_lsn = lsn
+                            yield lsn, rtype, payload
+                        lsn += 1
             problem = decoder.problem
             if problem is not None:
                 if lsn >= cutoff:
-                    return _SegmentEnd(lsn, end, problem.offset, None)
-                return _SegmentEnd(lsn, end, None, problem)
+                    return _SegmentEnd(lsn, decoder.offset, problem.offset, None)
+                return _SegmentEnd(lsn, decoder.offset, None, problem)
             if not chunk:
-                return _SegmentEnd(lsn, end, None, None)
+                return _SegmentEnd(lsn, decoder.offset, None, None)
 
     def _read_frames(
         self, lsn: int, file: BinaryIO, offsets: array[int], cutoff: int

@@ -26,7 +26,6 @@ from broker.storage.group import (
 )
 from broker.storage.segment import (
     LEGACY_SEGMENT_VERSION,
-    SEGMENT_HEADER_BYTES,
     SEGMENT_VERSION,
     SegmentHeader,
     decode_segment_header,
@@ -80,7 +79,7 @@ def test_a_header_that_does_not_check_out_is_not_a_header() -> None:
 def test_groups_decode_in_any_split(pieces: int) -> None:
     data = group(1, [(1, b"a" * 100), (2, b"b")]) + group(3, [(3, b"c" * 5000)], 2) + group(4, [(4, b"")], 3)
     groups, decoder = decode_all(data, pieces=pieces)
-    assert [(g.first_lsn, g.synced_lsn, g.records) for g in groups] == [
+    assert groups == [
         (1, 0, [(1, b"a" * 100), (2, b"b")]),
         (3, 2, [(3, b"c" * 5000)]),
         (4, 3, [(4, b"")]),
@@ -245,4 +244,3 @@ def test_an_unknown_segment_version_is_a_clear_error(tmp_path: Path) -> None:
     path.write_bytes(bytes(data))
     with pytest.raises(CorruptLog, match="unsupported segment format version 9"):
         list(recover(tmp_path).wal_records)
-    assert SEGMENT_HEADER_BYTES == 32
