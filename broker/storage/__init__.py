@@ -15,6 +15,7 @@ Typical use (the broker's runtime does this, see ``broker.runtime``)::
         core.replay(rtype, payload, lsn)
     core.finish_recovery(recovery.last_lsn)           # == recovery.next_lsn - 1
     wal = WriteAheadLog.open(recovery, fsync_policy=parse_fsync_policy("always"),
+                             reserve_bytes=DEFAULT_RESERVE_BYTES,
                              on_durable=..., on_failure=..., on_recovered=...)
     async with trio.open_nursery() as nursery:       # append phase
         await nursery.start(wal.serve)
@@ -22,10 +23,14 @@ Typical use (the broker's runtime does this, see ``broker.runtime``)::
         ...
         keep = SegmentsToKeep(wal.reader)             # segments the checkpoint refers to
         await trio.to_thread.run_sync(write_checkpoint, data_dir, lsn, records)
-        await wal.sync()
+        await wal.sync()                              # (probes at once after ENOSPC)
         wal.release_through(keep.release_limit(lsn), keep.counts)
         ...
         await wal.aclose()
+
+Records read back by LSN (``wal.reader.read``) are ``(rtype, payload)`` or a
+:class:`ReadFailure` saying why not, and whether that is ``transient``. On a full disk,
+``write_checkpoint`` uses the space reserve the WAL keeps (``reserve_bytes``).
 
 See ``docs/durability.md`` for the on-disk format, the fsync policies and recovery.
 """
@@ -54,7 +59,8 @@ from .framing import (
 from .faults import FaultsNotAllowed
 from .faults import check_environment as check_fault_environment
 from .fs import FileSystem, OsFileSystem, WritableFile
-from .reader import LogReader, SegmentsToKeep
+from .reader import LogReader, ReadFailure, ReadResult, SegmentsToKeep
+from .reserve import DEFAULT_RESERVE_BYTES
 from .recovery import Recovery, RecoveryReport, TruncatedTail, VoidedRecords, recover
 from .wal import (
     DEFAULT_RETRY_INTERVAL_S,
@@ -85,7 +91,11 @@ __all__ = [
     "WriteAheadLog",
     "SegmentsToKeep",
     "LogReader",
+    "ReadFailure",
+    "ReadResult",
     "open_wal",
+    # disk full
+    "DEFAULT_RESERVE_BYTES",
     # checkpoints
     "CheckpointInfo",
     "LoadedCheckpoint",

@@ -25,6 +25,9 @@ Rules:
   returns anything, so a damaged newest checkpoint is detected before a single record is
   applied, and an older one (which exists only if a crash interrupted the deletion) is
   used instead - loudly.
+* A full disk is not the end: if writing fails with ``ENOSPC``, the space reserve
+  (``reserve.py``) is released and the step tried once more, so that a checkpoint - the
+  only way to free log segments - can still be written.
 * :func:`write_checkpoint` is synchronous and blocking: the broker runs it in a worker
   thread while it keeps serving. Only one checkpoint may be written at a time.
 """
@@ -43,7 +46,8 @@ from typing import Final, NamedTuple
 from . import faults
 from .errors import CorruptCheckpoint
 from .framing import DEFAULT_MAX_RECORD_BYTES, RecordDecoder, encode_records
-from .fs import OS_FILE_SYSTEM, FileSystem
+from .fs import OS_FILE_SYSTEM, FileSystem, WritableFile
+from .reserve import is_disk_full, release_reserve
 
 __all__ = [
     "CHECKPOINT_DIRNAME",
@@ -52,6 +56,7 @@ __all__ = [
     "write_checkpoint",
     "read_latest_checkpoint",
     "checkpoint_name",
+    "newest_checkpoint_bytes",
 ]
 
 logger = logging.getLogger("ackbus.storage")
@@ -132,6 +137,19 @@ def _list_checkpoints(fs: FileSystem, directory: str) -> list[int]:
     return sorted(found)
 
 
+def newest_checkpoint_bytes(data_dir: str | os.PathLike[str], fs: FileSystem | None = None) -> int:
+    """Size of the newest checkpoint file (0 if there is none)."""
+    fs = fs if fs is not None else OS_FILE_SYSTEM
+    directory = _checkpoint_dir(data_dir)
+    existing = _list_checkpoints(fs, directory)
+    if not existing:
+        return 0
+    try:
+        return fs.getsize(os.path.join(directory, checkpoint_name(existing[-1])))
+    except OSError:
+        return 0
+
+
 def write_checkpoint(
     data_dir: str | os.PathLike[str],
     lsn: int,
@@ -145,6 +163,11 @@ def write_checkpoint(
     Blocking; run it in a worker thread. Records are streamed to disk in ~1 MiB writes,
     so ``records`` may be a generator over a large state. After it returns, the WAL may
     be released through ``lsn`` (``WriteAheadLog.release_through``).
+
+    If the disk is full (``ENOSPC``) and the data directory holds a space reserve
+    (``reserve.py``), the reserve is deleted to make room and the step that failed is
+    tried once more (creating, writing or renaming the file; a failed fsync is never
+    retried, but the reserve is released for the next attempt).
 
     Raises:
         ValueError: ``lsn`` is older than an existing checkpoint, or a record is invalid
@@ -164,13 +187,19 @@ def write_checkpoint(
     tmp = path + _TMP_SUFFIX
     header = _HEADER.pack(_MAGIC, _VERSION, lsn)
     header += _CRC.pack(zlib.crc32(header))
-    file = fs.create(tmp)
+    reserve = _Reserve(data_dir, fs)
+    try:
+        file = fs.create(tmp)
+    except OSError as exc:
+        if not reserve.freed_for(exc):
+            raise
+        file = fs.create(tmp)
     count = 0
     body_crc = 0
-    size = len(header)
+    size = 0
     try:
         try:
-            file.write(header)
+            size = _write(file, header, size, reserve)
             batch: list[tuple[int, bytes]] = []
             batch_bytes = 0
             for record in records:
@@ -178,24 +207,30 @@ def write_checkpoint(
                 batch_bytes += len(record[1]) + 9
                 if batch_bytes >= _CHUNK_BYTES:
                     data, n = encode_records(batch, max_record_bytes=max_record_bytes)
-                    file.write(data)
+                    size = _write(file, data, size, reserve)
                     body_crc = zlib.crc32(data, body_crc)
                     count += n
-                    size += len(data)
                     batch = []
                     batch_bytes = 0
             if batch:
                 data, n = encode_records(batch, max_record_bytes=max_record_bytes)
-                file.write(data)
+                size = _write(file, data, size, reserve)
                 body_crc = zlib.crc32(data, body_crc)
                 count += n
-                size += len(data)
             trailer = _TRAILER.pack(_TRAILER_MARKER, count, body_crc)
             trailer += _CRC.pack(zlib.crc32(trailer))
-            file.write(trailer)
-            size += len(trailer)
+            size = _write(file, trailer, size, reserve)
             faults.hit("checkpoint.after_tmp_write")
-            file.sync()
+            try:
+                faults.hit("checkpoint.fsync_error")
+                faults.hit("checkpoint.fsync_enospc")
+                file.sync()
+            except OSError as exc:
+                # Never retried: after a failed fsync the kernel may have dropped the
+                # pages it could not write, and a second fsync would then "succeed".
+                # The space is freed for the next attempt all the same.
+                reserve.freed_for(exc)
+                raise
         finally:
             file.close()
     except Exception:
@@ -205,9 +240,30 @@ def write_checkpoint(
             pass
         raise
     faults.hit("checkpoint.before_rename")
-    fs.rename(tmp, path)
+    try:
+        try:
+            faults.hit("checkpoint.rename_error")
+            faults.hit("checkpoint.rename_enospc")
+            fs.rename(tmp, path)
+        except OSError as exc:
+            if not reserve.freed_for(exc):
+                raise
+            fs.rename(tmp, path)
+    except OSError:
+        try:
+            fs.remove(tmp)
+        except OSError:
+            pass
+        raise
     faults.hit("checkpoint.after_rename")
-    fs.sync_dir(directory)
+    try:
+        faults.hit("checkpoint.dir_fsync_error")
+        faults.hit("checkpoint.dir_fsync_enospc")
+        fs.sync_dir(directory)
+    except OSError as exc:
+        # not retried either (as a file's fsync); the older checkpoints stay
+        reserve.freed_for(exc)
+        raise
     deleted = []
     for old in existing:
         if old >= lsn:
@@ -226,6 +282,46 @@ def write_checkpoint(
             logger.warning("could not fsync %s after deleting old checkpoints: %s", directory, exc)
     logger.info("checkpoint written: %s (%d records, %d bytes)", path, count, size)
     return CheckpointInfo(lsn, path, count, size, tuple(deleted))
+
+
+class _Reserve:
+    """The space reserve (``reserve.py``) as one checkpoint uses it: released at most
+    once, when a step fails for lack of space."""
+
+    def __init__(self, data_dir: str | os.PathLike[str], fs: FileSystem) -> None:
+        self._data_dir = data_dir
+        self._fs = fs
+        self._used = False
+
+    def freed_for(self, exc: OSError) -> bool:
+        """After ``exc``: True if it means the disk is full and releasing the reserve
+        just made room, so that the failed step is worth one more try."""
+        if self._used or not is_disk_full(exc):
+            return False
+        self._used = True
+        try:
+            return release_reserve(self._data_dir, self._fs)
+        except OSError as err:
+            logger.warning("could not release the space reserve: %s", err)
+            return False
+
+
+def _write(file: WritableFile, data: bytes, size: int, reserve: _Reserve) -> int:
+    """Append ``data`` at ``size`` (the bytes written so far); return the new size. A
+    write that fails for lack of space is redone once the reserve made room, over
+    whatever part of it was written."""
+    try:
+        faults.hit("checkpoint.write_error")
+        faults.hit("checkpoint.write_enospc")
+        file.write(data)
+    except OSError as exc:
+        if not reserve.freed_for(exc):
+            raise
+        file.truncate(size)
+        faults.hit("checkpoint.write_error")
+        faults.hit("checkpoint.write_enospc")
+        file.write(data)
+    return size + len(data)
 
 
 def _verify(fs: FileSystem, path: str, lsn: int) -> tuple[int, int]:

@@ -42,8 +42,9 @@ class CorruptLog(StorageError):
         self.reason = reason
         super().__init__(
             f"corrupt write-ahead log: {path} at byte offset {offset}: {reason}. "
-            "This is not a torn tail (valid data follows it, or it is not in the last "
-            "segment), so recovery stopped instead of skipping it. To start anyway, "
+            "This is not a torn tail (it had been fsynced, valid data follows it, or it "
+            "is not in the last segment), so recovery stopped instead of skipping it. "
+            "To start anyway, "
             "restart with repair enabled (the broker's --repair flag, i.e. "
             "recover(..., repair=True)): it keeps every record before offset "
             f"{offset}, moves the rest aside to *.dropped files and loses whatever "

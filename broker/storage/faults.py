@@ -25,10 +25,24 @@ that step (for subprocess crash tests):
 ``checkpoint.before_rename``    fsynced, not yet renamed into place
 ``checkpoint.after_rename``     renamed, directory not yet fsynced, old ones not deleted
 
-Error points raise ``OSError(EIO)`` so that the failure path can be tested:
+Error points raise ``OSError`` so that the failure paths can be tested; the suffix
+names the error (``_error``: ``EIO``, ``_enospc``: ``ENOSPC``, ``_emfile``: ``EMFILE``):
 
-``wal.write_error``       the batch write fails after writing half of it
-``wal.fsync_error``       the fsync fails
+``wal.write_error``, ``wal.write_enospc``       the batch write fails after writing half of it
+``wal.fsync_error``, ``wal.fsync_enospc``       the fsync of the active segment fails
+``wal.segment_create_error``, ``wal.segment_create_enospc``
+                                                creating a segment file fails (rollover, probe)
+``wal.preallocate_enospc``                      reserving space ahead of a segment fails
+``checkpoint.write_error``, ``checkpoint.write_enospc``
+                                                a write to the temporary checkpoint file fails
+``checkpoint.fsync_error``, ``checkpoint.fsync_enospc``
+                                                its fsync fails
+``checkpoint.rename_error``, ``checkpoint.rename_enospc``
+                                                renaming it into place fails
+``checkpoint.dir_fsync_error``, ``checkpoint.dir_fsync_enospc``
+                                                the fsync of the checkpoint directory fails
+``reader.open_emfile``                          opening a segment to read records back fails
+``reader.read_error``                           reading records back fails
 
 Example: ``ACKBUS_FAULTS=wal.after_write@3`` kills the process after its fourth batch
 write; ``ACKBUS_FAULTS=wal.fsync_error:2`` fails the first two fsyncs.
@@ -42,9 +56,10 @@ import errno
 import os
 import signal
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Final
 
 __all__ = [
@@ -79,8 +94,29 @@ KILL_POINTS: Final = frozenset(
         "checkpoint.after_rename",
     }
 )
-ERROR_POINTS: Final = frozenset({"wal.write_error", "wal.fsync_error"})
-FAULT_POINTS: Final = KILL_POINTS | ERROR_POINTS
+#: Error points and the ``errno`` each raises.
+ERROR_POINTS: Final[Mapping[str, int]] = MappingProxyType(
+    {
+        "wal.write_error": errno.EIO,
+        "wal.write_enospc": errno.ENOSPC,
+        "wal.fsync_error": errno.EIO,
+        "wal.fsync_enospc": errno.ENOSPC,
+        "wal.segment_create_error": errno.EIO,
+        "wal.segment_create_enospc": errno.ENOSPC,
+        "wal.preallocate_enospc": errno.ENOSPC,
+        "checkpoint.write_error": errno.EIO,
+        "checkpoint.write_enospc": errno.ENOSPC,
+        "checkpoint.fsync_error": errno.EIO,
+        "checkpoint.fsync_enospc": errno.ENOSPC,
+        "checkpoint.rename_error": errno.EIO,
+        "checkpoint.rename_enospc": errno.ENOSPC,
+        "checkpoint.dir_fsync_error": errno.EIO,
+        "checkpoint.dir_fsync_enospc": errno.ENOSPC,
+        "reader.open_emfile": errno.EMFILE,
+        "reader.read_error": errno.EIO,
+    }
+)
+FAULT_POINTS: Final = KILL_POINTS | ERROR_POINTS.keys()
 
 
 @dataclass(slots=True)
@@ -224,7 +260,7 @@ def hit(name: str) -> None:
     """Pass a fault point: do nothing unless it is armed.
 
     Raises:
-        OSError: ``EIO`` at an armed error point.
+        OSError: at an armed error point, with its ``errno`` (see ``ERROR_POINTS``).
     """
     if not _active and _env_loaded:
         return  # the common case: one dict check
@@ -241,8 +277,9 @@ def hit(name: str) -> None:
             if fault.count <= 0:
                 del _active[name]
         handler = _kill_handler
-    if name in ERROR_POINTS:
-        raise OSError(errno.EIO, f"injected fault {name}")
+    err = ERROR_POINTS.get(name)
+    if err is not None:
+        raise OSError(err, f"{os.strerror(err)} (injected fault {name})")
     if handler is not None:
         handler(name)
         return

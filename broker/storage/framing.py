@@ -153,6 +153,8 @@ class ProblemKind(enum.Enum):
     TOO_LARGE = "too-large"
     #: The frame is complete but its CRC does not match.
     CRC_MISMATCH = "crc-mismatch"
+    #: A write group (``group.py``) whose header or record count does not fit.
+    BAD_GROUP = "bad-group"
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,12 +23,16 @@ Rules:
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import BinaryIO, Protocol
 
 __all__ = ["FileSystem", "WritableFile", "OsFileSystem", "OS_FILE_SYSTEM"]
 
 _HAVE_FDATASYNC = hasattr(os, "fdatasync")
 _HAVE_FALLOCATE = hasattr(os, "posix_fallocate")
+_HAVE_WRITEV = hasattr(os, "writev")
+# at most this many buffers per writev call (POSIX guarantees 16, Linux takes 1024)
+_IOV_MAX = 512
 
 
 class WritableFile(Protocol):
@@ -41,6 +45,11 @@ class WritableFile(Protocol):
 
     def write(self, data: bytes) -> None:
         """Append all of ``data`` (raises ``OSError``, possibly after a partial write)."""
+        ...
+
+    def write_parts(self, parts: Sequence[bytes | memoryview]) -> None:
+        """Append all of ``parts``, in order, as one write where the system allows
+        (``writev``): a header and the data it describes, without joining them first."""
         ...
 
     def sync(self) -> None:
@@ -129,6 +138,29 @@ class _OsFile:
             written = os.write(self._fd, view)
             while written < len(view):
                 written += os.write(self._fd, view[written:])
+
+    def write_parts(self, parts: Sequence[bytes | memoryview]) -> None:
+        if not _HAVE_WRITEV:  # pragma: no cover - Windows
+            self.write(b"".join(parts))
+            return
+        if len(parts) <= _IOV_MAX:
+            written = os.writev(self._fd, parts)
+            if written == sum(map(len, parts)):
+                return  # the common case: everything in one call
+        else:
+            written = 0
+        # A short write (a signal, a full disk, more than _IOV_MAX parts): go on from
+        # where it stopped.
+        pending = [memoryview(part) for part in parts if len(part)]
+        while True:
+            while pending and written >= len(pending[0]):
+                written -= len(pending[0])
+                pending.pop(0)
+            if not pending:
+                return
+            if written:
+                pending[0] = pending[0][written:]
+            written = os.writev(self._fd, pending[:_IOV_MAX])
 
     def sync(self) -> None:
         if _HAVE_FDATASYNC:

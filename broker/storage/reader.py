@@ -17,10 +17,19 @@ Theory of operation
   (:meth:`LogReader.scan`), checking every CRC.
 * **Reads** (:meth:`LogReader.read`) group the wanted LSNs by segment and read each run
   of nearby records with one ``read``; every frame is checked (length, CRC) before its
-  payload is returned. A record that cannot be read comes back as a string saying why
-  (the segment is gone, the frame is damaged): the caller decides what that means.
-  Reads are blocking and meant for records the WAL has reported durable (written), which
-  the page cache usually still holds.
+  payload is returned. A record that cannot be read comes back as a
+  :class:`ReadFailure` saying why and whether trying again later may work: *transient*
+  when the operating system failed the open or the read (``EMFILE``, ``EIO``...: the
+  record may well be intact), not transient when the bytes are really unusable (a CRC
+  mismatch, a file shorter than its index, a record in no segment, a segment file that
+  is gone). The caller decides what each means. A failed open is not remembered (the
+  next read opens the file again), and a handle whose read failed is closed. Reads are
+  blocking and meant for records the WAL has reported durable (written), which the page
+  cache usually still holds.
+* **Segment formats.** A record's frame is the same in both formats (``segment.py``);
+  in a segment of write groups the frames of a group follow its header, so the gap
+  between the last record of a group and the next record holds the next header: a read
+  takes a frame's end from its length field, checked against that gap.
 * **Threads.** The WAL's IO thread appends offsets while the event loop thread reads;
   each structural change (a segment added or dropped) happens under a lock, and a
   reader only ever looks at offsets of records already reported written.
@@ -37,15 +46,58 @@ from array import array
 from collections.abc import Iterable, Sequence
 from typing import BinaryIO
 
+from . import faults
 from .framing import FRAME_HEADER_BYTES, FRAME_OVERHEAD_BYTES, FrameProblem, ProblemKind, RecordDecoder
 from .fs import FileSystem
-from .segment import SEGMENT_HEADER_BYTES, zero_filled
+from .group import GroupDecoder
+from .segment import (
+    LEGACY_SEGMENT_VERSION,
+    SEGMENT_HEADER_BYTES,
+    BadSegmentHeader,
+    decode_segment_header,
+    zero_filled,
+)
 
-__all__ = ["LogReader", "ReadResult", "SegmentsToKeep"]
+__all__ = ["LogReader", "ReadFailure", "ReadResult", "SegmentsToKeep"]
 
-logger = logging.getLogger("broker.storage.reader")
+logger = logging.getLogger("ackbus.storage")
 
-#: ``(rtype, payload)`` of a record, or a string saying why it could not be read.
+
+class ReadFailure(str):
+    """Why a record could not be read back (the string itself), and whether that may
+    pass: ``transient`` is true when the operating system failed the open or the read
+    (the record may be intact; read it again later), false when the record is really
+    unreadable (damaged, cut short, in no segment).
+
+    It is a ``str`` so that a consumer that only tells a record from a reason
+    (``isinstance(result, str)``) keeps working; read ``transient`` to tell more.
+    Immutable.
+    """
+
+    transient: bool
+
+    def __new__(cls, reason: str, *, transient: bool) -> ReadFailure:
+        self = super().__new__(cls, reason)
+        self.__dict__["transient"] = transient
+        return self
+
+    @property
+    def reason(self) -> str:
+        """The reason as a plain string."""
+        return str.__str__(self)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError("ReadFailure is immutable")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError("ReadFailure is immutable")
+
+    def __repr__(self) -> str:
+        return f"ReadFailure({self.reason!r}, transient={self.transient})"
+
+
+#: ``(rtype, payload)`` of a record, or a :class:`ReadFailure` (a ``str``) saying why
+#: it could not be read.
 ReadResult = tuple[int, bytes] | str
 
 _HEADER = struct.Struct("<II")
@@ -55,6 +107,7 @@ _SCAN_CHUNK_BYTES = 1 << 20
 # Read handles kept open (a deep backlog spans many segments; file descriptors are
 # shared with the connections).
 _MAX_OPEN_FILES = 32
+_NOT_READ = ReadFailure("not read", transient=False)  # placeholder, always replaced
 
 
 class _SegmentIndex:
@@ -109,33 +162,27 @@ class LogReader:
         seg.end = end
 
     def scan(self, first_lsn: int, path: str) -> FrameProblem | None:
-        """Index a segment by reading its frames (a segment recovery did not replay).
+        """Index a segment by reading its records (a segment recovery did not replay).
 
-        Stops at the first frame that does not check out and returns what is wrong
-        there (None if the whole segment is sound, an unused preallocated tail of zeros
-        included); the records after it cannot be read later (a read of them reports
-        the damage).
+        Stops at the first frame (or write group) that does not check out and returns
+        what is wrong there (None if the whole segment is sound, an unused preallocated
+        tail of zeros included); the records after it cannot be read later (a read of
+        them reports the damage).
         """
-        decoder = RecordDecoder(max_record_bytes=self._max_record_bytes, offset=SEGMENT_HEADER_BYTES)
         offsets = array("Q")
-        pos = SEGMENT_HEADER_BYTES
         with self._fs.open_read(path) as file:
-            file.seek(SEGMENT_HEADER_BYTES)
-            while True:
-                chunk = file.read(_SCAN_CHUNK_BYTES)
-                if chunk:
-                    decoder.feed(chunk)
-                else:
-                    decoder.feed_eof()
-                for _rtype, _payload in decoder.iter_records():
-                    offsets.append(pos)
-                    pos = decoder.offset
-                if decoder.problem is not None or not chunk:
-                    break
-            problem = decoder.problem
+            raw = file.read(SEGMENT_HEADER_BYTES)
+            try:
+                grouped = decode_segment_header(raw).version != LEGACY_SEGMENT_VERSION
+            except BadSegmentHeader as exc:
+                return FrameProblem(0, ProblemKind.BAD_GROUP, f"bad segment header: {exc}")
+            if grouped:
+                end, problem = _scan_groups(file, first_lsn, offsets, self._max_record_bytes)
+            else:
+                end, problem = _scan_frames(file, offsets, self._max_record_bytes)
             if problem is not None and problem.kind is ProblemKind.ZEROED and zero_filled(file, problem.offset):
                 problem = None  # unused preallocated space (see segment.py)
-        self.note_segment(first_lsn, path, offsets, pos)
+        self.note_segment(first_lsn, path, offsets, end)
         return problem
 
     def drop(self, first_lsn: int) -> None:
@@ -200,8 +247,9 @@ class LogReader:
 
     def read(self, lsns: Sequence[int]) -> list[ReadResult]:
         """The records with these LSNs, in the order asked (blocking; see the module
-        docstring). Each result is ``(rtype, payload)`` or the reason it is missing."""
-        results: list[ReadResult] = ["not read"] * len(lsns)
+        docstring). Each result is ``(rtype, payload)`` or a :class:`ReadFailure`: why it
+        could not be read, and whether that is ``transient``."""
+        results: list[ReadResult] = [_NOT_READ] * len(lsns)
         order = sorted(range(len(lsns)), key=lsns.__getitem__)
         firsts = self._firsts
         k = 0
@@ -210,7 +258,7 @@ class LogReader:
             i = bisect.bisect_right(firsts, lsn) - 1
             seg = self._segments.get(firsts[i]) if i >= 0 else None
             if seg is None or lsn - seg.first_lsn >= len(seg.offsets):
-                results[order[k]] = f"record {lsn} is in no WAL segment on disk"
+                results[order[k]] = ReadFailure(f"record {lsn} is in no WAL segment on disk", transient=False)
                 k += 1
                 continue
             # every wanted record of this segment, read in runs of nearby records
@@ -228,7 +276,8 @@ class LogReader:
         # Extents are taken once, up front: the WAL writer may append to this segment
         # (and move seg.end) while the file is read. It appends offsets first and moves
         # seg.end after, so seg.end is read first: whatever the interleaving, a record's
-        # end is then the next record's offset or the end of the batch it was written in.
+        # extent then reaches at most to the next record's offset or the end of the batch
+        # it was written in (past the frame by a group header if it ends a group).
         end_of_last = seg.end
         offsets = seg.offsets
         n = len(offsets)
@@ -239,8 +288,11 @@ class LogReader:
         try:
             file = self._file(seg)
         except OSError as exc:
+            # not remembered: the next read opens it again
+            transient = not isinstance(exc, FileNotFoundError)
+            failure = ReadFailure(f"WAL segment {seg.path} cannot be opened: {exc}", transient=transient)
             for p in positions:
-                results[p] = f"WAL segment {seg.path} cannot be opened: {exc}"
+                results[p] = failure
             return
         k = 0
         while k < len(positions):
@@ -253,35 +305,46 @@ class LogReader:
                 run_end = max(run_end, e)
                 j += 1
             try:
+                faults.hit("reader.read_error")
                 file.seek(run_start)
                 data = file.read(run_end - run_start)
             except OSError as exc:
-                for p in positions[k:j]:
-                    results[p] = f"reading WAL segment {seg.path} failed: {exc}"
-            else:
-                for x in range(k, j):
-                    s, e = extents[x]
-                    results[positions[x]] = self._decode_frame(data, s - run_start, e - s, seg, lsns[positions[x]], s)
+                # this run and the rest of the segment's: a fresh handle next time
+                failure = ReadFailure(f"reading WAL segment {seg.path} failed: {exc}", transient=True)
+                for p in positions[k:]:
+                    results[p] = failure
+                self._forget_file(seg.first_lsn, file)
+                return
+            for x in range(k, j):
+                s, e = extents[x]
+                results[positions[x]] = self._decode_frame(data, s - run_start, e - s, seg, lsns[positions[x]], s)
             k = j
 
     def _decode_frame(
         self, data: bytes, pos: int, size: int, seg: _SegmentIndex, lsn: int, file_offset: int
     ) -> ReadResult:
-        where = f"record {lsn} at offset {file_offset} of {seg.path}"
-        if size < FRAME_OVERHEAD_BYTES or pos + size > len(data):
-            return f"{where} is cut short (the file is shorter than its index)"
+        """The record whose frame starts at ``data[pos]``, at most ``size`` bytes long."""
+        if size < FRAME_OVERHEAD_BYTES or pos + FRAME_HEADER_BYTES > len(data):
+            return self._unreadable(lsn, file_offset, seg, "is cut short (the file is shorter than its index)")
         length, crc = _HEADER.unpack_from(data, pos)
-        if length != size - FRAME_HEADER_BYTES:
-            return f"{where} has a damaged length"
-        body_start = pos + FRAME_HEADER_BYTES
-        frame = data[body_start : pos + size]
+        end = pos + FRAME_HEADER_BYTES + length
+        if length == 0 or FRAME_HEADER_BYTES + length > size:
+            return self._unreadable(lsn, file_offset, seg, "has a damaged length")
+        if end > len(data):
+            return self._unreadable(lsn, file_offset, seg, "is cut short (the file is shorter than its index)")
+        frame = data[pos + FRAME_HEADER_BYTES : end]
         if zlib.crc32(frame) != crc:
-            return f"{where} fails its CRC check"
+            return self._unreadable(lsn, file_offset, seg, "fails its CRC check")
         return frame[0], frame[1:]
+
+    @staticmethod
+    def _unreadable(lsn: int, file_offset: int, seg: _SegmentIndex, what: str) -> ReadFailure:
+        return ReadFailure(f"record {lsn} at offset {file_offset} of {seg.path} {what}", transient=False)
 
     def _file(self, seg: _SegmentIndex) -> BinaryIO:
         file = self._files.get(seg.first_lsn)
         if file is None:
+            faults.hit("reader.open_emfile")
             file = self._fs.open_read(seg.path)
             stale = None
             with self._lock:
@@ -292,6 +355,50 @@ class LogReader:
                 stale.close()
         return file
 
+    def _forget_file(self, first_lsn: int, file: BinaryIO) -> None:
+        with self._lock:
+            if self._files.get(first_lsn) is file:
+                del self._files[first_lsn]
+        try:
+            file.close()
+        except OSError:
+            pass
+
+
+def _scan_groups(
+    file: BinaryIO, first_lsn: int, offsets: array[int], max_record_bytes: int
+) -> tuple[int, FrameProblem | None]:
+    """Index the records of a segment of write groups; ``(end, problem)``."""
+    decoder = GroupDecoder(
+        first_lsn=first_lsn, offset=SEGMENT_HEADER_BYTES, max_record_bytes=max_record_bytes, offsets=offsets
+    )
+    while True:
+        chunk = file.read(_SCAN_CHUNK_BYTES)
+        if chunk:
+            decoder.feed(chunk)
+        else:
+            decoder.feed_eof()
+        for _group in decoder.iter_groups():
+            pass
+        if decoder.problem is not None or not chunk:
+            return decoder.offset, decoder.problem
+
+
+def _scan_frames(file: BinaryIO, offsets: array[int], max_record_bytes: int) -> tuple[int, FrameProblem | None]:
+    """Index the records of a segment of bare frames (version 1); ``(end, problem)``."""
+    decoder = RecordDecoder(max_record_bytes=max_record_bytes, offset=SEGMENT_HEADER_BYTES)
+    pos = SEGMENT_HEADER_BYTES
+    while True:
+        chunk = file.read(_SCAN_CHUNK_BYTES)
+        if chunk:
+            decoder.feed(chunk)
+        else:
+            decoder.feed_eof()
+        for _rtype, _payload in decoder.iter_records():
+            offsets.append(pos)
+            pos = decoder.offset
+        if decoder.problem is not None or not chunk:
+            return pos, decoder.problem
 
 
 class SegmentsToKeep:

@@ -4,22 +4,23 @@ One job: the read phase after a start or a crash. :func:`recover` loads the newe
 checkpoint and streams the WAL records after it; once those are read, the append phase
 (``WriteAheadLog.open(recovery)``) continues at ``recovery.next_lsn``.
 
-Rules (etcd's, see STYLE.md):
+Rules (etcd's, extended with write groups):
 
 * Segments are read in name order = LSN order. Record LSNs follow from the segment's
   first LSN; a segment must not overlap its predecessor.
-* **Torn tail.** In the LAST segment, a short, zeroed or CRC-failing frame with nothing
-  valid after it is what a crash in the middle of a write leaves: the file is truncated
-  there (durably), and the drop is logged on ``ackbus.storage`` and listed in the report.
-  No record behind it was ever reported durable under the ``always`` policy, because the
-  fsync covering it had not returned. "Nothing valid after it" is decided by scanning
-  the rest of the file for a CRC-valid frame (``framing.find_valid_frame``); if that scan
-  spends its checksum budget (a large tail of adversarial binary data), etcd's own rule
-  decides instead: short or zeroed records, and CRC failures containing a zeroed
-  512-byte sector, are torn; anything else is corruption.
-* **Corruption.** The same damage anywhere else - in an earlier segment, or with a valid
-  frame after it - raises :class:`CorruptLog` naming the file and offset. Missing LSNs
-  between segments (a deleted segment) are corruption too. Nothing is skipped silently.
+* **Torn tail.** In the LAST segment, damage a crash can leave is cut off: the file is
+  truncated there (durably), and the drop is logged on ``ackbus.storage`` and listed in
+  the report. Which damage that is, ``damage.py`` decides: in a segment of write groups,
+  a damaged group is torn unless a later group shows that an fsync covered it (a power
+  cut may persist any part of what was written after the last fsync, so valid groups
+  after a damaged one prove nothing by themselves); in a segment of the previous format,
+  a short, zeroed or CRC-failing frame with no valid frame after it. Under the
+  ``always`` policy no record in a torn tail was ever acknowledged: the fsync covering
+  it had not returned.
+* **Corruption.** The same damage anywhere else - in an earlier segment, or with
+  evidence that it had been fsynced - raises :class:`CorruptLog` naming the file and
+  offset. Missing LSNs between segments (a deleted segment) are corruption too. Nothing
+  is skipped silently.
 * **Repair** (``repair=True``): treat the first corruption as the end of the log. Every
   record before it is kept; the bytes after it are copied to ``<segment>.at-<offset>.dropped``
   and the segment truncated; later segments are renamed to ``*.dropped``. Everything in
@@ -38,6 +39,13 @@ Rules (etcd's, see STYLE.md):
   a record lost under such zeros would show as missing LSNs before the next segment.
 * Segments whose records are all covered by the checkpoint are not read at all.
 * Leftover temporary files (``*.tmp``) are removed.
+* The last segment holding records is fsynced at the end: what a crashed process left
+  in the page cache is then on disk, as the WAL that continues the log assumes (its
+  groups record everything before them as fsynced).
+
+The module is long because reading, voiding, truncating and repairing share the state
+of one pass over the segments; what damage means is decided in ``damage.py``, how a
+segment decodes in ``framing.py`` and ``group.py``.
 """
 
 from __future__ import annotations
@@ -47,13 +55,13 @@ import os
 from array import array
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass
-from typing import Final, NoReturn
+from typing import BinaryIO, Final, NamedTuple, NoReturn
 
 from .checkpoint import LoadedCheckpoint, read_latest_checkpoint
 from .errors import CorruptLog, RecoveryNotFinished
+from .damage import count_frames, judge_frames, judge_groups
 from .framing import (
     DEFAULT_MAX_RECORD_BYTES,
-    FRAME_HEADER_BYTES,
     FRAME_OVERHEAD_BYTES,
     FrameProblem,
     ProblemKind,
@@ -62,9 +70,11 @@ from .framing import (
     find_valid_frame,
 )
 from .fs import OS_FILE_SYSTEM, FileSystem
+from .group import GROUP_HEADER_BYTES, GroupDecoder
 from .reader import LogReader
 from .segment import (
     DROPPED_SUFFIX,
+    LEGACY_SEGMENT_VERSION,
     SEGMENT_HEADER_BYTES,
     TMP_SUFFIX,
     WAL_DIRNAME,
@@ -92,7 +102,9 @@ class TruncatedTail:
     path: str
     offset: int
     bytes_dropped: int
-    #: frames (partial or whole) in the dropped bytes; for a torn tail 0 (zeros) or 1
+    #: records (partial or whole) in the dropped bytes, as far as can be told: for a torn
+    #: tail 0 (zeros), 1 (a segment of the previous format), or the records the intact
+    #: group headers in it announce (at least 1)
     records_dropped: int
     reason: str
     repaired: bool = False
@@ -138,6 +150,15 @@ class _SegmentInfo:
 
 class _StopLog(Exception):
     """Internal: a repair ended the log at this point."""
+
+
+class _SegmentEnd(NamedTuple):
+    """Where reading a segment stopped."""
+
+    next_lsn: int  # the LSN after the last record read
+    end: int  # where the last record read ends
+    void_offset: int | None  # a failed batch starts here: cut it off
+    problem: FrameProblem | None  # damage here
 
 
 def recover(
@@ -362,52 +383,104 @@ class Recovery:
     ) -> Generator[WalRecord, None, int]:
         """Yield a segment's records after the checkpoint; return the LSN after its last."""
         segment = self._segments[index]
+        assert segment.header is not None
+        grouped = segment.header.version != LEGACY_SEGMENT_VERSION
+        read = self._read_groups if grouped else self._read_frames
         path = segment.path
-        ckpt = self.checkpoint_lsn
-        lsn = segment.first_lsn
-        decoder = RecordDecoder(max_record_bytes=self.max_record_bytes, offset=SEGMENT_HEADER_BYTES)
-        void_offset: int | None = None
-        problem: FrameProblem | None = None
         offsets = array("Q")  # where each valid record starts, for self.reader
-        pos = SEGMENT_HEADER_BYTES
         self._read_paths.add(path)
         with self.fs.open_read(path) as file:
             file.seek(SEGMENT_HEADER_BYTES)
-            while True:
-                chunk = file.read(_CHUNK_BYTES)
-                if chunk:
-                    decoder.feed(chunk)
-                else:
-                    decoder.feed_eof()
-                for rtype, payload in decoder.iter_records():
-                    if lsn >= cutoff:
-                        void_offset = decoder.offset - FRAME_OVERHEAD_BYTES - len(payload)
-                        break
-                    offsets.append(pos)
-                    pos = decoder.offset
-                    if lsn > ckpt:
-                        self._replayed += 1
-                        self._last_lsn = lsn
-                        yield lsn, rtype, payload
-                    lsn += 1
-                if void_offset is not None:
-                    break
-                problem = decoder.problem
-                if problem is not None:
-                    if lsn >= cutoff:
-                        void_offset = problem.offset
-                    break
-                if not chunk:
-                    break
+            state = yield from read(segment.first_lsn, file, offsets, cutoff)
+        lsn, end, void_offset, problem = state
         # (before handling damage, which may stop the log here: what was read stands)
-        self.reader.note_segment(segment.first_lsn, path, offsets, pos)
+        self.reader.note_segment(segment.first_lsn, path, offsets, end)
         if void_offset is not None:
             self._void_tail(path, void_offset, lsn)
         elif problem is not None:
-            self._handle_problem(index, is_last, problem)
+            self._handle_problem(index, is_last, problem, lsn, grouped)
         if lsn > segment.first_lsn:
             self._last_lsn = max(self._last_lsn, lsn - 1)
         return lsn
+
+    def _read_groups(
+        self, lsn: int, file: BinaryIO, offsets: array[int], cutoff: int
+    ) -> Generator[WalRecord, None, _SegmentEnd]:
+        """The records of a segment of write groups (version 2), a whole group at a time."""
+        ckpt = self.checkpoint_lsn
+        first_lsn = lsn
+        decoder = GroupDecoder(
+            first_lsn=lsn,
+            offset=SEGMENT_HEADER_BYTES,
+            max_record_bytes=self.max_record_bytes,
+            offsets=offsets,
+        )
+        while True:
+            chunk = file.read(_CHUNK_BYTES)
+            if chunk:
+                decoder.feed(chunk)
+            else:
+                decoder.feed_eof()
+            for group_lsn, _synced, records in decoder.iter_groups():
+                count = len(records)
+                if group_lsn + count > cutoff:
+                    # a failed batch (and whatever follows it): not replayed
+                    del offsets[group_lsn - first_lsn :]
+                    start = decoder.offset - GROUP_HEADER_BYTES - sum(
+                        FRAME_OVERHEAD_BYTES + len(payload) for _rtype, payload in records
+                    )
+                    return _SegmentEnd(lsn, start, start, None)
+                if lsn > ckpt:
+                    for rtype, payload in records:
+                        yield lsn, rtype, payload
+                        lsn += 1
+                    self._replayed += count
+                    self._last_lsn = lsn - 1
+                else:  # (partly) covered by the checkpoint
+                    for rtype, payload in records:
+                        if lsn > ckpt:
+                            self._replayed += 1
+                            self._last_lsn = lsn
+                            yield lsn, rtype, payload
+                        lsn += 1
+            problem = decoder.problem
+            if problem is not None:
+                if lsn >= cutoff:
+                    return _SegmentEnd(lsn, decoder.offset, problem.offset, None)
+                return _SegmentEnd(lsn, decoder.offset, None, problem)
+            if not chunk:
+                return _SegmentEnd(lsn, decoder.offset, None, None)
+
+    def _read_frames(
+        self, lsn: int, file: BinaryIO, offsets: array[int], cutoff: int
+    ) -> Generator[WalRecord, None, _SegmentEnd]:
+        """The records of a segment of bare frames (version 1, before write groups)."""
+        ckpt = self.checkpoint_lsn
+        decoder = RecordDecoder(max_record_bytes=self.max_record_bytes, offset=SEGMENT_HEADER_BYTES)
+        pos = SEGMENT_HEADER_BYTES
+        while True:
+            chunk = file.read(_CHUNK_BYTES)
+            if chunk:
+                decoder.feed(chunk)
+            else:
+                decoder.feed_eof()
+            for rtype, payload in decoder.iter_records():
+                if lsn >= cutoff:
+                    return _SegmentEnd(lsn, pos, decoder.offset - FRAME_OVERHEAD_BYTES - len(payload), None)
+                offsets.append(pos)
+                pos = decoder.offset
+                if lsn > ckpt:
+                    self._replayed += 1
+                    self._last_lsn = lsn
+                    yield lsn, rtype, payload
+                lsn += 1
+            problem = decoder.problem
+            if problem is not None:
+                if lsn >= cutoff:
+                    return _SegmentEnd(lsn, pos, problem.offset, None)
+                return _SegmentEnd(lsn, pos, None, problem)
+            if not chunk:
+                return _SegmentEnd(lsn, pos, None, None)
 
     # ------------------------------------------------------------------ damage
 
@@ -433,7 +506,10 @@ class Recovery:
             file.seek(offset)
             return file.read()
 
-    def _handle_problem(self, index: int, is_last: bool, problem: FrameProblem) -> None:
+    def _handle_problem(
+        self, index: int, is_last: bool, problem: FrameProblem, lsn: int, grouped: bool
+    ) -> None:
+        """Damage at ``problem.offset``, where the record with LSN ``lsn`` would start."""
         path = self._segments[index].path
         offset = problem.offset
         if problem.kind is ProblemKind.ZEROED and self._zero_filled(path, offset):
@@ -448,51 +524,43 @@ class Recovery:
             self.fs.truncate(path, offset)
             return
         rest = self._read_from(path, offset)
+        what = "group" if grouped else "record"
         if not is_last:
             self._corrupt(
                 index,
                 offset,
-                f"{problem.kind.value} record ({problem.detail}) in a segment that is not "
+                f"{problem.kind.value} {what} ({problem.detail}) in a segment that is not "
                 "the last one",
                 rest,
             )
-        try:
-            found = find_valid_frame(rest, 1, max_record_bytes=self.max_record_bytes)
-        except ScanGaveUp as exc:
-            # A large tail of adversarial binary data: fall back to etcd's rule, which
-            # looks only at the damaged record itself.
-            why = _looks_torn(problem, rest, offset)
-            if why is None:
-                self._corrupt(
-                    index,
-                    offset,
-                    f"{problem.kind.value} record ({problem.detail}); could not rule out "
-                    f"valid records after it (the scan gave up at offset {offset + exc.offset})",
-                    rest,
-                )
+        if grouped:
+            verdict = judge_groups(problem, rest, offset, lsn)
+        else:
+            verdict = judge_frames(problem, rest, offset, self.max_record_bytes)
+        if verdict.corruption is not None:
+            self._corrupt(index, offset, verdict.corruption, rest)
+        if verdict.fallback is not None:
             logger.warning(
-                "could not rule out valid records after the damaged record at %s offset %d "
+                "could not rule out valid records after the damaged %s at %s offset %d "
                 "(the scan gave up); treating it as a torn tail because %s",
+                what,
                 path,
                 offset,
-                why,
+                verdict.fallback,
             )
-            found = None
-        if found is not None:
-            self._corrupt(
-                index,
-                offset,
-                f"{problem.kind.value} record ({problem.detail}) followed by a valid record "
-                f"at offset {offset + found}",
-                rest,
-            )
-        dropped = 0 if rest.count(0) == len(rest) else 1
+        if rest.count(0) == len(rest):
+            dropped = 0  # nothing was written there
+        elif grouped:
+            dropped = max(1, count_frames(rest, self.max_record_bytes, grouped=True))
+        else:
+            dropped = 1  # the partial record
         logger.warning(
             "WAL torn tail: truncating %s at offset %d, dropping %d bytes "
-            "(%d partial record%s): %s",
+            "(%s%d record%s): %s",
             path,
             offset,
             len(rest),
+            "about " if grouped and dropped else "",
             dropped,
             "" if dropped == 1 else "s",
             problem,
@@ -527,7 +595,9 @@ class Recovery:
                 out.sync()
             finally:
                 out.close()
-            records = _count_frames(rest, self.max_record_bytes)
+            header = segment.header
+            grouped = header is not None and header.version != LEGACY_SEGMENT_VERSION
+            records = count_frames(rest, self.max_record_bytes, grouped=grouped)
             fs.truncate(segment.path, offset)
             logger.error(
                 "REPAIR: truncated %s at offset %d: %d bytes (about %d records) dropped, "
@@ -555,6 +625,21 @@ class Recovery:
         fs.sync_dir(self._wal_dir)
         raise _StopLog
 
+    def _sync_last_segment(self, last_lsn: int) -> None:
+        """fsync the last segment holding records: a crashed process (not a power loss)
+        leaves its last writes in the page cache, unsynced, and the WAL continues the
+        log claiming everything before it was fsynced (``group.py``)."""
+        for segment in reversed(self._segments):
+            if segment.first_lsn > last_lsn or segment.path in self._moved_aside:
+                continue
+            if self.fs.exists(segment.path):
+                file = self.fs.open_append(segment.path)
+                try:
+                    file.sync()
+                finally:
+                    file.close()
+            return
+
     def _finish(self) -> None:
         # Segments after the last record hold nothing worth keeping: an empty segment
         # from an interrupted rollover or failure probe, or a failed batch already
@@ -570,6 +655,7 @@ class Recovery:
                 emptied = True
         if emptied:
             self.fs.sync_dir(self._wal_dir)
+        self._sync_last_segment(last)
         # Segments a checkpoint covers were not replayed, but the ones still on disk
         # are kept because they hold bodies of queued messages: index them.
         for segment in self._segments:
@@ -615,38 +701,3 @@ class Recovery:
             next_lsn,
             f", {len(self._truncated)} tail(s) truncated" if self._truncated else "",
         )
-
-
-_SECTOR_BYTES: Final = 512
-_ZERO_SECTOR: Final = bytes(_SECTOR_BYTES)
-
-
-def _looks_torn(problem: FrameProblem, rest: bytes, offset: int) -> str | None:
-    """etcd's torn-write test for one damaged record: why it looks torn, or None."""
-    if problem.kind in (ProblemKind.SHORT, ProblemKind.ZEROED):
-        return f"it is {problem.kind.value}"
-    if problem.kind is ProblemKind.CRC_MISMATCH:
-        length = int.from_bytes(rest[:4], "little")
-        span = rest[: FRAME_HEADER_BYTES + length]
-        # whole file sectors inside the record that are all zeros: never written
-        start = -offset % _SECTOR_BYTES
-        for pos in range(start, len(span) - _SECTOR_BYTES + 1, _SECTOR_BYTES):
-            if span[pos : pos + _SECTOR_BYTES] == _ZERO_SECTOR:
-                return "it contains a zeroed sector"
-    return None
-
-
-def _count_frames(data: bytes, max_record_bytes: int) -> int:
-    """How many valid frames can be found in ``data`` (what a repair throws away)."""
-    count = 0
-    try:
-        position = find_valid_frame(data, 0, max_record_bytes=max_record_bytes)
-        while position is not None:
-            count += 1
-            length = int.from_bytes(data[position : position + 4], "little")
-            position = find_valid_frame(
-                data, position + FRAME_HEADER_BYTES + length, max_record_bytes=max_record_bytes
-            )
-    except ScanGaveUp:
-        pass  # a lower bound is good enough for the log message
-    return count

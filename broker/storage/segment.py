@@ -1,18 +1,23 @@
 """WAL segment files: names and headers.
 
 One job: the on-disk identity of a segment, shared by the writer (``wal.py``) and the
-reader (``recovery.py``).
+readers (``recovery.py``, ``reader.py``).
 
 A segment is ``<data_dir>/wal/<first LSN, 16 lowercase hex digits>.wal``, so a directory
-listing sorted by name is log order (etcd's scheme). It starts with a 32-byte header,
-then frames (``framing.py``) whose LSNs are first_lsn, first_lsn + 1, ... in order::
+listing sorted by name is log order (etcd's scheme). It starts with a 32-byte header::
 
     magic          8 bytes  b"ACKBUSWL"
-    version        u32      1
+    version        u32      2 (1: the previous format, still read)
     first_lsn      u64      LSN of the segment's first record (matches the file name)
     void_from_lsn  u64      0, or: records with LSN >= this in EARLIER segments were
                             never reported durable (a failed batch); recovery drops them
     crc32          u32      over the 28 bytes above
+
+What follows the header depends on the version. Version 2: write groups (``group.py``),
+one or more per write of the WAL, each holding the record frames (``framing.py``) of
+LSNs first_lsn, first_lsn + 1, ... in order. Version 1 (written before groups existed):
+the record frames themselves, one after the other. A data directory may hold both: the
+WAL only writes version 2, and old segments are read until a checkpoint releases them.
 
 ``void_from_lsn`` is written only in the segment the WAL starts after an IO failure. It
 makes the failure path safe even when truncating the failed segment back to its last good
@@ -22,11 +27,11 @@ behind is discarded on recovery instead of being replayed or mistaken for corrup
 A new segment is created as ``<name>.tmp``, header written and fsynced, renamed into
 place and the directory fsynced, so a segment file never has a torn header.
 
-The frames may be followed by zero bytes up to the end of the file: space the writer
-preallocated and had not used yet (a segment is cut back to its frames when retired or
-closed, so only a crash leaves such a tail). :func:`zero_filled` tells it from damage.
-A zero-filled tail can hide no record the log needs: a lost record in a finished segment
-shows as missing LSNs before the next one, and recovery reports those.
+The groups (or frames) may be followed by zero bytes up to the end of the file: space
+the writer preallocated and had not used yet (a segment is cut back to its records when
+retired or closed, so only a crash leaves such a tail). :func:`zero_filled` tells it from
+damage. A zero-filled tail can hide no record the log needs: a lost record in a finished
+segment shows as missing LSNs before the next one, and recovery reports those.
 """
 
 from __future__ import annotations
@@ -47,6 +52,8 @@ __all__ = [
     "MAX_LSN",
     "BadSegmentHeader",
     "SEGMENT_HEADER_BYTES",
+    "SEGMENT_VERSION",
+    "LEGACY_SEGMENT_VERSION",
     "SegmentHeader",
     "segment_name",
     "parse_segment_name",
@@ -60,7 +67,11 @@ SEGMENT_SUFFIX: Final = ".wal"
 TMP_SUFFIX: Final = ".tmp"
 DROPPED_SUFFIX: Final = ".dropped"
 _MAGIC: Final = b"ACKBUSWL"
-_VERSION: Final = 1
+#: The format the WAL writes: write groups (``group.py``).
+SEGMENT_VERSION: Final = 2
+#: The format before write groups: bare record frames. Read, never written.
+LEGACY_SEGMENT_VERSION: Final = 1
+_VERSIONS: Final = frozenset({LEGACY_SEGMENT_VERSION, SEGMENT_VERSION})
 _HEADER: Final = struct.Struct("<8sIQQ")
 _CRC: Final = struct.Struct("<I")
 SEGMENT_HEADER_BYTES: Final = _HEADER.size + _CRC.size
@@ -74,6 +85,7 @@ class SegmentHeader:
 
     first_lsn: int
     void_from_lsn: int = 0
+    version: int = SEGMENT_VERSION
 
 
 def segment_name(first_lsn: int) -> str:
@@ -91,7 +103,7 @@ def parse_segment_name(name: str) -> int | None:
 
 def encode_segment_header(header: SegmentHeader) -> bytes:
     """The 32 header bytes of a segment."""
-    body = _HEADER.pack(_MAGIC, _VERSION, header.first_lsn, header.void_from_lsn)
+    body = _HEADER.pack(_MAGIC, header.version, header.first_lsn, header.void_from_lsn)
     return body + _CRC.pack(zlib.crc32(body))
 
 
@@ -115,9 +127,9 @@ def decode_segment_header(data: bytes) -> SegmentHeader:
         raise BadSegmentHeader(f"bad segment magic {magic!r}")
     if zlib.crc32(data[: _HEADER.size]) != crc:
         raise BadSegmentHeader("segment header crc mismatch")
-    if version != _VERSION:
+    if version not in _VERSIONS:
         raise BadSegmentHeader(f"unsupported segment format version {version}")
-    return SegmentHeader(first_lsn, void_from)
+    return SegmentHeader(first_lsn, void_from, version)
 
 
 _ZERO_CHECK_BYTES: Final = 1 << 20

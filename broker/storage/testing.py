@@ -16,6 +16,12 @@ Model (what a careful POSIX file system guarantees, and no more):
   existed before the disk first saw them, and the files in them, count as durable then.
 * Directories themselves are assumed durable once created (``makedirs`` fsyncs parents).
 * Reads see everything written, as the page cache would.
+* ``capacity_bytes`` makes a small disk: a write or preallocation that would take the
+  files in the directories the disk knows past it fails with ``ENOSPC`` (what fits of
+  a write is written first).
+* A power cut may also be *torn* (:meth:`SimulatedDisk.lose_power` with ``keep``):
+  any subset of the sector-sized pieces written since the last fsync reaches the disk,
+  in any order, as a real disk may leave them.
 """
 
 from __future__ import annotations
@@ -23,13 +29,19 @@ from __future__ import annotations
 import errno
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
 from .fs import OS_FILE_SYSTEM, FileSystem, WritableFile
 
-__all__ = ["SimulatedDisk", "SimulatedCrash"]
+__all__ = ["SimulatedDisk", "SimulatedCrash", "SECTOR_BYTES", "KeepPiece"]
+
+#: The piece size of a torn power cut by default: a disk sector.
+SECTOR_BYTES = 512
+
+#: ``keep(path, offset)``: does the unsynced piece of ``path`` at ``offset`` reach the disk?
+KeepPiece = Callable[[str, int], bool]
 
 
 class SimulatedCrash(BaseException):
@@ -92,8 +104,18 @@ class _SimFile:
             self._real.write(data[: len(data) // 2])
             self._end += len(data) // 2
             raise OSError(plan.err, os.strerror(plan.err))
+        room = disk._room(self.path, self._end, len(data))
+        if room is not None and room < len(data):
+            # a full disk: what fits is written, then ENOSPC (as write(2) does)
+            if room > 0:
+                self._real.write(data[:room])
+                self._end += room
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         self._real.write(data)
         self._end += len(data)
+
+    def write_parts(self, parts: Sequence[bytes | memoryview]) -> None:
+        self.write(b"".join(parts))
 
     def sync(self) -> None:
         self._check()
@@ -123,6 +145,9 @@ class _SimFile:
 
     def preallocate(self, size: int) -> None:
         self._check()
+        room = self._disk._room(self.path, 0, size)
+        if room is not None and room < size:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         self._real.preallocate(size)
 
     def close(self) -> None:
@@ -131,6 +156,21 @@ class _SimFile:
             self._real.close()
             with self._disk._lock:
                 self._disk._open.discard(self)
+
+
+def _torn_image(image: bytes, current: bytes, path: str, keep: KeepPiece, piece_bytes: int) -> bytes:
+    """``image`` (durable) with the pieces of ``current`` that differ and ``keep`` keeps."""
+    out = bytearray(image)
+    for offset in range(0, len(current), piece_bytes):
+        piece = current[offset : offset + piece_bytes]
+        if out[offset : offset + len(piece)] == piece:
+            continue  # nothing unsynced here
+        if not keep(path, offset):
+            continue
+        if len(out) < offset:
+            out.extend(bytes(offset - len(out)))
+        out[offset : offset + len(piece)] = piece
+    return bytes(out)
 
 
 def _read(path: str, limit: int = -1) -> bytes:
@@ -144,6 +184,7 @@ class SimulatedDisk:
     Attributes you may set:
         sync_hook: called with the path before every file fsync, in the syncing
             thread; block in it to make fsync slow (group-commit tests).
+        capacity_bytes: the size of a small disk (see the module docstring).
     """
 
     def __init__(self, base: FileSystem | None = None) -> None:
@@ -156,8 +197,39 @@ class SimulatedDisk:
         self._write_failures = _FailPlan()
         self._truncate_failures = _FailPlan()
         self.sync_hook: Callable[[str], None] | None = None
+        #: bytes the files under the directories the disk knows may take in all
+        #: (None: no limit); a write or preallocation past it fails with ENOSPC
+        self.capacity_bytes: int | None = None
         self.stats = _Stats()
         self._halted: str | None = None
+
+    # -- space ------------------------------------------------------------------
+
+    def used_bytes(self) -> int:
+        """What the files in the directories the disk knows take (their sizes)."""
+        total = 0
+        with self._lock:
+            directories = list(self._durable_entries)
+        for directory in directories:
+            if not os.path.isdir(directory):
+                continue
+            for name in os.listdir(directory):
+                path = os.path.join(directory, name)
+                if os.path.isfile(path):
+                    total += os.path.getsize(path)
+        return total
+
+    def _room(self, path: str, start: int, length: int) -> int | None:
+        """How many of ``length`` bytes written to ``path`` at ``start`` fit under the
+        capacity (None: no limit). Bytes within the file's size (written or
+        preallocated blocks) take no new space; each byte past it takes one."""
+        capacity = self.capacity_bytes
+        if capacity is None:
+            return None
+        size = os.path.getsize(path) if os.path.isfile(path) else 0
+        within = max(0, min(length, size - start))
+        free = max(0, capacity - self.used_bytes())
+        return within + min(length - within, free)
 
     # -- crashing -----------------------------------------------------------------
 
@@ -198,9 +270,16 @@ class SimulatedDisk:
 
     # -- power ------------------------------------------------------------------
 
-    def lose_power(self) -> None:
-        """Drop everything not made durable, on the real files; open handles die."""
+    def lose_power(self, keep: KeepPiece | None = None, *, piece_bytes: int = SECTOR_BYTES) -> None:
+        """Drop everything not made durable, on the real files; open handles die.
+
+        ``keep``: a torn power cut. Unsynced writes are cut into aligned pieces of
+        ``piece_bytes`` (a disk's sectors), and each piece for which ``keep(path,
+        offset)`` is true reaches the disk, whatever the order they were written in;
+        the others do not (see :meth:`power_cut_images`). None: no unsynced byte does.
+        """
         with self._lock:
+            images = self.power_cut_images(keep, piece_bytes=piece_bytes)
             self._halted = None
             for handle in list(self._open):
                 handle._dead = True
@@ -217,15 +296,55 @@ class SimulatedDisk:
                 for name, node in entries.items():
                     path = os.path.join(directory, name)
                     with open(path, "wb") as file:
-                        file.write(node.durable)
-                        if node.durable_zeros:
-                            file.truncate(len(node.durable) + node.durable_zeros)
+                        file.write(images[path])
                     node.path = path
+                    node.durable = images[path]
+                    node.durable_zeros = 0
                     names[path] = node
             for node in self._names.values():
                 if node.path not in names:
                     node.path = None
             self._names = names
+
+    def unsynced_pieces(self, *, piece_bytes: int = SECTOR_BYTES) -> list[tuple[str, int]]:
+        """``(path, offset)`` of every aligned piece of ``piece_bytes`` that a power cut
+        now could leave either way: written since its file's last fsync (the ``keep``
+        choices of :meth:`lose_power` that matter), in path and offset order."""
+        pieces: list[tuple[str, int]] = []
+
+        def record(path: str, offset: int) -> bool:
+            pieces.append((path, offset))
+            return False
+
+        with self._lock:
+            self.power_cut_images(record, piece_bytes=piece_bytes)
+        return sorted(pieces)
+
+    def power_cut_images(
+        self, keep: KeepPiece | None = None, *, piece_bytes: int = SECTOR_BYTES
+    ) -> dict[str, bytes]:
+        """What every file would hold after a power cut now, by path (a file not listed
+        would not exist), without cutting anything: the durable content, plus the pieces
+        of what was written since that ``keep`` selects (see :meth:`lose_power`).
+
+        A kept piece past the durable end makes the file that long (zeros in between,
+        as a file system that persisted the size but not every block shows it); a
+        truncation not made durable is undone.
+        """
+        if piece_bytes < 1:
+            raise ValueError("piece_bytes must be >= 1")
+        images: dict[str, bytes] = {}
+        with self._lock:
+            for directory, entries in self._durable_entries.items():
+                for name, node in entries.items():
+                    path = os.path.join(directory, name)
+                    image = node.durable + bytes(node.durable_zeros)
+                    if keep is not None and node.path is not None and os.path.isfile(node.path):
+                        current = _read(node.path)
+                        if current != image:
+                            image = _torn_image(image, current, path, keep, piece_bytes)
+                    images[path] = image
+        return images
 
     def crash_process(self) -> None:
         """Simulate ``kill -9``: open handles die, nothing written is lost."""

@@ -31,8 +31,13 @@ Theory of operation
   next batch that has a record someone waits for, a sync, a segment's retirement) or at
   the latest ``lazy_sync_s`` later makes it durable. So acks neither cost an fsync each
   nor hold the event loop while a publish waits to be read.
+* **Write groups.** Each batch is written as one *group* (``group.py``): a 32-byte
+  header (first LSN, record count, and ``synced_lsn``, the highest LSN fsynced before
+  the group was written) then the records' frames (``framing.py``), in one ``writev``.
+  ``synced_lsn`` is what lets recovery tell a write torn by a power cut from damage to
+  bytes an fsync covered. A batch over 16 MiB is several groups, in the same write.
 * **Segments.** ``<data_dir>/wal/<first LSN in 16 hex>.wal``, 32-byte header
-  (``segment.py``) then frames (``framing.py``). A batch that would take the active
+  (``segment.py``) then groups. A batch that would take the active
   segment past ``segment_max_bytes`` goes to a new segment (a segment holding a single
   batch larger than that is allowed). Before moving on, the old segment is fsynced, and
   the new one is created temp -> fsync -> rename -> fsync directory, so every segment
@@ -54,10 +59,20 @@ Theory of operation
   after the last good LSN as void (so a truncation that did not work cannot resurrect a
   failed batch at recovery). When the probe's fsyncs succeed it calls ``on_recovered()``
   and accepts batches again. LSN gaps between segments are expected after this. No
-  ``OSError`` escapes :meth:`serve`: the broker keeps running and nacks.
+  ``OSError`` escapes :meth:`serve`: the broker keeps running and nacks. After a full
+  disk (``ENOSPC``), :meth:`sync` probes at once instead of waiting for the timer: the
+  caller is normally a checkpoint that just made room, and wants to release segments.
+* **Space reserve.** With ``reserve_bytes`` > 0 the WAL keeps ``<data_dir>/reserve``
+  (``reserve.py``), a preallocated file of at least that size (twice the newest
+  checkpoint if larger) that a checkpoint on a full disk deletes to make room. The
+  writer makes it when it starts and again after segments were released, when idle.
 * **Cancellation.** IO runs in worker threads that are never abandoned: cancelling
   :meth:`serve` waits for the current write/fsync to finish. A batch taken for writing
   but not yet handed to its thread is put back, so cancellation never loses a record.
+
+The module is long because it is one state machine - LSN bookkeeping, the active
+segment, the failed state - shared by the event loop side and the IO thread; the
+formats it writes live in ``segment.py`` and ``group.py``.
 """
 
 from __future__ import annotations
@@ -78,12 +93,18 @@ from . import faults
 from .errors import InvalidConfiguration, StorageError, WALClosed, WALFailed
 from .framing import DEFAULT_MAX_RECORD_BYTES, FRAME_OVERHEAD_BYTES, encode_records
 from .fs import OS_FILE_SYSTEM, FileSystem, WritableFile
-from .reader import LogReader, ReadResult
+from .checkpoint import newest_checkpoint_bytes
+from .group import GROUP_HEADER_BYTES, GROUP_SPLIT_BYTES, encode_group_header, group_spans
+from .reader import LogReader
+from .reserve import ensure_reserve, is_disk_full, wanted_reserve_bytes
 from .segment import (
     SEGMENT_HEADER_BYTES,
+    SEGMENT_VERSION,
     TMP_SUFFIX,
     WAL_DIRNAME,
+    BadSegmentHeader,
     SegmentHeader,
+    decode_segment_header,
     encode_segment_header,
     parse_segment_name,
     segment_name,
@@ -233,6 +254,7 @@ class _Segment:
 
 @dataclass(frozen=True, slots=True)
 class _WriteResult:
+    nbytes: int  # written, group headers included
     fsync_s: float | None
     retired_sync_s: float | None
 
@@ -270,6 +292,7 @@ class WriteAheadLog:
         max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
         inline_max_records: int = 0,
         preallocate_bytes: int = DEFAULT_PREALLOCATE_BYTES,
+        reserve_bytes: int = 0,
         fs: FileSystem | None = None,
         reader: LogReader | None = None,
     ) -> None:
@@ -285,6 +308,8 @@ class WriteAheadLog:
             raise InvalidConfiguration(f"max_record_bytes must be >= 1, got {max_record_bytes}")
         if preallocate_bytes < 0:
             raise InvalidConfiguration(f"preallocate_bytes must be >= 0, got {preallocate_bytes}")
+        if reserve_bytes < 0:
+            raise InvalidConfiguration(f"reserve_bytes must be >= 0, got {reserve_bytes}")
         self._policy = parse_fsync_policy(fsync_policy)
         self._data_dir = os.fspath(data_dir)
         self._wal_dir = os.path.join(self._data_dir, WAL_DIRNAME)
@@ -299,6 +324,9 @@ class WriteAheadLog:
         self._max_record_bytes = max_record_bytes
         self._inline_max_records = inline_max_records
         self._preallocate_bytes = preallocate_bytes
+        self._reserve_bytes = reserve_bytes
+        # the space reserve (reserve.py) is to be made or grown when the writer is idle
+        self._reserve_wanted = reserve_bytes > 0
         self.reader = reader if reader is not None else LogReader(
             self._wal_dir, self._fs, max_record_bytes=max_record_bytes
         )
@@ -319,7 +347,9 @@ class WriteAheadLog:
         # segments) and by release_through, hence the (threading) lock.
         self._segments: list[int] = []
         self._segments_lock = threading.Lock()
-        self._reuse_segment: int | None = None
+        # an empty segment named by next_lsn, found at start: appended to (if it is in
+        # the current format) or made again with the same void marker
+        self._reuse_segment: SegmentHeader | None = None
         self._scan_existing_segments(next_lsn)
         self._active: _Segment | None = None
         self._dirty = False  # bytes written to the active segment since its last fsync
@@ -356,6 +386,7 @@ class WriteAheadLog:
         retry_interval_s: float = DEFAULT_RETRY_INTERVAL_S,
         inline_max_records: int = 0,
         preallocate_bytes: int = DEFAULT_PREALLOCATE_BYTES,
+        reserve_bytes: int = 0,
     ) -> WriteAheadLog:
         """The append phase after a recovery: a WAL that continues at ``recovery.next_lsn``.
 
@@ -376,6 +407,7 @@ class WriteAheadLog:
             max_record_bytes=recovery.max_record_bytes,
             inline_max_records=inline_max_records,
             preallocate_bytes=preallocate_bytes,
+            reserve_bytes=reserve_bytes,
             fs=recovery.fs,
             reader=recovery.reader,
         )
@@ -400,7 +432,12 @@ class WriteAheadLog:
                     )
                 # An empty segment left by a rollover or a failure probe: append to it
                 # (its name is ours, and its header may carry a void marker to keep).
-                self._reuse_segment = first
+                with fs.open_read(path) as file:
+                    raw = file.read(SEGMENT_HEADER_BYTES)
+                try:
+                    self._reuse_segment = decode_segment_header(raw)
+                except BadSegmentHeader:
+                    self._reuse_segment = SegmentHeader(first)
             self._segments.append(first)
         self._segments.sort()
 
@@ -490,6 +527,11 @@ class WriteAheadLog:
         async with self._io_lock:
             if self._closed:
                 raise WALClosed("the write-ahead log is closed")
+            if self._failed and self._failure is not None and is_disk_full(self._failure):
+                # A full disk: the caller is most likely a checkpoint that just made
+                # room (its own file, or the space reserve it released). Waiting for the
+                # next probe would keep it from releasing segments until the next one.
+                await self._probe()
             if not self._failed and self._chunks:
                 await self._commit(force_sync=True)
             if not self._failed and self._dirty:
@@ -537,6 +579,10 @@ class WriteAheadLog:
                 removed.append(path)
         if removed:
             logger.info("released %d WAL segment(s) through LSN %d", len(removed), lsn)
+            if self._reserve_bytes:
+                # room again: the writer makes (or grows) the space reserve when idle
+                self._reserve_wanted = True
+                self._wakeup.set()
         return removed
 
     async def aclose(self) -> None:
@@ -598,7 +644,7 @@ class WriteAheadLog:
             deadline = math.inf
         if not self._chunks:
             with trio.move_on_at(deadline):
-                while not self._chunks and not self._closing:
+                while not self._chunks and not self._closing and not self._reserve_due():
                     self._wakeup = trio.Event()
                     await self._wakeup.wait()
         # Acquiring the lock is a schedule point (as every trio primitive's is): the
@@ -616,6 +662,12 @@ class WriteAheadLog:
                 await self._commit(force_sync=False)
             elif self._dirty and trio.current_time() >= deadline:
                 await self._sync_active()
+            elif self._reserve_due():
+                self._reserve_wanted = False
+                await trio.to_thread.run_sync(self._io_ensure_reserve, limiter=self._limiter)
+
+    def _reserve_due(self) -> bool:
+        return self._reserve_wanted and not self._failed
 
     async def _commit(self, *, force_sync: bool) -> None:
         """Write (and maybe fsync) every buffered record as one batch. Holds _io_lock."""
@@ -642,18 +694,20 @@ class WriteAheadLog:
         inline = (
             last - first < self._inline_max_records
             and active is not None
-            and active.size + len(data) <= self._segment_max_bytes
+            and active.size + GROUP_HEADER_BYTES + len(data) <= self._segment_max_bytes
+            and len(data) <= GROUP_SPLIT_BYTES
         )
+        synced = self._synced_lsn
         try:
             if inline:
                 # A small batch (a lone publisher's one record): write and fsync on
                 # this thread. Handing it to a worker thread and back costs more than
                 # the fsync itself (measured: ~150 us vs ~200 us here), and with so
                 # few records there is nothing to overlap the fsync with anyway.
-                result = self._io_write(data, first, do_sync, sizes)
+                result = self._io_write(data, first, do_sync, sizes, synced)
             else:
                 result = await trio.to_thread.run_sync(
-                    self._io_write, data, first, do_sync, sizes, limiter=self._limiter
+                    self._io_write, data, first, do_sync, sizes, synced, limiter=self._limiter
                 )
         except trio.Cancelled:
             # Raised only before the thread started: nothing was written. Put it back.
@@ -666,7 +720,7 @@ class WriteAheadLog:
         except OSError as exc:
             await self._enter_failed(exc, first, last)
             return
-        self._bytes_written += len(data)
+        self._bytes_written += result.nbytes
         self._records_written += last - first + 1
         self._good_lsn = last
         if result.retired_sync_s is not None:
@@ -770,38 +824,81 @@ class WriteAheadLog:
 
     # ------------------------------------------------------------------ worker-thread IO
 
-    def _io_write(self, data: bytes, first_lsn: int, do_sync: bool, sizes: Sequence[int] = ()) -> _WriteResult:
+    def _io_write(
+        self, data: bytes, first_lsn: int, do_sync: bool, sizes: Sequence[int], synced_lsn: int
+    ) -> _WriteResult:
+        """Write one batch (``data``: the frames of ``sizes`` records from ``first_lsn``)
+        as one write group, or several if it is large (``group.py``). ``synced_lsn``:
+        the highest LSN fsynced so far, recorded in the group as evidence for recovery."""
         retired_sync_s: float | None = None
+        spans = group_spans(sizes) if len(data) > GROUP_SPLIT_BYTES else None
+        nbytes = len(data) + GROUP_HEADER_BYTES * (1 if spans is None else len(spans))
         segment = self._active
         if segment is None or (
-            segment.has_records and segment.size + len(data) > self._segment_max_bytes
+            segment.has_records and segment.size + nbytes > self._segment_max_bytes
         ):
             if segment is not None:
                 retired_sync_s = self._io_retire_active()
             segment = self._io_open_segment(first_lsn)
+            # every earlier segment was fsynced before this one was started
+            synced_lsn = max(synced_lsn, first_lsn - 1)
+        base = segment.size
+        if spans is None:
+            parts: Sequence[bytes | memoryview] = (
+                encode_group_header(first_lsn, len(sizes), synced_lsn, len(data)),
+                data,
+            )
+        else:
+            parts = self._group_parts(data, first_lsn, sizes, spans, synced_lsn)
         try:
             faults.hit("wal.write_error")
+            faults.hit("wal.write_enospc")
         except OSError:
-            half = data[: len(data) // 2]
+            half = b"".join(parts)[: nbytes // 2]
             segment.file.write(half)
             segment.size += len(half)
             raise
-        base = segment.size
-        if base + len(data) > segment.allocated:
-            self._io_preallocate(segment, base + len(data))
-        segment.file.write(data)
-        segment.size += len(data)
+        if base + nbytes > segment.allocated:
+            self._io_preallocate(segment, base + nbytes)
+        segment.file.write_parts(parts)
+        segment.size += nbytes
         segment.has_records = True
         faults.hit("wal.after_write")
         fsync_s = self._io_fsync(segment) if do_sync else None
         segment.good_size = segment.size
-        if sizes:
-            self.reader.note_written(segment.first_lsn, segment.path, base, sizes)
-        return _WriteResult(fsync_s, retired_sync_s)
+        reader = self.reader
+        if spans is None:
+            reader.note_written(segment.first_lsn, segment.path, base + GROUP_HEADER_BYTES, sizes)
+        else:
+            pos = base
+            for start, end, frame_bytes in spans:
+                pos += GROUP_HEADER_BYTES
+                reader.note_written(segment.first_lsn, segment.path, pos, sizes[start:end])
+                pos += frame_bytes
+        return _WriteResult(nbytes, fsync_s, retired_sync_s)
+
+    @staticmethod
+    def _group_parts(
+        data: bytes,
+        first_lsn: int,
+        sizes: Sequence[int],
+        spans: Sequence[tuple[int, int, int]],
+        synced_lsn: int,
+    ) -> list[bytes | memoryview]:
+        """Headers and frames of a batch written as several groups (one write)."""
+        parts: list[bytes | memoryview] = []
+        view = memoryview(data)
+        pos = 0
+        for start, end, frame_bytes in spans:
+            parts.append(encode_group_header(first_lsn + start, end - start, synced_lsn, frame_bytes))
+            parts.append(view[pos : pos + frame_bytes])
+            pos += frame_bytes
+        return parts
 
     def _io_fsync(self, segment: _Segment) -> float:
         faults.hit("wal.before_fsync")
         faults.hit("wal.fsync_error")
+        faults.hit("wal.fsync_enospc")
         started = time.perf_counter()
         segment.file.sync()
         duration = time.perf_counter() - started
@@ -822,6 +919,7 @@ class WriteAheadLog:
             return
         target = max(need, min(need + step, self._segment_max_bytes))
         try:
+            faults.hit("wal.preallocate_enospc")
             segment.file.preallocate(target)
         except OSError as exc:
             logger.info("could not preallocate %s to %d bytes: %s", segment.path, target, exc)
@@ -852,7 +950,10 @@ class WriteAheadLog:
         """Open the segment the next batch (starting at ``first_lsn``) goes to."""
         if self._reuse_segment is not None:
             reuse, self._reuse_segment = self._reuse_segment, None
-            if reuse == first_lsn:
+            if reuse.first_lsn == first_lsn:
+                if reuse.version != SEGMENT_VERSION:
+                    # an older format: made again, keeping its void marker
+                    return self._io_create_segment(SegmentHeader(first_lsn, reuse.void_from_lsn))
                 path = os.path.join(self._wal_dir, segment_name(first_lsn))
                 file = self._fs.open_append(path)
                 size = self._fs.getsize(path)
@@ -870,11 +971,14 @@ class WriteAheadLog:
         file = fs.create(tmp)
         allocated = len(data)
         try:
+            faults.hit("wal.segment_create_error")
+            faults.hit("wal.segment_create_enospc")
             file.write(data)
             if self._preallocate_bytes:
                 # under the fsync that follows, so the first batch's fsync stays cheap
                 allocated = min(len(data) + self._preallocate_bytes, max(self._segment_max_bytes, len(data)))
                 try:
+                    faults.hit("wal.preallocate_enospc")
                     file.preallocate(allocated)
                 except OSError as exc:
                     logger.info("could not preallocate %s: %s", tmp, exc)
@@ -897,6 +1001,11 @@ class WriteAheadLog:
                 self._segments.sort()
         self._active = _Segment(header.first_lsn, path, file, len(data), len(data), False, allocated)
         return self._active
+
+    def _io_ensure_reserve(self) -> None:
+        """Make or grow the space reserve (best effort: a full disk just has to wait)."""
+        size = wanted_reserve_bytes(self._reserve_bytes, newest_checkpoint_bytes(self._data_dir, self._fs))
+        ensure_reserve(self._data_dir, size, self._fs)
 
     def _io_abandon_active(self) -> None:
         """After a failure: truncate the active segment to its last good offset, close it."""

@@ -10,6 +10,7 @@ import pytest
 import trio
 
 from broker.storage import CorruptLog, SegmentsToKeep, open_wal, recover, write_checkpoint
+from broker.storage.group import GROUP_HEADER_BYTES
 from broker.storage.segment import SEGMENT_HEADER_BYTES
 
 RTYPE = 7
@@ -80,7 +81,7 @@ async def test_damaged_record_is_reported_not_returned(tmp_path: Path) -> None:
     reader.close()  # type: ignore[attr-defined]
     first = segments(tmp_path)[0]
     data = bytearray(first.read_bytes())
-    data[SEGMENT_HEADER_BYTES + 20] ^= 0xFF  # inside the first record's payload
+    data[SEGMENT_HEADER_BYTES + GROUP_HEADER_BYTES + 20] ^= 0xFF  # inside the first record's payload
     first.write_bytes(bytes(data))
     (bad, good) = reader.read([1, 2])  # type: ignore[attr-defined]
     assert isinstance(bad, str) and "CRC" in bad and str(first) in bad

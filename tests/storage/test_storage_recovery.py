@@ -14,6 +14,7 @@ import pytest
 from broker.storage import CorruptLog, WriteAheadLog, recover, write_checkpoint
 from broker.storage.framing import FRAME_OVERHEAD_BYTES, encode_record
 from broker.storage.segment import (
+    LEGACY_SEGMENT_VERSION,
     SEGMENT_HEADER_BYTES,
     SegmentHeader,
     encode_segment_header,
@@ -28,14 +29,17 @@ def payload_for(lsn: int) -> bytes:
 
 
 def write_segment(data_dir: Path, first_lsn: int, count: int, *, void_from: int = 0) -> Path:
-    """Write a segment file by hand: header + records first_lsn .. first_lsn + count - 1."""
+    """Write a segment file by hand: header + records first_lsn .. first_lsn + count - 1,
+    in the format before write groups (version 1, still read; write groups have tests of
+    their own in test_storage_torn.py)."""
     directory = data_dir / "wal"
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / segment_name(first_lsn)
     body = b"".join(
         encode_record(lsn % 256, payload_for(lsn)) for lsn in range(first_lsn, first_lsn + count)
     )
-    path.write_bytes(encode_segment_header(SegmentHeader(first_lsn, void_from)) + body)
+    header = SegmentHeader(first_lsn, void_from, version=LEGACY_SEGMENT_VERSION)
+    path.write_bytes(encode_segment_header(header) + body)
     return path
 
 
@@ -262,13 +266,13 @@ def test_damage_followed_by_valid_records_in_the_last_segment_is_corruption(tmp_
 @pytest.fixture
 def scan_gives_up(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make the 'anything valid after it?' scan give up, as on a huge binary tail."""
-    from broker.storage import recovery as recovery_module
+    from broker.storage import damage
     from broker.storage.framing import ScanGaveUp
 
     def give_up(data: bytes, start: int = 0, **options: object) -> int | None:
         raise ScanGaveUp(start)
 
-    monkeypatch.setattr(recovery_module, "find_valid_frame", give_up)
+    monkeypatch.setattr(damage, "find_valid_frame", give_up)
 
 
 def test_an_undecidable_damaged_tail_is_reported(tmp_path: Path, scan_gives_up: None) -> None:

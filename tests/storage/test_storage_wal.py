@@ -32,6 +32,7 @@ from broker.storage import (
 )
 from broker.storage import faults
 from broker.storage.framing import FRAME_OVERHEAD_BYTES
+from broker.storage.group import GROUP_HEADER_BYTES
 from broker.storage.segment import SEGMENT_HEADER_BYTES, decode_segment_header, parse_segment_name
 from broker.storage.testing import SimulatedCrash, SimulatedDisk
 
@@ -444,12 +445,14 @@ def segment_firsts(data_dir: Path) -> list[int]:
 
 
 def records_in_segment(path: Path) -> int:
+    """Records in a segment: the counts of its write groups (docs/durability.md)."""
     data = path.read_bytes()
     pos, count = SEGMENT_HEADER_BYTES, 0
     while pos < len(data):
-        (length,) = struct.unpack_from("<I", data, pos)
+        (length, magic, records) = struct.unpack_from("<I4sI", data, pos)
+        assert magic == b"AKGR"
         pos += 8 + length
-        count += 1
+        count += records
     return count
 
 
@@ -729,7 +732,7 @@ async def test_partial_write_failure_is_truncated_back(
         wal.append_nowait([(1, b"good")])
         await events.wait_durable(1)
         segment = wal_dir(tmp_path) / f"{1:016x}.wal"
-        good_size = SEGMENT_HEADER_BYTES + FRAME_OVERHEAD_BYTES + len(b"good")
+        good_size = SEGMENT_HEADER_BYTES + GROUP_HEADER_BYTES + FRAME_OVERHEAD_BYTES + len(b"good")
         assert segment.stat().st_size > good_size  # preallocated
         disk.fail_writes(1)  # writes half the batch, then ENOSPC
         wal.append_nowait([(1, b"lost-%d" % n) for n in range(10)])
