@@ -99,37 +99,13 @@ class BrokerApp:
 
 
 def runtime_options(settings: Settings) -> RuntimeOptions:
-    return RuntimeOptions(
-        data_dir=settings.data_dir,
-        fsync=settings.fsync,
-        segment_max_bytes=settings.segment_max_bytes,
-        checkpoint_interval_s=settings.checkpoint_interval_s,
-        checkpoint_wal_bytes=settings.checkpoint_wal_bytes,
-        queue_memory_messages=settings.queue_memory_messages,
-        repair=settings.repair,
-        dedup_window_s=settings.dedup_window_s,
-        default_lease_s=settings.default_lease_s,
-        max_lease_s=settings.max_lease_s,
-        consumer_timeout_s=settings.consumer_timeout_s,
-        channel_buffer_bytes=settings.channel_buffer_bytes,
-        max_queues=settings.max_queues,
-        max_exchanges=settings.max_exchanges,
-        max_prefetch=settings.max_prefetch,
-        max_channels=settings.max_channels,
-        max_wait_s=settings.max_wait_s,
-        max_body_bytes=settings.max_body_bytes,
-    )
+    """The runtime's (and the core's) options from ``settings``."""
+    return settings.section(RuntimeOptions)
 
 
 def http_limits(settings: Settings) -> Limits:
-    return Limits(
-        max_header_bytes=settings.max_header_bytes,
-        max_body_bytes=settings.max_body_bytes,
-        header_timeout_s=settings.header_timeout_s,
-        idle_timeout_s=settings.idle_timeout_s,
-        body_timeout_s=settings.body_timeout_s,
-        max_connections=settings.max_connections,
-    )
+    """The HTTP server's limits from ``settings``."""
+    return settings.section(Limits)
 
 
 def build_app(settings: Settings) -> BrokerApp:

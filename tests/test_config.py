@@ -395,3 +395,27 @@ def test_fsync_syntax_is_the_storage_layers() -> None:
     for text in (" Interval = 50 ", "INTERVAL=50", "always", " never"):
         value = load_settings(["--fsync", text], {}).fsync
         assert value == str(parse_fsync_policy(text))
+
+
+def test_every_runtime_and_core_option_is_a_setting_with_the_layers_default() -> None:
+    """One home per default: the settings table takes each one from the layer whose
+    options carry it, and Settings.section builds those options by name, so a field
+    added to RuntimeOptions or CoreConfig without a setting (or a default restated
+    in the table) fails here."""
+    import dataclasses
+
+    from broker.http import Limits
+    from broker.runtime import RuntimeOptions
+
+    infos = {info.name: info for info in describe_settings()}
+    for f in dataclasses.fields(RuntimeOptions):
+        assert f.name in infos, f"RuntimeOptions.{f.name} has no setting"
+        if f.name != "data_dir":  # the runtime's None is "memory only"; the CLI's is ./data
+            assert infos[f.name].default == f.default, f.name
+    for f in dataclasses.fields(Limits):
+        if f.name in infos:
+            assert infos[f.name].default == f.default, f.name
+    settings = Settings(port=0, max_queues=7, queue_memory_messages=3, max_connections=5)
+    options = settings.section(RuntimeOptions)
+    assert (options.max_queues, options.queue_memory_messages, options.data_dir) == (7, 3, settings.data_dir)
+    assert settings.section(Limits).max_connections == 5

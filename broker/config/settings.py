@@ -37,7 +37,7 @@ from __future__ import annotations
 import dataclasses
 import pathlib
 from collections.abc import Callable, Mapping
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, TypeVar
 
 from broker.config.kinds import (
     _BOOL,
@@ -59,6 +59,8 @@ from broker.config.kinds import (
     _OptionalPath,
     _positive,
 )
+from broker.http import Limits
+from broker.runtime import RuntimeOptions
 from broker.storage import parse_fsync_policy
 
 __all__ = [
@@ -94,6 +96,9 @@ class ConfigError(Exception):
         self.source = source
 
 
+_Section = TypeVar("_Section")
+
+
 @dataclasses.dataclass(frozen=True)
 class SettingInfo:
     """What the loader, ``--help`` and the docs know about one setting."""
@@ -121,6 +126,15 @@ class SettingInfo:
         return self.kind.show(self.default)
 
 
+def _default(layer: type, name: str) -> Any:
+    """The default of ``name`` as the layer that uses it writes it (``CoreConfig``,
+    ``RuntimeOptions``, the HTTP ``Limits``): defaults live there, once."""
+    for f in dataclasses.fields(layer):
+        if f.name == name:
+            return f.default
+    raise AssertionError(f"{layer.__name__} has no field {name!r}")  # pragma: no cover
+
+
 def _setting(default: Any, kind: _Kind, group: str, help: str, check: _Check | None = None) -> Any:
     info = SettingInfo("", default, group, help, kind, check)
     return dataclasses.field(default=default, metadata={"ackbus": info})
@@ -144,36 +158,36 @@ class Settings:
     host: str = _setting("127.0.0.1", _STR, "network", "Address to listen on.")
     port: int = _setting(8080, _INT, "network", "TCP port to listen on; 0 picks a free port.", _between(0, 65535))
     max_connections: int = _setting(
-        10000, _INT, "network", "Open TCP connections beyond this are refused.", _at_least(1)
+        _default(Limits, "max_connections"), _INT, "network", "Open TCP connections beyond this are refused.", _at_least(1)
     )
     # HTTP limits. h11 buffers a whole request head before parsing it, so the header
     # limit also bounds memory per connection; the timeouts defend against slowloris.
     max_header_bytes: int = _setting(
-        64 * KiB, _SIZE, "http", "Largest request line plus headers (431 beyond).", _at_least(1)
+        _default(Limits, "max_header_bytes"), _SIZE, "http", "Largest request line plus headers (431 beyond).", _at_least(1)
     )
     # 16 MiB is RabbitMQ 4's default max_message_size.
     max_body_bytes: int = _setting(
-        16 * MiB, _SIZE, "http", "Largest message body or REST request body (413 beyond).", _NON_NEGATIVE
+        _default(RuntimeOptions, "max_body_bytes"), _SIZE, "http", "Largest message body or REST request body (413 beyond).", _NON_NEGATIVE
     )
     header_timeout_s: float = _setting(
-        10.0, _SECONDS, "http", "Time allowed to receive a request's headers.", _positive
+        _default(Limits, "header_timeout_s"), _SECONDS, "http", "Time allowed to receive a request's headers.", _positive
     )
     body_timeout_s: float = _setting(
-        30.0, _SECONDS, "http", "Time allowed between two pieces of a REST request body.", _positive
+        _default(Limits, "body_timeout_s"), _SECONDS, "http", "Time allowed between two pieces of a REST request body.", _positive
     )
     idle_timeout_s: float = _setting(
-        60.0, _SECONDS, "http", "A keep-alive connection with no request for this long is closed.", _positive
+        _default(Limits, "idle_timeout_s"), _SECONDS, "http", "A keep-alive connection with no request for this long is closed.", _positive
     )
     # entity limits; 2047 is RabbitMQ's default channel_max, rounded.
-    max_channels: int = _setting(2048, _INT, "limits", "Open channels, broker-wide.", _at_least(1))
-    max_queues: int = _setting(10000, _INT, "limits", "Declared queues.", _at_least(1))
-    max_exchanges: int = _setting(10000, _INT, "limits", "Declared exchanges.", _at_least(1))
+    max_channels: int = _setting(_default(RuntimeOptions, "max_channels"), _INT, "limits", "Open channels, broker-wide.", _at_least(1))
+    max_queues: int = _setting(_default(RuntimeOptions, "max_queues"), _INT, "limits", "Declared queues.", _at_least(1))
+    max_exchanges: int = _setting(_default(RuntimeOptions, "max_exchanges"), _INT, "limits", "Declared exchanges.", _at_least(1))
     # storage
     data_dir: pathlib.Path = _setting(
         pathlib.Path("data"), _PATH, "storage", "Directory of the WAL segments and checkpoints."
     )
     fsync: str = _setting(
-        "always",
+        _default(RuntimeOptions, "fsync"),
         _Fsync(),
         "storage",
         "When to fsync the WAL: always (before every confirm), never (leave it to the OS; "
@@ -181,20 +195,20 @@ class Settings:
         "messages at risk).",
     )
     segment_max_bytes: int = _setting(
-        64 * MiB, _SIZE, "storage", "A WAL segment is closed and a new one begun past this size.", _at_least(1)
+        _default(RuntimeOptions, "segment_max_bytes"), _SIZE, "storage", "A WAL segment is closed and a new one begun past this size.", _at_least(1)
     )
     checkpoint_interval_s: float = _setting(
-        300.0, _SECONDS, "storage", "Write a checkpoint this often; 0 disables the timer.", _NON_NEGATIVE
+        _default(RuntimeOptions, "checkpoint_interval_s"), _SECONDS, "storage", "Write a checkpoint this often; 0 disables the timer.", _NON_NEGATIVE
     )
     checkpoint_wal_bytes: int = _setting(
-        256 * MiB,
+        _default(RuntimeOptions, "checkpoint_wal_bytes"),
         _SIZE,
         "storage",
         "Write a checkpoint once the WAL grew by this much since the last one; 0 disables.",
         _NON_NEGATIVE,
     )
     queue_memory_messages: int = _setting(
-        2048,
+        _default(RuntimeOptions, "queue_memory_messages"),
         _INT,
         "storage",
         "Ready messages a durable queue keeps in memory; the bodies of the rest of its "
@@ -202,7 +216,7 @@ class Settings:
         _at_least(1),
     )
     repair: bool = _setting(
-        False,
+        _default(RuntimeOptions, "repair"),
         _BOOL,
         "storage",
         "Salvage a corrupt WAL at start: drop everything from the first corrupt record on. "
@@ -211,15 +225,15 @@ class Settings:
     # messaging. Precedents: SQS (30 s default visibility timeout, 12 h maximum),
     # NATS JetStream (2 min duplicate window), RabbitMQ (30 min consumer_timeout).
     dedup_window_s: float = _setting(
-        120.0, _SECONDS, "messaging", "A message_id seen this recently is acked but not enqueued again; 0 disables.",
+        _default(RuntimeOptions, "dedup_window_s"), _SECONDS, "messaging", "A message_id seen this recently is acked but not enqueued again; 0 disables.",
         _NON_NEGATIVE,
     )
     default_lease_s: float = _setting(
-        30.0, _SECONDS, "messaging", "Lease of a REST get when the request names none.", _positive
+        _default(RuntimeOptions, "default_lease_s"), _SECONDS, "messaging", "Lease of a REST get when the request names none.", _positive
     )
-    max_lease_s: float = _setting(43200.0, _SECONDS, "messaging", "Longest lease a client may ask for.", _positive)
+    max_lease_s: float = _setting(_default(RuntimeOptions, "max_lease_s"), _SECONDS, "messaging", "Longest lease a client may ask for.", _positive)
     consumer_timeout_s: float = _setting(
-        1800.0,
+        _default(RuntimeOptions, "consumer_timeout_s"),
         _SECONDS,
         "messaging",
         "Ack timeout of a channel delivery when consume names no ack_timeout_ms: "
@@ -227,15 +241,15 @@ class Settings:
         _positive,
     )
     max_wait_s: float = _setting(
-        60.0, _SECONDS, "messaging", "Longest long-poll wait of a REST get; longer requests are capped.",
+        _default(RuntimeOptions, "max_wait_s"), _SECONDS, "messaging", "Longest long-poll wait of a REST get; longer requests are capped.",
         _NON_NEGATIVE,
     )
     # AMQP 0-9-1 basic.qos prefetch-count is a short: 65535 is the protocol's ceiling.
     max_prefetch: int = _setting(
-        65535, _INT, "messaging", "Largest prefetch a consumer may ask for.", _between(1, 65535)
+        _default(RuntimeOptions, "max_prefetch"), _INT, "messaging", "Largest prefetch a consumer may ask for.", _between(1, 65535)
     )
     channel_buffer_bytes: int = _setting(
-        1 * MiB,
+        _default(RuntimeOptions, "channel_buffer_bytes"),
         _SIZE,
         "messaging",
         "High-water mark of a channel's outgoing buffer: deliveries pause above it.",
@@ -271,6 +285,13 @@ class Settings:
         """The ``interval=MS`` of :attr:`fsync` as an int, else None."""
         policy = parse_fsync_policy(self.fsync)
         return policy.interval_ms if policy.mode == "interval" else None
+
+    def section(self, layer: type[_Section]) -> _Section:
+        """The options of one layer (``RuntimeOptions``, ``Limits``...) built from the
+        settings of the same names; the layer's other fields keep their defaults. So
+        adding a setting touches its layer's options and this table, nothing else."""
+        names = {f.name for f in dataclasses.fields(layer)}  # type: ignore[arg-type]
+        return layer(**{info.name: getattr(self, info.name) for info in _INFOS if info.name in names})
 
     def as_dict(self) -> dict[str, str | int | float | bool | None]:
         """JSON-friendly view (paths as strings), for the start-up log line and /overview."""

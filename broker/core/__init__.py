@@ -6,7 +6,8 @@ IO layer hands it (``Broker.read_log``): the bodies of paged-out messages. See :
 operation.
 """
 
-from .broker import BUILTIN_EXCHANGES, REST_CHANNEL, Broker, PublishResult
+from .broker import BUILTIN_EXCHANGES, DELIVERY_OVERHEAD_BYTES, REST_CHANNEL, Broker, PublishResult
+from .config import CoreConfig
 from .effects import (
     AppendRecords,
     Confirm,
@@ -46,6 +47,8 @@ from .routing import EXCHANGE_TYPES, headers_match, topic_matches
 
 __all__ = [
     "Broker",
+    "CoreConfig",
+    "DELIVERY_OVERHEAD_BYTES",
     "REST_CHANNEL",
     "BUILTIN_EXCHANGES",
     "PublishResult",

@@ -64,8 +64,8 @@ import struct
 import sys
 from array import array
 from collections import deque
-from itertools import compress
 from hashlib import blake2b
+from itertools import compress
 
 __all__ = ["DedupWindow", "digest", "digest_utf8"]
 

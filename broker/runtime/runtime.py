@@ -73,20 +73,7 @@ class BrokerRuntime:
     ) -> None:
         self.options = options
         self.boot_id = secrets.token_hex(4)
-        self.core = Broker(
-            clock=clock,
-            wall_clock=wall_clock,
-            boot_id=self.boot_id,
-            dedup_window_s=options.dedup_window_s,
-            consumer_timeout_s=options.consumer_timeout_s,
-            default_lease_s=options.default_lease_s,
-            max_lease_s=options.max_lease_s,
-            channel_credit_bytes=options.channel_buffer_bytes,
-            max_queues=options.max_queues,
-            max_exchanges=options.max_exchanges,
-            max_prefetch=options.max_prefetch,
-            memory_messages_per_queue=options.queue_memory_messages,
-        )
+        self.core = Broker(clock=clock, wall_clock=wall_clock, boot_id=self.boot_id, config=options)
         self.metrics = metrics
         self.started_at = time.time()
         self.ready = False

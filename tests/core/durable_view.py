@@ -7,7 +7,7 @@ from typing import Any, Iterable
 from broker.core import Broker
 from broker.core.routing import _freeze
 
-from .helpers import FakeClock, Harness, ready_entries
+from .helpers import FakeClock, Harness, broker_kwargs, ready_entries
 
 
 def live_entries(b: Broker, queue_name: str) -> list[Any]:
@@ -69,7 +69,7 @@ def fresh_broker(h: Harness, **kwargs: Any) -> Broker:
     """A new broker sharing ``h``'s clocks (a restart at the same moment)."""
     kwargs.setdefault("boot_id", "b1")
     kwargs.setdefault("read_log", h.read_log)
-    return Broker(clock=FakeClock(h.mono.now), wall_clock=h.wall, **kwargs)
+    return Broker(clock=FakeClock(h.mono.now), wall_clock=h.wall, **broker_kwargs(kwargs))
 
 
 def replay_into(

@@ -13,10 +13,13 @@ hold for every test, so no test can forget them:
 
 from __future__ import annotations
 
+import dataclasses
+
 from dataclasses import dataclass, field
 from typing import Any
 
 from broker.core import (
+    CoreConfig,
     AppendRecords,
     Broker,
     Confirm,
@@ -52,6 +55,25 @@ class ConfirmState:
     outcome: dict[int, tuple[bool, str | None]] = field(default_factory=dict)
 
 
+#: Older keyword names of the core's tunables, as tests still pass them.
+_CONFIG_ALIASES = {
+    "channel_credit_bytes": "channel_buffer_bytes",
+    "memory_messages_per_queue": "queue_memory_messages",
+}
+
+
+def broker_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``Broker(...)`` keyword arguments from a flat mapping: the core's tunables
+    (by their CoreConfig names, or the older ones above) go into ``config``."""
+    fields = {f.name for f in dataclasses.fields(CoreConfig)}
+    config = {}
+    rest = {}
+    for name, value in kwargs.items():
+        name = _CONFIG_ALIASES.get(name, name)
+        (config if name in fields else rest)[name] = value
+    return {**rest, "config": CoreConfig(**config)}
+
+
 class Harness:
     def __init__(self, **kwargs: Any) -> None:
         self.mono = FakeClock(MONO_START)
@@ -60,7 +82,7 @@ class Harness:
         kwargs.setdefault("read_log", self.read_log)
         # every record appended so far, by LSN: the "log" paged-out messages are read from
         self.log: dict[int, tuple[int, bytes]] = {}
-        self.b = Broker(clock=self.mono, wall_clock=self.wall, **kwargs)
+        self.b = Broker(clock=self.mono, wall_clock=self.wall, **broker_kwargs(kwargs))
         self.effects: list[Effect] = []
         self.records: list[tuple[int, int, bytes]] = []  # (lsn, rtype, payload)
         self.confirms: dict[int, ConfirmState] = {}

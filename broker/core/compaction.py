@@ -1,0 +1,109 @@
+"""Compaction: logging again the few queued messages of mostly consumed segments.
+
+After a checkpoint the runtime may ask to relocate records of sparse segments: their
+live messages are logged again, and once the copies are durable the queues point at
+the new LSNs, so the next checkpoint can delete the old segments.
+
+The methods here belong to :class:`~broker.core.broker.Broker`; they share its state
+(:class:`~broker.core.state.BrokerState`).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Sequence
+
+from . import records as rec
+from .entities import Queue
+from .message import Entry
+from .publishing import _logged_message
+from .state import BrokerState
+
+__all__ = ["CompactionMixin"]
+
+
+class CompactionMixin(BrokerState):
+    """Compaction (see the module docstring)."""
+
+    def relocate(self, ranges: Sequence[tuple[int, int]]) -> int:
+        """Log again every queued message whose ENQUEUE record's LSN is in one of
+        ``ranges`` (``[first, end)`` pairs, sorted: segments whose other records are all
+        settled), so that a later checkpoint no longer refers to those segments and they
+        can be deleted. Returns how many records were logged.
+
+        Each copy is an ENQUEUE record of the same message for the durable queues that
+        still hold it (without the message id, so the deduplication window is left
+        alone). Queues are pointed at a copy only once it is written (:meth:`durable`):
+        until then, and for good if writing it fails, they keep the original.
+        """
+        read_log = self.read_log
+        if read_log is None or not ranges or self._replay is not None:
+            return 0
+        starts = [lo for lo, _hi in ranges]
+        lo_all, hi_all = ranges[0][0], ranges[-1][1]
+
+        def inside(lsn: int) -> bool:
+            if not lo_all <= lsn < hi_all:
+                return False
+            i = bisect_right(starts, lsn) - 1
+            return i >= 0 and lsn < ranges[i][1]
+
+        holders: dict[int, list[tuple[Queue, Entry | None]]] = {}
+        old_lsn: dict[int, int] = {}
+        unacked: dict[int, list[Entry]] = {}
+        for ch in self.channels.values():
+            for d in ch.deliveries.values():
+                unacked.setdefault(d.queue.qid, []).append(d.entry)
+        for queue in self.queues.values():
+            if not queue.persistent_log or queue.deleted:
+                continue
+            for chunk, start, stop in queue.paged.cut():
+                locs = chunk[start + 1 : stop : 2]
+                if not locs or (max(locs) >> 1) < lo_all or (min(locs) >> 1) >= hi_all:
+                    continue
+                for k in range(start, stop, 2):
+                    lsn = chunk[k + 1] >> 1
+                    if inside(lsn):
+                        seq = chunk[k]
+                        holders.setdefault(seq, []).append((queue, None))
+                        old_lsn[seq] = lsn
+            entries = [e for _s, e in queue.requeued]
+            entries.extend(queue.ready)
+            entries.extend(queue.tail)
+            entries.extend(unacked.get(queue.qid, ()))
+            for entry in entries:
+                m = entry.message
+                if m.lsn and inside(m.lsn):
+                    holders.setdefault(m.seq, []).append((queue, entry))
+                    old_lsn[m.seq] = m.lsn
+        if not holders:
+            return 0
+        seqs = sorted(holders)
+        results = read_log([old_lsn[seq] for seq in seqs])
+        logged = 0
+        for seq, result in zip(seqs, results):
+            r = _logged_message(result, seq, old_lsn[seq])
+            if isinstance(r, str):
+                continue  # unreadable: left where it is, reported when its turn comes
+            qids = sorted({q.qid for q, _e in holders[seq]})
+            payload = rec.encode_enqueue(
+                seq, r.wall_s, r.expires_at, qids, r.exchange, r.routing_key, None, r.properties, r.body
+            )
+            new_lsn = self._append(rec.RecordType.ENQUEUE, payload)
+            self._relocations.append((new_lsn, seq, holders[seq]))
+            logged += 1
+        return logged
+
+    def _apply_relocations(self, durable: int) -> None:
+        relocations = self._relocations
+        i = 0
+        while i < len(relocations) and relocations[i][0] <= durable:
+            new_lsn, seq, holders = relocations[i]
+            for queue, entry in holders:
+                if entry is None:
+                    queue.paged.relocate(seq, new_lsn)
+                elif entry.message.seq == seq:
+                    entry.message.lsn = new_lsn
+            i += 1
+        del relocations[:i]
+

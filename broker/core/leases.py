@@ -1,0 +1,155 @@
+"""Leases: REST gets, whose deliveries belong to channel 0 and are named by lease ids.
+
+``POST /queues/{name}/get`` takes messages as leases; a lease id names the delivery
+(boot id, tag) so that one from an earlier run of the broker is recognised as gone.
+Long-polls park on a queue and are woken by ``QueueReady``.
+
+The methods here belong to :class:`~broker.core.broker.Broker`; they share its state
+(:class:`~broker.core.state.BrokerState`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .entities import Channel, Delivery
+from .errors import (
+    InvalidArgument,
+    NotFound,
+)
+from .state import (
+    REST_CHANNEL,
+    BrokerState,
+)
+
+__all__ = ["LeasesMixin"]
+
+
+class LeasesMixin(BrokerState):
+    """Leases (see the module docstring)."""
+
+    def _lease_id(self, channel_id: int, tag: int) -> str:
+        return f"{self.boot_id}-{channel_id}-{tag}"
+
+    def _parse_lease(self, lease_id: Any) -> tuple[Channel, Delivery]:
+        if not isinstance(lease_id, str):
+            raise InvalidArgument("lease ids must be strings")
+        boot, _, rest = lease_id.rpartition("-")
+        boot, _, chan = boot.rpartition("-")
+        # Only the exact spelling the broker handed out names a lease: "01" or
+        # non-ASCII digits would otherwise alias (or crash int()) and let one
+        # request settle the same delivery twice.
+        if (
+            boot != self.boot_id
+            or not (chan.isascii() and chan.isdigit() and rest.isascii() and rest.isdigit())
+            or lease_id != self._lease_id(int(chan), int(rest))
+        ):
+            raise NotFound(f"unknown lease {lease_id!r} (expired, settled, or from before a restart)")
+        ch = self.channels.get(int(chan))
+        d = ch.deliveries.get(int(rest)) if ch is not None else None
+        if ch is None or d is None:
+            raise NotFound(f"unknown lease {lease_id!r} (expired, settled, or from before a restart)")
+        if ch.id != REST_CHANNEL and (d.consumer is None or d.consumer.lease_s is None):
+            raise NotFound(f"unknown lease {lease_id!r}")
+        return ch, d
+
+    def get(
+        self, queue_name: str, max_count: int = 1, lease_s: float | None = None
+    ) -> list[tuple[str, Delivery, bool]]:
+        """Take up to ``max_count`` ready messages as leases (REST get).
+
+        Each lease returns its message to the queue, redelivered, unless acked
+        within ``lease_s``. Returns (lease_id, delivery, redelivered) triples; empty
+        if none ready.
+        Raises NotFound, ResourceLocked, InvalidArgument.
+        """
+        queue = self._queue(queue_name)
+        if lease_s is None:
+            lease_s = self.default_lease_s
+        if not 0 < lease_s <= self.max_lease_s:
+            raise InvalidArgument(f"lease must be between 0 and {self.max_lease_s:g} seconds")
+        ch = self.channels[REST_CHANNEL]
+        out: list[tuple[str, Delivery, bool]] = []
+        deadline = self.clock() + lease_s
+        while len(out) < max_count:
+            entry = self._pop_live(queue)
+            if entry is None:
+                break
+            tag = ch.next_tag
+            ch.next_tag += 1
+            redelivered = entry.delivered
+            queue.delivered += 1
+            self.stats["delivered"] += 1
+            if redelivered:
+                queue.redelivered += 1
+            else:
+                entry.delivered = True
+                if queue.persistent_log and entry.message.persistent:
+                    self._delivered_marks.setdefault(queue.qid, []).append(entry.message.seq)
+            d = Delivery(tag, entry, queue, None, deadline)
+            ch.deliveries[tag] = d
+            ch.unacked += 1
+            queue.unacked += 1
+            self._push_timer(deadline, REST_CHANNEL, tag)
+            out.append((self._lease_id(REST_CHANNEL, tag), d, redelivered))
+        return out
+
+    def ack_leases(self, lease_ids: list[Any], queue: str | None = None) -> int:
+        """Ack leases (all validated first: an unknown id changes nothing).
+
+        With ``queue``, every lease must belong to that queue. Raises NotFound."""
+        pairs = self._leases(lease_ids, queue)
+        for ch, d in pairs:
+            del ch.deliveries[d.tag]
+            self._finish_delivery(ch, d)
+            d.queue.acked += 1
+            self.stats["acked"] += 1
+            self._settle_entry(d.queue, d.entry)
+        return len(pairs)
+
+    def nack_leases(self, lease_ids: list[Any], requeue: bool = True, queue: str | None = None) -> int:
+        """Return leases to their queue (or drop them). Raises NotFound."""
+        pairs = self._leases(lease_ids, queue)
+        for ch, d in pairs:
+            del ch.deliveries[d.tag]
+            if requeue:
+                self._requeue_deliveries(ch, [d], taken=True)
+            else:
+                self._finish_delivery(ch, d)
+                self._settle_entry(d.queue, d.entry)
+        return len(pairs)
+
+    def extend_leases(self, lease_ids: list[Any], lease_s: float, queue: str | None = None) -> int:
+        """Give leases ``lease_s`` more seconds from now. Raises NotFound, InvalidArgument."""
+        if not 0 < lease_s <= self.max_lease_s:
+            raise InvalidArgument(f"lease must be between 0 and {self.max_lease_s:g} seconds")
+        pairs = self._leases(lease_ids, queue)
+        deadline = self.clock() + lease_s
+        for ch, d in pairs:
+            self._reset_deadline(ch, d, deadline)
+        return len(pairs)
+
+    def _leases(self, lease_ids: list[Any], queue: str | None = None) -> list[tuple[Channel, Delivery]]:
+        if not isinstance(lease_ids, list) or not lease_ids:
+            raise InvalidArgument("lease_ids must be a non-empty list")
+        pairs = []
+        seen = set()
+        for lid in lease_ids:
+            pair = self._parse_lease(lid)  # first: rejects non-strings (unhashable too)
+            if queue is not None and pair[1].queue.name != queue:
+                raise NotFound(f"lease {lid!r} does not belong to queue {queue!r}")
+            if lid in seen:
+                raise InvalidArgument(f"lease {lid!r} is listed twice")
+            seen.add(lid)
+            pairs.append(pair)
+        return pairs
+
+    def park_getter(self, queue_name: str) -> None:
+        """A long-poll waits for messages on this queue (wake it with ``QueueReady``)."""
+        self._queue(queue_name).getters += 1
+
+    def unpark_getter(self, queue_name: str) -> None:
+        queue = self.queues.get(queue_name)
+        if queue is not None and queue.getters:
+            queue.getters -= 1
+

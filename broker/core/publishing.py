@@ -1,0 +1,269 @@
+"""Publishing: taking a message into its queues, and paging queued bodies to the log.
+
+``publish`` routes, deduplicates and enqueues a message and logs its ENQUEUE record;
+the confirm waits for that record's LSN (timers.py releases it). A durable queue keeps
+only ``memory_messages_per_queue`` ready messages in memory: the rest are paged out
+(their bodies stay only in the log, indexed by LSN) and read back in batches when their
+turn comes.
+
+The methods here belong to :class:`~broker.core.broker.Broker`; they share its state
+(:class:`~broker.core.state.BrokerState`).
+"""
+
+from __future__ import annotations
+
+from struct import error as struct_error
+from typing import Any
+
+from . import records as rec
+from .effects import (
+    MessageLost,
+    Return,
+)
+from .entities import Queue
+from .message import Entry, Message
+from .state import (
+    NO_ROUTE,
+    PAGE_IN_BATCH,
+    BrokerState,
+    PublishResult,
+)
+
+__all__ = ["PublishingMixin"]
+
+
+class PublishingMixin(BrokerState):
+    """Publishing (see the module docstring)."""
+
+    def publish(
+        self,
+        channel_id: int,
+        exchange_name: str,
+        routing_key: str,
+        body: bytes,
+        properties: dict[str, Any] | None = None,
+        *,
+        mandatory: bool = False,
+    ) -> PublishResult:
+        """Publish a message; return (publish tag, queues routed to).
+
+        The publish is always answered later by exactly one ``Confirm`` effect for
+        its tag (and preceded by a ``Return`` if mandatory and unroutable). Errors of
+        the message itself (unknown exchange, storage failing, queue full) become a
+        nack, not an exception. ``properties`` must already be validated.
+        """
+        ch = self._channel(channel_id)
+        ch.publish_seq += 1
+        tag = ch.publish_seq
+        self.stats["published"] += 1
+        self._confirm_dirty[channel_id] = ch
+        exchange = self.exchanges.get(exchange_name)
+        if exchange is None:
+            ch.confirms.add(tag, 0, False, f"not_found: no exchange {exchange_name!r}")
+            return tag, 0
+        if exchange.internal:
+            ch.confirms.add(tag, 0, False, f"access_refused: exchange {exchange_name!r} is internal")
+            return tag, 0
+
+        wall = self.wall_clock()
+        message_id = properties.get("message_id") if properties else None
+        if message_id is not None:
+            seen_lsn = self.dedup.lookup(exchange_name, message_id, wall)
+            if seen_lsn is not None:
+                self.stats["deduplicated"] += 1
+                ch.confirms.add(tag, seen_lsn)
+                return tag, 0
+
+        headers = properties.get("headers") if properties else None
+        queues = self.route(exchange, routing_key, headers)
+        if not queues:
+            if mandatory:
+                self.stats["returned"] += 1
+                message = Message(0, exchange_name, routing_key, body, properties)
+                self._effects.append(Return(channel_id, tag, NO_ROUTE, "NO_ROUTE", message))
+            if message_id is not None:
+                self.dedup.remember(exchange_name, message_id, wall, 0)
+            ch.confirms.add(tag, 0)
+            return tag, 0
+
+        persistent = properties is None or properties.get("delivery_mode", 2) == 2
+        durable_qids: list[int] = []
+        if persistent:
+            durable_qids = [q.qid for q in queues if q.persistent_log]
+            if durable_qids and not self.storage_ok:
+                ch.confirms.add(tag, 0, False, f"storage failure: {self.storage_reason}")
+                return tag, 0
+        nack_reason = None
+        for queue in queues:
+            if queue.max_length is not None and queue.overflow == "reject-publish":
+                if queue.ready_count() >= queue.max_length:
+                    nack_reason = f"queue {queue.name!r} is full (x-overflow reject-publish)"
+        if nack_reason is not None:
+            # RabbitMQ semantics: the publish is nacked; queues with room keep it.
+            queues = [
+                q
+                for q in queues
+                if not (
+                    q.max_length is not None
+                    and q.overflow == "reject-publish"
+                    and q.ready_count() >= q.max_length
+                )
+            ]
+            durable_qids = [q.qid for q in queues if persistent and q.persistent_log]
+
+        seq = self._next_seq
+        self._next_seq += 1
+        msg_expires = None
+        if properties is not None and "expiration" in properties:
+            msg_expires = wall + properties["expiration"] / 1000.0
+        message = Message(seq, exchange_name, routing_key, body, properties, msg_expires)
+        # A nacked publish is not remembered for deduplication (neither live nor in
+        # its ENQUEUE record): the nack asks the client to resend, and the resend
+        # must be taken, not acked as a duplicate of a message that was refused.
+        dedup_id = message_id if nack_reason is None else None
+        lsn = 0
+        if durable_qids:
+            lsn = self._append(
+                rec.RecordType.ENQUEUE,
+                rec.encode_enqueue(
+                    seq, wall, msg_expires, durable_qids, exchange_name, routing_key,
+                    dedup_id, properties, body,
+                ),
+            )
+            message.lsn = lsn
+            self._unsynced.append((lsn, message, queues))  # a list of its own (route's)
+        for queue in queues:
+            self._enqueue(queue, message, wall)
+        if dedup_id is not None:
+            self.dedup.remember(exchange_name, dedup_id, wall, lsn)
+        if nack_reason is not None:
+            ch.confirms.add(tag, 0, False, nack_reason)
+        else:
+            ch.confirms.add(tag, lsn)
+        return tag, len(queues)
+
+    def _enqueue(self, queue: Queue, message: Message, wall: float) -> None:
+        expires = message.expires_at
+        if queue.message_ttl_s is not None:
+            q_exp = wall + queue.message_ttl_s
+            expires = q_exp if expires is None else min(expires, q_exp)
+        entry = Entry(message, False, expires)
+        if queue.tail or queue.paged:
+            queue.tail.append(entry)
+            self._page_out_due[queue.name] = queue
+        elif len(queue.ready) < self.memory_messages_per_queue or self.read_log is None or not queue.persistent_log:
+            queue.ready.append(entry)
+        else:
+            queue.tail.append(entry)
+            self._page_out_due[queue.name] = queue
+        queue.published += 1
+        if queue.max_length is not None and queue.overflow == "drop-head":
+            while queue.ready_count() > queue.max_length:
+                self._drop_head(queue)
+        if queue.consumers:
+            self._dirty_queues[queue.name] = queue
+        if queue.getters:
+            self._getter_checks[queue.name] = queue
+
+    def _settle_entry(self, queue: Queue, entry: Entry) -> None:
+        if queue.persistent_log and entry.message.persistent and not queue.deleted:
+            self._settles.setdefault(queue.qid, []).append(entry.message.seq)
+
+    def _drop_head(self, queue: Queue) -> None:
+        """Drop the oldest ready message (x-overflow drop-head) without reading it."""
+        entry = queue.pop()
+        if entry is not None:
+            self._settle_entry(queue, entry)
+            return
+        for seq, _loc in queue.paged.take(1):
+            self._settles.setdefault(queue.qid, []).append(seq)
+
+    def _page_out(self) -> None:
+        """Move the messages at the front of each due queue's tail whose records are
+        written into its paged-out index, dropping their bodies from memory."""
+        durable = self.durable_lsn
+        for name, queue in list(self._page_out_due.items()):
+            tail = queue.tail
+            paged = queue.paged
+            if queue.deleted:
+                del self._page_out_due[name]
+                continue
+            while tail:
+                message = tail[0].message
+                lsn = message.lsn
+                if lsn == 0 or not message.persistent:
+                    # never logged: it stays in memory, and so does everything after it
+                    del self._page_out_due[name]
+                    break
+                if lsn > durable:
+                    break  # not written yet: a later durable() goes on
+                entry = tail.popleft()
+                paged.append(message.seq, (lsn << 1) | entry.delivered)
+            else:
+                del self._page_out_due[name]
+
+    def _page_in(self, queue: Queue) -> None:
+        """Read the next paged-out messages of ``queue`` back into its in-memory head."""
+        while queue.paged and not queue.ready:
+            queue.ready.extend(self._read_entries(queue, queue.paged.take(PAGE_IN_BATCH)))
+
+    def _read_entries(self, queue: Queue, pairs: list[tuple[int, int]]) -> list[Entry]:
+        """Entries for ``(seq, locator)`` pairs of ``queue``, read from the log.
+
+        A message whose record cannot be read (a damaged or missing segment) leaves the
+        queue for good, reported as a MessageLost effect."""
+        read_log = self.read_log
+        if read_log is None:
+            raise RuntimeError("messages are indexed by LSN but the broker has no log to read")
+        results = read_log([loc >> 1 for _seq, loc in pairs])
+        ttl = queue.message_ttl_s
+        out: list[Entry] = []
+        for (seq, loc), result in zip(pairs, results):
+            lsn = loc >> 1
+            r = _logged_message(result, seq, lsn)
+            if isinstance(r, str):
+                self._settles.setdefault(queue.qid, []).append(seq)
+                self._effects.append(MessageLost(queue.name, seq, lsn, r))
+                continue
+            message = Message(r.seq, r.exchange, r.routing_key, r.body, r.properties, r.expires_at, owned=True)
+            message.lsn = lsn
+            expires = r.expires_at
+            if ttl is not None and r.wall_s:
+                q_exp = r.wall_s + ttl
+                expires = q_exp if expires is None else min(expires, q_exp)
+            out.append(Entry(message, bool(loc & 1), expires))
+        return out
+
+    def _pop(self, queue: Queue) -> Entry | None:
+        entry = queue.pop()
+        if entry is None and queue.paged:
+            self._page_in(queue)
+            entry = queue.pop()
+        return entry
+
+    def _pop_live(self, queue: Queue) -> Entry | None:
+        """The next ready entry, dropping expired ones on the way."""
+        while True:
+            entry = self._pop(queue)
+            if entry is None:
+                return None
+            if entry.expires_at is not None and entry.expires_at <= self.wall_clock():
+                self._settle_entry(queue, entry)
+                continue
+            return entry
+
+
+
+def _logged_message(result: tuple[int, bytes] | str, seq: int, lsn: int) -> rec.EnqueueRecord | str:
+    """Message ``seq``'s ENQUEUE record as read back from LSN ``lsn``, or why it is not."""
+    if isinstance(result, str):
+        return result
+    if result[0] != rec.RecordType.ENQUEUE:
+        return f"record {lsn} is of type {result[0]}, not a message"
+    try:
+        r = rec.decode_enqueue(result[1])
+    except (ValueError, IndexError, UnicodeDecodeError, struct_error) as exc:
+        return f"record {lsn} does not decode: {exc}"
+    if r.seq != seq:
+        return f"record {lsn} holds message {r.seq}, not {seq}"
+    return r

@@ -1,0 +1,301 @@
+"""Replay: rebuilding the broker from a checkpoint and the log at start.
+
+A table maps each record type to its handler (``REPLAY_HANDLERS``), in the manner of
+h11's transition tables. Replay is idempotent: a checkpoint and the log after it may
+overlap. Queued messages stay paged out (indexed by LSN) and are restored in order by
+``finish_recovery``.
+
+The methods here belong to :class:`~broker.core.broker.Broker`; they share its state
+(:class:`~broker.core.state.BrokerState`).
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from collections.abc import Callable
+from typing import Any
+
+from . import records as rec
+from .dedup import digest_utf8
+from .entities import Exchange, Queue
+from .message import Entry, Message
+from .paging import ReplayIndex, mark_all_delivered
+from .records import RecordType
+from .state import (
+    _ENQUEUE,
+    BrokerState,
+)
+
+__all__ = ["ReplayMixin"]
+
+
+class ReplayMixin(BrokerState):
+    """Replay (see the module docstring)."""
+
+    def begin_recovery(self) -> None:
+        """Enter replay mode: records applied with :meth:`replay` rebuild state."""
+        self._replay = {}
+        self._replay_messages = {}
+        self._replay_dedup_digests = array("Q")
+        self._replay_dedup_ms = array("q")
+        # publishes older than the window are not remembered (they would expire at once)
+        window_s = self.dedup.window_s
+        self._replay_dedup_from = self.wall_clock() - window_s if window_s > 0 else math.inf
+
+    def replay(self, rtype: int, payload: bytes, lsn: int = 0) -> None:
+        """Apply one logged record during recovery (idempotent): the handler for its
+        type in ``REPLAY_HANDLERS``. ``lsn`` is 0 for a checkpoint's records.
+
+        Raises ValueError for an unknown record type."""
+        state = self._replay
+        assert state is not None, "replay outside recovery"
+        if lsn > self.last_lsn:
+            self.last_lsn = lsn
+        if rtype == _ENQUEUE and lsn:
+            # the bulk of every recovery: one test, no table lookup
+            self._replay_logged_enqueue(state, payload, lsn, rtype)
+            return
+        handler = REPLAY_HANDLERS.get(rtype)
+        if handler is None:
+            raise ValueError(f"unknown record type {rtype}")
+        handler(self, state, payload, lsn, rtype)
+
+    def _replay_logged_enqueue(self, state: dict[int, ReplayIndex], payload: bytes, lsn: int, rtype: int) -> None:
+        """A logged publish: the queues index it by LSN; its body stays on disk."""
+        # A logged publish: the queues index it by LSN; its body stays on disk.
+        seq, wall_s, qids, exchange_utf8, id_utf8 = rec.peek_enqueue(payload)
+        if seq >= self._next_seq:
+            self._next_seq = seq + 1
+        loc = lsn << 1
+        for qid in qids:
+            entries = state.get(qid)
+            if entries is not None:
+                entries.add(seq, loc, update=True)
+        if id_utf8 is not None and wall_s >= self._replay_dedup_from:
+            # loaded into the window in one go at the end of recovery
+            self._replay_dedup_digests.append(digest_utf8(exchange_utf8, id_utf8))
+            self._replay_dedup_ms.append(round(wall_s * 1000.0))
+
+    def _replay_whole_enqueue(self, state: dict[int, ReplayIndex], payload: bytes, lsn: int, rtype: int) -> None:
+        """A message written whole into a checkpoint (checkpoints before QUEUE_REFS): there is no log record to page it out to, so it is kept in memory."""
+        # A message written whole into a checkpoint (checkpoints before QUEUE_REFS):
+        # there is no log record to page it out to, so it is kept in memory.
+        r = rec.decode_enqueue(payload)
+        if r.seq >= self._next_seq:
+            self._next_seq = r.seq + 1
+        message = self._replay_messages.get(r.seq)
+        for qid in r.qids:
+            entries = state.get(qid)
+            if entries is None or r.seq in entries:
+                continue
+            if message is None:
+                message = Message(
+                    r.seq, r.exchange, r.routing_key, r.body, r.properties, r.expires_at, owned=True
+                )
+                self._replay_messages[r.seq] = message
+            queue = self._queues_by_id[qid]
+            expires = r.expires_at
+            if queue.message_ttl_s is not None and r.wall_s:
+                # wall_s is 0 in checkpoints, whose expires_at already holds the TTL
+                q_exp = r.wall_s + queue.message_ttl_s
+                expires = q_exp if expires is None else min(expires, q_exp)
+            entries.add_whole(r.seq, Entry(message, False, expires))
+        if r.message_id is not None:
+            self.dedup.remember(r.exchange, r.message_id, r.wall_s, 0)
+
+    def _replay_queue_refs(self, state: dict[int, ReplayIndex], payload: bytes, lsn: int, rtype: int) -> None:
+        qid, pairs = rec.decode_refs(payload)
+        entries = state.get(qid)
+        if entries is not None:
+            it = iter(pairs)
+            top = 0
+            add = entries.add
+            for seq, loc in zip(it, it):
+                add(seq, loc, update=False)
+                if seq > top:
+                    top = seq
+            if top >= self._next_seq:
+                self._next_seq = top + 1
+
+    def _replay_settle(self, state: dict[int, ReplayIndex], payload: bytes, lsn: int, rtype: int) -> None:
+        qid, seqs = rec.decode_seqs(payload)
+        entries = state.get(qid)
+        if entries is not None:
+            for seq in seqs:
+                entries.settle(seq)
+
+    def _replay_delivered(self, state: dict[int, ReplayIndex], payload: bytes, lsn: int, rtype: int) -> None:
+        qid, seqs = rec.decode_seqs(payload)
+        entries = state.get(qid)
+        if entries is not None:
+            for seq in seqs:
+                entries.mark_delivered(seq)
+
+    def _replay_declare_queue(self, state: dict[int, ReplayIndex], payload: bytes, lsn: int, rtype: int) -> None:
+        d = rec.decode_json(payload)
+        qid = d["qid"]
+        if qid >= self._next_qid:
+            self._next_qid = qid + 1
+        if qid in self._queues_by_id:
+            return
+        replaced = self.queues.get(d["name"])
+        if replaced is not None:
+            self._drop_replay_queue(replaced)
+        queue = Queue(qid, d["name"], True, None, d.get("auto_delete", False), d.get("arguments", {}))
+        self.queues[queue.name] = queue
+        self._queues_by_id[qid] = queue
+        state[qid] = ReplayIndex()
+
+    def _replay_delete_queue(self, state: dict[int, ReplayIndex], payload: bytes, lsn: int, rtype: int) -> None:
+        d = rec.decode_json(payload)
+        deleted = self._queues_by_id.get(d["qid"])
+        if deleted is not None:
+            self._drop_replay_queue(deleted)
+
+    def _replay_declare_exchange(self, state: dict[int, ReplayIndex], payload: bytes, lsn: int, rtype: int) -> None:
+        d = rec.decode_json(payload)
+        if d["name"] in self.exchanges and not self.exchanges[d["name"]].builtin:
+            old_ex = self.exchanges[d["name"]]
+            if old_ex.settings() == (d["type"], True, d.get("auto_delete", False), d.get("internal", False), d.get("arguments", {})):
+                return
+            self._delete_exchange(old_ex)
+        if d["name"] not in self.exchanges:
+            self.exchanges[d["name"]] = Exchange(
+                d["name"], d["type"], True, d.get("auto_delete", False),
+                d.get("internal", False), d.get("arguments", {}),
+            )
+
+    def _replay_delete_exchange(self, state: dict[int, ReplayIndex], payload: bytes, lsn: int, rtype: int) -> None:
+        d = rec.decode_json(payload)
+        ex = self.exchanges.get(d["name"])
+        if ex is not None and not ex.builtin:
+            self._delete_exchange(ex)
+
+    def _replay_binding(self, state: dict[int, ReplayIndex], payload: bytes, lsn: int, rtype: int) -> None:
+        d = rec.decode_json(payload)
+        src = self.exchanges.get(d["exchange"])
+        to_exchange = "to_exchange" in d
+        dname = d["to_exchange"] if to_exchange else d["queue"]
+        if src is None or (dname not in (self.exchanges if to_exchange else self.queues)):
+            return
+        key = ("x" if to_exchange else "q", dname)
+        if rtype == RecordType.BIND:
+            if src.table.add(key, d["routing_key"], d.get("arguments", {})):
+                target: Any = self.exchanges[dname] if to_exchange else self.queues[dname]
+                target.bound_from.add(src.name)
+        else:
+            if src.table.remove(key, d["routing_key"], d.get("arguments", {})):
+                # as unbind() does live: keep bound_from in step with the table
+                if not any(bk[0] == key for bk in src.table.bindings):
+                    self._forget_binding_dest(src.name, key)
+
+    def _replay_dedup_digests_record(self, state: dict[int, ReplayIndex], payload: bytes, lsn: int, rtype: int) -> None:
+        self.dedup.load_payload(payload)
+
+    def _replay_dedup_batch(self, state: dict[int, ReplayIndex], payload: bytes, lsn: int, rtype: int) -> None:
+        """checkpoints written before DEDUP_DIGESTS"""
+        exchange, window = rec.decode_dedup_batch(payload)
+        remember = self.dedup.remember
+        for message_id, wall in window:
+            remember(exchange, message_id, wall, 0)
+
+    def _replay_dedup(self, state: dict[int, ReplayIndex], payload: bytes, lsn: int, rtype: int) -> None:
+        """one entry a record: checkpoints written before DEDUP_BATCH"""
+        exchange, message_id, wall = rec.decode_dedup(payload)
+        self.dedup.remember(exchange, message_id, wall, 0)
+
+    def _replay_meta(self, state: dict[int, ReplayIndex], payload: bytes, lsn: int, rtype: int) -> None:
+        d = rec.decode_json(payload)
+        self._next_seq = max(self._next_seq, d.get("next_seq", 1))
+        self._next_qid = max(self._next_qid, d.get("next_qid", 1))
+
+    def _drop_replay_queue(self, queue: Queue) -> None:
+        assert self._replay is not None
+        self._replay.pop(queue.qid, None)
+        for source_name in list(queue.bound_from):
+            source = self.exchanges.get(source_name)
+            if source is not None:
+                source.table.remove_destination(("q", queue.name))
+        del self.queues[queue.name]
+        del self._queues_by_id[queue.qid]
+
+    def finish_recovery(self, last_lsn: int, *, assume_delivered: bool = False) -> None:
+        """Leave replay mode: queues take their recovered contents in original order.
+        Messages that were delivered and unacked at the crash come back redelivered.
+
+        ``assume_delivered`` (after an unclean stop): mark every recovered message
+        redelivered. Delivered marks are logged lazily (a delivery does not wait for an
+        fsync), so after a crash the log cannot tell which messages a consumer saw;
+        AMQP's ``redelivered`` means "may have been delivered before", and a message
+        that was delivered, or even acked, must not come back looking fresh."""
+        state = self._replay
+        assert state is not None
+        for qid, entries in state.items():
+            self._restore_queue(self._queues_by_id[qid], entries, assume_delivered)
+        self._replay = None
+        self._replay_messages = {}
+        self.last_lsn = max(self.last_lsn, last_lsn)
+        self.durable_lsn = self.last_lsn
+        self._first_pending_lsn = self.last_lsn + 1
+        self.dedup.load_entries(self._replay_dedup_digests, self._replay_dedup_ms)
+        self._replay_dedup_digests = array("Q")
+        self._replay_dedup_ms = array("q")
+        self.dedup.prune(self.wall_clock())
+
+    def _restore_queue(self, queue: Queue, entries: ReplayIndex, assume_delivered: bool) -> None:
+        """Give a queue its recovered messages in sequence order: those indexed by LSN
+        stay paged out (read back when their turn comes), those recovered whole (from a
+        checkpoint of an older format) stay in memory. The in-memory part must precede
+        the paged-out one, so messages indexed by LSN that precede a whole one, or any
+        when there is no log to read, are read back at once."""
+        logged = entries.logged()
+        if logged is not None and self.read_log is not None:
+            seqs, locs = logged
+            if assume_delivered:
+                locs = mark_all_delivered(locs)
+            queue.paged.extend(seqs, locs)
+            return
+        last_whole = max((seq for seq, item in entries.extra.items() if type(item) is not int), default=0)
+        if self.read_log is None:
+            last_whole = 1 << 63
+        paged = queue.paged
+        pending: list[tuple[int, int]] = []
+        for seq, item in entries.items():
+            if type(item) is int:
+                loc = item | 1 if assume_delivered else item
+                if seq < last_whole:
+                    pending.append((seq, loc))
+                else:
+                    paged.append(seq, loc)
+            else:
+                assert isinstance(item, Entry)
+                if pending:
+                    queue.ready.extend(self._read_entries(queue, pending))
+                    pending = []
+                if assume_delivered:
+                    item.delivered = True
+                queue.ready.append(item)
+        if pending:
+            queue.ready.extend(self._read_entries(queue, pending))
+
+
+_Handler = Callable[[ReplayMixin, dict[int, ReplayIndex], bytes, int, int], None]
+#: Record type -> how replay applies it. A logged ENQUEUE (the bulk of any log) is
+#: handled before the lookup; the ENQUEUE entry serves checkpoints' whole messages.
+REPLAY_HANDLERS: dict[int, _Handler] = {
+    RecordType.ENQUEUE: ReplayMixin._replay_whole_enqueue,
+    RecordType.QUEUE_REFS: ReplayMixin._replay_queue_refs,
+    RecordType.SETTLE: ReplayMixin._replay_settle,
+    RecordType.DELIVERED: ReplayMixin._replay_delivered,
+    RecordType.DECLARE_QUEUE: ReplayMixin._replay_declare_queue,
+    RecordType.DELETE_QUEUE: ReplayMixin._replay_delete_queue,
+    RecordType.DECLARE_EXCHANGE: ReplayMixin._replay_declare_exchange,
+    RecordType.DELETE_EXCHANGE: ReplayMixin._replay_delete_exchange,
+    RecordType.BIND: ReplayMixin._replay_binding,
+    RecordType.UNBIND: ReplayMixin._replay_binding,
+    RecordType.DEDUP_DIGESTS: ReplayMixin._replay_dedup_digests_record,
+    RecordType.DEDUP_BATCH: ReplayMixin._replay_dedup_batch,
+    RecordType.DEDUP: ReplayMixin._replay_dedup,
+    RecordType.META: ReplayMixin._replay_meta,
+}

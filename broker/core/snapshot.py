@@ -1,0 +1,126 @@
+"""Snapshots: the live state as records, for a checkpoint.
+
+Produced in chunks, so that the runtime can write a checkpoint while serving: the
+entities, each queue's message references (QUEUE_REFS, by LSN), the deduplication
+window and the counters.
+
+The methods here belong to :class:`~broker.core.broker.Broker`; they share its state
+(:class:`~broker.core.state.BrokerState`).
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Iterator
+
+from . import records as rec
+from .entities import Queue
+from .message import Entry
+from .paging import locator
+from .state import (
+    DEDUP_BATCH_ENTRIES,
+    BrokerState,
+)
+from .topology import _binding_record, _queue_record
+
+__all__ = ["SnapshotMixin"]
+
+
+class SnapshotMixin(BrokerState):
+    """Snapshots (see the module docstring)."""
+
+    def snapshot(self, chunk_entries: int = 4096) -> tuple[int, Iterator[list[tuple[int, bytes]]]]:
+        """A checkpoint of the durable state, as (LSN covered, chunks of records).
+
+        The chunks are produced lazily so the caller can interleave them with
+        serving; state may change between chunks. That is safe because replay is
+        idempotent: the checkpoint holds every effect of records up to the LSN, plus
+        possibly some later ones, which replaying the log after the LSN re-applies
+        harmlessly. Call ``take_effects()`` first so the LSN covers every record.
+        """
+        covered = self.last_lsn
+        return covered, self._snapshot_chunks(chunk_entries)
+
+    def _snapshot_chunks(self, chunk_entries: int) -> Iterator[list[tuple[int, bytes]]]:
+        T = rec.RecordType
+        head: list[tuple[int, bytes]] = []
+        for ex in list(self.exchanges.values()):
+            if ex.durable and not ex.builtin:
+                head.append((T.DECLARE_EXCHANGE, rec.encode_json(ex.info())))
+        queues = [q for q in self.queues.values() if q.persistent_log]
+        for q in queues:
+            head.append((T.DECLARE_QUEUE, rec.encode_json(_queue_record(q))))
+        for ex in list(self.exchanges.values()):
+            if not ex.durable:
+                continue
+            for (dest, key, _f), args in ex.table.bindings.items():
+                if self._binding_durable(ex, dest):
+                    head.append((T.BIND, rec.encode_json(_binding_record(ex.name, dest, key, args))))
+        # One consistent cut of every queue's messages (ready, requeued and unacked),
+        # taken in the same step as the head. Looking at the unacked deliveries and
+        # at each queue at different times would lose a message delivered in
+        # between: its ENQUEUE record is before the covered LSN, so only the
+        # checkpoint can carry it. Only references are copied here; records are
+        # encoded lazily, chunk by chunk.
+        unacked: dict[int, list[Entry]] = {}
+        for ch in list(self.channels.values()):
+            for d in ch.deliveries.values():
+                if d.queue.persistent_log:
+                    unacked.setdefault(d.queue.qid, []).append(d.entry)
+        cut: list[tuple[Queue, list[Entry], list[tuple[array[int], int, int]]]] = []
+        for q in queues:
+            entries = [e for _s, e in q.requeued]
+            entries.extend(q.ready)
+            entries.extend(q.tail)
+            entries.extend(unacked.get(q.qid, ()))
+            cut.append((q, entries, q.paged.cut()))
+        del unacked
+        yield head
+        per_record = 2 * chunk_entries
+        for q, entries, paged_cut in cut:
+            if q.deleted:
+                continue  # its DELETE_QUEUE record follows the covered LSN
+            qid = q.qid
+            # Messages are referenced by the LSN of their ENQUEUE record, whose segment
+            # the log keeps while it is referenced (QUEUE_REFS): bodies are not copied.
+            for chunk_array, start, stop in paged_cut:
+                for lo in range(start, stop, per_record):
+                    yield [(T.QUEUE_REFS, rec.encode_refs(qid, chunk_array[lo : min(stop, lo + per_record)]))]
+            for lo in range(0, len(entries), chunk_entries):
+                chunk: list[tuple[int, bytes]] = []
+                refs = array("q")
+                delivered: list[int] = []
+                for e in entries[lo : lo + chunk_entries]:
+                    m = e.message
+                    if not m.persistent:
+                        continue
+                    if m.lsn:
+                        refs.append(m.seq)
+                        refs.append(locator(m.lsn, e.delivered))
+                        continue
+                    # recovered whole from an older checkpoint: no record to refer to
+                    chunk.append(
+                        (
+                            T.ENQUEUE,
+                            rec.encode_enqueue(
+                                m.seq, 0.0, e.expires_at, [qid], m.exchange, m.routing_key,
+                                None, m.properties, m.body,
+                            ),
+                        )
+                    )
+                    if e.delivered:
+                        delivered.append(m.seq)
+                if refs:
+                    chunk.append((T.QUEUE_REFS, rec.encode_refs(qid, refs)))
+                if delivered:
+                    chunk.append((T.DELIVERED, rec.encode_seqs(qid, delivered)))
+                if chunk:
+                    yield chunk
+        tail = [
+            (T.DEDUP_DIGESTS, payload) for payload in self.dedup.checkpoint_payloads(DEDUP_BATCH_ENTRIES)
+        ]
+        tail.append(
+            (T.META, rec.encode_json({"next_seq": self._next_seq, "next_qid": self._next_qid}))
+        )
+        yield tail
+
