@@ -45,6 +45,8 @@ from typing import Any
 import trio
 
 from broker import __version__
+from broker.api.codec import body_from_json, dumps_line, event_json, parse_op_line
+from broker.api.rest import exchange_name
 from broker.core import (
     BrokerError,
     ChannelError,
@@ -54,11 +56,9 @@ from broker.core import (
     Return,
     check_json_value,
     check_properties,
+    delivery_cost,
 )
-from broker.core.broker import DELIVERY_OVERHEAD_BYTES
-from broker.api.codec import body_from_json, dumps_line, event_json, parse_op_line
-from broker.http.errors import ClientDisconnected
-from broker.api.rest import exchange_name
+from broker.http import ClientDisconnected
 from broker.runtime import BrokerRuntime
 
 __all__ = ["ChannelSession", "handle_channel"]
@@ -130,7 +130,7 @@ class ChannelSession:
         if kind is Deliver:
             return  # bounded by the core's credit
         if kind is Return:
-            self.outbox_bytes += len(effect.message.body) + DELIVERY_OVERHEAD_BYTES
+            self.outbox_bytes += delivery_cost(effect.message.body)
         else:
             self.outbox_bytes += EVENT_BYTES
         if kind is Confirm:
@@ -268,7 +268,7 @@ class ChannelSession:
             else:
                 parts.append(dumps_line(event_json(item)))
                 if type(item) is Deliver:
-                    credit += len(item.message.body) + DELIVERY_OVERHEAD_BYTES
+                    credit += delivery_cost(item.message.body)
         return b"".join(parts), credit
 
     def _grant(self, credit: int) -> None:
@@ -399,7 +399,7 @@ class ChannelSession:
         tag, _routed = self.core.publish(
             self.channel_id, exchange_name(exchange), routing_key, body, properties, mandatory=mandatory
         )
-        charge = len(body) + DELIVERY_OVERHEAD_BYTES
+        charge = delivery_cost(body)
         self.unconfirmed.append((tag, charge, time.perf_counter()))
         self.unconfirmed_bytes += charge
 

@@ -17,10 +17,9 @@ from typing import Any
 
 import trio
 
-from broker.core import ConsumerCancelled, Deliver, InvalidArgument
-from broker.core.broker import DELIVERY_OVERHEAD_BYTES
 from broker.api.codec import dumps_line, message_json
-from broker.http.errors import ClientDisconnected
+from broker.core import ConsumerCancelled, Deliver, InvalidArgument, delivery_cost
+from broker.http import ClientDisconnected
 from broker.runtime import BrokerRuntime
 
 __all__ = ["handle_stream"]
@@ -154,7 +153,7 @@ async def _write_loop(
                 parts.append(b"data: " + line + b"\n")
             else:
                 parts.append(line)
-            credit += len(d.message.body) + DELIVERY_OVERHEAD_BYTES
+            credit += delivery_cost(d.message.body)
         await response.send(b"".join(parts))
         if auto_ack:
             ch = core.channels.get(channel_id)

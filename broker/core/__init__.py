@@ -6,8 +6,15 @@ IO layer hands it (``Broker.read_log``): the bodies of paged-out messages. See :
 operation.
 """
 
-from .broker import BUILTIN_EXCHANGES, DELIVERY_OVERHEAD_BYTES, REST_CHANNEL, Broker, PublishResult
+from .broker import (
+    BUILTIN_EXCHANGES,
+    DELIVERY_OVERHEAD_BYTES,
+    REST_CHANNEL,
+    Broker,
+    PublishResult,
+)
 from .config import CoreConfig
+from .state import delivery_cost
 from .effects import (
     AppendRecords,
     Confirm,
@@ -49,6 +56,7 @@ __all__ = [
     "Broker",
     "CoreConfig",
     "DELIVERY_OVERHEAD_BYTES",
+    "delivery_cost",
     "REST_CHANNEL",
     "BUILTIN_EXCHANGES",
     "PublishResult",

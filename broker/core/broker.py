@@ -62,7 +62,13 @@ from .state import (
 from .timers import TimersMixin
 from .topology import TopologyMixin
 
-__all__ = ["Broker", "REST_CHANNEL", "BUILTIN_EXCHANGES", "PublishResult", "DELIVERY_OVERHEAD_BYTES"]
+__all__ = [
+    "Broker",
+    "REST_CHANNEL",
+    "BUILTIN_EXCHANGES",
+    "PublishResult",
+    "DELIVERY_OVERHEAD_BYTES",
+]
 
 
 class Broker(

@@ -22,12 +22,17 @@ from .errors import (
 )
 from .message import Entry
 from .state import (
-    DELIVERY_OVERHEAD_BYTES,
     REST_CHANNEL,
     BrokerState,
+    delivery_cost,
 )
 
 __all__ = ["DeliveryMixin"]
+
+
+#: Longest ack timeout a consume may ask for (RabbitMQ's consumer_timeout is a
+#: 32-bit ms value: about 24.8 days).
+MAX_ACK_TIMEOUT_S = ((1 << 31) - 1) / 1000.0
 
 
 class DeliveryMixin(BrokerState):
@@ -111,6 +116,11 @@ class DeliveryMixin(BrokerState):
             raise AccessRefused(f"queue {queue_name!r} has an exclusive consumer")
         if exclusive and queue.consumers:
             raise AccessRefused(f"queue {queue_name!r} already has consumers; cannot consume exclusively")
+        if ack_timeout_s is not None and not 0 < ack_timeout_s <= MAX_ACK_TIMEOUT_S:
+            # 0 or less expired every delivery at once: a storm of redeliveries
+            raise InvalidArgument(
+                f"ack timeout must be more than 0 and at most {MAX_ACK_TIMEOUT_S:g} s"
+            )
         if ack_timeout_s is None:
             ack_timeout_s = queue.consumer_timeout_s or self.consumer_timeout_s
         if lease_s is not None:
@@ -197,7 +207,7 @@ class DeliveryMixin(BrokerState):
         self.stats["delivered"] += 1
         if redelivered:
             queue.redelivered += 1
-        ch.credit -= len(message.body) + DELIVERY_OVERHEAD_BYTES
+        ch.credit -= delivery_cost(message.body)
         lease_id = None
         if consumer.no_ack:
             queue.acked += 1

@@ -267,6 +267,7 @@ class Channel:
         "id",
         "publish_seq",
         "confirms",
+        "last_released_tag",
         "next_tag",
         "deliveries",
         "consumers",
@@ -283,6 +284,8 @@ class Channel:
         self.id = channel_id
         self.publish_seq = 0
         self.confirms = ConfirmTracker()
+        #: The highest publish tag answered so far (confirms are released in tag order).
+        self.last_released_tag = 0
         self.next_tag = 1
         # delivery tag -> Delivery, in increasing tag order (dicts keep insertion order)
         self.deliveries: dict[int, Delivery] = {}

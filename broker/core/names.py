@@ -41,7 +41,7 @@ def check_routing_key(key: object) -> str:
         raise InvalidArgument("routing_key must be a string")
     # A key of more than 255 characters is too long whatever its encoding; a
     # shorter one may still be over 255 bytes (multi-byte characters).
-    if len(key) > MAX_NAME_BYTES or len(_utf8("routing_key", key)) > MAX_NAME_BYTES:
+    if len(key) > MAX_NAME_BYTES or (not key.isascii() and len(_utf8("routing_key", key)) > MAX_NAME_BYTES):
         raise InvalidArgument(f"routing_key is longer than {MAX_NAME_BYTES} bytes")
     return key
 

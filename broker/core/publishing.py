@@ -22,6 +22,7 @@ from .effects import (
 )
 from .entities import Queue
 from .message import Entry, Message
+from .names import check_routing_key
 from .state import (
     NO_ROUTE,
     PAGE_IN_BATCH,
@@ -50,8 +51,14 @@ class PublishingMixin(BrokerState):
         The publish is always answered later by exactly one ``Confirm`` effect for
         its tag (and preceded by a ``Return`` if mandatory and unroutable). Errors of
         the message itself (unknown exchange, storage failing, queue full) become a
-        nack, not an exception. ``properties`` must already be validated.
+        nack, not an exception. ``properties`` must already be validated
+        (``check_properties``).
+
+        Raises: ``InvalidArgument`` for a routing key over 255 bytes (every entry
+        point, REST and channels alike, is refused the same way), ``ChannelError``
+        for an unknown channel.
         """
+        check_routing_key(routing_key)
         ch = self._channel(channel_id)
         ch.publish_seq += 1
         tag = ch.publish_seq

@@ -33,6 +33,7 @@ __all__ = [
     "DEDUP_BATCH_ENTRIES",
     "DEFAULT_EXCHANGE",
     "DELIVERY_OVERHEAD_BYTES",
+    "delivery_cost",
     "NO_ROUTE",
     "PAGE_IN_BATCH",
     "PublishResult",
@@ -57,6 +58,15 @@ BUILTIN_EXCHANGES = {
 # Per-delivery overhead charged against a channel's credit besides the body (JSON
 # framing, properties): keeps tiny messages from being unbounded in count.
 DELIVERY_OVERHEAD_BYTES = 200
+
+
+def delivery_cost(body: bytes) -> int:
+    """What a message of this body costs against a channel's byte credit (and its
+    outbox and unconfirmed-publish bounds): the body plus DELIVERY_OVERHEAD_BYTES.
+    One formula, used by the core and the API layer alike."""
+    return len(body) + DELIVERY_OVERHEAD_BYTES
+
+
 # Deduplication window entries per DEDUP_DIGESTS record of a checkpoint (16 bytes each).
 DEDUP_BATCH_ENTRIES = 4096
 NO_ROUTE = 312

@@ -66,9 +66,11 @@ class TimersMixin(BrokerState):
     def _release_confirms(self) -> None:
         durable = self.durable_lsn
         for ch in self._confirm_dirty.values():
+            stats = self.stats
             for tag, multiple, ack, reason in ch.confirms.release(durable):
                 self._effects.append(Confirm(ch.id, tag, multiple, ack, reason))
-                if not ack:
-                    self.stats["nacked"] += 1
+                answered = tag - ch.last_released_tag if multiple else 1
+                ch.last_released_tag = tag
+                stats["confirmed" if ack else "nacked"] += answered
         self._confirm_dirty.clear()
 

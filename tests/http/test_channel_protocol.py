@@ -499,3 +499,16 @@ async def test_an_op_id_nested_too_deep_is_an_error_event_not_a_dead_channel(
     error = await ch.expect("error")
     assert error["error"] == "invalid_argument" and "id" not in error
     assert "deep" not in app.runtime.core.queues
+
+
+@pytest.mark.parametrize("length", [256, 300, 70_000])
+async def test_an_oversized_routing_key_on_a_channel_gets_an_error_event_naming_the_limit(
+    app: BrokerApp, clients: Clients, length: int
+) -> None:
+    # before: 256 and 300 bytes were acked (REST refused them); 70,000 ended the
+    # channel without an error event
+    ch = await clients.channel()
+    await ch.send({"op": "publish", "routing_key": "k" * length, "body": "x"})
+    error = await ch.expect("error")
+    assert error["error"] == "invalid_argument" and "255 bytes" in error["message"]
+    assert app.runtime.core.stats["published"] == 0

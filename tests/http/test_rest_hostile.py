@@ -65,3 +65,12 @@ async def test_deeply_nested_arguments_and_headers_are_400_and_the_broker_lives_
         headers=[("X-Header-a", "b")],
     )
     assert reply.status == 200
+
+
+async def test_overview_counts_confirmed_publishes(client: HTTPClient) -> None:
+    # before: stats.confirmed stayed 0 however many publishes were confirmed
+    assert (await client.put("/queues/c")).status == 201
+    for _ in range(3):
+        reply = await client.post("/exchanges/amq.default/publish?routing_key=c", body=b"x")
+        assert reply.status == 200
+    assert (await client.get("/overview")).json()["stats"]["confirmed"] == 3

@@ -9,7 +9,12 @@ server, which turns them into JSON error responses (``broker.api.errors``).
 from __future__ import annotations
 
 from broker.api.rest import bindings, exchanges, health, leases, queues
-from broker.api.rest.fields import DEFAULT_EXCHANGE_ALIAS, Fields, RestContext, exchange_name
+from broker.api.rest.fields import (
+    DEFAULT_EXCHANGE_ALIAS,
+    Fields,
+    RestContext,
+    exchange_name,
+)
 from broker.http import Router
 from broker.runtime import BrokerRuntime
 

@@ -1,0 +1,52 @@
+"""Rules checked once, in the core command, so that every entry point (REST, channels,
+streams) refuses the same input the same way, before anything changes."""
+
+from __future__ import annotations
+
+import pytest
+
+from broker.core import InvalidArgument
+
+from .helpers import Harness
+
+
+def test_a_routing_key_over_255_bytes_is_refused_by_publish_itself() -> None:
+    # before: only REST checked; a channel publish of a 300-byte key was acked
+    h = Harness()
+    h.queue("q")
+    ch = h.channel()
+    with pytest.raises(InvalidArgument, match="255 bytes"):
+        h.publish(ch, "", "k" * 300)
+    with pytest.raises(InvalidArgument, match="255 bytes"):
+        h.publish(ch, "", "é" * 128)  # 256 bytes in UTF-8
+    assert h.b.stats["published"] == 0
+    assert h.publish(ch, "", "k" * 255) == 1  # the refused ones took no tag
+    h.sync()
+    assert h.acked(ch, 1)
+
+
+@pytest.mark.parametrize("ack_timeout_s", [0.0, -1.0, 1e12])
+def test_an_ack_timeout_outside_its_range_is_refused_by_consume(ack_timeout_s: float) -> None:
+    # before: 0 or less was taken, and every delivery expired at once (a storm)
+    h = Harness()
+    h.queue("q")
+    ch = h.channel()
+    with pytest.raises(InvalidArgument, match="ack timeout"):
+        h.b.consume(ch, "q", consumer_tag="c", ack_timeout_s=ack_timeout_s)
+    assert not h.b.channels[ch].consumers
+
+
+def test_confirmed_counts_every_acked_publish_coalesced_or_not() -> None:
+    # before: stats["confirmed"] stayed 0 (GET /overview showed it)
+    h = Harness()
+    h.queue("q")
+    ch = h.channel()
+    for _ in range(5):
+        h.publish(ch, "", "q")
+    h.sync()  # one coalesced ack for tags 1..5
+    h.publish(ch, "", "q")
+    h.sync()
+    h.publish(ch, "nowhere", "q")  # nacked: no such exchange
+    h.sync()
+    assert h.b.stats["confirmed"] == 6
+    assert h.b.stats["nacked"] == 1
