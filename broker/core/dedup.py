@@ -56,6 +56,10 @@ Rules and layout:
 * A checkpoint writes the live entries in time order as ``DEDUP_DIGESTS`` payloads
   (:meth:`checkpoint_payloads`); recovery replays them (:meth:`load_payload`) and then
   the log's publishes (:meth:`remember`).
+
+Why one module of ~600 lines: the table, its probe loops and the checkpoint codec
+share one packed layout; the probe loops are written out in each operation (a call per
+probe doubled the cost of a publish), which repeats a few lines on purpose.
 """
 
 from __future__ import annotations

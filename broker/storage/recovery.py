@@ -46,6 +46,11 @@ Rules (etcd's, extended with write groups):
 The module is long because reading, voiding, truncating and repairing share the state
 of one pass over the segments; what damage means is decided in ``damage.py``, how a
 segment decodes in ``framing.py`` and ``group.py``.
+
+Why one module of ~700 lines: the read phase is one sequence (checkpoint, segments in
+order, the judgement of damage, truncation, the report) whose steps pass state along;
+the judgement itself lives in ``damage.py`` and the codecs in ``framing.py`` and
+``group.py``.
 """
 
 from __future__ import annotations

@@ -73,6 +73,11 @@ Theory of operation
 The module is long because it is one state machine - LSN bookkeeping, the active
 segment, the failed state - shared by the event loop side and the IO thread; the
 formats it writes live in ``segment.py`` and ``group.py``.
+
+Why one module of ~1,000 lines: the writer's state (buffer, active segment, failure
+and retry, preallocation, the space reserve) is touched by the trio side and by the IO
+steps (``_io_*``) run in a worker thread, under rules that hold only if both halves are
+read together; the record and group codecs, the reader and recovery are modules apart.
 """
 
 from __future__ import annotations
