@@ -220,9 +220,10 @@ class Channel(Settler):
         ``message_id`` is generated when absent. A ``str`` body is sent as UTF-8.
 
         Raises:
-            PublishNacked: the broker nacked it.
+            PublishNacked: the broker nacked it (e.g. no such exchange, queue full).
             PublishReturned: ``mandatory`` and unroutable.
-            PublishRefused: the broker closed the channel over it (e.g. no such exchange).
+            PublishRefused: the broker closed the channel over it (e.g. a body over its
+                size limit, a routing key over 255 bytes).
             ConfirmTimeout: ``timeout_s`` passed (see its ``enqueued``).
             ConnectionLost, ClientClosed: the channel failed or was closed first.
         """

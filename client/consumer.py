@@ -23,15 +23,14 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import trio
 
 from .codec import Properties
 from .errors import ClientError, ConsumerCancelled, MessageAlreadySettled
 
-if TYPE_CHECKING:
-    from .session import Reply
+from .messages import Reply
 
 __all__ = ["Message", "MessageStream", "Settler"]
 

@@ -11,10 +11,24 @@ is a bug.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from .codec import ReturnedMessage
+
+class Returned(Protocol):
+    """What :class:`PublishReturned` carries: a ``client.ReturnedMessage`` (the codec
+    builds it; this module names only its shape, so that it imports nothing back)."""
+
+    @property
+    def exchange(self) -> str: ...
+
+    @property
+    def routing_key(self) -> str: ...
+
+    @property
+    def body(self) -> bytes: ...
+
+    @property
+    def properties(self) -> Any: ...
 
 __all__ = [
     "ClientError",
@@ -101,7 +115,7 @@ class PublishReturned(PublishFailed):
     """A ``mandatory`` publish could not be routed to any queue and was returned."""
 
     def __init__(
-        self, reply_code: int, reason: str, message: ReturnedMessage, *, message_id: str
+        self, reply_code: int, reason: str, message: Returned, *, message_id: str
     ) -> None:
         super().__init__(
             f"publish {message_id!r} returned: {reply_code} {reason}", message_id=message_id
@@ -112,8 +126,9 @@ class PublishReturned(PublishFailed):
 
 
 class PublishRefused(PublishFailed):
-    """The broker closed the channel because of this publish (for example: the
-    exchange does not exist, the body is too large). The client reopened the channel
+    """The broker closed the channel because of this publish (for example: the body is
+    too large, the routing key is over 255 bytes; an unknown exchange is a nack, see
+    :class:`PublishNacked`). The client reopened the channel
     and went on with the other publishes; this one is dropped."""
 
     def __init__(self, code: str, text: str, *, message_id: str) -> None:

@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from .codec import Deliver, Error, Event, LineSplitter, Open, decode_event, encode_op
+from .messages import Reply
 from .errors import ChannelClosedByBroker, ClientError, ConnectionLost, ProtocolError
 from .transport import DuplexExchange, Endpoint, StreamOpener
 
@@ -66,38 +67,6 @@ COALESCE_ROUNDS = 8
 
 class SessionEnded(Exception):
     """Internal: the session a reply was awaited on ended first."""
-
-
-class Reply:
-    """The awaited answer (``ok``/``consume_ok``/``cancel_ok``/``error``) to one op."""
-
-    def __init__(self, op: str) -> None:
-        self.op = op
-        self._done = trio.Event()
-        self._value: Any = None
-        self._error: BaseException | None = None
-
-    def set(self, value: Any) -> None:
-        if not self._done.is_set():
-            self._value = value
-            self._done.set()
-
-    def fail(self, error: BaseException) -> None:
-        if not self._done.is_set():
-            self._error = error
-            self._done.set()
-
-    async def wait(self) -> Any:
-        """The reply.
-
-        Raises:
-            ChannelClosedByBroker: the broker answered with ``error``.
-            SessionEnded: the session ended without an answer.
-        """
-        await self._done.wait()
-        if self._error is not None:
-            raise self._error
-        return self._value
 
 
 class ChannelSession:

@@ -210,7 +210,6 @@ def test_other_layers_are_entered_through_their_package_face() -> None:
     assert face_violations(all_imports()) == []
 
 
-@pytest.mark.xfail(strict=True, reason="client/ cycles are being removed")
 def test_no_import_cycles_type_only_imports_included() -> None:
     assert cycles(all_imports()) == []
 
