@@ -101,8 +101,18 @@ class BrokerMetrics:
         )
         r.counter(
             "ackbus_messages_lost_total",
-            "Paged-out messages whose record could not be read back (damaged or missing segment).",
+            "Paged-out messages given up because their record is unreadable (only with --repair).",
             collect=lambda: self._runtime.messages_lost if self._runtime else None,
+        )
+        r.counter(
+            "ackbus_log_read_failures_total",
+            "Failed reads of paged-out messages from the log (the message is kept and retried).",
+            collect=lambda: self._runtime.log_read_failures if self._runtime else None,
+        )
+        r.gauge(
+            "ackbus_queues_waiting_for_log_reads",
+            "Queues whose next message cannot be read back from the log yet.",
+            collect=lambda: len(self._runtime.read_blocked_queues()) if self._runtime else None,
         )
         r.counter(
             "ackbus_connections_rejected_total",

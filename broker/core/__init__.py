@@ -14,7 +14,6 @@ from .broker import (
     PublishResult,
 )
 from .config import CoreConfig
-from .state import delivery_cost
 from .effects import (
     AppendRecords,
     Confirm,
@@ -22,6 +21,7 @@ from .effects import (
     Deliver,
     DeliveryExpired,
     Effect,
+    LogReadFailed,
     MessageLost,
     QueueReady,
     Return,
@@ -51,6 +51,7 @@ from .message import (
 from .names import check_name, check_routing_key
 from .records import RecordType, ref_lsns
 from .routing import EXCHANGE_TYPES, headers_match, topic_matches
+from .state import delivery_cost
 
 __all__ = [
     "Broker",
@@ -67,6 +68,7 @@ __all__ = [
     "Deliver",
     "DeliveryExpired",
     "MessageLost",
+    "LogReadFailed",
     "QueueReady",
     "Return",
     "Channel",

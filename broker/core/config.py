@@ -31,3 +31,6 @@ class CoreConfig:
     max_prefetch: int = 65535
     #: Ready messages a durable queue keeps in memory; the rest stay paged out in the log.
     queue_memory_messages: int = 2048
+    #: Give up on a message whose record is really unreadable (corrupt, missing) rather
+    #: than keep it and its queue waiting: an operator's explicit choice. LOSES DATA.
+    repair: bool = False

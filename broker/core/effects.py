@@ -21,6 +21,7 @@ __all__ = [
     "AppendRecords",
     "QueueReady",
     "MessageLost",
+    "LogReadFailed",
 ]
 
 
@@ -112,3 +113,16 @@ class MessageLost(Effect):
     seq: int
     lsn: int
     reason: str
+
+
+@dataclass(slots=True)
+class LogReadFailed(Effect):
+    """Reading a paged-out message of ``queue`` back from the log failed. The message
+    keeps its place (and the queue its order): its queue delivers nothing more until a
+    retry in ``retry_in_s`` succeeds. The IO layer raises the alarm."""
+
+    queue: str
+    lsn: int
+    reason: str
+    transient: bool
+    retry_in_s: float

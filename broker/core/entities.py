@@ -98,6 +98,9 @@ class Queue:
         "acked",
         "redelivered",
         "exclusive_consumer",
+        "read_blocked_until",
+        "read_failure",
+        "read_attempts",
     )
 
     def __init__(
@@ -117,6 +120,11 @@ class Queue:
         self.arguments = arguments
         self.ready: deque[Entry] = deque()
         self.paged = PagedRefs()
+        #: While reading the next paged-out message back fails: when to try again
+        #: (clock time), why it failed, and how many tries in a row failed.
+        self.read_blocked_until: float | None = None
+        self.read_failure: str | None = None
+        self.read_attempts = 0
         self.tail: deque[Entry] = deque()
         self.requeued: list[tuple[int, Entry]] = []
         self.unacked = 0

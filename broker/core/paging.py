@@ -108,6 +108,20 @@ class PagedRefs:
         self._count -= len(out)
         return out
 
+    def put_back(self, pairs: list[tuple[int, int]]) -> None:
+        """Return pairs just taken (oldest first) to the front, where they were."""
+        if not pairs:
+            return
+        chunks = self._chunks
+        if self._head and chunks:
+            chunks[0] = chunks[0][self._head :]
+            self._head = 0
+        front = array("q", bytes(16 * len(pairs)))
+        front[0::2] = array("q", [seq for seq, _loc in pairs])
+        front[1::2] = array("q", [loc for _seq, loc in pairs])
+        chunks.appendleft(front)
+        self._count += len(pairs)
+
     def clear(self) -> list[int]:
         """Remove everything; return the sequence numbers removed."""
         seqs = [seq for seq, _loc in self]

@@ -17,6 +17,7 @@ from typing import Any
 
 from . import records as rec
 from .effects import (
+    LogReadFailed,
     MessageLost,
     Return,
 )
@@ -31,6 +32,11 @@ from .state import (
 )
 
 __all__ = ["PublishingMixin"]
+
+
+#: Backoff between tries to read a paged-out message back after a failure.
+READ_RETRY_MIN_S = 0.05
+READ_RETRY_MAX_S = 30.0
 
 
 class PublishingMixin(BrokerState):
@@ -210,15 +216,73 @@ class PublishingMixin(BrokerState):
                 del self._page_out_due[name]
 
     def _page_in(self, queue: Queue) -> None:
-        """Read the next paged-out messages of ``queue`` back into its in-memory head."""
+        """Read the next paged-out messages of ``queue`` back into its in-memory head.
+
+        A read that fails never discards a message: the message and those after it go
+        back to the front of the paged-out index, the queue delivers nothing more
+        until a retry (with backoff, on the timer heap) reads it, and a
+        ``LogReadFailed`` effect raises the alarm. Only with ``repair`` is a record
+        that is really unreadable (not a transient error) given up, as MessageLost."""
         while queue.paged and not queue.ready:
-            queue.ready.extend(self._read_entries(queue, queue.paged.take(PAGE_IN_BATCH)))
+            if queue.read_blocked_until is not None:
+                return  # a retry is scheduled (see TimersMixin.advance)
+            pairs = queue.paged.take(PAGE_IN_BATCH)
+            read_log = self.read_log
+            if read_log is None:
+                raise RuntimeError("messages are indexed by LSN but the broker has no log to read")
+            results = read_log([loc >> 1 for _seq, loc in pairs])
+            failure: str | None = None
+            ready = queue.ready
+            i = 0
+            for (seq, loc), result in zip(pairs, results):
+                r = _logged_message(result, seq, loc >> 1)
+                if isinstance(r, str):
+                    # a failed read keeps its ``transient`` flag; a wrong record is not
+                    failure = result if isinstance(result, str) else r
+                    break
+                ready.append(self._entry_of(queue, loc, r))
+                i += 1
+            if failure is None:
+                if queue.read_failure is not None:
+                    queue.read_failure = None
+                    queue.read_attempts = 0
+                continue
+            transient = bool(getattr(failure, "transient", False))
+            seq, loc = pairs[i]
+            if self.config.repair and not transient:
+                # the operator chose to give up on unreadable records
+                self._settles.setdefault(queue.qid, []).append(seq)
+                self._effects.append(MessageLost(queue.name, seq, loc >> 1, failure))
+                queue.paged.put_back(pairs[i + 1 :])
+                continue
+            queue.paged.put_back(pairs[i:])
+            queue.read_attempts += 1
+            delay = min(READ_RETRY_MAX_S, READ_RETRY_MIN_S * 2 ** (queue.read_attempts - 1))
+            queue.read_blocked_until = self.clock() + delay
+            queue.read_failure = str(failure)
+            self._push_queue_timer(queue.read_blocked_until, queue)
+            self._effects.append(LogReadFailed(queue.name, loc >> 1, str(failure), transient, delay))
+            return
+
+    def _entry_of(self, queue: Queue, loc: int, r: rec.EnqueueRecord) -> Entry:
+        """The queue entry of a message read back from its record at ``loc``."""
+        lsn = loc >> 1
+        message = Message(r.seq, r.exchange, r.routing_key, r.body, r.properties, r.expires_at, owned=True)
+        message.lsn = lsn
+        expires = r.expires_at
+        ttl = queue.message_ttl_s
+        if ttl is not None and r.wall_s:
+            q_exp = r.wall_s + ttl
+            expires = q_exp if expires is None else min(expires, q_exp)
+        return Entry(message, bool(loc & 1), expires)
 
     def _read_entries(self, queue: Queue, pairs: list[tuple[int, int]]) -> list[Entry]:
-        """Entries for ``(seq, locator)`` pairs of ``queue``, read from the log.
+        """Entries for ``(seq, locator)`` pairs of ``queue``, read from the log (the
+        restore of a queue from an older checkpoint, at recovery).
 
         A message whose record cannot be read (a damaged or missing segment) leaves the
-        queue for good, reported as a MessageLost effect."""
+        queue for good, reported as a MessageLost effect: recovery has already refused
+        to start on a damaged log unless the operator asked to repair it."""
         read_log = self.read_log
         if read_log is None:
             raise RuntimeError("messages are indexed by LSN but the broker has no log to read")

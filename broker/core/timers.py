@@ -16,12 +16,17 @@ from .effects import (
     Confirm,
     DeliveryExpired,
 )
+from .entities import Queue
 from .state import (
     _EXPIRED_MEMORY,
     BrokerState,
 )
 
 __all__ = ["TimersMixin"]
+
+
+#: The channel id of a timer entry that wakes a queue (its tag is the queue's qid).
+QUEUE_TIMER = -1
 
 
 class TimersMixin(BrokerState):
@@ -32,6 +37,12 @@ class TimersMixin(BrokerState):
         timers = self._timers
         while timers:
             deadline, channel_id, tag = timers[0]
+            if channel_id == QUEUE_TIMER:
+                queue = self._queues_by_id.get(tag)
+                if queue is None or queue.read_blocked_until != deadline:
+                    heapq.heappop(timers)
+                    continue
+                return deadline
             ch = self.channels.get(channel_id)
             d = ch.deliveries.get(tag) if ch is not None else None
             if d is None or d.deadline != deadline:
@@ -44,12 +55,25 @@ class TimersMixin(BrokerState):
         """The earliest scheduled deadline, possibly stale (cheap; for wake-ups)."""
         return self._timers[0][0] if self._timers else None
 
+    def _push_queue_timer(self, deadline: float, queue: Queue) -> None:
+        """Wake ``queue`` at ``deadline`` (a retry of a failed read from the log)."""
+        heapq.heappush(self._timers, (deadline, QUEUE_TIMER, queue.qid))
+
     def advance(self) -> None:
         """Time passed: deliveries and leases past their deadline go back to their queue."""
         now = self.clock()
         timers = self._timers
         while timers and timers[0][0] <= now:
             deadline, channel_id, tag = heapq.heappop(timers)
+            if channel_id == QUEUE_TIMER:
+                # a queue waiting to retry reading its next paged-out message
+                queue = self._queues_by_id.get(tag)
+                if queue is not None and queue.read_blocked_until == deadline:
+                    queue.read_blocked_until = None
+                    self._dirty_queues[queue.name] = queue
+                    if queue.getters:
+                        self._getter_checks[queue.name] = queue
+                continue
             ch = self.channels.get(channel_id)
             d = ch.deliveries.get(tag) if ch is not None else None
             if ch is None or d is None or d.deadline != deadline:

@@ -24,7 +24,6 @@ class RuntimeOptions(CoreConfig):
     segment_max_bytes: int = 64 << 20
     checkpoint_interval_s: float = 300.0
     checkpoint_wal_bytes: int = 256 << 20
-    repair: bool = False
     max_channels: int = 2048
     max_wait_s: float = 60.0
     max_body_bytes: int = 16 << 20

@@ -30,6 +30,7 @@ from broker.core import (
     Deliver,
     DeliveryExpired,
     Effect,
+    LogReadFailed,
     MessageLost,
     QueueReady,
     Return,
@@ -98,7 +99,8 @@ class BrokerRuntime:
                 metrics=metrics,
                 pump=self.pump,
             )
-        self.messages_lost = 0  # paged-out messages whose record could not be read back
+        self.messages_lost = 0  # paged-out messages given up (only with --repair)
+        self.log_read_failures = 0  # failed reads of paged-out messages (kept, retried)
         self.recovery_info: dict[str, Any] = {}
         self._durable_waiters: list[_DurableWaiter] = []
         self.ready_event = trio.Event()
@@ -114,6 +116,7 @@ class BrokerRuntime:
             AppendRecords: self._append_records,
             QueueReady: self._queue_ready,
             MessageLost: self._message_lost,
+            LogReadFailed: self._log_read_failed,
         }
 
     # --------------------------------------------------------------- lifecycle
@@ -238,6 +241,27 @@ class BrokerRuntime:
             "message lost: its record cannot be read back from the log",
             extra={"fields": {"queue": effect.queue, "seq": effect.seq, "lsn": effect.lsn, "reason": effect.reason}},
         )
+
+    def _log_read_failed(self, effect: LogReadFailed) -> None:
+        self.log_read_failures += 1
+        log.error(
+            "reading a queued message back from the log failed; it keeps its place and "
+            "its queue waits until a retry reads it",
+            extra={
+                "fields": {
+                    "queue": effect.queue,
+                    "lsn": effect.lsn,
+                    "reason": effect.reason,
+                    "transient": effect.transient,
+                    "retry_in_s": round(effect.retry_in_s, 3),
+                }
+            },
+        )
+
+    def read_blocked_queues(self) -> dict[str, str]:
+        """Queues waiting to read their next message back from the log, and why (for
+        ``/healthz``: an operator must see it)."""
+        return {q.name: q.read_failure for q in self.core.queues.values() if q.read_failure is not None}
 
     def _rest_effect(self, effect: Effect) -> None:
         if isinstance(effect, Confirm):

@@ -297,7 +297,7 @@ class FakeBroker:
         kind = op.get("op")
         handler = getattr(self, f"_op_{kind}", None)
         if handler is None:
-            self.error(ch, op, "invalid_argument", f"unknown op {kind!r}")
+            self.error(ch, op, "unknown_op", f"unknown op {kind!r}")  # as the broker
             return
         handler(ch, op)
 
@@ -305,8 +305,15 @@ class FakeBroker:
         ch.publish_tag += 1
         tag = ch.publish_tag
         exchange = op.get("exchange", "")
+        if len(op.get("routing_key", "").encode()) > 255:
+            # as the broker: a channel error naming the limit
+            self.error(ch, op, "invalid_argument", "routing_key is longer than 255 bytes")
+            return
         if exchange not in self.exchanges:
-            self.error(ch, op, "not_found", f"no exchange {exchange!r}")
+            # as the broker: a nack, the channel stays open
+            ch.flush_acks()
+            ch.send({"ev": "nack", "delivery_tag": tag, "multiple": False,
+                     "reason": f"not_found: no exchange {exchange!r}"})
             return
         props = op.get("properties", {})
         body = {k: op[k] for k in ("body", "body_b64") if k in op}
@@ -507,7 +514,8 @@ class FakeBroker:
 
     def _op_close(self, ch: FakeChannel, op: dict[str, Any]) -> None:
         ch.flush_acks()
-        ch.send({"ev": "close_ok"})
+        # as the broker: the reply echoes the op's id
+        ch.send({"ev": "close_ok", **({"id": op["id"]} if "id" in op else {})})
         ch.closing = True
         ch.wake.set()
 

@@ -12,7 +12,6 @@ import trio
 import trio.testing
 
 import client
-
 from client.__main__ import run
 from tests.client.fakebroker import FakeBroker
 

@@ -10,7 +10,12 @@ import trio
 import trio.testing
 
 import client
-from client import ChannelClosedByBroker, ConnectionLost, PublishReturned, ReconnectPolicy
+from client import (
+    ChannelClosedByBroker,
+    ConnectionLost,
+    PublishReturned,
+    ReconnectPolicy,
+)
 from tests.client.fakebroker import FakeBroker
 
 FAST = ReconnectPolicy(initial_delay_s=0.05, max_delay_s=1.0)
@@ -307,7 +312,7 @@ async def test_repeated_errors_without_id_fail_the_channel(
 ) -> None:
     fake.echo_error_ids = False
     async with conn.channel(reconnect=FAST) as ch:
-        handle = ch.publish_nowait("missing-exchange", "k", b"x")
+        handle = ch.publish_nowait("", "k" * 300, b"x")  # the broker ends the channel over it
         with pytest.raises(ConnectionLost) as info:
             await handle
         assert "error naming no operation" in str(info.value)

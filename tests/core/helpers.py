@@ -14,23 +14,21 @@ hold for every test, so no test can forget them:
 from __future__ import annotations
 
 import dataclasses
-
 from dataclasses import dataclass, field
 from typing import Any
 
 from broker.core import (
-    CoreConfig,
     AppendRecords,
     Broker,
     Confirm,
     ConsumerCancelled,
+    CoreConfig,
     Deliver,
     DeliveryExpired,
     Effect,
     QueueReady,
     Return,
 )
-
 from broker.core.records import RecordType
 
 _LAZY_TYPES = {RecordType.SETTLE, RecordType.DELIVERED}

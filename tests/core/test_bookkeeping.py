@@ -13,12 +13,12 @@ from broker.core import InvalidArgument, check_properties
 from broker.core.confirms import ConfirmTracker
 from broker.core.records import (
     decode_dedup,
+    decode_dedup_batch,
     decode_enqueue,
     decode_json,
     decode_seqs,
     encode_dedup,
     encode_dedup_batch,
-    decode_dedup_batch,
     encode_enqueue,
     encode_json,
     encode_seqs,

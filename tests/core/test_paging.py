@@ -9,8 +9,14 @@ import pytest
 
 from broker.core import MessageLost
 from broker.core.paging import CHUNK_MESSAGES, PagedRefs, locator
-from broker.core.records import decode_refs, encode_refs, ref_lsns
-from broker.core.records import RecordType, decode_enqueue, decode_seqs
+from broker.core.records import (
+    RecordType,
+    decode_enqueue,
+    decode_refs,
+    decode_seqs,
+    encode_refs,
+    ref_lsns,
+)
 
 from .durable_view import durable_view, fresh_broker, replay_into
 from .helpers import Harness, ready_entries
@@ -66,8 +72,8 @@ def test_refs_record_round_trip_and_malformed() -> None:
 # ------------------------------------------------------------------ broker
 
 
-def paging_harness(memory: int = 2) -> Harness:
-    h = Harness(memory_messages_per_queue=memory)
+def paging_harness(memory: int = 2, *, repair: bool = False) -> Harness:
+    h = Harness(memory_messages_per_queue=memory, repair=repair)
     h.queue("q")
     h.step()
     return h
@@ -123,7 +129,8 @@ def test_unwritten_and_transient_messages_stay_in_memory() -> None:
 
 
 def test_unreadable_record_is_reported_lost_and_settled() -> None:
-    h = paging_harness()
+    # Only with --repair: without it the message is kept (tests/core/test_read_failures.py)
+    h = paging_harness(repair=True)
     publish_n(h, 6)
     h.sync()
     q = h.b.queues["q"]
@@ -140,7 +147,8 @@ def test_unreadable_record_is_reported_lost_and_settled() -> None:
 
 
 def test_record_of_another_message_is_not_delivered_in_its_place() -> None:
-    h = paging_harness()
+    # (with --repair it is given up; without, kept and retried: see below)
+    h = paging_harness(repair=True)
     publish_n(h, 4)
     h.sync()
     q = h.b.queues["q"]
@@ -332,3 +340,18 @@ def test_snapshot_after_relocation_refers_to_the_copies() -> None:
             del h.log[lsn]  # the compacted segment deleted
     nb = replay_into(fresh_broker(h), recs, covered)
     assert durable_view(nb) == live
+
+
+def test_without_repair_a_record_of_another_message_keeps_the_queue_waiting() -> None:
+    h = paging_harness()
+    publish_n(h, 4)
+    h.sync()
+    q = h.b.queues["q"]
+    (seq_a, loc_a), (seq_b, loc_b) = list(q.paged)
+    h.log[loc_a >> 1] = h.log[loc_b >> 1]
+    ch = h.channel()
+    h.b.consume(ch, "q", prefetch=0, no_ack=True)
+    effects = h.step()
+    assert h.bodies(effects) == [b"m0", b"m1"]  # m3 waits behind m2: order is kept
+    assert not h.of_type(MessageLost, effects)
+    assert list(q.paged) == [(seq_a, loc_a), (seq_b, loc_b)] and q.read_failure is not None

@@ -20,7 +20,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from broker.core import Broker, ChannelError, ConsumerCancelled, Deliver, DeliveryExpired, Return
+from broker.core import (
+    Broker,
+    ChannelError,
+    ConsumerCancelled,
+    Deliver,
+    DeliveryExpired,
+    Return,
+)
 from broker.core.broker import DELIVERY_OVERHEAD_BYTES
 
 from .durable_view import durable_view, restart_from_log

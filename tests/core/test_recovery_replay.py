@@ -10,7 +10,13 @@ import pytest
 from broker.core import Broker, Deliver
 from broker.core.records import RecordType, decode_enqueue
 
-from .durable_view import durable_view, fresh_broker, live_entries, replay_into, restart_from_log
+from .durable_view import (
+    durable_view,
+    fresh_broker,
+    live_entries,
+    replay_into,
+    restart_from_log,
+)
 from .helpers import Harness, ready_entries
 
 TRANSIENT = {"delivery_mode": 1}

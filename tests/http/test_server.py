@@ -7,7 +7,6 @@ abandoned requests can be sent exactly as a hostile or buggy client would.
 from __future__ import annotations
 
 import contextlib
-
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -19,9 +18,9 @@ import pytest
 import trio
 import trio.testing
 
-from broker.http.errors import NoSuchEndpoint as NotFound, PayloadTooLarge
 from broker.http.connection import Request, Response
-from broker.http.errors import ClientDisconnected
+from broker.http.errors import ClientDisconnected, PayloadTooLarge
+from broker.http.errors import NoSuchEndpoint as NotFound
 from broker.http.limits import Limits
 from broker.http.router import Router
 from broker.http.server import HTTPServer, serve_http

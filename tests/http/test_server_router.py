@@ -9,7 +9,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broker.http.errors import InvalidRequest as InvalidArgument, NoSuchEndpoint as NotFound
 from broker.http.errors import (
     BadRequest,
     HeaderFieldsTooLarge,
@@ -17,6 +16,8 @@ from broker.http.errors import (
     NotImplementedByServer,
     protocol_error,
 )
+from broker.http.errors import InvalidRequest as InvalidArgument
+from broker.http.errors import NoSuchEndpoint as NotFound
 from broker.http.headers import Headers
 from broker.http.limits import Limits
 from broker.http.query import QueryParams

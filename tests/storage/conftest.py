@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.storage import Recovery, recover
-from broker.storage import faults
+from broker.storage import Recovery, faults, recover
 from broker.storage.fs import FileSystem
 from broker.storage.testing import SimulatedCrash
 

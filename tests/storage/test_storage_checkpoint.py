@@ -12,10 +12,10 @@ import pytest
 from broker.storage import (
     CorruptCheckpoint,
     LoadedCheckpoint,
+    faults,
     read_latest_checkpoint,
     write_checkpoint,
 )
-from broker.storage import faults
 from broker.storage.checkpoint import checkpoint_name
 from broker.storage.testing import SimulatedCrash, SimulatedDisk
 

@@ -16,8 +16,13 @@ import pytest
 import trio
 import trio.testing
 
-from broker.storage import WriteAheadLog, read_latest_checkpoint, recover, write_checkpoint
-from broker.storage import faults
+from broker.storage import (
+    WriteAheadLog,
+    faults,
+    read_latest_checkpoint,
+    recover,
+    write_checkpoint,
+)
 from broker.storage.checkpoint import checkpoint_name
 from broker.storage.reader import ReadFailure
 from broker.storage.segment import segment_name

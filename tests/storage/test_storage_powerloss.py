@@ -10,8 +10,7 @@ from typing import Any
 import pytest
 import trio
 
-from broker.storage import WriteAheadLog, write_checkpoint
-from broker.storage import faults
+from broker.storage import WriteAheadLog, faults, write_checkpoint
 from broker.storage.testing import SimulatedCrash, SimulatedDisk
 
 RecoverAll = Callable[..., Any]

@@ -9,7 +9,13 @@ from pathlib import Path
 import pytest
 import trio
 
-from broker.storage import CorruptLog, SegmentsToKeep, open_wal, recover, write_checkpoint
+from broker.storage import (
+    CorruptLog,
+    SegmentsToKeep,
+    open_wal,
+    recover,
+    write_checkpoint,
+)
 from broker.storage.group import GROUP_HEADER_BYTES
 from broker.storage.segment import SEGMENT_HEADER_BYTES
 

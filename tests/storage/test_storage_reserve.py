@@ -16,8 +16,7 @@ from typing import Any
 import pytest
 import trio
 
-from broker.storage import WALFailed, WriteAheadLog, recover, write_checkpoint
-from broker.storage import faults
+from broker.storage import WALFailed, WriteAheadLog, faults, recover, write_checkpoint
 from broker.storage.fs import OS_FILE_SYSTEM, FileSystem
 from broker.storage.reserve import (
     RESERVE_NAME,

@@ -22,8 +22,7 @@ from typing import Any
 import pytest
 import trio
 
-from broker.storage import CorruptLog, WriteAheadLog, recover
-from broker.storage import faults
+from broker.storage import CorruptLog, WriteAheadLog, faults, recover
 from broker.storage.group import GROUP_HEADER_BYTES
 from broker.storage.segment import SEGMENT_HEADER_BYTES
 from broker.storage.testing import SimulatedCrash, SimulatedDisk

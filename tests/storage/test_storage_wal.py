@@ -25,15 +25,19 @@ from broker.storage import (
     WALClosed,
     WALFailed,
     WriteAheadLog,
+    faults,
     open_wal,
     parse_fsync_policy,
     recover,
     write_checkpoint,
 )
-from broker.storage import faults
 from broker.storage.framing import FRAME_OVERHEAD_BYTES
 from broker.storage.group import GROUP_HEADER_BYTES
-from broker.storage.segment import SEGMENT_HEADER_BYTES, decode_segment_header, parse_segment_name
+from broker.storage.segment import (
+    SEGMENT_HEADER_BYTES,
+    decode_segment_header,
+    parse_segment_name,
+)
 from broker.storage.testing import SimulatedCrash, SimulatedDisk
 
 RecoverAll = Callable[..., Any]

@@ -23,6 +23,7 @@ class Publisher(threading.Thread):
         self.ledger = PublishLedger(pid, queue)
         self.attempted, self.acked, self.nacked = self.ledger.attempted, self.ledger.acked, self.ledger.nacked
         self.errors = self.ledger.errors
+        self.rng = random.Random(pid)  # batch sizes: fixed per publisher
 
     def run(self) -> None:
         ledger = self.ledger
@@ -35,7 +36,7 @@ class Publisher(threading.Thread):
             ledger.new_channel()
             try:
                 while not self.stop.is_set():
-                    ch.send(*ledger.batch(random.randint(1, 60)))
+                    ch.send(*ledger.batch(self.rng.randint(1, 60)))
                     while ledger.confirmed < ledger.tag:
                         ev = ch.next_event()
                         if ev["ev"] in ("ack", "nack"):

@@ -32,8 +32,10 @@ def crash_rounds(broker: BrokerProcess, rounds: int, rng: random.Random) -> None
         broker.start()
 
 
-def test_kill9_during_publish_storm_loses_no_confirmed_message(tmp_path: Path) -> None:
-    rng = random.Random()
+def test_kill9_during_publish_storm_loses_no_confirmed_message(
+    tmp_path: Path, seeded_random: random.Random
+) -> None:
+    rng = seeded_random
     broker = BrokerProcess(tmp_path / "data", args=BROKER_ARGS)
     broker.start()
     try:
@@ -62,8 +64,10 @@ def test_kill9_during_publish_storm_loses_no_confirmed_message(tmp_path: Path) -
     assert not set(found) - attempted, "a message nobody published appeared"
 
 
-def test_kill9_with_consumers_acking_loses_nothing_unacked(tmp_path: Path) -> None:
-    rng = random.Random()
+def test_kill9_with_consumers_acking_loses_nothing_unacked(
+    tmp_path: Path, seeded_random: random.Random
+) -> None:
+    rng = seeded_random
     broker = BrokerProcess(tmp_path / "data", args=BROKER_ARGS)
     broker.start()
     try:

@@ -24,7 +24,8 @@ import trio
 import trio.testing
 
 from broker.app import BrokerApp
-from tests.http.channel_client import Clients, open_tcp_broker, wait_until
+from tests.support.app import open_tcp_broker
+from tests.support.channel import Clients, wait_until
 
 CURL = shutil.which("curl")
 pytestmark = pytest.mark.skipif(CURL is None, reason="curl is not installed")

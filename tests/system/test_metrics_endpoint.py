@@ -53,6 +53,8 @@ EXPECTED_FAMILIES = {
     "ackbus_checkpoint_seconds": "histogram",
     "ackbus_messages_paged_out": "gauge",
     "ackbus_messages_lost": "counter",
+    "ackbus_log_read_failures": "counter",
+    "ackbus_queues_waiting_for_log_reads": "gauge",
     "process_resident_memory_bytes": "gauge",
     "process_start_time_seconds": "gauge",
 }

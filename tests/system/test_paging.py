@@ -213,6 +213,7 @@ def test_damaged_kept_segment_stops_the_start_and_repair_reports_each_lost_messa
 
 def test_kill9_with_a_paged_backlog_beside_a_busy_queue_loses_and_duplicates_nothing(
     broker: BrokerProcess,
+    seeded_random: random.Random,
 ) -> None:
     """A queue nobody consumes ("keep", paged out) gets a quarter of the publishes, one
     that is consumed ("deep") the rest: every segment holds both, checkpoints come every
@@ -224,7 +225,7 @@ def test_kill9_with_a_paged_backlog_beside_a_busy_queue_loses_and_duplicates_not
     consumer = Consumer(broker, "deep", stop)
     for t in (*keepers, *workers, consumer):
         t.start()
-    rng = random.Random()
+    rng = seeded_random
     for _ in range(4):
         time.sleep(rng.uniform(0.8, 1.6))
         broker.kill()
@@ -247,3 +248,32 @@ def test_kill9_with_a_paged_backlog_beside_a_busy_queue_loses_and_duplicates_not
     assert set(kept) <= keepers[0].attempted
     acked_deep = set().union(*(p.acked for p in workers))
     assert not acked_deep - set(consumer.acked) - set(deep_left)
+
+
+def test_failed_reads_of_paged_out_messages_lose_nothing(tmp_path: Path) -> None:
+    """Reading messages back fails (EMFILE on open, EIO on read): before, every message
+    whose read failed was dropped for good ("message lost"). Now each keeps its place,
+    the queue waits and retries, /metrics counts the failures, and all come back in
+    order."""
+    broker = BrokerProcess(
+        tmp_path / "data",
+        args=[*ARGS],
+        env={"ACKBUS_FAULTS": "reader.open_emfile:3,reader.read_error@2:2"},
+    )
+    with broker:
+        assert broker.request("PUT", "/queues/deep", {})[0] == 201
+        publish(broker, "deep", 0, COUNT)
+        broker.kill()
+        broker.start()
+        got: list[str] = []
+        deadline = time.monotonic() + 60
+        while len(got) < COUNT and time.monotonic() < deadline:
+            status, reply = broker.request("POST", "/queues/deep/get?max=500&wait=2&lease=600")
+            assert status == 200, reply
+            got.extend(m["body"] for m in reply["messages"])
+        status, metrics = broker.request("GET", "/metrics")
+        text = metrics.decode()
+    assert got == [body(i) for i in range(COUNT)]
+    assert "ackbus_messages_lost_total 0" in text
+    failures = [line for line in text.splitlines() if line.startswith("ackbus_log_read_failures_total ")]
+    assert failures and float(failures[0].split()[1]) >= 1, failures

@@ -92,7 +92,7 @@ class Publisher(threading.Thread):
             self.opened.set()
             return
         self.opened.set()
-        rng = random.Random(self.pid)
+        rng = random.Random(self.pid)  # fixed per publisher: replays with the test
         ledger = self.ledger
         try:
             while not (self.polite and self.saw_closing):

@@ -18,9 +18,12 @@ def add_routes(ctx: RestContext) -> None:
         elif runtime.shutting_down:
             await response.send_json(503, {"status": "shutting_down", "ready": False})
         else:
-            await response.send_json(
-                200, {"status": "ok", "ready": True, "storage_ok": core.storage_ok}
-            )
+            answer: dict[str, Any] = {"status": "ok", "ready": True, "storage_ok": core.storage_ok}
+            blocked = runtime.read_blocked_queues()
+            if blocked:
+                # still alive and serving, but some queues wait for the log
+                answer["log_read_failures"] = blocked
+            await response.send_json(200, answer)
 
     @ctx.route("GET", "/overview")
     async def overview(request: Any, response: Any) -> None:

@@ -13,18 +13,13 @@ from __future__ import annotations
 
 import socket
 import struct
-from collections.abc import AsyncIterator, Callable, Iterable
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import h11
 import orjson
 import trio
 import trio.testing
-
-from broker.app import BrokerApp
-from broker.http.limits import Limits
-from broker.runtime import BrokerRuntime, RuntimeOptions
 
 __all__ = [
     "ChannelClient",
@@ -57,71 +52,6 @@ async def wait_until(condition: Callable[[], bool], *, rounds: int = 200) -> Non
             return
         await trio.testing.wait_all_tasks_blocked(cushion=0.01)
     assert condition(), "condition never became true"
-
-
-# -- brokers ---------------------------------------------------------------------------
-
-
-@asynccontextmanager
-async def open_tcp_broker(
-    limits: Limits | None = None, **options: Any
-) -> AsyncIterator[BrokerApp]:
-    """An in-memory broker serving loopback TCP on an ephemeral port (``app.port``),
-    ready when the block starts: ``tests.http.conftest.open_broker_app`` with
-    ``RuntimeOptions(**options)`` (``data_dir=None`` unless given) and, by default, the
-    conftest's short lingering close."""
-    from tests.http.conftest import open_broker_app
-
-    options.setdefault("data_dir", None)
-    async with open_broker_app(limits or Limits(linger_s=0.2), RuntimeOptions(**options)) as app:
-        yield app
-
-
-class FakeWAL:
-    """Stands in for the write-ahead log of an in-memory broker (set it as
-    ``runtime.wal`` before publishing): it numbers records, and the test reports
-    durability by hand through the callbacks the real log calls,
-    ``runtime._on_durable(lsn)`` and ``runtime._on_failure(first, last, exc)``."""
-
-    def __init__(self) -> None:
-        self.last_lsn = 0
-        #: (first LSN, last LSN, lazy) of every append, in order.
-        self.appends: list[tuple[int, int, bool]] = []
-
-    def append_nowait(self, records: list[tuple[int, bytes]], *, lazy: bool = False) -> int:
-        self.appends.append((self.last_lsn + 1, self.last_lsn + len(records), lazy))
-        self.last_lsn += len(records)
-        return self.last_lsn
-
-
-class MemoryBroker:
-    """An in-memory broker reached through ``trio.testing`` memory streams (no
-    sockets), so that ``autojump_clock`` can drive ack timeouts deterministically."""
-
-    def __init__(self, app: BrokerApp, nursery: trio.Nursery) -> None:
-        self.app = app
-        self.runtime = app.runtime
-        self._nursery = nursery
-
-    def connect(self) -> trio.abc.Stream:
-        client, server = trio.testing.memory_stream_pair()
-        self._nursery.start_soon(self.app.server.serve_stream, server)
-        return client
-
-
-@asynccontextmanager
-async def open_memory_broker(
-    limits: Limits | None = None, **options: Any
-) -> AsyncIterator[MemoryBroker]:
-    runtime = BrokerRuntime(RuntimeOptions(data_dir=None, **options))
-    app = BrokerApp(runtime, limits or Limits(send_timeout_s=None))
-    async with trio.open_nursery() as nursery:
-        await nursery.start(runtime.serve)
-        await runtime.ready_event.wait()
-        try:
-            yield MemoryBroker(app, nursery)
-        finally:
-            nursery.cancel_scope.cancel()
 
 
 # -- the HTTP side -----------------------------------------------------------------------

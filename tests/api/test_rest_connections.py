@@ -6,7 +6,7 @@ import orjson
 import trio
 
 from broker.app import BrokerApp
-from tests.http.conftest import HTTPClient, RawConnection, open_tcp_client
+from tests.support.http import HTTPClient, RawConnection, open_tcp_client
 
 
 def request(method: str, target: str, body: bytes = b"", *, json: object = None) -> bytes:

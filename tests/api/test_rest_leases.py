@@ -17,13 +17,8 @@ import trio.testing
 from broker.app import BrokerApp
 from broker.http.limits import Limits
 from broker.runtime import RuntimeOptions
-from tests.http.conftest import (
-    HTTPClient,
-    Reply,
-    assert_error,
-    open_broker_app,
-    open_memory_client,
-)
+from tests.support.app import open_broker_app
+from tests.support.http import HTTPClient, Reply, assert_error, open_memory_client
 
 
 async def publish(client: HTTPClient, queue: str, body: bytes) -> None:

@@ -16,7 +16,9 @@ import trio
 import trio.testing
 
 from broker.app import BrokerApp
-from tests.http.channel_client import ChannelClient, Clients, FakeWAL, open_tcp_broker, wait_until
+from tests.support.app import open_tcp_broker
+from tests.support.channel import ChannelClient, Clients, wait_until
+from tests.support.fakewal import FakeWAL
 
 
 @pytest.fixture

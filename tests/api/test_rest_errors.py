@@ -15,7 +15,7 @@ import trio
 import trio.testing
 
 from broker.app import BrokerApp
-from tests.http.conftest import HTTPClient, RawConnection, assert_error
+from tests.support.http import HTTPClient, RawConnection, assert_error
 
 
 async def still_serving(client: HTTPClient) -> None:

@@ -12,15 +12,13 @@ import trio
 import trio.testing
 
 from broker.app import BrokerApp
-from tests.http.channel_client import (
+from tests.support.app import MemoryBroker, open_memory_broker, open_tcp_broker
+from tests.support.channel import (
     ChannelEnded,
     Clients,
-    MemoryBroker,
     StreamClient,
     connect,
-    open_memory_broker,
     open_stream,
-    open_tcp_broker,
     wait_until,
 )
 

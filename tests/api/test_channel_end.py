@@ -14,7 +14,7 @@ import trio
 import trio.testing
 
 from broker.app import BrokerApp
-from tests.http.channel_client import (
+from tests.support.channel import (
     ChannelClient,
     ChannelEnded,
     Clients,

@@ -21,27 +21,26 @@ import pytest
 import trio
 import trio.testing
 
-from broker.core import REST_CHANNEL, Deliver, Return
-from broker.core.broker import DELIVERY_OVERHEAD_BYTES
-from broker.app import BrokerApp
-from broker.http.connection import _Connection
-from broker.runtime import BrokerRuntime
-from broker.runtime import RuntimeOptions
 from broker.api.channel import (
     OUTBOX_MAX_BYTES,
     OUTBOX_MAX_EVENTS,
     UNCONFIRMED_MAX_BYTES,
     ChannelSession,
 )
-from tests.http.channel_client import (
+from broker.app import BrokerApp
+from broker.core import REST_CHANNEL, Deliver, Return
+from broker.core.broker import DELIVERY_OVERHEAD_BYTES
+from broker.http.connection import _Connection
+from broker.runtime import BrokerRuntime, RuntimeOptions
+from tests.support.app import open_tcp_broker
+from tests.support.channel import (
     ChannelClient,
     Clients,
-    FakeWAL,
     connect,
     open_channel,
-    open_tcp_broker,
     wait_until,
 )
+from tests.support.fakewal import FakeWAL
 
 CREDIT = 256 * 1024  # the channel buffer (credit) configured for these tests
 BODY = 16 * 1024

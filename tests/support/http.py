@@ -1,33 +1,11 @@
-"""Shared fixtures for the HTTP tests: an in-process broker and small HTTP clients.
+"""The one raw HTTP client of the tests, driven by h11.
 
-Fixtures
---------
-
-``broker_app``
-    A memory-only broker (``BrokerRuntime(RuntimeOptions(data_dir=None))`` + ``BrokerApp``)
-    serving real HTTP on an ephemeral loopback port: ``broker_app.port``. Its core is
-    ``broker_app.runtime.core``. Torn down by cancellation at the end of the test.
-``broker_limits`` / ``broker_options``
-    The ``Limits`` and ``RuntimeOptions`` ``broker_app`` is built with. Override either
-    fixture in a test module to change a setting for every test there.
-``client``
-    An :class:`HTTPClient` talking to ``broker_app`` over TCP (keep-alive, reconnecting
-    when the server closed the connection).
-``memory_client``
-    An :class:`HTTPClient` talking to ``broker_app`` over in-process trio memory streams:
-    use it with ``autojump_clock`` (virtual time never runs ahead of real IO).
-
-Helpers (import them from ``conftest``-free code as ``tests.http.conftest``)
----------------------------------------------------------------------------
-
-:func:`open_broker_app`
-    The fixture as an async context manager, for tests that need their own settings
-    or a second broker.
 :class:`HTTPConnection`
-    One client connection driven by h11: ``request()`` for a whole exchange, or the
-    streaming primitives ``send_head`` / ``send_data`` / ``send_end`` /
-    ``receive_head`` / ``receive_data`` for chunked uploads and streamed responses
-    (channels, streaming consume).
+    One client connection: ``request()`` for a whole exchange, or the streaming
+    primitives ``send_head`` / ``send_data`` / ``send_end`` / ``receive_head`` /
+    ``receive_data`` for chunked uploads and streamed responses. The channel and stream
+    clients of ``tests/support/channel.py`` speak through the same h11 client state
+    machine.
 :class:`HTTPClient`
     Opens connections (TCP or memory) as needed; ``get`` / ``put`` / ``post`` /
     ``delete`` / ``request``, and ``connection()`` for a fresh :class:`HTTPConnection`.
@@ -36,6 +14,11 @@ Helpers (import them from ``conftest``-free code as ``tests.http.conftest``)
     malformed requests.
 :func:`assert_error`
     Checks a JSON error response (``{"error": code, "message": text}``) and its status.
+
+For subprocess brokers, ``tests/support/broker.py`` has the blocking counterpart
+(``request()``), and ``tests/support/rawchannel.py`` a blocking channel client kept
+independent of this one on purpose (a crash test must not share a bug with what it
+checks).
 """
 
 from __future__ import annotations
@@ -47,14 +30,10 @@ from typing import Any, Final
 
 import h11
 import orjson
-import pytest
 import trio
 import trio.testing
 
 from broker.app import BrokerApp
-from broker.http.limits import Limits
-from broker.runtime import BrokerRuntime, RuntimeOptions
-from tests.http.channel_client import Clients
 
 __all__ = [
     "HTTPClient",
@@ -114,65 +93,6 @@ def _reply_headers(raw: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:
         text = value.decode("latin-1")
         out[key] = f"{out[key]}, {text}" if key in out else text
     return out
-
-
-# -- the broker -------------------------------------------------------------------
-
-
-@asynccontextmanager
-async def open_broker_app(
-    limits: Limits | None = None, options: RuntimeOptions | None = None
-) -> AsyncIterator[BrokerApp]:
-    """A memory-only broker serving on ``127.0.0.1:<ephemeral>`` until the block ends."""
-    runtime = BrokerRuntime(options or RuntimeOptions(data_dir=None))
-    app = BrokerApp(runtime, limits or Limits())
-    async with trio.open_nursery() as nursery:
-        await nursery.start(app.serve, "127.0.0.1", 0)
-        await runtime.ready_event.wait()
-        yield app
-        nursery.cancel_scope.cancel()
-
-
-@pytest.fixture
-def broker_limits() -> Limits:
-    # Short lingering close: error tests close connections and should not wait 2 s.
-    return Limits(linger_s=0.2)
-
-
-@pytest.fixture
-def broker_options() -> RuntimeOptions:
-    return RuntimeOptions(data_dir=None)
-
-
-@pytest.fixture
-async def broker_app(broker_limits: Limits, broker_options: RuntimeOptions) -> AsyncIterator[BrokerApp]:
-    async with open_broker_app(broker_limits, broker_options) as app:
-        yield app
-
-
-@pytest.fixture
-def app(broker_app: BrokerApp) -> BrokerApp:
-    """The in-memory broker on loopback TCP (a module may override it, e.g. with a WAL)."""
-    return broker_app
-
-
-@pytest.fixture
-async def clients(app: BrokerApp) -> AsyncIterator[Clients]:
-    """Channel clients (tests/http/channel_client.py) connected to ``app``."""
-    async with Clients(app.port) as c:
-        yield c
-
-
-@pytest.fixture
-async def client(broker_app: BrokerApp) -> AsyncIterator[HTTPClient]:
-    async with open_tcp_client(broker_app.port) as c:
-        yield c
-
-
-@pytest.fixture
-async def memory_client(broker_app: BrokerApp) -> AsyncIterator[HTTPClient]:
-    async with open_memory_client(broker_app) as c:
-        yield c
 
 
 # -- clients ----------------------------------------------------------------------

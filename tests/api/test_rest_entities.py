@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from broker.app import BrokerApp
-from tests.http.conftest import HTTPClient, assert_error
+from tests.support.http import HTTPClient, assert_error
 
 
 async def names(client: HTTPClient, kind: str) -> set[str]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from broker.app import BrokerApp
-from tests.http.conftest import HTTPClient, assert_error
+from tests.support.http import HTTPClient, assert_error
 
 
 async def test_head_on_the_stream_endpoint_is_refused_and_consumes_nothing(

@@ -11,12 +11,12 @@ import trio
 
 from broker.app import BrokerApp
 from broker.http.limits import Limits
-from tests.http.conftest import (
+from tests.support.app import open_broker_app
+from tests.support.http import (
     HTTPClient,
     RawConnection,
     Reply,
     assert_error,
-    open_broker_app,
     open_tcp_client,
 )
 

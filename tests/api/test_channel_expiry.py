@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 import trio
 
-from tests.http.channel_client import ChannelClient, Clients, MemoryBroker, open_memory_broker
+from tests.support.app import MemoryBroker, open_memory_broker
+from tests.support.channel import ChannelClient, Clients
 
 
 @pytest.fixture

@@ -13,7 +13,8 @@ import trio
 import trio.testing
 
 from broker.app import BrokerApp
-from tests.http.channel_client import ChannelEnded, Clients, open_tcp_broker
+from tests.support.app import open_tcp_broker
+from tests.support.channel import ChannelEnded, Clients
 
 
 def settled_tags(confirms: list[dict[str, Any]]) -> list[tuple[int, str]]:

@@ -9,7 +9,7 @@ from typing import Any
 import trio.testing
 
 from broker.app import BrokerApp
-from tests.http.channel_client import ChannelClient, Clients, wait_until
+from tests.support.channel import ChannelClient, Clients, wait_until
 
 
 def stats(app: BrokerApp, queue: str) -> tuple[int, int]:

@@ -1,0 +1,83 @@
+"""Fixtures every layer's tests may use (the support code itself is in tests/support).
+
+``broker_app``
+    The in-process broker (:func:`tests.support.app.open_broker_app`), memory-only,
+    serving real HTTP on an ephemeral loopback port; its core is
+    ``broker_app.runtime.core``.
+``broker_limits`` / ``broker_options``
+    The ``Limits`` and ``RuntimeOptions`` it is built with; override either fixture in
+    a test module to change a setting for every test there.
+``app``
+    ``broker_app`` (a module may override it, e.g. with a fake log).
+``client`` / ``memory_client``
+    An HTTP client of it over TCP, or over in-process memory streams (for
+    ``autojump_clock``).
+``clients``
+    Channel and stream clients connected to ``app``.
+``seeded_random``
+    A ``random.Random`` seeded from ``ACKBUS_TEST_SEED`` (or a fresh seed), printed so a
+    failure can be replayed.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import AsyncIterator
+
+import pytest
+
+from broker.app import BrokerApp
+from broker.http import Limits
+from broker.runtime import RuntimeOptions
+from tests.support.app import open_broker_app
+from tests.support.channel import Clients
+from tests.support.http import HTTPClient, open_memory_client, open_tcp_client
+from tests.support.seeds import test_seed
+
+
+@pytest.fixture
+def broker_limits() -> Limits:
+    # Short lingering close: error tests close connections and should not wait 2 s.
+    return Limits(linger_s=0.2)
+
+
+@pytest.fixture
+def broker_options() -> RuntimeOptions:
+    return RuntimeOptions(data_dir=None)
+
+
+@pytest.fixture
+async def broker_app(broker_limits: Limits, broker_options: RuntimeOptions) -> AsyncIterator[BrokerApp]:
+    async with open_broker_app(broker_limits, broker_options) as app:
+        yield app
+
+
+@pytest.fixture
+def app(broker_app: BrokerApp) -> BrokerApp:
+    """The in-memory broker on loopback TCP (a module may override it, e.g. with a WAL)."""
+    return broker_app
+
+
+@pytest.fixture
+async def clients(app: BrokerApp) -> AsyncIterator[Clients]:
+    """Channel clients (tests/support/channel.py) connected to ``app``."""
+    async with Clients(app.port) as c:
+        yield c
+
+
+@pytest.fixture
+async def client(broker_app: BrokerApp) -> AsyncIterator[HTTPClient]:
+    async with open_tcp_client(broker_app.port) as c:
+        yield c
+
+
+@pytest.fixture
+async def memory_client(broker_app: BrokerApp) -> AsyncIterator[HTTPClient]:
+    async with open_memory_client(broker_app) as c:
+        yield c
+
+
+@pytest.fixture
+def seeded_random(request: pytest.FixtureRequest) -> random.Random:
+    seed = test_seed(request.node.nodeid)
+    return random.Random(seed)
