@@ -31,6 +31,10 @@ operation:
   replaying a declaration is fatal for the same reason.
 - A failed channel fails every pending publish and every waiter with
   :class:`ConnectionLost`; a closed one with :class:`ClientClosed`.
+
+Why a module of ~750 lines: it is the channel's whole public API (publishing,
+declarations, consuming, settling, closing), each a thin method over the session and
+the pending-publish tracker; the reconnect supervisor lives in ``client.supervisor``.
 """
 
 from __future__ import annotations
@@ -40,51 +44,35 @@ import secrets
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import trio
 
 from .backoff import Backoff
 from .codec import (
-    Ack,
-    BrokerCancel,
-    CancelOk,
-    Closing,
-    ConsumeOk,
-    Deliver,
-    Error,
     Event,
-    Expired,
-    Nack,
     Ok,
     Properties,
-    Return,
     encode_publish,
 )
-from .consumer import YIELD_EVERY, Message, MessageStream, Settler
+from .consumer import YIELD_EVERY, Message, MessageStream
 from .errors import (
     ChannelClosedByBroker,
     ClientClosed,
     ClientError,
     ConfirmTimeout,
     ConnectionLost,
-    ProtocolError,
     SomePublishesFailed,
 )
-from .pending import UnknownDeliveryTag
 from .publisher import PendingPublish, PublishTracker
-from .session import ChannelSession, SessionEnded, open_session
+from .session import ChannelSession, SessionEnded
 from .settings import Settings
-from .topology import Topology, describe_op
+from .supervisor import State, Supervisor
+from .topology import Topology
 from .transport import Endpoint, StreamOpener
 
 __all__ = ["Channel", "ChannelStatistics", "QueueDeclared"]
 
-# Sessions in a row that a broker ``error`` without an ``id`` ended, with no confirm
-# in between, before the channel gives up instead of resending into the same error.
-MAX_UNATTRIBUTED_ERRORS = 5
-
-State = Literal["opening", "open", "closing", "closed", "failed"]
 Body = bytes | str
 PropertiesLike = Properties | Mapping[str, Any] | None
 
@@ -121,7 +109,7 @@ class QueueDeclared:
     consumers: int
 
 
-class Channel(Settler):
+class Channel(Supervisor):
     """A channel: publish with confirms, declare, consume; reconnects by itself.
 
     Open one with ``async with conn.channel() as ch``. All methods must be called from
@@ -745,206 +733,3 @@ class Channel(Settler):
     def _pulse(self) -> None:
         self._changed.set()
         self._changed = trio.Event()
-
-    # --- internals: the supervisor ----------------------------------------------------
-
-    async def _wait_opened(self) -> None:
-        """Wait for the first ready session. Raises: ConnectionLost, ClientClosed."""
-        while self._state == "opening":
-            await self._changed.wait()
-        self._check_usable()
-
-    async def _serve(self) -> None:
-        """Open, recover and serve sessions until closed or given up. Never raises
-        (except on a bug): failures are recorded on the channel."""
-        with self._scope:
-            while not self._stop_reconnecting:
-                self._generation += 1
-                try:
-                    with trio.fail_after(self._settings.connect_timeout_s):
-                        session = await open_session(
-                            self._endpoint,
-                            self._opener,
-                            generation=self._generation,
-                            max_line_bytes=self._settings.max_line_bytes,
-                        )
-                except (ClientError, trio.TooSlowError) as exc:
-                    error: BaseException = exc
-                    if isinstance(exc, trio.TooSlowError):
-                        error = ConnectionLost(
-                            f"no channel from {self._endpoint} within "
-                            f"{self._settings.connect_timeout_s} s"
-                        )
-                    if not await self._sleep_before_retry(error):
-                        return
-                    continue
-                self._sessions_opened += 1
-                await self._run_session(session)
-                if self._stop_reconnecting:
-                    return
-                if self._unattributed_errors >= MAX_UNATTRIBUTED_ERRORS:
-                    self._fail(
-                        f"the broker closed the channel {self._unattributed_errors} times in a "
-                        f"row, without progress, with an error naming no operation: "
-                        f"{session.end_reason}",
-                        session.end_reason,
-                    )
-                    return
-                if not await self._sleep_before_retry(session.end_reason):
-                    return
-
-    async def _sleep_before_retry(self, reason: BaseException | None) -> bool:
-        delay = self._backoff.next_delay(trio.current_time())
-        if delay is None:
-            what = "open" if self._state == "opening" else "reconnect"
-            self._fail(
-                f"could not {what} a channel to {self._endpoint} "
-                f"({self._backoff.attempts} attempt(s)): {reason}",
-                reason,
-            )
-            return False
-        await trio.sleep(delay)
-        return True
-
-    async def _run_session(self, session: ChannelSession) -> None:
-        self._session = session
-        self._pulse()
-        try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._recover, session)
-                await session.serve(self._on_event)
-                nursery.cancel_scope.cancel()
-        finally:
-            self._session = None
-            for stream in self._consumers.values():
-                stream.drop_generation(session.generation)
-            session.deliveries.clear()
-            self._pulse()
-
-    async def _recover(self, session: ChannelSession) -> None:
-        """Replay declarations, re-consume, resend pending publishes, mark ready."""
-        try:
-            with trio.fail_after(self._settings.request_timeout_s):
-                replies = [
-                    (op, session.request(op, self._next_request_id()))
-                    for op in self._topology.ops()
-                ]
-                for op, reply in replies:
-                    try:
-                        await reply.wait()
-                    except ChannelClosedByBroker as exc:
-                        self._fail(
-                            f"the channel could not be recovered: re-declaring "
-                            f"{describe_op(op)} failed: {exc}",
-                            exc,
-                        )
-                        return
-                consumers = [s for s in self._consumers.values() if s.active]
-                creplies = []
-                for stream in consumers:
-                    stream.consumed_generation = session.generation
-                    creplies.append((stream, session.request(stream.consume_op(), self._next_request_id())))
-                for stream, reply in creplies:
-                    try:
-                        await reply.wait()
-                    except ChannelClosedByBroker as exc:
-                        self._drop_consumer(stream, f"could not re-consume after a reconnect: {exc}")
-        except SessionEnded:
-            return
-        except trio.TooSlowError:
-            session.abort(ConnectionLost("the broker did not answer while recovering the channel"))
-            return
-        if not session.alive or session.draining:
-            return
-        resend = self._tracker.restart()
-        for handle in resend:
-            session.send_nowait(handle.line, direct=False)
-        if self._state != "opening":
-            self._resent += len(resend)
-            self._reconnects += 1
-        session.ready = True
-        self._backoff.reset()
-        if self._state == "opening":
-            self._state = "open"
-        self._pulse()
-
-    def _drop_consumer(self, stream: MessageStream, reason: str) -> None:
-        if self._consumers.get(stream.consumer_tag) is stream:
-            del self._consumers[stream.consumer_tag]
-        stream.cancelled_by_broker(reason)
-
-    # --- internals: events ------------------------------------------------------------
-
-    def _on_event(self, session: ChannelSession, event: Event) -> None:
-        try:
-            if isinstance(event, Ack):
-                self._tracker.on_ack(event.delivery_tag, event.multiple)
-                self._unattributed_errors = 0
-            elif isinstance(event, Deliver):
-                self._on_deliver(session, event)
-            elif isinstance(event, Nack):
-                self._tracker.on_nack(event.delivery_tag, event.multiple, event.reason)
-                self._unattributed_errors = 0
-            elif isinstance(event, Return):
-                self._tracker.on_return(
-                    event.delivery_tag, event.reply_code, event.reason, event.message
-                )
-            elif isinstance(event, (Ok, ConsumeOk, CancelOk)):
-                reply = session.replies.pop(event.id, None) if isinstance(event.id, int) else None
-                if reply is not None:
-                    reply.set(event)
-            elif isinstance(event, Error):
-                self._on_error(session, event)
-            elif isinstance(event, BrokerCancel):
-                stream = self._consumers.get(event.consumer_tag)
-                if stream is not None:
-                    self._drop_consumer(stream, event.reason)
-            elif isinstance(event, Expired):
-                # The broker requeued it; a later ack of this tag would be an error.
-                session.deliveries.pop(event.delivery_tag, None)
-            elif isinstance(event, Closing):
-                session.draining = True
-        except UnknownDeliveryTag as exc:
-            raise ProtocolError(str(exc)) from exc
-
-    def _on_deliver(self, session: ChannelSession, event: Deliver) -> None:
-        stream = self._consumers.get(event.consumer_tag)
-        no_ack = stream is not None and stream.no_ack
-        message = Message(
-            self,
-            session.generation,
-            body=event.body,
-            properties=event.properties,
-            exchange=event.exchange,
-            routing_key=event.routing_key,
-            redelivered=event.redelivered,
-            delivery_tag=event.delivery_tag,
-            consumer_tag=event.consumer_tag,
-            settled=no_ack,
-        )
-        if not no_ack:
-            session.deliveries[event.delivery_tag] = message
-        if stream is None or stream.stopped:
-            if not no_ack:
-                self._settle(message, "nack", True)
-            return
-        stream.push(message)
-
-    def _on_error(self, session: ChannelSession, event: Error) -> None:
-        session.draining = True
-        error = ChannelClosedByBroker(event.code, event.message)
-        if isinstance(event.id, int):
-            reply = session.replies.pop(event.id, None)
-            if reply is not None:
-                reply.fail(error)
-        elif isinstance(event.id, str):
-            self._tracker.refuse(event.id, event.code, event.message)
-        elif session.replies:
-            # A broker that does not echo the id: it applies ops in order and answers
-            # requests as it applies them, so the oldest unanswered request is the
-            # likeliest cause.
-            session.replies.pop(min(session.replies)).fail(error)
-        else:
-            self._unattributed_errors += 1
-        session.abort(error)
-

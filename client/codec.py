@@ -11,6 +11,9 @@ docs/protocol.md and nothing else:
   :class:`UnknownEvent` (forward compatibility: a newer broker may add events).
 - :func:`encode_op` and :func:`encode_publish` produce one line per operation.
 - Bodies travel as ``"body"`` (UTF-8 text) or ``"body_b64"`` (anything else).
+
+Why a module of ~520 lines: it is the whole wire format, one dataclass and one
+decoder per event, kept together so the protocol can be read in one place.
 """
 
 from __future__ import annotations

@@ -20,6 +20,10 @@ Two shapes of exchange, both RFC 9112:
 Network failures surface as :class:`~client.errors.ConnectionLost` with the cause
 chained; a non-2xx answer to the channel request as
 :class:`~client.errors.BrokerRequestError`.
+
+Why a module of ~570 lines: a duplex HTTP/1.1 exchange over one connection (TLS or
+plain, chunked framing in both directions, the direct-write fast path) is one state
+machine whose halves share the socket and its buffers.
 """
 
 from __future__ import annotations
