@@ -21,6 +21,8 @@ import orjson
 import trio
 import trio.testing
 
+from tests.support.http import HTTPConnection
+
 __all__ = [
     "ChannelClient",
     "Clients",
@@ -57,12 +59,12 @@ async def wait_until(condition: Callable[[], bool], *, rounds: int = 200) -> Non
 # -- the HTTP side -----------------------------------------------------------------------
 
 
-class _HTTP:
-    """One client connection: h11 plus a stream, reading lines of the response body."""
+class _HTTP(HTTPConnection):
+    """The one raw client connection (:class:`tests.support.http.HTTPConnection`),
+    reading the response body of a channel or stream line by line."""
 
     def __init__(self, stream: trio.abc.Stream) -> None:
-        self.stream = stream
-        self.h11 = h11.Connection(h11.CLIENT)
+        super().__init__(stream)
         self.status: int | None = None
         self.informational: list[int] = []
         self.headers: dict[str, str] = {}
@@ -72,9 +74,7 @@ class _HTTP:
         self.raw_bytes = 0
 
     async def send_event(self, event: h11.Event) -> None:
-        data = self.h11.send(event)
-        if data:
-            await self.stream.send_all(data)
+        await self._send(event)
 
     async def _receive(self) -> None:
         try:
