@@ -27,42 +27,9 @@ from broker.storage.checkpoint import checkpoint_name
 from broker.storage.reader import ReadFailure
 from broker.storage.segment import segment_name
 from broker.storage.testing import SimulatedDisk
+from tests.storage.walevents import Events
 
 RecoverAll = Callable[..., Any]
-
-
-class Events:
-    def __init__(self) -> None:
-        self.durable: list[int] = []
-        self.failures: list[tuple[int, int, OSError]] = []
-        self.recovered = 0
-        self._changed = trio.Event()
-
-    def _poke(self) -> None:
-        self._changed.set()
-        self._changed = trio.Event()
-
-    def on_durable(self, lsn: int) -> None:
-        self.durable.append(lsn)
-        self._poke()
-
-    def on_failure(self, first: int, last: int, exc: OSError) -> None:
-        self.failures.append((first, last, exc))
-        self._poke()
-
-    def on_recovered(self) -> None:
-        self.recovered += 1
-        self._poke()
-
-    def callbacks(self) -> dict[str, Any]:
-        return {"on_durable": self.on_durable, "on_failure": self.on_failure, "on_recovered": self.on_recovered}
-
-    async def wait_for(self, condition: Callable[[], bool]) -> None:
-        while not condition():
-            await self._changed.wait()
-
-    async def wait_durable(self, lsn: int) -> None:
-        await self.wait_for(lambda: bool(self.durable) and self.durable[-1] >= lsn)
 
 
 @asynccontextmanager
