@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,17 +26,11 @@ from broker.storage.checkpoint import checkpoint_name
 from broker.storage.reader import ReadFailure
 from broker.storage.segment import segment_name
 from broker.storage.testing import SimulatedDisk
-from tests.storage.walevents import Events
+from tests.storage.walevents import Events, serving
 
 RecoverAll = Callable[..., Any]
 
 
-@asynccontextmanager
-async def serving(wal: WriteAheadLog) -> AsyncIterator[WriteAheadLog]:
-    async with trio.open_nursery() as nursery:
-        await nursery.start(wal.serve)
-        yield wal
-        await wal.aclose()
 
 
 def payload_for(lsn: int) -> bytes:

@@ -8,8 +8,7 @@ import errno
 import os
 import shutil
 import subprocess
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,17 +24,11 @@ from broker.storage.reserve import (
     wanted_reserve_bytes,
 )
 from broker.storage.testing import SimulatedDisk
-from tests.storage.walevents import Events
+from tests.storage.walevents import Events, serving
 
 RecoverAll = Callable[..., Any]
 
 
-@asynccontextmanager
-async def serving(wal: WriteAheadLog) -> AsyncIterator[WriteAheadLog]:
-    async with trio.open_nursery() as nursery:
-        await nursery.start(wal.serve)
-        yield wal
-        await wal.aclose()
 
 
 async def eventually(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:

@@ -7,8 +7,7 @@ import os
 import struct
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,17 +38,11 @@ from broker.storage.segment import (
     parse_segment_name,
 )
 from broker.storage.testing import SimulatedCrash, SimulatedDisk
-from tests.storage.walevents import Events
+from tests.storage.walevents import Events, serving
 
 RecoverAll = Callable[..., Any]
 
 
-@asynccontextmanager
-async def serving(wal: WriteAheadLog) -> AsyncIterator[WriteAheadLog]:
-    async with trio.open_nursery() as nursery:
-        await nursery.start(wal.serve)
-        yield wal
-        await wal.aclose()
 
 
 def wal_dir(data_dir: Path) -> Path:

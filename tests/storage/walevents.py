@@ -1,14 +1,17 @@
 """What the storage tests share: :class:`Events`, the WAL's callbacks collected so
-that a test can wait for a condition on them."""
+that a test can wait for a condition on them, and :func:`serving`."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import trio
 
-__all__ = ["Events"]
+from broker.storage import WriteAheadLog
+
+__all__ = ["Events", "serving"]
 
 
 class Events:
@@ -55,3 +58,12 @@ class Events:
 
     async def wait_durable(self, lsn: int) -> None:
         await self.wait_for(lambda: bool(self.durable) and self.durable[-1] >= lsn)
+
+
+@asynccontextmanager
+async def serving(wal: WriteAheadLog) -> AsyncIterator[WriteAheadLog]:
+    """Run ``wal``'s writer for the block, and close it at the end."""
+    async with trio.open_nursery() as nursery:
+        await nursery.start(wal.serve)
+        yield wal
+        await wal.aclose()
