@@ -39,6 +39,9 @@ class SnapshotMixin(BrokerState):
         harmlessly. Call ``take_effects()`` first so the LSN covers every record.
         """
         covered = self.last_lsn
+        # The window is pruned as publishes arrive; an idle broker would otherwise
+        # carry expired entries into every checkpoint (and keep them in memory).
+        self.dedup.prune(self.wall_clock())
         return covered, self._snapshot_chunks(chunk_entries)
 
     def _snapshot_chunks(self, chunk_entries: int) -> Iterator[list[tuple[int, bytes]]]:

@@ -50,3 +50,20 @@ def test_confirmed_counts_every_acked_publish_coalesced_or_not() -> None:
     h.sync()
     assert h.b.stats["confirmed"] == 6
     assert h.b.stats["nacked"] == 1
+
+
+def test_a_checkpoint_of_an_idle_broker_carries_no_expired_deduplication_entries() -> None:
+    # before: the window was pruned only when something was published, so an idle
+    # broker wrote expired entries into every checkpoint
+    h = Harness(dedup_window_s=60)
+    h.queue("q")
+    ch = h.channel()
+    for i in range(3):
+        h.publish(ch, "", "q", b"x", {"message_id": f"id-{i}"})
+    h.sync()
+    assert len(h.b.dedup) == 3
+    h.sleep(61)  # nothing published meanwhile
+    _lsn, chunks = h.b.snapshot()
+    for _chunk in chunks:
+        pass
+    assert len(h.b.dedup) == 0
