@@ -44,6 +44,7 @@ EXPECTED_DEFAULTS: dict[str, Any] = {
     "segment_max_bytes": 64 * MiB,
     "checkpoint_interval_s": 300.0,
     "checkpoint_wal_bytes": 256 * MiB,
+    "reserve_bytes": 8 * MiB,
     "queue_memory_messages": 2048,
     "repair": False,
     "dedup_window_s": 120.0,

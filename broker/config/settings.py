@@ -207,6 +207,14 @@ class Settings:
         "Write a checkpoint once the WAL grew by this much since the last one; 0 disables.",
         _NON_NEGATIVE,
     )
+    reserve_bytes: int = _setting(
+        _default(RuntimeOptions, "reserve_bytes"),
+        _SIZE,
+        "storage",
+        "Disk space kept free in <data_dir>/reserve, released to write a checkpoint when the "
+        "disk is full (the checkpoint frees the log); 0 disables.",
+        _NON_NEGATIVE,
+    )
     queue_memory_messages: int = _setting(
         _default(RuntimeOptions, "queue_memory_messages"),
         _INT,

@@ -97,8 +97,12 @@ class LeasesMixin(BrokerState):
     def ack_leases(self, lease_ids: list[Any], queue: str | None = None) -> int:
         """Ack leases (all validated first: an unknown id changes nothing).
 
-        With ``queue``, every lease must belong to that queue. Raises NotFound."""
+        With ``queue``, every lease must belong to that queue. Raises NotFound;
+        Unavailable (``storage_failed``) while the log cannot be written (see
+        ``purge_queue``): nothing is acked then."""
         pairs = self._leases(lease_ids, queue)
+        for _ch, d in pairs:
+            self._check_settles_writable(d.queue, "ack")
         for ch, d in pairs:
             del ch.deliveries[d.tag]
             self._finish_delivery(ch, d)
@@ -108,8 +112,12 @@ class LeasesMixin(BrokerState):
         return len(pairs)
 
     def nack_leases(self, lease_ids: list[Any], requeue: bool = True, queue: str | None = None) -> int:
-        """Return leases to their queue (or drop them). Raises NotFound."""
+        """Return leases to their queue (or drop them). Raises NotFound; Unavailable
+        when dropping while the log cannot be written (see ``ack_leases``)."""
         pairs = self._leases(lease_ids, queue)
+        if not requeue:
+            for _ch, d in pairs:
+                self._check_settles_writable(d.queue, "drop a message")
         for ch, d in pairs:
             del ch.deliveries[d.tag]
             if requeue:

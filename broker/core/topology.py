@@ -277,8 +277,13 @@ class TopologyMixin(BrokerState):
         return count
 
     def purge_queue(self, name: str, *, channel_id: int = REST_CHANNEL) -> int:
-        """Drop every ready message of a queue (not the unacked ones); return the count."""
+        """Drop every ready message of a queue (not the unacked ones); return the count.
+
+        Raises: NotFound; Unavailable (``storage_failed``) while the log cannot be
+        written and the queue logs its messages: a purge whose records cannot be
+        written would come undone at the next start, so it is not reported done."""
         queue = self._queue(name, channel_id)
+        self._check_settles_writable(queue, "purge")
         entries, paged_seqs = queue.clear_ready()
         self._page_out_due.pop(queue.name, None)
         if queue.persistent_log:
@@ -287,6 +292,15 @@ class TopologyMixin(BrokerState):
             if seqs:
                 self._settles.setdefault(queue.qid, []).extend(seqs)
         return len(entries) + len(paged_seqs)
+
+    def _check_settles_writable(self, queue: Queue, what: str) -> None:
+        """Raises Unavailable when settling ``queue``'s messages cannot be logged now."""
+        if not self.storage_ok and queue.persistent_log:
+            raise Unavailable(
+                f"cannot {what} on queue {queue.name!r}: the log cannot be written "
+                f"({self.storage_reason}); it would come undone at the next start",
+                code="storage_failed",
+            )
 
     def queue_info(self, queue: Queue) -> dict[str, Any]:
         ready = queue.ready_count()

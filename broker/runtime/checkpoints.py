@@ -62,12 +62,19 @@ class Checkpointer:
         self.segments_kept = 0  # covered by the last checkpoint, kept for message bodies
         self.compacted_segments = 0
         self.last_duration_s = 0.0
+        # asked for at once (the disk is full): the next check writes one
+        self._requested = False
 
     def started(self, wal: LogPort, checkpoint_lsn: int) -> None:
         """The log is open (recovery finished at a checkpoint of ``checkpoint_lsn``)."""
         self.wal = wal
         self.last_lsn = checkpoint_lsn
         self._last_time = trio.current_time()
+
+    def request(self) -> None:
+        """Write a checkpoint at the next check (within a second), whatever the
+        triggers say: the log filled the disk, and only a checkpoint frees it."""
+        self._requested = True
 
     async def serve(self) -> None:
         """Write a checkpoint whenever one is due, until cancelled."""
@@ -77,7 +84,8 @@ class Checkpointer:
             stats = self.wal.statistics()
             grown = stats.bytes_written - self._wal_bytes_at_checkpoint
             due_by_time = trio.current_time() - self._last_time >= self.interval_s
-            if grown >= self.wal_bytes or (due_by_time and grown > 0):
+            if grown >= self.wal_bytes or (due_by_time and grown > 0) or self._requested:
+                self._requested = False
                 try:
                     await self.checkpoint()
                 except OSError as exc:

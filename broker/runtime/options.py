@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from broker.core import CoreConfig
+from broker.storage import DEFAULT_RESERVE_BYTES
 
 __all__ = ["RuntimeOptions"]
 
@@ -24,6 +25,9 @@ class RuntimeOptions(CoreConfig):
     segment_max_bytes: int = 64 << 20
     checkpoint_interval_s: float = 300.0
     checkpoint_wal_bytes: int = 256 << 20
+    #: Disk space kept in ``<data_dir>/reserve`` so a checkpoint can be written on a
+    #: full disk (and free the log it covers); 0: none.
+    reserve_bytes: int = DEFAULT_RESERVE_BYTES
     max_channels: int = 2048
     max_wait_s: float = 60.0
     max_body_bytes: int = 16 << 20

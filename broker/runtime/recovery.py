@@ -59,6 +59,7 @@ async def recover_broker(
     repair: bool,
     fsync: str,
     segment_max_bytes: int,
+    reserve_bytes: int,
     callbacks: WALCallbacks,
 ) -> Recovered:
     """Replay ``data_dir``'s checkpoint and log into ``core`` and open the log.
@@ -106,6 +107,7 @@ async def recover_broker(
         recovery,
         fsync_policy=storage.parse_fsync_policy(fsync),
         segment_max_bytes=segment_max_bytes,
+        reserve_bytes=reserve_bytes,
         inline_max_records=WAL_INLINE_MAX_RECORDS,
         on_durable=callbacks.on_durable,
         on_failure=callbacks.on_failure,

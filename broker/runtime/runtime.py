@@ -11,6 +11,7 @@ core happens on the trio thread.
 
 from __future__ import annotations
 
+import errno
 import logging
 import math
 import secrets
@@ -136,6 +137,7 @@ class BrokerRuntime:
                     repair=self.options.repair,
                     fsync=self.options.fsync,
                     segment_max_bytes=self.options.segment_max_bytes,
+                    reserve_bytes=self.options.reserve_bytes,
                     callbacks=WALCallbacks(
                         on_durable=self._on_durable,
                         on_failure=self._on_failure,
@@ -357,6 +359,10 @@ class BrokerRuntime:
         self.core.storage_failed(first_lsn, last_lsn, str(exc))
         self._release_durable_waiters(last_lsn, str(exc))
         self.pump()
+        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC and self.checkpointer is not None:
+            # A checkpoint (written into the space reserve) is what frees the log the
+            # disk is full of: do not wait for the next size or time trigger.
+            self.checkpointer.request()
 
     def _on_recovered(self) -> None:
         log.warning("log writes succeed again; accepting persistent publishes")

@@ -37,3 +37,32 @@ async def test_checkpoint_syncs_the_log_before_releasing_segments(tmp_path: Path
         assert after.fsyncs > before.fsyncs
         nursery.cancel_scope.cancel()
     await runtime.aclose(checkpoint=False)
+
+
+async def test_the_space_reserve_is_made_and_a_full_disk_asks_for_a_checkpoint_at_once(
+    tmp_path: Path,
+) -> None:
+    """The runtime makes the WAL keep its space reserve, and a write that fails with
+    ENOSPC makes the checkpointer write a checkpoint at its next check, without
+    waiting for the size or time trigger (a checkpoint is what frees a full disk)."""
+    import errno
+
+    runtime = BrokerRuntime(
+        RuntimeOptions(
+            data_dir=tmp_path, checkpoint_interval_s=3600, checkpoint_wal_bytes=1 << 40, reserve_bytes=1 << 20
+        )
+    )
+    async with trio.open_nursery() as nursery:
+        await nursery.start(runtime.serve)
+        await runtime.ready_event.wait()
+        with trio.fail_after(10):
+            while not (tmp_path / "reserve").exists():
+                await trio.sleep(0.01)
+        assert (tmp_path / "reserve").stat().st_size >= 1 << 20
+        assert runtime.checkpoints == 0
+        runtime._on_failure(1, 1, OSError(errno.ENOSPC, "No space left on device"))
+        with trio.fail_after(10):
+            while runtime.checkpoints == 0:
+                await trio.sleep(0.05)
+        nursery.cancel_scope.cancel()
+    await runtime.aclose(checkpoint=False)
