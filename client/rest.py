@@ -1,4 +1,4 @@
-"""The broker's REST API (DESIGN.md "HTTP API") as typed async methods.
+"""The broker's REST API (docs/http-api.md) as typed async methods.
 
 One-shot administration and polling: declare, bind, delete, stats, and the lease-based
 ``get``. Declarations made here are *not* replayed after reconnects (that is what the

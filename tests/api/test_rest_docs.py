@@ -10,7 +10,7 @@ from broker.runtime import BrokerRuntime, RuntimeOptions
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "http-api.md"
 
-#: The REST calls of the design (DESIGN.md, "HTTP API (v1)"), the channel aside.
+#: The REST calls of the HTTP API (v1) as designed, the channel aside.
 DESIGN_CALLS = {
     ("GET", "/healthz"),
     ("GET", "/overview"),
