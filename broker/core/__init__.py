@@ -14,6 +14,7 @@ from .broker import (
     PublishResult,
 )
 from .config import CoreConfig
+from .delays import MAX_DELAY_S
 from .effects import (
     AppendRecords,
     Confirm,
@@ -21,6 +22,7 @@ from .effects import (
     Deliver,
     DeliveryExpired,
     Effect,
+    DeadLetterDropped,
     LogReadFailed,
     MessageLost,
     QueueReady,
@@ -69,6 +71,8 @@ __all__ = [
     "DeliveryExpired",
     "MessageLost",
     "LogReadFailed",
+    "DeadLetterDropped",
+    "MAX_DELAY_S",
     "QueueReady",
     "Return",
     "Channel",

@@ -40,7 +40,10 @@ by ``POST /queues/{name}/get`` and of one-shot REST publishes.
 from __future__ import annotations
 
 from . import records as rec
+from .browsing import BrowsingMixin
 from .compaction import CompactionMixin
+from .deadletter import DeadLetterMixin
+from .delays import DelaysMixin
 from .delivery import DeliveryMixin
 from .effects import (
     AppendRecords,
@@ -78,6 +81,9 @@ class Broker(
     DeliveryMixin,
     SettlingMixin,
     LeasesMixin,
+    DeadLetterMixin,
+    DelaysMixin,
+    BrowsingMixin,
     TimersMixin,
     ReplayMixin,
     SnapshotMixin,
@@ -100,7 +106,7 @@ class Broker(
             self._getter_checks.clear()
         # Records logged before the marks (publishes, declares...) have waiters.
         lazy = not self._records
-        if self._settles or self._delivered_marks:
+        if self._settles or self._delivered_marks or self._count_marks or self._delay_marks:
             self._flush_marks()
         if self._records:
             records = self._records
@@ -124,10 +130,19 @@ class Broker(
         if self._replay is not None:
             self._settles.clear()
             self._delivered_marks.clear()
+            self._count_marks.clear()
+            self._delay_marks.clear()
             return
         for qid, seqs in self._delivered_marks.items():
             self._append(rec.RecordType.DELIVERED, rec.encode_seqs(qid, seqs))
         self._delivered_marks.clear()
+        for qid, pairs in self._count_marks.items():
+            self._append(rec.RecordType.DELIVERY_COUNTS, rec.encode_counts(qid, pairs))
+        self._count_marks.clear()
+        # before the settles: a message delayed and then settled in one step stays settled
+        for qid, pairs in self._delay_marks.items():
+            self._append(rec.RecordType.DELAY, rec.encode_counts(qid, pairs))
+        self._delay_marks.clear()
         for qid, seqs in self._settles.items():
             self._append(rec.RecordType.SETTLE, rec.encode_seqs(qid, seqs))
         self._settles.clear()

@@ -67,9 +67,7 @@ class CompactionMixin(BrokerState):
                         seq = chunk[k]
                         holders.setdefault(seq, []).append((queue, None))
                         old_lsn[seq] = lsn
-            entries = [e for _s, e in queue.requeued]
-            entries.extend(queue.ready)
-            entries.extend(queue.tail)
+            entries = queue.held_entries()
             entries.extend(unacked.get(queue.qid, ()))
             for entry in entries:
                 m = entry.message

@@ -202,10 +202,10 @@ class DeliveryMixin(BrokerState):
         tag = ch.next_tag
         ch.next_tag += 1
         message = entry.message
-        redelivered = entry.delivered
+        count = entry.deliveries
         queue.delivered += 1
         self.stats["delivered"] += 1
-        if redelivered:
+        if count:
             queue.redelivered += 1
         ch.credit -= delivery_cost(message.body)
         lease_id = None
@@ -213,10 +213,7 @@ class DeliveryMixin(BrokerState):
             queue.acked += 1
             self._settle_entry(queue, entry)
         else:
-            if not redelivered:
-                entry.delivered = True
-                if queue.persistent_log and message.persistent:
-                    self._delivered_marks.setdefault(queue.qid, []).append(message.seq)
+            self._count_delivery(queue, entry)
             deadline = self.clock() + consumer.ack_timeout_s
             ch.deliveries[tag] = Delivery(tag, entry, queue, consumer, deadline)
             self._push_timer(deadline, ch.id, tag)
@@ -225,5 +222,17 @@ class DeliveryMixin(BrokerState):
             queue.unacked += 1
             if consumer.lease_s is not None:
                 lease_id = self._lease_id(ch.id, tag)
-        self._effects.append(Deliver(ch.id, consumer.tag, tag, redelivered, message, lease_id))
+        self._effects.append(Deliver(ch.id, consumer.tag, tag, count > 0, message, lease_id, count))
+
+    def _count_delivery(self, queue: Queue, entry: Entry) -> None:
+        """One more delivery of ``entry`` that may come back: count it, and log the
+        count (lazily: a delivery does not wait for its mark to be written). The first
+        delivery is a DELIVERED mark; later ones, rarer, log the count itself."""
+        entry.deliveries += 1
+        message = entry.message
+        if queue.persistent_log and message.persistent:
+            if entry.deliveries == 1:
+                self._delivered_marks.setdefault(queue.qid, []).append(message.seq)
+            else:
+                self._count_marks.setdefault(queue.qid, []).append((message.seq, entry.deliveries))
 

@@ -22,6 +22,7 @@ __all__ = [
     "QueueReady",
     "MessageLost",
     "LogReadFailed",
+    "DeadLetterDropped",
 ]
 
 
@@ -39,6 +40,8 @@ class Deliver(Effect):
     redelivered: bool
     message: Message
     lease_id: str | None = None
+    #: How many times the queue delivered the message before this delivery.
+    delivery_count: int = 0
 
 
 @dataclass(slots=True)
@@ -126,3 +129,15 @@ class LogReadFailed(Effect):
     reason: str
     transient: bool
     retry_in_s: float
+
+
+@dataclass(slots=True)
+class DeadLetterDropped(Effect):
+    """A message left ``queue`` for ``reason`` and could not be dead-lettered (its
+    dead-letter exchange is missing or routes nowhere, or a dead-letter cycle): it is
+    gone. The IO layer logs it (RabbitMQ does the same)."""
+
+    queue: str
+    seq: int
+    reason: str
+    why: str

@@ -101,6 +101,13 @@ class Queue:
         "read_blocked_until",
         "read_failure",
         "read_attempts",
+        "dead_letter_exchange",
+        "dead_letter_routing_key",
+        "delivery_limit",
+        "delayed",
+        "paged_counts",
+        "wake_at",
+        "dead_lettered",
     )
 
     def __init__(
@@ -145,11 +152,33 @@ class Queue:
         self.acked = 0
         self.redelivered = 0
         self.exclusive_consumer = False
+        self.dead_letter_exchange: str | None = arguments.get("x-dead-letter-exchange")
+        self.dead_letter_routing_key: str | None = arguments.get("x-dead-letter-routing-key")
+        self.delivery_limit: int | None = arguments.get("x-delivery-limit")
+        #: Messages held back until a wall-clock time (a nack or publish with a
+        #: delay): a heap of ``(due, seq, entry)``. They are not ready until due.
+        self.delayed: list[tuple[float, int, Entry]] = []
+        #: Delivery counts above one of paged-out messages (the index keeps only
+        #: whether a message was delivered): ``seq -> count``. Rare: recovery only.
+        self.paged_counts: dict[int, int] = {}
+        #: When a timer wakes this queue next (monotonic clock; see TimersMixin).
+        self.wake_at: float | None = None
+        #: Messages dead-lettered from this queue, by reason.
+        self.dead_lettered: dict[str, int] = {}
 
     @property
     def persistent_log(self) -> bool:
         """Whether this queue's contents go to the log (durable and not exclusive)."""
         return self.durable and self.exclusive_owner is None
+
+    def held_entries(self) -> list[Entry]:
+        """Every entry held in memory that is not out with a consumer: requeued,
+        ready, tail and delayed (a checkpoint or compaction must see them all)."""
+        entries = [e for _s, e in self.requeued]
+        entries.extend(self.ready)
+        entries.extend(self.tail)
+        entries.extend(e for _d, _s, e in self.delayed)
+        return entries
 
     def ready_count(self) -> int:
         return len(self.ready) + len(self.requeued) + len(self.paged) + len(self.tail)
@@ -173,13 +202,17 @@ class Queue:
         return None
 
     def clear_ready(self) -> tuple[list[Entry], list[int]]:
-        """Remove every ready message: (entries held in memory, seqs of paged-out ones)."""
+        """Remove every ready or delayed message: (entries held in memory, seqs of
+        paged-out ones)."""
         entries = [e for _, e in self.requeued]
         entries.extend(self.ready)
         entries.extend(self.tail)
+        entries.extend(e for _d, _s, e in self.delayed)
         self.requeued.clear()
         self.ready.clear()
         self.tail.clear()
+        self.delayed.clear()
+        self.paged_counts.clear()
         return entries, self.paged.clear()
 
     def remove_entries(self, seqs: set[int]) -> list[Entry]:

@@ -77,15 +77,12 @@ class LeasesMixin(BrokerState):
                 break
             tag = ch.next_tag
             ch.next_tag += 1
-            redelivered = entry.delivered
+            redelivered = entry.deliveries > 0
             queue.delivered += 1
             self.stats["delivered"] += 1
             if redelivered:
                 queue.redelivered += 1
-            else:
-                entry.delivered = True
-                if queue.persistent_log and entry.message.persistent:
-                    self._delivered_marks.setdefault(queue.qid, []).append(entry.message.seq)
+            self._count_delivery(queue, entry)
             d = Delivery(tag, entry, queue, None, deadline)
             ch.deliveries[tag] = d
             ch.unacked += 1
@@ -111,9 +108,20 @@ class LeasesMixin(BrokerState):
             self._settle_entry(d.queue, d.entry)
         return len(pairs)
 
-    def nack_leases(self, lease_ids: list[Any], requeue: bool = True, queue: str | None = None) -> int:
-        """Return leases to their queue (or drop them). Raises NotFound; Unavailable
-        when dropping while the log cannot be written (see ``ack_leases``)."""
+    def nack_leases(
+        self,
+        lease_ids: list[Any],
+        requeue: bool = True,
+        queue: str | None = None,
+        *,
+        delay_s: float | None = None,
+    ) -> int:
+        """Return leases to their queue (after ``delay_s``, if given), or dead-letter
+        them (reason ``rejected``; dropped when the queue has no dead-letter exchange).
+        Raises NotFound, InvalidArgument; Unavailable when dropping while the log
+        cannot be written (see ``ack_leases``)."""
+        if delay_s is not None and not requeue:
+            raise InvalidArgument("a delay needs requeue: a message not requeued does not come back")
         pairs = self._leases(lease_ids, queue)
         if not requeue:
             for _ch, d in pairs:
@@ -121,10 +129,10 @@ class LeasesMixin(BrokerState):
         for ch, d in pairs:
             del ch.deliveries[d.tag]
             if requeue:
-                self._requeue_deliveries(ch, [d], taken=True)
+                self._requeue_deliveries(ch, [d], taken=True, delay_s=delay_s)
             else:
                 self._finish_delivery(ch, d)
-                self._settle_entry(d.queue, d.entry)
+                self._dead_letter(d.queue, d.entry, "rejected")
         return len(pairs)
 
     def extend_leases(self, lease_ids: list[Any], lease_s: float, queue: str | None = None) -> int:

@@ -2,7 +2,7 @@
 
 A :class:`Message` is immutable once published and shared by reference between every
 queue it was routed to, so its body is stored once however many queues hold it. The
-per-queue state of a message (has it been delivered before?) lives in :class:`Entry`.
+per-queue state of a message (how often was it delivered?) lives in :class:`Entry`.
 """
 
 from __future__ import annotations
@@ -211,14 +211,20 @@ class Message:
 
 
 class Entry:
-    """A message's place in one queue: the message plus whether it was delivered before."""
+    """A message's place in one queue: the message, how many times this queue has
+    delivered it (``deliveries``), and when it expires (wall-clock seconds)."""
 
-    __slots__ = ("message", "delivered", "expires_at")
+    __slots__ = ("message", "deliveries", "expires_at")
 
-    def __init__(self, message: Message, delivered: bool = False, expires_at: float | None = None) -> None:
+    def __init__(self, message: Message, deliveries: int = 0, expires_at: float | None = None) -> None:
         self.message = message
-        self.delivered = delivered
+        self.deliveries = int(deliveries)
         self.expires_at = expires_at
+
+    @property
+    def delivered(self) -> bool:
+        """Whether the message was delivered before (AMQP's ``redelivered`` flag)."""
+        return self.deliveries > 0
 
     @property
     def seq(self) -> int:

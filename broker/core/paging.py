@@ -196,12 +196,24 @@ class ReplayIndex:
     to a small dict. A settled message is marked dead (locator -1) in place.
     """
 
-    __slots__ = ("seqs", "locs", "extra")
+    __slots__ = ("seqs", "locs", "extra", "counts", "dues")
 
     def __init__(self) -> None:
         self.seqs = array("q")
         self.locs = array("q")
         self.extra: dict[int, Any] = {}
+        #: delivery counts above one, and due times (ms since the epoch) of delayed
+        #: messages, by seq: few, so a dict each; the larger value read wins
+        self.counts: dict[int, int] = {}
+        self.dues: dict[int, int] = {}
+
+    def raise_count(self, seq: int, count: int) -> None:
+        if count > self.counts.get(seq, 0):
+            self.counts[seq] = count
+
+    def raise_due(self, seq: int, due_ms: int) -> None:
+        if due_ms > self.dues.get(seq, 0):
+            self.dues[seq] = due_ms
 
     def _index(self, seq: int) -> int:
         seqs = self.seqs
@@ -259,8 +271,8 @@ class ReplayIndex:
             return
         if type(old) is int:
             self.extra[seq] = old | 1
-        else:
-            old.delivered = True
+        elif not old.deliveries:
+            old.deliveries = 1
 
     def logged(self) -> tuple[array[int], array[int]] | None:
         """``(seqs, locators)`` of every message present, when all of them are indexed

@@ -51,6 +51,7 @@ class PublishingMixin(BrokerState):
         properties: dict[str, Any] | None = None,
         *,
         mandatory: bool = False,
+        delay_s: float | None = None,
     ) -> PublishResult:
         """Publish a message; return (publish tag, queues routed to).
 
@@ -58,7 +59,8 @@ class PublishingMixin(BrokerState):
         its tag (and preceded by a ``Return`` if mandatory and unroutable). Errors of
         the message itself (unknown exchange, storage failing, queue full) become a
         nack, not an exception. ``properties`` must already be validated
-        (``check_properties``).
+        (``check_properties``). ``delay_s`` (validated: ``check_delay``) holds the
+        message back in its queues until then; its TTL counts from that time.
 
         Raises: ``InvalidArgument`` for a routing key over 255 bytes (every entry
         point, REST and channels alike, is refused the same way), ``ChannelError``
@@ -107,28 +109,23 @@ class PublishingMixin(BrokerState):
                 ch.confirms.add(tag, 0, False, f"storage failure: {self.storage_reason}")
                 return tag, 0
         nack_reason = None
+        full: list[Queue] = []
         for queue in queues:
-            if queue.max_length is not None and queue.overflow == "reject-publish":
+            if queue.max_length is not None and queue.overflow != "drop-head":
                 if queue.ready_count() >= queue.max_length:
-                    nack_reason = f"queue {queue.name!r} is full (x-overflow reject-publish)"
-        if nack_reason is not None:
+                    nack_reason = f"queue {queue.name!r} is full (x-overflow {queue.overflow})"
+                    full.append(queue)
+        if full:
             # RabbitMQ semantics: the publish is nacked; queues with room keep it.
-            queues = [
-                q
-                for q in queues
-                if not (
-                    q.max_length is not None
-                    and q.overflow == "reject-publish"
-                    and q.ready_count() >= q.max_length
-                )
-            ]
+            queues = [q for q in queues if q not in full]
             durable_qids = [q.qid for q in queues if persistent and q.persistent_log]
 
         seq = self._next_seq
         self._next_seq += 1
+        due = wall + delay_s if delay_s else None
         msg_expires = None
         if properties is not None and "expiration" in properties:
-            msg_expires = wall + properties["expiration"] / 1000.0
+            msg_expires = (due or wall) + properties["expiration"] / 1000.0
         message = Message(seq, exchange_name, routing_key, body, properties, msg_expires)
         # A nacked publish is not remembered for deduplication (neither live nor in
         # its ENQUEUE record): the nack asks the client to resend, and the resend
@@ -136,17 +133,22 @@ class PublishingMixin(BrokerState):
         dedup_id = message_id if nack_reason is None else None
         lsn = 0
         if durable_qids:
-            lsn = self._append(
-                rec.RecordType.ENQUEUE,
-                rec.encode_enqueue(
-                    seq, wall, msg_expires, durable_qids, exchange_name, routing_key,
-                    dedup_id, properties, body,
-                ),
+            payload = rec.encode_enqueue(
+                seq, wall, msg_expires, durable_qids, exchange_name, routing_key,
+                dedup_id, properties, body,
             )
+            if due is None:
+                lsn = self._append(rec.RecordType.ENQUEUE, payload)
+            else:  # the due time goes in the same record: a confirm covers both
+                lsn = self._append(rec.RecordType.MOVE, rec.encode_move(0, 0, due, payload))
             message.lsn = lsn
             self._unsynced.append((lsn, message, queues))  # a list of its own (route's)
         for queue in queues:
-            self._enqueue(queue, message, wall)
+            self._enqueue(queue, message, due or wall, due=due)
+        for queue in full:
+            if queue.overflow == "reject-publish-dlx":
+                # refused by this queue, dead-lettered from it (RabbitMQ's reject-publish-dlx)
+                self._dead_letter(queue, Entry(message, 0, msg_expires), "maxlen")
         if dedup_id is not None:
             self.dedup.remember(exchange_name, dedup_id, wall, lsn)
         if nack_reason is not None:
@@ -155,12 +157,20 @@ class PublishingMixin(BrokerState):
             ch.confirms.add(tag, lsn)
         return tag, len(queues)
 
-    def _enqueue(self, queue: Queue, message: Message, wall: float) -> None:
+    def _enqueue(self, queue: Queue, message: Message, wall: float, *, due: float | None = None) -> None:
+        """Add ``message`` to ``queue`` at ``wall`` (its TTL counts from then), or hold
+        it back until ``due``."""
         expires = message.expires_at
         if queue.message_ttl_s is not None:
             q_exp = wall + queue.message_ttl_s
             expires = q_exp if expires is None else min(expires, q_exp)
-        entry = Entry(message, False, expires)
+        entry = Entry(message, 0, expires)
+        if due is not None:
+            queue.published += 1
+            self._hold_back(queue, entry, due)
+            return
+        # an expiry must wake the queue in time (scheduled once it is in place)
+        schedule = expires is not None and queue.wake_at is None
         if queue.tail or queue.paged:
             queue.tail.append(entry)
             self._page_out_due[queue.name] = queue
@@ -170,6 +180,8 @@ class PublishingMixin(BrokerState):
             queue.tail.append(entry)
             self._page_out_due[queue.name] = queue
         queue.published += 1
+        if schedule:
+            self._schedule_queue(queue)
         if queue.max_length is not None and queue.overflow == "drop-head":
             while queue.ready_count() > queue.max_length:
                 self._drop_head(queue)
@@ -183,12 +195,19 @@ class PublishingMixin(BrokerState):
             self._settles.setdefault(queue.qid, []).append(entry.message.seq)
 
     def _drop_head(self, queue: Queue) -> None:
-        """Drop the oldest ready message (x-overflow drop-head) without reading it."""
+        """Drop the oldest ready message (x-overflow drop-head): dead-letter it
+        (reason ``maxlen``), reading it back first only when there is somewhere to
+        dead-letter it to."""
         entry = queue.pop()
+        if entry is None and queue.dead_letter_exchange is not None and queue.paged:
+            self._page_in(queue)
+            entry = queue.pop()
         if entry is not None:
-            self._settle_entry(queue, entry)
+            self._dead_letter(queue, entry, "maxlen")
             return
         for seq, _loc in queue.paged.take(1):
+            queue.dead_lettered["maxlen"] = queue.dead_lettered.get("maxlen", 0) + 1
+            queue.paged_counts.pop(seq, None)
             self._settles.setdefault(queue.qid, []).append(seq)
 
     def _page_out(self) -> None:
@@ -211,7 +230,9 @@ class PublishingMixin(BrokerState):
                 if lsn > durable:
                     break  # not written yet: a later durable() goes on
                 entry = tail.popleft()
-                paged.append(message.seq, (lsn << 1) | entry.delivered)
+                paged.append(message.seq, (lsn << 1) | (entry.deliveries > 0))
+                if entry.deliveries > 1:
+                    queue.paged_counts[message.seq] = entry.deliveries
             else:
                 del self._page_out_due[name]
 
@@ -241,6 +262,8 @@ class PublishingMixin(BrokerState):
                     failure = result if isinstance(result, str) else r
                     break
                 ready.append(self._entry_of(queue, loc, r))
+                if queue.paged_counts:
+                    queue.paged_counts.pop(seq, None)
                 i += 1
             if failure is None:
                 if queue.read_failure is not None:
@@ -260,7 +283,7 @@ class PublishingMixin(BrokerState):
             delay = min(READ_RETRY_MAX_S, READ_RETRY_MIN_S * 2 ** (queue.read_attempts - 1))
             queue.read_blocked_until = self.clock() + delay
             queue.read_failure = str(failure)
-            self._push_queue_timer(queue.read_blocked_until, queue)
+            self._schedule_queue(queue)
             self._effects.append(LogReadFailed(queue.name, loc >> 1, str(failure), transient, delay))
             return
 
@@ -274,7 +297,7 @@ class PublishingMixin(BrokerState):
         if ttl is not None and r.wall_s:
             q_exp = r.wall_s + ttl
             expires = q_exp if expires is None else min(expires, q_exp)
-        return Entry(message, bool(loc & 1), expires)
+        return Entry(message, max(loc & 1, queue.paged_counts.get(r.seq, 0)), expires)
 
     def _read_entries(self, queue: Queue, pairs: list[tuple[int, int]]) -> list[Entry]:
         """Entries for ``(seq, locator)`` pairs of ``queue``, read from the log (the
@@ -302,7 +325,7 @@ class PublishingMixin(BrokerState):
             if ttl is not None and r.wall_s:
                 q_exp = r.wall_s + ttl
                 expires = q_exp if expires is None else min(expires, q_exp)
-            out.append(Entry(message, bool(loc & 1), expires))
+            out.append(Entry(message, max(loc & 1, queue.paged_counts.get(seq, 0)), expires))
         return out
 
     def _pop(self, queue: Queue) -> Entry | None:
@@ -319,7 +342,7 @@ class PublishingMixin(BrokerState):
             if entry is None:
                 return None
             if entry.expires_at is not None and entry.expires_at <= self.wall_clock():
-                self._settle_entry(queue, entry)
+                self._dead_letter(queue, entry, "expired")
                 continue
             return entry
 
@@ -329,10 +352,13 @@ def _logged_message(result: tuple[int, bytes] | str, seq: int, lsn: int) -> rec.
     """Message ``seq``'s ENQUEUE record as read back from LSN ``lsn``, or why it is not."""
     if isinstance(result, str):
         return result
-    if result[0] != rec.RecordType.ENQUEUE:
-        return f"record {lsn} is of type {result[0]}, not a message"
+    rtype, payload = result
     try:
-        r = rec.decode_enqueue(result[1])
+        if rtype == rec.RecordType.MOVE:
+            payload = rec.decode_move(payload)[3]
+        elif rtype != rec.RecordType.ENQUEUE:
+            return f"record {lsn} is of type {rtype}, not a message"
+        r = rec.decode_enqueue(payload)
     except (ValueError, IndexError, UnicodeDecodeError, struct_error) as exc:
         return f"record {lsn} does not decode: {exc}"
     if r.seq != seq:

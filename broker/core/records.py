@@ -36,6 +36,11 @@ __all__ = [
     "decode_seqs",
     "encode_dedup",
     "decode_dedup",
+    "encode_counts",
+    "decode_counts",
+    "encode_move",
+    "decode_move",
+    "MOVE_PREFIX_BYTES",
 ]
 
 
@@ -56,6 +61,9 @@ class RecordType:
     DEDUP_BATCH = 12  # many deduplication window entries of one exchange (checkpoints only)
     DEDUP_DIGESTS = 13  # many deduplication window entries as digests (checkpoints only)
     QUEUE_REFS = 14  # messages of one queue by the LSN of their ENQUEUE record (checkpoints only)
+    DELIVERY_COUNTS = 15  # how many times messages were delivered, when more than once
+    MOVE = 16  # a message leaving one queue and entering others in one step (dead letter, redrive)
+    DELAY = 17  # messages of a queue held back until a wall-clock time (nack or publish delay)
 
 
 def encode_json(obj: dict[str, Any]) -> bytes:
@@ -220,3 +228,40 @@ def decode_dedup_batch(payload: bytes) -> tuple[str, list[tuple[str, float]]]:
     if not isinstance(exchange, str) or not isinstance(entries, list):
         raise ValueError("malformed DEDUP_BATCH record")
     return exchange, [(str(mid), float(wall)) for mid, wall in entries]
+
+
+# DELIVERY_COUNTS / DELAY: qid u32 | n u32 | n x (seq u64, value u64). The value is a
+# delivery count, or a due time in milliseconds since the epoch. Replay keeps the
+# larger of what it has and what it reads: both only grow, so replay stays idempotent.
+_PAIRS_HEAD = struct.Struct("<II")
+
+
+def encode_counts(qid: int, pairs: list[tuple[int, int]]) -> bytes:
+    flat = [v for pair in pairs for v in pair]
+    return _PAIRS_HEAD.pack(qid, len(pairs)) + struct.pack(f"<{len(flat)}Q", *flat)
+
+
+def decode_counts(payload: bytes) -> tuple[int, list[tuple[int, int]]]:
+    qid, n = _PAIRS_HEAD.unpack_from(payload, 0)
+    if _PAIRS_HEAD.size + 16 * n != len(payload):
+        raise ValueError("record length does not match its count")
+    flat = struct.unpack_from(f"<{2 * n}Q", payload, _PAIRS_HEAD.size)
+    it = iter(flat)
+    return qid, list(zip(it, it))
+
+
+# MOVE: origin qid u32 (0 = none) | origin seq u64 | due f64 (0 = none) | an ENQUEUE
+# payload. One record, so the message leaves its origin and enters its new queues
+# atomically: after a crash it is in one place or the other, never both or neither.
+_MOVE_HEAD = struct.Struct("<IQd")
+MOVE_PREFIX_BYTES = _MOVE_HEAD.size
+
+
+def encode_move(origin_qid: int, origin_seq: int, due_wall_s: float | None, enqueue_payload: bytes) -> bytes:
+    return _MOVE_HEAD.pack(origin_qid, origin_seq, due_wall_s or 0.0) + enqueue_payload
+
+
+def decode_move(payload: bytes) -> tuple[int, int, float | None, bytes]:
+    """``(origin qid, origin seq, due time or None, the ENQUEUE payload)``."""
+    qid, seq, due = _MOVE_HEAD.unpack_from(payload, 0)
+    return qid, seq, due or None, payload[_MOVE_HEAD.size :]

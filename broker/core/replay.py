@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from array import array
 from collections.abc import Callable
+from itertools import compress
 from typing import Any
 
 from . import records as rec
@@ -21,6 +22,7 @@ from .dedup import digest_utf8
 from .entities import Exchange, Queue
 from .message import Entry, Message
 from .paging import ReplayIndex, mark_all_delivered
+from .publishing import _logged_message
 from .records import RecordType
 from .state import (
     _ENQUEUE,
@@ -131,6 +133,38 @@ class ReplayMixin(BrokerState):
         if entries is not None:
             for seq in seqs:
                 entries.mark_delivered(seq)
+
+    def _replay_counts(self, state: dict[int, ReplayIndex], payload: bytes, lsn: int, rtype: int) -> None:
+        qid, pairs = rec.decode_counts(payload)
+        entries = state.get(qid)
+        if entries is not None:
+            for seq, count in pairs:
+                entries.raise_count(seq, count)
+
+    def _replay_delay(self, state: dict[int, ReplayIndex], payload: bytes, lsn: int, rtype: int) -> None:
+        qid, pairs = rec.decode_counts(payload)
+        entries = state.get(qid)
+        if entries is not None:
+            for seq, due_ms in pairs:
+                entries.raise_due(seq, due_ms)
+
+    def _replay_move(self, state: dict[int, ReplayIndex], payload: bytes, lsn: int, rtype: int) -> None:
+        """A message leaving one queue for others (dead letter, redrive, delayed
+        publish): settled in its origin, indexed in its new queues by this record."""
+        origin_qid, origin_seq, due, enqueue = rec.decode_move(payload)
+        origin = state.get(origin_qid) if origin_qid else None
+        if origin is not None:
+            origin.settle(origin_seq)
+        if not lsn:
+            raise ValueError("MOVE record in a checkpoint")
+        self._replay_logged_enqueue(state, enqueue, lsn, rtype)
+        if due is not None:
+            seq = rec.peek_enqueue(enqueue)[0]
+            due_ms = round(due * 1000.0)
+            for qid in rec.peek_enqueue(enqueue)[2]:
+                entries = state.get(qid)
+                if entries is not None:
+                    entries.raise_due(seq, due_ms)
 
     def _replay_declare_queue(self, state: dict[int, ReplayIndex], payload: bytes, lsn: int, rtype: int) -> None:
         d = rec.decode_json(payload)
@@ -248,13 +282,23 @@ class ReplayMixin(BrokerState):
         stay paged out (read back when their turn comes), those recovered whole (from a
         checkpoint of an older format) stay in memory. The in-memory part must precede
         the paged-out one, so messages indexed by LSN that precede a whole one, or any
-        when there is no log to read, are read back at once."""
+        when there is no log to read, are read back at once.
+
+        Messages still delayed are read back into the queue's delay heap (a message
+        whose record cannot be read now stays in the index: it is served when its turn
+        comes rather than lost). Delivery counts above one follow their messages."""
+        counts = {seq: c for seq, c in entries.counts.items() if c > 1 and seq in entries}
+        now_ms = self.wall_clock() * 1000.0
+        dues = {seq: due for seq, due in entries.dues.items() if due > now_ms and seq in entries}
         logged = entries.logged()
         if logged is not None and self.read_log is not None:
             seqs, locs = logged
             if assume_delivered:
                 locs = mark_all_delivered(locs)
+            if dues:
+                seqs, locs = self._restore_delayed(queue, seqs, locs, dues, counts)
             queue.paged.extend(seqs, locs)
+            queue.paged_counts = counts
             return
         last_whole = max((seq for seq, item in entries.extra.items() if type(item) is not int), default=0)
         if self.read_log is None:
@@ -264,20 +308,53 @@ class ReplayMixin(BrokerState):
         for seq, item in entries.items():
             if type(item) is int:
                 loc = item | 1 if assume_delivered else item
-                if seq < last_whole:
+                if seq in dues and self.read_log is not None:
+                    self._restore_delayed(queue, array("q", [seq]), array("q", [loc]), dues, counts)
+                elif seq < last_whole:
                     pending.append((seq, loc))
                 else:
                     paged.append(seq, loc)
+                    if seq in counts:
+                        queue.paged_counts[seq] = counts[seq]
             else:
                 assert isinstance(item, Entry)
                 if pending:
                     queue.ready.extend(self._read_entries(queue, pending))
                     pending = []
-                if assume_delivered:
-                    item.delivered = True
-                queue.ready.append(item)
+                if assume_delivered and not item.deliveries:
+                    item.deliveries = 1
+                item.deliveries = max(item.deliveries, counts.get(seq, 0))
+                if seq in dues:
+                    self._hold_back(queue, item, dues[seq] / 1000.0)
+                else:
+                    queue.ready.append(item)
         if pending:
             queue.ready.extend(self._read_entries(queue, pending))
+        for entry in queue.ready:
+            entry.deliveries = max(entry.deliveries, counts.get(entry.message.seq, 0))
+
+    def _restore_delayed(
+        self, queue: Queue, seqs: array[int], locs: array[int], dues: dict[int, int], counts: dict[int, int]
+    ) -> tuple[array[int], array[int]]:
+        """Move the still-delayed messages among ``seqs`` into the queue's delay heap,
+        reading them back; return the pairs left for the paged-out index."""
+        wanted = [(i, seqs[i], locs[i]) for i in range(len(seqs)) if seqs[i] in dues]
+        read_log = self.read_log
+        assert read_log is not None
+        results = read_log([loc >> 1 for _i, _seq, loc in wanted])
+        moved: set[int] = set()
+        for (i, seq, loc), result in zip(wanted, results):
+            r = _logged_message(result, seq, loc >> 1)
+            if isinstance(r, str):
+                continue  # unreadable now: left in the index, served when its turn comes
+            entry = self._entry_of(queue, loc, r)
+            entry.deliveries = max(entry.deliveries, counts.get(seq, 0))
+            self._hold_back(queue, entry, dues[seq] / 1000.0)
+            moved.add(i)
+        if not moved:
+            return seqs, locs
+        keep = bytes(i not in moved for i in range(len(seqs)))
+        return array("q", compress(seqs, keep)), array("q", compress(locs, keep))
 
 
 _Handler = Callable[[ReplayMixin, dict[int, ReplayIndex], bytes, int, int], None]
@@ -288,6 +365,9 @@ REPLAY_HANDLERS: dict[int, _Handler] = {
     RecordType.QUEUE_REFS: ReplayMixin._replay_queue_refs,
     RecordType.SETTLE: ReplayMixin._replay_settle,
     RecordType.DELIVERED: ReplayMixin._replay_delivered,
+    RecordType.DELIVERY_COUNTS: ReplayMixin._replay_counts,
+    RecordType.DELAY: ReplayMixin._replay_delay,
+    RecordType.MOVE: ReplayMixin._replay_move,
     RecordType.DECLARE_QUEUE: ReplayMixin._replay_declare_queue,
     RecordType.DELETE_QUEUE: ReplayMixin._replay_delete_queue,
     RecordType.DECLARE_EXCHANGE: ReplayMixin._replay_declare_exchange,

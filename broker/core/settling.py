@@ -15,6 +15,7 @@ import heapq
 from .entities import Channel, Delivery
 from .errors import (
     ChannelError,
+    InvalidArgument,
 )
 from .state import (
     _TIMERS_COMPACT_MIN,
@@ -40,21 +41,35 @@ class SettlingMixin(BrokerState):
         self.stats["acked"] += len(deliveries)
         return len(deliveries)
 
-    def nack(self, channel_id: int, delivery_tag: int, multiple: bool = False, requeue: bool = True) -> int:
+    def nack(
+        self,
+        channel_id: int,
+        delivery_tag: int,
+        multiple: bool = False,
+        requeue: bool = True,
+        *,
+        delay_s: float | None = None,
+    ) -> int:
         """Reject one delivery (or every one up to the tag): requeue it in its original
-        position, or drop it. Raises ChannelError for an unknown or expired tag."""
+        position (after ``delay_s``, if given: validated with ``check_delay``), or
+        dead-letter it (reason ``rejected``; dropped without a dead-letter exchange).
+        A requeued message past its queue's ``x-delivery-limit`` is dead-lettered
+        instead. Raises ChannelError for an unknown or expired tag, InvalidArgument for
+        a delay without requeue (nothing is settled then)."""
         ch = self._channel(channel_id)
+        if delay_s is not None and not requeue:
+            raise InvalidArgument("a delay needs requeue: a message not requeued does not come back")
         deliveries = self._take_deliveries(ch, delivery_tag, multiple)
         if requeue:
-            self._requeue_deliveries(ch, deliveries, taken=True)
+            self._requeue_deliveries(ch, deliveries, taken=True, delay_s=delay_s)
         else:
             for d in deliveries:
                 self._finish_delivery(ch, d)
-                self._settle_entry(d.queue, d.entry)
+                self._dead_letter(d.queue, d.entry, "rejected")
         return len(deliveries)
 
-    def reject(self, channel_id: int, delivery_tag: int, requeue: bool = True) -> int:
-        return self.nack(channel_id, delivery_tag, False, requeue)
+    def reject(self, channel_id: int, delivery_tag: int, requeue: bool = True, *, delay_s: float | None = None) -> int:
+        return self.nack(channel_id, delivery_tag, False, requeue, delay_s=delay_s)
 
     def touch(self, channel_id: int, delivery_tag: int) -> None:
         """Reset the ack timeout of a delivery still being worked on.
@@ -133,7 +148,13 @@ class SettlingMixin(BrokerState):
             for c in ch.consumers.values():
                 self._dirty_queues[c.queue.name] = c.queue
 
-    def _requeue_deliveries(self, ch: Channel, deliveries: list[Delivery], *, taken: bool = False) -> None:
+    def _requeue_deliveries(
+        self, ch: Channel, deliveries: list[Delivery], *, taken: bool = False, delay_s: float | None = None
+    ) -> None:
+        """Deliveries that failed (nack, expiry, their channel ended) go back to their
+        queue's original place, after ``delay_s`` if given; a message delivered more
+        often than its queue's ``x-delivery-limit`` is dead-lettered instead."""
+        due = self.wall_clock() + delay_s if delay_s else None
         for d in deliveries:
             if not taken:
                 ch.deliveries.pop(d.tag, None)
@@ -141,8 +162,14 @@ class SettlingMixin(BrokerState):
             queue = d.queue
             if queue.deleted:
                 continue
-            d.entry.delivered = True
-            queue.requeue(d.entry)
+            entry = d.entry
+            if queue.delivery_limit is not None and entry.deliveries > queue.delivery_limit:
+                self._dead_letter(queue, entry, "delivery_limit")
+                continue
+            if due is not None:
+                self._delay_return(queue, entry, due)
+                continue
+            queue.requeue(entry)
             if queue.consumers:
                 self._dirty_queues[queue.name] = queue
             if queue.getters:

@@ -70,17 +70,18 @@ class SnapshotMixin(BrokerState):
             for d in ch.deliveries.values():
                 if d.queue.persistent_log:
                     unacked.setdefault(d.queue.qid, []).append(d.entry)
-        cut: list[tuple[Queue, list[Entry], list[tuple[array[int], int, int]]]] = []
+        cut: list[
+            tuple[Queue, list[Entry], list[tuple[array[int], int, int]], dict[int, int], list[tuple[int, int]]]
+        ] = []
         for q in queues:
-            entries = [e for _s, e in q.requeued]
-            entries.extend(q.ready)
-            entries.extend(q.tail)
+            entries = q.held_entries()
             entries.extend(unacked.get(q.qid, ()))
-            cut.append((q, entries, q.paged.cut()))
+            delays = [(seq, round(due * 1000.0)) for due, seq, _e in q.delayed]
+            cut.append((q, entries, q.paged.cut(), dict(q.paged_counts), delays))
         del unacked
         yield head
         per_record = 2 * chunk_entries
-        for q, entries, paged_cut in cut:
+        for q, entries, paged_cut, paged_counts, delays in cut:
             if q.deleted:
                 continue  # its DELETE_QUEUE record follows the covered LSN
             qid = q.qid
@@ -99,7 +100,7 @@ class SnapshotMixin(BrokerState):
                         continue
                     if m.lsn:
                         refs.append(m.seq)
-                        refs.append(locator(m.lsn, e.delivered))
+                        refs.append(locator(m.lsn, e.deliveries > 0))
                         continue
                     # recovered whole from an older checkpoint: no record to refer to
                     chunk.append(
@@ -111,14 +112,23 @@ class SnapshotMixin(BrokerState):
                             ),
                         )
                     )
-                    if e.delivered:
+                    if e.deliveries:
                         delivered.append(m.seq)
                 if refs:
                     chunk.append((T.QUEUE_REFS, rec.encode_refs(qid, refs)))
                 if delivered:
                     chunk.append((T.DELIVERED, rec.encode_seqs(qid, delivered)))
+                counts = [(e.message.seq, e.deliveries) for e in entries[lo : lo + chunk_entries] if e.deliveries > 1 and e.message.persistent]
+                if counts:
+                    chunk.append((T.DELIVERY_COUNTS, rec.encode_counts(qid, counts)))
                 if chunk:
                     yield chunk
+            # after the references they apply to (replay keeps the larger value)
+            paged_pairs = sorted(paged_counts.items())
+            for lo in range(0, len(paged_pairs), chunk_entries):
+                yield [(T.DELIVERY_COUNTS, rec.encode_counts(qid, paged_pairs[lo : lo + chunk_entries]))]
+            for lo in range(0, len(delays), chunk_entries):
+                yield [(T.DELAY, rec.encode_counts(qid, delays[lo : lo + chunk_entries]))]
         tail = [
             (T.DEDUP_DIGESTS, payload) for payload in self.dedup.checkpoint_payloads(DEDUP_BATCH_ENTRIES)
         ]

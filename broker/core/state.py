@@ -38,6 +38,7 @@ __all__ = [
     "PAGE_IN_BATCH",
     "PublishResult",
     "QUEUE_ARGUMENTS",
+    "EXCHANGE_ARGUMENTS",
     "REST_CHANNEL",
     "ReadLog",
     "_ENQUEUE",
@@ -73,11 +74,33 @@ NO_ROUTE = 312
 _EXPIRED_MEMORY = 4096  # how many expired tags a channel remembers for late-ack errors
 _TIMERS_COMPACT_MIN = 1024  # timer heap size below which stale entries are not worth a rebuild
 
+def _int_in(lo: int, hi: int) -> Callable[[Any], bool]:
+    return lambda v: isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi
+
+
+def _name(v: Any) -> bool:
+    return isinstance(v, str) and len(v.encode("utf-8", "replace")) <= 255
+
+
+_MAX_MS = (1 << 32) - 1  # RabbitMQ's bound for TTLs and timeouts in ms (49.7 days)
+_INT63 = (1 << 63) - 1
+
+#: The queue arguments the broker knows, each with its check. Any other ``x-``
+#: argument is refused (see ``_check_entity_arguments`` in topology.py).
 QUEUE_ARGUMENTS: dict[str, Callable[[Any], bool]] = {
-    "x-max-length": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
-    "x-overflow": lambda v: v in ("drop-head", "reject-publish"),
-    "x-message-ttl": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
-    "x-consumer-timeout": lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0,
+    "x-max-length": _int_in(0, _INT63),
+    "x-overflow": lambda v: v in ("drop-head", "reject-publish", "reject-publish-dlx"),
+    "x-message-ttl": _int_in(0, _MAX_MS),
+    "x-consumer-timeout": _int_in(1, _MAX_MS),
+    "x-dead-letter-exchange": _name,
+    "x-dead-letter-routing-key": _name,
+    "x-delivery-limit": _int_in(0, _INT63),
+    # accepted from RabbitMQ clients that ask for a queue type: ackbus has one kind
+    "x-queue-type": lambda v: v in ("classic", "quorum"),
+}
+#: The exchange arguments the broker knows.
+EXCHANGE_ARGUMENTS: dict[str, Callable[[Any], bool]] = {
+    "alternate-exchange": _name,
 }
 
 PublishResult = tuple[int, int]  # (publish tag, number of queues routed to)
@@ -145,6 +168,12 @@ class BrokerState:
         self._first_pending_lsn = 1
         self._settles: dict[int, list[int]] = {}
         self._delivered_marks: dict[int, list[int]] = {}
+        # (seq, delivery count) of messages delivered more than once, by qid
+        self._count_marks: dict[int, list[tuple[int, int]]] = {}
+        # (seq, due in ms since the epoch) of messages held back by a delay, by qid
+        self._delay_marks: dict[int, list[tuple[int, int]]] = {}
+        # messages dead-lettered, by (queue, reason); dropped dead letters by reason
+        self.dead_letter_drops: dict[str, int] = {}
         # (lsn, message, queues routed to) of ENQUEUE records not yet durable
         self._unsynced: list[tuple[int, Message, list[Queue]]] = []
         self.storage_ok = True
@@ -194,6 +223,16 @@ class BrokerState:
 
         def _channel(self, channel_id: int) -> Channel: ...
 
+        def _count_delivery(self, queue: Queue, entry: Entry) -> None: ...
+
+        def _dead_letter(self, queue: Queue, entry: Entry, reason: str) -> None: ...
+
+        def _hold_back(self, queue: Queue, entry: Entry, due: float) -> None: ...
+
+        def _schedule_queue(self, queue: Queue) -> None: ...
+
+        def _enqueue(self, queue: Queue, message: Message, wall: float, *, due: float | None = None) -> None: ...
+
         def _delete_exchange(self, exchange: Exchange) -> None: ...
 
         def _delete_queue(self, queue: Queue, reason: str) -> int: ...
@@ -212,7 +251,32 @@ class BrokerState:
 
         def _check_settles_writable(self, queue: Queue, what: str) -> None: ...
 
-        def _push_queue_timer(self, deadline: float, queue: Queue) -> None: ...
+        def _wake_queue(self, queue: Queue, now: float) -> None: ...
+
+        def _entry_of(self, queue: Queue, loc: int, r: Any) -> Entry: ...
+
+        def _delay_return(self, queue: Queue, entry: Entry, due: float) -> None: ...
+
+        def _expire_head(self, queue: Queue) -> None: ...
+
+        def _move(
+            self,
+            origin: Queue | None,
+            entry: Entry | None,
+            exchange_name: str,
+            routing_key: str,
+            properties: dict[str, Any] | None,
+            body: bytes,
+            targets: list[Queue],
+            wall: float,
+            *,
+            due: float | None = None,
+            dedup_id: str | None = None,
+        ) -> int: ...
+
+        def _pop(self, queue: Queue) -> Entry | None: ...
+
+        def _page_in(self, queue: Queue) -> None: ...
 
         def _push_timer(self, deadline: float, channel_id: int, tag: int) -> None: ...
 
@@ -224,7 +288,9 @@ class BrokerState:
 
         def _remove_consumer(self, consumer: Consumer, *, auto_delete: bool = True) -> None: ...
 
-        def _requeue_deliveries(self, ch: Channel, deliveries: list[Delivery], *, taken: bool = False) -> None: ...
+        def _requeue_deliveries(
+            self, ch: Channel, deliveries: list[Delivery], *, taken: bool = False, delay_s: float | None = None
+        ) -> None: ...
 
         def _reset_deadline(self, ch: Channel, d: Delivery, deadline: float) -> None: ...
 

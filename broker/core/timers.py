@@ -1,6 +1,7 @@
 """Time and confirms: deadlines, advancing the clock, and releasing publisher confirms.
 
-``advance()`` expires ack timeouts and leases whose deadline passed; confirms wait
+``advance()`` expires ack timeouts and leases whose deadline passed and wakes queues
+whose timer is due (delays.py); confirms wait
 for the LSN of their message's record and are released, coalesced per channel, once
 ``durable()`` reports it on disk.
 
@@ -16,7 +17,7 @@ from .effects import (
     Confirm,
     DeliveryExpired,
 )
-from .entities import Queue
+from .delays import QUEUE_TIMER
 from .state import (
     _EXPIRED_MEMORY,
     BrokerState,
@@ -25,8 +26,6 @@ from .state import (
 __all__ = ["TimersMixin"]
 
 
-#: The channel id of a timer entry that wakes a queue (its tag is the queue's qid).
-QUEUE_TIMER = -1
 
 
 class TimersMixin(BrokerState):
@@ -39,7 +38,7 @@ class TimersMixin(BrokerState):
             deadline, channel_id, tag = timers[0]
             if channel_id == QUEUE_TIMER:
                 queue = self._queues_by_id.get(tag)
-                if queue is None or queue.read_blocked_until != deadline:
+                if queue is None or queue.wake_at != deadline:
                     heapq.heappop(timers)
                     continue
                 return deadline
@@ -55,10 +54,6 @@ class TimersMixin(BrokerState):
         """The earliest scheduled deadline, possibly stale (cheap; for wake-ups)."""
         return self._timers[0][0] if self._timers else None
 
-    def _push_queue_timer(self, deadline: float, queue: Queue) -> None:
-        """Wake ``queue`` at ``deadline`` (a retry of a failed read from the log)."""
-        heapq.heappush(self._timers, (deadline, QUEUE_TIMER, queue.qid))
-
     def advance(self) -> None:
         """Time passed: deliveries and leases past their deadline go back to their queue."""
         now = self.clock()
@@ -66,13 +61,10 @@ class TimersMixin(BrokerState):
         while timers and timers[0][0] <= now:
             deadline, channel_id, tag = heapq.heappop(timers)
             if channel_id == QUEUE_TIMER:
-                # a queue waiting to retry reading its next paged-out message
+                # a queue's delays, expiries or read retry (see delays.py)
                 queue = self._queues_by_id.get(tag)
-                if queue is not None and queue.read_blocked_until == deadline:
-                    queue.read_blocked_until = None
-                    self._dirty_queues[queue.name] = queue
-                    if queue.getters:
-                        self._getter_checks[queue.name] = queue
+                if queue is not None and queue.wake_at == deadline and not queue.deleted:
+                    self._wake_queue(queue, now)
                 continue
             ch = self.channels.get(channel_id)
             d = ch.deliveries.get(tag) if ch is not None else None

@@ -32,6 +32,7 @@ from .routing import EXCHANGE_TYPES
 from .state import (
     BUILTIN_EXCHANGES,
     DEFAULT_EXCHANGE,
+    EXCHANGE_ARGUMENTS,
     QUEUE_ARGUMENTS,
     REST_CHANNEL,
     BrokerState,
@@ -84,6 +85,7 @@ class TopologyMixin(BrokerState):
                 )
             return existing, False
         check_name("exchange", name)
+        _check_entity_arguments("exchange", arguments, EXCHANGE_ARGUMENTS)
         if len(self.exchanges) - len(BUILTIN_EXCHANGES) >= self.max_exchanges:
             raise Unavailable(f"exchange limit reached ({self.max_exchanges})", code="limit_reached")
         if durable and not self.storage_ok:
@@ -193,10 +195,9 @@ class TopologyMixin(BrokerState):
         if not generated:
             # only the broker may create amq.* queues (amq.gen-* included)
             check_name("queue", name)
-        for key, value in arguments.items():
-            check = QUEUE_ARGUMENTS.get(key)
-            if check is not None and not check(value):
-                raise InvalidArgument(f"invalid value for queue argument {key}: {value!r}")
+        _check_entity_arguments("queue", arguments, QUEUE_ARGUMENTS)
+        if "x-dead-letter-routing-key" in arguments and "x-dead-letter-exchange" not in arguments:
+            raise InvalidArgument("x-dead-letter-routing-key needs x-dead-letter-exchange")
         if exclusive and channel_id == REST_CHANNEL:
             raise InvalidArgument("exclusive queues belong to a channel: declare them on one")
         if exclusive:
@@ -273,6 +274,8 @@ class TopologyMixin(BrokerState):
         if queue.persistent_log:
             self._settles.pop(queue.qid, None)
             self._delivered_marks.pop(queue.qid, None)
+            self._count_marks.pop(queue.qid, None)
+            self._delay_marks.pop(queue.qid, None)
             self._append(rec.RecordType.DELETE_QUEUE, rec.encode_json({"qid": queue.qid}))
         return count
 
@@ -313,12 +316,14 @@ class TopologyMixin(BrokerState):
             "messages": ready + queue.unacked,
             "messages_ready": ready,
             "messages_unacked": queue.unacked,
+            "messages_delayed": len(queue.delayed),
             "consumers": len(queue.consumers),
             "message_stats": {
                 "published": queue.published,
                 "delivered": queue.delivered,
                 "acked": queue.acked,
                 "redelivered": queue.redelivered,
+                "dead_lettered": dict(queue.dead_lettered),
             },
         }
 
@@ -448,8 +453,36 @@ class TopologyMixin(BrokerState):
                     target = self.exchanges.get(name)
                     if target is not None:
                         pending.append(target)
+            if not found and not pending:
+                # routed nowhere: its alternate exchange, if any, takes it (RabbitMQ)
+                alternate = ex.arguments.get("alternate-exchange")
+                if alternate is not None and alternate not in visited:
+                    visited.add(alternate)
+                    target = self.exchanges.get(alternate)
+                    if target is not None:
+                        if target.name == DEFAULT_EXCHANGE:
+                            queue = self.queues.get(routing_key)
+                            if queue is not None:
+                                found[queue.name] = queue
+                        else:
+                            pending.append(target)
         return list(found.values())
 
+
+
+def _check_entity_arguments(kind: str, arguments: dict[str, Any], known: dict[str, Any]) -> None:
+    """Refuse an unknown ``x-`` argument (a typo must not silently mean nothing) or a
+    known one with a bad value, naming it. Other names are kept as metadata."""
+    for key, value in arguments.items():
+        check = known.get(key)
+        if check is None:
+            if key.startswith("x-"):
+                raise InvalidArgument(
+                    f"unknown {kind} argument {key!r} (known: {', '.join(sorted(known))})"
+                )
+            continue
+        if not check(value):
+            raise InvalidArgument(f"invalid value for {kind} argument {key}: {value!r}")
 
 
 def _check_arguments(arguments: Any) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from broker.core import (
     DeliveryExpired,
     Effect,
     LogReadFailed,
+    DeadLetterDropped,
     MessageLost,
     QueueReady,
     Return,
@@ -118,6 +119,7 @@ class BrokerRuntime:
             QueueReady: self._queue_ready,
             MessageLost: self._message_lost,
             LogReadFailed: self._log_read_failed,
+            DeadLetterDropped: self._dead_letter_dropped,
         }
 
     # --------------------------------------------------------------- lifecycle
@@ -242,6 +244,12 @@ class BrokerRuntime:
         log.error(
             "message lost: its record cannot be read back from the log",
             extra={"fields": {"queue": effect.queue, "seq": effect.seq, "lsn": effect.lsn, "reason": effect.reason}},
+        )
+
+    def _dead_letter_dropped(self, effect: DeadLetterDropped) -> None:
+        log.warning(
+            "message dropped instead of dead-lettered",
+            extra={"fields": {"queue": effect.queue, "seq": effect.seq, "reason": effect.reason, "why": effect.why}},
         )
 
     def _log_read_failed(self, effect: LogReadFailed) -> None:

@@ -213,8 +213,9 @@ async def test_declare_queue_then_redeclare(client: HTTPClient) -> None:
         "messages": 0,
         "messages_ready": 0,
         "messages_unacked": 0,
+        "messages_delayed": 0,
         "consumers": 0,
-        "message_stats": {"published": 0, "delivered": 0, "acked": 0, "redelivered": 0},
+        "message_stats": {"published": 0, "delivered": 0, "acked": 0, "redelivered": 0, "dead_lettered": {}},
     }
     same = await client.put("/queues/jobs", json={"arguments": {"x-max-length": 10}})
     assert same.status == 200

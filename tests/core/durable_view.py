@@ -20,6 +20,7 @@ def live_entries(b: Broker, queue_name: str) -> list[Any]:
         for d in ch.deliveries.values():
             if d.queue is q:
                 entries.append(d.entry)
+    entries.extend(e for _due, _s, e in q.delayed)
     return sorted(entries, key=lambda e: e.message.seq)
 
 
@@ -42,6 +43,7 @@ def durable_view(b: Broker) -> dict[str, Any]:
                 bindings.add((ex.name, kind, name, key, _freeze(args)))
     messages = {}
     for name in queues:
+        delays = {seq: round(due, 3) for due, seq, _e in b.queues[name].delayed}
         messages[name] = [
             (
                 e.message.seq,
@@ -49,8 +51,9 @@ def durable_view(b: Broker) -> dict[str, Any]:
                 e.message.exchange,
                 e.message.routing_key,
                 e.message.properties,
-                e.delivered,
+                e.deliveries,
                 e.expires_at,
+                delays.get(e.message.seq),
             )
             for e in live_entries(b, name)
             if e.message.persistent

@@ -31,7 +31,7 @@ from broker.core import (
 )
 from broker.core.records import RecordType
 
-_LAZY_TYPES = {RecordType.SETTLE, RecordType.DELIVERED}
+_LAZY_TYPES = {RecordType.SETTLE, RecordType.DELIVERED, RecordType.DELIVERY_COUNTS, RecordType.DELAY}
 
 WALL_START = 1_700_000_000.0
 MONO_START = 1000.0

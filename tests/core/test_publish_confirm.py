@@ -486,5 +486,5 @@ def test_rest_channel_publishes_and_stats() -> None:
     h.b.nack(ch, d2.delivery_tag)
     h.step()
     stats = h.info("q")["message_stats"]
-    assert stats == {"published": 2, "delivered": 3, "acked": 1, "redelivered": 1}
+    assert stats == {"published": 2, "delivered": 3, "acked": 1, "redelivered": 1, "dead_lettered": {}}
     assert h.b.stats["published"] == 2 and h.b.stats["acked"] == 1 and h.b.stats["delivered"] == 3

@@ -1,0 +1,84 @@
+"""Browsing: looking at a queue's messages without consuming them.
+
+Operators need to see what is stuck: ``browse`` lists a queue's messages in sequence
+order (ready, paged out, delayed and out with consumers alike), each with its state,
+delivery count and properties, reading paged-out bodies back from the log. Nothing
+changes: no delivery is counted, no message moves.
+
+The methods here belong to :class:`~broker.core.broker.Broker`; they share its state
+(:class:`~broker.core.state.BrokerState`).
+"""
+
+from __future__ import annotations
+
+import heapq
+from itertools import islice
+from typing import Any
+
+from .errors import InvalidArgument
+from .message import Entry
+from .publishing import _logged_message
+from .state import BrokerState
+
+__all__ = ["BrowsingMixin", "MAX_BROWSE", "BrowsedMessage"]
+
+#: Most messages one browse returns.
+MAX_BROWSE = 1000
+
+#: ``(seq, state, entry or None, reason the body could not be read or None, due)``
+BrowsedMessage = tuple[int, str, "Entry | None", "str | None", "float | None"]
+
+
+class BrowsingMixin(BrokerState):
+    """Browsing (see the module docstring)."""
+
+    def browse(self, queue_name: str, limit: int = 100, after: int = 0) -> list[BrowsedMessage]:
+        """Up to ``limit`` messages of ``queue_name`` with a sequence number above
+        ``after``, oldest first: ``(seq, state, entry, unreadable, due)`` where state
+        is ``ready``, ``unacked`` or ``delayed``; ``entry`` is None (and
+        ``unreadable`` says why) when a paged-out body cannot be read now; ``due``
+        is a delayed message's wall-clock due time. Raises NotFound, ResourceLocked,
+        InvalidArgument."""
+        queue = self._queue(queue_name)
+        if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_BROWSE:
+            raise InvalidArgument(f"limit must be an integer 1..{MAX_BROWSE}")
+        if not isinstance(after, int) or isinstance(after, bool) or after < 0:
+            raise InvalidArgument("after must be a message sequence number (0 or more)")
+        in_memory: list[tuple[int, str, Any]] = []
+        in_memory.extend((s, "ready", e) for s, e in queue.requeued if s > after)
+        in_memory.extend((e.message.seq, "ready", e) for e in queue.ready if e.message.seq > after)
+        in_memory.extend((e.message.seq, "ready", e) for e in queue.tail if e.message.seq > after)
+        in_memory.extend((s, "delayed", (e, d)) for d, s, e in queue.delayed if s > after)
+        for ch in self.channels.values():
+            for d in ch.deliveries.values():
+                if d.queue is queue and d.entry.message.seq > after:
+                    in_memory.append((d.entry.message.seq, "unacked", d.entry))
+        in_memory.sort(key=lambda item: item[0])
+        paged = ((seq, "paged", loc) for seq, loc in queue.paged if seq > after)
+        chosen = list(islice(heapq.merge(in_memory[:limit], paged, key=lambda item: item[0]), limit))
+        out: list[BrowsedMessage] = []
+        to_read = [(i, seq, loc) for i, (seq, state, loc) in enumerate(chosen) if state == "paged"]
+        read: dict[int, Entry | str] = {}
+        if to_read:
+            read_log = self.read_log
+            assert read_log is not None
+            results = read_log([loc >> 1 for _i, _seq, loc in to_read])
+            for (i, seq, loc), result in zip(to_read, results):
+                r = _logged_message(result, seq, loc >> 1)
+                if isinstance(r, str):
+                    read[i] = r
+                else:
+                    read[i] = self._entry_of(queue, loc, r)
+        for i, (seq, state, item) in enumerate(chosen):
+            if state == "paged":
+                got = read[i]
+                if isinstance(got, str):
+                    out.append((seq, "ready", None, got, None))
+                else:
+                    out.append((seq, "ready", got, None, None))
+            elif state == "delayed":
+                entry, due = item
+                out.append((seq, "delayed", entry, None, due))
+            else:
+                out.append((seq, state, item, None, None))
+        return out

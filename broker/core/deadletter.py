@@ -1,0 +1,226 @@
+"""Dead letters: messages that fail, expire or overflow go to a dead-letter exchange.
+
+A queue with ``x-dead-letter-exchange`` republishes each message that leaves it for
+one of four reasons (``rejected``: a nack or reject without requeue; ``expired``: its
+TTL passed; ``maxlen``: dropped from the head by ``x-max-length``; ``delivery_limit``:
+returned more often than ``x-delivery-limit`` allows) to that exchange, with
+``x-dead-letter-routing-key`` or its own routing key. The copy keeps body and
+properties and gains RabbitMQ's ``x-death`` history. Leaving the queue and entering
+the new ones is one MOVE record in the log: after a crash the message is in one place
+or the other. ``redrive`` moves messages out of a dead-letter queue the same way.
+
+The methods here belong to :class:`~broker.core.broker.Broker`; they share its state
+(:class:`~broker.core.state.BrokerState`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import records as rec
+from .effects import DeadLetterDropped
+from .entities import Queue
+from .errors import InvalidArgument, NotFound
+from .message import Entry, Message
+from .state import DEFAULT_EXCHANGE, BrokerState
+
+__all__ = ["DeadLetterMixin", "DEAD_LETTER_REASONS", "MAX_REDRIVE"]
+
+DEAD_LETTER_REASONS = ("rejected", "expired", "maxlen", "delivery_limit")
+#: Most messages one redrive call moves.
+MAX_REDRIVE = 100_000
+
+
+class DeadLetterMixin(BrokerState):
+    """Dead letters (see the module docstring)."""
+
+    def _dead_letter(self, queue: Queue, entry: Entry, reason: str) -> None:
+        """``entry`` has left ``queue`` for ``reason``: settle it there and, when the
+        queue has a dead-letter exchange, publish its copy there in the same step."""
+        queue.dead_lettered[reason] = queue.dead_lettered.get(reason, 0) + 1
+        dlx_name = queue.dead_letter_exchange
+        if dlx_name is None or queue.deleted:
+            self._settle_entry(queue, entry)
+            return
+        message = entry.message
+        exchange = self.exchanges.get(dlx_name)
+        if exchange is None:
+            self._drop_dead_letter(queue, entry, reason, f"dead-letter exchange {dlx_name!r} does not exist")
+            return
+        wall = self.wall_clock()
+        routing_key = queue.dead_letter_routing_key or message.routing_key
+        properties = _with_death(message, queue.name, reason, wall)
+        headers = properties["headers"]
+        targets = self.route(exchange, routing_key, headers)
+        if not any(d.get("reason") == "rejected" for d in headers["x-death"]):
+            # A cycle without any rejection would go round for ever (RabbitMQ drops it).
+            dead_from = {d.get("queue") for d in headers["x-death"]}
+            targets = [q for q in targets if q.name not in dead_from]
+        if not targets:
+            self._drop_dead_letter(queue, entry, reason, f"routes to no queue from {dlx_name!r}")
+            return
+        if message.persistent and not self.storage_ok and any(q.persistent_log for q in targets):
+            self._drop_dead_letter(queue, entry, reason, f"storage is failing: {self.storage_reason}")
+            return
+        self._move(queue, entry, exchange.name, routing_key, properties, message.body, targets, wall)
+
+    def _drop_dead_letter(self, queue: Queue, entry: Entry, reason: str, why: str) -> None:
+        self._settle_entry(queue, entry)
+        self.dead_letter_drops[reason] = self.dead_letter_drops.get(reason, 0) + 1
+        self._effects.append(DeadLetterDropped(queue.name, entry.message.seq, reason, why))
+
+    def _move(
+        self,
+        origin: Queue | None,
+        entry: Entry | None,
+        exchange_name: str,
+        routing_key: str,
+        properties: dict[str, Any] | None,
+        body: bytes,
+        targets: list[Queue],
+        wall: float,
+        *,
+        due: float | None = None,
+        dedup_id: str | None = None,
+    ) -> int:
+        """A new message into ``targets`` (held back until ``due`` if given) and, with
+        ``origin``, ``entry`` settled in its origin queue: one MOVE record when both
+        sides are logged. Returns the LSN of the record that carries it (0: none)."""
+        seq = self._next_seq
+        self._next_seq += 1
+        start = due if due is not None else wall
+        expires = None
+        if properties is not None and "expiration" in properties:
+            expires = start + properties["expiration"] / 1000.0
+        message = Message(seq, exchange_name, routing_key, body, properties, expires)
+        origin_logged = (
+            origin is not None
+            and entry is not None
+            and origin.persistent_log
+            and entry.message.persistent
+            and not origin.deleted
+        )
+        durable_qids = [q.qid for q in targets if q.persistent_log] if message.persistent else []
+        lsn = 0
+        if durable_qids:
+            payload = rec.encode_enqueue(
+                seq, wall, expires, durable_qids, exchange_name, routing_key, dedup_id, properties, body
+            )
+            if origin_logged or due is not None:
+                assert origin is None or entry is not None
+                lsn = self._append(
+                    rec.RecordType.MOVE,
+                    rec.encode_move(
+                        origin.qid if origin_logged and origin is not None else 0,
+                        entry.message.seq if origin_logged and entry is not None else 0,
+                        due,
+                        payload,
+                    ),
+                )
+            else:
+                lsn = self._append(rec.RecordType.ENQUEUE, payload)
+            message.lsn = lsn
+            self._unsynced.append((lsn, message, list(targets)))
+        elif origin_logged:
+            assert origin is not None and entry is not None
+            self._settle_entry(origin, entry)
+        for target in targets:
+            self._enqueue(target, message, start, due=due)
+        return lsn
+
+    def redrive(
+        self,
+        queue_name: str,
+        count: int,
+        *,
+        exchange: str | None = None,
+        routing_key: str | None = None,
+    ) -> tuple[int, str | None]:
+        """Move up to ``count`` ready messages out of ``queue_name`` (a dead-letter
+        queue): to ``exchange`` with ``routing_key`` (default: the message's own), or,
+        without ``exchange``, back to the queue each was last dead-lettered from.
+        Each move is one MOVE record: exactly once across a crash.
+
+        Returns (messages moved, why it stopped early or None). Stops at a message it
+        cannot place (no origin, or routed nowhere), which stays where it was.
+        Raises NotFound, ResourceLocked, InvalidArgument, Unavailable (storage failing).
+        """
+        queue = self._queue(queue_name)
+        if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= MAX_REDRIVE:
+            raise InvalidArgument(f"count must be an integer 1..{MAX_REDRIVE}")
+        target_exchange = None
+        if exchange is not None:
+            target_exchange = self.exchanges.get(exchange)
+            if target_exchange is None:
+                raise NotFound(f"no exchange {exchange!r}")
+        self._check_settles_writable(queue, "redrive")
+        moved = 0
+        stopped: str | None = None
+        wall = self.wall_clock()
+        while moved < count:
+            entry = self._pop_live(queue)
+            if entry is None:
+                break
+            message = entry.message
+            headers = (message.properties or {}).get("headers") or {}
+            if target_exchange is not None:
+                ex = target_exchange
+                key = routing_key if routing_key is not None else message.routing_key
+            else:
+                origin = headers.get("x-last-death-queue") or headers.get("x-first-death-queue")
+                if not isinstance(origin, str) or origin not in self.queues:
+                    queue.requeue(entry)
+                    stopped = f"message {message.seq} has no origin queue to return to: name an exchange"
+                    break
+                ex = self.exchanges[DEFAULT_EXCHANGE]
+                key = origin
+            targets = self.route(ex, key, headers)
+            if not targets:
+                queue.requeue(entry)
+                stopped = f"message {message.seq} routes to no queue from {ex.name or '(default)'!r} with key {key!r}"
+                break
+            self._move(queue, entry, ex.name, key, message.properties, message.body, targets, wall)
+            moved += 1
+        if moved and queue.getters:
+            self._getter_checks[queue.name] = queue
+        return moved, stopped
+
+
+def _with_death(message: Message, queue: str, reason: str, wall: float) -> dict[str, Any]:
+    """The dead-lettered copy's properties: the original's, without ``expiration``
+    (kept in the history instead, so the copy does not expire again for it), and
+    headers with RabbitMQ's ``x-death`` history updated (newest first, one entry per
+    queue and reason, with a count) and ``x-first-death-*`` / ``x-last-death-*``."""
+    properties = dict(message.properties or {})
+    headers = dict(properties.get("headers") or {})
+    original_expiration = properties.pop("expiration", None)
+    now = int(wall)
+    deaths = [dict(d) for d in headers.get("x-death") or () if isinstance(d, dict)]
+    for i, death in enumerate(deaths):
+        if death.get("queue") == queue and death.get("reason") == reason:
+            death["count"] = int(death.get("count", 1)) + 1
+            death["time"] = now
+            deaths.insert(0, deaths.pop(i))
+            break
+    else:
+        death = {
+            "queue": queue,
+            "reason": reason,
+            "count": 1,
+            "time": now,
+            "exchange": message.exchange,
+            "routing-keys": [message.routing_key],
+        }
+        if original_expiration is not None:
+            death["original-expiration"] = str(original_expiration)
+        deaths.insert(0, death)
+    headers["x-death"] = deaths
+    if "x-first-death-queue" not in headers:
+        headers["x-first-death-queue"] = queue
+        headers["x-first-death-reason"] = reason
+        headers["x-first-death-exchange"] = message.exchange
+    headers["x-last-death-queue"] = queue
+    headers["x-last-death-reason"] = reason
+    headers["x-last-death-exchange"] = message.exchange
+    properties["headers"] = headers
+    return properties

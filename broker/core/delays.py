@@ -1,0 +1,123 @@
+"""Delays and queue timers: messages held back until a time, and expiry at the head.
+
+A nack or reject with a delay, or a publish with one, holds a message back in its
+queue's delay heap until a wall-clock time (durable: a DELAY mark, or the MOVE record
+of a delayed publish, carries the due time, so it holds across restarts); when due it
+returns to its original place, ahead of messages published after it. Each queue has at
+most one live entry on the broker's timer heap (``Queue.wake_at``), for the earliest of
+its due delays, its next message to expire, and a retry of a failed read from the log.
+
+The methods here belong to :class:`~broker.core.broker.Broker`; they share its state
+(:class:`~broker.core.state.BrokerState`).
+"""
+
+from __future__ import annotations
+
+import heapq
+
+from .entities import Queue
+from .errors import InvalidArgument
+from .message import MAX_EXPIRATION_MS, Entry
+from .state import BrokerState
+
+__all__ = ["DelaysMixin", "MAX_DELAY_S", "check_delay"]
+
+#: Longest delay: as long as the longest message TTL (2^32 - 1 ms, 49.7 days).
+MAX_DELAY_S = MAX_EXPIRATION_MS / 1000.0
+#: The channel id of a timer entry that wakes a queue (its tag is the queue's qid).
+QUEUE_TIMER = -1
+
+
+def check_delay(delay_s: object) -> float:
+    """A delay in seconds from JSON: a number 0..MAX_DELAY_S. Raises InvalidArgument."""
+    if isinstance(delay_s, bool) or not isinstance(delay_s, (int, float)) or not 0 <= delay_s <= MAX_DELAY_S:
+        raise InvalidArgument(f"delay_s must be a number of seconds 0..{MAX_DELAY_S:g}")
+    return float(delay_s)
+
+
+class DelaysMixin(BrokerState):
+    """Delays and queue timers (see the module docstring)."""
+
+    def _hold_back(self, queue: Queue, entry: Entry, due: float) -> None:
+        """Keep ``entry`` out of ``queue``'s ready messages until wall-clock ``due``."""
+        heapq.heappush(queue.delayed, (due, entry.message.seq, entry))
+        if queue.delayed[0][2] is entry:
+            self._schedule_queue(queue)
+
+    def _delay_return(self, queue: Queue, entry: Entry, due: float) -> None:
+        """A delivery came back with a delay (nack/reject ``delay_s``): hold it back
+        and log its due time (lazily, as delivery marks are: after a crash before the
+        mark is written, the message is simply ready again)."""
+        self._hold_back(queue, entry, due)
+        if queue.persistent_log and entry.message.persistent:
+            self._delay_marks.setdefault(queue.qid, []).append((entry.message.seq, round(due * 1000.0)))
+
+    def _schedule_queue(self, queue: Queue) -> None:
+        """Put ``queue``'s next wake-up on the timer heap: the earliest of a read
+        retry, its first due delay, and when the head of its memory expires."""
+        wake = queue.read_blocked_until
+        now_wall = None
+        if queue.delayed or queue.message_ttl_s is not None:
+            now_wall = self.wall_clock()
+            now = self.clock()
+            if queue.delayed:
+                at = now + max(0.0, queue.delayed[0][0] - now_wall)
+                wake = at if wake is None else min(wake, at)
+            head = _memory_head(queue)
+            if head is not None and head.expires_at is not None:
+                at = now + max(0.0, head.expires_at - now_wall)
+                wake = at if wake is None else min(wake, at)
+        if wake is not None and wake != queue.wake_at:
+            queue.wake_at = wake
+            heapq.heappush(self._timers, (wake, QUEUE_TIMER, queue.qid))
+
+    def _wake_queue(self, queue: Queue, now: float) -> None:
+        """``queue``'s timer fired (``now``: monotonic): retry a failed read, release
+        due delays, expire messages at the head; then schedule the next wake-up."""
+        queue.wake_at = None
+        woke = False
+        if queue.read_blocked_until is not None and queue.read_blocked_until <= now:
+            queue.read_blocked_until = None
+            woke = True
+        if queue.delayed:
+            wall = self.wall_clock()
+            delayed = queue.delayed
+            while delayed and delayed[0][0] <= wall:
+                entry = heapq.heappop(delayed)[2]
+                queue.requeue(entry)
+                woke = True
+        self._expire_head(queue)
+        if woke:
+            self._dirty_queues[queue.name] = queue
+            if queue.getters:
+                self._getter_checks[queue.name] = queue
+        self._schedule_queue(queue)
+
+    def _expire_head(self, queue: Queue) -> None:
+        """Remove the expired messages at the head of ``queue``'s memory (dead-letter
+        them, reason ``expired``), so they stop counting as ready when they expire."""
+        wall = self.wall_clock()
+        while True:
+            head = _memory_head(queue)
+            if head is None and queue.paged and queue.message_ttl_s is not None and queue.read_blocked_until is None:
+                self._page_in(queue)  # the oldest paged-out messages may have expired
+                head = _memory_head(queue)
+            if head is None or head.expires_at is None or head.expires_at > wall:
+                return
+            entry = queue.pop()
+            assert entry is head
+            self._dead_letter(queue, entry, "expired")
+
+    def delayed_count(self, queue: Queue) -> int:
+        return len(queue.delayed)
+
+
+def _memory_head(queue: Queue) -> Entry | None:
+    """The entry ``queue.pop()`` would return, without taking it (None: none in memory)."""
+    if queue.requeued:
+        return queue.requeued[0][1]
+    if queue.ready:
+        return queue.ready[0]
+    if queue.tail and not queue.paged:
+        return queue.tail[0]
+    return None
