@@ -58,6 +58,7 @@ from broker.core import (
     Deliver,
     InvalidArgument,
     Return,
+    check_delay,
     check_json_value,
     check_properties,
     delivery_cost,
@@ -400,8 +401,10 @@ class ChannelSession:
         mandatory = op.get("mandatory", False)
         if not isinstance(mandatory, bool):
             raise InvalidArgument("mandatory must be true or false")
+        delay_s = _delay(op)
         tag, _routed = self.core.publish(
-            self.channel_id, exchange_name(exchange), routing_key, body, properties, mandatory=mandatory
+            self.channel_id, exchange_name(exchange), routing_key, body, properties, mandatory=mandatory,
+            delay_s=delay_s,
         )
         charge = delivery_cost(body)
         self.unconfirmed.append((tag, charge, time.perf_counter()))
@@ -483,17 +486,25 @@ async def _op_ack(s: ChannelSession, op: dict[str, Any]) -> None:
     s.core.ack(s.channel_id, _get(op, "delivery_tag", int, None), _get(op, "multiple", bool, False))
 
 
+def _delay(op: dict[str, Any]) -> float | None:
+    value = op.get("delay_s")
+    return None if value is None else check_delay(value)
+
+
 async def _op_nack(s: ChannelSession, op: dict[str, Any]) -> None:
     s.core.nack(
         s.channel_id,
         _get(op, "delivery_tag", int, None),
         _get(op, "multiple", bool, False),
         _get(op, "requeue", bool, True),
+        delay_s=_delay(op),
     )
 
 
 async def _op_reject(s: ChannelSession, op: dict[str, Any]) -> None:
-    s.core.reject(s.channel_id, _get(op, "delivery_tag", int, None), _get(op, "requeue", bool, True))
+    s.core.reject(
+        s.channel_id, _get(op, "delivery_tag", int, None), _get(op, "requeue", bool, True), delay_s=_delay(op)
+    )
 
 
 async def _op_touch(s: ChannelSession, op: dict[str, Any]) -> None:

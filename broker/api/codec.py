@@ -34,29 +34,40 @@ __all__ = [
 ]
 
 
-def message_json(message: Message) -> dict[str, Any]:
-    """``{"body" | "body_b64": ..., "properties": {...}}`` for a message."""
+def message_json(message: Message, delivery_count: int | None = None) -> dict[str, Any]:
+    """``{"body" | "body_b64": ..., "properties": {...}}`` for a message; for a
+    delivery, with ``"delivery_count"``: how many times it was delivered before. A
+    redelivered message's headers carry the count as ``x-delivery-count`` too (as
+    RabbitMQ's quorum queues do)."""
     body = message.body
     out: dict[str, Any]
     try:
         out = {"body": body.decode("utf-8")}
     except UnicodeDecodeError:
         out = {"body_b64": base64.b64encode(body).decode("ascii")}
-    out["properties"] = message.properties or {}
+    properties = message.properties or {}
+    if delivery_count:
+        properties = dict(properties)
+        properties["headers"] = {**(properties.get("headers") or {}), "x-delivery-count": delivery_count}
+    out["properties"] = properties
+    if delivery_count is not None:
+        out["delivery_count"] = delivery_count
     return out
 
 
 def event_json(effect: Any) -> dict[str, Any]:
     """The channel event for a core effect addressed to a channel."""
     if isinstance(effect, Deliver):
+        message = message_json(effect.message, effect.delivery_count)
         ev: dict[str, Any] = {
             "ev": "deliver",
             "consumer_tag": effect.consumer_tag,
             "delivery_tag": effect.delivery_tag,
             "redelivered": effect.redelivered,
+            "delivery_count": message.pop("delivery_count"),
             "exchange": effect.message.exchange,
             "routing_key": effect.message.routing_key,
-            "message": message_json(effect.message),
+            "message": message,
         }
         if effect.lease_id is not None:
             ev["lease_id"] = effect.lease_id

@@ -76,6 +76,28 @@ class BrokerMetrics:
         r.counter("ackbus_queue_delivered_total", "Messages delivered (incl. redeliveries).", ["queue"], collect=per_queue(lambda q: q.delivered))
         r.counter("ackbus_queue_acked_total", "Deliveries acked.", ["queue"], collect=per_queue(lambda q: q.acked))
         r.counter("ackbus_queue_redelivered_total", "Redeliveries.", ["queue"], collect=per_queue(lambda q: q.redelivered))
+        r.gauge("ackbus_queue_messages_delayed", "Messages held back by a delay.", ["queue"], collect=per_queue(lambda q: len(q.delayed)))
+
+        def dead_lettered() -> Any:
+            if self._runtime is None:
+                return {}
+            return {
+                (q.name, reason): n for q in self._runtime.core.queues.values() for reason, n in q.dead_lettered.items()
+            }
+
+        r.counter(
+            "ackbus_messages_dead_lettered_total",
+            "Messages that left a queue as dead letters (rejected, expired, maxlen, delivery_limit); "
+            "counted whether or not the queue has a dead-letter exchange.",
+            ["queue", "reason"],
+            collect=dead_lettered,
+        )
+        r.counter(
+            "ackbus_dead_letters_dropped_total",
+            "Dead letters dropped: their dead-letter exchange was missing or routed nowhere, or a cycle.",
+            ["reason"],
+            collect=lambda: {(k,): v for k, v in self._runtime.core.dead_letter_drops.items()} if self._runtime else {},
+        )
         r.counter("ackbus_published_total", "Publishes received.", collect=core_stat("published"))
         r.counter("ackbus_confirms_nacked_total", "Publishes nacked.", collect=core_stat("nacked"))
         r.counter("ackbus_returned_total", "Mandatory messages returned unroutable.", collect=core_stat("returned"))

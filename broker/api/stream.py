@@ -58,7 +58,7 @@ class _StreamSink:
 
 
 def _stream_item(d: Deliver) -> dict[str, Any]:
-    item = message_json(d.message)
+    item = message_json(d.message, d.delivery_count)
     item.update(
         exchange=d.message.exchange,
         routing_key=d.message.routing_key,

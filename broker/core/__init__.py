@@ -14,7 +14,9 @@ from .broker import (
     PublishResult,
 )
 from .config import CoreConfig
-from .delays import MAX_DELAY_S
+from .browsing import MAX_BROWSE
+from .deadletter import MAX_REDRIVE
+from .delays import MAX_DELAY_S, check_delay
 from .effects import (
     AppendRecords,
     Confirm,
@@ -73,6 +75,9 @@ __all__ = [
     "LogReadFailed",
     "DeadLetterDropped",
     "MAX_DELAY_S",
+    "MAX_BROWSE",
+    "MAX_REDRIVE",
+    "check_delay",
     "QueueReady",
     "Return",
     "Channel",

@@ -306,10 +306,11 @@ class BrokerRuntime:
         body: bytes,
         properties: dict[str, Any] | None,
         mandatory: bool,
+        delay_s: float | None = None,
     ) -> tuple[bool, str | None, int, bool]:
         """One REST publish: (acked, nack reason, queues routed to, returned)."""
         tag, routed = self.core.publish(
-            REST_CHANNEL, exchange, routing_key, body, properties, mandatory=mandatory
+            REST_CHANNEL, exchange, routing_key, body, properties, mandatory=mandatory, delay_s=delay_s
         )
         waiter = _RestPublish()
         self._rest_publishes[tag] = waiter

@@ -52,7 +52,8 @@ async def test_ndjson_stream_with_auto_ack(app: BrokerApp, clients: Clients) -> 
     assert stream.headers["content-type"] == "application/x-ndjson"
     got = await items(stream, 2)
     assert got[0] == {
-        "body": "a", "properties": {}, "exchange": "", "routing_key": "s", "redelivered": False
+        "body": "a", "properties": {}, "exchange": "", "routing_key": "s", "redelivered": False,
+        "delivery_count": 0,
     }
     assert [g["body"] for g in got] == ["a", "b"]
     # messages published later arrive as they come

@@ -14,6 +14,7 @@ from broker.api.rest.fields import (
 )
 from broker.core import (
     EXCHANGE_TYPES,
+    MAX_DELAY_S,
     AccessRefused,
     InvalidArgument,
     NotFound,
@@ -70,12 +71,13 @@ def add_routes(ctx: RestContext) -> None:
         info["bindings"] = [b for b in core.list_bindings() if b["exchange"] == name]
         await response.send_json(200, info)
 
-    @ctx.route("POST", "/exchanges/{name}/publish", query=frozenset({"routing_key", "mandatory"}))
+    @ctx.route("POST", "/exchanges/{name}/publish", query=frozenset({"routing_key", "mandatory", "delay"}))
     async def publish(request: Any, response: Any) -> None:
         runtime.check_ready()
         name = exchange_name(request.path_params["name"])
         routing_key = request.query.get_str("routing_key", "")  # the core checks it
         mandatory = request.query.get_bool("mandatory", False)
+        delay_s = request.query.get_float("delay", 0.0, min_value=0.0, max_value=MAX_DELAY_S) or None
         properties = properties_from_headers(_utf8_headers(request.headers.items()))
         body = await request.read_body()
         if len(body) > opts.max_body_bytes:  # pragma: no cover - the server enforces it first
@@ -87,7 +89,7 @@ def add_routes(ctx: RestContext) -> None:
             # The core would nack it, but no retry can succeed: a client error, not 503.
             raise AccessRefused(f"exchange {name!r} is internal: publish to it is refused")
         ack, reason, routed, returned = await runtime.publish_and_confirm(
-            name, routing_key, body, properties, mandatory
+            name, routing_key, body, properties, mandatory, delay_s
         )
         if not ack:
             await response.send_json(

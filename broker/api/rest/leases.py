@@ -10,7 +10,7 @@ import trio
 
 from broker.api.codec import message_json
 from broker.api.rest.fields import RestContext, body_fields
-from broker.core import NotFound
+from broker.core import NotFound, check_delay
 from broker.http import ClientDisconnected
 
 
@@ -54,7 +54,7 @@ def add_routes(ctx: RestContext) -> None:
                 break
         messages = []
         for lease_id, d, redelivered in leases:
-            m = message_json(d.entry.message)
+            m = message_json(d.entry.message, d.entry.deliveries - 1)
             m.update(
                 lease_id=lease_id,
                 exchange=d.entry.message.exchange,
@@ -77,10 +77,11 @@ def add_routes(ctx: RestContext) -> None:
     @ctx.route("POST", "/queues/{name}/nack")
     async def nack_leases(request: Any, response: Any) -> None:
         runtime.check_ready()
-        f = await body_fields(request, {"lease_ids", "requeue"})
+        f = await body_fields(request, {"lease_ids", "requeue", "delay_s"})
         lease_ids, requeue = f.list("lease_ids"), f.bool("requeue", True)
+        delay_s = check_delay(f.obj["delay_s"]) if f.obj.get("delay_s") is not None else None
         check_queue(request.path_params["name"])
-        count = core.nack_leases(lease_ids, requeue=requeue, queue=request.path_params["name"])
+        count = core.nack_leases(lease_ids, requeue=requeue, queue=request.path_params["name"], delay_s=delay_s)
         runtime.pump()
         await response.send_json(200, {"nacked": count})
 
