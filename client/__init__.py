@@ -17,7 +17,7 @@ from .backoff import ReconnectPolicy
 from .channel import Channel, ChannelStatistics, QueueDeclared
 from .codec import Properties, ReturnedMessage
 from .connection import DEFAULT_URL, Connection, connect
-from .consumer import Message, MessageStream
+from .consumer import Death, Message, MessageStream
 from .errors import (
     BrokerError,
     BrokerRequestError,
@@ -50,6 +50,7 @@ __all__ = [
     "PendingPublish",
     "MessageStream",
     "Message",
+    "Death",
     "Properties",
     "ReturnedMessage",
     "QueueInfo",

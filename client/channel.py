@@ -55,7 +55,7 @@ from .codec import (
     Properties,
     encode_publish,
 )
-from .consumer import YIELD_EVERY, Message, MessageStream
+from .consumer import MAX_DELAY_S, YIELD_EVERY, Message, MessageStream
 from .errors import (
     ChannelClosedByBroker,
     ClientClosed,
@@ -198,8 +198,11 @@ class Channel(Supervisor):
         properties: PropertiesLike = None,
         mandatory: bool = False,
         timeout_s: float | None = None,
+        delay_s: float | None = None,
     ) -> str:
         """Publish one message and wait for the broker's confirm; return its message id.
+        With ``delay_s`` the message enters its queues only that many seconds later
+        (durably: the confirm covers the delay too).
 
         Waits first for room in the pending buffer (backpressure), then for the confirm,
         across reconnects: after a drop the message is resent with the same message id.
@@ -217,7 +220,7 @@ class Channel(Supervisor):
         """
         if timeout_s is None:
             timeout_s = self._settings.publish_timeout_s
-        handle = self._prepare(exchange, routing_key, body, properties, mandatory)
+        handle = self._prepare(exchange, routing_key, body, properties, mandatory, delay_s)
         if timeout_s is None:
             # No cancel scope without a timeout: entering and leaving one costs about
             # as much as preparing the publish.
@@ -539,7 +542,7 @@ class Channel(Supervisor):
             return None
         return session
 
-    def _settle(self, message: Message, op: str, requeue: bool) -> bool:
+    def _settle(self, message: Message, op: str, requeue: bool, delay_s: float | None = None) -> bool:
         message._mark_settled()
         session = self._delivering_session(message)
         if session is None:
@@ -550,9 +553,10 @@ class Channel(Supervisor):
         if op == "ack":
             session.send_op({"op": "ack", "delivery_tag": message.delivery_tag}, direct=False)
         else:
-            session.send_op(
-                {"op": op, "delivery_tag": message.delivery_tag, "requeue": requeue}, direct=False
-            )
+            settle: dict[str, Any] = {"op": op, "delivery_tag": message.delivery_tag, "requeue": requeue}
+            if delay_s:
+                settle["delay_s"] = delay_s
+            session.send_op(settle, direct=False)
         return True
 
     def _touch(self, message: Message) -> bool:
@@ -643,8 +647,13 @@ class Channel(Supervisor):
         body: Body,
         properties: PropertiesLike,
         mandatory: bool,
+        delay_s: float | None = None,
     ) -> PendingPublish:
         self._check_usable()
+        if delay_s is not None and (
+            isinstance(delay_s, bool) or not isinstance(delay_s, (int, float)) or not 0 <= delay_s <= MAX_DELAY_S
+        ):
+            raise ValueError(f"delay_s must be a number of seconds 0..{MAX_DELAY_S:g}")
         if isinstance(body, str):
             body = body.encode("utf-8")
         if properties is not None and properties is self._last_properties:
@@ -663,7 +672,7 @@ class Channel(Supervisor):
             message_id = props_json["message_id"] = f"{self._id_prefix}-{self._message_ids}"
         line = encode_publish(
             exchange=exchange, routing_key=routing_key, body=body, properties=props_json,
-            mandatory=mandatory, op_id=message_id,
+            mandatory=mandatory, op_id=message_id, delay_s=delay_s,
         )
         return PendingPublish(message_id, 0, line)
 

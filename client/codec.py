@@ -294,6 +294,7 @@ def encode_publish(
     properties: Properties | dict[str, Any],
     mandatory: bool,
     op_id: int | str | None = None,
+    delay_s: float | None = None,
 ) -> bytes:
     """The ``publish`` operation line (``properties`` as :class:`Properties` or as its
     JSON object)."""
@@ -304,6 +305,8 @@ def encode_publish(
         op["properties"] = props
     if mandatory:
         op["mandatory"] = True
+    if delay_s:
+        op["delay_s"] = delay_s
     if op_id is not None:
         op["id"] = op_id
     return encode_op(op)
@@ -360,6 +363,7 @@ class Deliver:
     routing_key: str
     body: bytes
     properties: Properties
+    delivery_count: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -431,6 +435,14 @@ def _int(obj: dict[str, Any], key: str) -> int:
     return value
 
 
+def _count(obj: dict[str, Any]) -> int:
+    """A deliver event's ``delivery_count`` (0 from a broker that sends none)."""
+    value = obj.get("delivery_count", 0)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ProtocolError("'deliver' event: 'delivery_count' must be a count")
+    return value
+
+
 def _str(obj: dict[str, Any], key: str, default: str | None = None) -> str:
     value = obj.get(key, default)
     if not isinstance(value, str):
@@ -486,6 +498,7 @@ def decode_event(line: bytes) -> Event:
             routing_key=_str(obj, "routing_key", ""),
             body=body,
             properties=props,
+            delivery_count=_count(obj),
         )
     if ev == "nack":
         return Nack(_int(obj, "delivery_tag"), _bool(obj, "multiple"), _str(obj, "reason", ""))

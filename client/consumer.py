@@ -22,7 +22,7 @@ Rules:
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import trio
@@ -48,7 +48,7 @@ class Settler:
 
     _settle_calls = 0
 
-    def _settle(self, message: Message, op: str, requeue: bool) -> bool:  # pragma: no cover
+    def _settle(self, message: Message, op: str, requeue: bool, delay_s: float | None = None) -> bool:  # pragma: no cover
         raise NotImplementedError
 
     def _touch(self, message: Message) -> bool:  # pragma: no cover
@@ -64,6 +64,64 @@ async def _settled(settler: Settler, sent: bool) -> bool:
     return sent
 
 
+#: Longest delay the broker takes (2^32 - 1 ms).
+MAX_DELAY_S = ((1 << 32) - 1) / 1000.0
+
+
+def _check_delay(requeue: bool, delay_s: float | None) -> None:
+    if delay_s is None:
+        return
+    if not requeue:
+        raise ValueError("a delay needs requeue=True: a message not requeued does not come back")
+    if isinstance(delay_s, bool) or not isinstance(delay_s, (int, float)) or not 0 <= delay_s <= MAX_DELAY_S:
+        raise ValueError(f"delay_s must be a number of seconds 0..{MAX_DELAY_S:g}")
+
+
+class Death:
+    """One entry of a message's dead-letter history (RabbitMQ's ``x-death``): it was
+    dead-lettered ``count`` times from ``queue`` for ``reason`` (``rejected``,
+    ``expired``, ``maxlen``, ``delivery_limit``), last at ``time`` (epoch seconds),
+    having been published to ``exchange`` with ``routing_keys``."""
+
+    __slots__ = ("queue", "reason", "count", "time", "exchange", "routing_keys")
+
+    def __init__(
+        self, queue: str, reason: str, count: int, time: int, exchange: str, routing_keys: list[str]
+    ) -> None:
+        self.queue = queue
+        self.reason = reason
+        self.count = count
+        self.time = time
+        self.exchange = exchange
+        self.routing_keys = routing_keys
+
+    def __repr__(self) -> str:
+        return f"<Death queue={self.queue!r} reason={self.reason!r} count={self.count}>"
+
+
+def parse_death(headers: Mapping[str, Any] | None) -> list[Death]:
+    """The ``x-death`` history in ``headers`` (entries that do not parse are skipped)."""
+    raw = (headers or {}).get("x-death")
+    out: list[Death] = []
+    if not isinstance(raw, list):
+        return out
+    for item in raw:
+        if not isinstance(item, dict):
+            continue
+        keys = item.get("routing-keys")
+        out.append(
+            Death(
+                str(item.get("queue", "")),
+                str(item.get("reason", "")),
+                int(item.get("count", 1)) if isinstance(item.get("count", 1), int) else 1,
+                int(item.get("time", 0)) if isinstance(item.get("time", 0), (int, float)) else 0,
+                str(item.get("exchange", "")),
+                [str(k) for k in keys] if isinstance(keys, list) else [],
+            )
+        )
+    return out
+
+
 class Message:
     """One delivered message.
 
@@ -73,13 +131,15 @@ class Message:
         exchange, routing_key: where it was published.
         redelivered: the broker delivered it before (to this or another consumer) and
             it was not acked then.
+        delivery_count: how many times its queue delivered it before this delivery
+            (0 the first time); see :attr:`death` for its dead-letter history.
         delivery_tag: its tag on the session that delivered it.
         consumer_tag: the consumer it was delivered to.
     """
 
     __slots__ = (
         "body", "properties", "exchange", "routing_key", "redelivered", "delivery_tag",
-        "consumer_tag", "generation", "_settler", "_settled",
+        "consumer_tag", "generation", "_settler", "_settled", "delivery_count",
     )
 
     def __init__(
@@ -95,8 +155,10 @@ class Message:
         delivery_tag: int,
         consumer_tag: str,
         settled: bool = False,
+        delivery_count: int = 0,
     ) -> None:
         self.body = body
+        self.delivery_count = delivery_count
         self.properties = properties
         self.exchange = exchange
         self.routing_key = routing_key
@@ -111,6 +173,12 @@ class Message:
     @property
     def message_id(self) -> str | None:
         return self.properties.message_id
+
+    @property
+    def death(self) -> list[Death]:
+        """The message's dead-letter history (its ``x-death`` header), newest first:
+        empty for a message never dead-lettered."""
+        return parse_death(self.properties.headers)
 
     @property
     def settled(self) -> bool:
@@ -136,24 +204,32 @@ class Message:
         """
         return await _settled(self._settler, self._settler._settle(self, "ack", False))
 
-    async def nack(self, *, requeue: bool = True) -> bool:
+    async def nack(self, *, requeue: bool = True, delay_s: float | None = None) -> bool:
         """Negative-acknowledge: with ``requeue`` (the default) the message goes back to
-        its place in the queue; without, the broker drops (or dead-letters) it.
-        Returns like :meth:`ack`.
+        its place in the queue — after ``delay_s`` seconds if given (a retry later) —;
+        without, the broker dead-letters it to its queue's dead-letter exchange (reason
+        ``rejected``), or drops it when the queue has none. A message past its queue's
+        ``x-delivery-limit`` is dead-lettered instead of requeued. Returns like
+        :meth:`ack`.
 
         Raises:
             MessageAlreadySettled: already settled; nothing was sent.
+            ValueError: ``delay_s`` without ``requeue``, or out of range.
         """
-        return await _settled(self._settler, self._settler._settle(self, "nack", requeue))
+        _check_delay(requeue, delay_s)
+        return await _settled(self._settler, self._settler._settle(self, "nack", requeue, delay_s))
 
-    async def reject(self, *, requeue: bool = False) -> bool:
-        """Reject: by default the message is dropped (or dead-lettered); with
-        ``requeue=True`` it goes back to the queue. Returns like :meth:`ack`.
+    async def reject(self, *, requeue: bool = False, delay_s: float | None = None) -> bool:
+        """Reject: by default the message is dead-lettered (or dropped, see
+        :meth:`nack`); with ``requeue=True`` it goes back to the queue, after
+        ``delay_s`` if given. Returns like :meth:`ack`.
 
         Raises:
             MessageAlreadySettled: already settled; nothing was sent.
+            ValueError: ``delay_s`` without ``requeue``, or out of range.
         """
-        return await _settled(self._settler, self._settler._settle(self, "reject", requeue))
+        _check_delay(requeue, delay_s)
+        return await _settled(self._settler, self._settler._settle(self, "reject", requeue, delay_s))
 
     async def touch(self) -> bool:
         """Reset this delivery's ack timeout (consumers started with ``ack_timeout_s``):

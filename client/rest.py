@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 
 from .codec import Properties, decode_body
+from .consumer import Death, parse_death
 from .errors import ProtocolError
 from .transport import Response, RestClient, error_from_response
 
@@ -78,14 +79,21 @@ class LeasedMessage:
     exchange: str
     routing_key: str
     redelivered: bool
+    delivery_count: int = 0
+
+    @property
+    def death(self) -> list[Death]:
+        """Its dead-letter history (``x-death``), newest first."""
+        return parse_death(self.properties.headers)
 
     async def ack(self) -> None:
         """Raises: BrokerRequestError (e.g. the lease expired), ConnectionLost."""
         await self.api.ack_leases(self.queue, [self.lease_id])
 
-    async def nack(self, *, requeue: bool = True) -> None:
-        """Raises: BrokerRequestError, ConnectionLost."""
-        await self.api.nack_leases(self.queue, [self.lease_id], requeue=requeue)
+    async def nack(self, *, requeue: bool = True, delay_s: float | None = None) -> None:
+        """Back to the queue (after ``delay_s``), or dead-lettered without ``requeue``.
+        Raises: BrokerRequestError, ConnectionLost."""
+        await self.api.nack_leases(self.queue, [self.lease_id], requeue=requeue, delay_s=delay_s)
 
 
 class BrokerAPI:
@@ -248,15 +256,42 @@ class BrokerAPI:
                 exchange=str(obj.get("exchange", "")),
                 routing_key=str(obj.get("routing_key", "")),
                 redelivered=bool(obj.get("redelivered", False)),
+                delivery_count=int(obj.get("delivery_count", 0) or 0),
             ))
         return messages
 
     async def ack_leases(self, queue: str, lease_ids: Sequence[str]) -> None:
         await self._call("POST", f"/queues/{_quote(queue)}/ack", json={"lease_ids": list(lease_ids)})
 
-    async def nack_leases(self, queue: str, lease_ids: Sequence[str], *, requeue: bool = True) -> None:
-        await self._call("POST", f"/queues/{_quote(queue)}/nack",
-                         json={"lease_ids": list(lease_ids), "requeue": requeue})
+    async def nack_leases(
+        self, queue: str, lease_ids: Sequence[str], *, requeue: bool = True, delay_s: float | None = None
+    ) -> None:
+        body: dict[str, Any] = {"lease_ids": list(lease_ids), "requeue": requeue}
+        if delay_s is not None:
+            body["delay_s"] = _num(delay_s)
+        await self._call("POST", f"/queues/{_quote(queue)}/nack", json=body)
+
+    async def browse(self, queue: str, *, limit: int = 100, after: int = 0) -> dict[str, Any]:
+        """Look at a queue's messages without consuming them (oldest first, from the
+        sequence number ``after``): ``{"messages": [...], "next_after": n}``."""
+        reply = await self._call(
+            "GET", f"/queues/{_quote(queue)}/messages", query={"limit": int(limit), "after": int(after)}
+        )
+        return dict(reply)
+
+    async def redrive(
+        self, queue: str, *, count: int = 100_000, exchange: str | None = None, routing_key: str | None = None
+    ) -> dict[str, Any]:
+        """Move up to ``count`` messages out of a dead-letter queue: back to the queue
+        each came from, or to ``exchange`` (with ``routing_key``). ``{"moved": n}``,
+        with ``"stopped"`` saying why when it stopped early."""
+        body: dict[str, Any] = {"count": count}
+        if exchange is not None:
+            body["exchange"] = exchange
+        if routing_key is not None:
+            body["routing_key"] = routing_key
+        reply = await self._call("POST", f"/queues/{_quote(queue)}/redrive", json=body)
+        return dict(reply)
 
     async def extend_leases(self, queue: str, lease_ids: Sequence[str], *, lease_s: float) -> None:
         await self._call("POST", f"/queues/{_quote(queue)}/extend",

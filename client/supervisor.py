@@ -265,6 +265,7 @@ class Supervisor(Settler):
             exchange=event.exchange,
             routing_key=event.routing_key,
             redelivered=event.redelivered,
+            delivery_count=event.delivery_count,
             delivery_tag=event.delivery_tag,
             consumer_tag=event.consumer_tag,
             settled=no_ack,

@@ -1,0 +1,417 @@
+"""Failure handling in the core: delivery counts, delivery limits, dead letters with
+their x-death history, delays, TTL expiry on time, redrive, browse, strict arguments."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from broker.core import Deliver, InvalidArgument, RecordType
+from broker.core.effects import DeadLetterDropped
+
+from .durable_view import durable_view, fresh_broker, replay_into, restart_from_log
+from .helpers import Harness, ready_entries
+
+DLX = {"x-dead-letter-exchange": "dlx"}
+
+
+def with_dlq(h: Harness, queue: str = "work", **arguments: Any) -> None:
+    """``queue`` dead-letters to fanout exchange ``dlx``, bound to queue ``dead``."""
+    h.b.declare_exchange("dlx", "fanout")
+    h.queue("dead")
+    h.b.bind("dlx", "dead")
+    h.queue(queue, arguments={**DLX, **arguments})
+
+
+def deliver_one(h: Harness, ch: int) -> Deliver:
+    (d,) = h.delivers(h.step(), ch)
+    return d
+
+
+def headers_of(h: Harness, queue: str) -> list[dict[str, Any]]:
+    return [(e.message.properties or {}).get("headers") or {} for e in ready_entries(h.b, queue)]
+
+
+# -- delivery counts ----------------------------------------------------------------
+
+
+def test_delivery_count_counts_every_way_a_delivery_comes_back() -> None:
+    h = Harness(consumer_timeout_s=10.0)
+    h.queue("q")
+    h.publish(0, "", "q", b"m")
+    h.sync()
+    ch = h.channel()
+    h.b.consume(ch, "q")
+    d = deliver_one(h, ch)
+    assert (d.delivery_count, d.redelivered) == (0, False)
+    h.b.nack(ch, d.delivery_tag)  # nack with requeue
+    d = deliver_one(h, ch)
+    assert (d.delivery_count, d.redelivered) == (1, True)
+    h.b.reject(ch, d.delivery_tag, requeue=True)
+    d = deliver_one(h, ch)
+    assert d.delivery_count == 2
+    (d,) = h.delivers(h.sleep(11), ch)  # the ack timeout expires: back, then out again
+    assert d.delivery_count == 3
+    h.b.close_channel(ch)  # the channel ends with it unacked
+    h.step()
+    (lease_id, delivery, redelivered), = h.b.get("q", 1, 1.0)
+    assert redelivered and delivery.entry.deliveries == 5  # this REST get is the 5th delivery
+    h.sleep(2)  # the lease expires
+    (_lid, delivery, _r), = h.b.get("q", 1, 1.0)
+    assert delivery.entry.deliveries == 6
+
+
+def test_delivery_counts_survive_a_restart_from_the_log_and_from_a_checkpoint() -> None:
+    h = Harness(queue_memory_messages=1)
+    h.queue("q")
+    for i in range(3):
+        h.publish(0, "", "q", b"m%d" % i)
+    h.sync()
+    ch = h.channel()
+    tag = h.b.consume(ch, "q", prefetch=1)
+    for _ in range(3):  # m0 delivered three times
+        d = deliver_one(h, ch)
+        h.b.nack(ch, d.delivery_tag)
+    h.b.cancel(ch, tag)
+    h.sync()
+    counts = [e.deliveries for e in ready_entries(h.b, "q")]
+    assert counts[0] == 3
+    nb = restart_from_log(h)
+    assert [e.deliveries for e in ready_entries(nb, "q")] == counts
+    covered, chunks = h.b.snapshot(chunk_entries=1)
+    records = [(0, rtype, payload) for chunk in chunks for rtype, payload in chunk]
+    assert any(rtype == RecordType.DELIVERY_COUNTS for _l, rtype, _p in records)
+    nb = replay_into(fresh_broker(h), records, covered)
+    assert durable_view(nb) == durable_view(h.b)
+    ch2 = nb.open_channel()
+    nb.consume(ch2, "q")
+    first = [e for e in nb.take_effects() if isinstance(e, Deliver)][0]
+    assert first.delivery_count == 3
+
+
+# -- delivery limit and dead letters --------------------------------------------------
+
+
+def test_delivery_limit_dead_letters_with_history_and_never_delivers_again() -> None:
+    h = Harness()
+    with_dlq(h, "work", **{"x-delivery-limit": 2})
+    h.publish(0, "", "work", b"poison", {"headers": {"k": "v"}, "expiration": 60_000})
+    h.sync()
+    ch = h.channel()
+    h.b.consume(ch, "work")
+    for attempt in range(3):  # delivered 3 times: 1 + 2 allowed redeliveries
+        d = deliver_one(h, ch)
+        assert d.delivery_count == attempt
+        h.b.nack(ch, d.delivery_tag)
+    assert h.delivers(h.step(), ch) == []
+    assert h.info("work")["messages"] == 0
+    (entry,) = ready_entries(h.b, "dead")
+    props = entry.message.properties
+    assert "expiration" not in props  # it must not expire again for the same reason
+    headers = props["headers"]
+    assert headers["k"] == "v"
+    (death,) = headers["x-death"]
+    assert death == {
+        "queue": "work", "reason": "delivery_limit", "count": 1, "time": int(h.wall.now),
+        "exchange": "", "routing-keys": ["work"], "original-expiration": "60000",
+    }
+    assert headers["x-first-death-queue"] == headers["x-last-death-queue"] == "work"
+    assert headers["x-first-death-reason"] == "delivery_limit"
+    assert entry.message.body == b"poison" and entry.deliveries == 0
+    assert h.info("work")["message_stats"]["dead_lettered"] == {"delivery_limit": 1}
+
+
+def test_delivery_limit_without_dead_letter_exchange_drops() -> None:
+    h = Harness()
+    h.queue("q", arguments={"x-delivery-limit": 0})
+    h.publish(0, "", "q", b"m")
+    h.sync()
+    ch = h.channel()
+    h.b.consume(ch, "q")
+    h.b.nack(ch, deliver_one(h, ch).delivery_tag)
+    h.sync()
+    assert h.info("q")["messages"] == 0
+    assert restart_from_log(h).queues["q"].ready_count() == 0
+
+
+def test_reject_without_requeue_dead_letters_with_the_routing_key_argument() -> None:
+    h = Harness()
+    h.b.declare_exchange("dlx", "direct")
+    h.queue("dead")
+    h.b.bind("dlx", "dead", "failed")
+    h.queue("work", arguments={**DLX, "x-dead-letter-routing-key": "failed"})
+    h.publish(0, "", "work", b"m")
+    h.sync()
+    ch = h.channel()
+    h.b.consume(ch, "work")
+    h.b.reject(ch, deliver_one(h, ch).delivery_tag, requeue=False)
+    h.sync()
+    (headers,) = headers_of(h, "dead")
+    assert headers["x-death"][0]["reason"] == "rejected"
+    assert ready_entries(h.b, "dead")[0].message.routing_key == "failed"
+    # the move is one MOVE record, and a restart sees the message in one place only
+    assert any(r[1] == RecordType.MOVE for r in h.records)
+    nb = restart_from_log(h)
+    assert (nb.queues["work"].ready_count(), nb.queues["dead"].ready_count()) == (0, 1)
+
+
+def test_a_dead_letter_move_is_atomic_at_every_point_of_the_log() -> None:
+    h = Harness()
+    with_dlq(h)
+    for i in range(5):
+        h.publish(0, "", "work", b"m%d" % i)
+    h.sync()
+    setup = len(h.records)
+    ch = h.channel()
+    h.b.consume(ch, "work")
+    for d in h.delivers(h.step(), ch):
+        h.b.nack(ch, d.delivery_tag, requeue=False)
+        h.step()
+    h.sync()
+    assert len(h.records) > setup
+    # a crash after any record: every message is in exactly one of the two queues
+    for cut in range(setup, len(h.records) + 1):
+        records = h.records[:cut]
+        nb = replay_into(fresh_broker(h), records, records[-1][0])
+        bodies = [e.message.body for q in ("work", "dead") for e in ready_entries(nb, q)]
+        assert sorted(bodies) == [b"m%d" % i for i in range(5)], cut
+    assert [e.message.body for e in ready_entries(nb, "dead")] == [b"m%d" % i for i in range(5)]
+
+
+def test_expired_messages_leave_on_time_and_are_dead_lettered() -> None:
+    h = Harness()
+    with_dlq(h, "work", **{"x-message-ttl": 5000})
+    h.publish(0, "", "work", b"old")
+    h.sleep(3)
+    h.publish(0, "", "work", b"new")
+    h.sync()
+    assert h.info("work")["messages_ready"] == 2
+    assert h.b.next_deadline() is not None
+    h.sleep(2.5)  # "old" expires with nobody consuming
+    assert h.info("work")["messages_ready"] == 1
+    assert [e.message.body for e in ready_entries(h.b, "dead")] == [b"old"]
+    assert headers_of(h, "dead")[0]["x-death"][0]["reason"] == "expired"
+    h.sleep(3)
+    assert h.info("work")["messages_ready"] == 0
+    assert h.info("work")["message_stats"]["dead_lettered"] == {"expired": 2}
+
+
+def test_maxlen_drop_head_dead_letters_the_oldest() -> None:
+    h = Harness()
+    with_dlq(h, "work", **{"x-max-length": 2})
+    for i in range(4):
+        h.publish(0, "", "work", b"m%d" % i)
+    h.sync()
+    assert [e.message.body for e in ready_entries(h.b, "work")] == [b"m2", b"m3"]
+    assert [e.message.body for e in ready_entries(h.b, "dead")] == [b"m0", b"m1"]
+    assert {hd["x-death"][0]["reason"] for hd in headers_of(h, "dead")} == {"maxlen"}
+
+
+def test_reject_publish_dlx_nacks_and_dead_letters() -> None:
+    h = Harness()
+    with_dlq(h, "work", **{"x-max-length": 1, "x-overflow": "reject-publish-dlx"})
+    t1 = h.publish(0, "", "work", b"kept")
+    t2 = h.publish(0, "", "work", b"refused")
+    h.sync()
+    assert h.acked(0, t1) and h.nacked(0, t2)
+    assert [e.message.body for e in ready_entries(h.b, "dead")] == [b"refused"]
+
+
+def test_a_dead_letter_cycle_without_rejection_drops_the_message() -> None:
+    h = Harness()
+    h.queue("a", arguments={"x-message-ttl": 1000, "x-dead-letter-exchange": "", "x-dead-letter-routing-key": "b"})
+    h.queue("b", arguments={"x-message-ttl": 1000, "x-dead-letter-exchange": "", "x-dead-letter-routing-key": "a"})
+    h.publish(0, "", "a", b"m")
+    h.sync()
+    h.sleep(1.1)
+    assert h.info("b")["messages_ready"] == 1
+    effects = h.sleep(1.1)
+    assert h.info("a")["messages_ready"] == 0 and h.info("b")["messages_ready"] == 0
+    assert [e.reason for e in h.of_type(DeadLetterDropped, effects)] == ["expired"]
+
+
+def test_a_cycle_with_a_rejection_is_allowed_retry_queue_pattern() -> None:
+    h = Harness()
+    h.queue("work", arguments={"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "retry"})
+    h.queue("retry", arguments={"x-message-ttl": 1000, "x-dead-letter-exchange": "", "x-dead-letter-routing-key": "work"})
+    h.publish(0, "", "work", b"m")
+    h.sync()
+    ch = h.channel()
+    h.b.consume(ch, "work")
+    h.b.nack(ch, deliver_one(h, ch).delivery_tag, requeue=False)
+    h.step()
+    d = h.delivers(h.sleep(1.1), ch)
+    assert [x.message.body for x in d] == [b"m"]
+    deaths = d[0].message.properties["headers"]["x-death"]
+    assert [(x["queue"], x["reason"]) for x in deaths] == [("retry", "expired"), ("work", "rejected")]
+
+
+def test_missing_dead_letter_exchange_drops_and_reports() -> None:
+    h = Harness()
+    h.queue("q", arguments={"x-dead-letter-exchange": "nowhere"})
+    h.publish(0, "", "q", b"m")
+    h.sync()
+    ch = h.channel()
+    h.b.consume(ch, "q")
+    h.b.nack(ch, deliver_one(h, ch).delivery_tag, requeue=False)
+    (drop,) = h.of_type(DeadLetterDropped, h.step())
+    assert drop.queue == "q" and "nowhere" in drop.why
+
+
+# -- delays ---------------------------------------------------------------------------
+
+
+def test_nack_with_delay_returns_the_message_when_due_and_across_a_restart() -> None:
+    h = Harness()
+    h.queue("q")
+    h.publish(0, "", "q", b"m")
+    h.sync()
+    ch = h.channel()
+    h.b.consume(ch, "q")
+    h.b.nack(ch, deliver_one(h, ch).delivery_tag, delay_s=30)
+    h.sync()
+    assert h.info("q")["messages_delayed"] == 1 and h.info("q")["messages_ready"] == 0
+    assert h.delivers(h.sleep(29), ch) == []
+    # a restart now keeps it delayed until its due time (wall clock)
+    nb = restart_from_log(h)
+    assert len(nb.queues["q"].delayed) == 1 and nb.queues["q"].ready_count() == 0
+    d = h.delivers(h.sleep(1.5), ch)
+    assert [x.delivery_count for x in d] == [1]
+
+
+def test_delay_survives_a_checkpoint() -> None:
+    h = Harness()
+    h.queue("q")
+    h.publish(0, "", "q", b"m")
+    h.sync()
+    ch = h.channel()
+    h.b.consume(ch, "q")
+    h.b.nack(ch, deliver_one(h, ch).delivery_tag, delay_s=60)
+    h.sync()
+    covered, chunks = h.b.snapshot()
+    records = [(0, rtype, payload) for chunk in chunks for rtype, payload in chunk]
+    nb = replay_into(fresh_broker(h), records, covered)
+    assert [(round(d - h.wall.now), s) for d, s, _e in nb.queues["q"].delayed] == [(60, 1)]
+
+
+def test_delay_needs_requeue_and_a_sane_value() -> None:
+    h = Harness()
+    h.queue("q")
+    h.publish(0, "", "q", b"m")
+    h.sync()
+    ch = h.channel()
+    h.b.consume(ch, "q")
+    d = deliver_one(h, ch)
+    with pytest.raises(InvalidArgument):
+        h.b.nack(ch, d.delivery_tag, requeue=False, delay_s=5)
+    assert d.delivery_tag in h.b.channels[ch].deliveries  # nothing settled
+
+
+def test_publish_with_delay_enters_the_queue_when_due_durably() -> None:
+    h = Harness()
+    h.queue("q")
+    tag, _n = h.b.publish(0, "", "q", b"later", None, delay_s=10)
+    h.publish(0, "", "q", b"now")
+    h.sync()
+    assert h.acked(0, tag)
+    assert [r[1] for r in h.records].count(RecordType.MOVE) == 1
+    assert h.info("q")["messages_delayed"] == 1
+    assert [e.message.body for e in ready_entries(h.b, "q")] == [b"now"]
+    nb = restart_from_log(h)
+    assert len(nb.queues["q"].delayed) == 1
+    h.sleep(10.5)
+    # when due it takes its place by publish order: ahead of later publishes
+    assert [e.message.body for e in ready_entries(h.b, "q")] == [b"later", b"now"]
+
+
+# -- browse, redrive, arguments ---------------------------------------------------------
+
+
+def test_redrive_moves_back_to_the_origin_once_each() -> None:
+    h = Harness()
+    with_dlq(h)
+    for i in range(3):
+        h.publish(0, "", "work", b"m%d" % i)
+    h.sync()
+    ch = h.channel()
+    h.b.consume(ch, "work")
+    for d in h.delivers(h.step(), ch):
+        h.b.nack(ch, d.delivery_tag, requeue=False)
+    h.b.cancel(ch, next(iter(h.b.channels[ch].consumers)))
+    h.sync()
+    moved, stopped = h.b.redrive("dead", 2)
+    h.sync()
+    assert (moved, stopped) == (2, None)
+    assert [e.message.body for e in ready_entries(h.b, "work")] == [b"m0", b"m1"]
+    assert [e.message.body for e in ready_entries(h.b, "dead")] == [b"m2"]
+    nb = restart_from_log(h)
+    assert durable_view(nb)["messages"] == durable_view(h.b)["messages"]
+    # to any exchange
+    h.queue("other")
+    assert h.b.redrive("dead", 5, exchange="", routing_key="other") == (1, None)
+
+
+def test_redrive_stops_at_a_message_without_origin() -> None:
+    h = Harness()
+    h.queue("dead")
+    h.publish(0, "", "dead", b"stray")
+    h.sync()
+    moved, stopped = h.b.redrive("dead", 10)
+    assert moved == 0 and stopped is not None and "origin" in stopped
+    assert h.info("dead")["messages_ready"] == 1
+
+
+def test_browse_shows_ready_unacked_delayed_and_paged_without_consuming() -> None:
+    h = Harness(queue_memory_messages=2)
+    h.queue("q")
+    for i in range(6):
+        h.publish(0, "", "q", b"m%d" % i)
+    h.sync()
+    assert h.b.queues["q"].paged  # paged-out bodies are read back from the log to be shown
+    assert [e.message.body for _s, _st, e, _u, _d in h.b.browse("q", 10)] == [b"m%d" % i for i in range(6)]
+    assert len(h.b.queues["q"].paged) == 4  # and left where they were
+    ch = h.channel()
+    h.b.consume(ch, "q", prefetch=2)
+    d1, d2 = h.delivers(h.step(), ch)
+    h.b.nack(ch, d2.delivery_tag, delay_s=60)
+    h.step()
+    before = h.info("q")
+    seen = h.b.browse("q", 10)
+    assert [(s, state) for s, state, *_ in seen] == [
+        (1, "unacked"), (2, "delayed"), (3, "unacked"), (4, "ready"), (5, "ready"), (6, "ready")
+    ]
+    assert seen[1][4] == h.wall.now + 60
+    assert sorted(e.message.body for _s, _st, e, _u, _d in seen if e is not None) == [b"m%d" % i for i in range(6)]
+    assert h.info("q") == before
+    page = h.b.browse("q", 2, after=seen[1][0])
+    assert [s for s, *_ in page] == [s for s, *_ in seen[2:4]]
+
+
+def test_unknown_x_arguments_are_refused_naming_them() -> None:
+    h = Harness()
+    with pytest.raises(InvalidArgument, match="x-max-lenght"):
+        h.queue("q", arguments={"x-max-lenght": 10})
+    with pytest.raises(InvalidArgument, match="x-delivery-limit"):
+        h.queue("q", arguments={"x-delivery-limit": -1})
+    with pytest.raises(InvalidArgument, match="x-dead-letter-exchange"):
+        h.queue("q", arguments={"x-dead-letter-routing-key": "k"})
+    with pytest.raises(InvalidArgument, match="x-foo"):
+        h.b.declare_exchange("e", "direct", arguments={"x-foo": 1})
+    assert "q" not in h.b.queues and "e" not in h.b.exchanges
+    h.queue("q", arguments={"my-metadata": 1, "x-queue-type": "quorum"})  # non-x names are metadata
+
+
+def test_alternate_exchange_takes_unroutable_messages() -> None:
+    h = Harness()
+    h.b.declare_exchange("ae", "fanout")
+    h.queue("unrouted")
+    h.b.bind("ae", "unrouted")
+    h.b.declare_exchange("main", "direct", arguments={"alternate-exchange": "ae"})
+    h.queue("known")
+    h.b.bind("main", "known", "k")
+    h.publish(0, "main", "k", b"routed")
+    h.publish(0, "main", "other", b"alternate")
+    h.sync()
+    assert [e.message.body for e in ready_entries(h.b, "known")] == [b"routed"]
+    assert [e.message.body for e in ready_entries(h.b, "unrouted")] == [b"alternate"]
