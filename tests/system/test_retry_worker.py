@@ -1,0 +1,105 @@
+"""A worker that fails a message three times, retrying it later each time, and an
+operator who then finds it in the dead-letter queue with its history and redrives
+it: once with plain HTTP calls (what curl sends), once with the client library."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import trio
+
+import client
+from tests.support.broker import BrokerProcess
+
+pytestmark = pytest.mark.slow
+
+QUEUE_ARGS = {"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "jobs.dead", "x-delivery-limit": 2}
+
+
+def test_worker_retries_with_delay_then_finds_the_message_dead_lettered_over_http(tmp_path: Path) -> None:
+    with BrokerProcess(tmp_path / "data") as broker:
+        assert broker.request("PUT", "/queues/jobs.dead", {})[0] == 201
+        assert broker.request("PUT", "/queues/jobs", {"arguments": QUEUE_ARGS})[0] == 201
+        # a typo in an argument is refused, naming it
+        status, body = broker.request("PUT", "/queues/typo", {"arguments": {"x-delivery-limt": 2}})
+        assert status == 400 and "x-delivery-limt" in body["message"]
+        status, body = broker.request(
+            "POST", "/exchanges/amq.default/publish?routing_key=jobs", b"resize image 7",
+            headers={"X-Message-Id": "job-7"},
+        )
+        assert status == 200 and body["confirm"] == "ack"
+
+        counts = []
+        for attempt in range(3):
+            deadline = time.monotonic() + 10
+            while True:
+                status, got = broker.request("POST", "/queues/jobs/get?wait=2&lease=30")
+                assert status == 200
+                if got["messages"]:
+                    break
+                assert time.monotonic() < deadline, "the retried message never came back"
+            (m,) = got["messages"]
+            counts.append(m["delivery_count"])
+            # fails: retry in 0.3 s
+            status, nacked = broker.request(
+                "POST", "/queues/jobs/nack", {"lease_ids": [m["lease_id"]], "delay_s": 0.3}
+            )
+            assert status == 200 and nacked == {"nacked": 1}
+            if attempt < 2:
+                info = broker.request("GET", "/queues/jobs")[1]
+                assert info["messages_delayed"] == 1 and info["messages_ready"] == 0
+        assert counts == [0, 1, 2]
+        headers = m["properties"]["headers"]
+        assert headers["x-delivery-count"] == 2  # a redelivery says so in its headers too
+
+        # the third failure passed the delivery limit: the operator finds it, with its history
+        status, seen = broker.request("GET", "/queues/jobs.dead/messages?limit=10")
+        assert status == 200
+        (dead,) = seen["messages"]
+        assert dead["body"] == "resize image 7" and dead["state"] == "ready"
+        assert dead["properties"]["message_id"] == "job-7"
+        assert [(d["queue"], d["reason"], d["count"]) for d in dead["x_death"]] == [("jobs", "delivery_limit", 1)]
+        assert broker.request("GET", "/queues/jobs.dead")[1]["messages_ready"] == 1  # browsing took nothing
+        status, metrics = broker.request("GET", "/metrics")
+        assert b'ackbus_messages_dead_lettered_total{queue="jobs",reason="delivery_limit"} 1' in metrics
+
+        # ... fixes the bug, and redrives it to where it came from
+        status, body = broker.request("POST", "/queues/jobs.dead/redrive", {"count": 10})
+        assert (status, body) == (200, {"moved": 1})
+        status, got = broker.request("POST", "/queues/jobs/get?wait=5")
+        (m,) = got["messages"]
+        assert m["body"] == "resize image 7" and m["delivery_count"] == 0
+        assert m["properties"]["headers"]["x-death"][0]["reason"] == "delivery_limit"
+
+
+async def test_worker_retries_with_delay_then_finds_the_message_dead_lettered_with_the_client(tmp_path: Path) -> None:
+    broker = BrokerProcess(tmp_path / "data")
+    await trio.to_thread.run_sync(broker.start)
+    try:
+        async with client.connect(broker.url) as conn:
+            async with conn.channel() as ch:
+                await ch.declare_queue("jobs.dead")
+                await ch.declare_queue("jobs", arguments=QUEUE_ARGS)
+                await ch.publish("", "jobs", b"job", delay_s=0.2)  # enters the queue a little later
+                seen = []
+                async with ch.consume("jobs") as messages:
+                    with trio.fail_after(10):
+                        for _ in range(3):
+                            msg = await messages.receive()
+                            seen.append((msg.delivery_count, msg.redelivered))
+                            assert await msg.nack(delay_s=0.2)
+                assert seen == [(0, False), (1, True), (2, True)]
+                async with ch.consume("jobs.dead") as dead:
+                    with trio.fail_after(10):
+                        msg = await dead.receive()
+                    assert msg.body == b"job"
+                    (death,) = msg.death
+                    assert (death.queue, death.reason, death.count) == ("jobs", "delivery_limit", 1)
+                    assert death.routing_keys == ["jobs"]
+                    await msg.ack()
+                with pytest.raises(ValueError):
+                    await ch.publish("", "jobs", b"x", delay_s=-1)
+    finally:
+        await trio.to_thread.run_sync(broker.stop)
