@@ -22,8 +22,8 @@ from typing import Any
 
 import trio
 
+from broker.app import build_app
 from broker.config import ConfigError, Settings, load_settings
-from broker.app import BrokerApp, build_app
 from broker.logs import configure_logging, reopen_log_files
 from broker.storage import FaultsNotAllowed, check_fault_environment
 

@@ -29,7 +29,6 @@ import trio
 
 from .codec import Properties
 from .errors import ClientError, ConsumerCancelled, MessageAlreadySettled
-
 from .messages import Reply
 
 __all__ = ["Message", "MessageStream", "Settler"]

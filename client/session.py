@@ -47,8 +47,8 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from .codec import Deliver, Error, Event, LineSplitter, Open, decode_event, encode_op
-from .messages import Reply
 from .errors import ChannelClosedByBroker, ClientError, ConnectionLost, ProtocolError
+from .messages import Reply
 from .transport import DuplexExchange, Endpoint, StreamOpener
 
 if TYPE_CHECKING:

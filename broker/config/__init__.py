@@ -4,9 +4,9 @@ TOML file (see :mod:`broker.config.settings`)."""
 from broker.config.kinds import GiB, KiB, MiB, format_size, parse_size
 from broker.config.loader import build_arg_parser, load_settings
 from broker.config.settings import (
-    ConfigError,
-    ENV_PREFIX,
     CONFIG_ENV,
+    ENV_PREFIX,
+    ConfigError,
     LogFormat,
     LogLevel,
     SettingInfo,

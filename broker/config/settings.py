@@ -47,8 +47,6 @@ from broker.config.kinds import (
     _SECONDS,
     _SIZE,
     _STR,
-    KiB,
-    MiB,
     _at_least,
     _between,
     _Check,

@@ -13,18 +13,18 @@ from .broker import (
     Broker,
     PublishResult,
 )
-from .config import CoreConfig
 from .browsing import MAX_BROWSE
+from .config import CoreConfig
 from .deadletter import MAX_REDRIVE
 from .delays import MAX_DELAY_S, check_delay
 from .effects import (
     AppendRecords,
     Confirm,
     ConsumerCancelled,
+    DeadLetterDropped,
     Deliver,
     DeliveryExpired,
     Effect,
-    DeadLetterDropped,
     LogReadFailed,
     MessageLost,
     QueueReady,

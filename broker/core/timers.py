@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import heapq
 
+from .delays import QUEUE_TIMER
 from .effects import (
     Confirm,
     DeliveryExpired,
 )
-from .delays import QUEUE_TIMER
 from .state import (
     _EXPIRED_MEMORY,
     BrokerState,

@@ -70,7 +70,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from email.utils import formatdate
 from http import HTTPStatus
-from typing import TYPE_CHECKING, Any, Final, TypeAlias, cast
+from typing import Any, Final, TypeAlias, cast
 
 import h11
 import orjson

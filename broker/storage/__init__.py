@@ -35,7 +35,12 @@ Records read back by LSN (``wal.reader.read``) are ``(rtype, payload)`` or a
 See ``docs/durability.md`` for the on-disk format, the fsync policies and recovery.
 """
 
-from .checkpoint import CheckpointInfo, LoadedCheckpoint, read_latest_checkpoint, write_checkpoint
+from .checkpoint import (
+    CheckpointInfo,
+    LoadedCheckpoint,
+    read_latest_checkpoint,
+    write_checkpoint,
+)
 from .errors import (
     CorruptCheckpoint,
     CorruptLog,
@@ -46,6 +51,8 @@ from .errors import (
     WALClosed,
     WALFailed,
 )
+from .faults import FaultsNotAllowed
+from .faults import check_environment as check_fault_environment
 from .framing import (
     DEFAULT_MAX_RECORD_BYTES,
     NEED_DATA,
@@ -56,12 +63,10 @@ from .framing import (
     encode_record,
     encode_records,
 )
-from .faults import FaultsNotAllowed
-from .faults import check_environment as check_fault_environment
 from .fs import FileSystem, OsFileSystem, WritableFile
 from .reader import LogReader, ReadFailure, ReadResult, SegmentsToKeep
-from .reserve import DEFAULT_RESERVE_BYTES
 from .recovery import Recovery, RecoveryReport, TruncatedTail, VoidedRecords, recover
+from .reserve import DEFAULT_RESERVE_BYTES
 from .wal import (
     DEFAULT_RETRY_INTERVAL_S,
     DEFAULT_SEGMENT_MAX_BYTES,

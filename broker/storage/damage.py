@@ -29,7 +29,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
-from .framing import FRAME_HEADER_BYTES, FrameProblem, ProblemKind, ScanGaveUp, find_valid_frame
+from .framing import (
+    FRAME_HEADER_BYTES,
+    FrameProblem,
+    ProblemKind,
+    ScanGaveUp,
+    find_valid_frame,
+)
 from .group import count_group_records, find_sync_evidence
 
 __all__ = ["Verdict", "judge_frames", "judge_groups", "looks_torn", "count_frames"]

@@ -47,7 +47,13 @@ from collections.abc import Iterable, Sequence
 from typing import BinaryIO
 
 from . import faults
-from .framing import FRAME_HEADER_BYTES, FRAME_OVERHEAD_BYTES, FrameProblem, ProblemKind, RecordDecoder
+from .framing import (
+    FRAME_HEADER_BYTES,
+    FRAME_OVERHEAD_BYTES,
+    FrameProblem,
+    ProblemKind,
+    RecordDecoder,
+)
 from .fs import FileSystem
 from .group import GroupDecoder
 from .segment import (

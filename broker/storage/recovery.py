@@ -63,8 +63,8 @@ from dataclasses import dataclass
 from typing import BinaryIO, Final, NamedTuple, NoReturn
 
 from .checkpoint import LoadedCheckpoint, read_latest_checkpoint
-from .errors import CorruptLog, RecoveryNotFinished
 from .damage import count_frames, judge_frames, judge_groups
+from .errors import CorruptLog, RecoveryNotFinished
 from .framing import (
     DEFAULT_MAX_RECORD_BYTES,
     FRAME_OVERHEAD_BYTES,

@@ -95,11 +95,16 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 import trio
 
 from . import faults
+from .checkpoint import newest_checkpoint_bytes
 from .errors import InvalidConfiguration, StorageError, WALClosed, WALFailed
 from .framing import DEFAULT_MAX_RECORD_BYTES, FRAME_OVERHEAD_BYTES, encode_records
 from .fs import OS_FILE_SYSTEM, FileSystem, WritableFile
-from .checkpoint import newest_checkpoint_bytes
-from .group import GROUP_HEADER_BYTES, GROUP_SPLIT_BYTES, encode_group_header, group_spans
+from .group import (
+    GROUP_HEADER_BYTES,
+    GROUP_SPLIT_BYTES,
+    encode_group_header,
+    group_spans,
+)
 from .reader import LogReader
 from .reserve import ensure_reserve, is_disk_full, wanted_reserve_bytes
 from .segment import (
