@@ -6,6 +6,8 @@ from __future__ import annotations
 import random
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 from tests.support.broker import BrokerProcess
 from tests.support.rawchannel import ChannelGone, PublishLedger, RawChannel
@@ -47,14 +49,26 @@ class Publisher(threading.Thread):
                 ch.close()
 
 
-class Consumer(threading.Thread):
-    """Consumes with manual acks; records every id it acked."""
+def ack(ev: dict[str, Any]) -> dict[str, Any]:
+    return {"op": "ack", "delivery_tag": ev["delivery_tag"]}
 
-    def __init__(self, broker: BrokerProcess, queue: str, stop: threading.Event) -> None:
+
+class Consumer(threading.Thread):
+    """Consumes with manual settling (``settle`` makes the op for each delivery: an ack
+    by default); records the body of every delivery it settled."""
+
+    def __init__(
+        self,
+        broker: BrokerProcess,
+        queue: str,
+        stop: threading.Event,
+        settle: Callable[[dict[str, Any]], dict[str, Any]] = ack,
+    ) -> None:
         super().__init__(daemon=True)
         self.broker = broker
         self.queue = queue
         self.stop = stop
+        self.settle = settle
         self.acked: list[str] = []
 
     def run(self) -> None:
@@ -72,7 +86,7 @@ class Consumer(threading.Thread):
                     except ChannelGone:
                         break
                     if ev["ev"] == "deliver":
-                        ch.send({"op": "ack", "delivery_tag": ev["delivery_tag"]})
+                        ch.send(self.settle(ev))
                         self.acked.append(ev["message"]["body"])
             except ChannelGone:
                 pass
