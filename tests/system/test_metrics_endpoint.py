@@ -24,6 +24,9 @@ pytestmark = pytest.mark.slow
 
 # family name (as the parser reports it: counters without `_total`) -> type
 EXPECTED_FAMILIES = {
+    "ackbus_queue_messages_delayed": "gauge",
+    "ackbus_messages_dead_lettered": "counter",
+    "ackbus_dead_letters_dropped": "counter",
     "ackbus_connections": "gauge",
     "ackbus_connections_accepted": "counter",
     "ackbus_connections_rejected": "counter",

@@ -84,7 +84,7 @@ def test_readme_curl_example(tmp_path: Path) -> None:
         assert message["routing_key"] == "jobs"
         assert message["exchange"] == "amq.direct"
         assert message["redelivered"] is False
-        shown = '{"messages":[{"body":"hello","properties":{"content_type":"text/plain"},"lease_id":"'
+        shown = '{"messages":[{"body":"hello","properties":{"content_type":"text/plain"},"delivery_count":0,"lease_id":"'
         assert shown in readme
         assert json.dumps(message, separators=(",", ":")).startswith(shown[len('{"messages":[') :])
 
