@@ -55,7 +55,7 @@ from .codec import (
     Properties,
     encode_publish,
 )
-from .consumer import MAX_DELAY_S, YIELD_EVERY, Message, MessageStream
+from .consumer import YIELD_EVERY, Message, MessageStream, check_delay
 from .errors import (
     ChannelClosedByBroker,
     ClientClosed,
@@ -650,10 +650,7 @@ class Channel(Supervisor):
         delay_s: float | None = None,
     ) -> PendingPublish:
         self._check_usable()
-        if delay_s is not None and (
-            isinstance(delay_s, bool) or not isinstance(delay_s, (int, float)) or not 0 <= delay_s <= MAX_DELAY_S
-        ):
-            raise ValueError(f"delay_s must be a number of seconds 0..{MAX_DELAY_S:g}")
+        check_delay(True, delay_s)
         if isinstance(body, str):
             body = body.encode("utf-8")
         if properties is not None and properties is self._last_properties:

@@ -67,7 +67,8 @@ async def _settled(settler: Settler, sent: bool) -> bool:
 MAX_DELAY_S = ((1 << 32) - 1) / 1000.0
 
 
-def _check_delay(requeue: bool, delay_s: float | None) -> None:
+def check_delay(requeue: bool, delay_s: float | None) -> None:
+    """Raises ValueError for a delay the broker would refuse, or one without requeue."""
     if delay_s is None:
         return
     if not requeue:
@@ -215,7 +216,7 @@ class Message:
             MessageAlreadySettled: already settled; nothing was sent.
             ValueError: ``delay_s`` without ``requeue``, or out of range.
         """
-        _check_delay(requeue, delay_s)
+        check_delay(requeue, delay_s)
         return await _settled(self._settler, self._settler._settle(self, "nack", requeue, delay_s))
 
     async def reject(self, *, requeue: bool = False, delay_s: float | None = None) -> bool:
@@ -227,7 +228,7 @@ class Message:
             MessageAlreadySettled: already settled; nothing was sent.
             ValueError: ``delay_s`` without ``requeue``, or out of range.
         """
-        _check_delay(requeue, delay_s)
+        check_delay(requeue, delay_s)
         return await _settled(self._settler, self._settler._settle(self, "reject", requeue, delay_s))
 
     async def touch(self) -> bool:

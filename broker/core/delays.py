@@ -56,7 +56,6 @@ class DelaysMixin(BrokerState):
         """Put ``queue``'s next wake-up on the timer heap: the earliest of a read
         retry, its first due delay, and when the head of its memory expires."""
         wake = queue.read_blocked_until
-        now_wall = None
         if queue.delayed or queue.message_ttl_s is not None:
             now_wall = self.wall_clock()
             now = self.clock()
@@ -107,9 +106,6 @@ class DelaysMixin(BrokerState):
             entry = queue.pop()
             assert entry is head
             self._dead_letter(queue, entry, "expired")
-
-    def delayed_count(self, queue: Queue) -> int:
-        return len(queue.delayed)
 
 
 def _memory_head(queue: Queue) -> Entry | None:

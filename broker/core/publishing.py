@@ -310,22 +310,14 @@ class PublishingMixin(BrokerState):
         if read_log is None:
             raise RuntimeError("messages are indexed by LSN but the broker has no log to read")
         results = read_log([loc >> 1 for _seq, loc in pairs])
-        ttl = queue.message_ttl_s
         out: list[Entry] = []
         for (seq, loc), result in zip(pairs, results):
-            lsn = loc >> 1
-            r = _logged_message(result, seq, lsn)
+            r = _logged_message(result, seq, loc >> 1)
             if isinstance(r, str):
                 self._settles.setdefault(queue.qid, []).append(seq)
-                self._effects.append(MessageLost(queue.name, seq, lsn, r))
+                self._effects.append(MessageLost(queue.name, seq, loc >> 1, r))
                 continue
-            message = Message(r.seq, r.exchange, r.routing_key, r.body, r.properties, r.expires_at, owned=True)
-            message.lsn = lsn
-            expires = r.expires_at
-            if ttl is not None and r.wall_s:
-                q_exp = r.wall_s + ttl
-                expires = q_exp if expires is None else min(expires, q_exp)
-            out.append(Entry(message, max(loc & 1, queue.paged_counts.get(seq, 0)), expires))
+            out.append(self._entry_of(queue, loc, r))
         return out
 
     def _pop(self, queue: Queue) -> Entry | None:

@@ -134,19 +134,15 @@ class ReplayMixin(BrokerState):
             for seq in seqs:
                 entries.mark_delivered(seq)
 
-    def _replay_counts(self, state: dict[int, ReplayIndex], payload: bytes, lsn: int, rtype: int) -> None:
+    def _replay_pairs(self, state: dict[int, ReplayIndex], payload: bytes, lsn: int, rtype: int) -> None:
+        """DELIVERY_COUNTS or DELAY: ``(seq, value)`` pairs of one queue; the larger
+        value wins (both only grow)."""
         qid, pairs = rec.decode_counts(payload)
         entries = state.get(qid)
         if entries is not None:
-            for seq, count in pairs:
-                entries.raise_count(seq, count)
-
-    def _replay_delay(self, state: dict[int, ReplayIndex], payload: bytes, lsn: int, rtype: int) -> None:
-        qid, pairs = rec.decode_counts(payload)
-        entries = state.get(qid)
-        if entries is not None:
-            for seq, due_ms in pairs:
-                entries.raise_due(seq, due_ms)
+            raise_ = entries.raise_count if rtype == RecordType.DELIVERY_COUNTS else entries.raise_due
+            for seq, value in pairs:
+                raise_(seq, value)
 
     def _replay_move(self, state: dict[int, ReplayIndex], payload: bytes, lsn: int, rtype: int) -> None:
         """A message leaving one queue for others (dead letter, redrive, delayed
@@ -159,9 +155,9 @@ class ReplayMixin(BrokerState):
             raise ValueError("MOVE record in a checkpoint")
         self._replay_logged_enqueue(state, enqueue, lsn, rtype)
         if due is not None:
-            seq = rec.peek_enqueue(enqueue)[0]
+            seq, _wall, qids, _exchange, _id = rec.peek_enqueue(enqueue)
             due_ms = round(due * 1000.0)
-            for qid in rec.peek_enqueue(enqueue)[2]:
+            for qid in qids:
                 entries = state.get(qid)
                 if entries is not None:
                     entries.raise_due(seq, due_ms)
@@ -365,8 +361,8 @@ REPLAY_HANDLERS: dict[int, _Handler] = {
     RecordType.QUEUE_REFS: ReplayMixin._replay_queue_refs,
     RecordType.SETTLE: ReplayMixin._replay_settle,
     RecordType.DELIVERED: ReplayMixin._replay_delivered,
-    RecordType.DELIVERY_COUNTS: ReplayMixin._replay_counts,
-    RecordType.DELAY: ReplayMixin._replay_delay,
+    RecordType.DELIVERY_COUNTS: ReplayMixin._replay_pairs,
+    RecordType.DELAY: ReplayMixin._replay_pairs,
     RecordType.MOVE: ReplayMixin._replay_move,
     RecordType.DECLARE_QUEUE: ReplayMixin._replay_declare_queue,
     RecordType.DELETE_QUEUE: ReplayMixin._replay_delete_queue,

@@ -280,7 +280,8 @@ class TopologyMixin(BrokerState):
         return count
 
     def purge_queue(self, name: str, *, channel_id: int = REST_CHANNEL) -> int:
-        """Drop every ready message of a queue (not the unacked ones); return the count.
+        """Drop every ready or delayed message of a queue (not the unacked ones); return
+        the count.
 
         Raises: NotFound; Unavailable (``storage_failed``) while the log cannot be
         written and the queue logs its messages: a purge whose records cannot be

@@ -24,6 +24,16 @@ def with_dlq(h: Harness, queue: str = "work", **arguments: Any) -> None:
     h.queue(queue, arguments={**DLX, **arguments})
 
 
+def consuming(h: Harness, queue: str, *bodies: bytes) -> int:
+    """Publish ``bodies`` to ``queue`` (confirmed), then consume it on a new channel."""
+    for body in bodies:
+        h.publish(0, "", queue, body)
+    h.sync()
+    ch = h.channel()
+    h.b.consume(ch, queue)
+    return ch
+
+
 def deliver_one(h: Harness, ch: int) -> Deliver:
     (d,) = h.delivers(h.step(), ch)
     return d
@@ -39,10 +49,7 @@ def headers_of(h: Harness, queue: str) -> list[dict[str, Any]]:
 def test_delivery_count_counts_every_way_a_delivery_comes_back() -> None:
     h = Harness(consumer_timeout_s=10.0)
     h.queue("q")
-    h.publish(0, "", "q", b"m")
-    h.sync()
-    ch = h.channel()
-    h.b.consume(ch, "q")
+    ch = consuming(h, "q", b"m")
     d = deliver_one(h, ch)
     assert (d.delivery_count, d.redelivered) == (0, False)
     h.b.nack(ch, d.delivery_tag)  # nack with requeue
@@ -97,9 +104,7 @@ def test_delivery_limit_dead_letters_with_history_and_never_delivers_again() -> 
     h = Harness()
     with_dlq(h, "work", **{"x-delivery-limit": 2})
     h.publish(0, "", "work", b"poison", {"headers": {"k": "v"}, "expiration": 60_000})
-    h.sync()
-    ch = h.channel()
-    h.b.consume(ch, "work")
+    ch = consuming(h, "work")
     for attempt in range(3):  # delivered 3 times: 1 + 2 allowed redeliveries
         d = deliver_one(h, ch)
         assert d.delivery_count == attempt
@@ -125,10 +130,7 @@ def test_delivery_limit_dead_letters_with_history_and_never_delivers_again() -> 
 def test_delivery_limit_without_dead_letter_exchange_drops() -> None:
     h = Harness()
     h.queue("q", arguments={"x-delivery-limit": 0})
-    h.publish(0, "", "q", b"m")
-    h.sync()
-    ch = h.channel()
-    h.b.consume(ch, "q")
+    ch = consuming(h, "q", b"m")
     h.b.nack(ch, deliver_one(h, ch).delivery_tag)
     h.sync()
     assert h.info("q")["messages"] == 0
@@ -141,10 +143,7 @@ def test_reject_without_requeue_dead_letters_with_the_routing_key_argument() -> 
     h.queue("dead")
     h.b.bind("dlx", "dead", "failed")
     h.queue("work", arguments={**DLX, "x-dead-letter-routing-key": "failed"})
-    h.publish(0, "", "work", b"m")
-    h.sync()
-    ch = h.channel()
-    h.b.consume(ch, "work")
+    ch = consuming(h, "work", b"m")
     h.b.reject(ch, deliver_one(h, ch).delivery_tag, requeue=False)
     h.sync()
     (headers,) = headers_of(h, "dead")
@@ -235,10 +234,7 @@ def test_a_cycle_with_a_rejection_is_allowed_retry_queue_pattern() -> None:
     h = Harness()
     h.queue("work", arguments={"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "retry"})
     h.queue("retry", arguments={"x-message-ttl": 1000, "x-dead-letter-exchange": "", "x-dead-letter-routing-key": "work"})
-    h.publish(0, "", "work", b"m")
-    h.sync()
-    ch = h.channel()
-    h.b.consume(ch, "work")
+    ch = consuming(h, "work", b"m")
     h.b.nack(ch, deliver_one(h, ch).delivery_tag, requeue=False)
     h.step()
     d = h.delivers(h.sleep(1.1), ch)
@@ -250,10 +246,7 @@ def test_a_cycle_with_a_rejection_is_allowed_retry_queue_pattern() -> None:
 def test_missing_dead_letter_exchange_drops_and_reports() -> None:
     h = Harness()
     h.queue("q", arguments={"x-dead-letter-exchange": "nowhere"})
-    h.publish(0, "", "q", b"m")
-    h.sync()
-    ch = h.channel()
-    h.b.consume(ch, "q")
+    ch = consuming(h, "q", b"m")
     h.b.nack(ch, deliver_one(h, ch).delivery_tag, requeue=False)
     (drop,) = h.of_type(DeadLetterDropped, h.step())
     assert drop.queue == "q" and "nowhere" in drop.why
@@ -265,10 +258,7 @@ def test_missing_dead_letter_exchange_drops_and_reports() -> None:
 def test_nack_with_delay_returns_the_message_when_due_and_across_a_restart() -> None:
     h = Harness()
     h.queue("q")
-    h.publish(0, "", "q", b"m")
-    h.sync()
-    ch = h.channel()
-    h.b.consume(ch, "q")
+    ch = consuming(h, "q", b"m")
     h.b.nack(ch, deliver_one(h, ch).delivery_tag, delay_s=30)
     h.sync()
     assert h.info("q")["messages_delayed"] == 1 and h.info("q")["messages_ready"] == 0
@@ -283,10 +273,7 @@ def test_nack_with_delay_returns_the_message_when_due_and_across_a_restart() -> 
 def test_delay_survives_a_checkpoint() -> None:
     h = Harness()
     h.queue("q")
-    h.publish(0, "", "q", b"m")
-    h.sync()
-    ch = h.channel()
-    h.b.consume(ch, "q")
+    ch = consuming(h, "q", b"m")
     h.b.nack(ch, deliver_one(h, ch).delivery_tag, delay_s=60)
     h.sync()
     covered, chunks = h.b.snapshot()
@@ -298,10 +285,7 @@ def test_delay_survives_a_checkpoint() -> None:
 def test_delay_needs_requeue_and_a_sane_value() -> None:
     h = Harness()
     h.queue("q")
-    h.publish(0, "", "q", b"m")
-    h.sync()
-    ch = h.channel()
-    h.b.consume(ch, "q")
+    ch = consuming(h, "q", b"m")
     d = deliver_one(h, ch)
     with pytest.raises(InvalidArgument):
         h.b.nack(ch, d.delivery_tag, requeue=False, delay_s=5)
@@ -415,3 +399,19 @@ def test_alternate_exchange_takes_unroutable_messages() -> None:
     h.sync()
     assert [e.message.body for e in ready_entries(h.b, "known")] == [b"routed"]
     assert [e.message.body for e in ready_entries(h.b, "unrouted")] == [b"alternate"]
+
+
+def test_purge_removes_delayed_messages_too_durably() -> None:
+    h = Harness()
+    h.queue("q")
+    ch = consuming(h, "q", b"m", b"n")
+    first, _second = h.delivers(h.step(), ch)
+    h.b.nack(ch, first.delivery_tag, delay_s=60)
+    h.b.close_channel(ch)
+    h.sync()
+    assert h.info("q")["messages_delayed"] == 1
+    assert h.b.purge_queue("q") == 2
+    h.sync()
+    assert (h.info("q")["messages_delayed"], h.info("q")["messages_ready"]) == (0, 0)
+    nb = restart_from_log(h)
+    assert (len(nb.queues["q"].delayed), nb.queues["q"].ready_count()) == (0, 0)
