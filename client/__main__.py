@@ -74,7 +74,8 @@ def _key_value(text: str) -> tuple[str, Any]:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ackbus",
-        description="Talk to an ackbus broker: declare, bind, publish, consume, get, queues.",
+        description="Talk to an ackbus broker: declare, bind, publish, consume, get, peek, "
+        "redrive, purge, delete, queues.",
         epilog="Exit status: 0 ok, 1 broker refused, 2 usage, 3 unreachable, "
         "4 unconfirmed publish, 5 not enough messages, 130 interrupted.",
     )
@@ -133,6 +134,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lease", type=float, default=30.0, metavar="S")
     p.add_argument("--requeue", action="store_true", help="put them back instead of acking (peek)")
     p.add_argument("--format", choices=["text", "json"], default="text")
+
+    p = sub.add_parser("peek", help="show a queue's messages without consuming them (one JSON object each)")
+    p.add_argument("queue")
+    p.add_argument("--count", "-n", type=int, default=20, help="at most this many (default %(default)s)")
+    p.add_argument("--after", type=int, default=0, metavar="SEQ", help="start after this sequence number")
+
+    p = sub.add_parser("redrive", help="move messages out of a dead-letter queue (back to their origin)")
+    p.add_argument("queue")
+    p.add_argument("--count", "-n", type=int, default=100_000, help="at most this many (default %(default)s)")
+    p.add_argument("--exchange", "-e", help="send them here instead of back to their origin")
+    p.add_argument("--routing-key", "-k", help="with --exchange: this routing key (default: their own)")
+
+    p = sub.add_parser("purge", help="drop a queue's ready and delayed messages")
+    p.add_argument("queue")
+
+    p = sub.add_parser("delete", help="delete a queue or an exchange")
+    p.add_argument("kind", choices=["queue", "exchange"])
+    p.add_argument("name")
 
     p = sub.add_parser("queues", help="table of queues and their counts")
     p.add_argument("--json", action="store_true", help="one JSON object per queue instead")
@@ -368,6 +387,38 @@ class _Cli:
             else:
                 await conn.ack_leases(a.queue, ids)
         return EXIT_OK if messages else EXIT_NOT_ENOUGH
+
+    # --- operating on queues -----------------------------------------------------------
+
+    async def cmd_peek(self, conn: Connection) -> int:
+        a = self.args
+        page = await conn.browse(a.queue, limit=a.count, after=a.after)
+        for item in page["messages"]:
+            self.stdout.write(orjson.dumps(item).decode() + "\n")
+        return EXIT_OK
+
+    async def cmd_redrive(self, conn: Connection) -> int:
+        a = self.args
+        if a.routing_key is not None and a.exchange is None:
+            raise _Usage("--routing-key needs --exchange")
+        result = await conn.redrive(a.queue, count=a.count, exchange=a.exchange, routing_key=a.routing_key)
+        self.stdout.write(f"moved {result['moved']}\n")
+        if "stopped" in result:
+            self.stderr.write(f"ackbus: stopped: {result['stopped']}\n")
+            return EXIT_NOT_ENOUGH
+        return EXIT_OK
+
+    async def cmd_purge(self, conn: Connection) -> int:
+        self.stdout.write(f"purged {await conn.purge_queue(self.args.queue)}\n")
+        return EXIT_OK
+
+    async def cmd_delete(self, conn: Connection) -> int:
+        a = self.args
+        if a.kind == "queue":
+            await conn.delete_queue(a.name)
+        else:
+            await conn.delete_exchange(a.name)
+        return EXIT_OK
 
     # --- queues -----------------------------------------------------------------------
 

@@ -4,13 +4,16 @@ it: once with plain HTTP calls (what curl sends), once with the client library."
 
 from __future__ import annotations
 
+import io
 import time
 from pathlib import Path
 
+import orjson
 import pytest
 import trio
 
 import client
+from client.__main__ import run
 from tests.support.broker import BrokerProcess
 
 pytestmark = pytest.mark.slow
@@ -101,5 +104,40 @@ async def test_worker_retries_with_delay_then_finds_the_message_dead_lettered_wi
                     await msg.ack()
                 with pytest.raises(ValueError):
                     await ch.publish("", "jobs", b"x", delay_s=-1)
+    finally:
+        await trio.to_thread.run_sync(broker.stop)
+
+
+async def test_cli_peeks_redrives_purges_and_deletes(tmp_path: Path) -> None:
+    broker = BrokerProcess(tmp_path / "data")
+    await trio.to_thread.run_sync(broker.start)
+
+    async def cli(*argv: str) -> tuple[int, str, str]:
+        out, err = io.StringIO(), io.StringIO()
+        status = await run(["--url", broker.url, "--timeout", "10", *argv], stdout=out, stderr=err, handle_signals=False)
+        return status, out.getvalue(), err.getvalue()
+
+    try:
+        request = broker.request
+        assert request("PUT", "/queues/jobs.dead", {})[0] == 201
+        assert request("PUT", "/queues/jobs", {"arguments": {"x-dead-letter-exchange": "",
+                                                             "x-dead-letter-routing-key": "jobs.dead"}})[0] == 201
+        for body in (b"a", b"b"):
+            assert request("POST", "/exchanges/amq.default/publish?routing_key=jobs", body)[0] == 200
+        _s, got = request("POST", "/queues/jobs/get?max=2")
+        lease_ids = [m["lease_id"] for m in got["messages"]]
+        assert request("POST", "/queues/jobs/nack", {"lease_ids": lease_ids, "requeue": False})[0] == 200
+
+        status, out, _err = await cli("peek", "jobs.dead")
+        peeked = [orjson.loads(line) for line in out.splitlines()]
+        assert status == 0 and [m["body"] for m in peeked] == ["a", "b"]
+        assert peeked[0]["x_death"][0]["reason"] == "rejected"
+        assert (await cli("redrive", "jobs.dead", "-n", "1"))[:2] == (0, "moved 1\n")
+        assert request("GET", "/queues/jobs")[1]["messages_ready"] == 1
+        assert (await cli("purge", "jobs"))[:2] == (0, "purged 1\n")
+        assert (await cli("delete", "queue", "jobs.dead"))[0] == 0
+        assert request("GET", "/queues/jobs.dead")[0] == 404
+        status, _out, err = await cli("redrive", "jobs.dead")
+        assert status == 1 and "jobs.dead" in err
     finally:
         await trio.to_thread.run_sync(broker.stop)
