@@ -1,11 +1,14 @@
-"""Delays and queue timers: messages held back until a time, and expiry at the head.
+"""Delays and queue timers: messages held back until a time, expiry at the head, and
+queues that expire unused.
 
 A nack or reject with a delay, or a publish with one, holds a message back in its
 queue's delay heap until a wall-clock time (durable: a DELAY mark, or the MOVE record
 of a delayed publish, carries the due time, so it holds across restarts); when due it
 returns to its original place, ahead of messages published after it. Each queue has at
 most one live entry on the broker's timer heap (``Queue.wake_at``), for the earliest of
-its due delays, its next message to expire, and a retry of a failed read from the log.
+its due delays, its next message to expire, a retry of a failed read from the log, and
+(``x-expires``) the moment it has been unused long enough to be deleted. "Unused" is
+RabbitMQ's: no consumers, no get, no redeclare; a restart starts the time over.
 
 The methods here belong to :class:`~broker.core.broker.Broker`; they share its state
 (:class:`~broker.core.state.BrokerState`).
@@ -52,10 +55,27 @@ class DelaysMixin(BrokerState):
         if queue.persistent_log and entry.message.persistent:
             self._delay_marks.setdefault(queue.qid, []).append((entry.message.seq, round(due * 1000.0)))
 
+    def _touch_queue(self, queue: Queue) -> None:
+        """``queue`` was used (declared, consumed from, got from): an ``x-expires``
+        queue starts its unused time over."""
+        if queue.expires_s is not None:
+            queue.unused_since = self.clock()
+            self._schedule_queue(queue)
+
+    def _expire_at(self, queue: Queue) -> float | None:
+        """When (monotonic) an ``x-expires`` queue is deleted if still unused."""
+        if queue.expires_s is None or queue.consumers:
+            return None
+        return queue.unused_since + queue.expires_s
+
     def _schedule_queue(self, queue: Queue) -> None:
         """Put ``queue``'s next wake-up on the timer heap: the earliest of a read
-        retry, its first due delay, and when the head of its memory expires."""
+        retry, its first due delay, when the head of its memory expires, and when the
+        queue itself expires unused."""
         wake = queue.read_blocked_until
+        expire_at = self._expire_at(queue)
+        if expire_at is not None:
+            wake = expire_at if wake is None else min(wake, expire_at)
         if queue.delayed or queue.message_ttl_s is not None:
             now_wall = self.wall_clock()
             now = self.clock()
@@ -74,6 +94,10 @@ class DelaysMixin(BrokerState):
         """``queue``'s timer fired (``now``: monotonic): retry a failed read, release
         due delays, expire messages at the head; then schedule the next wake-up."""
         queue.wake_at = None
+        expire_at = self._expire_at(queue)
+        if expire_at is not None and expire_at <= now:
+            self._delete_queue(queue, "queue expired (unused for its x-expires)")
+            return
         woke = False
         if queue.read_blocked_until is not None and queue.read_blocked_until <= now:
             queue.read_blocked_until = None

@@ -131,6 +131,7 @@ class DeliveryMixin(BrokerState):
         queue.had_consumer = True
         queue.exclusive_consumer = exclusive
         self._dirty_queues[queue.name] = queue
+        self._touch_queue(queue)
         return consumer_tag
 
     def cancel(self, channel_id: int, consumer_tag: str) -> None:
@@ -156,6 +157,8 @@ class DeliveryMixin(BrokerState):
             self._delete_queue(queue, "auto-delete queue lost its last consumer")
         elif queue.consumers:
             self._dirty_queues[queue.name] = queue
+        elif not queue.deleted:
+            self._touch_queue(queue)  # unused from now on
 
     def qos(self, channel_id: int, prefetch: int, global_: bool = False) -> None:
         """basic.qos: a channel-wide limit (``global_``) or the default per-consumer one."""

@@ -108,6 +108,8 @@ class Queue:
         "paged_counts",
         "wake_at",
         "dead_lettered",
+        "expires_s",
+        "unused_since",
     )
 
     def __init__(
@@ -165,6 +167,11 @@ class Queue:
         self.wake_at: float | None = None
         #: Messages dead-lettered from this queue, by reason.
         self.dead_lettered: dict[str, int] = {}
+        #: ``x-expires``: the queue is deleted once unused this long (seconds), and
+        #: since when (monotonic) it has been unused (see DelaysMixin._touch_queue).
+        exp = arguments.get("x-expires")
+        self.expires_s: float | None = exp / 1000.0 if exp is not None else None
+        self.unused_since = 0.0
 
     @property
     def persistent_log(self) -> bool:

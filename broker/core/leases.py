@@ -69,6 +69,7 @@ class LeasesMixin(BrokerState):
         if not 0 < lease_s <= self.max_lease_s:
             raise InvalidArgument(f"lease must be between 0 and {self.max_lease_s:g} seconds")
         ch = self.channels[REST_CHANNEL]
+        self._touch_queue(queue)
         out: list[tuple[str, Delivery, bool]] = []
         deadline = self.clock() + lease_s
         while len(out) < max_count:

@@ -263,6 +263,7 @@ class ReplayMixin(BrokerState):
         assert state is not None
         for qid, entries in state.items():
             self._restore_queue(self._queues_by_id[qid], entries, assume_delivered)
+            self._touch_queue(self._queues_by_id[qid])  # an x-expires queue's time starts over
         self._replay = None
         self._replay_messages = {}
         self.last_lsn = max(self.last_lsn, last_lsn)

@@ -95,6 +95,7 @@ QUEUE_ARGUMENTS: dict[str, Callable[[Any], bool]] = {
     "x-dead-letter-exchange": _name,
     "x-dead-letter-routing-key": _name,
     "x-delivery-limit": _int_in(0, _INT63),
+    "x-expires": _int_in(1, _MAX_MS),
     # accepted from RabbitMQ clients that ask for a queue type: ackbus has one kind
     "x-queue-type": lambda v: v in ("classic", "quorum"),
 }
@@ -230,6 +231,8 @@ class BrokerState:
         def _hold_back(self, queue: Queue, entry: Entry, due: float) -> None: ...
 
         def _schedule_queue(self, queue: Queue) -> None: ...
+
+        def _touch_queue(self, queue: Queue) -> None: ...
 
         def _enqueue(self, queue: Queue, message: Message, wall: float, *, due: float | None = None) -> None: ...
 

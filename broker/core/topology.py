@@ -189,6 +189,7 @@ class TopologyMixin(BrokerState):
                     f"exclusive={existing.exclusive_owner is not None}, "
                     f"auto_delete={existing.auto_delete}, arguments={existing.arguments})"
                 )
+            self._touch_queue(existing)
             return existing, False
         if passive:
             raise NotFound(f"no queue {name!r}")
@@ -216,6 +217,7 @@ class TopologyMixin(BrokerState):
             self.channels[channel_id].exclusive_queues.add(name)
         if queue.persistent_log:
             self._append(rec.RecordType.DECLARE_QUEUE, rec.encode_json(_queue_record(queue)))
+        self._touch_queue(queue)
         # every queue is bound to the default exchange by its name (implicitly)
         return queue, True
 

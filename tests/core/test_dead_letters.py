@@ -415,3 +415,41 @@ def test_purge_removes_delayed_messages_too_durably() -> None:
     assert (h.info("q")["messages_delayed"], h.info("q")["messages_ready"]) == (0, 0)
     nb = restart_from_log(h)
     assert (len(nb.queues["q"].delayed), nb.queues["q"].ready_count()) == (0, 0)
+
+
+# -- queue expiry (x-expires) ------------------------------------------------------------
+
+
+def test_an_unused_queue_expires_and_use_starts_its_time_over() -> None:
+    h = Harness()
+    h.queue("q", arguments={"x-expires": 5000})
+    h.sleep(4)
+    h.b.get("q")  # a get is a use
+    h.sleep(4)
+    h.queue("q", arguments={"x-expires": 5000})  # so is a redeclare
+    h.sleep(4)
+    assert "q" in h.b.queues
+    ch = h.channel()
+    tag = h.b.consume(ch, "q")
+    h.sleep(60)  # never while it has a consumer
+    assert "q" in h.b.queues
+    h.b.cancel(ch, tag)
+    h.sleep(4.9)
+    assert "q" in h.b.queues
+    h.sleep(0.2)
+    assert "q" not in h.b.queues
+    h.sync()
+    assert "q" not in restart_from_log(h).queues  # its deletion is logged
+
+
+def test_queue_expiry_starts_over_after_a_restart() -> None:
+    h = Harness()
+    h.queue("q", arguments={"x-expires": 5000})
+    h.publish(0, "", "q", b"m")
+    h.sleep(4)
+    nb = restart_from_log(h)
+    mono = nb.clock
+    assert "q" in nb.queues and nb.next_deadline() == mono() + 5.0
+    mono.now += 5.1  # type: ignore[attr-defined]
+    nb.advance()
+    assert "q" not in nb.queues
