@@ -97,6 +97,8 @@ class Broker(
 
     def take_effects(self) -> list[Effect]:
         """Settle pending work (dispatch, confirms, log records) and hand over the effects."""
+        if self._queues_to_schedule:
+            self._start_recovered_timers()
         if self._dirty_queues:
             self._dispatch_dirty()
         if self._getter_checks:
@@ -118,6 +120,15 @@ class Broker(
         effects = self._effects
         self._effects = []
         return effects
+
+    def _start_recovered_timers(self) -> None:
+        """Recovered queues' timers start now: due delays, expiries, and x-expires
+        (whose unused time starts over at a restart)."""
+        for queue in self._queues_to_schedule:
+            if not queue.deleted:
+                queue.unused_since = self.clock()
+                self._schedule_queue(queue)
+        self._queues_to_schedule = []
 
     def _append(self, rtype: int, payload: bytes) -> int:
         if self._replay is not None:
@@ -165,6 +176,8 @@ class Broker(
             self._apply_relocations(lsn)
         if self._page_out_due:
             self._page_out()
+        if self._delays_to_page_out:
+            self._page_out_delays()
 
     def storage_failed(self, first_lsn: int, last_lsn: int, reason: str) -> None:
         """Records ``first_lsn``..``last_lsn`` could not be written.

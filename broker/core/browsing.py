@@ -48,7 +48,12 @@ class BrowsingMixin(BrokerState):
         in_memory.extend((s, "ready", e) for s, e in queue.requeued if s > after)
         in_memory.extend((e.message.seq, "ready", e) for e in queue.ready if e.message.seq > after)
         in_memory.extend((e.message.seq, "ready", e) for e in queue.tail if e.message.seq > after)
-        in_memory.extend((s, "delayed", (e, d)) for d, s, e in queue.delayed if s > after)
+        in_memory.extend((s, "delayed", (e, d)) for d, s, e in queue.delayed.entries if s > after)
+        in_memory.extend(
+            (s, "delayed_paged", (loc, due_ms / 1000.0))
+            for due_ms, s, loc in queue.delayed.paged_items()
+            if s > after
+        )
         for ch in self.channels.values():
             for d in ch.deliveries.values():
                 if d.queue is queue and d.entry.message.seq > after:
@@ -56,8 +61,12 @@ class BrowsingMixin(BrokerState):
         in_memory.sort(key=lambda item: item[0])
         paged = ((seq, "paged", loc) for seq, loc in queue.paged if seq > after)
         chosen = list(islice(heapq.merge(in_memory[:limit], paged, key=lambda item: item[0]), limit))
-        out: list[BrowsedMessage] = []
-        to_read = [(i, seq, loc) for i, (seq, state, loc) in enumerate(chosen) if state == "paged"]
+        # paged-out bodies (ready or delayed) are read back to be shown
+        to_read = [
+            (i, seq, item if state == "paged" else item[0])
+            for i, (seq, state, item) in enumerate(chosen)
+            if state in ("paged", "delayed_paged")
+        ]
         read: dict[int, Entry | str] = {}
         if to_read:
             read_log = self.read_log
@@ -65,20 +74,20 @@ class BrowsingMixin(BrokerState):
             results = read_log([loc >> 1 for _i, _seq, loc in to_read])
             for (i, seq, loc), result in zip(to_read, results):
                 r = _logged_message(result, seq, loc >> 1)
-                if isinstance(r, str):
-                    read[i] = r
-                else:
-                    read[i] = self._entry_of(queue, loc, r)
+                read[i] = r if isinstance(r, str) else self._entry_of(queue, loc, r)
+        out: list[BrowsedMessage] = []
         for i, (seq, state, item) in enumerate(chosen):
-            if state == "paged":
+            due = None
+            entry: Entry | None
+            if state in ("paged", "delayed_paged"):
                 got = read[i]
-                if isinstance(got, str):
-                    out.append((seq, "ready", None, got, None))
-                else:
-                    out.append((seq, "ready", got, None, None))
-            elif state == "delayed":
-                entry, due = item
-                out.append((seq, "delayed", entry, None, due))
+                entry, unreadable = (None, got) if isinstance(got, str) else (got, None)
+                if state == "delayed_paged":
+                    due = item[1]
             else:
-                out.append((seq, state, item, None, None))
+                entry, unreadable = (item[0], None) if state == "delayed" else (item, None)
+                if state == "delayed":
+                    due = item[1]
+            shown = "ready" if state == "paged" else "delayed" if due is not None else state
+            out.append((seq, shown, entry, unreadable, due))
         return out

@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import heapq
 
+from .effects import LogReadFailed
 from .entities import Queue
 from .errors import InvalidArgument
 from .message import MAX_EXPIRATION_MS, Entry
+from .publishing import READ_RETRY_MAX_S, READ_RETRY_MIN_S, _logged_message
 from .state import BrokerState
 
 __all__ = ["DelaysMixin", "MAX_DELAY_S", "check_delay"]
@@ -42,10 +44,35 @@ class DelaysMixin(BrokerState):
     """Delays and queue timers (see the module docstring)."""
 
     def _hold_back(self, queue: Queue, entry: Entry, due: float) -> None:
-        """Keep ``entry`` out of ``queue``'s ready messages until wall-clock ``due``."""
-        heapq.heappush(queue.delayed, (due, entry.message.seq, entry))
-        if queue.delayed[0][2] is entry:
+        """Keep ``entry`` out of ``queue``'s ready messages until wall-clock ``due``:
+        paged out at once when its record is written, else whole until it is."""
+        message = entry.message
+        earliest = queue.delayed.next_due()
+        pageable = queue.persistent_log and message.persistent and message.lsn and self.read_log is not None
+        if pageable and message.lsn <= self.durable_lsn:
+            self._page_out_delayed(queue, due, entry)
+        else:
+            queue.delayed.push_entry(due, entry)
+            if pageable:
+                self._delays_to_page_out[queue.name] = queue
+        if earliest is None or due < earliest:
             self._schedule_queue(queue)
+
+    def _page_out_delayed(self, queue: Queue, due: float, entry: Entry) -> None:
+        seq = entry.message.seq
+        if entry.deliveries > 1:
+            queue.paged_counts[seq] = entry.deliveries
+        queue.delayed.push_paged(round(due * 1000.0), seq, (entry.message.lsn << 1) | (entry.deliveries > 0))
+
+    def _page_out_delays(self) -> None:
+        """Records are durable up to ``durable_lsn``: page out the delayed messages
+        they hold (called from ``durable()``)."""
+        for name, queue in list(self._delays_to_page_out.items()):
+            if not queue.deleted:
+                for due, entry in queue.delayed.take_pageable(self.durable_lsn):
+                    self._page_out_delayed(queue, due, entry)
+            if queue.deleted or not queue.delayed.has_unwritten():
+                del self._delays_to_page_out[name]
 
     def _delay_return(self, queue: Queue, entry: Entry, due: float) -> None:
         """A delivery came back with a delay (nack/reject ``delay_s``): hold it back
@@ -79,8 +106,9 @@ class DelaysMixin(BrokerState):
         if queue.delayed or queue.message_ttl_s is not None:
             now_wall = self.wall_clock()
             now = self.clock()
-            if queue.delayed:
-                at = now + max(0.0, queue.delayed[0][0] - now_wall)
+            due = queue.delayed.next_due()
+            if due is not None:
+                at = now + max(0.0, due - now_wall)
                 wake = at if wake is None else min(wake, at)
             head = _memory_head(queue)
             if head is not None and head.expires_at is not None:
@@ -103,18 +131,49 @@ class DelaysMixin(BrokerState):
             queue.read_blocked_until = None
             woke = True
         if queue.delayed:
-            wall = self.wall_clock()
-            delayed = queue.delayed
-            while delayed and delayed[0][0] <= wall:
-                entry = heapq.heappop(delayed)[2]
-                queue.requeue(entry)
-                woke = True
+            woke = self._release_due(queue) or woke
         self._expire_head(queue)
         if woke:
             self._dirty_queues[queue.name] = queue
             if queue.getters:
                 self._getter_checks[queue.name] = queue
         self._schedule_queue(queue)
+
+    def _release_due(self, queue: Queue) -> bool:
+        """Delayed messages now due go back to their place in ``queue``; paged-out ones
+        are read back first. One whose read fails stays delayed and is tried again
+        with the backoff of any failed read (the queue's alarm shows it). Returns
+        whether any came back."""
+        wall = self.wall_clock()
+        entries, paged = queue.delayed.pop_due(wall)
+        for entry in entries:
+            queue.requeue(entry)
+        if paged:
+            read_log = self.read_log
+            assert read_log is not None
+            results = read_log([loc >> 1 for _due, _seq, loc in paged])
+            failed = False
+            for (due_ms, seq, loc), result in zip(paged, results):
+                r = _logged_message(result, seq, loc >> 1)
+                if isinstance(r, str):
+                    failed = True
+                    failure = result if isinstance(result, str) else r
+                    queue.read_attempts += 1
+                    delay = min(READ_RETRY_MAX_S, READ_RETRY_MIN_S * 2 ** (queue.read_attempts - 1))
+                    queue.read_failure = str(failure)
+                    queue.delayed.push_paged(max(due_ms, round((wall + delay) * 1000.0)), seq, loc)
+                    self._effects.append(
+                        LogReadFailed(queue.name, loc >> 1, str(failure), bool(getattr(failure, "transient", False)), delay)
+                    )
+                    continue
+                entry = self._entry_of(queue, loc, r)
+                queue.paged_counts.pop(seq, None)
+                queue.requeue(entry)
+                entries.append(entry)
+            if not failed and queue.read_failure is not None and queue.read_blocked_until is None:
+                queue.read_failure = None  # (a failed read of the queue's head keeps its alarm)
+                queue.read_attempts = 0
+        return bool(entries)
 
     def _expire_head(self, queue: Queue) -> None:
         """Remove the expired messages at the head of ``queue``'s memory (dead-letter

@@ -12,6 +12,7 @@ from collections import deque
 from typing import Any
 
 from .confirms import ConfirmTracker
+from .delayed import DelayedMessages
 from .message import Entry
 from .paging import PagedRefs
 from .routing import RoutingTable, make_table
@@ -158,8 +159,8 @@ class Queue:
         self.dead_letter_routing_key: str | None = arguments.get("x-dead-letter-routing-key")
         self.delivery_limit: int | None = arguments.get("x-delivery-limit")
         #: Messages held back until a wall-clock time (a nack or publish with a
-        #: delay): a heap of ``(due, seq, entry)``. They are not ready until due.
-        self.delayed: list[tuple[float, int, Entry]] = []
+        #: delay): not ready until due.
+        self.delayed = DelayedMessages()
         #: Delivery counts above one of paged-out messages (the index keeps only
         #: whether a message was delivered): ``seq -> count``. Rare: recovery only.
         self.paged_counts: dict[int, int] = {}
@@ -184,7 +185,7 @@ class Queue:
         entries = [e for _s, e in self.requeued]
         entries.extend(self.ready)
         entries.extend(self.tail)
-        entries.extend(e for _d, _s, e in self.delayed)
+        entries.extend(self.delayed.whole())
         return entries
 
     def ready_count(self) -> int:
@@ -214,13 +215,13 @@ class Queue:
         entries = [e for _, e in self.requeued]
         entries.extend(self.ready)
         entries.extend(self.tail)
-        entries.extend(e for _d, _s, e in self.delayed)
+        delayed_entries, delayed_seqs = self.delayed.clear()
+        entries.extend(delayed_entries)
         self.requeued.clear()
         self.ready.clear()
         self.tail.clear()
-        self.delayed.clear()
         self.paged_counts.clear()
-        return entries, self.paged.clear()
+        return entries, self.paged.clear() + delayed_seqs
 
     def remove_entries(self, seqs: set[int]) -> list[Entry]:
         """Remove in-memory ready entries with these sequence numbers (rare: storage
@@ -232,6 +233,7 @@ class Queue:
         if gone:
             removed.extend(gone)
             self.tail = deque(e for e in self.tail if e.message.seq not in seqs)
+        removed.extend(self.delayed.remove_whole(seqs))
         kept = [(s, e) for s, e in self.requeued if s not in seqs]
         if len(kept) != len(self.requeued):
             removed.extend(e for s, e in self.requeued if s in seqs)

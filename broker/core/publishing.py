@@ -345,12 +345,15 @@ def _logged_message(result: tuple[int, bytes] | str, seq: int, lsn: int) -> rec.
     if isinstance(result, str):
         return result
     rtype, payload = result
+    due = None
     try:
         if rtype == rec.RecordType.MOVE:
-            payload = rec.decode_move(payload)[3]
+            _qid, _seq, due, payload = rec.decode_move(payload)
         elif rtype != rec.RecordType.ENQUEUE:
             return f"record {lsn} is of type {rtype}, not a message"
         r = rec.decode_enqueue(payload)
+        if due is not None and due > r.wall_s:
+            r.wall_s = due  # a delayed publish enters its queues (and its TTL starts) when due
     except (ValueError, IndexError, UnicodeDecodeError, struct_error) as exc:
         return f"record {lsn} does not decode: {exc}"
     if r.seq != seq:

@@ -22,7 +22,6 @@ from .dedup import digest_utf8
 from .entities import Exchange, Queue
 from .message import Entry, Message
 from .paging import ReplayIndex, mark_all_delivered
-from .publishing import _logged_message
 from .records import RecordType
 from .state import (
     _ENQUEUE,
@@ -262,8 +261,12 @@ class ReplayMixin(BrokerState):
         state = self._replay
         assert state is not None
         for qid, entries in state.items():
-            self._restore_queue(self._queues_by_id[qid], entries, assume_delivered)
-            self._touch_queue(self._queues_by_id[qid])  # an x-expires queue's time starts over
+            queue = self._queues_by_id[qid]
+            self._restore_queue(queue, entries, assume_delivered)
+            if queue.delayed or queue.message_ttl_s is not None or queue.expires_s is not None:
+                # timers start with the next take_effects(): recovery may run where
+                # the clock cannot be read (the runtime replays in a worker thread)
+                self._queues_to_schedule.append(queue)
         self._replay = None
         self._replay_messages = {}
         self.last_lsn = max(self.last_lsn, last_lsn)
@@ -281,9 +284,8 @@ class ReplayMixin(BrokerState):
         the paged-out one, so messages indexed by LSN that precede a whole one, or any
         when there is no log to read, are read back at once.
 
-        Messages still delayed are read back into the queue's delay heap (a message
-        whose record cannot be read now stays in the index: it is served when its turn
-        comes rather than lost). Delivery counts above one follow their messages."""
+        Messages still delayed go to the queue's delayed messages, paged out there
+        too. Delivery counts above one follow their messages."""
         counts = {seq: c for seq, c in entries.counts.items() if c > 1 and seq in entries}
         now_ms = self.wall_clock() * 1000.0
         dues = {seq: due for seq, due in entries.dues.items() if due > now_ms and seq in entries}
@@ -293,7 +295,7 @@ class ReplayMixin(BrokerState):
             if assume_delivered:
                 locs = mark_all_delivered(locs)
             if dues:
-                seqs, locs = self._restore_delayed(queue, seqs, locs, dues, counts)
+                seqs, locs = self._restore_delayed(queue, seqs, locs, dues)
             queue.paged.extend(seqs, locs)
             queue.paged_counts = counts
             return
@@ -306,7 +308,9 @@ class ReplayMixin(BrokerState):
             if type(item) is int:
                 loc = item | 1 if assume_delivered else item
                 if seq in dues and self.read_log is not None:
-                    self._restore_delayed(queue, array("q", [seq]), array("q", [loc]), dues, counts)
+                    queue.delayed.push_paged(dues[seq], seq, loc)
+                    if seq in counts:
+                        queue.paged_counts[seq] = counts[seq]
                 elif seq < last_whole:
                     pending.append((seq, loc))
                 else:
@@ -331,27 +335,16 @@ class ReplayMixin(BrokerState):
             entry.deliveries = max(entry.deliveries, counts.get(entry.message.seq, 0))
 
     def _restore_delayed(
-        self, queue: Queue, seqs: array[int], locs: array[int], dues: dict[int, int], counts: dict[int, int]
+        self, queue: Queue, seqs: array[int], locs: array[int], dues: dict[int, int]
     ) -> tuple[array[int], array[int]]:
-        """Move the still-delayed messages among ``seqs`` into the queue's delay heap,
-        reading them back; return the pairs left for the paged-out index."""
-        wanted = [(i, seqs[i], locs[i]) for i in range(len(seqs)) if seqs[i] in dues]
-        read_log = self.read_log
-        assert read_log is not None
-        results = read_log([loc >> 1 for _i, _seq, loc in wanted])
-        moved: set[int] = set()
-        for (i, seq, loc), result in zip(wanted, results):
-            r = _logged_message(result, seq, loc >> 1)
-            if isinstance(r, str):
-                continue  # unreadable now: left in the index, served when its turn comes
-            entry = self._entry_of(queue, loc, r)
-            entry.deliveries = max(entry.deliveries, counts.get(seq, 0))
-            self._hold_back(queue, entry, dues[seq] / 1000.0)
-            moved.add(i)
-        if not moved:
-            return seqs, locs
-        keep = bytes(i not in moved for i in range(len(seqs)))
-        return array("q", compress(seqs, keep)), array("q", compress(locs, keep))
+        """Move the still-delayed messages among ``seqs`` (paged out, locators
+        ``locs``) to the queue's delayed messages, paged out there too; return the
+        pairs left for the ready index."""
+        delayed = bytes(seq in dues for seq in seqs)
+        for seq, loc in zip(compress(seqs, delayed), compress(locs, delayed)):
+            queue.delayed.push_paged(dues[seq], seq, loc)
+        ready = bytes(not d for d in delayed)
+        return array("q", compress(seqs, ready)), array("q", compress(locs, ready))
 
 
 _Handler = Callable[[ReplayMixin, dict[int, ReplayIndex], bytes, int, int], None]

@@ -76,8 +76,16 @@ class SnapshotMixin(BrokerState):
         for q in queues:
             entries = q.held_entries()
             entries.extend(unacked.get(q.qid, ()))
-            delays = [(seq, round(due * 1000.0)) for due, seq, _e in q.delayed]
-            cut.append((q, entries, q.paged.cut(), dict(q.paged_counts), delays))
+            # paged-out delayed messages: referenced like ready ones, with their due times
+            # (in sequence order: recovery indexes an ordered run without a dict)
+            delayed_refs = array("q")
+            for seq, loc in sorted((seq, loc) for _due_ms, seq, loc in q.delayed.paged_items()):
+                delayed_refs.append(seq)
+                delayed_refs.append(loc)
+            paged_cut = q.paged.cut()
+            if delayed_refs:
+                paged_cut.append((delayed_refs, 0, len(delayed_refs)))
+            cut.append((q, entries, paged_cut, dict(q.paged_counts), q.delayed.due_times()))
         del unacked
         yield head
         per_record = 2 * chunk_entries

@@ -173,6 +173,10 @@ class BrokerState:
         self._count_marks: dict[int, list[tuple[int, int]]] = {}
         # (seq, due in ms since the epoch) of messages held back by a delay, by qid
         self._delay_marks: dict[int, list[tuple[int, int]]] = {}
+        # queues holding delayed messages to page out once their records are written
+        self._delays_to_page_out: dict[str, Queue] = {}
+        # recovered queues whose timers (delays, expiries, x-expires) are not yet set
+        self._queues_to_schedule: list[Queue] = []
         # messages dead-lettered, by (queue, reason); dropped dead letters by reason
         self.dead_letter_drops: dict[str, int] = {}
         # (lsn, message, queues routed to) of ENQUEUE records not yet durable
@@ -233,6 +237,8 @@ class BrokerState:
         def _schedule_queue(self, queue: Queue) -> None: ...
 
         def _touch_queue(self, queue: Queue) -> None: ...
+
+        def _page_out_delays(self) -> None: ...
 
         def _enqueue(self, queue: Queue, message: Message, wall: float, *, due: float | None = None) -> None: ...
 

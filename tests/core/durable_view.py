@@ -20,7 +20,10 @@ def live_entries(b: Broker, queue_name: str) -> list[Any]:
         for d in ch.deliveries.values():
             if d.queue is q:
                 entries.append(d.entry)
-    entries.extend(e for _due, _s, e in q.delayed)
+    entries.extend(q.delayed.whole())
+    paged_delayed = [(seq, loc) for _due, seq, loc in q.delayed.paged_items()]
+    if paged_delayed:
+        entries.extend(b._read_entries(q, paged_delayed))
     return sorted(entries, key=lambda e: e.message.seq)
 
 
@@ -43,7 +46,7 @@ def durable_view(b: Broker) -> dict[str, Any]:
                 bindings.add((ex.name, kind, name, key, _freeze(args)))
     messages = {}
     for name in queues:
-        delays = {seq: round(due, 3) for due, seq, _e in b.queues[name].delayed}
+        delays = {seq: due_ms for seq, due_ms in b.queues[name].delayed.due_times()}
         messages[name] = [
             (
                 e.message.seq,

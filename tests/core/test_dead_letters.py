@@ -279,7 +279,7 @@ def test_delay_survives_a_checkpoint() -> None:
     covered, chunks = h.b.snapshot()
     records = [(0, rtype, payload) for chunk in chunks for rtype, payload in chunk]
     nb = replay_into(fresh_broker(h), records, covered)
-    assert [(round(d - h.wall.now), s) for d, s, _e in nb.queues["q"].delayed] == [(60, 1)]
+    assert [(s, round(due_ms / 1000 - h.wall.now)) for s, due_ms in nb.queues["q"].delayed.due_times()] == [(1, 60)]
 
 
 def test_delay_needs_requeue_and_a_sane_value() -> None:
@@ -448,8 +448,62 @@ def test_queue_expiry_starts_over_after_a_restart() -> None:
     h.publish(0, "", "q", b"m")
     h.sleep(4)
     nb = restart_from_log(h)
+    nb.take_effects()
     mono = nb.clock
     assert "q" in nb.queues and nb.next_deadline() == mono() + 5.0
     mono.now += 5.1  # type: ignore[attr-defined]
     nb.advance()
     assert "q" not in nb.queues
+
+
+def test_delayed_messages_are_paged_out_once_written_and_read_back_when_due() -> None:
+    h = Harness()
+    h.queue("q")
+    for i in range(5):
+        h.b.publish(0, "", "q", b"d%d" % i, None, delay_s=10 + i)
+    q = h.b.queues["q"]
+    assert len(q.delayed.entries) == 5  # records not written yet: held whole
+    h.sync()
+    assert q.delayed.entries == [] and len(q.delayed.paged) == 5  # bodies only in the log
+    h.sleep(12.5)
+    assert [e.message.body for e in ready_entries(h.b, "q")] == [b"d0", b"d1", b"d2"]
+    assert h.info("q")["messages_delayed"] == 2
+
+
+def test_a_delayed_message_whose_read_fails_stays_delayed_and_is_retried() -> None:
+    h = Harness()
+    h.queue("q")
+    h.b.publish(0, "", "q", b"d", None, delay_s=5)
+    h.sync()
+    saved = dict(h.log)
+    h.log.clear()  # the log cannot be read for now
+    effects = h.sleep(6)
+    assert [type(e).__name__ for e in effects if type(e).__name__ == "LogReadFailed"] == ["LogReadFailed"]
+    assert h.info("q")["messages_delayed"] == 1 and h.info("q")["messages_ready"] == 0
+    h.log.update(saved)
+    h.sleep(1)
+    assert [e.message.body for e in ready_entries(h.b, "q")] == [b"d"]
+
+
+def test_a_delayed_publish_whose_record_fails_is_nacked_and_never_delivered() -> None:
+    h = Harness()
+    h.queue("q")
+    tag, _n = h.b.publish(0, "", "q", b"d", None, delay_s=1)
+    h.step()
+    h.b.storage_failed(1, h.b.last_lsn, "disk on fire")
+    h.step()
+    assert h.nacked(0, tag)
+    assert h.info("q")["messages_delayed"] == 0
+    h.sleep(2)
+    assert h.info("q")["messages_ready"] == 0
+
+
+def test_a_delay_that_is_not_a_whole_millisecond_still_comes_due() -> None:
+    h = Harness()
+    h.wall.now += 0.0004  # due times are kept in ms once paged out
+    h.queue("q")
+    ch = consuming(h, "q", b"m")
+    h.b.nack(ch, deliver_one(h, ch).delivery_tag, delay_s=2.0003)
+    h.sync()
+    assert h.b.next_deadline() is not None
+    assert [d.delivery_count for d in h.delivers(h.sleep(2.01), ch)] == [1]
