@@ -207,7 +207,9 @@ def main(argv: list[str] | None = None) -> int:
 
     params = QUICK if args.quick else FULL
     sides = ["ackbus"] + ([args.peer] if args.peer else [])
-    progress = Progress(len(args.names) * args.rounds * len(sides))
+    progress = Progress(
+        sum(1 if WORKLOADS[name].ackbus_only else len(sides) for name in args.names) * args.rounds
+    )
     if args.peer == "rabbitmq":
         ensure_rabbitmq(progress.say)
 
@@ -233,6 +235,8 @@ def main(argv: list[str] | None = None) -> int:
             workload = WORKLOADS[name]
             for round_no in range(1, args.rounds + 1):
                 for side in sides:
+                    if workload.ackbus_only and side != "ackbus":
+                        continue
                     progress.run(f"{workload.title} · round {round_no}/{args.rounds} · {side}")
                     run = _one_run(workload, side, round_no, params, tmp_root, log_dir, progress, results)
                     results["runs"].append(run)

@@ -41,6 +41,14 @@ class Params:
     # 6. fan-out to N queues
     fanout_queues: int = 10
     fanout_duration_s: float = 5.0
+    # 7. failures: consume with a nack-and-retry every Nth message; dead-lettering
+    failures_count: int = 100_000
+    failures_prefetch: int = 100
+    failures_nack_every: int = 10
+    # 8. delayed messages (ackbus only): memory and recovery with this many delayed
+    delayed_count: int = 1_000_000
+    delayed_body_size: int = 100
+    delayed_delay_s: float = 3600.0
     # fills (untimed set-up) use pipelined publishing with this window
     fill_window: int = 1000
     # timeouts: readiness of a worker, and slack added to every expected duration
@@ -70,5 +78,7 @@ QUICK = Params(
     e2e_warmup_s=0.2,
     recovery_count=5_000,
     fanout_duration_s=0.5,
+    failures_count=2_000,
+    delayed_count=5_000,
     slack_s=60.0,
 )

@@ -37,8 +37,9 @@ async def _handshake() -> None:
 
 
 async def _declare(ch: client.Channel, spec: dict[str, Any]) -> None:
+    arguments = spec.get("queue_arguments") or {}
     for queue in spec.get("queues", ()):
-        await ch.declare_queue(queue, durable=True)
+        await ch.declare_queue(queue, durable=True, arguments=arguments.get(queue))
     fanout = spec.get("fanout")
     if fanout:
         await ch.declare_exchange(fanout, "fanout", durable=True)
@@ -90,8 +91,9 @@ async def publish_pipelined(spec: dict[str, Any]) -> dict[str, Any]:
         start = time.perf_counter()
         deadline = start + spec.get("duration_s", math.inf)
         sent = 0
+        delay_s = spec.get("delay_s")
         while sent < count:
-            await ch.start_publish(exchange, key, body, properties=PERSISTENT)
+            await ch.start_publish(exchange, key, body, properties=PERSISTENT, delay_s=delay_s)
             sent += 1
             if time.perf_counter() >= deadline:
                 break
@@ -102,15 +104,26 @@ async def publish_pipelined(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 async def consume(spec: dict[str, Any]) -> dict[str, Any]:
-    """Consume ``count`` messages with manual acks, one ack per message."""
+    """Settle ``count`` messages, one op per message: an ack; with ``nack_every`` N,
+    every Nth first delivery is nacked back to the queue instead (a retry: it counts
+    once acked); with ``reject_all``, every one is rejected (dead-lettered)."""
     count = spec["count"]
+    nack_every = spec.get("nack_every") or 0
+    reject_all = spec.get("reject_all", False)
     async with client.connect(spec["url"]) as conn, conn.channel() as ch:
         await _handshake()
-        received = 0
+        received = deliveries = 0
         start = time.perf_counter()
         async with ch.consume(spec["queue"], prefetch=spec["prefetch"]) as messages:
             async for message in messages:
-                await message.ack()
+                deliveries += 1
+                if reject_all:
+                    await message.reject()
+                elif nack_every and message.delivery_count == 0 and deliveries % nack_every == 0:
+                    await message.nack()
+                    continue
+                else:
+                    await message.ack()
                 received += 1
                 if received >= count:
                     break

@@ -48,8 +48,9 @@ def _declare(spec: dict[str, Any]) -> None:
     conn = pika.BlockingConnection(_params(spec))
     try:
         ch = conn.channel()
+        arguments = spec.get("queue_arguments") or {}
         for queue in queues:
-            ch.queue_declare(queue, durable=True)
+            ch.queue_declare(queue, durable=True, arguments=arguments.get(queue))
         if fanout:
             ch.exchange_declare(fanout, "fanout", durable=True)
             for queue in queues:
@@ -187,7 +188,7 @@ class Consumer(_SelectClient):
 
     def __init__(self, spec: dict[str, Any]) -> None:
         super().__init__(spec)
-        self.received = 0
+        self.received = self.deliveries = 0
         self.start = self.end = 0.0
 
     def on_channel(self, ch: pika.channel.Channel) -> None:
@@ -201,7 +202,17 @@ class Consumer(_SelectClient):
         self.ch.basic_consume(self.spec["queue"], self._on_message)
 
     def _on_message(self, ch: Any, method: Any, properties: Any, body: bytes) -> None:
-        ch.basic_ack(method.delivery_tag)
+        # the same settling as the ackbus worker: ack; or nack every Nth first delivery
+        # back to the queue (``nack_every``); or reject everything (``reject_all``)
+        self.deliveries += 1
+        nack_every = self.spec.get("nack_every") or 0
+        if self.spec.get("reject_all"):
+            ch.basic_reject(method.delivery_tag, requeue=False)
+        elif nack_every and not method.redelivered and self.deliveries % nack_every == 0:
+            ch.basic_nack(method.delivery_tag, requeue=True)
+            return
+        else:
+            ch.basic_ack(method.delivery_tag)
         self.received += 1
         if self.received == self.spec["count"]:
             self.end = time.perf_counter()

@@ -195,16 +195,22 @@ def _inflight_run(ctx: Context, server: Server) -> tuple[dict[str, float], dict[
 # --------------------------------------------------------------------------- 3. consume
 
 
-def _fill(ctx: Context, server: Server, queues: Sequence[str], size: int, count: int, procs: int = 1) -> dict[str, Any]:
+def _fill(
+    ctx: Context, server: Server, queues: Sequence[str], size: int, count: int, procs: int = 1,
+    arguments: dict[str, Any] | None = None, also_declare: Sequence[str] = (),
+) -> dict[str, Any]:
     """Publish ``count`` messages into each queue (pipelined, confirmed; not timed as a
-    figure); ``procs`` publishers per queue share the count. Checks the queue depth."""
+    figure); ``procs`` publishers per queue share the count. Checks the queue depth.
+    ``arguments``: queue name -> the arguments it is declared with; ``also_declare``:
+    more queues to declare first (a dead-letter queue)."""
     p = ctx.params
     specs = []
     for queue in queues:
         for i in range(procs):
             share = count // procs + (1 if i < count % procs else 0)
-            specs.append({"op": "publish_pipelined", "queues": [queue], "routing_key": queue, "size": size,
-                          "count": share, "window": p.fill_window})
+            specs.append({"op": "publish_pipelined", "queues": [*also_declare, queue], "routing_key": queue,
+                          "size": size,
+                          "count": share, "window": p.fill_window, "queue_arguments": arguments or {}})
     t0 = time.perf_counter()
     ctx.workers(server, specs, p.fill_timeout_s(count * len(queues)))
     elapsed = time.perf_counter() - t0
@@ -355,6 +361,102 @@ def _fanout_run(ctx: Context, server: Server) -> tuple[dict[str, float], dict[st
     return figures, extra
 
 
+# --------------------------------------------------------------------------- 7. failures
+
+
+def _failures_figures(p: Params) -> list[Figure]:
+    n = f"{p.failures_count:,} queued, prefetch {p.failures_prefetch}, 100 B"
+    return [
+        Figure("failures/retry/msgs_per_s", "failures",
+               f"consume + ack, every {p.failures_nack_every}th first delivery nacked back once, {n}",
+               "acks/s", True),
+        Figure("failures/dead_letter/msgs_per_s", "failures",
+               f"consumer rejects everything into a dead-letter queue, {n}", "dead-lettered/s", True),
+    ]
+
+
+def _failures_run(ctx: Context, server: Server) -> tuple[dict[str, float], dict[str, Any]]:
+    p = ctx.params
+    n, figures, extra = p.failures_count, {}, {}
+    ctx.status(f"failures: {n:,} messages, a nack-and-retry every {p.failures_nack_every}th")
+    queue = "bench.failures.retry"
+    extra["retry_fill"] = _fill(ctx, server, [queue], 100, n)
+    spec = {"op": "consume", "queue": queue, "count": n, "prefetch": p.failures_prefetch,
+            "nack_every": p.failures_nack_every}
+    (result,) = ctx.workers(server, [spec], p.fill_timeout_s(n))
+    figures["failures/retry/msgs_per_s"] = result["count"] / result["elapsed_s"]
+    extra["retry"] = result
+
+    ctx.status(f"failures: {n:,} messages rejected into a dead-letter queue")
+    work, dead = "bench.failures.work", "bench.failures.dead"
+    arguments = {work: {"x-dead-letter-exchange": "", "x-dead-letter-routing-key": dead}}
+    extra["dead_letter_fill"] = _fill(ctx, server, [work], 100, n, arguments=arguments, also_declare=[dead])
+    spec = {"op": "consume", "queue": work, "count": n, "prefetch": p.failures_prefetch, "reject_all": True}
+    (result,) = ctx.workers(server, [spec], p.fill_timeout_s(n))
+    t0 = time.perf_counter()
+    server.wait_queue(dead, n, p.fill_timeout_s(n))  # every dead letter is in place
+    elapsed = result["elapsed_s"] + time.perf_counter() - t0
+    figures["failures/dead_letter/msgs_per_s"] = n / elapsed
+    extra["dead_letter"] = result
+    return figures, extra
+
+
+# --------------------------------------------------------------------------- 8. delayed (ackbus)
+
+
+def _delayed_figures(p: Params) -> list[Figure]:
+    what = f"{p.delayed_count:,} × {size_name(p.delayed_body_size)} delayed messages"
+    return [
+        Figure("delayed/publish_msgs_per_s", "delayed", f"pipelined publish of {what}", "msgs/s", True),
+        Figure("delayed/rss_filled_mib", "delayed", f"broker RSS holding {what}", "MiB", False),
+        Figure("delayed/recovery_s", "delayed", f"restart after kill -9 with {what}: start → ready", "s", False),
+        Figure("delayed/rss_recovered_mib", "delayed", "broker RSS after that recovery", "MiB", False),
+    ]
+
+
+def _wait_delayed(server: Any, queue: str, expected: int, timeout_s: float) -> None:
+    deadline = time.perf_counter() + timeout_s
+    last = None
+    while time.perf_counter() < deadline:
+        try:
+            if server.request("GET", "/healthz", timeout_s=1.0)[0] == 200:
+                status, last = server.request("GET", f"/queues/{queue}", timeout_s=5.0)
+                if status == 200 and last.get("messages_delayed") == expected:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.05)
+    raise BenchError(f"{queue} did not show {expected} delayed messages in time (last: {last})")
+
+
+def _delayed_run(ctx: Context, server: Server) -> tuple[dict[str, float], dict[str, Any]]:
+    p = ctx.params
+    n, queue = p.delayed_count, "bench.delayed"
+    ctx.status(f"delayed: publishing {n:,} messages delayed by {p.delayed_delay_s:g} s")
+    specs = [{"op": "publish_pipelined", "queues": [queue], "routing_key": queue, "size": p.delayed_body_size,
+              "count": n // 2 + (i < n % 2), "window": p.fill_window, "delay_s": p.delayed_delay_s}
+             for i in range(2)]
+    results = ctx.workers(server, specs, p.fill_timeout_s(n))
+    publish_s = max(r["elapsed_s"] for r in results)
+    _wait_delayed(server, queue, n, p.fill_timeout_s(n))
+    time.sleep(1.0)
+    rss_filled = rss_bytes(server.pid)
+    ctx.status(f"delayed: kill -9 and restart with {n:,} delayed messages")
+    server.kill9()
+    t0 = time.perf_counter()
+    server.spawn()
+    _wait_delayed(server, queue, n, p.fill_timeout_s(n))
+    recovery_s = time.perf_counter() - t0
+    time.sleep(2.0)
+    rss_recovered = rss_bytes(server.pid)
+    return {
+        "delayed/publish_msgs_per_s": n / publish_s,
+        "delayed/rss_filled_mib": rss_filled / MiB,
+        "delayed/recovery_s": recovery_s,
+        "delayed/rss_recovered_mib": rss_recovered / MiB,
+    }, {"publishers": results}
+
+
 # --------------------------------------------------------------------------- registry
 
 
@@ -366,6 +468,8 @@ class Workload:
     run: Callable[[Context, Server, float], tuple[dict[str, float], dict[str, Any]]]
     # the most the run itself may take: the sum of its steps' own time limits
     budget_s: Callable[[Params], float]
+    # run against ackbus only (the peer has no such feature)
+    ackbus_only: bool = False
 
 
 def _budget_seq(p: Params) -> float:
@@ -400,6 +504,14 @@ def _budget_fanout(p: Params) -> float:
     return len(p.body_sizes) * p.step_timeout_s(p.fanout_duration_s) + 60
 
 
+def _budget_failures(p: Params) -> float:
+    return 4 * (p.ready_timeout_s + p.fill_timeout_s(p.failures_count)) + 60
+
+
+def _budget_delayed(p: Params) -> float:
+    return 3 * (p.ready_timeout_s + p.fill_timeout_s(p.delayed_count)) + 60
+
+
 def _ignore_start(fn: Callable[[Context, Server], Any]) -> Callable[[Context, Server, float], Any]:
     return lambda ctx, server, start_s: fn(ctx, server)
 
@@ -420,6 +532,10 @@ WORKLOADS: dict[str, Workload] = {
         Workload("recovery", "5. recovery after kill -9", _recovery_figures, _recovery_run, _budget_recovery),
         Workload("fanout", "6. fan-out to 10 queues", _fanout_figures, _ignore_start(_fanout_run),
                  _budget_fanout),
+        Workload("failures", "7. failures: retries and dead letters", _failures_figures,
+                 _ignore_start(_failures_run), _budget_failures),
+        Workload("delayed", "8. delayed messages (ackbus only)", _delayed_figures, _ignore_start(_delayed_run),
+                 _budget_delayed, ackbus_only=True),
     )
 }
 

@@ -241,15 +241,17 @@ class Channel(Supervisor):
         *,
         properties: PropertiesLike = None,
         mandatory: bool = False,
+        delay_s: float | None = None,
     ) -> PendingPublish:
         """Publish without waiting for the confirm: wait only for room in the pending
         buffer, then return the :class:`PendingPublish` handle (``await handle`` for the
         confirm). Many publishes stay in flight; see :meth:`wait_for_confirms`.
+        ``delay_s`` as for :meth:`publish`.
 
         Raises:
             ConnectionLost, ClientClosed: the channel failed or was closed first.
         """
-        handle = self._prepare(exchange, routing_key, body, properties, mandatory)
+        handle = self._prepare(exchange, routing_key, body, properties, mandatory, delay_s)
         waited = not self._tracker.has_room(handle.size)
         await self._tracker.wait_for_room(handle.size)
         self._check_usable()
@@ -270,6 +272,7 @@ class Channel(Supervisor):
         *,
         properties: PropertiesLike = None,
         mandatory: bool = False,
+        delay_s: float | None = None,
     ) -> PendingPublish:
         """Like :meth:`start_publish`, but never waits.
 
@@ -277,7 +280,7 @@ class Channel(Supervisor):
             trio.WouldBlock: the pending buffer is full (nothing was sent).
             ConnectionLost, ClientClosed: the channel failed or was closed.
         """
-        handle = self._prepare(exchange, routing_key, body, properties, mandatory)
+        handle = self._prepare(exchange, routing_key, body, properties, mandatory, delay_s)
         if not self._tracker.has_room(handle.size):
             raise trio.WouldBlock
         self._enqueue(handle, direct=True)
