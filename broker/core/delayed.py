@@ -12,7 +12,7 @@ yet written, transient messages, queues without a log) stay whole in a heap of
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from .message import Entry
 
@@ -50,6 +50,11 @@ class DelayedMessages:
 
     def push_paged(self, due_ms: int, seq: int, loc: int) -> None:
         heapq.heappush(self.paged, _pack(due_ms, seq, loc))
+
+    def extend_paged(self, dues_ms: Iterable[int], seqs: Iterable[int], locs: Iterable[int]) -> None:
+        """Many paged-out ones at once (recovery): one heapify, not a push each."""
+        self.paged.extend(_pack(due, seq, loc) for due, seq, loc in zip(dues_ms, seqs, locs))
+        heapq.heapify(self.paged)
 
     def next_due(self) -> float | None:
         """The earliest due time (epoch seconds), or None when empty."""

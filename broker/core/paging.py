@@ -196,24 +196,49 @@ class ReplayIndex:
     to a small dict. A settled message is marked dead (locator -1) in place.
     """
 
-    __slots__ = ("seqs", "locs", "extra", "counts", "dues")
+    __slots__ = ("seqs", "locs", "extra", "counts", "due_seqs", "due_ms", "due_extra")
 
     def __init__(self) -> None:
         self.seqs = array("q")
         self.locs = array("q")
         self.extra: dict[int, Any] = {}
-        #: delivery counts above one, and due times (ms since the epoch) of delayed
-        #: messages, by seq: few, so a dict each; the larger value read wins
+        #: delivery counts above one, by seq (few: a dict); the larger value read wins
         self.counts: dict[int, int] = {}
-        self.dues: dict[int, int] = {}
+        #: due times (ms since the epoch) of delayed messages: there may be a million
+        #: (delayed publishes, in sequence order), so two arrays as for the messages,
+        #: and a dict for the few out of order (nack delays); the larger value wins
+        self.due_seqs = array("q")
+        self.due_ms = array("q")
+        self.due_extra: dict[int, int] = {}
 
     def raise_count(self, seq: int, count: int) -> None:
         if count > self.counts.get(seq, 0):
             self.counts[seq] = count
 
     def raise_due(self, seq: int, due_ms: int) -> None:
-        if due_ms > self.dues.get(seq, 0):
-            self.dues[seq] = due_ms
+        seqs = self.due_seqs
+        if not seqs or seq > seqs[-1]:
+            seqs.append(seq)
+            self.due_ms.append(due_ms)
+        elif seq == seqs[-1]:
+            self.due_ms[-1] = max(self.due_ms[-1], due_ms)
+        elif due_ms > self.due_extra.get(seq, 0):
+            self.due_extra[seq] = due_ms
+
+    def due_after(self, now_ms: float) -> tuple[array[int], array[int]]:
+        """``(seqs, due times)`` of the messages due after ``now_ms``, by seq (each
+        message once, with the largest due time read; settled ones included)."""
+        seqs, dues = self.due_seqs, self.due_ms
+        if self.due_extra:
+            merged = dict(zip(seqs, dues))
+            for seq, due in self.due_extra.items():
+                if due > merged.get(seq, 0):
+                    merged[seq] = due
+            pairs = sorted(merged.items())
+            seqs = array("q", [s for s, _d in pairs])
+            dues = array("q", [d for _s, d in pairs])
+        later = bytes(d > now_ms for d in dues)
+        return array("q", compress(seqs, later)), array("q", compress(dues, later))
 
     def _index(self, seq: int) -> int:
         seqs = self.seqs

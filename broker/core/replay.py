@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from array import array
 from collections.abc import Callable
+from bisect import bisect_left
 from itertools import compress
 from typing import Any
 
@@ -287,15 +288,14 @@ class ReplayMixin(BrokerState):
         Messages still delayed go to the queue's delayed messages, paged out there
         too. Delivery counts above one follow their messages."""
         counts = {seq: c for seq, c in entries.counts.items() if c > 1 and seq in entries}
-        now_ms = self.wall_clock() * 1000.0
-        dues = {seq: due for seq, due in entries.dues.items() if due > now_ms and seq in entries}
+        due_seqs, due_ms = entries.due_after(self.wall_clock() * 1000.0)
         logged = entries.logged()
         if logged is not None and self.read_log is not None:
             seqs, locs = logged
             if assume_delivered:
                 locs = mark_all_delivered(locs)
-            if dues:
-                seqs, locs = self._restore_delayed(queue, seqs, locs, dues)
+            if due_seqs:
+                seqs, locs = self._restore_delayed(queue, seqs, locs, due_seqs, due_ms)
             queue.paged.extend(seqs, locs)
             queue.paged_counts = counts
             return
@@ -304,6 +304,7 @@ class ReplayMixin(BrokerState):
             last_whole = 1 << 63
         paged = queue.paged
         pending: list[tuple[int, int]] = []
+        dues = dict(zip(due_seqs, due_ms))  # (an older checkpoint's format: rare)
         for seq, item in entries.items():
             if type(item) is int:
                 loc = item | 1 if assume_delivered else item
@@ -335,16 +336,23 @@ class ReplayMixin(BrokerState):
             entry.deliveries = max(entry.deliveries, counts.get(entry.message.seq, 0))
 
     def _restore_delayed(
-        self, queue: Queue, seqs: array[int], locs: array[int], dues: dict[int, int]
+        self, queue: Queue, seqs: array[int], locs: array[int], due_seqs: array[int], due_ms: array[int]
     ) -> tuple[array[int], array[int]]:
         """Move the still-delayed messages among ``seqs`` (paged out, locators
-        ``locs``) to the queue's delayed messages, paged out there too; return the
-        pairs left for the ready index."""
-        delayed = bytes(seq in dues for seq in seqs)
-        for seq, loc in zip(compress(seqs, delayed), compress(locs, delayed)):
-            queue.delayed.push_paged(dues[seq], seq, loc)
-        ready = bytes(not d for d in delayed)
-        return array("q", compress(seqs, ready)), array("q", compress(locs, ready))
+        ``locs``; both sorted by seq, as are ``due_seqs``) to the queue's delayed
+        messages, paged out there too; return the pairs left for the ready index."""
+        keep = bytearray(b"\x01") * len(seqs)
+        found = array("q")  # indexes into seqs/locs, and their due times
+        found_due = array("q")
+        n = len(seqs)
+        for seq, due in zip(due_seqs, due_ms):
+            i = bisect_left(seqs, seq)
+            if i < n and seqs[i] == seq:  # (not settled since)
+                keep[i] = 0
+                found.append(i)
+                found_due.append(due)
+        queue.delayed.extend_paged(found_due, (seqs[i] for i in found), (locs[i] for i in found))
+        return array("q", compress(seqs, keep)), array("q", compress(locs, keep))
 
 
 _Handler = Callable[[ReplayMixin, dict[int, ReplayIndex], bytes, int, int], None]
