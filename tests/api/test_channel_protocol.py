@@ -354,6 +354,11 @@ async def test_close_waits_for_the_confirms_of_earlier_publishes(app: BrokerApp,
         (b'{"op":"declare_queue","queue":"q","durable":false}\n', "precondition_failed"),
         (b'{"op":"bind","exchange":"amq.direct"}\n', "invalid_argument"),
         (b'{"op":"delete_queue","queue":"nope"}\n', "not_found"),
+        (b'{"op":"publish","routing_key":"q","delay_s":-1}\n', "invalid_argument"),
+        (b'{"op":"publish","routing_key":"q","delay_s":"soon"}\n', "invalid_argument"),
+        (b'{"op":"nack","delivery_tag":1,"delay_s":1e99}\n', "invalid_argument"),
+        (b'{"op":"declare_queue","queue":"x","arguments":{"x-delivery-limt":3}}\n', "invalid_argument"),
+        (b'{"op":"declare_queue","queue":"x","arguments":{"x-delivery-limit":-3}}\n', "invalid_argument"),
     ],
 )
 async def test_bad_ops_are_channel_errors_in_band(app: BrokerApp, clients: Clients, line: bytes, code: str) -> None:

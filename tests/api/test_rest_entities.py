@@ -380,3 +380,26 @@ async def test_bind_errors(client: HTTPClient, body: Any, status: int, code: str
 
 async def test_bind_invalid_json(client: HTTPClient) -> None:
     assert_error(await client.post("/bindings", body=b"exchange=x&queue=q"), 400, "invalid_json")
+
+
+async def test_failure_handling_inputs_are_refused_and_change_nothing(client: HTTPClient) -> None:
+    assert (await client.put("/queues/jobs")).status == 201
+    for arguments, named in [
+        ({"x-max-lenght": 10}, "x-max-lenght"),
+        ({"x-delivery-limit": "3"}, "x-delivery-limit"),
+        ({"x-dead-letter-routing-key": "k"}, "x-dead-letter-exchange"),
+        ({"x-expires": 0}, "x-expires"),
+    ]:
+        reply = await client.put("/queues/other", json={"arguments": arguments})
+        assert_error(reply, 400, "invalid_argument")
+        assert named in reply.json()["message"]
+    assert (await client.get("/queues/other")).status == 404
+    assert_error(await client.put("/exchanges/e", json={"arguments": {"x-alternate": "ae"}}), 400, "invalid_argument")
+    for query in ("delay=-1", "delay=1e12", "delay=soon"):
+        reply = await client.post(f"/exchanges/amq.default/publish?routing_key=jobs&{query}", body=b"m")
+        assert_error(reply, 400, "invalid_argument")
+    assert_error(await client.post("/queues/jobs/nack", json={"lease_ids": ["x"], "delay_s": -5}), 400, "invalid_argument")
+    assert_error(await client.post("/queues/jobs/redrive", json={"count": 0}), 400, "invalid_argument")
+    assert_error(await client.post("/queues/jobs/redrive", json={"routing_key": "k"}), 400, "invalid_argument")
+    assert_error(await client.get("/queues/jobs/messages?limit=0"), 400, "invalid_argument")
+    assert (await client.get("/queues/jobs")).json()["message_stats"]["published"] == 0
