@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import math
 from array import array
-from collections.abc import Callable
 from bisect import bisect_left
+from collections.abc import Callable
 from itertools import compress
 from typing import Any
 

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from broker.core import Deliver, InvalidArgument, RecordType
+from broker.core.delayed import DelayedMessages
 from broker.core.effects import DeadLetterDropped
 
 from .durable_view import durable_view, fresh_broker, replay_into, restart_from_log
@@ -464,7 +465,7 @@ def test_delayed_messages_are_paged_out_once_written_and_read_back_when_due() ->
     q = h.b.queues["q"]
     assert len(q.delayed.entries) == 5  # records not written yet: held whole
     h.sync()
-    assert q.delayed.entries == [] and len(q.delayed.paged) == 5  # bodies only in the log
+    assert q.delayed.entries == [] and q.delayed.paged_count == 5  # bodies only in the log
     h.sleep(12.5)
     assert [e.message.body for e in ready_entries(h.b, "q")] == [b"d0", b"d1", b"d2"]
     assert h.info("q")["messages_delayed"] == 2
@@ -507,3 +508,19 @@ def test_a_delay_that_is_not_a_whole_millisecond_still_comes_due() -> None:
     h.sync()
     assert h.b.next_deadline() is not None
     assert [d.delivery_count for d in h.delivers(h.sleep(2.01), ch)] == [1]
+
+
+def test_delayed_messages_come_due_in_due_order_whatever_order_they_were_delayed_in() -> None:
+    delayed = DelayedMessages()
+    order = [5, 7, 7, 3, 9, 1, 8, 8, 2, 10]  # due times (s); mostly rising, some not
+    for seq, due in enumerate(order, 1):
+        delayed.push_paged(due * 1000, seq, seq << 1)
+    assert len(delayed) == delayed.paged_count == 10 and delayed.next_due() == 1.0
+    assert sorted(delayed.due_times()) == [(seq, due * 1000) for seq, due in enumerate(order, 1)]
+    got = []
+    for now in range(11):
+        _entries, paged = delayed.pop_due(float(now))
+        got.extend((due, seq) for due, seq, _loc in paged)
+        assert all(due <= now * 1000 for due, _seq in got)
+    assert [due for due, _seq in got] == sorted(due * 1000 for due in order)
+    assert not delayed and delayed.next_due() is None
