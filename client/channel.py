@@ -341,16 +341,36 @@ class Channel(Supervisor):
         auto_delete: bool = False,
         arguments: Mapping[str, Any] | None = None,
         passive: bool = False,
+        dead_letter_exchange: str | None = None,
+        dead_letter_routing_key: str | None = None,
+        delivery_limit: int | None = None,
+        message_ttl_s: float | None = None,
+        expires_s: float | None = None,
     ) -> QueueDeclared:
         """Declare a queue; re-declared after reconnects unless ``passive``. An empty
         name asks the broker for a generated one, which is then re-declared by name.
 
+        The keyword helpers set the queue arguments of the same name (docs/failures.md):
+        ``dead_letter_exchange`` (``x-dead-letter-exchange``; ``""`` is the default
+        exchange), ``dead_letter_routing_key``, ``delivery_limit``, ``message_ttl_s``
+        and ``expires_s`` (``x-message-ttl`` and ``x-expires``, in seconds here).
+
         Raises:
             ChannelClosedByBroker: the broker refused.
         """
+        args = dict(arguments or {})
+        for name, value in (
+            ("x-dead-letter-exchange", dead_letter_exchange),
+            ("x-dead-letter-routing-key", dead_letter_routing_key),
+            ("x-delivery-limit", delivery_limit),
+            ("x-message-ttl", None if message_ttl_s is None else round(message_ttl_s * 1000)),
+            ("x-expires", None if expires_s is None else round(expires_s * 1000)),
+        ):
+            if value is not None:
+                args[name] = value
         op = {
             "op": "declare_queue", "queue": queue, "durable": durable, "exclusive": exclusive,
-            "auto_delete": auto_delete, "arguments": dict(arguments or {}), "passive": passive,
+            "auto_delete": auto_delete, "arguments": args, "passive": passive,
         }
         reply = await self._request(op)
         fields = reply.fields if isinstance(reply, Ok) else {}

@@ -111,6 +111,8 @@ class Queue:
         "dead_lettered",
         "expires_s",
         "unused_since",
+        "max_length_bytes",
+        "ready_bytes",
     )
 
     def __init__(
@@ -145,6 +147,12 @@ class Queue:
         self.had_consumer = False
         self.deleted = False
         self.max_length: int | None = arguments.get("x-max-length")
+        #: ``x-max-length-bytes``: a bound on the body bytes of the ready messages, and
+        #: those bytes (kept only for such a queue, whose messages all stay in memory:
+        #: their total is bounded by the setting, and a paged-out body's size is not
+        #: known without reading it)
+        self.max_length_bytes: int | None = arguments.get("x-max-length-bytes")
+        self.ready_bytes = 0
         self.overflow: str = arguments.get("x-overflow", "drop-head")
         ttl = arguments.get("x-message-ttl")
         self.message_ttl_s: float | None = ttl / 1000.0 if ttl is not None else None
@@ -196,18 +204,44 @@ class Queue:
 
     def requeue(self, entry: Entry) -> None:
         heapq.heappush(self.requeued, (entry.message.seq, entry))
+        if self.max_length_bytes is not None:
+            self.ready_bytes += len(entry.message.body)
 
     def pop(self) -> Entry | None:
         """The next entry held in memory; None when there is none or the next message
         is paged out (the broker pages it in first)."""
         if self.requeued:
-            return heapq.heappop(self.requeued)[1]
-        if self.ready:
-            return self.ready.popleft()
-        if self.tail and not self.paged:
+            entry = heapq.heappop(self.requeued)[1]
+        elif self.ready:
+            entry = self.ready.popleft()
+        elif self.tail and not self.paged:
             self.ready, self.tail = self.tail, self.ready
-            return self.ready.popleft()
-        return None
+            entry = self.ready.popleft()
+        else:
+            return None
+        if self.max_length_bytes is not None:
+            self.ready_bytes -= len(entry.message.body)
+        return entry
+
+    def count_ready_bytes(self) -> int:
+        """The body bytes of the ready messages held in memory (counted anew)."""
+        held = [e for _s, e in self.requeued]
+        held.extend(self.ready)
+        held.extend(self.tail)
+        return sum(len(e.message.body) for e in held)
+
+    def is_full(self, body_bytes: int) -> bool:
+        """Whether one more message of ``body_bytes`` would pass ``x-max-length`` or
+        ``x-max-length-bytes`` (for the ``reject-publish`` overflows)."""
+        if self.max_length is not None and self.ready_count() >= self.max_length:
+            return True
+        return self.max_length_bytes is not None and self.ready_bytes + body_bytes > self.max_length_bytes
+
+    def over_limit(self) -> bool:
+        """Whether the ready messages pass a length limit (``drop-head`` drops then)."""
+        if self.max_length is not None and self.ready_count() > self.max_length:
+            return True
+        return self.max_length_bytes is not None and self.ready_bytes > self.max_length_bytes
 
     def clear_ready(self) -> tuple[list[Entry], list[int]]:
         """Remove every ready or delayed message: (entries held in memory, seqs of
@@ -221,6 +255,7 @@ class Queue:
         self.ready.clear()
         self.tail.clear()
         self.paged_counts.clear()
+        self.ready_bytes = 0
         return entries, self.paged.clear() + delayed_seqs
 
     def remove_entries(self, seqs: set[int]) -> list[Entry]:
@@ -233,12 +268,14 @@ class Queue:
         if gone:
             removed.extend(gone)
             self.tail = deque(e for e in self.tail if e.message.seq not in seqs)
-        removed.extend(self.delayed.remove_whole(seqs))
         kept = [(s, e) for s, e in self.requeued if s not in seqs]
         if len(kept) != len(self.requeued):
             removed.extend(e for s, e in self.requeued if s in seqs)
             heapq.heapify(kept)
             self.requeued = kept
+        if self.max_length_bytes is not None:
+            self.ready_bytes -= sum(len(e.message.body) for e in removed)
+        removed.extend(self.delayed.remove_whole(seqs))
         return removed
 
     def settings(self) -> tuple[Any, ...]:

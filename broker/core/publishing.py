@@ -111,10 +111,9 @@ class PublishingMixin(BrokerState):
         nack_reason = None
         full: list[Queue] = []
         for queue in queues:
-            if queue.max_length is not None and queue.overflow != "drop-head":
-                if queue.ready_count() >= queue.max_length:
-                    nack_reason = f"queue {queue.name!r} is full (x-overflow {queue.overflow})"
-                    full.append(queue)
+            if queue.overflow != "drop-head" and queue.is_full(len(body)):
+                nack_reason = f"queue {queue.name!r} is full (x-overflow {queue.overflow})"
+                full.append(queue)
         if full:
             # RabbitMQ semantics: the publish is nacked; queues with room keep it.
             queues = [q for q in queues if q not in full]
@@ -174,16 +173,23 @@ class PublishingMixin(BrokerState):
         if queue.tail or queue.paged:
             queue.tail.append(entry)
             self._page_out_due[queue.name] = queue
-        elif len(queue.ready) < self.memory_messages_per_queue or self.read_log is None or not queue.persistent_log:
+        elif (
+            len(queue.ready) < self.memory_messages_per_queue
+            or self.read_log is None
+            or not queue.persistent_log
+            or queue.max_length_bytes is not None  # (bounded by it: see Queue.ready_bytes)
+        ):
             queue.ready.append(entry)
         else:
             queue.tail.append(entry)
             self._page_out_due[queue.name] = queue
         queue.published += 1
+        if queue.max_length_bytes is not None:
+            queue.ready_bytes += len(message.body)
         if schedule:
             self._schedule_queue(queue)
-        if queue.max_length is not None and queue.overflow == "drop-head":
-            while queue.ready_count() > queue.max_length:
+        if (queue.max_length is not None or queue.max_length_bytes is not None) and queue.overflow == "drop-head":
+            while queue.over_limit():
                 self._drop_head(queue)
         if queue.consumers:
             self._dirty_queues[queue.name] = queue
@@ -264,6 +270,8 @@ class PublishingMixin(BrokerState):
                 ready.append(self._entry_of(queue, loc, r))
                 if queue.paged_counts:
                     queue.paged_counts.pop(seq, None)
+                if queue.max_length_bytes is not None:  # (left paged by a failed read at start)
+                    queue.ready_bytes += len(r.body)
                 i += 1
             if failure is None:
                 if queue.read_failure is not None:
@@ -286,6 +294,23 @@ class PublishingMixin(BrokerState):
             self._schedule_queue(queue)
             self._effects.append(LogReadFailed(queue.name, loc >> 1, str(failure), transient, delay))
             return
+
+    def _load_paged(self, queue: Queue) -> None:
+        """Read every paged-out message of ``queue`` into memory, counting its bytes
+        (a recovered queue with ``x-max-length-bytes``, see ``Queue.ready_bytes``). A
+        read that fails leaves the rest paged out: read when their turn comes."""
+        read_log = self.read_log
+        while queue.paged and read_log is not None:
+            pairs = queue.paged.take(PAGE_IN_BATCH)
+            results = read_log([loc >> 1 for _seq, loc in pairs])
+            for i, ((seq, loc), result) in enumerate(zip(pairs, results)):
+                r = _logged_message(result, seq, loc >> 1)
+                if isinstance(r, str):
+                    queue.paged.put_back(pairs[i:])
+                    return
+                queue.ready.append(self._entry_of(queue, loc, r))
+                queue.paged_counts.pop(seq, None)
+                queue.ready_bytes += len(r.body)
 
     def _entry_of(self, queue: Queue, loc: int, r: rec.EnqueueRecord) -> Entry:
         """The queue entry of a message read back from its record at ``loc``."""

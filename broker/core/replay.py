@@ -264,6 +264,9 @@ class ReplayMixin(BrokerState):
         for qid, entries in state.items():
             queue = self._queues_by_id[qid]
             self._restore_queue(queue, entries, assume_delivered)
+            if queue.max_length_bytes is not None:
+                queue.ready_bytes = queue.count_ready_bytes()
+                self._load_paged(queue)
             if queue.delayed or queue.message_ttl_s is not None or queue.expires_s is not None:
                 # timers start with the next take_effects(): recovery may run where
                 # the clock cannot be read (the runtime replays in a worker thread)

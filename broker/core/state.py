@@ -89,6 +89,7 @@ _INT63 = (1 << 63) - 1
 #: argument is refused (see ``_check_entity_arguments`` in topology.py).
 QUEUE_ARGUMENTS: dict[str, Callable[[Any], bool]] = {
     "x-max-length": _int_in(0, _INT63),
+    "x-max-length-bytes": _int_in(0, _INT63),
     "x-overflow": lambda v: v in ("drop-head", "reject-publish", "reject-publish-dlx"),
     "x-message-ttl": _int_in(0, _MAX_MS),
     "x-consumer-timeout": _int_in(1, _MAX_MS),
@@ -286,6 +287,8 @@ class BrokerState:
         def _pop(self, queue: Queue) -> Entry | None: ...
 
         def _page_in(self, queue: Queue) -> None: ...
+
+        def _load_paged(self, queue: Queue) -> None: ...
 
         def _push_timer(self, deadline: float, channel_id: int, tag: int) -> None: ...
 

@@ -524,3 +524,36 @@ def test_delayed_messages_come_due_in_due_order_whatever_order_they_were_delayed
         assert all(due <= now * 1000 for due, _seq in got)
     assert [due for due, _seq in got] == sorted(due * 1000 for due in order)
     assert not delayed and delayed.next_due() is None
+
+
+# -- x-max-length-bytes ------------------------------------------------------------------
+
+
+def test_max_length_bytes_drops_the_oldest_into_the_dead_letter_queue() -> None:
+    h = Harness(queue_memory_messages=1)
+    with_dlq(h, "work", **{"x-max-length-bytes": 10})
+    for body in (b"aaaa", b"bbbb", b"cccc", b"dd"):
+        h.publish(0, "", "work", body)
+    h.sync()
+    assert [e.message.body for e in ready_entries(h.b, "work")] == [b"bbbb", b"cccc", b"dd"]
+    assert h.b.queues["work"].ready_bytes == 10
+    assert [e.message.body for e in ready_entries(h.b, "dead")] == [b"aaaa"]
+    ch = consuming(h, "work")
+    d = h.delivers(h.step(), ch)
+    assert len(d) == 3 and h.b.queues["work"].ready_bytes == 0
+    h.b.close_channel(ch)  # back to the queue: counted again
+    h.step()
+    assert h.b.queues["work"].ready_bytes == 10
+    nb = restart_from_log(h)
+    assert nb.queues["work"].ready_bytes == 10 and not nb.queues["work"].paged
+
+
+def test_max_length_bytes_with_reject_publish_nacks_what_does_not_fit() -> None:
+    h = Harness()
+    h.queue("q", arguments={"x-max-length-bytes": 5, "x-overflow": "reject-publish"})
+    t1 = h.publish(0, "", "q", b"abc")
+    t2 = h.publish(0, "", "q", b"def")  # 3 + 3 > 5
+    t3 = h.publish(0, "", "q", b"gh")  # 3 + 2 fits
+    h.sync()
+    assert (h.acked(0, t1), h.nacked(0, t2), h.acked(0, t3)) == (True, True, True)
+    assert [e.message.body for e in ready_entries(h.b, "q")] == [b"abc", b"gh"]

@@ -84,7 +84,9 @@ async def test_worker_retries_with_delay_then_finds_the_message_dead_lettered_wi
         async with client.connect(broker.url) as conn:
             async with conn.channel() as ch:
                 await ch.declare_queue("jobs.dead")
-                await ch.declare_queue("jobs", arguments=QUEUE_ARGS)
+                await ch.declare_queue(
+                    "jobs", dead_letter_exchange="", dead_letter_routing_key="jobs.dead", delivery_limit=2
+                )  # (the same as QUEUE_ARGS)
                 await ch.publish("", "jobs", b"job", delay_s=0.2)  # enters the queue a little later
                 seen = []
                 async with ch.consume("jobs") as messages:
