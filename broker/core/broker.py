@@ -210,6 +210,15 @@ class Broker(
             if queue is not None:
                 queue.remove_entries(seqs)
 
+    def refuse_publishes(self, reason: str) -> None:
+        """Refuse persistent publishes to durable queues (nacked with ``reason``) while
+        settles still go through: the disk is nearly full, and what space is left is
+        kept for the acks and checkpoints that free it."""
+        self.publish_refusal = reason
+
+    def accept_publishes(self) -> None:
+        self.publish_refusal = None
+
     def storage_recovered(self) -> None:
         """Writes succeed again: accept persistent publishes again."""
         self.storage_ok = True

@@ -108,6 +108,9 @@ class PublishingMixin(BrokerState):
             if durable_qids and not self.storage_ok:
                 ch.confirms.add(tag, 0, False, f"storage failure: {self.storage_reason}")
                 return tag, 0
+            if durable_qids and self.publish_refusal is not None:
+                ch.confirms.add(tag, 0, False, self.publish_refusal)
+                return tag, 0
         nack_reason = None
         full: list[Queue] = []
         for queue in queues:

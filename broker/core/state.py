@@ -184,6 +184,9 @@ class BrokerState:
         self._unsynced: list[tuple[int, Message, list[Queue]]] = []
         self.storage_ok = True
         self.storage_reason = ""
+        # why persistent publishes are refused although the log takes writes (the disk
+        # is nearly full: its space reserve is used up), or None
+        self.publish_refusal: str | None = None
         # False while the broker shuts down: nothing more is handed to consumers.
         self.delivering = True
 

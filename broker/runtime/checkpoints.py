@@ -46,13 +46,17 @@ class Checkpointer:
         wal_bytes: int,
         metrics: MetricsPort | None,
         pump: Callable[[], None],
+        on_reserve_used: Callable[[], None] | None = None,
     ) -> None:
+        """``on_reserve_used``: called when a checkpoint had to use the space reserve
+        (the disk is full) - None when the broker keeps none."""
         self.core = core
         self.data_dir = data_dir
         self.interval_s = interval_s or math.inf  # 0 disables
         self.wal_bytes = wal_bytes or math.inf  # 0 disables
         self.metrics = metrics
         self._pump = pump
+        self._on_reserve_used = on_reserve_used
         self.wal: LogPort | None = None
         self._lock = trio.Lock()
         self._wal_bytes_at_checkpoint = 0
@@ -130,6 +134,8 @@ class Checkpointer:
                     yield from chunk
 
             await trio.to_thread.run_sync(storage.write_checkpoint, self.data_dir, lsn, records())
+            if self._on_reserve_used is not None and not storage.reserve_present(self.data_dir):
+                self._on_reserve_used()
             # The checkpoint refers to records by LSN: they must be on disk before the
             # segments it no longer needs go (under fsync=always they already are).
             try:

@@ -68,6 +68,10 @@ class LogPort(Protocol):
 
     def statistics(self) -> WALStatistics: ...
 
+    def want_reserve(self) -> None:
+        """Make the space reserve again when there is room."""
+        ...
+
     async def aclose(self) -> None: ...
 
 

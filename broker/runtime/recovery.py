@@ -50,6 +50,7 @@ class WALCallbacks:
     on_failure: Callable[[int, int, OSError], None]
     on_recovered: Callable[[], None]
     on_fsync: Callable[[float], None]
+    on_reserve: Callable[[bool], None]
 
 
 async def recover_broker(
@@ -113,6 +114,7 @@ async def recover_broker(
         on_failure=callbacks.on_failure,
         on_recovered=callbacks.on_recovered,
         on_fsync=callbacks.on_fsync,
+        on_reserve=callbacks.on_reserve,
     )
     totals = core.totals()
     info: dict[str, Any] = {

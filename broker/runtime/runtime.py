@@ -100,6 +100,7 @@ class BrokerRuntime:
                 wal_bytes=options.checkpoint_wal_bytes,
                 metrics=metrics,
                 pump=self.pump,
+                on_reserve_used=self._on_reserve_used if options.reserve_bytes else None,
             )
         self.messages_lost = 0  # paged-out messages given up (only with --repair)
         self.log_read_failures = 0  # failed reads of paged-out messages (kept, retried)
@@ -145,6 +146,7 @@ class BrokerRuntime:
                         on_failure=self._on_failure,
                         on_recovered=self._on_recovered,
                         on_fsync=self._on_fsync,
+                        on_reserve=self._on_reserve,
                     ),
                 )
                 self.wal = recovered.wal
@@ -377,6 +379,34 @@ class BrokerRuntime:
         log.warning("log writes succeed again; accepting persistent publishes")
         self.core.storage_recovered()
         self.pump()
+
+    def _on_reserve(self, in_place: bool) -> None:
+        """The log made (or could not make) its space reserve."""
+        if in_place:
+            if self.core.publish_refusal is not None:
+                log.warning("space reserve in place again; accepting persistent publishes")
+            self.core.accept_publishes()
+        else:
+            self._refuse_for_space()
+        self.pump()
+
+    def _on_reserve_used(self) -> None:
+        """A checkpoint on a full disk used the space reserve."""
+        self._refuse_for_space()
+        if self.wal is not None:
+            self.wal.want_reserve()
+        self.pump()
+
+    def _refuse_for_space(self) -> None:
+        if self.core.publish_refusal is None:
+            log.error(
+                "disk nearly full: the space reserve is used up; refusing persistent publishes "
+                "until acks and checkpoints free log space (acks, purges and deletes still work)"
+            )
+        self.core.refuse_publishes(
+            "disk full: the space reserve is used up; publishes are refused until consumed "
+            "messages free log space"
+        )
 
     def _on_fsync(self, duration_s: float) -> None:
         if self.metrics is not None:

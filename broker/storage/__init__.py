@@ -66,7 +66,7 @@ from .framing import (
 from .fs import FileSystem, OsFileSystem, WritableFile
 from .reader import LogReader, ReadFailure, ReadResult, SegmentsToKeep
 from .recovery import Recovery, RecoveryReport, TruncatedTail, VoidedRecords, recover
-from .reserve import DEFAULT_RESERVE_BYTES
+from .reserve import DEFAULT_RESERVE_BYTES, reserve_present
 from .wal import (
     DEFAULT_RETRY_INTERVAL_S,
     DEFAULT_SEGMENT_MAX_BYTES,
@@ -101,6 +101,7 @@ __all__ = [
     "open_wal",
     # disk full
     "DEFAULT_RESERVE_BYTES",
+    "reserve_present",
     # checkpoints
     "CheckpointInfo",
     "LoadedCheckpoint",

@@ -31,6 +31,7 @@ __all__ = [
     "DEFAULT_RESERVE_BYTES",
     "ensure_reserve",
     "release_reserve",
+    "reserve_present",
     "wanted_reserve_bytes",
     "is_disk_full",
 ]
@@ -98,6 +99,11 @@ def ensure_reserve(data_dir: str | os.PathLike[str], size_bytes: int, fs: FileSy
         return False
     logger.info("space reserve %s in place: %d bytes", path, size_bytes)
     return True
+
+
+def reserve_present(data_dir: str | os.PathLike[str]) -> bool:
+    """Whether the reserve file is in place (a checkpoint on a full disk deletes it)."""
+    return os.path.exists(_path(data_dir))
 
 
 def release_reserve(data_dir: str | os.PathLike[str], fs: FileSystem) -> bool:

@@ -153,6 +153,7 @@ OnDurable = Callable[[int], None]
 OnFailure = Callable[[int, int, OSError], None]
 OnRecovered = Callable[[], None]
 OnFsync = Callable[[float], None]
+OnReserve = Callable[[bool], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,6 +297,7 @@ class WriteAheadLog:
         on_failure: OnFailure | None = None,
         on_recovered: OnRecovered | None = None,
         on_fsync: OnFsync | None = None,
+        on_reserve: OnReserve | None = None,
         segment_max_bytes: int = DEFAULT_SEGMENT_MAX_BYTES,
         retry_interval_s: float = DEFAULT_RETRY_INTERVAL_S,
         lazy_sync_s: float = DEFAULT_LAZY_SYNC_S,
@@ -328,6 +330,7 @@ class WriteAheadLog:
         self._on_failure = on_failure
         self._on_recovered = on_recovered
         self._on_fsync = on_fsync
+        self._on_reserve = on_reserve
         self._segment_max_bytes = segment_max_bytes
         self._retry_interval_s = retry_interval_s
         self._lazy_sync_s = lazy_sync_s
@@ -392,6 +395,7 @@ class WriteAheadLog:
         on_failure: OnFailure | None = None,
         on_recovered: OnRecovered | None = None,
         on_fsync: OnFsync | None = None,
+        on_reserve: OnReserve | None = None,
         segment_max_bytes: int = DEFAULT_SEGMENT_MAX_BYTES,
         retry_interval_s: float = DEFAULT_RETRY_INTERVAL_S,
         inline_max_records: int = 0,
@@ -412,6 +416,7 @@ class WriteAheadLog:
             on_failure=on_failure,
             on_recovered=on_recovered,
             on_fsync=on_fsync,
+            on_reserve=on_reserve,
             segment_max_bytes=segment_max_bytes,
             retry_interval_s=retry_interval_s,
             max_record_bytes=recovery.max_record_bytes,
@@ -674,7 +679,9 @@ class WriteAheadLog:
                 await self._sync_active()
             elif self._reserve_due():
                 self._reserve_wanted = False
-                await trio.to_thread.run_sync(self._io_ensure_reserve, limiter=self._limiter)
+                in_place = await trio.to_thread.run_sync(self._io_ensure_reserve, limiter=self._limiter)
+                if self._on_reserve is not None:
+                    self._on_reserve(in_place)
 
     def _reserve_due(self) -> bool:
         return self._reserve_wanted and not self._failed
@@ -1012,10 +1019,18 @@ class WriteAheadLog:
         self._active = _Segment(header.first_lsn, path, file, len(data), len(data), False, allocated)
         return self._active
 
-    def _io_ensure_reserve(self) -> None:
-        """Make or grow the space reserve (best effort: a full disk just has to wait)."""
+    def _io_ensure_reserve(self) -> bool:
+        """Make or grow the space reserve (best effort: a full disk just has to wait);
+        whether it is in place."""
         size = wanted_reserve_bytes(self._reserve_bytes, newest_checkpoint_bytes(self._data_dir, self._fs))
-        ensure_reserve(self._data_dir, size, self._fs)
+        return ensure_reserve(self._data_dir, size, self._fs)
+
+    def want_reserve(self) -> None:
+        """The space reserve was used (a checkpoint on a full disk took it): make it
+        again when the writer is idle and there is room (reported by ``on_reserve``)."""
+        if self._reserve_bytes:
+            self._reserve_wanted = True
+            self._wakeup.set()
 
     def _io_abandon_active(self) -> None:
         """After a failure: truncate the active segment to its last good offset, close it."""

@@ -19,6 +19,8 @@ def add_routes(ctx: RestContext) -> None:
             await response.send_json(503, {"status": "shutting_down", "ready": False})
         else:
             answer: dict[str, Any] = {"status": "ok", "ready": True, "storage_ok": core.storage_ok}
+            if core.publish_refusal is not None:
+                answer["publishes_refused"] = core.publish_refusal  # the disk is nearly full
             blocked = runtime.read_blocked_queues()
             if blocked:
                 # still alive and serving, but some queues wait for the log
