@@ -92,7 +92,7 @@ class DeadLetterMixin(BrokerState):
         expires = None
         if properties is not None and "expiration" in properties:
             expires = start + properties["expiration"] / 1000.0
-        message = Message(seq, exchange_name, routing_key, body, properties, expires)
+        message = Message(seq, exchange_name, routing_key, body, properties, expires, enqueued_at=start)
         origin_logged = (
             origin is not None
             and entry is not None

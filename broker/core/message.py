@@ -169,7 +169,10 @@ class Message:
     ``properties`` is rebuilt on access from the ``message_id`` and a dict of the other
     properties shared between messages (see ``_shared``): treat it as read-only."""
 
-    __slots__ = ("seq", "exchange", "routing_key", "body", "_props", "message_id", "persistent", "expires_at", "lsn")
+    __slots__ = (
+        "seq", "exchange", "routing_key", "body", "_props", "message_id", "persistent", "expires_at", "lsn",
+        "enqueued_at",
+    )
 
     def __init__(
         self,
@@ -181,9 +184,11 @@ class Message:
         expires_at: float | None = None,
         *,
         owned: bool = False,
+        enqueued_at: float = 0.0,
     ) -> None:
         """``owned``: ``properties`` is a fresh dict (recovery) the message may take
-        apart instead of copying."""
+        apart instead of copying. ``enqueued_at``: when it entered its queues (epoch
+        seconds; 0 when unknown), shown to operators."""
         self.seq = seq
         self.exchange = exchange
         self.routing_key = routing_key
@@ -196,6 +201,7 @@ class Message:
         # LSN of the ENQUEUE record holding the message (0: not logged). Durable queues
         # may drop the body from memory and read it back from there (core/paging.py).
         self.lsn = 0
+        self.enqueued_at = enqueued_at
 
     @property
     def properties(self) -> dict[str, Any] | None:

@@ -128,7 +128,7 @@ class PublishingMixin(BrokerState):
         msg_expires = None
         if properties is not None and "expiration" in properties:
             msg_expires = (due or wall) + properties["expiration"] / 1000.0
-        message = Message(seq, exchange_name, routing_key, body, properties, msg_expires)
+        message = Message(seq, exchange_name, routing_key, body, properties, msg_expires, enqueued_at=due or wall)
         # A nacked publish is not remembered for deduplication (neither live nor in
         # its ENQUEUE record): the nack asks the client to resend, and the resend
         # must be taken, not acked as a duplicate of a message that was refused.
@@ -318,7 +318,9 @@ class PublishingMixin(BrokerState):
     def _entry_of(self, queue: Queue, loc: int, r: rec.EnqueueRecord) -> Entry:
         """The queue entry of a message read back from its record at ``loc``."""
         lsn = loc >> 1
-        message = Message(r.seq, r.exchange, r.routing_key, r.body, r.properties, r.expires_at, owned=True)
+        message = Message(
+            r.seq, r.exchange, r.routing_key, r.body, r.properties, r.expires_at, owned=True, enqueued_at=r.wall_s
+        )
         message.lsn = lsn
         expires = r.expires_at
         ttl = queue.message_ttl_s

@@ -62,6 +62,7 @@ def test_worker_retries_with_delay_then_finds_the_message_dead_lettered_over_htt
         assert status == 200
         (dead,) = seen["messages"]
         assert dead["body"] == "resize image 7" and dead["state"] == "ready"
+        assert abs(dead["enqueued_at"] - time.time()) < 60
         assert dead["properties"]["message_id"] == "job-7"
         assert [(d["queue"], d["reason"], d["count"]) for d in dead["x_death"]] == [("jobs", "delivery_limit", 1)]
         assert broker.request("GET", "/queues/jobs.dead")[1]["messages_ready"] == 1  # browsing took nothing

@@ -35,6 +35,7 @@ def add_routes(ctx: RestContext) -> None:
                     exchange=message.exchange,
                     routing_key=message.routing_key,
                     expires_at=entry.expires_at,
+                    enqueued_at=message.enqueued_at or None,
                 )
                 headers = (message.properties or {}).get("headers") or {}
                 if "x-death" in headers:
