@@ -241,9 +241,9 @@ class AckbusServer:
             time.sleep(0.01)
         raise ServerError(f"ackbus broker not ready within {timeout_s:.0f} s:\n{self.log_tail()}")
 
-    def wait_queue(self, queue: str, expected: int, timeout_s: float) -> None:
+    def wait_queue(self, queue: str, expected: int, timeout_s: float, *, field: str = "messages_ready") -> None:
         """Wait until the broker is ready and reports ``expected`` ready messages in
-        ``queue``."""
+        ``queue`` (or ``expected`` of another count of ``GET /queues/<name>``: ``field``)."""
         deadline = time.perf_counter() + timeout_s
         last: Any = None
         while time.perf_counter() < deadline:
@@ -251,7 +251,7 @@ class AckbusServer:
             try:
                 if self.request("GET", "/healthz", timeout_s=1.0)[0] == 200:
                     status, last = self.request("GET", f"/queues/{queue}", timeout_s=5.0)
-                    if status == 200 and last.get("messages_ready") == expected:
+                    if status == 200 and last.get(field) == expected:
                         return
             except OSError:
                 pass

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from bench.params import Params
 from bench.procs import run_workers
-from bench.servers import rss_bytes
+from bench.servers import AckbusServer, rss_bytes
 from bench.stats import Figure
 
 __all__ = ["Context", "WORKLOADS", "Workload", "all_figures"]
@@ -304,6 +304,19 @@ def _recovery_figures(p: Params) -> list[Figure]:
     ]
 
 
+def _kill_and_restart(server: Server, wait_ready: Callable[[], None]) -> tuple[float, int, int]:
+    """kill -9 the broker, start it again: (seconds until ``wait_ready`` returned, RSS
+    then, RSS 2 s later)."""
+    server.kill9()
+    t0 = time.perf_counter()
+    server.spawn()
+    wait_ready()
+    recovery_s = time.perf_counter() - t0
+    rss_ready = rss_bytes(server.pid)
+    time.sleep(2.0)
+    return recovery_s, rss_ready, rss_bytes(server.pid)
+
+
 def _recovery_run(ctx: Context, server: Server, start_s: float) -> tuple[dict[str, float], dict[str, Any]]:
     p = ctx.params
     count, queue = p.recovery_count, "bench.recovery"
@@ -312,14 +325,8 @@ def _recovery_run(ctx: Context, server: Server, start_s: float) -> tuple[dict[st
     time.sleep(1.0)
     rss_filled = rss_bytes(server.pid)
     ctx.status(f"recovery: kill -9 and restart with {count:,} messages")
-    server.kill9()
-    t0 = time.perf_counter()
-    server.spawn()
-    server.wait_queue(queue, count, p.fill_timeout_s(count))
-    recovery_s = time.perf_counter() - t0
-    rss_ready = rss_bytes(server.pid)
-    time.sleep(2.0)
-    rss_settled = rss_bytes(server.pid)
+    recovery_s, rss_ready, rss_settled = _kill_and_restart(server, lambda: server.wait_queue(
+        queue, count, p.fill_timeout_s(count)))
     extra.update(rss_at_ready_mib=rss_ready / MiB, rss_2s_after_ready_mib=rss_settled / MiB)
     return {
         "recovery/recovery_s": recovery_s,
@@ -414,21 +421,6 @@ def _delayed_figures(p: Params) -> list[Figure]:
     ]
 
 
-def _wait_delayed(server: Any, queue: str, expected: int, timeout_s: float) -> None:
-    deadline = time.perf_counter() + timeout_s
-    last = None
-    while time.perf_counter() < deadline:
-        try:
-            if server.request("GET", "/healthz", timeout_s=1.0)[0] == 200:
-                status, last = server.request("GET", f"/queues/{queue}", timeout_s=5.0)
-                if status == 200 and last.get("messages_delayed") == expected:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.05)
-    raise BenchError(f"{queue} did not show {expected} delayed messages in time (last: {last})")
-
-
 def _delayed_run(ctx: Context, server: Server) -> tuple[dict[str, float], dict[str, Any]]:
     p = ctx.params
     n, queue = p.delayed_count, "bench.delayed"
@@ -438,17 +430,16 @@ def _delayed_run(ctx: Context, server: Server) -> tuple[dict[str, float], dict[s
              for i in range(2)]
     results = ctx.workers(server, specs, p.fill_timeout_s(n))
     publish_s = max(r["elapsed_s"] for r in results)
-    _wait_delayed(server, queue, n, p.fill_timeout_s(n))
+    assert isinstance(server, AckbusServer)  # (ackbus only: messages_delayed)
+
+    def all_delayed() -> None:
+        server.wait_queue(queue, n, p.fill_timeout_s(n), field="messages_delayed")
+
+    all_delayed()
     time.sleep(1.0)
     rss_filled = rss_bytes(server.pid)
     ctx.status(f"delayed: kill -9 and restart with {n:,} delayed messages")
-    server.kill9()
-    t0 = time.perf_counter()
-    server.spawn()
-    _wait_delayed(server, queue, n, p.fill_timeout_s(n))
-    recovery_s = time.perf_counter() - t0
-    time.sleep(2.0)
-    rss_recovered = rss_bytes(server.pid)
+    recovery_s, _rss_ready, rss_recovered = _kill_and_restart(server, all_delayed)
     return {
         "delayed/publish_msgs_per_s": n / publish_s,
         "delayed/rss_filled_mib": rss_filled / MiB,
