@@ -128,7 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=["text", "json"], default="text")
 
     p = sub.add_parser("get", help="fetch messages once (REST lease), print, ack")
-    p.add_argument("queue")
+    p.add_argument("queue", nargs="+", help="a queue; several: the first listed with messages answers")
     p.add_argument("--count", "-n", type=int, default=1, help="at most this many (default %(default)s)")
     p.add_argument("--wait", type=float, default=0.0, metavar="S", help="long-poll up to S seconds for the first")
     p.add_argument("--lease", type=float, default=30.0, metavar="S")
@@ -377,15 +377,19 @@ class _Cli:
 
     async def cmd_get(self, conn: Connection) -> int:
         a = self.args
-        messages = await conn.get(a.queue, max_messages=a.count, wait_s=a.wait, lease_s=a.lease)
+        if len(a.queue) == 1:
+            messages = await conn.get(a.queue[0], max_messages=a.count, wait_s=a.wait, lease_s=a.lease)
+        else:
+            messages = await conn.get_any(a.queue, max_messages=a.count, wait_s=a.wait, lease_s=a.lease)
         for message in messages:
             _print_message(self.stdout, message, a.format)
         if messages:
+            queue = messages[0].queue  # (one queue answers a get)
             ids = [m.lease_id for m in messages]
             if a.requeue:
-                await conn.nack_leases(a.queue, ids, requeue=True)
+                await conn.nack_leases(queue, ids, requeue=True)
             else:
-                await conn.ack_leases(a.queue, ids)
+                await conn.ack_leases(queue, ids)
         return EXIT_OK if messages else EXIT_NOT_ENOUGH
 
     # --- operating on queues -----------------------------------------------------------

@@ -242,6 +242,24 @@ class BrokerAPI:
         for the first (a long poll, not a busy loop), each leased for ``lease_s``."""
         query = {"max": max_messages, "wait": _num(wait_s), "lease": _num(lease_s)}
         result = await self._call("POST", f"/queues/{_quote(queue)}/get", query=query)
+        return self._leased(result, queue)
+
+    async def get_any(
+        self,
+        queues: Sequence[str],
+        *,
+        max_messages: int = 1,
+        wait_s: float = 0,
+        lease_s: float = 30,
+    ) -> list[LeasedMessage]:
+        """``POST /get``: up to ``max_messages`` from the first of ``queues`` (in order
+        of preference) that has any, waiting up to ``wait_s`` on all of them at once;
+        each message's ``queue`` says which."""
+        body = {"queues": list(queues), "max": max_messages, "wait": _num(wait_s), "lease": _num(lease_s)}
+        result = await self._call("POST", "/get", json=body)
+        return self._leased(result, None)
+
+    def _leased(self, result: Any, queue: str | None) -> list[LeasedMessage]:
         messages = []
         for obj in _list_field(result, "messages"):
             lease_id = obj.get("lease_id")
@@ -249,7 +267,7 @@ class BrokerAPI:
                 raise ProtocolError(f"leased message without a lease_id: {obj!r}")
             messages.append(LeasedMessage(
                 api=self,
-                queue=queue,
+                queue=queue if queue is not None else str(obj.get("queue", "")),
                 lease_id=lease_id,
                 body=decode_body(obj),
                 properties=Properties.from_json(obj.get("properties")),

@@ -22,7 +22,10 @@ from .state import (
     BrokerState,
 )
 
-__all__ = ["LeasesMixin"]
+__all__ = ["LeasesMixin", "MAX_GET_QUEUES"]
+
+#: Most queues one get may wait on.
+MAX_GET_QUEUES = 32
 
 
 class LeasesMixin(BrokerState):
@@ -91,6 +94,30 @@ class LeasesMixin(BrokerState):
             self._push_timer(deadline, REST_CHANNEL, tag)
             out.append((self._lease_id(REST_CHANNEL, tag), d, redelivered))
         return out
+
+    def get_any(
+        self, queue_names: list[Any], max_count: int = 1, lease_s: float | None = None
+    ) -> tuple[str | None, list[tuple[str, Delivery, bool]]]:
+        """One get over several queues in order of preference: up to ``max_count``
+        messages from the first of ``queue_names`` that has any, as :meth:`get`
+        leases them. Returns (that queue's name, the leases), or (None, []) when all
+        are empty. Every name is checked first: an unknown one changes nothing.
+        Raises NotFound, ResourceLocked, InvalidArgument."""
+        if not isinstance(queue_names, list) or not 1 <= len(queue_names) <= MAX_GET_QUEUES:
+            raise InvalidArgument(f"queues must be a list of 1..{MAX_GET_QUEUES} queue names")
+        if len(set(map(str, queue_names))) != len(queue_names):
+            raise InvalidArgument("queues lists a queue twice")
+        for name in queue_names:
+            if not isinstance(name, str):
+                raise InvalidArgument("queues must be a list of queue names")
+            self._queue(name)
+        if lease_s is not None and not 0 < lease_s <= self.max_lease_s:
+            raise InvalidArgument(f"lease must be between 0 and {self.max_lease_s:g} seconds")
+        for name in queue_names:
+            leases = self.get(name, max_count, lease_s)
+            if leases:
+                return name, leases
+        return None, []
 
     def ack_leases(self, lease_ids: list[Any], queue: str | None = None) -> int:
         """Ack leases (all validated first: an unknown id changes nothing).

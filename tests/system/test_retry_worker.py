@@ -144,3 +144,4 @@ async def test_cli_peeks_redrives_purges_and_deletes(tmp_path: Path) -> None:
         assert status == 1 and "jobs.dead" in err
     finally:
         await trio.to_thread.run_sync(broker.stop)
+

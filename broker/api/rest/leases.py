@@ -4,14 +4,16 @@ message to the queue."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import trio
 
 from broker.api.codec import message_json
 from broker.api.rest.fields import RestContext, body_fields
-from broker.core import NotFound, check_delay
+from broker.core import InvalidArgument, NotFound, check_delay
 from broker.http import ClientDisconnected
+from broker.runtime import BrokerRuntime
 
 
 def add_routes(ctx: RestContext) -> None:
@@ -34,35 +36,34 @@ def add_routes(ctx: RestContext) -> None:
             "lease", opts.default_lease_s, min_value=0.001, max_value=opts.max_lease_s
         )
         await request.read_body()
-        deadline = trio.current_time() + wait_s
-        while True:
-            leases = core.get(name, max_count, lease_s)
-            runtime.pump()
-            if leases or trio.current_time() >= deadline:
-                break
-            # Park until a message arrives or the wait is over: no polling. Meanwhile
-            # watch the connection: a client that left must not be handed leases
-            # (its messages would stay invisible until the leases expired).
-            event = runtime.queue_event(name)
-            core.park_getter(name)
-            try:
-                if not await _wait_or_disconnect(request, event, deadline):
-                    raise ClientDisconnected("the client left during a long-poll get")
-            finally:
-                core.unpark_getter(name)
-            if runtime.shutting_down:
-                break
-        messages = []
-        for lease_id, d, redelivered in leases:
-            m = message_json(d.entry.message, d.entry.deliveries - 1)
-            m.update(
-                lease_id=lease_id,
-                exchange=d.entry.message.exchange,
-                routing_key=d.entry.message.routing_key,
-                redelivered=redelivered,
-            )
-            messages.append(m)
-        await response.send_json(200, {"messages": messages})
+        leases = await _long_poll(runtime, request, [name], wait_s, lambda: core.get(name, max_count, lease_s))
+        await response.send_json(200, {"messages": _leased_json(name, leases)})
+
+    @ctx.route("POST", "/get")
+    async def get_any(request: Any, response: Any) -> None:
+        """One long poll over several queues, in order of preference."""
+        runtime.check_ready()
+        f = await body_fields(request, {"queues", "max", "wait", "lease"})
+        names = f.list("queues")
+        max_count = f.number("max", 1, minimum=1)
+        if max_count is None or max_count != int(max_count) or max_count > 1000:
+            raise InvalidArgument("field max must be an integer 1..1000")
+        wait = f.number("wait", 0.0, minimum=0.0)
+        lease = f.number("lease", opts.default_lease_s, minimum=0.001)
+        assert wait is not None and lease is not None
+        wait_s = min(wait, opts.max_wait_s)
+        answered_by: str | None = None
+
+        def take() -> list[tuple[str, Any, bool]]:
+            nonlocal answered_by
+            answered_by, got = core.get_any(names, int(max_count), lease)
+            return got
+
+        leases = await _long_poll(runtime, request, names, wait_s, take)
+        body: dict[str, Any] = {"messages": _leased_json(answered_by, leases)}
+        if answered_by is not None:
+            body["queue"] = answered_by
+        await response.send_json(200, body)
 
     @ctx.route("POST", "/queues/{name}/ack")
     async def ack_leases(request: Any, response: Any) -> None:
@@ -98,9 +99,52 @@ def add_routes(ctx: RestContext) -> None:
         await response.send_json(200, {"extended": count, "lease": lease_s})
 
 
-async def _wait_or_disconnect(request: Any, event: trio.Event, deadline: float) -> bool:
-    """Wait for ``event`` until ``deadline``; return False if the client closed the
-    connection first (True when the event fired or the time passed)."""
+def _leased_json(queue: str | None, leases: list[tuple[str, Any, bool]]) -> list[dict[str, Any]]:
+    messages = []
+    for lease_id, d, redelivered in leases:
+        message = d.entry.message
+        m = message_json(message, d.entry.deliveries - 1)
+        m.update(
+            lease_id=lease_id,
+            exchange=message.exchange,
+            routing_key=message.routing_key,
+            redelivered=redelivered,
+            queue=d.queue.name,
+        )
+        messages.append(m)
+    return messages
+
+
+async def _long_poll(
+    runtime: BrokerRuntime, request: Any, names: list[str], wait_s: float, take: Callable[[], list[Any]]
+) -> list[Any]:
+    """``take()`` until it gives something or ``wait_s`` passed, parked between tries
+    on every queue of ``names`` (no polling: a queue that gets messages wakes it; the
+    event is set before the wait starts, so no wake-up is lost). Raises
+    ClientDisconnected when the client leaves meanwhile: it must not be handed leases
+    (its messages would stay invisible until the leases expired)."""
+    deadline = trio.current_time() + wait_s
+    while True:
+        got = take()
+        runtime.pump()
+        if got or trio.current_time() >= deadline:
+            return got
+        events = [runtime.queue_event(name) for name in names]
+        for name in names:
+            runtime.core.park_getter(name)
+        try:
+            if not await _wait_or_disconnect(request, events, deadline):
+                raise ClientDisconnected("the client left during a long-poll get")
+        finally:
+            for name in names:
+                runtime.core.unpark_getter(name)
+        if runtime.shutting_down:
+            return got
+
+
+async def _wait_or_disconnect(request: Any, events: list[trio.Event], deadline: float) -> bool:
+    """Wait for any of ``events`` until ``deadline``; return False if the client closed
+    the connection first (True when an event fired or the time passed)."""
     gone = False
     async with trio.open_nursery() as nursery:
 
@@ -110,8 +154,13 @@ async def _wait_or_disconnect(request: Any, event: trio.Event, deadline: float) 
             gone = True
             nursery.cancel_scope.cancel()
 
-        nursery.start_soon(watch)
-        with trio.move_on_at(deadline):
+        async def fired(event: trio.Event) -> None:
             await event.wait()
+            nursery.cancel_scope.cancel()
+
+        nursery.start_soon(watch)
+        for event in events:
+            nursery.start_soon(fired, event)
+        await trio.sleep_until(deadline)
         nursery.cancel_scope.cancel()
     return not gone
