@@ -47,6 +47,7 @@ __all__ = [
     "Return",
     "Deliver",
     "ConsumeOk",
+    "ConsumerActive",
     "CancelOk",
     "BrokerCancel",
     "Expired",
@@ -370,6 +371,15 @@ class Deliver:
 class ConsumeOk:
     consumer_tag: str
     id: str | int | None
+    #: False for a standby consumer of a single-active-consumer queue
+    active: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerActive:
+    """A standby consumer became the active one of its single-active-consumer queue."""
+
+    consumer_tag: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -423,7 +433,7 @@ class UnknownEvent:
 
 
 Event = Union[
-    Open, Ack, Nack, Return, Deliver, ConsumeOk, CancelOk, BrokerCancel, Expired, Ok,
+    Open, Ack, Nack, Return, Deliver, ConsumeOk, ConsumerActive, CancelOk, BrokerCancel, Expired, Ok,
     Error, CloseOk, Closing, UnknownEvent,
 ]
 
@@ -520,7 +530,9 @@ def decode_event(line: bytes) -> Event:
         op = obj.get("op")
         return Ok(_id(obj), op if isinstance(op, str) else "", fields)
     if ev == "consume_ok":
-        return ConsumeOk(_str(obj, "consumer_tag"), _id(obj))
+        return ConsumeOk(_str(obj, "consumer_tag"), _id(obj), obj.get("active", True) is not False)
+    if ev == "active":
+        return ConsumerActive(_str(obj, "consumer_tag"))
     if ev == "cancel_ok":
         return CancelOk(_str(obj, "consumer_tag", ""), _id(obj))
     if ev == "error":

@@ -298,6 +298,8 @@ class MessageStream:
         self._buffer: deque[Message] = deque()
         self._next_calls = 0
         self._wake = trio.Event()
+        self._receiving = True
+        self._receiving_changed = trio.Event()
         self._stopped = False
         self._end: Callable[[], ClientError] | None = None
 
@@ -310,6 +312,24 @@ class MessageStream:
     def active(self) -> bool:
         """Neither stopped nor ended by the broker or a channel failure."""
         return not self._stopped and self._end is None
+
+    @property
+    def receiving(self) -> bool:
+        """Whether the broker delivers to this consumer: False while it is a standby of
+        a single-active-consumer queue (``x-single-active-consumer``), until the active
+        one goes; see :meth:`wait_receiving`."""
+        return self._receiving
+
+    async def wait_receiving(self) -> None:
+        """Wait until this consumer is the active one of its queue."""
+        while not self._receiving:
+            await self._receiving_changed.wait()
+
+    def _set_receiving(self, receiving: bool) -> None:
+        self._receiving = receiving
+        if receiving:
+            self._receiving_changed.set()
+            self._receiving_changed = trio.Event()
 
     @property
     def buffered(self) -> int:

@@ -32,6 +32,7 @@ from .codec import (
     CancelOk,
     Closing,
     ConsumeOk,
+    ConsumerActive,
     Deliver,
     Error,
     Event,
@@ -237,11 +238,20 @@ class Supervisor(Settler):
                     event.delivery_tag, event.reply_code, event.reason, event.message
                 )
             elif isinstance(event, (Ok, ConsumeOk, CancelOk)):
+                if isinstance(event, ConsumeOk):
+                    # (here, in event order: an ``active`` event may follow at once)
+                    consumer = self._consumers.get(event.consumer_tag)
+                    if consumer is not None:
+                        consumer._set_receiving(event.active)
                 reply = session.replies.pop(event.id, None) if isinstance(event.id, int) else None
                 if reply is not None:
                     reply.set(event)
             elif isinstance(event, Error):
                 self._on_error(session, event)
+            elif isinstance(event, ConsumerActive):
+                stream = self._consumers.get(event.consumer_tag)
+                if stream is not None:
+                    stream._set_receiving(True)
             elif isinstance(event, BrokerCancel):
                 stream = self._consumers.get(event.consumer_tag)
                 if stream is not None:

@@ -461,7 +461,7 @@ async def _op_consume(s: ChannelSession, op: dict[str, Any]) -> None:
         exclusive=_get(op, "exclusive", bool, False),
         ack_timeout_s=timeout_ms / 1000.0 if timeout_ms is not None else None,
     )
-    s.send_event(_reply(op, "consume_ok", consumer_tag=tag))
+    s.send_event(_reply(op, "consume_ok", consumer_tag=tag, active=s.core.consumer_active(s.channel_id, tag)))
 
 
 async def _op_cancel(s: ChannelSession, op: dict[str, Any]) -> None:

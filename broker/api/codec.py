@@ -15,6 +15,7 @@ import orjson
 
 from broker.core import (
     Confirm,
+    ConsumerActive,
     ConsumerCancelled,
     Deliver,
     DeliveryExpired,
@@ -91,6 +92,8 @@ def event_json(effect: Any) -> dict[str, Any]:
             "routing_key": effect.message.routing_key,
             "message": message_json(effect.message),
         }
+    if isinstance(effect, ConsumerActive):
+        return {"ev": "active", "consumer_tag": effect.consumer_tag}
     if isinstance(effect, ConsumerCancelled):
         return {"ev": "cancel", "consumer_tag": effect.consumer_tag, "reason": effect.reason}
     if isinstance(effect, DeliveryExpired):

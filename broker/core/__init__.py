@@ -20,6 +20,7 @@ from .delays import MAX_DELAY_S, check_delay
 from .effects import (
     AppendRecords,
     Confirm,
+    ConsumerActive,
     ConsumerCancelled,
     DeadLetterDropped,
     Deliver,
@@ -74,6 +75,7 @@ __all__ = [
     "MessageLost",
     "LogReadFailed",
     "DeadLetterDropped",
+    "ConsumerActive",
     "MAX_DELAY_S",
     "MAX_BROWSE",
     "MAX_REDRIVE",

@@ -11,6 +11,7 @@ The methods here belong to :class:`~broker.core.broker.Broker`; they share its s
 from __future__ import annotations
 
 from .effects import (
+    ConsumerActive,
     Deliver,
 )
 from .entities import Channel, Consumer, Delivery, Queue
@@ -143,12 +144,27 @@ class DeliveryMixin(BrokerState):
             raise NotFound(f"no consumer {consumer_tag!r} on this channel")
         self._remove_consumer(consumer)
 
+    def consumer_active(self, channel_id: int, consumer_tag: str) -> bool:
+        """Whether this consumer receives deliveries (false: a standby of a
+        single-active-consumer queue). Raises ChannelError, NotFound."""
+        consumer = self._channel(channel_id).consumers.get(consumer_tag)
+        if consumer is None:
+            raise NotFound(f"no consumer {consumer_tag!r} on this channel")
+        queue = consumer.queue
+        return not queue.single_active or (queue.consumers[0] is consumer and queue.handing_over is None)
+
     def _remove_consumer(self, consumer: Consumer, *, auto_delete: bool = True) -> None:
         ch = consumer.channel
         ch.consumers.pop(consumer.tag, None)
         queue = consumer.queue
         if consumer in queue.consumers:
+            was_active = queue.single_active and queue.consumers[0] is consumer and queue.handing_over is None
             queue.consumers.remove(consumer)
+            if was_active and not queue.deleted:
+                if consumer.unacked:
+                    queue.handing_over = consumer  # the next takes over once they are back
+                else:
+                    self._hand_over(queue)
             if consumer.exclusive:
                 queue.exclusive_consumer = False
             if queue.rr >= len(queue.consumers):
@@ -159,6 +175,15 @@ class DeliveryMixin(BrokerState):
             self._dirty_queues[queue.name] = queue
         elif not queue.deleted:
             self._touch_queue(queue)  # unused from now on
+
+    def _hand_over(self, queue: Queue) -> None:
+        """A single-active-consumer queue's active consumer is gone and its deliveries
+        settled: the next consumer, if any, becomes the active one."""
+        queue.handing_over = None
+        if queue.consumers:
+            successor = queue.consumers[0]
+            self._effects.append(ConsumerActive(successor.channel.id, successor.tag))
+            self._dirty_queues[queue.name] = queue
 
     def qos(self, channel_id: int, prefetch: int, global_: bool = False) -> None:
         """basic.qos: a channel-wide limit (``global_``) or the default per-consumer one."""
@@ -183,16 +208,20 @@ class DeliveryMixin(BrokerState):
             return
         consumers = queue.consumers
         while consumers and queue.has_ready():
-            n = len(consumers)
-            start = queue.rr
             chosen = None
-            for k in range(n):
-                idx = (start + k) % n
-                c = consumers[idx]
-                if c.can_take():
-                    chosen = c
-                    queue.rr = (idx + 1) % n
-                    break
+            if queue.single_active:  # only the first registered consumer receives
+                if queue.handing_over is None and consumers[0].can_take():
+                    chosen = consumers[0]
+            else:
+                n = len(consumers)
+                start = queue.rr
+                for k in range(n):
+                    idx = (start + k) % n
+                    c = consumers[idx]
+                    if c.can_take():
+                        chosen = c
+                        queue.rr = (idx + 1) % n
+                        break
             if chosen is None:
                 return
             entry = self._pop_live(queue)

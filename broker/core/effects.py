@@ -23,6 +23,7 @@ __all__ = [
     "MessageLost",
     "LogReadFailed",
     "DeadLetterDropped",
+    "ConsumerActive",
 ]
 
 
@@ -141,3 +142,12 @@ class DeadLetterDropped(Effect):
     seq: int
     reason: str
     why: str
+
+
+@dataclass(slots=True)
+class ConsumerActive(Effect):
+    """A standby consumer of a single-active-consumer queue became the active one (the
+    one before it was cancelled or its channel ended): deliveries start."""
+
+    channel_id: int
+    consumer_tag: str

@@ -113,6 +113,8 @@ class Queue:
         "unused_since",
         "max_length_bytes",
         "ready_bytes",
+        "single_active",
+        "handing_over",
     )
 
     def __init__(
@@ -152,6 +154,12 @@ class Queue:
         #: their total is bounded by the setting, and a paged-out body's size is not
         #: known without reading it)
         self.max_length_bytes: int | None = arguments.get("x-max-length-bytes")
+        #: ``x-single-active-consumer``: only the first registered consumer receives;
+        #: the others wait, in registration order, and take over when it goes
+        self.single_active: bool = arguments.get("x-single-active-consumer", False)
+        #: the active consumer that went with messages still unacked: the next one
+        #: takes over only once they are settled or back (so order holds)
+        self.handing_over: Consumer | None = None
         self.ready_bytes = 0
         self.overflow: str = arguments.get("x-overflow", "drop-head")
         ttl = arguments.get("x-message-ttl")

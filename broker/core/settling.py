@@ -142,6 +142,8 @@ class SettlingMixin(BrokerState):
         consumer = d.consumer
         if consumer is not None:
             consumer.unacked -= 1
+            if consumer is queue.handing_over and not consumer.unacked:
+                self._hand_over(queue)
             if not queue.deleted and consumer.channel.consumers.get(consumer.tag) is consumer:
                 self._dirty_queues[queue.name] = queue
         if ch.prefetch:

@@ -97,6 +97,7 @@ QUEUE_ARGUMENTS: dict[str, Callable[[Any], bool]] = {
     "x-dead-letter-routing-key": _name,
     "x-delivery-limit": _int_in(0, _INT63),
     "x-expires": _int_in(1, _MAX_MS),
+    "x-single-active-consumer": lambda v: isinstance(v, bool),
     # accepted from RabbitMQ clients that ask for a queue type: ackbus has one kind
     "x-queue-type": lambda v: v in ("classic", "quorum"),
 }
@@ -241,6 +242,8 @@ class BrokerState:
         def _schedule_queue(self, queue: Queue) -> None: ...
 
         def _touch_queue(self, queue: Queue) -> None: ...
+
+        def _hand_over(self, queue: Queue) -> None: ...
 
         def _page_out_delays(self) -> None: ...
 
