@@ -49,10 +49,17 @@ class BrowsingMixin(BrokerState):
         in_memory.extend((e.message.seq, "ready", e) for e in queue.ready if e.message.seq > after)
         in_memory.extend((e.message.seq, "ready", e) for e in queue.tail if e.message.seq > after)
         in_memory.extend((s, "delayed", (e, d)) for d, s, e in queue.delayed.entries if s > after)
+        # (there may be a million paged-out delayed ones: keep only the first few)
         in_memory.extend(
-            (s, "delayed_paged", (loc, due_ms / 1000.0))
-            for due_ms, s, loc in queue.delayed.paged_items()
-            if s > after
+            heapq.nsmallest(
+                limit,
+                (
+                    (s, "delayed_paged", (loc, due_ms / 1000.0))
+                    for due_ms, s, loc in queue.delayed.paged_items()
+                    if s > after
+                ),
+                key=lambda item: item[0],
+            )
         )
         for ch in self.channels.values():
             for d in ch.deliveries.values():
