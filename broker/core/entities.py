@@ -15,7 +15,7 @@ from .confirms import ConfirmTracker
 from .delayed import DelayedMessages
 from .message import Entry
 from .paging import PagedRefs
-from .routing import RoutingTable, make_table
+from .routing import ConsistentHashTable, RoutingTable, make_table
 
 __all__ = ["Exchange", "Queue", "Consumer", "Channel", "Delivery"]
 
@@ -40,6 +40,8 @@ class Exchange:
         self.internal = internal
         self.arguments = arguments
         self.table: RoutingTable = make_table(type)
+        if isinstance(self.table, ConsistentHashTable):
+            self.table.hash_header = arguments.get("hash-header")
         # names of exchanges holding a binding whose destination is this exchange
         self.bound_from: set[str] = set()
         self.builtin = builtin

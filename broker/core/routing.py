@@ -1,4 +1,4 @@
-"""Routing tables for the four AMQP exchange types.
+"""Routing tables for the four AMQP exchange types, and consistent hashing.
 
 Each table maps a published message (routing key, headers) to the set of destinations
 bound to it. A destination is a hashable key chosen by the caller (the broker uses
@@ -15,10 +15,18 @@ Rules (AMQP 0-9-1 §3.1.3 and RabbitMQ's documented semantics):
 * headers: ``x-match`` = ``all`` (default) or ``any``; arguments whose name starts with
   ``x-`` are ignored unless ``x-match`` is ``all-with-x`` / ``any-with-x``. A binding
   argument with value None matches when the header is merely present.
+* x-consistent-hash (RabbitMQ's plugin): each binding's key is a weight (an integer
+  1..100); the routing key (or, with the exchange argument ``hash-header``, that
+  header) is hashed onto a ring where each binding holds points in proportion to its
+  weight, and the message goes to exactly one destination. The hash is stable across
+  restarts and processes, and adding or removing a destination moves only the keys
+  that must move.
 """
 
 from __future__ import annotations
 
+import hashlib
+from bisect import bisect_left
 from typing import Any, Iterable
 
 from .errors import InvalidArgument
@@ -30,6 +38,7 @@ __all__ = [
     "FanoutTable",
     "TopicTable",
     "HeadersTable",
+    "ConsistentHashTable",
     "make_table",
     "topic_matches",
     "headers_match",
@@ -40,7 +49,7 @@ __all__ = [
 Dest = tuple[str, str]
 BindingKey = tuple[Dest, str, Any]
 
-EXCHANGE_TYPES = ("direct", "fanout", "topic", "headers")
+EXCHANGE_TYPES = ("direct", "fanout", "topic", "headers", "x-consistent-hash")
 
 
 class RoutingTable:
@@ -261,6 +270,58 @@ class HeadersTable(RoutingTable):
         }
 
 
+def _ring_hash(text: str) -> int:
+    """A stable 64-bit hash (Python's ``hash`` differs from process to process)."""
+    return int.from_bytes(hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "big")
+
+
+class ConsistentHashTable(RoutingTable):
+    """Consistent hashing (see the module docstring): one destination per message."""
+
+    #: Ring points per unit of weight: enough that equal weights get shares within a
+    #: few per cent of each other.
+    POINTS_PER_WEIGHT = 256
+    MAX_WEIGHT = 100
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hash_header: str | None = None
+        self._positions: list[int] = []
+        self._owners: list[Dest] = []
+
+    def _added(self, dest: Dest, key: str, arguments: dict[str, Any]) -> None:
+        if not key.isdigit() or not 1 <= int(key) <= self.MAX_WEIGHT:
+            raise InvalidArgument(
+                f"a consistent-hash binding's routing key is its weight: an integer 1..{self.MAX_WEIGHT}, not {key!r}"
+            )
+        self._rebuild(extra=(dest, key))
+
+    def _removed(self, dest: Dest, key: str, arguments: dict[str, Any]) -> None:
+        self._rebuild()
+
+    def _rebuild(self, extra: tuple[Dest, str] | None = None) -> None:
+        bindings = [(bkey[0], bkey[1]) for bkey in self.bindings]
+        if extra is not None:
+            bindings.append(extra)
+        points = []
+        for (kind, name), key in bindings:
+            for i in range(int(key) * self.POINTS_PER_WEIGHT):
+                points.append((_ring_hash(f"{kind}:{name}:{key}:{i}"), (kind, name)))
+        points.sort()
+        self._positions = [p for p, _d in points]
+        self._owners = [d for _p, d in points]
+
+    def match(self, routing_key: str, headers: dict[str, Any] | None) -> Iterable[Dest]:
+        if not self._positions:
+            return ()
+        key = routing_key
+        if self.hash_header is not None:
+            value = (headers or {}).get(self.hash_header)
+            key = "" if value is None else str(value)
+        i = bisect_left(self._positions, _ring_hash(key))
+        return (self._owners[i % len(self._owners)],)
+
+
 def make_table(exchange_type: str) -> RoutingTable:
     """A routing table for an exchange of ``exchange_type``."""
     if exchange_type == "direct":
@@ -271,6 +332,8 @@ def make_table(exchange_type: str) -> RoutingTable:
         return TopicTable()
     if exchange_type == "headers":
         return HeadersTable()
+    if exchange_type == "x-consistent-hash":
+        return ConsistentHashTable()
     raise InvalidArgument(
         f"exchange type must be one of {', '.join(EXCHANGE_TYPES)}, not {exchange_type!r}"
     )

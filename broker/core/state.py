@@ -104,6 +104,7 @@ QUEUE_ARGUMENTS: dict[str, Callable[[Any], bool]] = {
 #: The exchange arguments the broker knows.
 EXCHANGE_ARGUMENTS: dict[str, Callable[[Any], bool]] = {
     "alternate-exchange": _name,
+    "hash-header": _name,  # x-consistent-hash: hash this header, not the routing key
 }
 
 PublishResult = tuple[int, int]  # (publish tag, number of queues routed to)
