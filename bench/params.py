@@ -49,6 +49,10 @@ class Params:
     delayed_count: int = 1_000_000
     delayed_body_size: int = 100
     delayed_delay_s: float = 3600.0
+    # 10. one long poll over several queues (ackbus only): only the last listed has work
+    get_any_queues: int = 3
+    get_any_rate: int = 200
+    get_any_duration_s: float = 5.0
     # fills (untimed set-up) use pipelined publishing with this window
     fill_window: int = 1000
     # timeouts: readiness of a worker, and slack added to every expected duration
@@ -80,5 +84,6 @@ QUICK = Params(
     fanout_duration_s=0.5,
     failures_count=2_000,
     delayed_count=5_000,
+    get_any_duration_s=0.5,
     slack_s=60.0,
 )

@@ -184,12 +184,37 @@ async def e2e_publish(spec: dict[str, Any]) -> dict[str, Any]:
     return {"count": total, "rate": total / elapsed, **stats}
 
 
+async def get_any_consume(spec: dict[str, Any]) -> dict[str, Any]:
+    """Long-poll ``POST /get`` over ``queues`` (REST leases), ack what comes; latency =
+    now - the publisher's stamp."""
+    total, warmup = spec["total"], spec["warmup_count"]
+    latencies: list[float] = []
+    received = 0
+    async with client.connect(spec["url"]) as conn:
+        for queue in spec["queues"]:
+            await conn.declare_queue(queue)
+        await _handshake()
+        with trio.move_on_after(spec["timeout_s"]):
+            while received < total:
+                got = await conn.get_any(spec["queues"], max_messages=spec["max"], wait_s=5, lease_s=30)
+                now = time.monotonic_ns()
+                for message in got:
+                    _sent_ns, seq = stamp_of(message.body)
+                    if seq >= warmup:
+                        latencies.append((now - _sent_ns) / 1e9)
+                if got:
+                    await conn.ack_leases(got[0].queue, [m.lease_id for m in got])
+                received += len(got)
+    return {"received": received, **latency_summary(latencies), "reconnects": 0, "resent": 0, "failed": 0}
+
+
 OPS = {
     "publish_seq": publish_seq,
     "publish_pipelined": publish_pipelined,
     "consume": consume,
     "e2e_consume": e2e_consume,
     "e2e_publish": e2e_publish,
+    "get_any_consume": get_any_consume,
 }
 
 

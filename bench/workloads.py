@@ -448,6 +448,35 @@ def _delayed_run(ctx: Context, server: Server) -> tuple[dict[str, float], dict[s
     }, {"publishers": results}
 
 
+# --------------------------------------------------------------------------- 10. get over several queues
+
+
+def _get_any_figures(p: Params) -> list[Figure]:
+    label = (f"publish→get latency, one long poll over {p.get_any_queues} queues, only the last "
+             f"has work, {p.get_any_rate} msgs/s, 100 B")
+    return [
+        Figure("get_any/p50_ms", "get_any", label, "p50 ms", False),
+        Figure("get_any/p99_ms", "get_any", label, "p99 ms", False),
+    ]
+
+
+def _get_any_run(ctx: Context, server: Server) -> tuple[dict[str, float], dict[str, Any]]:
+    p = ctx.params
+    queues = [f"bench.any.{i}" for i in range(p.get_any_queues)]
+    total = round(p.get_any_rate * (1.0 + p.get_any_duration_s))
+    warmup = p.get_any_rate  # the first second
+    run_s = 1.0 + p.get_any_duration_s
+    ctx.status(f"get over {len(queues)} queues, work on the last only, {p.get_any_rate} msgs/s")
+    consumer = {"op": "get_any_consume", "queues": queues, "max": 10, "total": total, "warmup_count": warmup,
+                "timeout_s": run_s + p.slack_s / 2}
+    publisher = {"op": "e2e_publish", "queues": [queues[-1]], "routing_key": queues[-1], "size": 100,
+                 "rate": p.get_any_rate, "total": total}
+    received, _published = ctx.workers(server, [consumer, publisher], run_s + p.slack_s, go_order=[0, 1])
+    if received["received"] != total:
+        raise BenchError(f"get over several queues: published {total}, received {received['received']}")
+    return {"get_any/p50_ms": received["p50_ms"], "get_any/p99_ms": received["p99_ms"]}, {"consumer": received}
+
+
 # --------------------------------------------------------------------------- registry
 
 
@@ -503,6 +532,10 @@ def _budget_delayed(p: Params) -> float:
     return 3 * (p.ready_timeout_s + p.fill_timeout_s(p.delayed_count)) + 60
 
 
+def _budget_get_any(p: Params) -> float:
+    return p.step_timeout_s(1.0 + p.get_any_duration_s) + 60
+
+
 def _ignore_start(fn: Callable[[Context, Server], Any]) -> Callable[[Context, Server, float], Any]:
     return lambda ctx, server, start_s: fn(ctx, server)
 
@@ -527,6 +560,8 @@ WORKLOADS: dict[str, Workload] = {
                  _ignore_start(_failures_run), _budget_failures),
         Workload("delayed", "8. delayed messages (ackbus only)", _delayed_figures, _ignore_start(_delayed_run),
                  _budget_delayed, ackbus_only=True),
+        Workload("get_any", "9. one long poll over several queues (ackbus only)", _get_any_figures,
+                 _ignore_start(_get_any_run), _budget_get_any, ackbus_only=True),
     )
 }
 
