@@ -78,37 +78,33 @@ def test_worker_retries_with_delay_then_finds_the_message_dead_lettered_over_htt
         assert m["properties"]["headers"]["x-death"][0]["reason"] == "delivery_limit"
 
 
-async def test_worker_retries_with_delay_then_finds_the_message_dead_lettered_with_the_client(tmp_path: Path) -> None:
-    broker = BrokerProcess(tmp_path / "data")
-    await trio.to_thread.run_sync(broker.start)
-    try:
-        async with client.connect(broker.url) as conn:
-            async with conn.channel() as ch:
-                await ch.declare_queue("jobs.dead")
-                await ch.declare_queue(
-                    "jobs", dead_letter_exchange="", dead_letter_routing_key="jobs.dead", delivery_limit=2
-                )  # (the same as QUEUE_ARGS)
-                await ch.publish("", "jobs", b"job", delay_s=0.2)  # enters the queue a little later
-                seen = []
-                async with ch.consume("jobs") as messages:
-                    with trio.fail_after(10):
-                        for _ in range(3):
-                            msg = await messages.receive()
-                            seen.append((msg.delivery_count, msg.redelivered))
-                            assert await msg.nack(delay_s=0.2)
-                assert seen == [(0, False), (1, True), (2, True)]
-                async with ch.consume("jobs.dead") as dead:
-                    with trio.fail_after(10):
-                        msg = await dead.receive()
-                    assert msg.body == b"job"
-                    (death,) = msg.death
-                    assert (death.queue, death.reason, death.count) == ("jobs", "delivery_limit", 1)
-                    assert death.routing_keys == ["jobs"]
-                    await msg.ack()
-                with pytest.raises(ValueError):
-                    await ch.publish("", "jobs", b"x", delay_s=-1)
-    finally:
-        await trio.to_thread.run_sync(broker.stop)
+async def test_worker_retries_with_delay_then_finds_the_message_dead_lettered_with_the_client(async_broker: BrokerProcess) -> None:
+    broker = async_broker
+    async with client.connect(broker.url) as conn:
+        async with conn.channel() as ch:
+            await ch.declare_queue("jobs.dead")
+            await ch.declare_queue(
+                "jobs", dead_letter_exchange="", dead_letter_routing_key="jobs.dead", delivery_limit=2
+            )  # (the same as QUEUE_ARGS)
+            await ch.publish("", "jobs", b"job", delay_s=0.2)  # enters the queue a little later
+            seen = []
+            async with ch.consume("jobs") as messages:
+                with trio.fail_after(10):
+                    for _ in range(3):
+                        msg = await messages.receive()
+                        seen.append((msg.delivery_count, msg.redelivered))
+                        assert await msg.nack(delay_s=0.2)
+            assert seen == [(0, False), (1, True), (2, True)]
+            async with ch.consume("jobs.dead") as dead:
+                with trio.fail_after(10):
+                    msg = await dead.receive()
+                assert msg.body == b"job"
+                (death,) = msg.death
+                assert (death.queue, death.reason, death.count) == ("jobs", "delivery_limit", 1)
+                assert death.routing_keys == ["jobs"]
+                await msg.ack()
+            with pytest.raises(ValueError):
+                await ch.publish("", "jobs", b"x", delay_s=-1)
 
 
 async def test_cli_peeks_redrives_purges_and_deletes(tmp_path: Path) -> None:

@@ -31,31 +31,27 @@ def test_consume_ok_says_who_is_active_and_the_standby_is_told_over_the_wire(tmp
         second.close()
 
 
-async def test_the_client_standby_takes_over_with_the_unacked_messages(tmp_path: Path) -> None:
-    broker = BrokerProcess(tmp_path / "data")
-    await trio.to_thread.run_sync(broker.start)
-    try:
-        async with client.connect(broker.url) as conn:
-            async with conn.channel() as setup:
-                await setup.declare_queue("q", arguments={"x-single-active-consumer": True})
-                for i in range(3):
-                    await setup.publish("", "q", f"m{i}")
-            async with conn.channel() as active_ch, conn.channel() as standby_ch:
-                async with active_ch.consume("q", prefetch=1) as active, standby_ch.consume("q") as standby:
-                    with trio.fail_after(10):
-                        first = await active.receive()
-                    assert first.body == b"m0" and active.receiving
-                    with trio.fail_after(10):
-                        while standby.receiving:  # its consume_ok said "standby"
-                            await trio.sleep(0.01)
-                    await active_ch.aclose()  # m0 was never acked: it goes to the next consumer
-                    with trio.fail_after(10):
-                        await standby.wait_receiving()
-                        got = [await standby.receive() for _ in range(3)]
-                    assert [(m.body, m.redelivered) for m in got] == [
-                        (b"m0", True), (b"m1", False), (b"m2", False)
-                    ]
-                    for m in got:
-                        await m.ack()
-    finally:
-        await trio.to_thread.run_sync(broker.stop)
+async def test_the_client_standby_takes_over_with_the_unacked_messages(async_broker: BrokerProcess) -> None:
+    broker = async_broker
+    async with client.connect(broker.url) as conn:
+        async with conn.channel() as setup:
+            await setup.declare_queue("q", arguments={"x-single-active-consumer": True})
+            for i in range(3):
+                await setup.publish("", "q", f"m{i}")
+        async with conn.channel() as active_ch, conn.channel() as standby_ch:
+            async with active_ch.consume("q", prefetch=1) as active, standby_ch.consume("q") as standby:
+                with trio.fail_after(10):
+                    first = await active.receive()
+                assert first.body == b"m0" and active.receiving
+                with trio.fail_after(10):
+                    while standby.receiving:  # its consume_ok said "standby"
+                        await trio.sleep(0.01)
+                await active_ch.aclose()  # m0 was never acked: it goes to the next consumer
+                with trio.fail_after(10):
+                    await standby.wait_receiving()
+                    got = [await standby.receive() for _ in range(3)]
+                assert [(m.body, m.redelivered) for m in got] == [
+                    (b"m0", True), (b"m1", False), (b"m2", False)
+                ]
+                for m in got:
+                    await m.ack()
