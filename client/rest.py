@@ -251,11 +251,15 @@ class BrokerAPI:
         max_messages: int = 1,
         wait_s: float = 0,
         lease_s: float = 30,
+        weights: Sequence[int] | None = None,
     ) -> list[LeasedMessage]:
         """``POST /get``: up to ``max_messages`` from the first of ``queues`` (in order
-        of preference) that has any, waiting up to ``wait_s`` on all of them at once;
-        each message's ``queue`` says which."""
-        body = {"queues": list(queues), "max": max_messages, "wait": _num(wait_s), "lease": _num(lease_s)}
+        of preference) that has any — or, with ``weights``, from those that have any
+        in proportion to their weights — waiting up to ``wait_s`` on all of them at
+        once; each message's ``queue`` says which."""
+        body: dict[str, Any] = {"queues": list(queues), "max": max_messages, "wait": _num(wait_s), "lease": _num(lease_s)}
+        if weights is not None:
+            body["weights"] = list(weights)
         result = await self._call("POST", "/get", json=body)
         return self._leased(result, None)
 

@@ -24,8 +24,9 @@ from .state import (
 
 __all__ = ["LeasesMixin", "MAX_GET_QUEUES"]
 
-#: Most queues one get may wait on.
+#: Most queues one get may wait on, and the largest weight of one.
 MAX_GET_QUEUES = 32
+MAX_GET_WEIGHT = 1000
 
 
 class LeasesMixin(BrokerState):
@@ -96,12 +97,18 @@ class LeasesMixin(BrokerState):
         return out
 
     def get_any(
-        self, queue_names: list[Any], max_count: int = 1, lease_s: float | None = None
+        self,
+        queue_names: list[Any],
+        max_count: int = 1,
+        lease_s: float | None = None,
+        weights: list[Any] | None = None,
     ) -> tuple[str | None, list[tuple[str, Delivery, bool]]]:
-        """One get over several queues in order of preference: up to ``max_count``
-        messages from the first of ``queue_names`` that has any, as :meth:`get`
-        leases them. Returns (that queue's name, the leases), or (None, []) when all
-        are empty. Every name is checked first: an unknown one changes nothing.
+        """One get over several queues: up to ``max_count`` messages from the first of
+        ``queue_names`` that has any (strict preference), as :meth:`get` leases them;
+        with ``weights`` (one positive integer per queue), from the queues that have
+        messages in proportion to their weights instead (smooth weighted round-robin,
+        deterministic). Returns (that queue's name, the leases), or (None, []) when all
+        are empty. Everything is checked first: a bad request changes nothing.
         Raises NotFound, ResourceLocked, InvalidArgument."""
         if not isinstance(queue_names, list) or not 1 <= len(queue_names) <= MAX_GET_QUEUES:
             raise InvalidArgument(f"queues must be a list of 1..{MAX_GET_QUEUES} queue names")
@@ -113,11 +120,40 @@ class LeasesMixin(BrokerState):
             self._queue(name)
         if lease_s is not None and not 0 < lease_s <= self.max_lease_s:
             raise InvalidArgument(f"lease must be between 0 and {self.max_lease_s:g} seconds")
-        for name in queue_names:
+        order: list[str] = queue_names
+        if weights is not None:
+            if (
+                not isinstance(weights, list)
+                or len(weights) != len(queue_names)
+                or not all(type(w) is int and 1 <= w <= MAX_GET_WEIGHT for w in weights)
+            ):
+                raise InvalidArgument(f"weights must be one integer 1..{MAX_GET_WEIGHT} per queue")
+            order = self._weighted_order(queue_names, weights)
+        for name in order:
             leases = self.get(name, max_count, lease_s)
             if leases:
                 return name, leases
         return None, []
+
+    def _weighted_order(self, names: list[str], weights: list[int]) -> list[str]:
+        """``names`` with the one whose turn it is first: smooth weighted round-robin
+        (nginx's) among the queues that have messages, its state kept per list."""
+        ready = [i for i, name in enumerate(names) if self.queues[name].has_ready()]
+        if not ready:
+            return names
+        key = (tuple(names), tuple(weights))
+        current = self._get_weights.get(key)
+        if current is None:
+            if len(self._get_weights) >= 1024:
+                self._get_weights.clear()  # (bounded: the lists a broker sees are few)
+            current = self._get_weights[key] = [0] * len(names)
+        total = 0
+        for i in ready:
+            current[i] += weights[i]
+            total += weights[i]
+        chosen = max(ready, key=lambda i: current[i])
+        current[chosen] -= total
+        return [names[chosen], *(name for i, name in enumerate(names) if i != chosen)]
 
     def ack_leases(self, lease_ids: list[Any], queue: str | None = None) -> int:
         """Ack leases (all validated first: an unknown id changes nothing).

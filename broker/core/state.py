@@ -178,6 +178,8 @@ class BrokerState:
         self._delay_marks: dict[int, list[tuple[int, int]]] = {}
         # queues holding delayed messages to page out once their records are written
         self._delays_to_page_out: dict[str, Queue] = {}
+        # smooth weighted round-robin state of weighted multi-queue gets, by (names, weights)
+        self._get_weights: dict[tuple[tuple[str, ...], tuple[int, ...]], list[int]] = {}
         # recovered queues whose timers (delays, expiries, x-expires) are not yet set
         self._queues_to_schedule: list[Queue] = []
         # messages dead-lettered, by (queue, reason); dropped dead letters by reason

@@ -90,7 +90,10 @@ async def test_an_empty_wait_elapses_in_virtual_time(
         {"queues": ["urgent"], "max": 1.5},
         {"queues": ["urgent"], "wait": -1},
         {"queues": ["urgent"], "lease": 0},
-        {"queues": ["urgent"], "weights": [1]},
+        {"queues": ["urgent"], "weights": [1, 2]},
+        {"queues": ["urgent"], "weights": [0]},
+        {"queues": ["urgent"], "weights": ["1"]},
+        {"queues": ["urgent"], "priority": 1},
         {},
     ],
 )
@@ -101,3 +104,17 @@ async def test_bad_requests_are_refused_and_take_nothing(memory_client: HTTPClie
     assert_error(reply, 404 if body.get("queues") == ["urgent", "missing"] else 400,
                  "not_found" if body.get("queues") == ["urgent", "missing"] else "invalid_argument")
     assert (await memory_client.get("/queues/urgent")).json()["messages_ready"] == 1
+
+
+async def test_weights_share_the_gets_among_the_queues_that_have_messages(memory_client: HTTPClient) -> None:
+    await declare_all(memory_client)
+    for name in QUEUES:
+        for i in range(40):
+            await publish(memory_client, name, f"{name}{i}".encode())
+    answered = [(await get_any(memory_client, weights=[3, 1, 1]))["queue"] for _ in range(50)]
+    assert {q: answered.count(q) for q in QUEUES} == {"urgent": 30, "normal": 10, "bulk": 10}
+    assert answered[:5].count("urgent") == 3  # interleaved, not in runs
+    # an empty queue's turn goes to the others
+    await memory_client.post("/queues/urgent/purge")
+    answered = [(await get_any(memory_client, weights=[3, 1, 1]))["queue"] for _ in range(10)]
+    assert sorted(set(answered)) == ["bulk", "normal"] and answered.count("normal") == 5

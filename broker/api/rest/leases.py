@@ -43,7 +43,7 @@ def add_routes(ctx: RestContext) -> None:
     async def get_any(request: Any, response: Any) -> None:
         """One long poll over several queues, in order of preference."""
         runtime.check_ready()
-        f = await body_fields(request, {"queues", "max", "wait", "lease"})
+        f = await body_fields(request, {"queues", "max", "wait", "lease", "weights"})
         names = f.list("queues")
         max_count = f.number("max", 1, minimum=1)
         if max_count is None or max_count != int(max_count) or max_count > 1000:
@@ -56,7 +56,7 @@ def add_routes(ctx: RestContext) -> None:
 
         def take() -> list[tuple[str, Any, bool]]:
             nonlocal answered_by
-            answered_by, got = core.get_any(names, int(max_count), lease)
+            answered_by, got = core.get_any(names, int(max_count), lease, f.obj.get("weights"))
             return got
 
         leases = await _long_poll(runtime, request, names, wait_s, take)
