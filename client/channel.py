@@ -137,6 +137,10 @@ class Channel(Supervisor):
         self._consumers: dict[str, MessageStream] = {}
         self._session: ChannelSession | None = None
         self._generation = 0
+        #: the session generation on which the broker made this channel transactional
+        #: (``transaction()``), and whether a transaction block is open
+        self._tx_generation: int | None = None
+        self._tx_open = False
         self._state: State = "opening"
         self._failure: ClientError | None = None
         self._backoff = Backoff(settings.reconnect)
@@ -218,6 +222,8 @@ class Channel(Supervisor):
             ConfirmTimeout: ``timeout_s`` passed (see its ``enqueued``).
             ConnectionLost, ClientClosed: the channel failed or was closed first.
         """
+        if self._tx_open:
+            raise ClientError("inside a transaction use start_publish: its confirm comes at the commit")
         if timeout_s is None:
             timeout_s = self._settings.publish_timeout_s
         handle = self._prepare(exchange, routing_key, body, properties, mandatory, delay_s)
@@ -566,6 +572,7 @@ class Channel(Supervisor):
         return session
 
     def _settle(self, message: Message, op: str, requeue: bool, delay_s: float | None = None) -> bool:
+        self._check_not_transactional(op)
         message._mark_settled()
         session = self._delivering_session(message)
         if session is None:
@@ -673,6 +680,7 @@ class Channel(Supervisor):
         delay_s: float | None = None,
     ) -> PendingPublish:
         self._check_usable()
+        self._check_not_transactional("publish")
         check_delay(True, delay_s)
         if isinstance(body, str):
             body = body.encode("utf-8")
@@ -758,6 +766,83 @@ class Channel(Supervisor):
             raise ConnectionLost(
                 f"no reply to {op.get('op')!r} within {self._settings.request_timeout_s} s"
             ) from None
+
+    # --- transactions -------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[None]:
+        """A transaction (the channel protocol's ``tx_*``): the publishes
+        (``start_publish``) and acks, nacks and rejects made in the block take effect
+        together when it ends - in one write to the broker's log, all or nothing after
+        a crash - or not at all if it raises (rolled back: the publishes fail with
+        ``PublishNacked``, the deliveries stay unacked).
+
+        Inside the block use ``start_publish`` (its confirm comes at the commit;
+        ``publish`` would wait for it and raises instead). A channel used for a
+        transaction stays transactional (as in AMQP): publish and settle on it only
+        inside ``transaction()`` blocks. If the connection drops during the block,
+        nothing of it was applied: its publishes fail with ``ConnectionLost`` (they are
+        not resent) and leaving the block raises ``ConnectionLost``.
+
+        Raises:
+            ConnectionLost: the connection dropped during the transaction.
+            ChannelClosedByBroker: the broker refused the commit (e.g. a settled
+                delivery expired meanwhile); nothing of it was applied.
+            ClientError: transactions do not nest.
+        """
+        if self._tx_open:
+            raise ClientError("transactions do not nest")
+        await self.wait_for_confirms()  # the broker starts a transaction from a clean slate
+        session = await self._wait_ready()
+        if self._tx_generation != session.generation:
+            await self._tx_request(session, {"op": "tx_select"})
+            self._tx_generation = session.generation
+        self._tx_open = True
+        try:
+            yield
+        except BaseException:
+            self._tx_open = False
+            with trio.CancelScope(shield=True), trio.move_on_after(self._settings.request_timeout_s):
+                if session.alive and self._tx_generation == session.generation:
+                    try:
+                        await self._tx_request(session, {"op": "tx_rollback"})
+                    except ClientError:
+                        pass  # (the session is gone: the broker discarded the transaction)
+            raise
+        self._tx_open = False
+        if not session.alive or self._tx_generation != session.generation:
+            raise ConnectionLost("the connection dropped during the transaction: none of it was applied")
+        await self._tx_request(session, {"op": "tx_commit"})
+
+    async def _tx_request(self, session: ChannelSession, op: dict[str, Any]) -> Event:
+        """``op`` on ``session`` only: a transaction does not survive its session."""
+        try:
+            with trio.fail_after(self._settings.request_timeout_s):
+                event: Event = await session.request(op, self._next_request_id()).wait()
+                return event
+        except (SessionEnded, trio.TooSlowError):
+            raise ConnectionLost(
+                f"no reply to {op['op']!r}: the connection dropped during the transaction"
+            ) from None
+
+    def _lose_transaction(self) -> None:
+        """The session ended: a transaction on it is gone (the broker discarded it), so
+        its publishes must fail, not be resent outside of it."""
+        if self._tx_generation is not None:
+            self._tx_generation = None
+            self._tracker.fail_all(
+                lambda: ConnectionLost("the connection dropped during the transaction: none of it was applied")
+            )
+
+    def _check_not_transactional(self, what: str) -> None:
+        session = self._session
+        if (
+            not self._tx_open
+            and self._tx_generation is not None
+            and session is not None
+            and session.generation == self._tx_generation
+        ):
+            raise ClientError(f"this channel is transactional: {what} inside `async with ch.transaction()`")
 
     def _pulse(self) -> None:
         self._changed.set()

@@ -96,6 +96,8 @@ class Supervisor(Settler):
 
         def _next_request_id(self) -> int: ...
 
+        def _lose_transaction(self) -> None: ...
+
     async def _wait_opened(self) -> None:
         """Wait for the first ready session. Raises: ConnectionLost, ClientClosed."""
         while self._state == "opening":
@@ -204,6 +206,7 @@ class Supervisor(Settler):
             return
         if not session.alive or session.draining:
             return
+        self._lose_transaction()  # (a transaction of the session before is gone)
         resend = self._tracker.restart()
         for handle in resend:
             session.send_nowait(handle.line, direct=False)

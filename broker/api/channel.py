@@ -577,6 +577,25 @@ async def _op_purge_queue(s: ChannelSession, op: dict[str, Any]) -> None:
     s.send_event(_reply(op, "ok", op="purge_queue", messages=count))
 
 
+async def _op_tx_select(s: ChannelSession, op: dict[str, Any]) -> None:
+    s.core.tx_select(s.channel_id)
+    s.send_event(_reply(op, "ok", op="tx_select"))
+
+
+async def _op_tx_commit(s: ChannelSession, op: dict[str, Any]) -> None:
+    """Apply the transaction in one step; answer once it is on disk (its publishes'
+    confirms come first)."""
+    count = s.core.tx_commit(s.channel_id)
+    s.runtime.pump()
+    await s.runtime.wait_durable()
+    s.send_event(_reply(op, "ok", op="tx_commit", operations=count))
+
+
+async def _op_tx_rollback(s: ChannelSession, op: dict[str, Any]) -> None:
+    count = s.core.tx_rollback(s.channel_id)
+    s.send_event(_reply(op, "ok", op="tx_rollback", operations=count))
+
+
 def _binding(op: dict[str, Any]) -> tuple[str, str, str, dict[str, Any], bool]:
     source = exchange_name(_get(op, "exchange", str, None) or "")
     queue = _get(op, "queue", str, None)
@@ -625,6 +644,9 @@ _OPS = {
     "bind": _op_bind,
     "unbind": _op_unbind,
     "close": _op_close,
+    "tx_select": _op_tx_select,
+    "tx_commit": _op_tx_commit,
+    "tx_rollback": _op_tx_rollback,
 }
 _SETTLE_OPS = {_op_ack, _op_nack, _op_reject, _op_touch}
 

@@ -64,6 +64,7 @@ from .state import (
 )
 from .timers import TimersMixin
 from .topology import TopologyMixin
+from .transactions import TransactionsMixin
 
 __all__ = [
     "Broker",
@@ -84,6 +85,7 @@ class Broker(
     DeadLetterMixin,
     DelaysMixin,
     BrowsingMixin,
+    TransactionsMixin,
     TimersMixin,
     ReplayMixin,
     SnapshotMixin,
@@ -113,7 +115,10 @@ class Broker(
         if self._records:
             records = self._records
             self._records = []
-            self._effects.append(AppendRecords(records, self._first_pending_lsn, self.last_lsn, lazy))
+            self._effects.append(
+                AppendRecords(records, self._first_pending_lsn, self.last_lsn, lazy, self._keep_together)
+            )
+            self._keep_together = False
             self._first_pending_lsn = self.last_lsn + 1
         if self._confirm_dirty:
             self._release_confirms()

@@ -98,6 +98,8 @@ class AppendRecords(Effect):
     first_lsn: int
     last_lsn: int
     lazy: bool = False
+    #: the batch holds a committed transaction: the log must write it as one group
+    together: bool = False
 
 
 @dataclass(slots=True)

@@ -17,7 +17,7 @@ from .message import Entry
 from .paging import PagedRefs
 from .routing import ConsistentHashTable, RoutingTable, make_table
 
-__all__ = ["Exchange", "Queue", "Consumer", "Channel", "Delivery"]
+__all__ = ["Exchange", "Queue", "Consumer", "Channel", "Delivery", "Transaction"]
 
 
 class Exchange:
@@ -357,6 +357,19 @@ class Delivery:
         self.deadline = deadline
 
 
+class Transaction:
+    """The publishes and settles a transactional channel holds until its commit."""
+
+    __slots__ = ("publishes", "settles", "bytes")
+
+    def __init__(self) -> None:
+        #: (publish tag, (exchange, routing key, body, properties, mandatory, delay_s))
+        self.publishes: list[tuple[int, tuple[Any, ...]]] = []
+        #: ("ack" | "nack", delivery tag, multiple, requeue, delay_s)
+        self.settles: list[tuple[str, int, bool, bool, float | None]] = []
+        self.bytes = 0
+
+
 class Channel:
     """One channel's state: publish numbering and confirms, consumers, unacked deliveries."""
 
@@ -375,6 +388,7 @@ class Channel:
         "exclusive_queues",
         "expired",
         "closed",
+        "tx",
     )
 
     def __init__(self, channel_id: int, credit: int) -> None:
@@ -396,3 +410,5 @@ class Channel:
         # tags that expired (ack timeout); remembered so a late ack is a clear error
         self.expired: dict[int, None] = {}
         self.closed = False
+        #: the transaction being built, when the channel is transactional (tx_select)
+        self.tx: Transaction | None = None

@@ -21,7 +21,7 @@ from .effects import (
     MessageLost,
     Return,
 )
-from .entities import Queue
+from .entities import Channel, Queue
 from .message import Entry, Message
 from .names import check_routing_key
 from .state import (
@@ -68,17 +68,35 @@ class PublishingMixin(BrokerState):
         """
         check_routing_key(routing_key)
         ch = self._channel(channel_id)
+        if ch.tx is not None:
+            return self._tx_publish(ch, exchange_name, routing_key, body, properties, mandatory, delay_s), 0
         ch.publish_seq += 1
         tag = ch.publish_seq
         self.stats["published"] += 1
+        return tag, self._publish_tagged(ch, tag, exchange_name, routing_key, body, properties, mandatory, delay_s)
+
+    def _publish_tagged(
+        self,
+        ch: Channel,
+        tag: int,
+        exchange_name: str,
+        routing_key: str,
+        body: bytes,
+        properties: dict[str, Any] | None,
+        mandatory: bool,
+        delay_s: float | None,
+    ) -> int:
+        """Route and enqueue a publish already numbered ``tag``; return the number of
+        queues it reached (see :meth:`publish`)."""
+        channel_id = ch.id
         self._confirm_dirty[channel_id] = ch
         exchange = self.exchanges.get(exchange_name)
         if exchange is None:
             ch.confirms.add(tag, 0, False, f"not_found: no exchange {exchange_name!r}")
-            return tag, 0
+            return 0
         if exchange.internal:
             ch.confirms.add(tag, 0, False, f"access_refused: exchange {exchange_name!r} is internal")
-            return tag, 0
+            return 0
 
         wall = self.wall_clock()
         message_id = properties.get("message_id") if properties else None
@@ -87,7 +105,7 @@ class PublishingMixin(BrokerState):
             if seen_lsn is not None:
                 self.stats["deduplicated"] += 1
                 ch.confirms.add(tag, seen_lsn)
-                return tag, 0
+                return 0
 
         headers = properties.get("headers") if properties else None
         queues = self.route(exchange, routing_key, headers)
@@ -99,7 +117,7 @@ class PublishingMixin(BrokerState):
             if message_id is not None:
                 self.dedup.remember(exchange_name, message_id, wall, 0)
             ch.confirms.add(tag, 0)
-            return tag, 0
+            return 0
 
         persistent = properties is None or properties.get("delivery_mode", 2) == 2
         durable_qids: list[int] = []
@@ -107,10 +125,10 @@ class PublishingMixin(BrokerState):
             durable_qids = [q.qid for q in queues if q.persistent_log]
             if durable_qids and not self.storage_ok:
                 ch.confirms.add(tag, 0, False, f"storage failure: {self.storage_reason}")
-                return tag, 0
+                return 0
             if durable_qids and self.publish_refusal is not None:
                 ch.confirms.add(tag, 0, False, self.publish_refusal)
-                return tag, 0
+                return 0
         nack_reason = None
         full: list[Queue] = []
         for queue in queues:
@@ -157,7 +175,7 @@ class PublishingMixin(BrokerState):
             ch.confirms.add(tag, 0, False, nack_reason)
         else:
             ch.confirms.add(tag, lsn)
-        return tag, len(queues)
+        return len(queues)
 
     def _enqueue(self, queue: Queue, message: Message, wall: float, *, due: float | None = None) -> None:
         """Add ``message`` to ``queue`` at ``wall`` (its TTL counts from then), or hold

@@ -33,6 +33,9 @@ class SettlingMixin(BrokerState):
         """Acknowledge one delivery (or every one up to the tag); return how many.
         Raises ChannelError for an unknown or expired tag (the channel must close)."""
         ch = self._channel(channel_id)
+        if ch.tx is not None:
+            self._tx_settle(ch, "ack", delivery_tag, multiple, False, None)
+            return 0
         deliveries = self._take_deliveries(ch, delivery_tag, multiple)
         for d in deliveries:
             self._finish_delivery(ch, d)
@@ -59,6 +62,9 @@ class SettlingMixin(BrokerState):
         ch = self._channel(channel_id)
         if delay_s is not None and not requeue:
             raise InvalidArgument("a delay needs requeue: a message not requeued does not come back")
+        if ch.tx is not None:
+            self._tx_settle(ch, "nack", delivery_tag, multiple, requeue, delay_s)
+            return 0
         deliveries = self._take_deliveries(ch, delivery_tag, multiple)
         if requeue:
             self._requeue_deliveries(ch, deliveries, taken=True, delay_s=delay_s)

@@ -180,6 +180,9 @@ class BrokerState:
         self._delays_to_page_out: dict[str, Queue] = {}
         # smooth weighted round-robin state of weighted multi-queue gets, by (names, weights)
         self._get_weights: dict[tuple[tuple[str, ...], tuple[int, ...]], list[int]] = {}
+        # a transaction was committed since the last take_effects(): its records must
+        # stay in one write group (AppendRecords.together)
+        self._keep_together = False
         # recovered queues whose timers (delays, expiries, x-expires) are not yet set
         self._queues_to_schedule: list[Queue] = []
         # messages dead-lettered, by (queue, reason); dropped dead letters by reason
@@ -296,6 +299,47 @@ class BrokerState:
         def _pop(self, queue: Queue) -> Entry | None: ...
 
         def _page_in(self, queue: Queue) -> None: ...
+
+        def _publish_tagged(
+            self,
+            ch: Channel,
+            tag: int,
+            exchange_name: str,
+            routing_key: str,
+            body: bytes,
+            properties: dict[str, Any] | None,
+            mandatory: bool,
+            delay_s: float | None,
+        ) -> int: ...
+
+        def _tx_publish(
+            self,
+            ch: Channel,
+            exchange_name: str,
+            routing_key: str,
+            body: bytes,
+            properties: dict[str, Any] | None,
+            mandatory: bool,
+            delay_s: float | None,
+        ) -> int: ...
+
+        def _tx_settle(
+            self, ch: Channel, kind: str, tag: int, multiple: bool, requeue: bool, delay_s: float | None
+        ) -> None: ...
+
+        def _lookup_delivery(self, ch: Channel, tag: int) -> Delivery: ...
+
+        def ack(self, channel_id: int, delivery_tag: int, multiple: bool = False) -> int: ...
+
+        def nack(
+            self,
+            channel_id: int,
+            delivery_tag: int,
+            multiple: bool = False,
+            requeue: bool = True,
+            *,
+            delay_s: float | None = None,
+        ) -> int: ...
 
         def _load_paged(self, queue: Queue) -> None: ...
 

@@ -51,7 +51,9 @@ class LogPort(Protocol):
     @property
     def reader(self) -> LogReader: ...
 
-    def append_nowait(self, records: Sequence[tuple[int, bytes]], *, lazy: bool = False) -> int:
+    def append_nowait(
+        self, records: Sequence[tuple[int, bytes]], *, lazy: bool = False, together: bool = False
+    ) -> int:
         """Append records; returns the LSN of the last one."""
         ...
 

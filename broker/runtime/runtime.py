@@ -234,7 +234,7 @@ class BrokerRuntime:
             self.core.durable(effect.last_lsn)
             self._again = True
             return
-        last = self.wal.append_nowait(effect.records, lazy=effect.lazy)
+        last = self.wal.append_nowait(effect.records, lazy=effect.lazy, together=effect.together)
         if last != effect.last_lsn:  # pragma: no cover - would be a bug
             raise RuntimeError(f"LSN mismatch: core {effect.last_lsn}, wal {last}")
 

@@ -138,14 +138,21 @@ def decode_group_header(data: bytes, pos: int = 0) -> GroupHeader | None:
     return GroupHeader(length, count, first_lsn, synced_lsn)
 
 
-def group_spans(frame_sizes: Sequence[int]) -> list[tuple[int, int, int]]:
+def group_spans(
+    frame_sizes: Sequence[int], keep_together: Sequence[tuple[int, int]] = ()
+) -> list[tuple[int, int, int]]:
     """Split a batch into groups: ``(first record index, end index, frame bytes)`` each,
-    at most :data:`GROUP_SPLIT_BYTES` of frames a group unless one record is larger."""
+    at most :data:`GROUP_SPLIT_BYTES` of frames a group unless one record is larger,
+    or a ``keep_together`` range of record indexes (``[start, end)``: a transaction,
+    all or nothing) would be cut: such a range is never split."""
+    inside: set[int] = set()
+    for lo, hi in keep_together:
+        inside.update(range(lo + 1, hi))  # no group may start within a range
     spans: list[tuple[int, int, int]] = []
     start = 0
     nbytes = 0
     for index, size in enumerate(frame_sizes):
-        if nbytes and nbytes + size > GROUP_SPLIT_BYTES:
+        if nbytes and nbytes + size > GROUP_SPLIT_BYTES and index not in inside:
             spans.append((start, index, nbytes))
             start, nbytes = index, 0
         nbytes += size

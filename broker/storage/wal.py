@@ -349,6 +349,8 @@ class WriteAheadLog:
         self._buffered_first = next_lsn
         self._chunks: list[bytes] = []
         self._frame_sizes: list[int] = []  # of the buffered records, for the reader
+        # [start, end) index ranges of buffered records to write in one group (a commit)
+        self._together: list[tuple[int, int]] = []
         self._buffered_bytes = 0
         # Some buffered record is not lazy: under "always" the next batch is fsynced.
         self._buffer_wants_sync = False
@@ -479,14 +481,17 @@ class WriteAheadLog:
         """True while the WAL is in its failed state."""
         return self._failed
 
-    def append_nowait(self, records: Sequence[tuple[int, bytes]], *, lazy: bool = False) -> int:
+    def append_nowait(
+        self, records: Sequence[tuple[int, bytes]], *, lazy: bool = False, together: bool = False
+    ) -> int:
         """Buffer records for the next batch; return the LSN of the last one. Never blocks.
 
         Records get consecutive LSNs in the order given. An empty sequence returns the
         current last LSN. While the WAL is failed, records are still numbered and then
         reported through ``on_failure`` without being written. ``lazy``: nobody waits
         for these records, so under ``always`` they alone do not cost an fsync (see
-        "Lazy records" in the module docstring).
+        "Lazy records" in the module docstring). ``together``: these records are written in
+        one write group, all or nothing after a crash (a transaction's commit).
 
         Raises:
             WALClosed: after :meth:`aclose` began.
@@ -498,6 +503,9 @@ class WriteAheadLog:
             raise WALClosed("the write-ahead log is closed")
         data, count = encode_records(records, max_record_bytes=self._max_record_bytes)
         if count:
+            if together and count > 1:
+                start = len(self._frame_sizes)
+                self._together.append((start, start + count))
             self._chunks.append(data)
             self._frame_sizes.extend([len(payload) + FRAME_OVERHEAD_BYTES for _t, payload in records])
             self._buffered_bytes += len(data)
@@ -694,9 +702,11 @@ class WriteAheadLog:
         nbytes = self._buffered_bytes
         data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         sizes = self._frame_sizes
+        together = self._together
         wants_sync = self._buffer_wants_sync
         self._chunks = []
         self._frame_sizes = []
+        self._together = []
         self._buffered_bytes = 0
         self._buffered_first = last + 1
         self._buffer_wants_sync = False
@@ -721,14 +731,16 @@ class WriteAheadLog:
                 # this thread. Handing it to a worker thread and back costs more than
                 # the fsync itself (measured: ~150 us vs ~200 us here), and with so
                 # few records there is nothing to overlap the fsync with anyway.
-                result = self._io_write(data, first, do_sync, sizes, synced)
+                result = self._io_write(data, first, do_sync, sizes, synced, together)
             else:
                 result = await trio.to_thread.run_sync(
-                    self._io_write, data, first, do_sync, sizes, synced, limiter=self._limiter
+                    self._io_write, data, first, do_sync, sizes, synced, together, limiter=self._limiter
                 )
         except trio.Cancelled:
             # Raised only before the thread started: nothing was written. Put it back.
             self._chunks.insert(0, data)
+            shift = len(sizes)
+            self._together = together + [(lo + shift, hi + shift) for lo, hi in self._together]
             self._frame_sizes[:0] = sizes
             self._buffered_bytes += nbytes
             self._buffered_first = first
@@ -808,6 +820,7 @@ class WriteAheadLog:
         first, last = self._buffered_first, self._last_lsn
         self._chunks = []
         self._frame_sizes = []
+        self._together = []
         self._buffered_bytes = 0
         self._buffered_first = last + 1
         self._buffer_wants_sync = False
@@ -842,13 +855,19 @@ class WriteAheadLog:
     # ------------------------------------------------------------------ worker-thread IO
 
     def _io_write(
-        self, data: bytes, first_lsn: int, do_sync: bool, sizes: Sequence[int], synced_lsn: int
+        self,
+        data: bytes,
+        first_lsn: int,
+        do_sync: bool,
+        sizes: Sequence[int],
+        synced_lsn: int,
+        together: Sequence[tuple[int, int]] = (),
     ) -> _WriteResult:
         """Write one batch (``data``: the frames of ``sizes`` records from ``first_lsn``)
         as one write group, or several if it is large (``group.py``). ``synced_lsn``:
         the highest LSN fsynced so far, recorded in the group as evidence for recovery."""
         retired_sync_s: float | None = None
-        spans = group_spans(sizes) if len(data) > GROUP_SPLIT_BYTES else None
+        spans = group_spans(sizes, together) if len(data) > GROUP_SPLIT_BYTES else None
         nbytes = len(data) + GROUP_HEADER_BYTES * (1 if spans is None else len(spans))
         segment = self._active
         if segment is None or (

@@ -23,6 +23,7 @@ from broker.storage.group import (
     decode_group_header,
     encode_group_header,
     find_sync_evidence,
+    group_spans,
 )
 from broker.storage.segment import (
     LEGACY_SEGMENT_VERSION,
@@ -244,3 +245,13 @@ def test_an_unknown_segment_version_is_a_clear_error(tmp_path: Path) -> None:
     path.write_bytes(bytes(data))
     with pytest.raises(CorruptLog, match="unsupported segment format version 9"):
         list(recover(tmp_path).wal_records)
+
+
+def test_a_batch_is_split_into_groups_but_never_inside_a_range_kept_together() -> None:
+    mib = 1024 * 1024
+    sizes = [4 * mib] * 10  # 40 MiB: groups of at most 16 MiB
+    assert [(lo, hi) for lo, hi, _n in group_spans(sizes)] == [(0, 4), (4, 8), (8, 10)]
+    # records 2..6 are one committed transaction: no group starts inside it
+    spans = group_spans(sizes, keep_together=[(2, 7)])
+    assert [(lo, hi) for lo, hi, _n in spans] == [(0, 7), (7, 10)]
+    assert [n for _lo, _hi, n in spans] == [28 * mib, 12 * mib]

@@ -21,7 +21,7 @@ from tests.support.fakewal import FakeWAL
 
 
 class _Log(Protocol):
-    def append_nowait(self, records: Any, *, lazy: bool = False) -> int: ...
+    def append_nowait(self, records: Any, *, lazy: bool = False, together: bool = False) -> int: ...
 
 
 @asynccontextmanager

@@ -22,7 +22,7 @@ class FakeWAL:
         #: (first LSN, last LSN, lazy) of every append, in order.
         self.appends: list[tuple[int, int, bool]] = []
 
-    def append_nowait(self, records: list[tuple[int, bytes]], *, lazy: bool = False) -> int:
+    def append_nowait(self, records: list[tuple[int, bytes]], *, lazy: bool = False, together: bool = False) -> int:
         self.appends.append((self.last_lsn + 1, self.last_lsn + len(records), lazy))
         self.last_lsn += len(records)
         return self.last_lsn
