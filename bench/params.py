@@ -53,6 +53,9 @@ class Params:
     get_any_queues: int = 3
     get_any_rate: int = 200
     get_any_duration_s: float = 5.0
+    # 11. transactions of 1 and 100 publishes
+    tx_sizes: tuple[int, ...] = (1, 100)
+    tx_duration_s: float = 5.0
     # fills (untimed set-up) use pipelined publishing with this window
     fill_window: int = 1000
     # timeouts: readiness of a worker, and slack added to every expected duration
@@ -85,5 +88,6 @@ QUICK = Params(
     failures_count=2_000,
     delayed_count=5_000,
     get_any_duration_s=0.5,
+    tx_duration_s=0.5,
     slack_s=60.0,
 )

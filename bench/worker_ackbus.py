@@ -208,6 +208,28 @@ async def get_any_consume(spec: dict[str, Any]) -> dict[str, Any]:
     return {"received": received, **latency_summary(latencies), "reconnects": 0, "resent": 0, "failed": 0}
 
 
+async def tx_publish(spec: dict[str, Any]) -> dict[str, Any]:
+    """Transactions of ``per_tx`` publishes, one after another (``start_publish`` in
+    ``ch.transaction()``; the block ends once the commit is on disk)."""
+    body = body_of(spec["size"])
+    key, per_tx = spec["routing_key"], spec["per_tx"]
+    async with client.connect(spec["url"], max_pending=max(per_tx, 1)) as conn, conn.channel() as ch:
+        await _declare(ch, spec)
+        await _handshake()
+        commits = 0
+        start = time.perf_counter()
+        deadline = start + spec["duration_s"]
+        end = start
+        while end < deadline:
+            async with ch.transaction():
+                for _ in range(per_tx):
+                    await ch.start_publish("", key, body, properties=PERSISTENT)
+            commits += 1
+            end = time.perf_counter()
+        stats = _stats(ch)
+    return {"commits": commits, "count": commits * per_tx, "elapsed_s": end - start, **stats}
+
+
 OPS = {
     "publish_seq": publish_seq,
     "publish_pipelined": publish_pipelined,
@@ -215,6 +237,7 @@ OPS = {
     "e2e_consume": e2e_consume,
     "e2e_publish": e2e_publish,
     "get_any_consume": get_any_consume,
+    "tx_publish": tx_publish,
 }
 
 

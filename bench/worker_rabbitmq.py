@@ -336,6 +336,32 @@ def publish_seq(spec: dict[str, Any]) -> dict[str, Any]:
     return {"count": len(latencies), "elapsed_s": end - start, **latency_summary(latencies)}
 
 
+def tx_publish(spec: dict[str, Any]) -> dict[str, Any]:
+    """Transactions of ``per_tx`` publishes, one after another (``tx.select`` once, then
+    publishes and ``tx.commit``, which returns once the broker committed)."""
+    body = body_of(spec["size"])
+    key, per_tx = spec["routing_key"], spec["per_tx"]
+    conn = pika.BlockingConnection(_params(spec))
+    try:
+        ch = conn.channel()
+        ch.tx_select()
+        signal_ready()
+        wait_go()
+        commits = 0
+        start = time.perf_counter()
+        deadline = start + spec["duration_s"]
+        end = start
+        while end < deadline:
+            for _ in range(per_tx):
+                ch.basic_publish("", key, body, PERSISTENT)
+            ch.tx_commit()
+            commits += 1
+            end = time.perf_counter()
+    finally:
+        conn.close()
+    return {"commits": commits, "count": commits * per_tx, "elapsed_s": end - start}
+
+
 def _run(cls: type[_SelectClient]) -> Any:
     def op(spec: dict[str, Any]) -> dict[str, Any]:
         worker = cls(spec)
@@ -351,6 +377,7 @@ OPS = {
     "consume": _run(Consumer),
     "e2e_consume": _run(LatencyConsumer),
     "e2e_publish": _run(PacedPublisher),
+    "tx_publish": tx_publish,
 }
 
 

@@ -477,6 +477,31 @@ def _get_any_run(ctx: Context, server: Server) -> tuple[dict[str, float], dict[s
     return {"get_any/p50_ms": received["p50_ms"], "get_any/p99_ms": received["p99_ms"]}, {"consumer": received}
 
 
+# --------------------------------------------------------------------------- 11. transactions
+
+
+def _tx_figures(p: Params) -> list[Figure]:
+    return [
+        Figure(f"tx/{n}/commits_per_s", "tx", f"transactions of {n} publish{'es' if n > 1 else ''}, 100 B, one after another",
+               "commits/s", True)
+        for n in p.tx_sizes
+    ]
+
+
+def _tx_run(ctx: Context, server: Server) -> tuple[dict[str, float], dict[str, Any]]:
+    p = ctx.params
+    figures, extra = {}, {}
+    for n in p.tx_sizes:
+        queue = f"bench.tx.{n}"
+        ctx.status(f"transactions of {n} publishes")
+        spec = {"op": "tx_publish", "queues": [queue], "routing_key": queue, "size": 100, "per_tx": n,
+                "duration_s": p.tx_duration_s}
+        (result,) = ctx.workers(server, [spec], p.step_timeout_s(p.tx_duration_s))
+        figures[f"tx/{n}/commits_per_s"] = result["commits"] / result["elapsed_s"]
+        extra[str(n)] = result
+    return figures, extra
+
+
 # --------------------------------------------------------------------------- registry
 
 
@@ -536,6 +561,10 @@ def _budget_get_any(p: Params) -> float:
     return p.step_timeout_s(1.0 + p.get_any_duration_s) + 60
 
 
+def _budget_tx(p: Params) -> float:
+    return len(p.tx_sizes) * p.step_timeout_s(p.tx_duration_s) + 60
+
+
 def _ignore_start(fn: Callable[[Context, Server], Any]) -> Callable[[Context, Server, float], Any]:
     return lambda ctx, server, start_s: fn(ctx, server)
 
@@ -562,6 +591,8 @@ WORKLOADS: dict[str, Workload] = {
                  _budget_delayed, ackbus_only=True),
         Workload("get_any", "9. one long poll over several queues (ackbus only)", _get_any_figures,
                  _ignore_start(_get_any_run), _budget_get_any, ackbus_only=True),
+        Workload("tx", "10. transactions of 1 and 100 publishes", _tx_figures, _ignore_start(_tx_run),
+                 _budget_tx),
     )
 }
 
