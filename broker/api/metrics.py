@@ -119,7 +119,7 @@ class BrokerMetrics:
         r.gauge(
             "ackbus_messages_paged_out",
             "Queued messages whose body is only in the WAL segments.",
-            collect=lambda: sum(len(q.paged) for q in self._runtime.core.queues.values()) if self._runtime else None,
+            collect=lambda: sum(q.paged_count() for q in self._runtime.core.queues.values()) if self._runtime else None,
         )
         r.counter(
             "ackbus_messages_lost_total",

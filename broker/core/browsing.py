@@ -1,7 +1,8 @@
 """Browsing: looking at a queue's messages without consuming them.
 
 Operators need to see what is stuck: ``browse`` lists a queue's messages in sequence
-order (ready, paged out, delayed and out with consumers alike), each with its state,
+order (ready, paged out, delayed and out with consumers alike, every priority of a
+priority queue merged), each with its state,
 delivery count and properties, reading paged-out bodies back from the log. Nothing
 changes: no delivery is counted, no message moves.
 
@@ -45,9 +46,8 @@ class BrowsingMixin(BrokerState):
         if not isinstance(after, int) or isinstance(after, bool) or after < 0:
             raise InvalidArgument("after must be a message sequence number (0 or more)")
         in_memory: list[tuple[int, str, Any]] = []
-        in_memory.extend((s, "ready", e) for s, e in queue.requeued if s > after)
-        in_memory.extend((e.message.seq, "ready", e) for e in queue.ready if e.message.seq > after)
-        in_memory.extend((e.message.seq, "ready", e) for e in queue.tail if e.message.seq > after)
+        for lane in queue.lanes:
+            in_memory.extend((e.message.seq, "ready", e) for e in lane.held() if e.message.seq > after)
         in_memory.extend((s, "delayed", (e, d)) for d, s, e in queue.delayed.entries if s > after)
         # (there may be a million paged-out delayed ones: keep only the first few)
         in_memory.extend(
@@ -66,8 +66,8 @@ class BrowsingMixin(BrokerState):
                 if d.queue is queue and d.entry.message.seq > after:
                     in_memory.append((d.entry.message.seq, "unacked", d.entry))
         in_memory.sort(key=lambda item: item[0])
-        paged = ((seq, "paged", loc) for seq, loc in queue.paged if seq > after)
-        chosen = list(islice(heapq.merge(in_memory[:limit], paged, key=lambda item: item[0]), limit))
+        paged = [((seq, "paged", loc) for seq, loc in lane.paged if seq > after) for lane in queue.lanes if lane.paged]
+        chosen = list(islice(heapq.merge(in_memory[:limit], *paged, key=lambda item: item[0]), limit))
         # paged-out bodies (ready or delayed) are read back to be shown
         to_read = [
             (i, seq, item if state == "paged" else item[0])

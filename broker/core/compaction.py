@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from . import records as rec
 from .entities import Queue
 from .message import Entry
+from .paging import PagedRefs
 from .publishing import _logged_message
 from .state import BrokerState
 
@@ -48,7 +49,7 @@ class CompactionMixin(BrokerState):
             i = bisect_right(starts, lsn) - 1
             return i >= 0 and lsn < ranges[i][1]
 
-        holders: dict[int, list[tuple[Queue, Entry | None]]] = {}
+        holders: dict[int, list[tuple[Queue, Entry | PagedRefs]]] = {}
         old_lsn: dict[int, int] = {}
         unacked: dict[int, list[Entry]] = {}
         for ch in self.channels.values():
@@ -57,16 +58,17 @@ class CompactionMixin(BrokerState):
         for queue in self.queues.values():
             if not queue.persistent_log or queue.deleted:
                 continue
-            for chunk, start, stop in queue.paged.cut():
-                locs = chunk[start + 1 : stop : 2]
-                if not locs or (max(locs) >> 1) < lo_all or (min(locs) >> 1) >= hi_all:
-                    continue
-                for k in range(start, stop, 2):
-                    lsn = chunk[k + 1] >> 1
-                    if inside(lsn):
-                        seq = chunk[k]
-                        holders.setdefault(seq, []).append((queue, None))
-                        old_lsn[seq] = lsn
+            for lane in queue.lanes:
+                for chunk, start, stop in lane.paged.cut():
+                    locs = chunk[start + 1 : stop : 2]
+                    if not locs or (max(locs) >> 1) < lo_all or (min(locs) >> 1) >= hi_all:
+                        continue
+                    for k in range(start, stop, 2):
+                        lsn = chunk[k + 1] >> 1
+                        if inside(lsn):
+                            seq = chunk[k]
+                            holders.setdefault(seq, []).append((queue, lane.paged))
+                            old_lsn[seq] = lsn
             entries = queue.held_entries()
             entries.extend(unacked.get(queue.qid, ()))
             for entry in entries:
@@ -97,11 +99,11 @@ class CompactionMixin(BrokerState):
         i = 0
         while i < len(relocations) and relocations[i][0] <= durable:
             new_lsn, seq, holders = relocations[i]
-            for queue, entry in holders:
-                if entry is None:
-                    queue.paged.relocate(seq, new_lsn)
-                elif entry.message.seq == seq:
-                    entry.message.lsn = new_lsn
+            for _queue, holder in holders:
+                if isinstance(holder, PagedRefs):
+                    holder.relocate(seq, new_lsn)
+                elif holder.message.seq == seq:
+                    holder.message.lsn = new_lsn
             i += 1
         del relocations[:i]
 

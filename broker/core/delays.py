@@ -110,7 +110,7 @@ class DelaysMixin(BrokerState):
             if due is not None:
                 at = now + max(0.0, due - now_wall)
                 wake = at if wake is None else min(wake, at)
-            head = _memory_head(queue)
+            head = queue.memory_head()
             if head is not None and head.expires_at is not None:
                 at = now + max(0.0, head.expires_at - now_wall)
                 wake = at if wake is None else min(wake, at)
@@ -180,23 +180,12 @@ class DelaysMixin(BrokerState):
         them, reason ``expired``), so they stop counting as ready when they expire."""
         wall = self.wall_clock()
         while True:
-            head = _memory_head(queue)
-            if head is None and queue.paged and queue.message_ttl_s is not None and queue.read_blocked_until is None:
+            head = queue.memory_head()
+            if head is None and queue.message_ttl_s is not None and queue.read_blocked_until is None:
                 self._page_in(queue)  # the oldest paged-out messages may have expired
-                head = _memory_head(queue)
+                head = queue.memory_head()
             if head is None or head.expires_at is None or head.expires_at > wall:
                 return
             entry = queue.pop()
             assert entry is head
             self._dead_letter(queue, entry, "expired")
-
-
-def _memory_head(queue: Queue) -> Entry | None:
-    """The entry ``queue.pop()`` would return, without taking it (None: none in memory)."""
-    if queue.requeued:
-        return queue.requeued[0][1]
-    if queue.ready:
-        return queue.ready[0]
-    if queue.tail and not queue.paged:
-        return queue.tail[0]
-    return None

@@ -7,14 +7,12 @@ of them lives in :mod:`broker.core.broker`.
 
 from __future__ import annotations
 
-import heapq
-from collections import deque
 from typing import Any
 
 from .confirms import ConfirmTracker
 from .delayed import DelayedMessages
-from .message import Entry
-from .paging import PagedRefs
+from .lanes import Lane, message_priority
+from .message import Entry, Message
 from .routing import ConsistentHashTable, RoutingTable, make_table
 
 __all__ = ["Exchange", "Queue", "Consumer", "Channel", "Delivery", "Transaction"]
@@ -61,17 +59,9 @@ class Exchange:
 
 
 class Queue:
-    """A FIFO of entries. A requeued entry returns to its original position.
-
-    New entries arrive in increasing sequence order and leave from the front, so every
-    requeued entry precedes every entry still in ``ready``: requeued entries wait in a
-    small heap ordered by sequence, which is served before ``ready``.
-
-    A durable queue's backlog is held in three parts, in this order: ``ready`` (the
-    head, in memory), ``paged`` (messages whose bodies are only in the log, see
-    :mod:`broker.core.paging`) and ``tail`` (the newest, in memory until their records
-    are written and they can be paged out). ``tail`` is used only once ``paged`` or a
-    long ``ready`` is ahead of it; the broker moves messages between the parts.
+    """A queue: its settings, its ready messages in one lane per priority level
+    (:mod:`broker.core.lanes`; a plain queue has one), its delayed messages, its
+    consumers and counters.
     """
 
     __slots__ = (
@@ -81,10 +71,8 @@ class Queue:
         "exclusive_owner",
         "auto_delete",
         "arguments",
-        "ready",
-        "paged",
-        "tail",
-        "requeued",
+        "lanes",
+        "max_priority",
         "unacked",
         "consumers",
         "rr",
@@ -134,15 +122,15 @@ class Queue:
         self.exclusive_owner = exclusive_owner
         self.auto_delete = auto_delete
         self.arguments = arguments
-        self.ready: deque[Entry] = deque()
-        self.paged = PagedRefs()
+        #: ``x-max-priority``: messages are served highest priority first, FIFO
+        #: within a priority; ``lanes[p]`` holds priority ``p`` (one lane without it)
+        self.max_priority: int | None = arguments.get("x-max-priority")
+        self.lanes = [Lane() for _ in range((self.max_priority or 0) + 1)]
         #: While reading the next paged-out message back fails: when to try again
         #: (clock time), why it failed, and how many tries in a row failed.
         self.read_blocked_until: float | None = None
         self.read_failure: str | None = None
         self.read_attempts = 0
-        self.tail: deque[Entry] = deque()
-        self.requeued: list[tuple[int, Entry]] = []
         self.unacked = 0
         self.consumers: list[Consumer] = []
         self.rr = 0
@@ -197,48 +185,67 @@ class Queue:
         """Whether this queue's contents go to the log (durable and not exclusive)."""
         return self.durable and self.exclusive_owner is None
 
+    def lane_for(self, message: Message) -> Lane:
+        """The lane ``message`` belongs in: its priority's (at most the maximum)."""
+        top = self.max_priority
+        if top is None:
+            return self.lanes[0]
+        return self.lanes[min(message_priority(message.properties), top)]
+
+    def next_lane(self) -> Lane | None:
+        """The lane the next ready message comes from: the highest non-empty one."""
+        lanes = self.lanes
+        if len(lanes) == 1:
+            return lanes[0] if lanes[0] else None
+        for lane in reversed(lanes):
+            if lane:
+                return lane
+        return None
+
     def held_entries(self) -> list[Entry]:
         """Every entry held in memory that is not out with a consumer: requeued,
         ready, tail and delayed (a checkpoint or compaction must see them all)."""
-        entries = [e for _s, e in self.requeued]
-        entries.extend(self.ready)
-        entries.extend(self.tail)
+        entries: list[Entry] = []
+        for lane in self.lanes:
+            entries.extend(lane.held())
         entries.extend(self.delayed.whole())
         return entries
 
     def ready_count(self) -> int:
-        return len(self.ready) + len(self.requeued) + len(self.paged) + len(self.tail)
+        return sum(len(lane) for lane in self.lanes)
 
     def has_ready(self) -> bool:
-        return bool(self.ready or self.requeued or self.paged or self.tail)
+        return any(self.lanes)
+
+    def paged_count(self) -> int:
+        """How many ready messages have their bodies only in the log."""
+        return sum(len(lane.paged) for lane in self.lanes)
 
     def requeue(self, entry: Entry) -> None:
-        heapq.heappush(self.requeued, (entry.message.seq, entry))
+        """Put ``entry`` back in its original place (by sequence, in its lane)."""
+        self.lane_for(entry.message).requeue(entry)
         if self.max_length_bytes is not None:
             self.ready_bytes += len(entry.message.body)
 
     def pop(self) -> Entry | None:
         """The next entry held in memory; None when there is none or the next message
         is paged out (the broker pages it in first)."""
-        if self.requeued:
-            entry = heapq.heappop(self.requeued)[1]
-        elif self.ready:
-            entry = self.ready.popleft()
-        elif self.tail and not self.paged:
-            self.ready, self.tail = self.tail, self.ready
-            entry = self.ready.popleft()
-        else:
+        lane = self.next_lane()
+        if lane is None:
             return None
-        if self.max_length_bytes is not None:
+        entry = lane.pop()
+        if entry is not None and self.max_length_bytes is not None:
             self.ready_bytes -= len(entry.message.body)
         return entry
 
+    def memory_head(self) -> Entry | None:
+        """The entry :meth:`pop` would return, without taking it (None: none in memory)."""
+        lane = self.next_lane()
+        return None if lane is None else lane.head()
+
     def count_ready_bytes(self) -> int:
         """The body bytes of the ready messages held in memory (counted anew)."""
-        held = [e for _s, e in self.requeued]
-        held.extend(self.ready)
-        held.extend(self.tail)
-        return sum(len(e.message.body) for e in held)
+        return sum(len(e.message.body) for lane in self.lanes for e in lane.held())
 
     def is_full(self, body_bytes: int) -> bool:
         """Whether one more message of ``body_bytes`` would pass ``x-max-length`` or
@@ -256,33 +263,24 @@ class Queue:
     def clear_ready(self) -> tuple[list[Entry], list[int]]:
         """Remove every ready or delayed message: (entries held in memory, seqs of
         paged-out ones)."""
-        entries = [e for _, e in self.requeued]
-        entries.extend(self.ready)
-        entries.extend(self.tail)
+        entries: list[Entry] = []
+        seqs: list[int] = []
+        for lane in self.lanes:
+            held, paged = lane.clear()
+            entries.extend(held)
+            seqs.extend(paged)
         delayed_entries, delayed_seqs = self.delayed.clear()
         entries.extend(delayed_entries)
-        self.requeued.clear()
-        self.ready.clear()
-        self.tail.clear()
         self.paged_counts.clear()
         self.ready_bytes = 0
-        return entries, self.paged.clear() + delayed_seqs
+        return entries, seqs + delayed_seqs
 
     def remove_entries(self, seqs: set[int]) -> list[Entry]:
         """Remove in-memory ready entries with these sequence numbers (rare: storage
         failure, whose messages are never paged out: their records were not written)."""
-        removed = [e for e in self.ready if e.message.seq in seqs]
-        if removed:
-            self.ready = deque(e for e in self.ready if e.message.seq not in seqs)
-        gone = [e for e in self.tail if e.message.seq in seqs]
-        if gone:
-            removed.extend(gone)
-            self.tail = deque(e for e in self.tail if e.message.seq not in seqs)
-        kept = [(s, e) for s, e in self.requeued if s not in seqs]
-        if len(kept) != len(self.requeued):
-            removed.extend(e for s, e in self.requeued if s in seqs)
-            heapq.heapify(kept)
-            self.requeued = kept
+        removed: list[Entry] = []
+        for lane in self.lanes:
+            removed.extend(lane.remove_entries(seqs))
         if self.max_length_bytes is not None:
             self.ready_bytes -= sum(len(e.message.body) for e in removed)
         removed.extend(self.delayed.remove_whole(seqs))

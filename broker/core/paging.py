@@ -196,12 +196,16 @@ class ReplayIndex:
     to a small dict. A settled message is marked dead (locator -1) in place.
     """
 
-    __slots__ = ("seqs", "locs", "extra", "counts", "due_seqs", "due_ms", "due_extra")
+    __slots__ = ("seqs", "locs", "extra", "counts", "due_seqs", "due_ms", "due_extra", "prios", "extra_prios")
 
-    def __init__(self) -> None:
+    def __init__(self, *, priorities: bool = False) -> None:
         self.seqs = array("q")
         self.locs = array("q")
         self.extra: dict[int, Any] = {}
+        #: a priority queue's: each message's priority, beside ``seqs`` (one byte a
+        #: message), and those of the messages in ``extra`` indexed by LSN
+        self.prios: array[int] | None = array("B") if priorities else None
+        self.extra_prios: dict[int, int] = {}
         #: delivery counts above one, by seq (few: a dict); the larger value read wins
         self.counts: dict[int, int] = {}
         #: due times (ms since the epoch) of delayed messages: there may be a million
@@ -251,13 +255,16 @@ class ReplayIndex:
         i = self._index(seq)
         return self.locs[i] >= 0 if i >= 0 else seq in self.extra
 
-    def add(self, seq: int, loc: int, *, update: bool) -> None:
-        """Index a logged message. If it is already there, ``update`` points it at this
-        (newer) copy of its record, keeping its delivered flag."""
+    def add(self, seq: int, loc: int, *, update: bool, prio: int = 0) -> None:
+        """Index a logged message (of priority ``prio``, in a priority queue). If it is
+        already there, ``update`` points it at this (newer) copy of its record, keeping
+        its delivered flag."""
         seqs = self.seqs
         if not seqs or seq > seqs[-1]:
             seqs.append(seq)
             self.locs.append(loc)
+            if self.prios is not None:
+                self.prios.append(prio)
             return
         i = self._index(seq)
         if i >= 0:
@@ -270,6 +277,8 @@ class ReplayIndex:
         old_extra = self.extra.get(seq)
         if old_extra is None:
             self.extra[seq] = loc
+            if prio:
+                self.extra_prios[seq] = prio
         elif update and type(old_extra) is int:
             self.extra[seq] = loc | (old_extra & 1)
 
@@ -299,18 +308,28 @@ class ReplayIndex:
         elif not old.deliveries:
             old.deliveries = 1
 
-    def logged(self) -> tuple[array[int], array[int]] | None:
-        """``(seqs, locators)`` of every message present, when all of them are indexed
-        by LSN (no whole ones): the common case, handed over without a loop per message
-        but the one that drops settled messages. None otherwise (use :meth:`items`)."""
+    def logged(self) -> tuple[array[int], array[int], array[int] | None] | None:
+        """``(seqs, locators, priorities or None)`` of every message present, when all
+        of them are indexed by LSN (no whole ones): the common case, handed over
+        without a loop per message but the one that drops settled messages. None
+        otherwise (use :meth:`items`)."""
         if self.extra:
             return None
-        seqs, locs = self.seqs, self.locs
+        seqs, locs, prios = self.seqs, self.locs, self.prios
         if locs and min(locs) < 0:
             live = bytes(loc >= 0 for loc in locs)
             seqs = array("q", compress(seqs, live))
             locs = array("q", compress(locs, live))
-        return seqs, locs
+            if prios is not None:
+                prios = array("B", compress(prios, live))
+        return seqs, locs, prios
+
+    def priority(self, seq: int) -> int:
+        """The priority indexed for message ``seq`` (0 if none was)."""
+        i = self._index(seq)
+        if i >= 0 and self.prios is not None:
+            return self.prios[i]
+        return self.extra_prios.get(seq, 0)
 
     def items(self) -> Iterator[tuple[int, Any]]:
         """``(seq, locator or entry)`` of every message present, in sequence order."""

@@ -2,9 +2,9 @@
 
 ``publish`` routes, deduplicates and enqueues a message and logs its ENQUEUE record;
 the confirm waits for that record's LSN (timers.py releases it). A durable queue keeps
-only ``memory_messages_per_queue`` ready messages in memory: the rest are paged out
-(their bodies stay only in the log, indexed by LSN) and read back in batches when their
-turn comes.
+only ``memory_messages_per_queue`` ready messages in memory (a priority queue shares
+them among its lanes): the rest are paged out (their bodies stay only in the log,
+indexed by LSN) and read back in batches when their turn comes.
 
 The methods here belong to :class:`~broker.core.broker.Broker`; they share its state
 (:class:`~broker.core.state.BrokerState`).
@@ -22,6 +22,7 @@ from .effects import (
     Return,
 )
 from .entities import Channel, Queue
+from .lanes import Lane
 from .message import Entry, Message
 from .names import check_routing_key
 from .state import (
@@ -191,18 +192,19 @@ class PublishingMixin(BrokerState):
             return
         # an expiry must wake the queue in time (scheduled once it is in place)
         schedule = expires is not None and queue.wake_at is None
-        if queue.tail or queue.paged:
-            queue.tail.append(entry)
+        lane = queue.lanes[0] if queue.max_priority is None else queue.lane_for(message)
+        if lane.tail or lane.paged:
+            lane.tail.append(entry)
             self._page_out_due[queue.name] = queue
         elif (
-            len(queue.ready) < self.memory_messages_per_queue
+            len(lane.ready) < (self.memory_messages_per_queue if queue.max_priority is None else self._lane_memory(queue))
             or self.read_log is None
             or not queue.persistent_log
             or queue.max_length_bytes is not None  # (bounded by it: see Queue.ready_bytes)
         ):
-            queue.ready.append(entry)
+            lane.ready.append(entry)
         else:
-            queue.tail.append(entry)
+            lane.tail.append(entry)
             self._page_out_due[queue.name] = queue
         queue.published += 1
         if queue.max_length_bytes is not None:
@@ -217,6 +219,11 @@ class PublishingMixin(BrokerState):
         if queue.getters:
             self._getter_checks[queue.name] = queue
 
+    def _lane_memory(self, queue: Queue) -> int:
+        """How many ready messages each lane of a priority queue keeps in memory: the
+        queue's share, divided among its lanes."""
+        return max(1, self.memory_messages_per_queue // len(queue.lanes))
+
     def _settle_entry(self, queue: Queue, entry: Entry) -> None:
         if queue.persistent_log and entry.message.persistent and not queue.deleted:
             self._settles.setdefault(queue.qid, []).append(entry.message.seq)
@@ -226,42 +233,52 @@ class PublishingMixin(BrokerState):
         (reason ``maxlen``), reading it back first only when there is somewhere to
         dead-letter it to."""
         entry = queue.pop()
-        if entry is None and queue.dead_letter_exchange is not None and queue.paged:
+        if entry is None and queue.dead_letter_exchange is not None:
             self._page_in(queue)
             entry = queue.pop()
         if entry is not None:
             self._dead_letter(queue, entry, "maxlen")
             return
-        for seq, _loc in queue.paged.take(1):
+        lane = queue.next_lane()
+        for seq, _loc in lane.paged.take(1) if lane is not None else ():
             queue.dead_lettered["maxlen"] = queue.dead_lettered.get("maxlen", 0) + 1
             queue.paged_counts.pop(seq, None)
             self._settles.setdefault(queue.qid, []).append(seq)
 
     def _page_out(self) -> None:
-        """Move the messages at the front of each due queue's tail whose records are
+        """Move the messages at the front of each due queue's tails whose records are
         written into its paged-out index, dropping their bodies from memory."""
         durable = self.durable_lsn
         for name, queue in list(self._page_out_due.items()):
-            tail = queue.tail
-            paged = queue.paged
             if queue.deleted:
                 del self._page_out_due[name]
                 continue
-            while tail:
-                message = tail[0].message
-                lsn = message.lsn
-                if lsn == 0 or not message.persistent:
-                    # never logged: it stays in memory, and so does everything after it
-                    del self._page_out_due[name]
-                    break
-                if lsn > durable:
-                    break  # not written yet: a later durable() goes on
-                entry = tail.popleft()
-                paged.append(message.seq, (lsn << 1) | (entry.deliveries > 0))
-                if entry.deliveries > 1:
-                    queue.paged_counts[message.seq] = entry.deliveries
-            else:
+            waiting = False
+            for lane in queue.lanes:
+                if lane.tail and self._page_out_lane(queue, lane, durable):
+                    waiting = True
+            if not waiting:
                 del self._page_out_due[name]
+
+    @staticmethod
+    def _page_out_lane(queue: Queue, lane: Lane, durable: int) -> bool:
+        """Page out the front of ``lane``'s tail up to LSN ``durable``; whether some of
+        it waits for a later ``durable()`` (not when a message that was never logged
+        stops it: that one stays in memory, and so does everything after it)."""
+        tail = lane.tail
+        paged = lane.paged
+        while tail:
+            message = tail[0].message
+            lsn = message.lsn
+            if lsn == 0 or not message.persistent:
+                return False
+            if lsn > durable:
+                return True
+            entry = tail.popleft()
+            paged.append(message.seq, (lsn << 1) | (entry.deliveries > 0))
+            if entry.deliveries > 1:
+                queue.paged_counts[message.seq] = entry.deliveries
+        return False
 
     def _page_in(self, queue: Queue) -> None:
         """Read the next paged-out messages of ``queue`` back into its in-memory head.
@@ -271,16 +288,19 @@ class PublishingMixin(BrokerState):
         until a retry (with backoff, on the timer heap) reads it, and a
         ``LogReadFailed`` effect raises the alarm. Only with ``repair`` is a record
         that is really unreadable (not a transient error) given up, as MessageLost."""
-        while queue.paged and not queue.ready:
+        lane = queue.next_lane()
+        if lane is None:
+            return
+        while lane.paged and not lane.ready:
             if queue.read_blocked_until is not None:
                 return  # a retry is scheduled (see TimersMixin.advance)
-            pairs = queue.paged.take(PAGE_IN_BATCH)
+            pairs = lane.paged.take(PAGE_IN_BATCH)
             read_log = self.read_log
             if read_log is None:
                 raise RuntimeError("messages are indexed by LSN but the broker has no log to read")
             results = read_log([loc >> 1 for _seq, loc in pairs])
             failure: str | None = None
-            ready = queue.ready
+            ready = lane.ready
             i = 0
             for (seq, loc), result in zip(pairs, results):
                 r = _logged_message(result, seq, loc >> 1)
@@ -305,9 +325,9 @@ class PublishingMixin(BrokerState):
                 # the operator chose to give up on unreadable records
                 self._settles.setdefault(queue.qid, []).append(seq)
                 self._effects.append(MessageLost(queue.name, seq, loc >> 1, failure))
-                queue.paged.put_back(pairs[i + 1 :])
+                lane.paged.put_back(pairs[i + 1 :])
                 continue
-            queue.paged.put_back(pairs[i:])
+            lane.paged.put_back(pairs[i:])
             queue.read_attempts += 1
             delay = min(READ_RETRY_MAX_S, READ_RETRY_MIN_S * 2 ** (queue.read_attempts - 1))
             queue.read_blocked_until = self.clock() + delay
@@ -321,17 +341,18 @@ class PublishingMixin(BrokerState):
         (a recovered queue with ``x-max-length-bytes``, see ``Queue.ready_bytes``). A
         read that fails leaves the rest paged out: read when their turn comes."""
         read_log = self.read_log
-        while queue.paged and read_log is not None:
-            pairs = queue.paged.take(PAGE_IN_BATCH)
-            results = read_log([loc >> 1 for _seq, loc in pairs])
-            for i, ((seq, loc), result) in enumerate(zip(pairs, results)):
-                r = _logged_message(result, seq, loc >> 1)
-                if isinstance(r, str):
-                    queue.paged.put_back(pairs[i:])
-                    return
-                queue.ready.append(self._entry_of(queue, loc, r))
-                queue.paged_counts.pop(seq, None)
-                queue.ready_bytes += len(r.body)
+        for lane in queue.lanes:
+            while lane.paged and read_log is not None:
+                pairs = lane.paged.take(PAGE_IN_BATCH)
+                results = read_log([loc >> 1 for _seq, loc in pairs])
+                for i, ((seq, loc), result) in enumerate(zip(pairs, results)):
+                    r = _logged_message(result, seq, loc >> 1)
+                    if isinstance(r, str):
+                        lane.paged.put_back(pairs[i:])
+                        return
+                    lane.ready.append(self._entry_of(queue, loc, r))
+                    queue.paged_counts.pop(seq, None)
+                    queue.ready_bytes += len(r.body)
 
     def _entry_of(self, queue: Queue, loc: int, r: rec.EnqueueRecord) -> Entry:
         """The queue entry of a message read back from its record at ``loc``."""
@@ -370,7 +391,7 @@ class PublishingMixin(BrokerState):
 
     def _pop(self, queue: Queue) -> Entry | None:
         entry = queue.pop()
-        if entry is None and queue.paged:
+        if entry is None:
             self._page_in(queue)
             entry = queue.pop()
         return entry

@@ -41,6 +41,9 @@ __all__ = [
     "encode_move",
     "decode_move",
     "MOVE_PREFIX_BYTES",
+    "peek_priority",
+    "encode_priority_refs",
+    "decode_priority_refs",
 ]
 
 
@@ -64,6 +67,7 @@ class RecordType:
     DELIVERY_COUNTS = 15  # how many times messages were delivered, when more than once
     MOVE = 16  # a message leaving one queue and entering others in one step (dead letter, redrive)
     DELAY = 17  # messages of a queue held back until a wall-clock time (nack or publish delay)
+    PRIORITY_REFS = 30  # QUEUE_REFS of the messages of one priority of a priority queue (checkpoints only)
 
 
 def encode_json(obj: dict[str, Any]) -> bytes:
@@ -158,6 +162,18 @@ def peek_enqueue(payload: bytes) -> tuple[int, float, list[int], bytes, bytes | 
     return seq, wall, qids, exchange, payload[pos : pos + lmid] if lmid else None
 
 
+def peek_priority(payload: bytes) -> int:
+    """The ``priority`` property of an ENQUEUE record's message (0 without one),
+    decoding its properties but not its body (recovery of a priority queue)."""
+    _seq, _wall, _expires, _qids, _ex, pos, lrk, lmid, lprops = _enqueue_prefix(payload)
+    if not lprops:
+        return 0
+    pos += lrk + lmid
+    properties = orjson.loads(payload[pos : pos + lprops])
+    value = properties.get("priority") if isinstance(properties, dict) else None
+    return value if type(value) is int and 0 <= value <= 255 else 0
+
+
 # QUEUE_REFS: qid u32 | n u32 | n x (seq i64, locator i64), locator = lsn << 1 | delivered
 # (see core/paging.py)
 _SWAP = sys.byteorder != "little"  # records are little-endian
@@ -186,9 +202,28 @@ def decode_refs(payload: bytes) -> tuple[int, array[int]]:
     return qid, pairs
 
 
-def ref_lsns(payload: bytes) -> Iterator[int]:
-    """The LSNs a QUEUE_REFS record refers to (the log must keep their segments)."""
-    _qid, pairs = decode_refs(payload)
+# PRIORITY_REFS: priority u8 | a QUEUE_REFS payload (the messages of that priority)
+
+
+def encode_priority_refs(qid: int, priority: int, pairs: array[int]) -> bytes:
+    return bytes((priority,)) + encode_refs(qid, pairs)
+
+
+def decode_priority_refs(payload: bytes) -> tuple[int, int, array[int]]:
+    """``(qid, priority, flat array of seq, locator pairs)``; ValueError if malformed."""
+    if not payload:
+        raise ValueError("PRIORITY_REFS record too short")
+    qid, pairs = decode_refs(payload[1:])
+    return qid, payload[0], pairs
+
+
+def ref_lsns(rtype: int, payload: bytes) -> Iterator[int]:
+    """The LSNs a QUEUE_REFS or PRIORITY_REFS record refers to (the log must keep
+    their segments)."""
+    if rtype == RecordType.PRIORITY_REFS:
+        _qid, _p, pairs = decode_priority_refs(payload)
+    else:
+        _qid, pairs = decode_refs(payload)
     return (loc >> 1 for loc in pairs[1::2])
 
 

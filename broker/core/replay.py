@@ -21,6 +21,7 @@ from typing import Any
 from . import records as rec
 from .dedup import digest_utf8
 from .entities import Exchange, Queue
+from .lanes import split_by_level
 from .message import Entry, Message
 from .paging import ReplayIndex, mark_all_delivered
 from .records import RecordType
@@ -70,10 +71,16 @@ class ReplayMixin(BrokerState):
         if seq >= self._next_seq:
             self._next_seq = seq + 1
         loc = lsn << 1
+        prio = -1
         for qid in qids:
             entries = state.get(qid)
             if entries is not None:
-                entries.add(seq, loc, update=True)
+                if entries.prios is None:
+                    entries.add(seq, loc, update=True)
+                    continue
+                if prio < 0:
+                    prio = rec.peek_priority(payload)
+                entries.add(seq, loc, update=True, prio=prio)
         if id_utf8 is not None and wall_s >= self._replay_dedup_from:
             # loaded into the window in one go at the end of recovery
             self._replay_dedup_digests.append(digest_utf8(exchange_utf8, id_utf8))
@@ -107,14 +114,18 @@ class ReplayMixin(BrokerState):
             self.dedup.remember(r.exchange, r.message_id, r.wall_s, 0)
 
     def _replay_queue_refs(self, state: dict[int, ReplayIndex], payload: bytes, lsn: int, rtype: int) -> None:
-        qid, pairs = rec.decode_refs(payload)
+        """QUEUE_REFS or PRIORITY_REFS: a checkpoint's references to queued messages."""
+        if rtype == RecordType.PRIORITY_REFS:
+            qid, prio, pairs = rec.decode_priority_refs(payload)
+        else:
+            (qid, pairs), prio = rec.decode_refs(payload), 0
         entries = state.get(qid)
         if entries is not None:
             it = iter(pairs)
             top = 0
             add = entries.add
             for seq, loc in zip(it, it):
-                add(seq, loc, update=False)
+                add(seq, loc, update=False, prio=prio)
                 if seq > top:
                     top = seq
             if top >= self._next_seq:
@@ -175,7 +186,7 @@ class ReplayMixin(BrokerState):
         queue = Queue(qid, d["name"], True, None, d.get("auto_delete", False), d.get("arguments", {}))
         self.queues[queue.name] = queue
         self._queues_by_id[qid] = queue
-        state[qid] = ReplayIndex()
+        state[qid] = ReplayIndex(priorities=queue.max_priority is not None)
 
     def _replay_delete_queue(self, state: dict[int, ReplayIndex], payload: bytes, lsn: int, rtype: int) -> None:
         d = rec.decode_json(payload)
@@ -294,20 +305,24 @@ class ReplayMixin(BrokerState):
         due_seqs, due_ms = entries.due_after(self.wall_clock() * 1000.0)
         logged = entries.logged()
         if logged is not None and self.read_log is not None:
-            seqs, locs = logged
+            seqs, locs, prios = logged
             if assume_delivered:
                 locs = mark_all_delivered(locs)
             if due_seqs:
-                seqs, locs = self._restore_delayed(queue, seqs, locs, due_seqs, due_ms)
-            queue.paged.extend(seqs, locs)
+                seqs, locs, prios = self._restore_delayed(queue, seqs, locs, prios, due_seqs, due_ms)
+            if prios is None or queue.max_priority is None:
+                queue.lanes[0].paged.extend(seqs, locs)
+            else:
+                for level, (lane_seqs, lane_locs) in split_by_level(seqs, locs, prios, queue.max_priority):
+                    queue.lanes[level].paged.extend(lane_seqs, lane_locs)
             queue.paged_counts = counts
             return
         last_whole = max((seq for seq, item in entries.extra.items() if type(item) is not int), default=0)
         if self.read_log is None:
             last_whole = 1 << 63
-        paged = queue.paged
         pending: list[tuple[int, int]] = []
         dues = dict(zip(due_seqs, due_ms))  # (an older checkpoint's format: rare)
+        top = queue.max_priority or 0
         for seq, item in entries.items():
             if type(item) is int:
                 loc = item | 1 if assume_delivered else item
@@ -318,13 +333,13 @@ class ReplayMixin(BrokerState):
                 elif seq < last_whole:
                     pending.append((seq, loc))
                 else:
-                    paged.append(seq, loc)
+                    queue.lanes[min(entries.priority(seq), top)].paged.append(seq, loc)
                     if seq in counts:
                         queue.paged_counts[seq] = counts[seq]
             else:
                 assert isinstance(item, Entry)
                 if pending:
-                    queue.ready.extend(self._read_entries(queue, pending))
+                    self._restore_read(queue, pending)
                     pending = []
                 if assume_delivered and not item.deliveries:
                     item.deliveries = 1
@@ -332,18 +347,32 @@ class ReplayMixin(BrokerState):
                 if seq in dues:
                     self._hold_back(queue, item, dues[seq] / 1000.0)
                 else:
-                    queue.ready.append(item)
+                    queue.lane_for(item.message).ready.append(item)
         if pending:
-            queue.ready.extend(self._read_entries(queue, pending))
-        for entry in queue.ready:
-            entry.deliveries = max(entry.deliveries, counts.get(entry.message.seq, 0))
+            self._restore_read(queue, pending)
+        for lane in queue.lanes:
+            for entry in lane.ready:
+                entry.deliveries = max(entry.deliveries, counts.get(entry.message.seq, 0))
+
+    def _restore_read(self, queue: Queue, pending: list[tuple[int, int]]) -> None:
+        """Read messages back at recovery into the ready part of their lanes (those
+        that must precede a message recovered whole)."""
+        for entry in self._read_entries(queue, pending):
+            queue.lane_for(entry.message).ready.append(entry)
 
     def _restore_delayed(
-        self, queue: Queue, seqs: array[int], locs: array[int], due_seqs: array[int], due_ms: array[int]
-    ) -> tuple[array[int], array[int]]:
+        self,
+        queue: Queue,
+        seqs: array[int],
+        locs: array[int],
+        prios: array[int] | None,
+        due_seqs: array[int],
+        due_ms: array[int],
+    ) -> tuple[array[int], array[int], array[int] | None]:
         """Move the still-delayed messages among ``seqs`` (paged out, locators
-        ``locs``; both sorted by seq, as are ``due_seqs``) to the queue's delayed
-        messages, paged out there too; return the pairs left for the ready index."""
+        ``locs``, priorities ``prios``; sorted by seq, as are ``due_seqs``) to the
+        queue's delayed messages, paged out there too; return what is left for the
+        ready index."""
         keep = bytearray(b"\x01") * len(seqs)
         found = array("q")  # indexes into seqs/locs, and their due times
         found_due = array("q")
@@ -355,7 +384,8 @@ class ReplayMixin(BrokerState):
                 found.append(i)
                 found_due.append(due)
         queue.delayed.extend_paged(found_due, (seqs[i] for i in found), (locs[i] for i in found))
-        return array("q", compress(seqs, keep)), array("q", compress(locs, keep))
+        kept_prios = None if prios is None else array("B", compress(prios, keep))
+        return array("q", compress(seqs, keep)), array("q", compress(locs, keep)), kept_prios
 
 
 _Handler = Callable[[ReplayMixin, dict[int, ReplayIndex], bytes, int, int], None]
@@ -364,6 +394,7 @@ _Handler = Callable[[ReplayMixin, dict[int, ReplayIndex], bytes, int, int], None
 REPLAY_HANDLERS: dict[int, _Handler] = {
     RecordType.ENQUEUE: ReplayMixin._replay_whole_enqueue,
     RecordType.QUEUE_REFS: ReplayMixin._replay_queue_refs,
+    RecordType.PRIORITY_REFS: ReplayMixin._replay_queue_refs,
     RecordType.SETTLE: ReplayMixin._replay_settle,
     RecordType.DELIVERED: ReplayMixin._replay_delivered,
     RecordType.DELIVERY_COUNTS: ReplayMixin._replay_pairs,

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 
 from . import records as rec
 from .entities import Queue
+from .lanes import message_priority
 from .message import Entry
 from .paging import locator
 from .state import (
@@ -71,7 +72,7 @@ class SnapshotMixin(BrokerState):
                 if d.queue.persistent_log:
                     unacked.setdefault(d.queue.qid, []).append(d.entry)
         cut: list[
-            tuple[Queue, list[Entry], list[tuple[array[int], int, int]], dict[int, int], list[tuple[int, int]]]
+            tuple[Queue, list[Entry], list[tuple[int, tuple[array[int], int, int]]], dict[int, int], list[tuple[int, int]]]
         ] = []
         for q in queues:
             entries = q.held_entries()
@@ -82,9 +83,10 @@ class SnapshotMixin(BrokerState):
             for seq, loc in sorted((seq, loc) for _due_ms, seq, loc in q.delayed.paged_items()):
                 delayed_refs.append(seq)
                 delayed_refs.append(loc)
-            paged_cut = q.paged.cut()
+            # each lane's paged-out messages, by priority level (a plain queue: level 0)
+            paged_cut = [(level, part) for level, lane in enumerate(q.lanes) for part in lane.paged.cut()]
             if delayed_refs:
-                paged_cut.append((delayed_refs, 0, len(delayed_refs)))
+                paged_cut.append((0, (delayed_refs, 0, len(delayed_refs))))
             cut.append((q, entries, paged_cut, dict(q.paged_counts), q.delayed.due_times()))
         del unacked
         yield head
@@ -95,20 +97,24 @@ class SnapshotMixin(BrokerState):
             qid = q.qid
             # Messages are referenced by the LSN of their ENQUEUE record, whose segment
             # the log keeps while it is referenced (QUEUE_REFS): bodies are not copied.
-            for chunk_array, start, stop in paged_cut:
+            for level, (chunk_array, start, stop) in paged_cut:
                 for lo in range(start, stop, per_record):
-                    yield [(T.QUEUE_REFS, rec.encode_refs(qid, chunk_array[lo : min(stop, lo + per_record)]))]
+                    yield [_refs_record(qid, level, chunk_array[lo : min(stop, lo + per_record)])]
             for lo in range(0, len(entries), chunk_entries):
                 chunk: list[tuple[int, bytes]] = []
-                refs = array("q")
+                refs: dict[int, array[int]] = {}  # by priority level
                 delivered: list[int] = []
                 for e in entries[lo : lo + chunk_entries]:
                     m = e.message
                     if not m.persistent:
                         continue
                     if m.lsn:
-                        refs.append(m.seq)
-                        refs.append(locator(m.lsn, e.deliveries > 0))
+                        level = 0 if q.max_priority is None else min(message_priority(m.properties), q.max_priority)
+                        level_refs = refs.get(level)
+                        if level_refs is None:
+                            level_refs = refs[level] = array("q")
+                        level_refs.append(m.seq)
+                        level_refs.append(locator(m.lsn, e.deliveries > 0))
                         continue
                     # recovered whole from an older checkpoint: no record to refer to
                     chunk.append(
@@ -122,8 +128,8 @@ class SnapshotMixin(BrokerState):
                     )
                     if e.deliveries:
                         delivered.append(m.seq)
-                if refs:
-                    chunk.append((T.QUEUE_REFS, rec.encode_refs(qid, refs)))
+                for level, level_refs in refs.items():
+                    chunk.append(_refs_record(qid, level, level_refs))
                 if delivered:
                     chunk.append((T.DELIVERED, rec.encode_seqs(qid, delivered)))
                 counts = [(e.message.seq, e.deliveries) for e in entries[lo : lo + chunk_entries] if e.deliveries > 1 and e.message.persistent]
@@ -145,3 +151,10 @@ class SnapshotMixin(BrokerState):
         )
         yield tail
 
+
+def _refs_record(qid: int, level: int, pairs: array[int]) -> tuple[int, bytes]:
+    """The record referring to queued messages of priority ``level``: QUEUE_REFS for
+    level 0 (and every plain queue), PRIORITY_REFS above it."""
+    if level:
+        return rec.RecordType.PRIORITY_REFS, rec.encode_priority_refs(qid, level, pairs)
+    return rec.RecordType.QUEUE_REFS, rec.encode_refs(qid, pairs)

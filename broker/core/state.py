@@ -25,7 +25,7 @@ from .effects import (
 )
 from .entities import Channel, Consumer, Delivery, Exchange, Queue
 from .message import Entry, Message
-from .paging import ReplayIndex
+from .paging import PagedRefs, ReplayIndex
 
 __all__ = [
     "BUILTIN_EXCHANGES",
@@ -98,6 +98,7 @@ QUEUE_ARGUMENTS: dict[str, Callable[[Any], bool]] = {
     "x-delivery-limit": _int_in(0, _INT63),
     "x-expires": _int_in(1, _MAX_MS),
     "x-single-active-consumer": lambda v: isinstance(v, bool),
+    "x-max-priority": _int_in(1, 255),
     # accepted from RabbitMQ clients that ask for a queue type: ackbus has one kind
     "x-queue-type": lambda v: v in ("classic", "quorum"),
 }
@@ -151,7 +152,7 @@ class BrokerState:
         self._page_out_due: dict[str, Queue] = {}
         # compaction: (new LSN, seq, [(queue, in-memory entry or None if paged out)]) of
         # records logged again, applied to the queues once the new copy is written
-        self._relocations: list[tuple[int, int, list[tuple[Queue, Entry | None]]]] = []
+        self._relocations: list[tuple[int, int, list[tuple[Queue, Entry | PagedRefs]]]] = []
 
         self.exchanges: dict[str, Exchange] = {}
         self.queues: dict[str, Queue] = {}

@@ -310,7 +310,7 @@ class TopologyMixin(BrokerState):
 
     def queue_info(self, queue: Queue) -> dict[str, Any]:
         ready = queue.ready_count()
-        return {
+        info = {
             "name": queue.name,
             "durable": queue.durable,
             "exclusive": queue.exclusive_owner is not None,
@@ -329,6 +329,12 @@ class TopologyMixin(BrokerState):
                 "dead_lettered": dict(queue.dead_lettered),
             },
         }
+        if queue.max_priority is not None:
+            # a priority queue's ready messages by priority level (levels holding any)
+            info["messages_ready_by_priority"] = {
+                str(level): len(lane) for level, lane in enumerate(queue.lanes) if lane
+            }
+        return info
 
     def bind(
         self,

@@ -129,8 +129,8 @@ class Checkpointer:
                     if chunk is sentinel:
                         return
                     for rtype, payload in chunk:
-                        if rtype == RecordType.QUEUE_REFS:
-                            keep.add(ref_lsns(payload))
+                        if rtype == RecordType.QUEUE_REFS or rtype == RecordType.PRIORITY_REFS:
+                            keep.add(ref_lsns(rtype, payload))
                     yield from chunk
 
             await trio.to_thread.run_sync(storage.write_checkpoint, self.data_dir, lsn, records())

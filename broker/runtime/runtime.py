@@ -516,7 +516,7 @@ class BrokerRuntime:
                 "last_checkpoint_lsn": self.last_checkpoint_lsn,
                 "fsync": self.options.fsync,
                 # messages whose bodies are only in the WAL segments (see docs/durability.md)
-                "messages_paged_out": sum(len(q.paged) for q in self.core.queues.values()),
+                "messages_paged_out": sum(q.paged_count() for q in self.core.queues.values()),
                 "segments_kept": ckpt.segments_kept if ckpt is not None else 0,
                 "segments_compacted": ckpt.compacted_segments if ckpt is not None else 0,
             },

@@ -14,8 +14,9 @@ def live_entries(b: Broker, queue_name: str) -> list[Any]:
     """Ready, requeued and unacked entries of a queue, in sequence order."""
     q = b.queues[queue_name]
     entries = ready_entries(b, queue_name)
-    seqs = [e.message.seq for e in entries]
-    assert seqs == sorted(seqs), f"queue {queue_name} out of FIFO order: {seqs}"
+    for level, lane in enumerate(q.lanes):
+        seqs = [e.message.seq for e in entries if q.lane_for(e.message) is lane]
+        assert seqs == sorted(seqs), f"queue {queue_name} out of FIFO order at priority {level}: {seqs}"
     for ch in b.channels.values():
         for d in ch.deliveries.values():
             if d.queue is q:

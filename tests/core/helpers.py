@@ -199,8 +199,11 @@ def ready_entries(b: Broker, queue: str) -> list[Any]:
     """Ready entries in delivery order, paged-out ones read back from the log (without
     taking them out of the queue)."""
     q = b.queues[queue]
-    paged = b._read_entries(q, list(q.paged)) if q.paged else []
-    return [e for _s, e in sorted(q.requeued, key=lambda p: p[0])] + list(q.ready) + paged + list(q.tail)
+    out: list[Any] = []
+    for lane in reversed(q.lanes):  # highest priority first
+        paged = b._read_entries(q, list(lane.paged)) if lane.paged else []
+        out += [e for _s, e in sorted(lane.requeued, key=lambda p: p[0])] + list(lane.ready) + paged + list(lane.tail)
+    return out
 
 
 __all__ = [

@@ -222,7 +222,7 @@ def test_requeue_between_newer_messages() -> None:
     fill(h, "q", 2, ch)  # "0", "1" again (new messages)
     h.b.nack(ch, d[1].delivery_tag)  # "1" (old) comes back before "2"
     assert h.ready_bodies("q") == [b"1", b"2", b"0", b"1"]
-    assert [e.delivered for e in [x for _s, x in sorted(h.b.queues["q"].requeued, key=lambda p: p[0])]] == [
+    assert [e.delivered for e in [x for _s, x in sorted(h.b.queues["q"].lanes[0].requeued, key=lambda p: p[0])]] == [
         True, True
     ]
 

@@ -353,9 +353,9 @@ def test_browse_shows_ready_unacked_delayed_and_paged_without_consuming() -> Non
     for i in range(6):
         h.publish(0, "", "q", b"m%d" % i)
     h.sync()
-    assert h.b.queues["q"].paged  # paged-out bodies are read back from the log to be shown
+    assert h.b.queues["q"].lanes[0].paged  # paged-out bodies are read back from the log to be shown
     assert [e.message.body for _s, _st, e, _u, _d in h.b.browse("q", 10)] == [b"m%d" % i for i in range(6)]
-    assert len(h.b.queues["q"].paged) == 4  # and left where they were
+    assert len(h.b.queues["q"].lanes[0].paged) == 4  # and left where they were
     ch = h.channel()
     h.b.consume(ch, "q", prefetch=2)
     d1, d2 = h.delivers(h.step(), ch)
@@ -545,7 +545,7 @@ def test_max_length_bytes_drops_the_oldest_into_the_dead_letter_queue() -> None:
     h.step()
     assert h.b.queues["work"].ready_bytes == 10
     nb = restart_from_log(h)
-    assert nb.queues["work"].ready_bytes == 10 and not nb.queues["work"].paged
+    assert nb.queues["work"].ready_bytes == 10 and not nb.queues["work"].lanes[0].paged
 
 
 def test_max_length_bytes_with_reject_publish_nacks_what_does_not_fit() -> None:

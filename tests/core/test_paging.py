@@ -62,7 +62,7 @@ def test_refs_record_round_trip_and_malformed() -> None:
     pairs = array("q", [5, locator(40, True), 6, locator(41, False)])
     qid, back = decode_refs(encode_refs(3, pairs))
     assert qid == 3 and back == pairs
-    assert list(ref_lsns(encode_refs(3, pairs))) == [40, 41]
+    assert list(ref_lsns(RecordType.QUEUE_REFS, encode_refs(3, pairs))) == [40, 41]
     with pytest.raises(ValueError):
         decode_refs(encode_refs(3, pairs)[:-1])
     with pytest.raises(ValueError):
@@ -90,18 +90,18 @@ def test_backlog_beyond_the_head_is_paged_out_once_durable() -> None:
     publish_n(h, 10)
     h.step()
     q = h.b.queues["q"]
-    assert len(q.ready) == 2 and len(q.tail) == 8 and not q.paged  # records not yet written
+    assert len(q.lanes[0].ready) == 2 and len(q.lanes[0].tail) == 8 and not q.lanes[0].paged  # records not yet written
     h.b.durable(h.b.last_lsn)
-    assert len(q.ready) == 2 and len(q.paged) == 8 and not q.tail
+    assert len(q.lanes[0].ready) == 2 and len(q.lanes[0].paged) == 8 and not q.lanes[0].tail
     assert q.ready_count() == 10 and h.info("q")["messages_ready"] == 10
     # each paged-out message is indexed by its ENQUEUE record's LSN
-    for seq, loc in q.paged:
+    for seq, loc in q.lanes[0].paged:
         rtype, payload = h.log[loc >> 1]
         assert rtype == RecordType.ENQUEUE
     # later publishes join the tail and are paged out in turn
     publish_n(h, 3, 10)
     h.sync()
-    assert len(q.paged) == 11 and not q.tail
+    assert len(q.lanes[0].paged) == 11 and not q.lanes[0].tail
 
 
 def test_consumer_gets_paged_out_messages_in_order_with_bodies() -> None:
@@ -122,7 +122,7 @@ def test_unwritten_and_transient_messages_stay_in_memory() -> None:
     publish_n(h, 3, 6)
     h.sync()
     q = h.b.queues["q"]
-    assert len(q.paged) == 2 and len(q.tail) == 5  # paging stops at the transient one
+    assert len(q.lanes[0].paged) == 2 and len(q.lanes[0].tail) == 5  # paging stops at the transient one
     ch = h.channel()
     h.b.consume(ch, "q", prefetch=0, no_ack=True)
     assert h.bodies(h.step()) == [b"m%d" % i for i in range(9)]
@@ -134,7 +134,7 @@ def test_unreadable_record_is_reported_lost_and_settled() -> None:
     publish_n(h, 6)
     h.sync()
     q = h.b.queues["q"]
-    (seq, loc), *_ = list(q.paged)
+    (seq, loc), *_ = list(q.lanes[0].paged)
     del h.log[loc >> 1]  # as if its segment were damaged
     ch = h.channel()
     h.b.consume(ch, "q", prefetch=0, no_ack=True)
@@ -152,7 +152,7 @@ def test_record_of_another_message_is_not_delivered_in_its_place() -> None:
     publish_n(h, 4)
     h.sync()
     q = h.b.queues["q"]
-    (seq_a, loc_a), (seq_b, loc_b) = list(q.paged)
+    (seq_a, loc_a), (seq_b, loc_b) = list(q.lanes[0].paged)
     h.log[loc_a >> 1] = h.log[loc_b >> 1]
     ch = h.channel()
     h.b.consume(ch, "q", prefetch=0, no_ack=True)
@@ -169,7 +169,7 @@ def test_drop_head_and_purge_settle_paged_out_messages_without_reading_them() ->
     publish_n(h, 5)
     h.sync()
     q = h.b.queues["q"]
-    assert len(q.paged) == 3
+    assert len(q.lanes[0].paged) == 3
     reads: list[int] = []
     real = h.b.read_log
     assert real is not None
@@ -238,10 +238,10 @@ def test_checkpoint_of_an_older_format_keeps_its_messages_whole_and_in_order() -
     nb = replay_into(fresh_broker(h), old_checkpoint + renumbered, h.b.last_lsn)
     q = nb.queues["q"]
     # whole ones (and seq 6, read back to stay between them) in memory, 8 and 9 paged
-    assert [e.message.seq for e in q.ready] == [5, 6, 7]
-    assert [seq for seq, _loc in q.paged] == [8, 9]
+    assert [e.message.seq for e in q.lanes[0].ready] == [5, 6, 7]
+    assert [seq for seq, _loc in q.lanes[0].paged] == [8, 9]
     assert [e.message.body for e in ready_entries(nb, "q")] == [b"whole5", b"m10", b"whole7", b"m11", b"m12"]
-    assert [e.delivered for e in q.ready] == [False, False, True]
+    assert [e.delivered for e in q.lanes[0].ready] == [False, False, True]
     # and the next checkpoint still carries the whole ones whole
     _covered, chunks = nb.snapshot()
     recs = [(t, p) for chunk in chunks for t, p in chunk]
@@ -278,10 +278,10 @@ def test_relocate_logs_queued_messages_again_and_switches_once_written() -> None
     h.step()  # m0 delivered and unacked; m1 in memory; m2.. paged out
     q = h.b.queues["q"]
     before = enqueue_lsns(h)
-    old_paged = list(q.paged)
+    old_paged = list(q.lanes[0].paged)
     end = h.b.last_lsn + 1
     assert h.b.relocate([(1, end)]) == 10
-    assert list(q.paged) == old_paged  # not switched before the copies are written
+    assert list(q.lanes[0].paged) == old_paged  # not switched before the copies are written
     h.step()
     copies = [(lsn, decode_enqueue(p)) for lsn, t, p in h.records if lsn >= end and t == RecordType.ENQUEUE]
     assert [r.seq for _l, r in copies] == sorted(before)
@@ -290,11 +290,11 @@ def test_relocate_logs_queued_messages_again_and_switches_once_written() -> None
         assert r.properties is not None and r.properties["message_id"] == "id%d" % (r.seq - 1)
     h.b.durable(h.b.last_lsn)
     new = {r.seq: lsn for lsn, r in copies}
-    assert [loc >> 1 for _s, loc in q.paged] == [new[s] for s, _l in q.paged]
+    assert [loc >> 1 for _s, loc in q.lanes[0].paged] == [new[s] for s, _l in q.lanes[0].paged]
     # a restart replaying the log ends up pointing at the copies...
     view = durable_view(h.b)
     nb = replay_into(fresh_broker(h), h.records, h.b.last_lsn)
-    assert [loc >> 1 for _s, loc in nb.queues["q"].paged] == sorted(new.values())
+    assert [loc >> 1 for _s, loc in nb.queues["q"].lanes[0].paged] == sorted(new.values())
     # ...and the old records can go (the old segment, after the next checkpoint)
     for lsn in list(h.log):
         if lsn < end:
@@ -310,7 +310,7 @@ def test_relocated_copy_that_fails_to_write_is_never_used() -> None:
     publish_n(h, 6)
     h.sync()
     q = h.b.queues["q"]
-    old = list(q.paged)
+    old = list(q.lanes[0].paged)
     first = h.b.last_lsn + 1
     assert h.b.relocate([(1, first)]) == 6
     h.step()
@@ -318,7 +318,7 @@ def test_relocated_copy_that_fails_to_write_is_never_used() -> None:
     h.b.storage_recovered()
     publish_n(h, 1, 6)
     h.sync()  # later records durable: the failed copies must not be switched to
-    assert list(q.paged)[: len(old)] == old
+    assert list(q.lanes[0].paged)[: len(old)] == old
     h.b.consume(h.channel(), "q", prefetch=0, no_ack=True)
     assert h.bodies(h.step()) == [b"m%d" % i for i in range(7)]
 
@@ -333,7 +333,7 @@ def test_snapshot_after_relocation_refers_to_the_copies() -> None:
     live = durable_view(h.b)
     covered, chunks = h.b.snapshot(chunk_entries=5)
     recs = [(0, t, p) for chunk in chunks for t, p in chunk]
-    refs = [lsn for _l, t, p in recs if t == RecordType.QUEUE_REFS for lsn in ref_lsns(p)]
+    refs = [lsn for _l, t, p in recs if t == RecordType.QUEUE_REFS for lsn in ref_lsns(t, p)]
     assert refs and min(refs) >= end
     for lsn in list(h.log):
         if lsn < end:
@@ -347,11 +347,11 @@ def test_without_repair_a_record_of_another_message_keeps_the_queue_waiting() ->
     publish_n(h, 4)
     h.sync()
     q = h.b.queues["q"]
-    (seq_a, loc_a), (seq_b, loc_b) = list(q.paged)
+    (seq_a, loc_a), (seq_b, loc_b) = list(q.lanes[0].paged)
     h.log[loc_a >> 1] = h.log[loc_b >> 1]
     ch = h.channel()
     h.b.consume(ch, "q", prefetch=0, no_ack=True)
     effects = h.step()
     assert h.bodies(effects) == [b"m0", b"m1"]  # m3 waits behind m2: order is kept
     assert not h.of_type(MessageLost, effects)
-    assert list(q.paged) == [(seq_a, loc_a), (seq_b, loc_b)] and q.read_failure is not None
+    assert list(q.lanes[0].paged) == [(seq_a, loc_a), (seq_b, loc_b)] and q.read_failure is not None

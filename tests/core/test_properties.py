@@ -33,7 +33,8 @@ from broker.core.broker import DELIVERY_OVERHEAD_BYTES
 from .durable_view import durable_view, restart_from_log
 from .helpers import Harness, ready_entries
 
-QUEUES = ("q0", "q1")  # q0 durable, q1 not
+QUEUES = ("q0", "q1", "q2")  # q0 durable, q1 not, q2 a durable priority queue
+MAX_PRIORITY = 3  # q2's x-max-priority
 ACK_TIMEOUT_S = 10.0
 LEASE_S = 5.0
 BODY_BYTES = 6
@@ -46,6 +47,7 @@ class Copy:
     body: bytes
     order: int  # publish order: FIFO position
     persistent: bool
+    level: int = 0  # priority level (q2 only): higher first, FIFO within one
     state: str = "ready"  # ready | unacked | leased | gone
     delivered: bool = False
     ch: int = 0
@@ -89,8 +91,9 @@ class BrokerMachine(RuleBasedStateMachine):
         )
         self.h.queue("q0")
         self.h.queue("q1", durable=False)
-        self.h.b.bind("amq.fanout", "q0")
-        self.h.b.bind("amq.fanout", "q1")
+        self.h.queue("q2", arguments={"x-max-priority": MAX_PRIORITY})
+        for q in QUEUES:
+            self.h.b.bind("amq.fanout", q)
         self.copies: dict[tuple[str, bytes], Copy] = {}
         self.channels: dict[int, ModelChannel] = {}
         self.n = 0
@@ -172,11 +175,12 @@ class BrokerMachine(RuleBasedStateMachine):
 
     @rule(
         i=st.integers(0, 10),
-        dest=st.sampled_from(["q0", "q1", "fanout"]),
+        dest=st.sampled_from(["q0", "q1", "q2", "fanout"]),
         persistent=st.booleans(),
         count=st.integers(1, 4),
+        priority=st.one_of(st.none(), st.integers(0, MAX_PRIORITY + 2)),
     )
-    def publish(self, i: int, dest: str, persistent: bool, count: int) -> None:
+    def publish(self, i: int, dest: str, persistent: bool, count: int, priority: int | None) -> None:
         if not self.channels:
             self.open_channel()
         ch = self.open_channels()[i % len(self.channels)]
@@ -184,7 +188,9 @@ class BrokerMachine(RuleBasedStateMachine):
             self.n += 1
             body = f"m{self.n:05d}".encode()
             assert len(body) == BODY_BYTES
-            props = None if persistent else {"delivery_mode": 1}
+            props: dict[str, int] | None = None if persistent else {"delivery_mode": 1}
+            if priority is not None:
+                props = {**(props or {}), "priority": priority}
             if dest == "fanout":
                 self.h.publish(ch, "amq.fanout", "", body, props)
                 queues = QUEUES
@@ -193,7 +199,8 @@ class BrokerMachine(RuleBasedStateMachine):
                 queues = (dest,)
             self.channels[ch].published += 1
             for q in queues:
-                self.copies[(q, body)] = Copy(q, body, self.n, persistent)
+                level = min(priority or 0, MAX_PRIORITY) if q == "q2" else 0
+                self.copies[(q, body)] = Copy(q, body, self.n, persistent, level)
         self.step()
 
     @precondition(lambda self: self.channels)
@@ -254,7 +261,7 @@ class BrokerMachine(RuleBasedStateMachine):
             multiple = False
         known = {c.tag for c in open_}
         if tag not in known and not (multiple and tag == 0):
-            before = (self.h.info("q0"), self.h.info("q1"))
+            before = [self.h.info(q) for q in QUEUES]
             with pytest.raises(ChannelError) as ei:
                 if op == "ack":
                     self.h.b.ack(ch, tag, multiple)
@@ -264,7 +271,7 @@ class BrokerMachine(RuleBasedStateMachine):
                     self.h.b.reject(ch, tag, requeue)
             expected_code = "delivery_expired" if tag in mch.expired else "unknown_delivery_tag"
             assert ei.value.code == expected_code
-            assert (self.h.info("q0"), self.h.info("q1")) == before
+            assert [self.h.info(q) for q in QUEUES] == before
             self.step()
             return
         chosen = [c for c in open_ if (c.tag <= tag or tag == 0)] if multiple else [c for c in open_ if c.tag == tag]
@@ -294,10 +301,10 @@ class BrokerMachine(RuleBasedStateMachine):
     @rule(queue=st.sampled_from(QUEUES), max_count=st.integers(1, 3))
     def get(self, queue: str, max_count: int) -> None:
         got = self.h.b.get(queue, max_count=max_count)
-        ready = sorted((c for c in self.copies.values() if c.queue == queue and c.state == "ready"), key=lambda c: c.order)
+        ready = sorted((c for c in self.copies.values() if c.queue == queue and c.state == "ready"), key=_delivery_order)
         assert len(got) == min(max_count, len(ready))
         for (lease_id, d, redelivered), c in zip(got, ready):
-            assert d.entry.message.body == c.body, "get broke FIFO order"
+            assert d.entry.message.body == c.body, "get broke priority or FIFO order"
             assert redelivered == c.delivered
             c.state, c.lease_id, c.delivered = "leased", lease_id, True
             c.deadline = self.now() + LEASE_S
@@ -368,7 +375,9 @@ class BrokerMachine(RuleBasedStateMachine):
                 if mc.queue == queue:
                     del mch.consumers[tag]
                     cancelled.add((mch.id, tag))
-        self.h.queue(queue, durable=queue == "q0")
+        self.h.queue(
+            queue, durable=queue != "q1", arguments={"x-max-priority": MAX_PRIORITY} if queue == "q2" else None
+        )
         self.h.b.bind("amq.fanout", queue)
         effects = self.h.step()
         got = {(e.channel_id, e.consumer_tag) for e in effects if isinstance(e, ConsumerCancelled)}
@@ -395,7 +404,7 @@ class BrokerMachine(RuleBasedStateMachine):
         b = self.h.b
         for q in QUEUES:
             model = [c for c in self.copies.values() if c.queue == q and not c.orphan]
-            ready = sorted((c for c in model if c.state == "ready"), key=lambda c: c.order)
+            ready = sorted((c for c in model if c.state == "ready"), key=_delivery_order)
             unacked = [c for c in model if c.state in ("unacked", "leased")]
             info = self.h.info(q)
             assert info["messages_ready"] == len(ready)
@@ -451,6 +460,11 @@ class BrokerMachine(RuleBasedStateMachine):
         self.apply(self.h.sync())
         nb = restart_from_log(self.h)
         assert durable_view(nb) == durable_view(self.h.b)
+
+
+def _delivery_order(c: Copy) -> tuple[int, int]:
+    """Where a ready copy stands in its queue: higher priority first, then FIFO."""
+    return -c.level, c.order
 
 
 def _ready(b: Broker, q: str) -> list[Any]:

@@ -37,7 +37,7 @@ def _paged_backlog(repair: bool = False) -> tuple[Harness, int]:
     for i in range(10):
         h.publish(ch, "", "q", b"m%d" % i)
     h.sync()
-    assert len(h.b.queues["q"].paged) == 8
+    assert len(h.b.queues["q"].lanes[0].paged) == 8
     return h, ch
 
 
@@ -61,8 +61,8 @@ def _failing_reads(h: Harness, failing: set[int], transient: bool) -> list[int]:
 @pytest.mark.parametrize("transient", [True, False])
 def test_a_failed_read_keeps_the_message_and_its_place_and_retries(transient: bool) -> None:
     h, _ = _paged_backlog()
-    third_lsn = h.b.queues["q"].paged.take(1)[0][1] >> 1
-    h.b.queues["q"].paged.put_back([(3, third_lsn << 1)])
+    third_lsn = h.b.queues["q"].lanes[0].paged.take(1)[0][1] >> 1
+    h.b.queues["q"].lanes[0].paged.put_back([(3, third_lsn << 1)])
     _failing_reads(h, {third_lsn}, transient)
     c = h.channel()
     h.b.consume(c, "q", consumer_tag="c", prefetch=100)
@@ -71,7 +71,7 @@ def test_a_failed_read_keeps_the_message_and_its_place_and_retries(transient: bo
     [alarm] = h.of_type(LogReadFailed, effects)
     assert alarm.queue == "q" and alarm.lsn == third_lsn and alarm.transient is transient
     assert not h.of_type(MessageLost)
-    assert len(h.b.queues["q"].paged) == 8  # nothing left the queue
+    assert len(h.b.queues["q"].lanes[0].paged) == 8  # nothing left the queue
     # not before the retry is due
     effects = h.sleep(READ_RETRY_MIN_S / 2)
     assert h.bodies(effects) == []
@@ -89,8 +89,8 @@ def test_a_failed_read_keeps_the_message_and_its_place_and_retries(transient: bo
 
 def test_with_repair_an_unreadable_record_is_given_up_and_the_rest_served() -> None:
     h, _ = _paged_backlog(repair=True)
-    pairs = h.b.queues["q"].paged.take(8)
-    h.b.queues["q"].paged.put_back(pairs)
+    pairs = h.b.queues["q"].lanes[0].paged.take(8)
+    h.b.queues["q"].lanes[0].paged.put_back(pairs)
     bad_lsn = pairs[3][1] >> 1  # m5
     _failing_reads(h, {bad_lsn}, transient=False)
     c = h.channel()
@@ -103,8 +103,8 @@ def test_with_repair_an_unreadable_record_is_given_up_and_the_rest_served() -> N
 
 def test_with_repair_a_transient_failure_still_keeps_the_message() -> None:
     h, _ = _paged_backlog(repair=True)
-    pairs = h.b.queues["q"].paged.take(8)
-    h.b.queues["q"].paged.put_back(pairs)
+    pairs = h.b.queues["q"].lanes[0].paged.take(8)
+    h.b.queues["q"].lanes[0].paged.put_back(pairs)
     _failing_reads(h, {pairs[0][1] >> 1}, transient=True)
     c = h.channel()
     h.b.consume(c, "q", consumer_tag="c", prefetch=100)

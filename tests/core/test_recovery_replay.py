@@ -260,14 +260,14 @@ def test_snapshot_alone_rebuilds_state() -> None:
     assert durable_view(nb) == live
     # a message routed to two queues is still stored once after recovery: both queues
     # index it by the LSN of the same ENQUEUE record (paged out, its body on disk only)
-    shared = {seq: loc >> 1 for seq, loc in nb.queues["audit"].paged}
-    for seq, loc in nb.queues["orders"].paged:
+    shared = {seq: loc >> 1 for seq, loc in nb.queues["audit"].lanes[0].paged}
+    for seq, loc in nb.queues["orders"].lanes[0].paged:
         if seq in shared:
             assert loc >> 1 == shared[seq]
             break
     else:
         pytest.fail("no message shared by orders and audit")
-    assert not nb.queues["orders"].ready and not nb.queues["orders"].tail
+    assert not nb.queues["orders"].lanes[0].ready and not nb.queues["orders"].lanes[0].tail
     # snapshot + the log after it is the same as well (nothing after it here)
     nb2 = replay_into(fresh_broker(h), recs + [r for r in h.records if r[0] > covered], covered)
     assert durable_view(nb2) == live

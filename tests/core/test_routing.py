@@ -434,8 +434,8 @@ def test_exchange_cycles_deliver_one_copy(shape: str) -> None:
     assert h.info("q1")["messages_ready"] == n
     assert h.info("q2")["messages_ready"] == n
     # one message object shared by both queues
-    q1 = h.b.queues["q1"].ready
-    q2 = h.b.queues["q2"].ready
+    q1 = h.b.queues["q1"].lanes[0].ready
+    q2 = h.b.queues["q2"].lanes[0].ready
     assert q1[0].message is q2[0].message
     assert q1[0] is not q2[0]  # per-queue entries
 
@@ -449,7 +449,7 @@ def test_message_routed_to_many_queues_is_stored_once() -> None:
     ch = h.channel()
     h.b.publish(ch, "amq.fanout", "", b"shared")
     h.sync()
-    messages = {id(h.b.queues[q].ready[0].message) for q in names}
+    messages = {id(h.b.queues[q].lanes[0].ready[0].message) for q in names}
     assert len(messages) == 1
     enqueues = [r for r in h.records if r[1] == 7]
     assert len(enqueues) == 1  # one ENQUEUE record naming every queue
