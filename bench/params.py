@@ -56,6 +56,14 @@ class Params:
     # 11. transactions of 1 and 100 publishes
     tx_sizes: tuple[int, ...] = (1, 100)
     tx_duration_s: float = 5.0
+    # 12. priority queues: publish and consume+ack, a plain queue beside one with
+    # x-max-priority; messages carry priorities 0..priority_levels-1 in turn
+    priority_levels: int = 10
+    priority_duration_s: float = 5.0
+    priority_count: int = 100_000
+    priority_prefetch: int = 100
+    # 13. priority queue memory (ackbus only): this many queued over priority_levels
+    priority_memory_count: int = 1_000_000
     # fills (untimed set-up) use pipelined publishing with this window
     fill_window: int = 1000
     # timeouts: readiness of a worker, and slack added to every expected duration
@@ -89,5 +97,8 @@ QUICK = Params(
     delayed_count=5_000,
     get_any_duration_s=0.5,
     tx_duration_s=0.5,
+    priority_duration_s=0.5,
+    priority_count=2_000,
+    priority_memory_count=5_000,
     slack_s=60.0,
 )

@@ -92,8 +92,12 @@ async def publish_pipelined(spec: dict[str, Any]) -> dict[str, Any]:
         deadline = start + spec.get("duration_s", math.inf)
         sent = 0
         delay_s = spec.get("delay_s")
+        # with "priorities": N, message i carries priority i % N
+        props = [client.Properties(delivery_mode=2, priority=i) for i in range(spec.get("priorities") or 0)]
+        props = props or [PERSISTENT]
+        levels = len(props)
         while sent < count:
-            await ch.start_publish(exchange, key, body, properties=PERSISTENT, delay_s=delay_s)
+            await ch.start_publish(exchange, key, body, properties=props[sent % levels], delay_s=delay_s)
             sent += 1
             if time.perf_counter() >= deadline:
                 break

@@ -148,6 +148,9 @@ class PipelinedPublisher(_SelectClient):
         self.tracker = ConfirmTracker()
         self.stopping = False
         self.start = self.end = 0.0
+        # with "priorities": N, message i carries priority i % N
+        levels = spec.get("priorities") or 0
+        self.props = [pika.BasicProperties(delivery_mode=2, priority=i) for i in range(levels)] or [PERSISTENT]
 
     def on_channel(self, ch: pika.channel.Channel) -> None:
         ch.confirm_delivery(self._on_confirm, callback=self._on_select_ok)
@@ -162,8 +165,9 @@ class PipelinedPublisher(_SelectClient):
     def _fill(self) -> None:
         assert self.ch is not None
         tracker, publish = self.tracker, self.ch.basic_publish
+        props, levels = self.props, len(self.props)
         while not self.stopping and tracker.unconfirmed < self.window:
-            publish(self.exchange, self.key, self.body, PERSISTENT)
+            publish(self.exchange, self.key, self.body, props[tracker.published % levels])
             tracker.sent()
             if tracker.published >= self.count or time.perf_counter() >= self.deadline:
                 self.stopping = True

@@ -197,7 +197,7 @@ def _inflight_run(ctx: Context, server: Server) -> tuple[dict[str, float], dict[
 
 def _fill(
     ctx: Context, server: Server, queues: Sequence[str], size: int, count: int, procs: int = 1,
-    arguments: dict[str, Any] | None = None, also_declare: Sequence[str] = (),
+    arguments: dict[str, Any] | None = None, also_declare: Sequence[str] = (), priorities: int = 0,
 ) -> dict[str, Any]:
     """Publish ``count`` messages into each queue (pipelined, confirmed; not timed as a
     figure); ``procs`` publishers per queue share the count. Checks the queue depth.
@@ -210,7 +210,8 @@ def _fill(
             share = count // procs + (1 if i < count % procs else 0)
             specs.append({"op": "publish_pipelined", "queues": [*also_declare, queue], "routing_key": queue,
                           "size": size,
-                          "count": share, "window": p.fill_window, "queue_arguments": arguments or {}})
+                          "count": share, "window": p.fill_window, "queue_arguments": arguments or {},
+                          "priorities": priorities})
     t0 = time.perf_counter()
     ctx.workers(server, specs, p.fill_timeout_s(count * len(queues)))
     elapsed = time.perf_counter() - t0
@@ -502,6 +503,82 @@ def _tx_run(ctx: Context, server: Server) -> tuple[dict[str, float], dict[str, A
     return figures, extra
 
 
+# --------------------------------------------------------------------------- 12. priority queues
+
+
+def _priority_figures(p: Params) -> list[Figure]:
+    kinds = {"plain": "a plain queue", "priority": f"an x-max-priority {p.priority_levels} queue"}
+    out = [
+        Figure(f"priority/publish/{kind}/msgs_per_s", "priority",
+               f"pipelined publish (window {p.pipelined_window}) to {what}, priorities 0–{p.priority_levels - 1}"
+               " in turn, 100 B", "confirmed msgs/s", True)
+        for kind, what in kinds.items()
+    ]
+    out += [
+        Figure(f"priority/consume/{kind}/msgs_per_s", "priority",
+               f"consume + ack from {p.priority_count:,} queued in {what}, prefetch {p.priority_prefetch}, 100 B",
+               "msgs/s", True)
+        for kind, what in kinds.items()
+    ]
+    return out
+
+
+def _priority_run(ctx: Context, server: Server) -> tuple[dict[str, float], dict[str, Any]]:
+    """The same messages (priorities 0..levels-1 in turn) published to and consumed
+    from a plain queue and a priority queue, one after the other in each round."""
+    p = ctx.params
+    figures, extra = {}, {}
+    for kind in ("plain", "priority"):
+        args = {"x-max-priority": p.priority_levels} if kind == "priority" else None
+        queue = f"bench.prio.pub.{kind}"
+        ctx.status(f"priority: pipelined publish to a {kind} queue")
+        spec = {"op": "publish_pipelined", "queues": [queue], "routing_key": queue, "size": 100,
+                "duration_s": p.priority_duration_s, "window": p.pipelined_window,
+                "queue_arguments": {queue: args} if args else {}, "priorities": p.priority_levels}
+        (result,) = ctx.workers(server, [spec], p.step_timeout_s(p.priority_duration_s))
+        figures[f"priority/publish/{kind}/msgs_per_s"] = result["count"] / result["elapsed_s"]
+        extra[f"publish/{kind}"] = result
+        queue = f"bench.prio.consume.{kind}"
+        ctx.status(f"priority: consume {p.priority_count:,} from a {kind} queue")
+        extra[f"fill/{kind}"] = _fill(ctx, server, [queue], 100, p.priority_count,
+                                      arguments={queue: args} if args else None, priorities=p.priority_levels)
+        spec = {"op": "consume", "queue": queue, "count": p.priority_count, "prefetch": p.priority_prefetch}
+        (result,) = ctx.workers(server, [spec], p.fill_timeout_s(p.priority_count))
+        if result["count"] != p.priority_count:
+            raise BenchError(f"consumed {result['count']} of {p.priority_count}")
+        figures[f"priority/consume/{kind}/msgs_per_s"] = result["count"] / result["elapsed_s"]
+        extra[f"consume/{kind}"] = result
+    return figures, extra
+
+
+def _priority_memory_figures(p: Params) -> list[Figure]:
+    what = f"{p.priority_memory_count:,} × 100 B queued over {p.priority_levels} priorities"
+    return [
+        Figure("priority_memory/rss_filled_mib", "priority_memory", f"broker RSS holding {what}", "MiB", False),
+        Figure("priority_memory/recovery_s", "priority_memory", f"restart after kill -9 with {what}: start → ready",
+               "s", False),
+        Figure("priority_memory/rss_recovered_mib", "priority_memory", "broker RSS after that recovery", "MiB", False),
+    ]
+
+
+def _priority_memory_run(ctx: Context, server: Server) -> tuple[dict[str, float], dict[str, Any]]:
+    p = ctx.params
+    n, queue = p.priority_memory_count, "bench.prio.memory"
+    ctx.status(f"priority memory: filling {n:,} messages over {p.priority_levels} priorities")
+    fill = _fill(ctx, server, [queue], 100, n, procs=2, arguments={queue: {"x-max-priority": p.priority_levels}},
+                 priorities=p.priority_levels)
+    time.sleep(1.0)
+    rss_filled = rss_bytes(server.pid)
+    ctx.status(f"priority memory: kill -9 and restart with {n:,} messages")
+    recovery_s, _rss_ready, rss_recovered = _kill_and_restart(
+        server, lambda: server.wait_queue(queue, n, p.fill_timeout_s(n)))
+    return {
+        "priority_memory/rss_filled_mib": rss_filled / MiB,
+        "priority_memory/recovery_s": recovery_s,
+        "priority_memory/rss_recovered_mib": rss_recovered / MiB,
+    }, {"fill": fill}
+
+
 # --------------------------------------------------------------------------- registry
 
 
@@ -565,6 +642,16 @@ def _budget_tx(p: Params) -> float:
     return len(p.tx_sizes) * p.step_timeout_s(p.tx_duration_s) + 60
 
 
+def _budget_priority(p: Params) -> float:
+    publish = 2 * p.step_timeout_s(p.priority_duration_s)
+    consume = 2 * 2 * (p.ready_timeout_s + p.fill_timeout_s(p.priority_count))
+    return publish + consume + 60
+
+
+def _budget_priority_memory(p: Params) -> float:
+    return 2 * (p.ready_timeout_s + p.fill_timeout_s(p.priority_memory_count)) + 60
+
+
 def _ignore_start(fn: Callable[[Context, Server], Any]) -> Callable[[Context, Server, float], Any]:
     return lambda ctx, server, start_s: fn(ctx, server)
 
@@ -593,6 +680,11 @@ WORKLOADS: dict[str, Workload] = {
                  _ignore_start(_get_any_run), _budget_get_any, ackbus_only=True),
         Workload("tx", "10. transactions of 1 and 100 publishes", _tx_figures, _ignore_start(_tx_run),
                  _budget_tx),
+        Workload("priority", "11. priority queues beside plain ones", _priority_figures,
+                 _ignore_start(_priority_run), _budget_priority),
+        Workload("priority_memory", "12. priority queue memory and recovery (ackbus only)",
+                 _priority_memory_figures, _ignore_start(_priority_memory_run), _budget_priority_memory,
+                 ackbus_only=True),
     )
 }
 
