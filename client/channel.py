@@ -352,6 +352,7 @@ class Channel(Supervisor):
         delivery_limit: int | None = None,
         message_ttl_s: float | None = None,
         expires_s: float | None = None,
+        max_priority: int | None = None,
     ) -> QueueDeclared:
         """Declare a queue; re-declared after reconnects unless ``passive``. An empty
         name asks the broker for a generated one, which is then re-declared by name.
@@ -359,7 +360,8 @@ class Channel(Supervisor):
         The keyword helpers set the queue arguments of the same name (docs/failures.md):
         ``dead_letter_exchange`` (``x-dead-letter-exchange``; ``""`` is the default
         exchange), ``dead_letter_routing_key``, ``delivery_limit``, ``message_ttl_s``
-        and ``expires_s`` (``x-message-ttl`` and ``x-expires``, in seconds here).
+        and ``expires_s`` (``x-message-ttl`` and ``x-expires``, in seconds here), and
+        ``max_priority`` (``x-max-priority``: a priority queue, 1..255).
 
         Raises:
             ChannelClosedByBroker: the broker refused.
@@ -371,6 +373,7 @@ class Channel(Supervisor):
             ("x-delivery-limit", delivery_limit),
             ("x-message-ttl", None if message_ttl_s is None else round(message_ttl_s * 1000)),
             ("x-expires", None if expires_s is None else round(expires_s * 1000)),
+            ("x-max-priority", max_priority),
         ):
             if value is not None:
                 args[name] = value
