@@ -11,7 +11,7 @@ from typing import Any
 
 from .confirms import ConfirmTracker
 from .delayed import DelayedMessages
-from .lanes import Lane, message_priority
+from .lanes import Lane
 from .message import Entry, Message
 from .routing import ConsistentHashTable, RoutingTable, make_table
 
@@ -190,7 +190,7 @@ class Queue:
         top = self.max_priority
         if top is None:
             return self.lanes[0]
-        return self.lanes[min(message_priority(message.properties), top)]
+        return self.lanes[min(message.priority, top)]
 
     def next_lane(self) -> Lane | None:
         """The lane the next ready message comes from: the highest non-empty one."""

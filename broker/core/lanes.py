@@ -23,24 +23,14 @@ from array import array
 from collections import deque
 from collections.abc import Iterator
 from itertools import compress
-from typing import Any
 
 from .message import Entry
 from .paging import PagedRefs
 
-__all__ = ["Lane", "MAX_PRIORITY", "message_priority", "split_by_level"]
+__all__ = ["Lane", "MAX_PRIORITY", "split_by_level"]
 
 #: The largest ``x-max-priority`` (AMQP's priority property is one octet).
 MAX_PRIORITY = 255
-
-
-def message_priority(properties: dict[str, Any] | None) -> int:
-    """A message's priority: its ``priority`` property, 0 without one (RabbitMQ's
-    rule; a queue then counts one above its maximum as the maximum)."""
-    if not properties:
-        return 0
-    value = properties.get("priority")
-    return value if type(value) is int else 0
 
 
 def split_by_level(

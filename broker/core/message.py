@@ -212,6 +212,13 @@ class Message:
             return {"message_id": self.message_id}
         return {**self._props, "message_id": self.message_id}
 
+    @property
+    def priority(self) -> int:
+        """The ``priority`` property, 0 without one (a priority queue's order)."""
+        props = self._props
+        value = props.get("priority") if props else None
+        return value if type(value) is int else 0
+
     def __repr__(self) -> str:
         return f"Message(seq={self.seq}, exchange={self.exchange!r}, routing_key={self.routing_key!r})"
 

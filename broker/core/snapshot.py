@@ -15,7 +15,6 @@ from collections.abc import Iterator
 
 from . import records as rec
 from .entities import Queue
-from .lanes import message_priority
 from .message import Entry
 from .paging import locator
 from .state import (
@@ -109,7 +108,7 @@ class SnapshotMixin(BrokerState):
                     if not m.persistent:
                         continue
                     if m.lsn:
-                        level = 0 if q.max_priority is None else min(message_priority(m.properties), q.max_priority)
+                        level = 0 if q.max_priority is None else min(m.priority, q.max_priority)
                         level_refs = refs.get(level)
                         if level_refs is None:
                             level_refs = refs[level] = array("q")
