@@ -215,7 +215,10 @@ class Queue:
         return sum(len(lane) for lane in self.lanes)
 
     def has_ready(self) -> bool:
-        return any(self.lanes)
+        for lane in self.lanes:
+            if lane.ready or lane.requeued or lane.paged or lane.tail:
+                return True
+        return False
 
     def paged_count(self) -> int:
         """How many ready messages have their bodies only in the log."""
@@ -230,10 +233,14 @@ class Queue:
     def pop(self) -> Entry | None:
         """The next entry held in memory; None when there is none or the next message
         is paged out (the broker pages it in first)."""
-        lane = self.next_lane()
-        if lane is None:
-            return None
-        entry = lane.pop()
+        lanes = self.lanes
+        if len(lanes) == 1:
+            entry = lanes[0].pop()
+        else:
+            lane = self.next_lane()
+            if lane is None:
+                return None
+            entry = lane.pop()
         if entry is not None and self.max_length_bytes is not None:
             self.ready_bytes -= len(entry.message.body)
         return entry

@@ -392,8 +392,10 @@ class PublishingMixin(BrokerState):
     def _pop(self, queue: Queue) -> Entry | None:
         entry = queue.pop()
         if entry is None:
-            self._page_in(queue)
-            entry = queue.pop()
+            lane = queue.next_lane()
+            if lane is not None and lane.paged:
+                self._page_in(queue)
+                entry = queue.pop()
         return entry
 
     def _pop_live(self, queue: Queue) -> Entry | None:
