@@ -134,15 +134,20 @@ class BrokerApp:
             )
             await nursery.start(self.runtime.serve)
             if not self.loopback_only:
-                await self.runtime.ready_event.wait()
-                if not len(self.runtime.core.users):
-                    raise StartRefused(
-                        f"refusing to serve on {host}: no users exist, and without users only "
-                        "loopback (127.0.0.1) is served. Create one first: "
-                        "'python -m broker users add NAME --tags administrator --data-dir DIR' "
-                        "with the broker stopped (docs/security.md)"
-                    )
+                nursery.start_soon(self._refuse_without_users, host)
             task_status.started(self)
+
+    async def _refuse_without_users(self, host: str) -> None:
+        """Once recovery has said whether users exist: none, and not on loopback, ends
+        the broker (until then requests get 503, or 401 from the guard)."""
+        await self.runtime.ready_event.wait()
+        if not len(self.runtime.core.users):
+            raise StartRefused(
+                f"refusing to serve on {host}: no users exist, and without users only "
+                "loopback (127.0.0.1) is served. Create one first: "
+                "'python -m broker users add NAME --tags administrator --data-dir DIR' "
+                "with the broker stopped (docs/security.md)"
+            )
 
     @property
     def port(self) -> int:
@@ -207,5 +212,5 @@ def build_app(settings: Settings) -> BrokerApp:
     app = BrokerApp(
         runtime, http_limits(settings), metrics_handler=metrics.handler(runtime), tls=tls_files(settings)
     )
-    metrics.bind(runtime, app.server)
+    metrics.bind(runtime, app.server, app.auth)
     return app

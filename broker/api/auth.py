@@ -46,7 +46,7 @@ import hmac
 import logging
 import secrets
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import trio
@@ -165,15 +165,10 @@ def _parse_token(text: str) -> tuple[str, str] | None:
 class Usage:
     """What one user holds open now, against the per-user caps."""
 
+    #: Requests in progress (each holds one HTTP/1.1 connection).
     requests: int = 0
-    #: The core channel ids of the user's open channels.
-    channels: set[int] = None  # type: ignore[assignment]
-    #: Streaming consumes in progress (each one consumer).
-    streams: int = 0
-
-    def __post_init__(self) -> None:
-        if self.channels is None:
-            self.channels = set()
+    #: The core channel ids of the user's open channels and streaming consumes.
+    channels: set[int] = field(default_factory=set)
 
 
 class Principal:
@@ -202,7 +197,7 @@ class Principal:
         consumers (counted from the core, so consumers the broker cancelled itself
         are not counted)."""
         cap = self.limits.max_consumers_per_user
-        count = self.usage.streams
+        count = 0
         for channel_id in self.usage.channels:
             ch = core.channels.get(channel_id)
             if ch is not None:

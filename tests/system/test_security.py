@@ -65,6 +65,11 @@ def test_users_and_tokens_survive_kill_9(tmp_path: Path) -> None:
         assert broker.request("GET", "/whoami", headers={"Authorization": f"Bearer {offline_token}"})[0] == 200
         assert broker.request("GET", "/whoami", headers={"Authorization": f"Bearer {revoked_token}"})[0] == 401
         assert broker.request("GET", "/whoami", headers=basic("bob", "wrong"))[0] == 401
+        # metrics are an operator's: administrators only
+        assert broker.request("GET", "/metrics")[0] == 401
+        assert broker.request("GET", "/metrics", headers=basic("bob", "pw"))[0] == 403
+        status, text = broker.request("GET", "/metrics", headers=admin)
+        assert status == 200 and b"ackbus_auth_failures_total 2" in text  # the revoked token, the wrong password
         # and through a checkpoint (a clean stop) too
         assert broker.terminate() == 0
         broker.start()
