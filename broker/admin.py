@@ -35,6 +35,8 @@ from broker.storage import StorageError
 __all__ = ["main", "run_command"]
 
 PASSWORD_ENV = "ACKBUS_NEW_PASSWORD"
+#: Commands that only look: they never create a data directory.
+_READ_ONLY = frozenset({"list", "tokens"})
 
 
 class _Parser(argparse.ArgumentParser):
@@ -210,6 +212,10 @@ async def run_command(data_dir: Path, command: Callable[[Broker], list[Any]]) ->
 def main(argv: Sequence[str]) -> int:
     """Run ``users`` with ``argv`` (the words after it); return the exit status."""
     args = _parser().parse_args(list(argv))
+    if args.command in _READ_ONLY and not Path(args.data_dir).is_dir():
+        # a typo must not leave a new, empty data directory behind
+        print(f"ackbus-broker users: no data directory at {args.data_dir}", file=sys.stderr)
+        return 1
     try:
         command = _command(args)
         lines = trio.run(run_command, Path(args.data_dir), command)

@@ -193,3 +193,19 @@ async def test_a_permission_change_reaches_an_open_channel(broker_app: BrokerApp
         error = await ch.expect("error")
         assert error["error"] == "access_refused"
     assert core.queues["q"].ready_count() == 2  # "ready" and "1"
+
+
+async def test_a_deleted_users_open_channel_is_refused_everything(broker_app: BrokerApp) -> None:
+    await setup(broker_app)
+    core = broker_app.runtime.core
+    creds = add_user(core, "svc")
+    await broker_app.runtime.wait_durable()
+    async with Clients(broker_app.port) as clients:
+        ch = await clients.channel(headers=creds)
+        await ch.send({"op": "publish", "exchange": "x", "routing_key": "k", "body": "1"})
+        assert (await ch.expect("ack"))["delivery_tag"] == 1
+        core.delete_user("svc")
+        await ch.send({"op": "publish", "exchange": "x", "routing_key": "k", "body": "2", "id": "late"})
+        error = await ch.expect("error")
+        assert error["error"] == "access_refused" and error["id"] == "late"
+    assert core.queues["q"].ready_count() == 2  # "ready" and "1"

@@ -104,6 +104,8 @@ def test_the_offline_tool_refuses_a_running_brokers_directory(tmp_path: Path) ->
 
 def test_offline_tool_errors_are_clear(tmp_path: Path) -> None:
     data = tmp_path / "data"
+    missing = users_cli(data, "list")
+    assert missing.returncode == 1 and "no data directory" in missing.stderr and not data.exists()
     bad = users_cli(data, "add", "a:b", "--password-stdin", password="pw")
     assert bad.returncode == 2 and "':'" in bad.stderr
     bad = users_cli(data, "add", "x", "--read", "(", "--password-stdin", password="pw")
