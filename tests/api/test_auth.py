@@ -17,8 +17,7 @@ from broker.runtime import RuntimeOptions
 from tests.support.app import open_broker_app
 from tests.support.channel import Clients, wait_until
 from tests.support.http import HTTPClient, assert_error, open_tcp_client
-
-from .security import ALL, add_user, basic, bearer
+from tests.support.security import ALL, add_user, basic, bearer
 
 
 @pytest.fixture

@@ -14,8 +14,7 @@ import pytest
 from broker.app import BrokerApp
 from tests.support.channel import Clients, wait_until
 from tests.support.http import open_tcp_client
-
-from .security import add_user
+from tests.support.security import add_user
 
 _names = itertools.count()
 

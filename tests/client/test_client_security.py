@@ -21,8 +21,8 @@ from broker.http import server_ssl_context
 from client import ReconnectPolicy
 from client.__main__ import run
 from client.transport import Endpoint
-from tests.api.security import add_user
 from tests.support.app import open_broker_app
+from tests.support.security import add_user
 
 POLICY = ReconnectPolicy(initial_delay_s=0.01, max_delay_s=0.05, give_up_after_s=5)
 
