@@ -225,7 +225,12 @@ class HTTPServer:
             or (address and per_address.get(address, 0) >= shared.limits.max_connections_per_address)
         ):
             self._rejected += 1
-            await _turn_away(stream)
+            if self._ssl_context is not None:
+                # A TLS client cannot read a plain-text 503, and a handshake would
+                # spend the CPU a flood is after: close at once.
+                await trio.aclose_forcefully(stream)
+            else:
+                await _turn_away(stream)
             return
         per_address[address] = per_address.get(address, 0) + 1
         try:

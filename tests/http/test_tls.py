@@ -155,3 +155,18 @@ async def test_a_stalled_handshake_is_closed_after_the_header_timeout(
     assert trio.current_time() - started == pytest.approx(10)
     assert server.statistics().tls_handshake_failures == 1
     await client.aclose()
+
+
+async def test_over_the_connection_limit_a_tls_client_is_closed_and_others_go_on(tmp_path: Path) -> None:
+    ca = trustme.CA()
+    cert, key = write_pair(tmp_path, ca, "server")
+    async with serving(server_ssl_context(cert, key), Limits(max_connections_per_address=1, linger_s=0.1)) as (
+        server,
+        port,
+    ):
+        first = await https(port, client_context(ca))
+        with pytest.raises(trio.BrokenResourceError):
+            await https(port, client_context(ca))
+        assert (await first.request("GET", "/hello")).status == 200
+        assert server.statistics().rejected_connections == 1
+        await first.aclose()
