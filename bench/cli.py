@@ -160,6 +160,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="tiny counts and durations: a smoke run")
     parser.add_argument("--only", default="", metavar="NAME,...",
                         help="run only these workloads: " + ", ".join(WORKLOADS))
+    parser.add_argument("--tls", action="store_true",
+                        help="ackbus serves HTTPS (a certificate made for each run) and its clients "
+                        "verify it: compare with a run without --tls for the cost of TLS")
     parser.add_argument("--plot", action="store_true", help="draw the chart (PNG) from the results")
     parser.add_argument("--plot-file", type=Path, default=ROOT / "docs" / "benchmarks.png", metavar="PNG",
                         help="where --plot writes the chart (default docs/benchmarks.png)")
@@ -226,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
         "versions": {},
         "params": {k: list(v) if isinstance(v, tuple) else v for k, v in params.__dict__.items()},
         "options": {"peer": args.peer, "rounds": args.rounds, "quick": args.quick, "workloads": args.names,
-                    "ackbus_client": "client library (client/)", "fsync": "always"},
+                    "ackbus_client": "client library (client/)", "fsync": "always", "tls": args.tls},
         "runs": [],
     }
     progress.say(f"results: {results_path}")
@@ -238,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
                     if workload.ackbus_only and side != "ackbus":
                         continue
                     progress.run(f"{workload.title} · round {round_no}/{args.rounds} · {side}")
-                    run = _one_run(workload, side, round_no, params, tmp_root, log_dir, progress, results)
+                    run = _one_run(workload, side, round_no, params, tmp_root, log_dir, progress, results, args.tls)
                     results["runs"].append(run)
                     _write_json(results_path, results)
                     progress.finished_run()
@@ -267,10 +270,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def _one_run(
     workload: Any, side: str, round_no: int, params: Params, tmp_root: Path, log_dir: Path,
-    progress: Progress, results: dict[str, Any],
+    progress: Progress, results: dict[str, Any], tls: bool = False,
 ) -> dict[str, Any]:
     workdir = tmp_root / f"{workload.name}-{round_no}-{side}"
-    server: AckbusServer | RabbitServer = AckbusServer(workdir) if side == "ackbus" else RabbitServer(workdir)
+    server: AckbusServer | RabbitServer = AckbusServer(workdir, tls=tls) if side == "ackbus" else RabbitServer(workdir)
     run: dict[str, Any] = {"workload": workload.name, "round": round_no, "side": side, "figures": {},
                            "loadavg_before": os.getloadavg()}
     # Every step has its own time limit; the watchdog is the backstop for a call that

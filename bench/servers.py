@@ -28,6 +28,7 @@ import random
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -178,10 +179,14 @@ def _abort_tree(proc: subprocess.Popen[bytes] | None) -> None:
 class AckbusServer:
     side = "ackbus"
 
-    def __init__(self, workdir: Path, *, fsync: str = "always") -> None:
+    def __init__(self, workdir: Path, *, fsync: str = "always", tls: bool = False) -> None:
         self.workdir = workdir
         self.data_dir = workdir / "data"
         self.fsync = fsync
+        #: Serve HTTPS with a certificate made for the run (``--tls``): clients trust
+        #: its CA file (``client_spec``), as a deployment with a private CA would.
+        self.tls = tls
+        self.ca_file = workdir / "bench-ca.pem"
         self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = workdir / "ackbus-broker.log"
@@ -189,7 +194,21 @@ class AckbusServer:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"https://localhost:{self.port}" if self.tls else f"http://127.0.0.1:{self.port}"
+
+    def _tls_args(self) -> list[str]:
+        """Make a CA and a certificate for localhost (trustme); the broker's flags."""
+        if not self.tls:
+            return []
+        import trustme
+
+        ca = trustme.CA()
+        cert = ca.issue_cert("localhost", "127.0.0.1")
+        cert_path, key_path = self.workdir / "bench-cert.pem", self.workdir / "bench-key.pem"
+        cert.cert_chain_pems[0].write_to_path(str(cert_path))
+        cert.private_key_pem.write_to_path(str(key_path))
+        ca.cert_pem.write_to_path(str(self.ca_file))
+        return ["--tls-cert", str(cert_path), "--tls-key", str(key_path)]
 
     @property
     def pid(self) -> int:
@@ -203,12 +222,13 @@ class AckbusServer:
         self.workdir.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ)
         env["PYTHONPATH"] = str(code_root()) + os.pathsep + env.get("PYTHONPATH", "")
+        tls_args = self._tls_args() if not self.ca_file.exists() else self._tls_files_args()
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [
                     sys.executable, "-m", "broker",
                     "--host", "127.0.0.1", "--port", str(self.port),
-                    "--data-dir", str(self.data_dir), "--fsync", self.fsync,
+                    "--data-dir", str(self.data_dir), "--fsync", self.fsync, *tls_args,
                 ],
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -264,8 +284,19 @@ class AckbusServer:
             raise ServerError(f"GET /queues/{queue}: {status} {info}")
         return int(info["messages_ready"]) + int(info.get("messages_unacked", 0))
 
+    def _tls_files_args(self) -> list[str]:
+        """The same certificate again (a restart within the run)."""
+        if not self.tls:
+            return []
+        return ["--tls-cert", str(self.workdir / "bench-cert.pem"), "--tls-key", str(self.workdir / "bench-key.pem")]
+
     def request(self, method: str, path: str, *, timeout_s: float = 30.0) -> tuple[int, Any]:
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout_s)
+        conn: http.client.HTTPConnection
+        if self.tls:
+            context = ssl.create_default_context(cafile=str(self.ca_file))
+            conn = http.client.HTTPSConnection("localhost", self.port, timeout=timeout_s, context=context)
+        else:
+            conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout_s)
         try:
             conn.request(method, path)
             resp = conn.getresponse()
@@ -278,7 +309,7 @@ class AckbusServer:
             return resp.status, data
 
     def client_spec(self) -> dict[str, Any]:
-        return {"url": self.url}
+        return {"url": self.url, "ca_file": str(self.ca_file) if self.tls else None}
 
     def wal_bytes_written(self) -> int | None:
         """Bytes the broker appended to its WAL since it started (``GET /overview``,

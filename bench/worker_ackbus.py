@@ -56,7 +56,7 @@ async def publish_seq(spec: dict[str, Any]) -> dict[str, Any]:
     """One publish at a time, each awaited until confirmed."""
     body = body_of(spec["size"])
     exchange, key = spec.get("exchange", ""), spec["routing_key"]
-    async with client.connect(spec["url"]) as conn, conn.channel() as ch:
+    async with client.connect(spec["url"], ca_file=spec.get("ca_file")) as conn, conn.channel() as ch:
         await _declare(ch, spec)
         await _handshake()
         warm_until = time.perf_counter() + spec["warmup_s"]
@@ -85,7 +85,7 @@ async def publish_pipelined(spec: dict[str, Any]) -> dict[str, Any]:
     exchange, key = spec.get("exchange", ""), spec["routing_key"]
     count = spec.get("count") or math.inf
     window = spec["window"]
-    async with client.connect(spec["url"], max_pending=window) as conn, conn.channel() as ch:
+    async with client.connect(spec["url"], ca_file=spec.get("ca_file"), max_pending=window) as conn, conn.channel() as ch:
         await _declare(ch, spec)
         await _handshake()
         start = time.perf_counter()
@@ -114,7 +114,7 @@ async def consume(spec: dict[str, Any]) -> dict[str, Any]:
     count = spec["count"]
     nack_every = spec.get("nack_every") or 0
     reject_all = spec.get("reject_all", False)
-    async with client.connect(spec["url"]) as conn, conn.channel() as ch:
+    async with client.connect(spec["url"], ca_file=spec.get("ca_file")) as conn, conn.channel() as ch:
         await _handshake()
         received = deliveries = 0
         start = time.perf_counter()
@@ -141,7 +141,7 @@ async def e2e_consume(spec: dict[str, Any]) -> dict[str, Any]:
     total, warmup = spec["total"], spec["warmup_count"]
     latencies: list[float] = []
     received = 0
-    async with client.connect(spec["url"]) as conn, conn.channel() as ch:
+    async with client.connect(spec["url"], ca_file=spec.get("ca_file")) as conn, conn.channel() as ch:
         await _declare(ch, spec)
         async with ch.consume(spec["queue"], prefetch=spec["prefetch"]) as messages:
             await _handshake()
@@ -168,7 +168,7 @@ async def e2e_publish(spec: dict[str, Any]) -> dict[str, Any]:
     """
     size, rate, total = spec["size"], spec["rate"], spec["total"]
     key = spec["routing_key"]
-    async with client.connect(spec["url"]) as conn, conn.channel() as ch:
+    async with client.connect(spec["url"], ca_file=spec.get("ca_file")) as conn, conn.channel() as ch:
         await _declare(ch, spec)
         await _handshake()
         start_ns = time.monotonic_ns()
@@ -194,7 +194,7 @@ async def get_any_consume(spec: dict[str, Any]) -> dict[str, Any]:
     total, warmup = spec["total"], spec["warmup_count"]
     latencies: list[float] = []
     received = 0
-    async with client.connect(spec["url"]) as conn:
+    async with client.connect(spec["url"], ca_file=spec.get("ca_file")) as conn:
         for queue in spec["queues"]:
             await conn.declare_queue(queue)
         await _handshake()
@@ -217,7 +217,7 @@ async def tx_publish(spec: dict[str, Any]) -> dict[str, Any]:
     ``ch.transaction()``; the block ends once the commit is on disk)."""
     body = body_of(spec["size"])
     key, per_tx = spec["routing_key"], spec["per_tx"]
-    async with client.connect(spec["url"], max_pending=max(per_tx, 1)) as conn, conn.channel() as ch:
+    async with client.connect(spec["url"], ca_file=spec.get("ca_file"), max_pending=max(per_tx, 1)) as conn, conn.channel() as ch:
         await _declare(ch, spec)
         await _handshake()
         commits = 0

@@ -6,7 +6,8 @@ directory, corrupt log); 2 for invalid settings; 128 + the signal number when a 
 SIGINT/SIGTERM cut the shutdown short. A second signal exits at once and still loses
 nothing acknowledged, because an ack is only ever sent for a record already on disk
 (what was not yet synced is a torn tail that recovery truncates). SIGHUP reopens the
-log file (for logrotate) and is otherwise ignored.
+log file (for logrotate) and reloads the TLS certificate and key (open connections keep
+the old one). ``python -m broker users ...`` manages users offline (``broker.admin``).
 
 Signals are read with ``trio.open_signal_receiver`` for the whole run, so they are
 handled on the trio thread between tasks, never inside a raw signal handler.
@@ -17,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import ssl
 import sys
 from typing import Any
 
@@ -47,12 +49,13 @@ async def run(settings: Settings) -> int:
             async for signum in signals:
                 if signum == signal.SIGHUP:
                     _reopen_logs()
+                    app.reload_tls()
                     continue
                 log.info(
                     "shutting down",
                     extra={"fields": {"signal": signal.Signals(signum).name, "timeout_s": settings.shutdown_timeout_s}},
                 )
-                nursery.start_soon(_exit_on_second_signal, signals)
+                nursery.start_soon(_exit_on_second_signal, signals, app)
                 drained = await app.shutdown(settings.shutdown_timeout_s)
                 nursery.cancel_scope.cancel()
                 break
@@ -82,7 +85,7 @@ def _reopen_logs() -> None:
         log.info("log files reopened")
 
 
-async def _exit_on_second_signal(signals: Any) -> None:
+async def _exit_on_second_signal(signals: Any, app: Any) -> None:
     """During a graceful shutdown: exit at once on a second SIGINT/SIGTERM.
 
     ``os._exit`` skips every cleanup on purpose (that is what was asked for); nothing
@@ -91,6 +94,7 @@ async def _exit_on_second_signal(signals: Any) -> None:
     async for signum in signals:
         if signum == signal.SIGHUP:
             _reopen_logs()
+            app.reload_tls()
             continue
         log.warning("second signal: exiting now", extra={"fields": {"signal": signal.Signals(signum).name}})
         logging.shutdown()
@@ -102,6 +106,7 @@ def _startup_failure(exc: BaseException) -> BaseException | None:
     (address in use, data directory not writable) or a storage error (corrupt log),
     unwrapped from the exception groups trio's nurseries put it in. None when anything
     else is among what was raised: that is a bug, and keeps its traceback."""
+    from broker.app import StartRefused
     from broker.storage import StorageError
 
     def leaves(e: BaseException) -> list[BaseException]:
@@ -110,12 +115,18 @@ def _startup_failure(exc: BaseException) -> BaseException | None:
         return [e]
 
     found = leaves(exc)
-    if all(isinstance(leaf, (OSError, StorageError)) for leaf in found):
+    if all(isinstance(leaf, (OSError, StorageError, StartRefused, ssl.SSLError)) for leaf in found):
         return found[0]
     return None
 
 
 def main(argv: list[str] | None = None) -> None:
+    words = sys.argv[1:] if argv is None else argv
+    if words[:1] == ["users"]:
+        # Offline user management of a stopped broker's data directory.
+        from broker.admin import main as users_main
+
+        sys.exit(users_main(words[1:]))
     try:
         settings = load_settings(argv, os.environ)
         configure_logging(settings.log_level, settings.log_format, settings.log_file)

@@ -3,19 +3,32 @@ and runs the serve/shutdown sequence."""
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import math
+import ssl
+from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import trio
 
-from broker.api import BrokerMetrics, build_router, http_error
+from broker.api import Authenticator, BrokerMetrics, build_router, http_error
 from broker.config import Settings
-from broker.http import HTTPServer, Limits
+from broker.http import HTTPServer, Limits, server_ssl_context
 from broker.runtime import BrokerRuntime, RuntimeOptions
 
-__all__ = ["BrokerApp", "build_app", "build_router", "http_limits", "runtime_options"]
+__all__ = [
+    "BrokerApp",
+    "StartRefused",
+    "TLSFiles",
+    "build_app",
+    "build_router",
+    "http_limits",
+    "is_loopback",
+    "runtime_options",
+]
 
 log = logging.getLogger("ackbus.app")
 
@@ -23,15 +36,68 @@ log = logging.getLogger("ackbus.app")
 FINAL_CHECKPOINT_GRACE_S = 30.0
 
 
+class StartRefused(Exception):
+    """The broker will not serve as configured (no users, and not on loopback)."""
+
+
+@dataclass(frozen=True)
+class TLSFiles:
+    """Where the server's certificate, key and (for mutual TLS) client CA are."""
+
+    cert: Path
+    key: Path
+    client_ca: Path | None = None
+
+    def load(self) -> ssl.SSLContext:
+        """Raises OSError or ssl.SSLError (see ``broker.http.server_ssl_context``)."""
+        return server_ssl_context(self.cert, self.key, self.client_ca)
+
+
+def is_loopback(host: str | None) -> bool:
+    """Whether ``host`` is a loopback address (127.0.0.0/8, ::1) or ``localhost``."""
+    if not host:
+        return False  # every interface
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a name that may resolve anywhere
+
+
 class BrokerApp:
     """A runtime and its HTTP server, started and stopped together."""
 
-    def __init__(self, runtime: BrokerRuntime, limits: Limits, *, metrics_handler: Any = None) -> None:
+    def __init__(
+        self, runtime: BrokerRuntime, limits: Limits, *, metrics_handler: Any = None, tls: TLSFiles | None = None
+    ) -> None:
         self.runtime = runtime
+        #: Whether the server listens on loopback only (set by :meth:`serve`): then,
+        #: and only then, requests are served without credentials while no user exists.
+        self.loopback_only = True
+        self.auth = Authenticator(runtime.core, runtime.options, open_without_users=lambda: self.loopback_only)
         self.server = HTTPServer(
-            build_router(runtime, metrics_handler=metrics_handler), limits=limits, error_translator=http_error
+            build_router(runtime, metrics_handler=metrics_handler, auth=self.auth),
+            limits=limits,
+            error_translator=http_error,
         )
+        self.tls = tls
         self._scope: trio.CancelScope | None = None
+
+    def reload_tls(self) -> bool:
+        """Read the TLS files again (SIGHUP): new connections get the new certificate,
+        open ones keep theirs. On a failure the old certificate stays in use; returns
+        whether the new one was loaded."""
+        if self.tls is None:
+            return False
+        try:
+            context = self.tls.load()
+        except (OSError, ssl.SSLError) as exc:
+            log.error("TLS files not reloaded; the old certificate stays in use", extra={"fields": {"error": str(exc)}})
+            return False
+        self.server.set_ssl_context(context)
+        log.info("TLS certificate reloaded", extra={"fields": {"cert": str(self.tls.cert)}})
+        return True
 
     async def serve(
         self,
@@ -45,18 +111,43 @@ class BrokerApp:
         The socket is bound first, so that a busy address fails before recovery
         begins; requests during recovery get ``503 not_ready``.
 
-        Raises: ``OSError`` naming the address when it cannot be bound; whatever
+        Secure default: on an address other than loopback, a broker whose recovered
+        state has no user refuses to serve (as Redis's protected mode does); until
+        then every request waits for recovery (503) or is refused (401).
+
+        Raises: ``OSError`` naming the address when it cannot be bound; ``OSError`` or
+        ``ssl.SSLError`` when the TLS files cannot be loaded; ``StartRefused``; whatever
         recovery raises (``broker.storage.StorageError`` for a corrupt log).
         """
+        self.loopback_only = is_loopback(host)
+        if self.tls is not None:
+            self.server.set_ssl_context(self.tls.load())
         async with trio.open_nursery() as nursery:
             self._scope = nursery.cancel_scope
             try:
                 await nursery.start(partial(self.server.serve_tcp, port, host=host))
             except OSError as exc:
                 raise OSError(exc.errno, f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
-            log.info("listening", extra={"fields": {"host": host, "port": self.server.ports[0]}})
+            log.info(
+                "listening",
+                extra={"fields": {"host": host, "port": self.server.ports[0], "tls": self.server.tls}},
+            )
             await nursery.start(self.runtime.serve)
+            if not self.loopback_only:
+                nursery.start_soon(self._refuse_without_users, host)
             task_status.started(self)
+
+    async def _refuse_without_users(self, host: str) -> None:
+        """Once recovery has said whether users exist: none, and not on loopback, ends
+        the broker (until then requests get 503, or 401 from the guard)."""
+        await self.runtime.ready_event.wait()
+        if not len(self.runtime.core.users):
+            raise StartRefused(
+                f"refusing to serve on {host}: no users exist, and without users only "
+                "loopback (127.0.0.1) is served. Create one first: "
+                "'python -m broker users add NAME --tags administrator --data-dir DIR' "
+                "with the broker stopped (docs/security.md)"
+            )
 
     @property
     def port(self) -> int:
@@ -108,10 +199,18 @@ def http_limits(settings: Settings) -> Limits:
     return settings.section(Limits)
 
 
+def tls_files(settings: Settings) -> TLSFiles | None:
+    if settings.tls_cert is None or settings.tls_key is None:
+        return None
+    return TLSFiles(settings.tls_cert, settings.tls_key, settings.tls_client_ca)
+
+
 def build_app(settings: Settings) -> BrokerApp:
     """A broker with metrics, built from ``settings`` (not started)."""
     metrics = BrokerMetrics()
     runtime = BrokerRuntime(runtime_options(settings), metrics=metrics)
-    app = BrokerApp(runtime, http_limits(settings), metrics_handler=metrics.handler(runtime))
-    metrics.bind(runtime, app.server)
+    app = BrokerApp(
+        runtime, http_limits(settings), metrics_handler=metrics.handler(runtime), tls=tls_files(settings)
+    )
+    metrics.bind(runtime, app.server, app.auth)
     return app

@@ -81,6 +81,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--url", default=os.environ.get("ACKBUS_URL", DEFAULT_URL),
                         help="broker URL (default: $ACKBUS_URL or %(default)s)")
+    parser.add_argument("--user", default=os.environ.get("ACKBUS_USERNAME"), metavar="NAME",
+                        help="authenticate as NAME; the password comes from $ACKBUS_PASSWORD "
+                        "(never a flag: other users see flags in ps). A token: $ACKBUS_TOKEN")
+    parser.add_argument("--cacert", default=os.environ.get("ACKBUS_CACERT"), metavar="PEM",
+                        help="trust the broker's certificate if signed by this CA bundle "
+                        "(default: $ACKBUS_CACERT, else the system's CAs)")
     parser.add_argument("--timeout", type=float, default=30.0, metavar="S",
                         help="give up reaching the broker after S seconds (default %(default)s)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -200,8 +206,11 @@ async def run(
     request_timeout_s = max(args.timeout, (getattr(args, "wait", None) or 0.0) + 10.0)
     cli = _Cli(args, stdin, stdout, stderr)
     try:
+        credentials: dict[str, Any] = {}
+        if args.user:
+            credentials = {"username": args.user, "password": os.environ.get("ACKBUS_PASSWORD", "")}
         async with connect(
-            args.url, open_stream=open_stream, reconnect=policy,
+            args.url, open_stream=open_stream, reconnect=policy, ca_file=args.cacert, **credentials,
             connect_timeout_s=min(10.0, args.timeout), request_timeout_s=request_timeout_s,
         ) as conn:
             if handle_signals:

@@ -8,6 +8,8 @@ a time), opened by :meth:`Connection.channel` and closed when its block ends.
 
 from __future__ import annotations
 
+import os
+import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -117,9 +119,21 @@ async def connect(
     *,
     settings: Settings | None = None,
     open_stream: StreamOpener | None = None,
+    username: str | None = None,
+    password: str | None = None,
+    token: str | None = None,
+    ca_file: str | os.PathLike[str] | None = None,
+    ssl_context: ssl.SSLContext | None = None,
     **overrides: Any,
 ) -> AsyncIterator[Connection]:
     """Connect to the broker at ``url`` for the duration of the block.
+
+    Credentials, first found wins: ``username``/``password`` or ``token``; the URL's
+    ``user:password@``; the environment (``ACKBUS_TOKEN``, or ``ACKBUS_USERNAME`` and
+    ``ACKBUS_PASSWORD``). None: no ``Authorization`` header (a broker without users).
+    They are sent on every request and never logged. An ``https`` URL is always
+    verified: against the system's CAs, the PEM bundle ``ca_file`` (a private CA),
+    or ``ssl_context`` (e.g. with a client certificate for mutual TLS).
 
     Nothing is opened yet: REST calls open keep-alive connections on demand and
     :meth:`Connection.channel` opens channels. ``settings`` (or keyword overrides of
@@ -128,12 +142,39 @@ async def connect(
     connector (tests use in-memory streams).
 
     Raises:
-        ValueError: a bad URL or setting.
+        ValueError: a bad URL or setting, or credentials given twice.
+        OSError, ssl.SSLError: ``ca_file`` cannot be read.
     """
     endpoint = Endpoint.parse(url)
+    if username is not None or token is not None:
+        if endpoint.authorization is not None:
+            raise ValueError("credentials given both in the URL and as arguments")
+        endpoint = endpoint.with_credentials(username=username, password=password, token=token)
+    elif endpoint.authorization is None:
+        env_token = os.environ.get("ACKBUS_TOKEN")
+        env_user = os.environ.get("ACKBUS_USERNAME")
+        if env_token:
+            endpoint = endpoint.with_credentials(token=env_token)
+        elif env_user:
+            endpoint = endpoint.with_credentials(username=env_user, password=os.environ.get("ACKBUS_PASSWORD", ""))
+    if ca_file is not None and ssl_context is not None:
+        raise ValueError("give ca_file or ssl_context, not both")
+    if ca_file is not None:
+        ssl_context = ssl.create_default_context(cafile=os.fspath(ca_file))
+    if ssl_context is not None:
+        endpoint = _with_ssl_context(endpoint, ssl_context)
     settings = (settings or Settings()).replace(**overrides)
     conn = Connection(endpoint, settings, open_stream or open_tcp)
     try:
         yield conn
     finally:
         await conn.aclose()
+
+
+def _with_ssl_context(endpoint: Endpoint, context: ssl.SSLContext) -> Endpoint:
+    if context.verify_mode != ssl.CERT_REQUIRED or not context.check_hostname:
+        # never silently unverified: a context that does not check is refused
+        raise ValueError("ssl_context must verify the broker's certificate and host name")
+    return Endpoint(
+        endpoint.scheme, endpoint.host, endpoint.port, endpoint.prefix, endpoint.authorization, context
+    )

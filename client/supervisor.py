@@ -43,6 +43,7 @@ from .codec import (
 )
 from .consumer import Message, MessageStream, Settler
 from .errors import (
+    BrokerRequestError,
     ChannelClosedByBroker,
     ClientError,
     ConnectionLost,
@@ -119,6 +120,11 @@ class Supervisor(Settler):
                             max_line_bytes=self._settings.max_line_bytes,
                         )
                 except (ClientError, trio.TooSlowError) as exc:
+                    if isinstance(exc, BrokerRequestError) and exc.status in (401, 403):
+                        # The same credentials cannot do better next time (and each
+                        # retry counts against the broker's failed-login limit).
+                        self._fail(f"the broker refused the channel: {exc}", exc)
+                        return
                     error: BaseException = exc
                     if isinstance(exc, trio.TooSlowError):
                         error = ConnectionLost(

@@ -28,12 +28,13 @@ machine whose halves share the socket and its buffers.
 
 from __future__ import annotations
 
+import base64
 import os
 import socket
 import ssl
 import urllib.parse
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import h11
@@ -70,12 +71,37 @@ NETWORK_ERRORS: tuple[type[BaseException], ...] = (
 
 @dataclass(frozen=True, slots=True)
 class Endpoint:
-    """Where the broker is: parsed from ``http://host:port/prefix``."""
+    """Where the broker is: parsed from ``http://host:port/prefix``; and how to prove
+    who we are (an ``Authorization`` header value) and whom to trust (an SSL context:
+    None means the system's CAs, always verified). Neither appears in ``str`` or
+    ``repr``, so logging an endpoint never logs a secret."""
 
     scheme: str
     host: str
     port: int
     prefix: str = ""
+    authorization: str | None = field(default=None, repr=False, compare=False)
+    ssl_context: ssl.SSLContext | None = field(default=None, repr=False, compare=False)
+
+    def with_credentials(
+        self, *, username: str | None = None, password: str | None = None, token: str | None = None
+    ) -> Endpoint:
+        """This endpoint authenticating with HTTP Basic (``username``/``password``) or
+        a Bearer ``token``.
+
+        Raises:
+            ValueError: both, or a user name with ``:`` (RFC 7617 forbids it).
+        """
+        if token is not None and username is not None:
+            raise ValueError("give a username and password, or a token, not both")
+        if token is not None:
+            return _replace(self, authorization=f"Bearer {token}")
+        if username is not None:
+            if ":" in username:
+                raise ValueError("a user name must not contain ':'")
+            pair = f"{username}:{password or ''}".encode()
+            return _replace(self, authorization="Basic " + base64.b64encode(pair).decode("ascii"))
+        return self
 
     @classmethod
     def parse(cls, url: str) -> Endpoint:
@@ -90,7 +116,12 @@ class Endpoint:
         if not parts.hostname:
             raise ValueError(f"broker URL has no host: {url!r}")
         port = parts.port or (443 if parts.scheme == "https" else 80)
-        return cls(parts.scheme, parts.hostname, port, parts.path.rstrip("/"))
+        endpoint = cls(parts.scheme, parts.hostname, port, parts.path.rstrip("/"))
+        if parts.username is not None:  # http://user:password@host (percent-encoded)
+            endpoint = endpoint.with_credentials(
+                username=urllib.parse.unquote(parts.username), password=urllib.parse.unquote(parts.password or "")
+            )
+        return endpoint
 
     @property
     def host_header(self) -> str:
@@ -109,6 +140,12 @@ class Endpoint:
 
     def __str__(self) -> str:
         return f"{self.scheme}://{self.host_header}{self.prefix}"
+
+
+def _replace(endpoint: Endpoint, **changes: Any) -> Endpoint:
+    fields = {name: getattr(endpoint, name) for name in Endpoint.__dataclass_fields__}
+    fields.update(changes)
+    return Endpoint(**fields)
 
 
 def _query_value(value: Any) -> str:
@@ -133,8 +170,10 @@ async def open_tcp(endpoint: Endpoint) -> trio.abc.Stream:
     """
     stream: trio.abc.Stream
     if endpoint.scheme == "https":
+        # Always verified: the system's CAs, or the endpoint's own context (a CA
+        # bundle given to connect()); there is no switch that turns checking off.
         ssl_stream = await trio.open_ssl_over_tcp_stream(
-            endpoint.host, endpoint.port, ssl_context=ssl.create_default_context()
+            endpoint.host, endpoint.port, ssl_context=endpoint.ssl_context or ssl.create_default_context()
         )
         _enable_keepalive(ssl_stream.transport_stream)
         stream = ssl_stream
@@ -239,6 +278,8 @@ class HTTPConnection:
             ("Accept", "application/json"),
             *headers,
         ]
+        if self._endpoint.authorization is not None:
+            all_headers.append(("Authorization", self._endpoint.authorization))
         if body or method in ("POST", "PUT", "PATCH"):
             all_headers.append(("Content-Length", str(len(body))))
         data = self._h11.send(h11.Request(method=method, target=target, headers=all_headers))
@@ -419,6 +460,8 @@ class DuplexExchange:
                 ("Transfer-Encoding", "chunked"),
                 *headers,
             ]
+            if endpoint.authorization is not None:
+                head.append(("Authorization", endpoint.authorization))
             await self._send_event(h11.Request(method=method, target=target, headers=head))
             while True:
                 event = await self._next_event()

@@ -58,6 +58,15 @@ EXPECTED_DEFAULTS: dict[str, Any] = {
     "log_level": "info",
     "log_format": "human",
     "log_file": None,
+    "max_connections_per_address": 1000,
+    "tls_cert": None,
+    "tls_key": None,
+    "tls_client_ca": None,
+    "max_connections_per_user": 1000,
+    "max_channels_per_user": 500,
+    "max_consumers_per_user": 2000,
+    "auth_failure_limit": 10,
+    "auth_failure_window_s": 60.0,
 }
 
 

@@ -50,7 +50,8 @@ MAY_IMPORT: dict[str, set[str]] = {
         "broker.runtime",
         "broker.storage",
     },
-    "broker.__main__": {"broker", "broker.app", "broker.config", "broker.logs", "broker.storage"},
+    "broker.admin": {"broker.api", "broker.core", "broker.runtime", "broker.storage"},
+    "broker.__main__": {"broker", "broker.admin", "broker.app", "broker.config", "broker.logs", "broker.storage"},
     "client": set(),
 }
 

@@ -5,8 +5,9 @@ endpoint. It sits on the generic HTTP server (:mod:`broker.http`) and the runtim
 (:mod:`broker.runtime`).
 """
 
+from broker.api.auth import Authenticator, hash_password, new_token
 from broker.api.errors import http_error
 from broker.api.metrics import BrokerMetrics
-from broker.api.routes import build_router
+from broker.api.routes import PUBLIC_ROUTES, build_router
 
-__all__ = ["BrokerMetrics", "build_router", "http_error"]
+__all__ = ["Authenticator", "BrokerMetrics", "PUBLIC_ROUTES", "build_router", "hash_password", "http_error", "new_token"]

@@ -50,7 +50,8 @@ import trio
 
 from broker import __version__
 from broker.api.codec import body_from_json, dumps_line, event_json, parse_op_line
-from broker.api.rest import exchange_name
+from broker.api.permissions import ALLOW_ALL, Access, access_for
+from broker.api.rest import DEFAULT_EXCHANGE_ALIAS, exchange_name
 from broker.core import (
     BrokerError,
     ChannelError,
@@ -81,6 +82,8 @@ EVENT_BYTES = 64
 # before an fsync, so this only bites when the disk cannot keep up with the network.
 UNCONFIRMED_MAX_BYTES = 16 << 20
 FLUSH_TIMEOUT_S = 10.0
+#: The name a server-named queue's declare is checked against.
+SERVER_NAMED_QUEUE = "amq.gen-"
 NDJSON_HEADERS = [
     ("content-type", "application/x-ndjson"),
     ("cache-control", "no-cache"),
@@ -95,8 +98,14 @@ class _ChannelClosed(Exception):
 class ChannelSession:
     """The trio side of one open channel: its outbox, writer and op dispatcher."""
 
-    def __init__(self, runtime: BrokerRuntime, channel_id: int, response: Any) -> None:
+    def __init__(
+        self, runtime: BrokerRuntime, channel_id: int, response: Any, access: Access = ALLOW_ALL, principal: Any = None
+    ) -> None:
         self.runtime = runtime
+        #: What the channel's user may do (docs/security.md), and who it is (None: no
+        #: users exist), for the per-user caps.
+        self.access = access
+        self.principal = principal
         self.core = runtime.core
         self.channel_id = channel_id
         self.response = response
@@ -391,6 +400,7 @@ class ChannelSession:
         routing_key = op.get("routing_key", "")
         if not isinstance(exchange, str) or not isinstance(routing_key, str):
             raise InvalidArgument("exchange and routing_key must be strings")
+        self.access.require("publish", exchange or DEFAULT_EXCHANGE_ALIAS)
         body = body_from_json(op)
         if len(body) > self.runtime.options.max_body_bytes:
             raise InvalidArgument(
@@ -452,9 +462,13 @@ def _get(op: dict[str, Any], name: str, kind: type | tuple[type, ...], default: 
 
 async def _op_consume(s: ChannelSession, op: dict[str, Any]) -> None:
     timeout_ms = _get(op, "ack_timeout_ms", (int, float), None)
+    queue = _get(op, "queue", str, None) or ""
+    s.access.require("consume", queue)
+    if s.principal is not None:
+        s.principal.check_consumer(s.core)
     tag = s.core.consume(
         s.channel_id,
-        _get(op, "queue", str, None) or "",
+        queue,
         consumer_tag=_get(op, "consumer_tag", str, ""),
         prefetch=_get(op, "prefetch", int, None),
         no_ack=_get(op, "no_ack", bool, False),
@@ -512,8 +526,11 @@ async def _op_touch(s: ChannelSession, op: dict[str, Any]) -> None:
 
 
 async def _op_declare_exchange(s: ChannelSession, op: dict[str, Any]) -> None:
+    name = _get(op, "exchange", str, None) or ""
+    if not _get(op, "passive", bool, False):
+        s.access.require("declare_exchange", name or DEFAULT_EXCHANGE_ALIAS)
     exchange, created = s.core.declare_exchange(
-        exchange_name(_get(op, "exchange", str, None) or ""),
+        exchange_name(name),
         _get(op, "type", str, "direct"),
         durable=_get(op, "durable", bool, True),
         auto_delete=_get(op, "auto_delete", bool, False),
@@ -527,8 +544,10 @@ async def _op_declare_exchange(s: ChannelSession, op: dict[str, Any]) -> None:
 
 
 async def _op_delete_exchange(s: ChannelSession, op: dict[str, Any]) -> None:
+    name = _get(op, "exchange", str, None) or ""
+    s.access.require("delete_exchange", name or DEFAULT_EXCHANGE_ALIAS)
     s.core.delete_exchange(
-        exchange_name(_get(op, "exchange", str, None) or ""),
+        exchange_name(name),
         if_unused=_get(op, "if_unused", bool, False),
     )
     await s.runtime.wait_durable()
@@ -536,8 +555,12 @@ async def _op_delete_exchange(s: ChannelSession, op: dict[str, Any]) -> None:
 
 
 async def _op_declare_queue(s: ChannelSession, op: dict[str, Any]) -> None:
+    name = _get(op, "queue", str, "")
+    if not _get(op, "passive", bool, False):
+        # A server-named queue is checked as "amq.gen-" (RabbitMQ names them amq.gen-*).
+        s.access.require("declare_queue", name or SERVER_NAMED_QUEUE)
     queue, created = s.core.declare_queue(
-        _get(op, "queue", str, ""),
+        name,
         durable=_get(op, "durable", bool, True),
         exclusive=_get(op, "exclusive", bool, False),
         auto_delete=_get(op, "auto_delete", bool, False),
@@ -561,8 +584,10 @@ async def _op_declare_queue(s: ChannelSession, op: dict[str, Any]) -> None:
 
 
 async def _op_delete_queue(s: ChannelSession, op: dict[str, Any]) -> None:
+    name = _get(op, "queue", str, None) or ""
+    s.access.require("delete_queue", name)
     count = s.core.delete_queue(
-        _get(op, "queue", str, None) or "",
+        name,
         if_unused=_get(op, "if_unused", bool, False),
         if_empty=_get(op, "if_empty", bool, False),
         channel_id=s.channel_id,
@@ -573,7 +598,9 @@ async def _op_delete_queue(s: ChannelSession, op: dict[str, Any]) -> None:
 
 
 async def _op_purge_queue(s: ChannelSession, op: dict[str, Any]) -> None:
-    count = s.core.purge_queue(_get(op, "queue", str, None) or "", channel_id=s.channel_id)
+    name = _get(op, "queue", str, None) or ""
+    s.access.require("purge", name)
+    count = s.core.purge_queue(name, channel_id=s.channel_id)
     s.send_event(_reply(op, "ok", op="purge_queue", messages=count))
 
 
@@ -606,8 +633,16 @@ def _binding(op: dict[str, Any]) -> tuple[str, str, str, dict[str, Any], bool]:
     return source, dest, _get(op, "routing_key", str, ""), _get(op, "arguments", dict, {}), to_exchange is not None
 
 
+def _authorize_binding(s: ChannelSession, operation: str, source: str, dest: str, to_exchange: bool) -> None:
+    """Write on the destination, read on the source (exchanges by their path names)."""
+    s.access.require(
+        operation, (dest or DEFAULT_EXCHANGE_ALIAS) if to_exchange else dest, source=source or DEFAULT_EXCHANGE_ALIAS
+    )
+
+
 async def _op_bind(s: ChannelSession, op: dict[str, Any]) -> None:
     source, dest, key, args, to_x = _binding(op)
+    _authorize_binding(s, "bind", source, dest, to_x)
     s.core.bind(source, dest, key, args, to_exchange=to_x, channel_id=s.channel_id)
     await s.runtime.wait_durable()
     s.send_event(_reply(op, "ok", op="bind"))
@@ -615,6 +650,7 @@ async def _op_bind(s: ChannelSession, op: dict[str, Any]) -> None:
 
 async def _op_unbind(s: ChannelSession, op: dict[str, Any]) -> None:
     source, dest, key, args, to_x = _binding(op)
+    _authorize_binding(s, "unbind", source, dest, to_x)
     s.core.unbind(source, dest, key, args, to_exchange=to_x, channel_id=s.channel_id)
     await s.runtime.wait_durable()
     s.send_event(_reply(op, "ok", op="unbind"))
@@ -656,8 +692,15 @@ async def handle_channel(runtime: BrokerRuntime, request: Any, response: Any) ->
     runtime.check_ready()
     runtime.check_channel_room()
     core = runtime.core
+    principal = request.principal
     channel_id = core.open_channel()
-    session = ChannelSession(runtime, channel_id, response)
+    try:
+        if principal is not None:
+            principal.open_channel(channel_id)  # raises past max_channels_per_user
+    except BaseException:
+        core.close_channel(channel_id, "refused")
+        raise
+    session = ChannelSession(runtime, channel_id, response, access_for(request), principal)
     runtime.add_sink(channel_id, session)
     log.info("channel opened", extra={"fields": {"channel": channel_id}})
     reason = "channel closed"
@@ -709,6 +752,8 @@ async def handle_channel(runtime: BrokerRuntime, request: Any, response: Any) ->
     except ClientDisconnected:
         reason = "client disconnected"
     finally:
+        if principal is not None:
+            principal.close_channel(channel_id)
         runtime.remove_sink(channel_id)
         core.close_channel(channel_id, reason)
         runtime.pump()

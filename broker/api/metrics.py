@@ -23,6 +23,7 @@ class BrokerMetrics:
         r = self.registry
         self._runtime: Any = None
         self._server: Any = None
+        self._auth: Any = None
         self.confirm_latency = r.histogram(
             "ackbus_confirm_latency_seconds",
             "Time from receiving a publish to sending its confirm (per received batch).",
@@ -58,6 +59,18 @@ class BrokerMetrics:
         r.gauge("ackbus_connections", "Open HTTP connections.", collect=server_stat("open_connections"))
         r.counter("ackbus_connections_accepted_total", "HTTP connections accepted.", collect=server_stat("total_accepted"))
         r.counter("ackbus_http_requests_total", "HTTP requests served.", collect=server_stat("requests_served"))
+        r.counter(
+            "ackbus_tls_handshake_failures_total", "TLS handshakes that failed or timed out.",
+            collect=server_stat("tls_handshake_failures"),
+        )
+        r.counter(
+            "ackbus_auth_failures_total", "Requests with wrong credentials (answered 401).",
+            collect=lambda: self._auth.failed if self._auth is not None else None,
+        )
+        r.counter(
+            "ackbus_auth_refused_total", "Requests refused unchecked: too many failed logins from the address (429).",
+            collect=lambda: self._auth.refused if self._auth is not None else None,
+        )
         r.gauge(
             "ackbus_channels",
             "Open channels (including streams).",
@@ -150,9 +163,10 @@ class BrokerMetrics:
             collect=lambda: self._runtime.started_at if self._runtime else None,
         )
 
-    def bind(self, runtime: Any, server: Any) -> None:
+    def bind(self, runtime: Any, server: Any, auth: Any = None) -> None:
         self._runtime = runtime
         self._server = server
+        self._auth = auth
 
     def observe_fsync(self, duration_s: float) -> None:
         self.fsync_latency.observe(duration_s)

@@ -1,27 +1,49 @@
-"""Every endpoint of the HTTP API, bound to one runtime."""
+"""Every endpoint of the HTTP API, bound to one runtime, behind one guard.
+
+Public routes (served without credentials, docs/security.md): ``GET /healthz`` only,
+because load balancers and orchestrators probe it without credentials and it tells
+nothing but whether the broker is up. Every other route runs the authenticator's guard
+first (``broker.api.auth``); a test walks this table and fails on any other public
+route.
+"""
 
 from __future__ import annotations
 
 from functools import partial
 from typing import Any
 
+from broker.api.auth import Authenticator
 from broker.api.channel import handle_channel
+from broker.api.permissions import access_for
 from broker.api.rest import add_rest_routes
 from broker.api.stream import handle_stream
 from broker.http import Router
 from broker.runtime import BrokerRuntime
 
-__all__ = ["build_router"]
+__all__ = ["PUBLIC_ROUTES", "build_router"]
+
+#: (method, pattern) of every route served without credentials.
+PUBLIC_ROUTES = frozenset({("GET", "/healthz"), ("HEAD", "/healthz")})
 
 
-def build_router(runtime: BrokerRuntime, *, metrics_handler: Any = None) -> Router:
-    """Every endpoint of the HTTP API, bound to ``runtime``."""
-    router = Router()
-    add_rest_routes(router, runtime)
+def build_router(
+    runtime: BrokerRuntime, *, metrics_handler: Any = None, auth: Authenticator | None = None
+) -> Router:
+    """Every endpoint of the HTTP API, bound to ``runtime``, guarded by ``auth`` (by
+    default one that serves requests without credentials while no user exists)."""
+    if auth is None:
+        auth = Authenticator(runtime.core, runtime.options, open_without_users=lambda: True)
+    router = Router(guard=auth.guard)
+    add_rest_routes(router, runtime, auth)
     router.add("POST", "/channel", partial(handle_channel, runtime))
     # A streaming consume hands out (and may auto-ack) messages: never for a HEAD,
     # whose response would carry none of them.
     router.add("GET", "/queues/{name}/stream", partial(handle_stream, runtime), head=False)
     if metrics_handler is not None:
-        router.add("GET", "/metrics", metrics_handler)
+        router.add("GET", "/metrics", partial(_administrators_only, metrics_handler))
     return router
+
+
+async def _administrators_only(handler: Any, request: Any, response: Any) -> None:
+    access_for(request).require("administer")
+    await handler(request, response)

@@ -18,6 +18,7 @@ from typing import Any
 import trio
 
 from broker.api.codec import dumps_line, message_json
+from broker.api.permissions import access_for
 from broker.core import ConsumerCancelled, Deliver, InvalidArgument, delivery_cost
 from broker.http import ClientDisconnected
 from broker.runtime import BrokerRuntime
@@ -73,6 +74,7 @@ async def handle_stream(runtime: BrokerRuntime, request: Any, response: Any) -> 
     """Stream a queue's messages until the client leaves or the broker closes."""
     runtime.check_ready()
     queue = request.path_params["name"]
+    access_for(request).require("consume", queue)
     prefetch = request.query.get_int("prefetch", 100, min_value=0, max_value=runtime.options.max_prefetch)
     ack_mode = request.query.get_str("ack", "auto")
     if ack_mode not in ("auto", "lease"):
@@ -84,11 +86,16 @@ async def handle_stream(runtime: BrokerRuntime, request: Any, response: Any) -> 
     await request.read_body()
     runtime.check_channel_room()
     core = runtime.core
+    principal = request.principal
+    if principal is not None:
+        principal.check_consumer(core)  # a stream is one consumer of the user's
     channel_id = core.open_channel()
     sink = _StreamSink()
     runtime.add_sink(channel_id, sink)
     disconnected = False
     try:
+        if principal is not None:
+            principal.open_channel(channel_id)  # and one of its channels
         # Auto mode is not a no_ack consumer: its deliveries are acked by the writer
         # once written, so a client that leaves loses nothing still buffered here.
         core.consume(
@@ -119,6 +126,8 @@ async def handle_stream(runtime: BrokerRuntime, request: Any, response: Any) -> 
     except ClientDisconnected:
         pass
     finally:
+        if principal is not None:
+            principal.close_channel(channel_id)
         runtime.remove_sink(channel_id)
         core.close_channel(channel_id, "stream ended")
         runtime.pump()

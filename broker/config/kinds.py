@@ -111,7 +111,11 @@ class _Path(_Kind):
 
 
 class _OptionalPath(_Path):
-    """A path where the empty string (or None, in Python) means "not set"."""
+    """A path where the empty string (or None, in Python) means "not set" (shown as
+    ``unset``, e.g. "stderr" for a log file, "none" for a TLS file)."""
+
+    def __init__(self, unset: str = "stderr") -> None:
+        self.unset = unset
 
     def parse(self, text: str) -> Any:
         return pathlib.Path(text) if text else None
@@ -120,7 +124,7 @@ class _OptionalPath(_Path):
         return None if value is None else super().coerce(value)
 
     def show(self, value: Any) -> str:
-        return "stderr" if value is None else super().show(value)
+        return self.unset if value is None else super().show(value)
 
 
 class _Int(_Kind):

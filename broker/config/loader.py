@@ -39,6 +39,7 @@ _GROUP_TITLES: Final = {
     "limits": "entity limits",
     "storage": "storage (write-ahead log)",
     "messaging": "messaging",
+    "security": "security (users, TLS, abuse limits)",
     "logging": "logging",
 }
 

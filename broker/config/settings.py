@@ -158,6 +158,38 @@ class Settings:
     max_connections: int = _setting(
         _default(Limits, "max_connections"), _INT, "network", "Open TCP connections beyond this are refused.", _at_least(1)
     )
+    max_connections_per_address: int = _setting(
+        _default(Limits, "max_connections_per_address"), _INT, "network",
+        "Open TCP connections from one client address beyond this are refused.", _at_least(1),
+    )
+    # TLS (docs/security.md): all three are re-read on SIGHUP.
+    tls_cert: pathlib.Path | None = _setting(
+        None, _OptionalPath("none"), "security", "PEM certificate chain: serve HTTPS (with tls_key); empty: plain HTTP."
+    )
+    tls_key: pathlib.Path | None = _setting(None, _OptionalPath("none"), "security", "PEM private key of tls_cert.")
+    tls_client_ca: pathlib.Path | None = _setting(
+        None, _OptionalPath("none"), "security", "PEM CA bundle: require client certificates signed by it (mutual TLS)."
+    )
+    max_connections_per_user: int = _setting(
+        _default(RuntimeOptions, "max_connections_per_user"), _INT, "security",
+        "Requests in progress (busy connections) per user.", _at_least(1),
+    )
+    max_channels_per_user: int = _setting(
+        _default(RuntimeOptions, "max_channels_per_user"), _INT, "security", "Open channels per user.", _at_least(1)
+    )
+    max_consumers_per_user: int = _setting(
+        _default(RuntimeOptions, "max_consumers_per_user"), _INT, "security",
+        "Consumers (channel consumers and streaming consumes) per user.", _at_least(1),
+    )
+    auth_failure_limit: int = _setting(
+        _default(RuntimeOptions, "auth_failure_limit"), _INT, "security",
+        "Failed authentications from one address within auth_failure_window_s before its "
+        "further attempts are answered 429.", _at_least(1),
+    )
+    auth_failure_window_s: float = _setting(
+        _default(RuntimeOptions, "auth_failure_window_s"), _SECONDS, "security",
+        "The window over which failed authentications are counted.", _positive,
+    )
     # HTTP limits. h11 buffers a whole request head before parsing it, so the header
     # limit also bounds memory per connection; the timeouts defend against slowloris.
     max_header_bytes: int = _setting(
@@ -342,6 +374,16 @@ def _validate(info: SettingInfo, convert: Callable[[Any], Any], raw: Any, source
 
 def _check_together(values: Mapping[str, Any], sources: Mapping[str, str]) -> None:
     """Rules that involve more than one setting."""
+    if (values["tls_cert"] is None) != (values["tls_key"] is None):
+        given = "tls_cert" if values["tls_cert"] is not None else "tls_key"
+        raise ConfigError(
+            f"{given} (from {sources[given]}) needs tls_cert and tls_key together", setting=given, source=sources[given]
+        )
+    if values["tls_client_ca"] is not None and values["tls_cert"] is None:
+        raise ConfigError(
+            f"tls_client_ca (from {sources['tls_client_ca']}) needs tls_cert and tls_key",
+            setting="tls_client_ca", source=sources["tls_client_ca"],
+        )
     if values["default_lease_s"] > values["max_lease_s"]:
         raise ConfigError(
             f"default_lease_s = {values['default_lease_s']:g} (from {sources['default_lease_s']}) "

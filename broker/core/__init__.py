@@ -57,6 +57,14 @@ from .names import check_name, check_routing_key
 from .records import RecordType, ref_lsns
 from .routing import EXCHANGE_TYPES, headers_match, topic_matches
 from .state import delivery_cost
+from .userstore import (
+    ADMINISTRATOR,
+    PERMISSIONS,
+    Token,
+    User,
+    UserStore,
+    check_username,
+)
 
 __all__ = [
     "Broker",
@@ -111,4 +119,10 @@ __all__ = [
     "EXCHANGE_TYPES",
     "headers_match",
     "topic_matches",
+    "ADMINISTRATOR",
+    "PERMISSIONS",
+    "Token",
+    "User",
+    "UserStore",
+    "check_username",
 ]

@@ -65,6 +65,7 @@ from .state import (
 from .timers import TimersMixin
 from .topology import TopologyMixin
 from .transactions import TransactionsMixin
+from .users import UsersMixin
 
 __all__ = [
     "Broker",
@@ -86,6 +87,7 @@ class Broker(
     DelaysMixin,
     BrowsingMixin,
     TransactionsMixin,
+    UsersMixin,
     TimersMixin,
     ReplayMixin,
     SnapshotMixin,

@@ -67,6 +67,10 @@ class RecordType:
     DELIVERY_COUNTS = 15  # how many times messages were delivered, when more than once
     MOVE = 16  # a message leaving one queue and entering others in one step (dead letter, redrive)
     DELAY = 17  # messages of a queue held back until a wall-clock time (nack or publish delay)
+    USER = 24  # a whole user: name, password hash, tags, permissions (core/userstore.py)
+    USER_DELETE = 25  # a user and its tokens deleted
+    TOKEN = 26  # a whole API token: id, owner, digest of its secret, expiry
+    TOKEN_DELETE = 27  # an API token revoked
     PRIORITY_REFS = 30  # QUEUE_REFS of the messages of one priority of a priority queue (checkpoints only)
 
 

@@ -29,6 +29,7 @@ from .state import (
     _ENQUEUE,
     BrokerState,
 )
+from .users import replay_user_record
 
 __all__ = ["ReplayMixin"]
 
@@ -410,4 +411,8 @@ REPLAY_HANDLERS: dict[int, _Handler] = {
     RecordType.DEDUP_BATCH: ReplayMixin._replay_dedup_batch,
     RecordType.DEDUP: ReplayMixin._replay_dedup,
     RecordType.META: ReplayMixin._replay_meta,
+    RecordType.USER: replay_user_record,
+    RecordType.USER_DELETE: replay_user_record,
+    RecordType.TOKEN: replay_user_record,
+    RecordType.TOKEN_DELETE: replay_user_record,
 }

@@ -88,6 +88,7 @@ class SnapshotMixin(BrokerState):
                 paged_cut.append((0, (delayed_refs, 0, len(delayed_refs))))
             cut.append((q, entries, paged_cut, dict(q.paged_counts), q.delayed.due_times()))
         del unacked
+        head.extend(self.users.snapshot_records(self.wall_clock()))
         yield head
         per_record = 2 * chunk_entries
         for q, entries, paged_cut, paged_counts, delays in cut:

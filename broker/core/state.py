@@ -26,6 +26,7 @@ from .effects import (
 from .entities import Channel, Consumer, Delivery, Exchange, Queue
 from .message import Entry, Message
 from .paging import PagedRefs, ReplayIndex
+from .userstore import UserStore
 
 __all__ = [
     "BUILTIN_EXCHANGES",
@@ -159,6 +160,7 @@ class BrokerState:
         self._queues_by_id: dict[int, Queue] = {}
         self.channels: dict[int, Channel] = {}
         self.dedup = DedupWindow(config.dedup_window_s)
+        self.users = UserStore()
 
         self._next_seq = 1
         self._next_qid = 1

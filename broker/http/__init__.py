@@ -28,13 +28,15 @@ from broker.http.errors import (
 from broker.http.headers import Headers
 from broker.http.limits import Limits
 from broker.http.query import QueryParams
-from broker.http.router import RouteMatch, Router, split_path
+from broker.http.router import Guard, RouteInfo, RouteMatch, Router, split_path
 from broker.http.server import HTTPServer, ServerStatistics, serve_http
+from broker.http.tls import server_ssl_context
 
 __all__ = [
     "HTTPServer",
     "ServerStatistics",
     "serve_http",
+    "server_ssl_context",
     "Request",
     "Response",
     "BodyIterator",
@@ -43,6 +45,8 @@ __all__ = [
     "Router",
     "Handler",
     "RouteMatch",
+    "RouteInfo",
+    "Guard",
     "split_path",
     "Limits",
     "QueryParams",

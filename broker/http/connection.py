@@ -208,6 +208,7 @@ class Request:
         "method",
         "path",
         "path_params",
+        "principal",
         "query_string",
         "target",
     )
@@ -226,6 +227,9 @@ class Request:
         self.query_string: str = query
         self.http_version: str = event.http_version.decode("ascii")
         self.path_params: dict[str, str] = {}
+        #: Who made the request, as the router's guard found it (None: no guard, or
+        #: nobody needed). The server never reads it.
+        self.principal: Any = None
         self._headers: Headers | None = None
         self._query: QueryParams | None = None
         self._body_done = False
@@ -656,7 +660,10 @@ class _Connection:
 
     @property
     def remote(self) -> str | None:
-        sock = getattr(self.stream, "socket", None)
+        stream = self.stream
+        if isinstance(stream, trio.SSLStream):
+            stream = stream.transport_stream
+        sock = getattr(stream, "socket", None)
         if sock is None:
             return None
         try:

@@ -49,6 +49,10 @@ class Limits:
     #: Concurrent connections; a connection over the limit is answered ``503`` and
     #: closed at once.
     max_connections: int = 10_000
+    #: Concurrent connections from one client address (IP); over it, as over
+    #: ``max_connections``. Keeps one flooding host from taking every connection
+    #: (nginx's ``limit_conn`` per ``$binary_remote_addr`` is the precedent).
+    max_connections_per_address: int = 1000
     #: File descriptors kept free for the rest of the process (the broker's log opens
     #: segment files to read paged-out messages back): a connection whose socket
     #: leaves fewer than this many under the soft ``RLIMIT_NOFILE`` is answered ``503``
@@ -73,6 +77,7 @@ class Limits:
             "max_headers",
             "max_body_bytes",
             "max_connections",
+            "max_connections_per_address",
             "read_chunk_bytes",
         ):
             if getattr(self, name) <= 0:

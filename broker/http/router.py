@@ -18,6 +18,12 @@ Rules:
   the response layer drops the body) unless that route was added with ``head=False``:
   a ``GET`` whose handler has effects (a streaming consume hands out messages) must
   not run for a ``HEAD`` that will never see them, so ``HEAD`` there is a ``405``.
+* A router may have a ``guard``: an async function of the request, run after the route
+  is found and before its handler, for every route not added with ``public=True``. It
+  refuses by raising (an ``HTTPError`` such as a 401), and may return a function the
+  router calls once the handler has ended. The router knows nothing of what
+  it checks; :meth:`Router.routes` lists every route with its flag, so a test can walk
+  the whole table.
 
 The routes live in a trie keyed by segment, so matching costs one dict lookup per
 segment whatever the number of routes.
@@ -26,16 +32,19 @@ segment whatever the number of routes.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Final, TypeVar
 from urllib.parse import unquote
 
 from broker.http.connection import Handler, Request, Response
 from broker.http.errors import InvalidRequest, MethodNotAllowed, NoSuchEndpoint
 
-__all__ = ["Handler", "RouteMatch", "Router"]
+__all__ = ["Guard", "Handler", "RouteInfo", "RouteMatch", "Router"]
 
 _H = TypeVar("_H", bound=Handler)
+#: Runs before the handler of every non-public route; refuses by raising. It may
+#: return a function to call when the handler ends (to release what it counted).
+Guard = Callable[[Request], Awaitable[Callable[[], None] | None]]
 
 _PARAM_RE: Final = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _METHOD_RE: Final = re.compile(r"[A-Z]+")
@@ -52,20 +61,37 @@ class _Node:
     def __init__(self) -> None:
         self.literals: dict[str, _Node] = {}
         self.param: _Node | None = None
-        self.routes: dict[str, tuple[Handler, tuple[str, ...]]] = {}
+        #: method -> (handler, placeholder names, public, pattern)
+        self.routes: dict[str, tuple[Handler, tuple[str, ...], bool, str]] = {}
         #: ``HEAD`` is here only as the twin of the ``GET`` route (an explicit ``HEAD``
         #: route replaces it).
         self.implicit_head = False
 
 
 class RouteMatch:
-    """The result of a successful lookup: the handler and the decoded parameters."""
+    """The result of a successful lookup: the handler, the decoded parameters, and
+    whether the route is public (its guard does not run)."""
 
-    __slots__ = ("handler", "params")
+    __slots__ = ("handler", "params", "public")
 
-    def __init__(self, handler: Handler, params: dict[str, str]) -> None:
+    def __init__(self, handler: Handler, params: dict[str, str], public: bool = False) -> None:
         self.handler = handler
         self.params = params
+        self.public = public
+
+
+class RouteInfo:
+    """One registered route, as :meth:`Router.routes` lists it."""
+
+    __slots__ = ("method", "pattern", "public")
+
+    def __init__(self, method: str, pattern: str, public: bool) -> None:
+        self.method = method
+        self.pattern = pattern
+        self.public = public
+
+    def __repr__(self) -> str:
+        return f"<Route {self.method} {self.pattern}{' (public)' if self.public else ''}>"
 
 
 def split_path(path: str) -> list[str]:
@@ -106,13 +132,14 @@ class Router:
             ...
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, guard: Guard | None = None) -> None:
         self._root = _Node()
+        self.guard = guard
 
-    def add(self, method: str, pattern: str, handler: Handler, *, head: bool = True) -> None:
+    def add(self, method: str, pattern: str, handler: Handler, *, head: bool = True, public: bool = False) -> None:
         """Register ``handler`` for ``method`` on ``pattern``. A ``GET`` route serves
         ``HEAD`` too unless ``head=False`` (its handler has effects a ``HEAD`` must not
-        cause).
+        cause). A ``public`` route is served without running the router's guard.
 
         Raises: ``ValueError`` for a malformed pattern or method, a repeated
         placeholder name, or a route already registered for this method and shape.
@@ -142,21 +169,32 @@ class Router:
                 node = node.literals.setdefault(segment, _Node())
         if method in node.routes and not (method == "HEAD" and node.implicit_head):
             raise ValueError(f"route {method} {pattern} is already registered")
-        node.routes[method] = (handler, tuple(names))
+        node.routes[method] = (handler, tuple(names), public, pattern)
         if method == "HEAD":
             node.implicit_head = False
         elif method == "GET" and head and "HEAD" not in node.routes:
-            node.routes["HEAD"] = (handler, tuple(names))
+            node.routes["HEAD"] = (handler, tuple(names), public, pattern)
             node.implicit_head = True
 
-    def route(self, method: str, pattern: str, *, head: bool = True) -> Callable[[_H], _H]:
+    def route(self, method: str, pattern: str, *, head: bool = True, public: bool = False) -> Callable[[_H], _H]:
         """Decorator form of :meth:`add`."""
 
         def register(handler: _H) -> _H:
-            self.add(method, pattern, handler, head=head)
+            self.add(method, pattern, handler, head=head, public=public)
             return handler
 
         return register
+
+    def routes(self) -> Iterator[RouteInfo]:
+        """Every registered route (``HEAD`` twins of ``GET`` routes included)."""
+        stack = [self._root]
+        while stack:
+            node = stack.pop()
+            for method, (_handler, _names, public, pattern) in sorted(node.routes.items()):
+                yield RouteInfo(method, pattern, public)
+            stack.extend(node.literals.values())
+            if node.param is not None:
+                stack.append(node.param)
 
     def match(self, method: str, path: str) -> RouteMatch:
         """Find the handler for ``method`` and the (still percent-encoded) ``path``.
@@ -174,8 +212,8 @@ class Router:
         route = routes.get(method)
         if route is None:
             raise MethodNotAllowed(method, path[:200], sorted(routes))
-        handler, names = route
-        return RouteMatch(handler, dict(zip(names, values, strict=True)))
+        handler, names, public, _pattern = route
+        return RouteMatch(handler, dict(zip(names, values, strict=True)), public)
 
     def _find(
         self, node: _Node, segments: list[str], index: int, method: str, values: list[str]
@@ -210,13 +248,23 @@ class Router:
         return fallback
 
     async def __call__(self, request: Request, response: Response) -> None:
-        """Dispatch ``request`` to its route's handler, with ``path_params`` set.
+        """Dispatch ``request`` to its route's handler, with ``path_params`` set, after
+        the guard unless the route is public.
 
-        Raises: whatever :meth:`match` raises, and whatever the handler raises.
+        Raises: whatever :meth:`match` raises, whatever the guard raises, and whatever
+        the handler raises.
         """
         found = self.match(request.method, request.path)
         request.path_params = found.params
-        await found.handler(request, response)
+        if self.guard is None or found.public:
+            await found.handler(request, response)
+            return
+        release = await self.guard(request)
+        try:
+            await found.handler(request, response)
+        finally:
+            if release is not None:
+                release()
 
 
 def _serves(node: _Node, method: str) -> bool:

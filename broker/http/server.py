@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import ssl
 from collections.abc import Sequence
 from functools import partial
 from typing import Final
@@ -81,6 +82,8 @@ class ServerStatistics:
     active_requests: int
     #: Streamed responses under way now (channels, streaming consumes).
     streaming_responses: int
+    #: TLS handshakes that failed or timed out.
+    tls_handshake_failures: int = 0
 
 
 class HTTPServer:
@@ -109,6 +112,19 @@ class HTTPServer:
         #: A socket with a descriptor at or above this leaves fewer than
         #: ``limits.reserved_fds`` free (descriptors are allocated lowest first).
         self._fd_ceiling = _soft_nofile_limit() - self._shared.limits.reserved_fds
+        #: Open connections by client address (``max_connections_per_address``).
+        self._per_address: dict[str, int] = {}
+        self._ssl_context: ssl.SSLContext | None = None
+        self._tls_failures = 0
+
+    def set_ssl_context(self, context: ssl.SSLContext | None) -> None:
+        """Serve TLS with ``context`` from the next accepted connection on (None:
+        plain HTTP). Open connections keep the context they were accepted with."""
+        self._ssl_context = context
+
+    @property
+    def tls(self) -> bool:
+        return self._ssl_context is not None
 
     @property
     def limits(self) -> Limits:
@@ -200,23 +216,62 @@ class HTTPServer:
         ``Cancelled``."""
         shared = self._shared
         self._total_accepted += 1
+        address = _address_of(stream)
+        per_address = self._per_address
         if (
             len(shared.connections) >= shared.limits.max_connections
             or self._stopped
             or _fd_of(stream) >= self._fd_ceiling
+            or (address and per_address.get(address, 0) >= shared.limits.max_connections_per_address)
         ):
             self._rejected += 1
-            await _turn_away(stream)
+            if self._ssl_context is not None:
+                # A TLS client cannot read a plain-text 503, and a handshake would
+                # spend the CPU a flood is after: close at once.
+                await trio.aclose_forcefully(stream)
+            else:
+                await _turn_away(stream)
             return
-        conn = _Connection(shared, stream)
-        shared.connections.add(conn)
+        per_address[address] = per_address.get(address, 0) + 1
         try:
-            with conn.scope:
-                await conn.run()
+            context = self._ssl_context
+            if context is not None:
+                tls_stream = await self._handshake(stream, context)
+                if tls_stream is None:
+                    return
+                stream = tls_stream
+            conn = _Connection(shared, stream)
+            shared.connections.add(conn)
+            try:
+                with conn.scope:
+                    await conn.run()
+            finally:
+                shared.connections.discard(conn)
+                if not shared.connections and self._drained is not None:
+                    self._drained.set()
         finally:
-            shared.connections.discard(conn)
-            if not shared.connections and self._drained is not None:
-                self._drained.set()
+            left = per_address[address] - 1
+            if left:
+                per_address[address] = left
+            else:
+                del per_address[address]
+
+    async def _handshake(self, stream: trio.abc.Stream, context: ssl.SSLContext) -> trio.SSLStream[trio.abc.Stream] | None:
+        """The TLS handshake of a new connection, within ``header_timeout_s`` (a client
+        that never finishes it is a slowloris too). None (and the stream closed) if it
+        failed: a plain-HTTP client, an untrusted client certificate, a timeout."""
+        # https_compatible: a client may close without TLS close_notify, as HTTP allows.
+        tls_stream = trio.SSLStream(stream, context, server_side=True, https_compatible=True)
+        try:
+            with trio.fail_after(self.limits.header_timeout_s):
+                await tls_stream.do_handshake()
+        except (trio.TooSlowError, *_GONE) as exc:
+            self._tls_failures += 1
+            cause = exc.__cause__ if exc.__cause__ is not None else exc
+            log.info("TLS handshake failed from %s: %s", address_or_unknown(stream), cause)
+            await trio.aclose_forcefully(stream)
+            return None
+        return tls_stream
 
     async def _watch_sends(self, scope: trio.CancelScope) -> None:
         """Enforce ``send_timeout_s`` for every connection: a few times per timeout
@@ -291,6 +346,7 @@ class HTTPServer:
             requests_served=self._shared.requests_served,
             active_requests=active,
             streaming_responses=streaming,
+            tls_handshake_failures=self._tls_failures,
         )
 
 
@@ -302,6 +358,22 @@ def _soft_nofile_limit() -> int:
         return 1 << 62
     soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     return soft if soft != resource.RLIM_INFINITY else 1 << 62
+
+
+def _address_of(stream: trio.abc.Stream) -> str:
+    """The client's IP address ("" for a stream that is not a socket)."""
+    if isinstance(stream, trio.SocketStream):
+        try:
+            peer = stream.socket.getpeername()
+        except OSError:
+            return ""
+        if isinstance(peer, tuple):
+            return str(peer[0])
+    return ""
+
+
+def address_or_unknown(stream: trio.abc.Stream) -> str:
+    return _address_of(stream) or "unknown"
 
 
 def _fd_of(stream: trio.abc.Stream) -> int:

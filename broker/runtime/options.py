@@ -31,3 +31,17 @@ class RuntimeOptions(CoreConfig):
     max_channels: int = 2048
     max_wait_s: float = 60.0
     max_body_bytes: int = 16 << 20
+    # Security (docs/security.md). The per-user caps play the part of RabbitMQ's
+    # per-user max-connections / max-channels limits, which are off by default there;
+    # here they are on, generous enough for any one service, low enough that one
+    # leaked credential cannot take every connection or channel of the broker.
+    #: Requests in progress per user (each holds one HTTP/1.1 connection).
+    max_connections_per_user: int = 1000
+    #: Open channels per user.
+    max_channels_per_user: int = 500
+    #: Consumers per user (channel consumers and streaming consumes).
+    max_consumers_per_user: int = 2000
+    #: Failed authentications per client address within ``auth_failure_window_s``
+    #: before that address is answered 429 (fail2ban's default is 5 in 10 minutes).
+    auth_failure_limit: int = 10
+    auth_failure_window_s: float = 60.0

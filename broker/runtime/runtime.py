@@ -22,6 +22,7 @@ from typing import Any
 
 import trio
 
+from broker import storage
 from broker.core import (
     REST_CHANNEL,
     AppendRecords,
@@ -133,33 +134,45 @@ class BrokerRuntime:
         ``task_status.started()`` is called at once (before recovery) so the HTTP
         server can answer ``/healthz`` with not-ready while recovery runs.
         """
-        async with trio.open_nursery() as nursery:
-            task_status.started()
-            if self.options.data_dir is not None and self.checkpointer is not None:
-                recovered = await recover_broker(
-                    self.core,
-                    self.options.data_dir,
-                    repair=self.options.repair,
-                    fsync=self.options.fsync,
-                    segment_max_bytes=self.options.segment_max_bytes,
-                    reserve_bytes=self.options.reserve_bytes,
-                    callbacks=WALCallbacks(
-                        on_durable=self._on_durable,
-                        on_failure=self._on_failure,
-                        on_recovered=self._on_recovered,
-                        on_fsync=self._on_fsync,
-                        on_reserve=self._on_reserve,
-                    ),
-                )
-                self.wal = recovered.wal
-                self.recovery_info = recovered.info
-                self.checkpointer.started(recovered.wal, recovered.checkpoint_lsn)
-                await nursery.start(recovered.wal.serve)
-                nursery.start_soon(self.checkpointer.serve)
-            nursery.start_soon(self._serve_timers)
-            self.ready = True
-            self.ready_event.set()
-            log.info("broker ready", extra={"fields": self.recovery_info})
+        lock = storage.DataDirLock(self.options.data_dir) if self.options.data_dir is not None else None
+        try:
+            async with trio.open_nursery() as nursery:
+                task_status.started()
+                await self._serve(nursery, lock)
+        finally:
+            if lock is not None:
+                lock.release()
+
+    async def _serve(self, nursery: trio.Nursery, lock: storage.DataDirLock | None) -> None:
+        """Recovery (holding the data directory), then the tasks that serve."""
+        if self.options.data_dir is not None and self.checkpointer is not None:
+            assert lock is not None
+            # held until serve ends: the offline tools refuse to write meanwhile
+            await trio.to_thread.run_sync(lock.acquire)
+            recovered = await recover_broker(
+                self.core,
+                self.options.data_dir,
+                repair=self.options.repair,
+                fsync=self.options.fsync,
+                segment_max_bytes=self.options.segment_max_bytes,
+                reserve_bytes=self.options.reserve_bytes,
+                callbacks=WALCallbacks(
+                    on_durable=self._on_durable,
+                    on_failure=self._on_failure,
+                    on_recovered=self._on_recovered,
+                    on_fsync=self._on_fsync,
+                    on_reserve=self._on_reserve,
+                ),
+            )
+            self.wal = recovered.wal
+            self.recovery_info = recovered.info
+            self.checkpointer.started(recovered.wal, recovered.checkpoint_lsn)
+            await nursery.start(recovered.wal.serve)
+            nursery.start_soon(self.checkpointer.serve)
+        nursery.start_soon(self._serve_timers)
+        self.ready = True
+        self.ready_event.set()
+        log.info("broker ready", extra={"fields": self.recovery_info})
 
     # ------------------------------------------------------------------ sinks
 

@@ -64,6 +64,7 @@ from .framing import (
     encode_records,
 )
 from .fs import FileSystem, OsFileSystem, WritableFile
+from .lock import LOCK_FILENAME, DataDirInUse, DataDirLock
 from .reader import LogReader, ReadFailure, ReadResult, SegmentsToKeep
 from .recovery import Recovery, RecoveryReport, TruncatedTail, VoidedRecords, recover
 from .reserve import DEFAULT_RESERVE_BYTES, reserve_present
@@ -117,6 +118,10 @@ __all__ = [
     "FileSystem",
     "WritableFile",
     "OsFileSystem",
+    # one process per data directory
+    "DataDirLock",
+    "DataDirInUse",
+    "LOCK_FILENAME",
     # test-only fault points
     "FaultsNotAllowed",
     "check_fault_environment",

@@ -263,13 +263,18 @@ class ChannelClient:
         return events
 
 
-async def open_channel(stream: trio.abc.Stream, *, expect_continue: bool = False) -> ChannelClient:
-    """Send the head of ``POST /channel`` and read up to the ``open`` event."""
+async def open_channel(
+    stream: trio.abc.Stream, *, expect_continue: bool = False, headers: Iterable[tuple[str, str]] = ()
+) -> ChannelClient:
+    """Send the head of ``POST /channel`` (with any extra ``headers``, such as
+    credentials) and read up to the ``open`` event."""
     http = _HTTP(stream)
+    extra = list(headers)
     headers = [
         ("Host", "broker.test"),
         ("Content-Type", "application/x-ndjson"),
         ("Transfer-Encoding", "chunked"),
+        *extra,
     ]
     if expect_continue:
         headers.append(("Expect", "100-continue"))
@@ -339,10 +344,15 @@ class StreamClient:
 
 
 async def open_stream(
-    stream: trio.abc.Stream, queue: str, query: str = "", *, accept: str | None = None
+    stream: trio.abc.Stream,
+    queue: str,
+    query: str = "",
+    *,
+    accept: str | None = None,
+    headers: Iterable[tuple[str, str]] = (),
 ) -> StreamClient:
     http = _HTTP(stream)
-    headers = [("Host", "broker.test")]
+    headers = [("Host", "broker.test"), *headers]
     if accept is not None:
         headers.append(("Accept", accept))
     target = f"/queues/{queue}/stream" + (f"?{query}" if query else "")

@@ -8,7 +8,9 @@ server, which turns them into JSON error responses (``broker.api.errors``).
 
 from __future__ import annotations
 
-from broker.api.rest import bindings, exchanges, health, leases, messages, queues
+from typing import Any
+
+from broker.api.rest import bindings, exchanges, health, leases, messages, queues, users
 from broker.api.rest.fields import (
     DEFAULT_EXCHANGE_ALIAS,
     Fields,
@@ -20,11 +22,12 @@ from broker.runtime import BrokerRuntime
 
 __all__ = ["DEFAULT_EXCHANGE_ALIAS", "Fields", "add_rest_routes", "exchange_name"]
 
-_FAMILIES = (health, exchanges, queues, leases, messages, bindings)
+_FAMILIES = (health, exchanges, queues, leases, messages, bindings, users)
 
 
-def add_rest_routes(router: Router, runtime: BrokerRuntime) -> None:
-    """Register every REST endpoint on ``router``."""
-    ctx = RestContext(router, runtime)
+def add_rest_routes(router: Router, runtime: BrokerRuntime, auth: Any = None) -> None:
+    """Register every REST endpoint on ``router`` (``auth``: the authenticator, whose
+    hashing threads the users family shares)."""
+    ctx = RestContext(router, runtime, auth)
     for family in _FAMILIES:
         family.add_routes(ctx)

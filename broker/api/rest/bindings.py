@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from broker.api.rest.fields import RestContext, body_fields, exchange_name
+from broker.api.permissions import access_for
+from broker.api.rest.fields import (
+    DEFAULT_EXCHANGE_ALIAS,
+    RestContext,
+    body_fields,
+    exchange_name,
+)
 from broker.core import InvalidArgument
 
 
@@ -26,6 +32,7 @@ def add_routes(ctx: RestContext) -> None:
     async def bind(request: Any, response: Any) -> None:
         runtime.check_ready()
         source, dest, key, args, to_x = await binding_args(request)
+        _authorize(request, "bind", source, dest, to_x)
         created = core.bind(source, dest, key, args, to_exchange=to_x)
         await runtime.wait_durable()
         await response.send_json(201 if created else 200, {"bound": True, "created": created})
@@ -34,6 +41,7 @@ def add_routes(ctx: RestContext) -> None:
     async def unbind(request: Any, response: Any) -> None:
         runtime.check_ready()
         source, dest, key, args, to_x = await binding_args(request)
+        _authorize(request, "unbind", source, dest, to_x)
         core.unbind(source, dest, key, args, to_exchange=to_x)
         await runtime.wait_durable()
         await response.send_json(200, {"unbound": True})
@@ -41,3 +49,12 @@ def add_routes(ctx: RestContext) -> None:
     @ctx.route("GET", "/bindings")
     async def list_bindings(request: Any, response: Any) -> None:
         await response.send_json(200, {"bindings": core.list_bindings()})
+
+
+def _authorize(request: Any, operation: str, source: str, dest: str, to_exchange: bool) -> None:
+    """Write on the destination, read on the source (exchanges by their path names)."""
+    access_for(request).require(
+        operation,
+        (dest or DEFAULT_EXCHANGE_ALIAS) if to_exchange else dest,
+        source=source or DEFAULT_EXCHANGE_ALIAS,
+    )

@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from broker.api.codec import properties_from_headers
+from broker.api.permissions import access_for
 from broker.api.rest.fields import (
     DEFAULT_EXCHANGE_ALIAS,
     RestContext,
@@ -31,6 +32,8 @@ def add_routes(ctx: RestContext) -> None:
         runtime.check_ready()
         name = exchange_name(request.path_params["name"])
         f = await body_fields(request, {"type", "durable", "auto_delete", "internal", "arguments", "passive"})
+        if not f.bool("passive", False):
+            access_for(request).require("declare_exchange", name or DEFAULT_EXCHANGE_ALIAS)
         etype = f.str("type", "direct")
         if etype not in EXCHANGE_TYPES:
             raise InvalidArgument(f"type must be one of {', '.join(EXCHANGE_TYPES)}")
@@ -51,6 +54,7 @@ def add_routes(ctx: RestContext) -> None:
     async def delete_exchange(request: Any, response: Any) -> None:
         runtime.check_ready()
         name = exchange_name(request.path_params["name"])
+        access_for(request).require("delete_exchange", name or DEFAULT_EXCHANGE_ALIAS)
         core.delete_exchange(name, if_unused=request.query.get_bool("if_unused", False))
         await runtime.wait_durable()
         await response.send_json(200, {"deleted": name or DEFAULT_EXCHANGE_ALIAS})
@@ -75,6 +79,7 @@ def add_routes(ctx: RestContext) -> None:
     async def publish(request: Any, response: Any) -> None:
         runtime.check_ready()
         name = exchange_name(request.path_params["name"])
+        access_for(request).require("publish", name or DEFAULT_EXCHANGE_ALIAS)
         routing_key = request.query.get_str("routing_key", "")  # the core checks it
         mandatory = request.query.get_bool("mandatory", False)
         delay_s = request.query.get_float("delay", 0.0, min_value=0.0, max_value=MAX_DELAY_S) or None

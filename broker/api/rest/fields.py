@@ -116,23 +116,26 @@ class RestContext:
     """What a resource family's routes are registered with: the router, the runtime,
     and :meth:`route`, which refuses query parameters a route does not know."""
 
-    def __init__(self, router: Router, runtime: BrokerRuntime) -> None:
+    def __init__(self, router: Router, runtime: BrokerRuntime, auth: Any = None) -> None:
         self.router = router
         self.runtime = runtime
+        #: The authenticator (``broker.api.auth.Authenticator``), for the users family.
+        self.auth = auth
         self.core = runtime.core
         self.options = runtime.options
 
     def route(
-        self, method: str, pattern: str, *, query: frozenset[str] = frozenset()
+        self, method: str, pattern: str, *, query: frozenset[str] = frozenset(), public: bool = False
     ) -> Callable[[Handler], Handler]:
-        """``router.route`` that first refuses query parameters outside ``query``."""
+        """``router.route`` that first refuses query parameters outside ``query``. A
+        ``public`` route is served without credentials (docs/security.md lists them)."""
 
         def register(handler: Handler) -> Handler:
             async def checked(request: Any, response: Any) -> None:
                 check_query(request, query)
                 await handler(request, response)
 
-            self.router.add(method, pattern, checked)
+            self.router.add(method, pattern, checked, public=public)
             return handler
 
         return register

@@ -11,7 +11,7 @@ def add_routes(ctx: RestContext) -> None:
     """Register this family's endpoints."""
     runtime, core = ctx.runtime, ctx.core
 
-    @ctx.route("GET", "/healthz")
+    @ctx.route("GET", "/healthz", public=True)
     async def healthz(request: Any, response: Any) -> None:
         if not runtime.ready:
             await response.send_json(503, {"status": "recovering", "ready": False})

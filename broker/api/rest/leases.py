@@ -10,6 +10,7 @@ from typing import Any
 import trio
 
 from broker.api.codec import message_json
+from broker.api.permissions import access_for
 from broker.api.rest.fields import RestContext, body_fields
 from broker.core import InvalidArgument, NotFound, check_delay
 from broker.http import ClientDisconnected
@@ -28,6 +29,7 @@ def add_routes(ctx: RestContext) -> None:
     async def get_messages(request: Any, response: Any) -> None:
         runtime.check_ready()
         name = request.path_params["name"]
+        access_for(request).require("get", name)
         max_count = request.query.get_int("max", 1, min_value=1, max_value=1000)
         # A longer wait is capped, not refused (docs/operations.md, max_wait_s): the
         # answer is the same as for a wait that found nothing.
@@ -45,6 +47,10 @@ def add_routes(ctx: RestContext) -> None:
         runtime.check_ready()
         f = await body_fields(request, {"queues", "max", "wait", "lease", "weights"})
         names = f.list("queues")
+        access = access_for(request)
+        for queue_name in names:
+            if isinstance(queue_name, str):  # the core refuses the others
+                access.require("get", queue_name)
         max_count = f.number("max", 1, minimum=1)
         if max_count is None or max_count != int(max_count) or max_count > 1000:
             raise InvalidArgument("field max must be an integer 1..1000")
@@ -70,6 +76,7 @@ def add_routes(ctx: RestContext) -> None:
         runtime.check_ready()
         f = await body_fields(request, {"lease_ids"})
         lease_ids = f.list("lease_ids")
+        access_for(request).require("settle", request.path_params["name"])
         check_queue(request.path_params["name"])
         count = core.ack_leases(lease_ids, queue=request.path_params["name"])
         runtime.pump()
@@ -81,6 +88,7 @@ def add_routes(ctx: RestContext) -> None:
         f = await body_fields(request, {"lease_ids", "requeue", "delay_s"})
         lease_ids, requeue = f.list("lease_ids"), f.bool("requeue", True)
         delay_s = check_delay(f.obj["delay_s"]) if f.obj.get("delay_s") is not None else None
+        access_for(request).require("settle", request.path_params["name"])
         check_queue(request.path_params["name"])
         count = core.nack_leases(lease_ids, requeue=requeue, queue=request.path_params["name"], delay_s=delay_s)
         runtime.pump()
@@ -93,6 +101,7 @@ def add_routes(ctx: RestContext) -> None:
         lease_ids = f.list("lease_ids")
         lease_s = f.number("lease", opts.default_lease_s, minimum=0.001)
         assert lease_s is not None
+        access_for(request).require("settle", request.path_params["name"])
         check_queue(request.path_params["name"])
         count = core.extend_leases(lease_ids, lease_s, queue=request.path_params["name"])
         runtime.pump()

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from broker.api.codec import message_json
+from broker.api.permissions import access_for
 from broker.api.rest.fields import RestContext, body_fields, exchange_name
 from broker.core import MAX_BROWSE, MAX_REDRIVE, InvalidArgument
 
@@ -17,6 +18,7 @@ def add_routes(ctx: RestContext) -> None:
     @ctx.route("GET", "/queues/{name}/messages", query=frozenset({"limit", "after"}))
     async def browse(request: Any, response: Any) -> None:
         runtime.check_ready()
+        access_for(request).require("browse", request.path_params["name"])
         limit = request.query.get_int("limit", 100, min_value=1, max_value=MAX_BROWSE)
         after = request.query.get_int("after", 0, min_value=0, max_value=(1 << 63) - 1)
         browsed = core.browse(request.path_params["name"], limit, after)
@@ -49,6 +51,7 @@ def add_routes(ctx: RestContext) -> None:
     @ctx.route("POST", "/queues/{name}/redrive")
     async def redrive(request: Any, response: Any) -> None:
         runtime.check_ready()
+        access_for(request).require("redrive", request.path_params["name"])
         f = await body_fields(request, {"count", "exchange", "routing_key"})
         count = f.obj.get("count", MAX_REDRIVE)
         if not isinstance(count, int) or isinstance(count, bool):

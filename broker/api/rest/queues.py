@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from broker.api.permissions import access_for
 from broker.api.rest.fields import RestContext, body_fields
 from broker.core import NotFound
 
@@ -17,6 +18,8 @@ def add_routes(ctx: RestContext) -> None:
         runtime.check_ready()
         name = request.path_params["name"]
         f = await body_fields(request, {"durable", "exclusive", "auto_delete", "arguments", "passive"})
+        if not f.bool("passive", False):
+            access_for(request).require("declare_queue", name)
         queue, created = core.declare_queue(
             name,
             durable=f.bool("durable", True),
@@ -33,6 +36,7 @@ def add_routes(ctx: RestContext) -> None:
     async def delete_queue(request: Any, response: Any) -> None:
         runtime.check_ready()
         name = request.path_params["name"]
+        access_for(request).require("delete_queue", name)
         count = core.delete_queue(
             name,
             if_unused=request.query.get_bool("if_unused", False),
@@ -59,6 +63,7 @@ def add_routes(ctx: RestContext) -> None:
     @ctx.route("POST", "/queues/{name}/purge")
     async def purge(request: Any, response: Any) -> None:
         runtime.check_ready()
+        access_for(request).require("purge", request.path_params["name"])
         count = core.purge_queue(request.path_params["name"])
         runtime.pump()
         await response.send_json(200, {"purged": count})

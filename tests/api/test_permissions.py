@@ -1,0 +1,210 @@
+"""The permission matrix: for each operation, on REST, channels and streams, a user
+holding exactly the permissions it needs is served, and a user missing any one of
+them is refused (403 / an ``error`` event ``access_refused``) with nothing changed."""
+
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from broker.app import BrokerApp
+from tests.support.channel import Clients, wait_until
+from tests.support.http import open_tcp_client
+from tests.support.security import add_user
+
+_names = itertools.count()
+
+Need = tuple[str, str]  # (permission, resource)
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    needs: tuple[Need, ...]
+    rest: tuple[str, str, Any] | None = None  # method, path, JSON body
+    op: dict[str, Any] | None = None  # a channel op
+    stream: str | None = None  # a queue to stream
+
+
+CASES = [
+    Case("declare exchange", (("configure", "nx"),), rest=("PUT", "/exchanges/nx", {}),
+         op={"op": "declare_exchange", "exchange": "nx"}),
+    Case("delete exchange", (("configure", "x"),), rest=("DELETE", "/exchanges/x", None),
+         op={"op": "delete_exchange", "exchange": "x"}),
+    Case("declare queue", (("configure", "nq"),), rest=("PUT", "/queues/nq", {}),
+         op={"op": "declare_queue", "queue": "nq"}),
+    Case("declare server-named queue", (("configure", "amq.gen-"),), op={"op": "declare_queue", "queue": ""}),
+    Case("delete queue", (("configure", "q"),), rest=("DELETE", "/queues/q", None),
+         op={"op": "delete_queue", "queue": "q"}),
+    Case("publish", (("write", "x"),), rest=("POST", "/exchanges/x/publish?routing_key=k", b"m"),
+         op={"op": "publish", "exchange": "x", "routing_key": "k", "body": "m"}),
+    Case("publish to the default exchange", (("write", "amq.default"),),
+         rest=("POST", "/exchanges/amq.default/publish?routing_key=q", b"m"),
+         op={"op": "publish", "exchange": "", "routing_key": "q", "body": "m"}),
+    Case("bind", (("write", "q"), ("read", "x")), rest=("POST", "/bindings", {"exchange": "x", "queue": "q", "routing_key": "n"}),
+         op={"op": "bind", "exchange": "x", "queue": "q", "routing_key": "n"}),
+    Case("bind exchange to exchange", (("write", "y"), ("read", "x")),
+         rest=("POST", "/bindings", {"exchange": "x", "to_exchange": "y", "routing_key": "n"}),
+         op={"op": "bind", "exchange": "x", "to_exchange": "y", "routing_key": "n"}),
+    Case("unbind", (("write", "q"), ("read", "x")), rest=("DELETE", "/bindings", {"exchange": "x", "queue": "q", "routing_key": "k"}),
+         op={"op": "unbind", "exchange": "x", "queue": "q", "routing_key": "k"}),
+    Case("get", (("read", "q"),), rest=("POST", "/queues/q/get", None)),
+    Case("get from several queues", (("read", "q"), ("read", "q2")), rest=("POST", "/get", {"queues": ["q", "q2"]})),
+    Case("consume", (("read", "q"),), op={"op": "consume", "queue": "q", "consumer_tag": "c"}, stream="q"),
+    Case("purge", (("read", "q"),), rest=("POST", "/queues/q/purge", None), op={"op": "purge_queue", "queue": "q"}),
+    Case("ack leases", (("read", "q"),), rest=("POST", "/queues/q/ack", {"lease_ids": ["nope"]})),
+    Case("nack leases", (("read", "q"),), rest=("POST", "/queues/q/nack", {"lease_ids": ["nope"]})),
+    Case("extend leases", (("read", "q"),), rest=("POST", "/queues/q/extend", {"lease_ids": ["nope"]})),
+    Case("browse", (("read", "q"),), rest=("GET", "/queues/q/messages", None)),
+    Case("redrive", (("administrator", ""), ("read", "q")), rest=("POST", "/queues/q/redrive", {})),
+]
+
+
+def permissions_for(needs: tuple[Need, ...]) -> tuple[dict[str, str], tuple[str, ...]]:
+    by_kind: dict[str, list[str]] = {"configure": [], "write": [], "read": []}
+    tags: tuple[str, ...] = ()
+    for permission, resource in needs:
+        if permission == "administrator":
+            tags = ("administrator",)
+        else:
+            by_kind[permission].append(resource)
+    return {k: ("^(" + "|".join(re.escape(n) for n in v) + ")$") if v else "" for k, v in by_kind.items()}, tags
+
+
+def state(app: BrokerApp) -> Any:
+    core = app.runtime.core
+    return (
+        sorted(core.exchanges),
+        sorted((q.name, q.ready_count(), q.unacked, len(q.consumers)) for q in core.queues.values()),
+        sorted(str(b) for b in core.list_bindings()),
+    )
+
+
+async def setup(app: BrokerApp) -> None:
+    core = app.runtime.core
+    add_user(core, "admin", tags=("administrator",))
+    core.declare_exchange("x", "direct")
+    core.declare_exchange("y", "fanout")
+    core.declare_queue("q")
+    core.declare_queue("q2")
+    core.bind("x", "q", "k", {})
+    core.publish(0, "", "q", b"ready", None)
+    await app.runtime.wait_durable()
+
+
+def attempts(case: Case) -> list[tuple[str, tuple[Need, ...], bool]]:
+    """(label, needs granted, allowed?): all of them, then each one missing."""
+    out = [("all", case.needs, True)]
+    for missing in case.needs:
+        out.append((f"without {missing[0]} on {missing[1]!r}", tuple(n for n in case.needs if n != missing), False))
+    return out
+
+
+def user_with(app: BrokerApp, granted: tuple[Need, ...]) -> list[tuple[str, str]]:
+    permissions, tags = permissions_for(granted)
+    return add_user(app.runtime.core, f"u{next(_names)}", tags=tags, permissions=permissions)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.rest], ids=lambda c: c.name)
+async def test_rest(broker_app: BrokerApp, case: Case) -> None:
+    await setup(broker_app)
+    assert case.rest is not None
+    method, path, body = case.rest
+    async with open_tcp_client(broker_app.port) as client:
+        for label, granted, allowed in attempts(case):
+            creds = user_with(broker_app, granted)
+            await broker_app.runtime.wait_durable()
+            await wait_until(lambda: len(broker_app.runtime.core.channels) == 1)  # earlier ones ended
+            before = state(broker_app)
+            kw: dict[str, Any] = {}
+            if isinstance(body, bytes):
+                kw["body"] = body
+            elif body is not None:
+                kw["json"] = body
+            reply = await client.request(method, path, headers=creds, **kw)
+            if allowed:
+                assert reply.status < 400 or reply.error not in ("access_refused", "unauthorized"), (label, reply.body)
+            else:
+                assert reply.status == 403 and reply.error == "access_refused", (label, reply.status, reply.body)
+                assert state(broker_app) == before, label
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.op], ids=lambda c: c.name)
+async def test_channel(broker_app: BrokerApp, case: Case) -> None:
+    await setup(broker_app)
+    assert case.op is not None
+    async with Clients(broker_app.port) as clients:
+        for label, granted, allowed in attempts(case):
+            creds = user_with(broker_app, granted)
+            await broker_app.runtime.wait_durable()
+            await wait_until(lambda: len(broker_app.runtime.core.channels) == 1)  # earlier ones ended
+            before = state(broker_app)
+            ch = await clients.channel(headers=creds)
+            await ch.send({**case.op, "id": "the-op"})
+            await ch.send({"op": "close", "id": "end"})
+            events = await ch.remaining_events()
+            errors = [e for e in events if e["ev"] == "error"]
+            if allowed:
+                assert not errors, (label, events)
+                assert any(e.get("id") == "end" for e in events), (label, events)
+            else:
+                assert len(errors) == 1 and errors[0]["error"] == "access_refused", (label, events)
+                assert errors[0]["id"] == "the-op"
+                assert not [e for e in events if e["ev"] in ("ack", "nack", "ok", "consume_ok")], (label, events)
+                assert state(broker_app) == before, label
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.stream], ids=lambda c: c.name)
+async def test_stream(broker_app: BrokerApp, case: Case) -> None:
+    await setup(broker_app)
+    assert case.stream is not None
+    async with Clients(broker_app.port) as clients:
+        for label, granted, allowed in attempts(case):
+            creds = user_with(broker_app, granted)
+            await broker_app.runtime.wait_durable()
+            await wait_until(lambda: len(broker_app.runtime.core.channels) == 1)  # earlier ones ended
+            before = state(broker_app)
+            stream = await clients.stream(case.stream, headers=creds)
+            if allowed:
+                assert stream.status == 200, label
+                assert (await stream.next_item())["body"] == "ready"
+                await stream.abort()
+            else:
+                assert stream.status == 403, label
+                assert state(broker_app) == before, label
+
+
+async def test_a_permission_change_reaches_an_open_channel(broker_app: BrokerApp) -> None:
+    await setup(broker_app)
+    core = broker_app.runtime.core
+    creds = add_user(core, "svc", permissions={"configure": "", "write": "^x$", "read": ""})
+    await broker_app.runtime.wait_durable()
+    async with Clients(broker_app.port) as clients:
+        ch = await clients.channel(headers=creds)
+        await ch.send({"op": "publish", "exchange": "x", "routing_key": "k", "body": "1"})
+        assert (await ch.expect("ack"))["delivery_tag"] == 1
+        core.set_permissions("svc", {"write": "^y$"})
+        await ch.send({"op": "publish", "exchange": "x", "routing_key": "k", "body": "2"})
+        error = await ch.expect("error")
+        assert error["error"] == "access_refused"
+    assert core.queues["q"].ready_count() == 2  # "ready" and "1"
+
+
+async def test_a_deleted_users_open_channel_is_refused_everything(broker_app: BrokerApp) -> None:
+    await setup(broker_app)
+    core = broker_app.runtime.core
+    creds = add_user(core, "svc")
+    await broker_app.runtime.wait_durable()
+    async with Clients(broker_app.port) as clients:
+        ch = await clients.channel(headers=creds)
+        await ch.send({"op": "publish", "exchange": "x", "routing_key": "k", "body": "1"})
+        assert (await ch.expect("ack"))["delivery_tag"] == 1
+        core.delete_user("svc")
+        await ch.send({"op": "publish", "exchange": "x", "routing_key": "k", "body": "2", "id": "late"})
+        error = await ch.expect("error")
+        assert error["error"] == "access_refused" and error["id"] == "late"
+    assert core.queues["q"].ready_count() == 2  # "ready" and "1"
