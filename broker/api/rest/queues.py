@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from broker.api.rest.fields import RestContext, body_fields
+from broker.api.rest.listing import LIST_QUERY, list_page
 from broker.core import NotFound
 
 
@@ -42,11 +43,9 @@ def add_routes(ctx: RestContext) -> None:
         await runtime.wait_durable()
         await response.send_json(200, {"deleted": name, "messages": count})
 
-    @ctx.route("GET", "/queues")
+    @ctx.route("GET", "/queues", query=LIST_QUERY)
     async def list_queues(request: Any, response: Any) -> None:
-        await response.send_json(
-            200, {"queues": [core.queue_info(q) for q in core.queues.values()]}
-        )
+        await response.send_json(200, list_page(core, request.query))
 
     @ctx.route("GET", "/queues/{name}")
     async def get_queue(request: Any, response: Any) -> None:
