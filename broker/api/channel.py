@@ -100,6 +100,10 @@ class ChannelSession:
         self.core = runtime.core
         self.channel_id = channel_id
         self.response = response
+        #: Who and since when, for ``GET /channels`` (``broker/api/rest/channels.py``).
+        self.kind = "channel"
+        self.remote: str | None = None
+        self.opened_at = time.time()
         self.outbox: list[Any] = []
         #: Estimated bytes of the non-delivery events in ``outbox``.
         self.outbox_bytes = 0
@@ -658,6 +662,7 @@ async def handle_channel(runtime: BrokerRuntime, request: Any, response: Any) ->
     core = runtime.core
     channel_id = core.open_channel()
     session = ChannelSession(runtime, channel_id, response)
+    session.remote = request.remote
     runtime.add_sink(channel_id, session)
     log.info("channel opened", extra={"fields": {"channel": channel_id}})
     reason = "channel closed"
@@ -679,8 +684,8 @@ async def handle_channel(runtime: BrokerRuntime, request: Any, response: Any) ->
             try:
                 with session.reader_scope:
                     await session.serve_reader(request)
-                if session.reader_scope.cancelled_caught:  # broker shutdown
-                    reason = "broker shut down"
+                if session.reader_scope.cancelled_caught:  # broker shutdown or an operator's close
+                    reason = session.closing_reason or "broker shut down"
                     await session.finish_publishes()
             except ClientDisconnected:
                 disconnected = True
