@@ -10,7 +10,7 @@ from typing import Any
 
 import trio
 
-from broker.api import BrokerMetrics, build_router, http_error
+from broker.api import BrokerMetrics, build_router, http_error, protect
 from broker.config import Settings
 from broker.http import HTTPServer, Limits
 from broker.runtime import BrokerRuntime, RuntimeOptions
@@ -29,7 +29,9 @@ class BrokerApp:
     def __init__(self, runtime: BrokerRuntime, limits: Limits, *, metrics_handler: Any = None) -> None:
         self.runtime = runtime
         self.server = HTTPServer(
-            build_router(runtime, metrics_handler=metrics_handler), limits=limits, error_translator=http_error
+            protect(build_router(runtime, metrics_handler=metrics_handler)),
+            limits=limits,
+            error_translator=http_error,
         )
         self._scope: trio.CancelScope | None = None
 

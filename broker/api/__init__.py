@@ -5,8 +5,9 @@ endpoint. It sits on the generic HTTP server (:mod:`broker.http`) and the runtim
 (:mod:`broker.runtime`).
 """
 
+from broker.api.csrf import protect
 from broker.api.errors import http_error
 from broker.api.metrics import BrokerMetrics
 from broker.api.routes import build_router
 
-__all__ = ["BrokerMetrics", "build_router", "http_error"]
+__all__ = ["BrokerMetrics", "build_router", "http_error", "protect"]
