@@ -8,6 +8,7 @@ from typing import Any
 from broker.api.channel import handle_channel
 from broker.api.rest import add_rest_routes
 from broker.api.stream import handle_stream
+from broker.api.ui import add_ui_routes
 from broker.http import Router
 from broker.runtime import BrokerRuntime
 
@@ -24,4 +25,5 @@ def build_router(runtime: BrokerRuntime, *, metrics_handler: Any = None) -> Rout
     router.add("GET", "/queues/{name}/stream", partial(handle_stream, runtime), head=False)
     if metrics_handler is not None:
         router.add("GET", "/metrics", metrics_handler)
+    add_ui_routes(router)  # the management UI's files (docs/ui.md)
     return router
