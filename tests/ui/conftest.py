@@ -55,7 +55,7 @@ def _browser() -> tuple[str, str]:
     return chromium, driver
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
     """A broker subprocess with a data directory (so the overview shows the log)."""
     _browser()  # skip before starting anything
@@ -63,9 +63,9 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
         yield proc
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def driver() -> Iterator[Any]:
-    """One headless Chromium for the module's tests."""
+    """One headless Chromium for all the browser tests."""
     chromium, chromedriver = _browser()
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
@@ -114,6 +114,6 @@ class Screenshots:
         return path
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def screenshots(tmp_path_factory: pytest.TempPathFactory) -> Screenshots:
     return Screenshots(tmp_path_factory.mktemp("ui-screenshots"))
