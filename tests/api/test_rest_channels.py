@@ -30,6 +30,7 @@ async def test_lists_channels_and_streams_with_their_consumers(
     channel = by_kind["channel"]
     assert channel["id"] == ch.open_event["channel"]
     assert channel["remote"].startswith("127.0.0.1:")
+    assert channel["user"] is None  # no users: nobody logged in
     assert channel["opened_at"] > 0
     assert channel["publishes"] == 3 and channel["deliveries"] == 2 and channel["unacked"] == 2
     assert channel["pending_confirms"] == 0 and channel["transactional"] is False

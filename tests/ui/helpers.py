@@ -57,7 +57,7 @@ def console_errors(driver: Any) -> list[str]:
         if entry["level"] != "SEVERE":
             continue
         message = entry["message"]
-        if "404" in message and any(p in message for p in ("/locks ", "/schedules ", "/users ")):
+        if "404" in message and any(p in message for p in ("/locks ", "/schedules ", "/users ", "/whoami ")):
             continue
         out.append(message)
     return out

@@ -43,6 +43,15 @@ def test_login_form_credentials_go_with_every_call(driver: Any) -> None:
         driver.get(server.url + "/ui/#/")
         wait_for(driver, lambda d: css(d, "#login").is_displayed(), "the login form")
         assert "log in" in text_of(driver, "#login-reason")
+        # Cancel: the page stops asking (the sampler's next calls just fail) until
+        # the user presses Log in.
+        css(driver, "#login-form button[value=cancel]").click()
+        assert css(driver, "#login-button").is_displayed()
+        seen = len(server.calls)
+        wait_for(driver, lambda d: len(server.calls) >= seen + 2, "more calls")
+        assert not css(driver, "#login").is_displayed()
+        css(driver, "#login-button").click()
+        wait_for(driver, lambda d: css(d, "#login").is_displayed(), "the login form again")
         fill(driver, "#login-user", "ops")
         fill(driver, "#login-password", "s3cret é")
         css(driver, "#login-form button[value=login]").click()

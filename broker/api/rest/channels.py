@@ -37,6 +37,8 @@ def add_routes(ctx: RestContext) -> None:
             "id": channel_id,
             "kind": getattr(sink, "kind", "channel"),
             "remote": getattr(sink, "remote", None),
+            # who opened it, when the broker has users (the session's principal)
+            "user": getattr(getattr(sink, "principal", None), "username", None),
             "opened_at": getattr(sink, "opened_at", None),
             "prefetch": ch.prefetch,
             "default_prefetch": ch.default_prefetch,

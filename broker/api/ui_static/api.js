@@ -36,9 +36,18 @@ export function basicAuth(user, password) {
 
 export function bearerAuth(token) { return "Bearer " + token; }
 
+// Once the user cancels the form, calls fail with their 401 instead of asking again
+// every few seconds, until askAgain() (the page's "Log in" button).
+let declined = false;
+export function askAgain() { declined = false; }
+
 function login(reason) {
+  if (declined) return Promise.resolve(null);
   if (!loginPending) {
-    loginPending = (loginHandler ? loginHandler(reason) : Promise.resolve(null)).finally(() => {
+    loginPending = (loginHandler ? loginHandler(reason) : Promise.resolve(null)).then((header) => {
+      if (!header) declined = true;
+      return header;
+    }).finally(() => {
       loginPending = null;
     });
   }

@@ -2,7 +2,7 @@
 // router (#/queues, #/queue/<name>, ...), and the overview sampler that keeps the
 // last minutes of rates in memory whatever page is open.
 
-import { api, onLoginNeeded, loggedIn, logout, basicAuth, bearerAuth, exists } from "./api.js";
+import { api, onLoginNeeded, loggedIn, logout, basicAuth, bearerAuth, exists, askAgain } from "./api.js";
 import { h, replace, errorText } from "./util.js";
 import { overviewPage, startSampler } from "./overview.js";
 import { queuesPage } from "./queues.js";
@@ -21,6 +21,7 @@ onLoginNeeded((reason) => new Promise((resolve) => {
   document.getElementById("login-reason").textContent = reason;
   form.reset();
   dialog.addEventListener("close", () => {
+    document.getElementById("login-button").hidden = dialog.returnValue === "login";
     if (dialog.returnValue !== "login") return resolve(null);
     const data = new FormData(form);
     const token = String(data.get("token") || "");
@@ -30,6 +31,11 @@ onLoginNeeded((reason) => new Promise((resolve) => {
   }, { once: true });
   dialog.showModal();
 }));
+
+document.getElementById("login-button").addEventListener("click", () => {
+  askAgain();
+  render();
+});
 
 document.getElementById("logout").addEventListener("click", () => {
   logout();
@@ -85,6 +91,10 @@ async function start() {
   } catch (e) {
     document.getElementById("server").textContent = errorText(e);
   }
+  // Who is logged in, on a broker with users (GET /whoami answers).
+  api("/whoami").then((me) => {
+    if (me && me.name) document.getElementById("server").textContent += ` · ${me.name}`;
+  }, () => {});
   // Sections for what this broker has (locks, schedules, users): shown when the
   // API answers, hidden on a 404.
   for (const li of document.querySelectorAll("#nav [data-feature]")) {

@@ -31,6 +31,7 @@ export function connectionsPage() {
     const clients = new Set(chans.map((c) => (c.remote || "").replace(/:\d+$/, "")));
     replace(list, table([
       { label: "Client", cell: (c) => c.remote || "–" },
+      chans.some((c) => c.user) ? { label: "User", cell: (c) => c.user || "–" } : null,
       { label: "Channel", cell: (c) => `${c.id} (${c.kind})` },
       { label: "Open since", cell: (c) => when(c.opened_at) },
       { label: "Consumers", cell: (c) => c.consumers.length ? c.consumers.map((k) => h("div", {}, `${k.consumer_tag} ← `, h("a", { href: "#/queue/" + encodeURIComponent(k.queue) }, k.queue))) : "none" },

@@ -126,6 +126,7 @@ export class Rates {
 }
 
 export function table(columns, rows, { caption, empty = "None." } = {}) {
+  columns = columns.filter(Boolean);
   if (!rows.length) return h("p", { class: "empty" }, empty);
   return h("div", { class: "table-wrap", tabindex: "0", role: "region", "aria-label": caption || "table" },
     h("table", {},
