@@ -46,7 +46,7 @@ def test_login_form_credentials_go_with_every_call(driver: Any) -> None:
         # Cancel: the page stops asking (the sampler's next calls just fail) until
         # the user presses Log in.
         css(driver, "#login-form button[value=cancel]").click()
-        assert css(driver, "#login-button").is_displayed()
+        wait_for(driver, lambda d: css(d, "#login-button").is_displayed(), "the Log in button")
         seen = len(server.calls)
         wait_for(driver, lambda d: len(server.calls) >= seen + 2, "more calls")
         assert not css(driver, "#login").is_displayed()
