@@ -3,10 +3,15 @@ parameters the answer is what it always was."""
 
 from __future__ import annotations
 
-import pytest
+from typing import Any
 
+import pytest
+import trio
+
+from broker.api.rest import listing
 from broker.api.rest.listing import MAX_PAGE_SIZE
 from broker.app import BrokerApp
+from broker.http import QueryParams
 from tests.support.http import HTTPClient, assert_error
 
 
@@ -93,3 +98,31 @@ async def test_ten_thousand_queues_answer_one_page(client: HTTPClient, broker_ap
     assert body["total"] == 10_000 and body["filtered"] == 1000 and body["pages"] == 20
     assert [q["name"] for q in body["queues"]][:2] == ["bulk-09999", "bulk-09998"]
     assert len(reply.body) < 50 * 1024  # one page travels, not 10,000 queues
+
+
+async def test_a_sort_lets_other_tasks_run_and_leaves_out_queues_deleted_meanwhile(
+    broker_app: BrokerApp, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sort keys are read in slices with a checkpoint between them (10,000 queues take
+    tens of milliseconds); a queue deleted while the list is built is not answered."""
+    core = broker_app.runtime.core
+    for name in "abcd":
+        core.declare_queue(name, durable=False)
+    checkpoints = 0
+
+    async def counted() -> None:
+        nonlocal checkpoints
+        checkpoints += 1
+        await trio.lowlevel.checkpoint()
+
+    def consumers_deleting_c(q: Any) -> int:
+        if q.name == "d":  # another task deletes "c" meanwhile
+            core.delete_queue("c")
+        return len(q.consumers)
+
+    monkeypatch.setattr(listing, "KEYS_PER_SLICE", 1)
+    monkeypatch.setattr(listing, "checkpoint", counted)
+    monkeypatch.setitem(listing.SORT_KEYS, "consumers", consumers_deleting_c)
+    body = await listing.list_page(core, QueryParams("sort=consumers"))
+    assert checkpoints == 3
+    assert [q["name"] for q in body["queues"]] == ["a", "b", "d"]

@@ -6,14 +6,19 @@ order, ``{"queues": [...]}``. With any of them the answer is one page plus the c
 a pager needs (``total``, ``filtered``, ``page``, ``page_size``, ``pages``), as
 RabbitMQ's management API answers ``/api/queues?page=...``.
 
-Sorting reads only the numbers it sorts by (a queue's ready count is kept, not
-counted), and only the page's queues are turned into JSON.
+Sorting reads only the numbers it sorts by, and only the page's queues are turned into
+JSON. Reading a number of 10,000 queues takes tens of milliseconds, so the sort keys
+are read in slices with a trio checkpoint between them: a management page refreshing
+its list never holds up publishes and deliveries for longer than one slice. A queue
+deleted meanwhile is left out of the page.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
+
+from trio.lowlevel import checkpoint
 
 from broker.core import InvalidArgument
 
@@ -22,6 +27,8 @@ __all__ = ["LIST_QUERY", "MAX_PAGE_SIZE", "SORT_KEYS", "list_page"]
 #: The largest page: RabbitMQ's management API caps ``page_size`` at 500 too.
 MAX_PAGE_SIZE = 500
 DEFAULT_PAGE_SIZE = 100
+#: Sort keys read between two trio checkpoints (about a millisecond's work).
+KEYS_PER_SLICE = 500
 #: The longest name filter (a queue name is at most 255 bytes).
 MAX_FILTER_CHARS = 255
 
@@ -39,7 +46,7 @@ SORT_KEYS: dict[str, Callable[[Any], Any]] = {
 }
 
 
-def list_page(core: Any, query: Any) -> dict[str, Any]:
+async def list_page(core: Any, query: Any) -> dict[str, Any]:
     """The answer of ``GET /queues`` for ``query``.
 
     Raises: ``InvalidArgument`` for a bad ``page``, ``page_size``, ``sort`` or ``order``
@@ -67,14 +74,21 @@ def list_page(core: Any, query: Any) -> dict[str, Any]:
         queues = [q for q in queues if folded in q.name.casefold()]
     queues.sort(key=lambda q: q.name)  # the tie-break: stable sorts keep it
     if sort != "name":
-        queues.sort(key=key)
+        keys: list[Any] = []
+        for start in range(0, len(queues), KEYS_PER_SLICE):
+            if start:
+                await checkpoint()
+            keys.extend(key(q) for q in queues[start : start + KEYS_PER_SLICE])
+        order_of = sorted(range(len(queues)), key=keys.__getitem__)
+        queues = [queues[i] for i in order_of]
     if order == "desc":
         queues.reverse()
     filtered = len(queues)
     pages = max(1, -(-filtered // page_size))
     start = (page - 1) * page_size
+    live = core.queues
     return {
-        "queues": [core.queue_info(q) for q in queues[start : start + page_size]],
+        "queues": [core.queue_info(q) for q in queues[start : start + page_size] if live.get(q.name) is q],
         "total": total,
         "filtered": filtered,
         "page": page,

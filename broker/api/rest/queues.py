@@ -45,7 +45,7 @@ def add_routes(ctx: RestContext) -> None:
 
     @ctx.route("GET", "/queues", query=LIST_QUERY)
     async def list_queues(request: Any, response: Any) -> None:
-        await response.send_json(200, list_page(core, request.query))
+        await response.send_json(200, await list_page(core, request.query))
 
     @ctx.route("GET", "/queues/{name}")
     async def get_queue(request: Any, response: Any) -> None:
