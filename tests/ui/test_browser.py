@@ -69,6 +69,17 @@ def test_queue_lifecycle_through_the_ui(driver: Any, broker: BrokerProcess, scre
     assert unlabelled_controls(driver) == []
     screenshots.take(driver, "queue")
 
+    # Get it on a lease, then nack it back: it is ready again, marked redelivered.
+    css(driver, "#get-form button[type=submit]").click()
+    wait_text(driver, "#got-messages", "hello from the browser")
+    assert queue(broker, "ui-orders")["messages_unacked"] == 1
+    [nack] = [b for b in driver.find_elements("css selector", "#got-messages button") if b.text == "Nack, requeue"]
+    nack.click()
+    wait_text(driver, "#got-messages", "Returned to the queue")
+    after_nack = queue(broker, "ui-orders")
+    assert (after_nack["messages_ready"], after_nack["messages_unacked"]) == (1, 0)
+    assert after_nack["message_stats"]["redelivered"] == 0  # counted when delivered again
+
     # Purge, through the confirmation dialog (Cancel first: nothing happens).
     css(driver, "#purge").click()
     wait_for(driver, lambda d: css(d, "#confirm").is_displayed(), "the confirmation dialog")
@@ -82,6 +93,13 @@ def test_queue_lifecycle_through_the_ui(driver: Any, broker: BrokerProcess, scre
     wait_text(driver, "main section.panel .status", "Purged 1 message(s)")
     assert queue(broker, "ui-orders")["messages_ready"] == 0
     wait_text(driver, "#depth-ready", "0")
+
+    # Delete it (confirmed): the page goes back to the list.
+    css(driver, "#delete-queue").click()
+    wait_for(driver, lambda d: css(d, "#confirm").is_displayed(), "the confirmation dialog")
+    css(driver, "#confirm-yes").click()
+    wait_for(driver, lambda d: d.execute_script("return location.hash") == "#/queues", "the queue list")
+    assert broker.request("GET", "/queues/ui-orders")[0] == 404
     assert console_errors(driver) == []
 
 
@@ -153,6 +171,11 @@ def test_overview_exchanges_and_connections(driver: Any, broker: BrokerProcess, 
     assert got["messages"][0]["properties"]["headers"] == {"tenant": "acme"}
     assert unlabelled_controls(driver) == []
     screenshots.take(driver, "exchanges")
+    # Unbind it from the list of bindings.
+    css(driver, "button[aria-label='Unbind ui-bound from ui-events (order.*)']").click()
+    wait_for(driver, lambda d: "order.*" not in text_of(d, "#binding-list"), "the binding to go")
+    status, bindings = broker.request("GET", "/bindings")
+    assert not [b for b in bindings["bindings"] if b["exchange"] == "ui-events"]
 
     # Connections: a streaming consumer is listed; closing it from the page ends it.
     with socket.create_connection(("127.0.0.1", broker.port)) as sock:
@@ -175,7 +198,7 @@ def test_overview_exchanges_and_connections(driver: Any, broker: BrokerProcess, 
 def test_narrow_screen_and_keyboard(driver: Any, broker: BrokerProcess) -> None:
     driver.set_window_size(390, 844)  # a phone
     try:
-        for page in ("#/", "#/queues", "#/queue/ui-orders", "#/exchanges", "#/connections"):
+        for page in ("#/", "#/queues", "#/queue/ui-bound", "#/exchanges", "#/connections"):
             open_page(driver, broker, page)
             overflow = driver.execute_script(
                 "return document.documentElement.scrollWidth - document.documentElement.clientWidth"
@@ -202,6 +225,7 @@ def test_narrow_screen_and_keyboard(driver: Any, broker: BrokerProcess) -> None:
         # Enter follows the focused link, and the new page's content takes the focus.
         ActionChains(driver).send_keys(Keys.ENTER).perform()
         wait_for(driver, lambda d: d.execute_script("return location.hash") == "#/connections", "the connections page")
-        assert driver.switch_to.active_element.get_attribute("id") == "main"
+        wait_for(driver, lambda d: d.switch_to.active_element.get_attribute("id") == "main", "the focus on the page")
+        assert "Connections" in text_of(driver, "main h1")
     finally:
         driver.set_window_size(1280, 1000)
