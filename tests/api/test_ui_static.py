@@ -56,3 +56,8 @@ def test_every_file_is_self_contained() -> None:
         assert not re.search(r"""from\s+["'](https?:)?//""", text), name
         for imported in re.findall(r"""from\s+["']\./([^"']+)["']""", text):
             assert imported in files, f"{name} imports {imported}, which is not packaged"
+    page = files["index.html"].body.decode()
+    for linked in re.findall(r'(?:src|href)="([^"#]+)"', page):
+        assert linked in files, f"index.html links {linked}, which is not packaged"
+    modules = {n for n in files if n.endswith(".js") and n != "app.js"}
+    assert set(re.findall(r'rel="modulepreload" href="([^"]+)"', page)) == modules
