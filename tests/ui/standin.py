@@ -3,8 +3,9 @@ are another origin than the broker's):
 
 * ``attacker_page``: a page of "another site" that tries to change the broker through
   the visitor's browser (cross-site request forgery);
-* ``login_mode``: the UI's own files, with every API call answered ``401`` (HTTP Basic
-  challenge) until the right ``Authorization`` arrives, as a broker with users does.
+* the UI's own files, with every API call answered ``401`` (HTTP Basic challenge) until
+  an ``Authorization`` it accepts arrives, as a broker with users does; then canned
+  answers (``answers``) for the API families the UI shows only when they exist.
   It stands in for the broker's authentication, which lives apart from the UI; the UI
   only has to send what the login form produced, and to send it on every call.
 """
@@ -28,6 +29,8 @@ class StandIn:
         self.server = server
         self.pages: dict[str, bytes] = {}
         self.accepted: set[str] = set()
+        #: API answers by path (besides /overview), for a broker with more families
+        self.answers: dict[str, object] = {}
         #: (path, Authorization header or None) of every API call
         self.calls: list[tuple[str, str | None]] = []
 
@@ -77,6 +80,8 @@ def open_standin() -> Iterator[StandIn]:
                     "storage": {"enabled": False},
                 }
                 self._send(200, json.dumps(overview).encode(), "application/json")
+            elif self.path in standin.answers:
+                self._send(200, json.dumps(standin.answers[self.path]).encode(), "application/json")
             else:
                 self._send(404, b'{"error":"not_found","message":"no"}', "application/json")
 

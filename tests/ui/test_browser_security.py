@@ -73,3 +73,22 @@ def test_login_form_credentials_go_with_every_call(driver: Any) -> None:
         wait_for(driver, lambda d: text_of(d, "[data-key=version]") == "9.9.9", "the overview")
         assert server.calls[-1][1] == "Bearer tok-123"
         driver.execute_script("sessionStorage.clear()")
+
+
+def test_optional_sections_appear_when_the_broker_has_them(driver: Any) -> None:
+    """Locks, schedules and users are shown only by a broker whose API answers them."""
+    with open_standin() as server:
+        server.accepted.add("Bearer t")
+        server.answers["/locks"] = {"locks": [{"name": "nightly-report", "owner": "worker-1", "token": 7}]}
+        server.answers["/whoami"] = {"name": "ops", "tags": ["administrator"], "authenticated": True}
+        driver.get(server.url + "/ui/#/")
+        driver.execute_script("sessionStorage.setItem('ackbus.authorization', 'Bearer t')")
+        driver.refresh()
+        wait_for(driver, lambda d: css(d, "#nav [data-feature='/locks']").is_displayed(), "the Locks link")
+        wait_for(driver, lambda d: "ops" in text_of(d, "#server"), "the user's name")
+        assert not css(driver, "#nav [data-feature='/schedules']").is_displayed()
+        assert not css(driver, "#nav [data-feature='/users']").is_displayed()
+        css(driver, "#nav a[href='#/locks']").click()
+        wait_for(driver, lambda d: "nightly-report" in text_of(d, "main table"), "the lock")
+        assert "worker-1" in text_of(driver, "main table")
+        driver.execute_script("sessionStorage.clear()")
