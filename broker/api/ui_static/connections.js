@@ -5,7 +5,7 @@
 
 import { api } from "./api.js";
 import { confirmAction } from "./dialogs.js";
-import { h, replace, num, rate, when, table, errorText, statusLine, Rates } from "./util.js";
+import { h, replace, num, rate, when, table, errorText, statusLine, Rates, every } from "./util.js";
 
 const REFRESH_S = 3;
 const rates = new Rates();
@@ -58,6 +58,6 @@ export function connectionsPage() {
 
   const el = h("div", {}, h("h1", { tabindex: "-1" }, "Connections and channels"), error, status, list);
   load();
-  const timer = setInterval(() => { if (!list.contains(document.activeElement)) load(); }, REFRESH_S * 1000);
-  return { el, stop: () => clearInterval(timer) };
+  const stop = every(REFRESH_S, () => { if (!list.contains(document.activeElement)) load(); });
+  return { el, stop };
 }

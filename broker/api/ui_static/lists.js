@@ -3,7 +3,7 @@
 // The nav hides them on a 404 (see app.js); this page says so too.
 
 import { api } from "./api.js";
-import { h, replace, table, errorText } from "./util.js";
+import { h, replace, table, errorText, every } from "./util.js";
 
 function cellText(v) {
   if (v === null || v === undefined) return "–";
@@ -24,6 +24,5 @@ export function listPage(title, path) {
     }
   }
   load();
-  const timer = setInterval(load, 5000);
-  return { el: h("div", {}, h("h1", { tabindex: "-1" }, title), out), stop: () => clearInterval(timer) };
+  return { el: h("div", {}, h("h1", { tabindex: "-1" }, title), out), stop: every(5, load) };
 }

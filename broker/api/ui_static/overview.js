@@ -5,7 +5,7 @@
 
 import { api } from "./api.js";
 import { LineChart } from "./chart.js";
-import { h, replace, num, bytes, duration, when, errorText } from "./util.js";
+import { h, replace, num, bytes, duration, when, errorText, every } from "./util.js";
 
 export const SAMPLE_S = 2;
 const WINDOW_S = 300;
@@ -36,11 +36,12 @@ async function sample() {
   for (const f of listeners) f();
 }
 
-let timer = null;
+let started = false;
 export function startSampler() {
-  if (timer) return;
+  if (started) return;
+  started = true;
   sample();
-  timer = setInterval(sample, SAMPLE_S * 1000);
+  every(SAMPLE_S, sample);
 }
 
 function card(label, value, key) {

@@ -7,7 +7,7 @@ import { api, seg } from "./api.js";
 import { LineChart } from "./chart.js";
 import { confirmAction } from "./dialogs.js";
 import { flags } from "./queues.js";
-import { h, replace, num, json, when, field, parseJsonField, statusLine, table, errorText } from "./util.js";
+import { h, replace, num, json, when, field, statusLine, table, errorText, every } from "./util.js";
 
 const POLL_S = 2;
 const WINDOW_S = 300;
@@ -108,9 +108,8 @@ export function queuePage(name) {
 
   refresh();
   refreshLists();
-  const timer = setInterval(refresh, POLL_S * 1000);
-  const listTimer = setInterval(refreshLists, 5000);
-  return { el, stop: () => { clearInterval(timer); clearInterval(listTimer); } };
+  const stops = [every(POLL_S, refresh), every(5, refreshLists)];
+  return { el, stop: () => stops.forEach((stop) => stop()) };
 }
 
 function publishForm(queue, after) {

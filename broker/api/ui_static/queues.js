@@ -4,7 +4,7 @@
 // Declaring a queue is a form above the list.
 
 import { api, seg } from "./api.js";
-import { h, replace, num, rate, json, field, parseJsonField, statusLine, table, errorText, Rates } from "./util.js";
+import { h, replace, num, rate, json, field, parseJsonField, statusLine, table, errorText, Rates, every } from "./util.js";
 
 const REFRESH_S = 3;
 // Kept while the tab lives, so going back to the list finds it as it was left.
@@ -139,6 +139,6 @@ export function queuesPage() {
 
   load();
   // A refresh would rebuild the table under a keyboard user's focus: skip it then.
-  const timer = setInterval(() => { if (!list.contains(document.activeElement)) load(); }, REFRESH_S * 1000);
-  return { el, stop: () => clearInterval(timer) };
+  const stop = every(REFRESH_S, () => { if (!list.contains(document.activeElement)) load(); });
+  return { el, stop };
 }

@@ -135,3 +135,10 @@ export function table(columns, rows, { caption, empty = "None." } = {}) {
       h("tbody", {}, rows.map((row) => h("tr", {}, columns.map((c) =>
         h("td", { class: c.num ? "num" : null, "data-col": c.key || null }, c.cell(row))))))));
 }
+
+// setInterval for polling, skipped while the tab is hidden (a background tab costs
+// the broker nothing); returns the function that stops it.
+export function every(seconds, fn) {
+  const timer = setInterval(() => { if (!document.hidden) fn(); }, seconds * 1000);
+  return () => clearInterval(timer);
+}
