@@ -103,6 +103,29 @@ def test_queue_lifecycle_through_the_ui(driver: Any, broker: BrokerProcess, scre
     assert console_errors(driver) == []
 
 
+def test_a_dead_letter_is_browsed_with_its_history_and_redriven(
+    driver: Any, broker: BrokerProcess, screenshots: Screenshots
+) -> None:
+    broker.request("PUT", "/queues/ui-dlq", {})
+    dlx = {"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "ui-dlq"}
+    assert broker.request("PUT", "/queues/ui-work", {"arguments": dlx})[0] == 201
+    assert broker.request("POST", "/exchanges/amq.default/publish?routing_key=ui-work", b"poison")[0] == 200
+    status, got = broker.request("POST", "/queues/ui-work/get?lease=60")
+    lease = got["messages"][0]["lease_id"]
+    assert broker.request("POST", "/queues/ui-work/nack", {"lease_ids": [lease], "requeue": False})[0] == 200
+
+    open_page(driver, broker, "#/queue/ui-dlq")
+    css(driver, "#browse-form button[type=submit]").click()
+    wait_text(driver, "#browsed", "poison")
+    assert "rejected in ui-work" in text_of(driver, "#browsed .deaths")
+    screenshots.take(driver, "dead-letters")
+    css(driver, "#redrive-form button[type=submit]").click()
+    wait_text(driver, "#redrive-form .status", "Moved 1 message(s)")
+    assert queue(broker, "ui-dlq")["messages_ready"] == 0
+    assert queue(broker, "ui-work")["messages_ready"] == 1
+    wait_text(driver, "#depth-ready", "0")
+
+
 def test_queue_list_pages_filters_and_sorts_on_the_server(
     driver: Any, broker: BrokerProcess, screenshots: Screenshots
 ) -> None:

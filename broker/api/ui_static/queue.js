@@ -18,6 +18,15 @@ function bodyText(m) {
   return "(body not readable)";
 }
 
+// x-death, newest first: "rejected ×2 in jobs (exchange orders, keys jobs) at ..."
+function deaths(list) {
+  return h("ul", { class: "deaths" }, list.map((d) => h("li", {},
+    h("strong", {}, d.reason), d.count > 1 ? ` ×${d.count}` : "", ` in ${d.queue}`,
+    ` (exchange ${d.exchange === "" ? "(default)" : d.exchange}`,
+    d["routing-keys"] ? `, key ${d["routing-keys"].join(", ")}` : "", ")",
+    d.time ? ` at ${when(d.time)}` : "")));
+}
+
 function messageView(m, extra) {
   const props = m.properties || {};
   const rows = [
@@ -26,10 +35,18 @@ function messageView(m, extra) {
     ["routing key", m.routing_key], ["enqueued", m.enqueued_at ? when(m.enqueued_at) : null],
     ["due", m.due_at ? when(m.due_at) : null], ["lease", m.lease_id],
   ];
-  for (const [k, v] of Object.entries(props)) rows.push([k, typeof v === "object" ? JSON.stringify(v) : v]);
-  if (m.x_death) rows.push(["x-death", JSON.stringify(m.x_death)]);
+  for (const [k, v] of Object.entries(props)) {
+    if (k === "headers" && v && v["x-death"]) {
+      // x-death is shown on its own, readably; the other headers as JSON
+      const { "x-death": _, ...rest } = v;
+      if (Object.keys(rest).length) rows.push([k, JSON.stringify(rest)]);
+      continue;
+    }
+    rows.push([k, typeof v === "object" ? JSON.stringify(v) : v]);
+  }
+  if (m.x_death) rows.push(["x-death", deaths(m.x_death)]);
   return h("article", { class: "message", "aria-label": `message ${m.seq ?? m.lease_id ?? ""}` },
-    h("dl", {}, rows.filter(([, v]) => v !== undefined && v !== null).map(([k, v]) => [h("dt", {}, k), h("dd", {}, String(v))])),
+    h("dl", {}, rows.filter(([, v]) => v !== undefined && v !== null).map(([k, v]) => [h("dt", {}, k), h("dd", {}, v instanceof Node ? v : String(v))])),
     h("pre", { class: "body" }, bodyText(m)),
     extra || null);
 }
