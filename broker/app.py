@@ -14,7 +14,7 @@ from typing import Any
 
 import trio
 
-from broker.api import Authenticator, BrokerMetrics, build_router, http_error
+from broker.api import Authenticator, BrokerMetrics, build_router, http_error, protect
 from broker.config import Settings
 from broker.http import HTTPServer, Limits, server_ssl_context
 from broker.runtime import BrokerRuntime, RuntimeOptions
@@ -76,8 +76,11 @@ class BrokerApp:
         #: and only then, requests are served without credentials while no user exists.
         self.loopback_only = True
         self.auth = Authenticator(runtime.core, runtime.options, open_without_users=lambda: self.loopback_only)
+        #: every endpoint, behind the authenticator's guard; served behind the
+        #: cross-site check (broker/api/csrf.py)
+        self.router = build_router(runtime, metrics_handler=metrics_handler, auth=self.auth)
         self.server = HTTPServer(
-            build_router(runtime, metrics_handler=metrics_handler, auth=self.auth),
+            protect(self.router),
             limits=limits,
             error_translator=http_error,
         )

@@ -6,8 +6,18 @@ endpoint. It sits on the generic HTTP server (:mod:`broker.http`) and the runtim
 """
 
 from broker.api.auth import Authenticator, hash_password, new_token
+from broker.api.csrf import protect
 from broker.api.errors import http_error
 from broker.api.metrics import BrokerMetrics
 from broker.api.routes import PUBLIC_ROUTES, build_router
 
-__all__ = ["Authenticator", "BrokerMetrics", "PUBLIC_ROUTES", "build_router", "hash_password", "http_error", "new_token"]
+__all__ = [
+    "Authenticator",
+    "BrokerMetrics",
+    "PUBLIC_ROUTES",
+    "build_router",
+    "hash_password",
+    "http_error",
+    "new_token",
+    "protect",
+]

@@ -109,6 +109,10 @@ class ChannelSession:
         self.core = runtime.core
         self.channel_id = channel_id
         self.response = response
+        #: Who and since when, for ``GET /channels`` (``broker/api/rest/channels.py``).
+        self.kind = "channel"
+        self.remote: str | None = None
+        self.opened_at = time.time()
         self.outbox: list[Any] = []
         #: Estimated bytes of the non-delivery events in ``outbox``.
         self.outbox_bytes = 0
@@ -701,6 +705,7 @@ async def handle_channel(runtime: BrokerRuntime, request: Any, response: Any) ->
         core.close_channel(channel_id, "refused")
         raise
     session = ChannelSession(runtime, channel_id, response, access_for(request), principal)
+    session.remote = request.remote
     runtime.add_sink(channel_id, session)
     log.info("channel opened", extra={"fields": {"channel": channel_id}})
     reason = "channel closed"
@@ -722,8 +727,8 @@ async def handle_channel(runtime: BrokerRuntime, request: Any, response: Any) ->
             try:
                 with session.reader_scope:
                     await session.serve_reader(request)
-                if session.reader_scope.cancelled_caught:  # broker shutdown
-                    reason = "broker shut down"
+                if session.reader_scope.cancelled_caught:  # broker shutdown or an operator's close
+                    reason = session.closing_reason or "broker shut down"
                     await session.finish_publishes()
             except ClientDisconnected:
                 disconnected = True

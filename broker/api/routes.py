@@ -1,8 +1,9 @@
 """Every endpoint of the HTTP API, bound to one runtime, behind one guard.
 
-Public routes (served without credentials, docs/security.md): ``GET /healthz`` only,
+Public routes (served without credentials, docs/security.md): ``GET /healthz``,
 because load balancers and orchestrators probe it without credentials and it tells
-nothing but whether the broker is up. Every other route runs the authenticator's guard
+nothing but whether the broker is up, and the management UI's static files (``/``,
+``/ui/...``), which hold no data: the page logs in through the API. Every other route runs the authenticator's guard
 first (``broker.api.auth``); a test walks this table and fails on any other public
 route.
 """
@@ -17,13 +18,18 @@ from broker.api.channel import handle_channel
 from broker.api.permissions import access_for
 from broker.api.rest import add_rest_routes
 from broker.api.stream import handle_stream
+from broker.api.ui import add_ui_routes
 from broker.http import Router
 from broker.runtime import BrokerRuntime
 
 __all__ = ["PUBLIC_ROUTES", "build_router"]
 
 #: (method, pattern) of every route served without credentials.
-PUBLIC_ROUTES = frozenset({("GET", "/healthz"), ("HEAD", "/healthz")})
+PUBLIC_ROUTES = frozenset(
+    {("GET", "/healthz"), ("HEAD", "/healthz")}
+    # the management UI's static files (no data; the page logs in through the API)
+    | {(method, path) for method in ("GET", "HEAD") for path in ("/", "/ui", "/ui/", "/ui/{file}")}
+)
 
 
 def build_router(
@@ -41,6 +47,7 @@ def build_router(
     router.add("GET", "/queues/{name}/stream", partial(handle_stream, runtime), head=False)
     if metrics_handler is not None:
         router.add("GET", "/metrics", partial(_administrators_only, metrics_handler))
+    add_ui_routes(router)  # the management UI's files (docs/ui.md): public, the page asks for a login
     return router
 
 

@@ -13,6 +13,7 @@ credit bounds what the stream buffers for a client that stops reading.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import trio
@@ -31,7 +32,11 @@ SSE_HEARTBEAT_S = 15.0
 
 
 class _StreamSink:
-    def __init__(self) -> None:
+    def __init__(self, remote: str | None = None) -> None:
+        #: Who and since when, for ``GET /channels`` (``broker/api/rest/channels.py``).
+        self.kind = "stream"
+        self.remote = remote
+        self.opened_at = time.time()
         self.outbox: list[Any] = []
         self.wakeup = trio.Event()
         self.closing_reason: str | None = None
@@ -90,7 +95,7 @@ async def handle_stream(runtime: BrokerRuntime, request: Any, response: Any) -> 
     if principal is not None:
         principal.check_consumer(core)  # a stream is one consumer of the user's
     channel_id = core.open_channel()
-    sink = _StreamSink()
+    sink = _StreamSink(request.remote)
     runtime.add_sink(channel_id, sink)
     disconnected = False
     try:

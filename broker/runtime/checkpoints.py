@@ -66,6 +66,8 @@ class Checkpointer:
         self.segments_kept = 0  # covered by the last checkpoint, kept for message bodies
         self.compacted_segments = 0
         self.last_duration_s = 0.0
+        #: Wall-clock time (Unix seconds) the last checkpoint of this run was written.
+        self.last_at: float | None = None
         # asked for at once (the disk is full): the next check writes one
         self._requested = False
 
@@ -155,6 +157,7 @@ class Checkpointer:
             self.count += 1
             self.last_lsn = lsn
             self.last_duration_s = time.perf_counter() - started
+            self.last_at = time.time()
             if self.metrics is not None:
                 self.metrics.observe_checkpoint(self.last_duration_s)
             log.info(

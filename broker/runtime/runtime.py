@@ -107,6 +107,7 @@ class BrokerRuntime:
         self.messages_lost = 0  # paged-out messages given up (only with --repair)
         self.log_read_failures = 0  # failed reads of paged-out messages (kept, retried)
         self.recovery_info: dict[str, Any] = {}
+        self.last_fsync_s: float | None = None  # the latest fsync's duration (GET /overview)
         self._durable_waiters: list[_DurableWaiter] = []
         self.ready_event = trio.Event()
         # A store written by AppendRecords with no log: the pump goes round again.
@@ -424,6 +425,7 @@ class BrokerRuntime:
         )
 
     def _on_fsync(self, duration_s: float) -> None:
+        self.last_fsync_s = duration_s
         if self.metrics is not None:
             self.metrics.observe_fsync(duration_s)
 
@@ -532,6 +534,9 @@ class BrokerRuntime:
                 "messages_paged_out": sum(q.paged_count() for q in self.core.queues.values()),
                 "segments_kept": ckpt.segments_kept if ckpt is not None else 0,
                 "segments_compacted": ckpt.compacted_segments if ckpt is not None else 0,
+                "last_fsync_s": self.last_fsync_s,
+                "last_checkpoint_at": ckpt.last_at if ckpt is not None else None,
+                "last_checkpoint_duration_s": ckpt.last_duration_s if ckpt is not None and ckpt.count else None,
             },
             "recovery": self.recovery_info,
         }

@@ -70,7 +70,7 @@ async def test_unknown_query_parameter(client: HTTPClient) -> None:
     await client.put("/queues/q")
     body = assert_error(await client.delete("/queues/q?if_emtpy=true"), 400, "invalid_argument")
     assert "if_emtpy" in body["message"] and "if_empty" in body["message"]
-    assert_error(await client.get("/queues?page=2"), 400, "invalid_argument")
+    assert_error(await client.get("/queues?pgae=2"), 400, "invalid_argument")  # page= is known
     assert (await client.get("/queues/q")).status == 200
 
 

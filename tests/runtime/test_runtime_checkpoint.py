@@ -66,3 +66,26 @@ async def test_the_space_reserve_is_made_and_a_full_disk_asks_for_a_checkpoint_a
                 await trio.sleep(0.05)
         nursery.cancel_scope.cancel()
     await runtime.aclose(checkpoint=False)
+
+
+async def test_overview_reports_the_last_fsync_and_checkpoint(tmp_path: Path) -> None:
+    """``GET /overview``'s storage section says how long the latest fsync took and when
+    the latest checkpoint was written (the management UI shows both)."""
+    runtime = BrokerRuntime(RuntimeOptions(data_dir=tmp_path, checkpoint_interval_s=0, checkpoint_wal_bytes=0))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(runtime.serve)
+        await runtime.ready_event.wait()
+        storage = runtime.overview()["storage"]
+        assert storage["last_checkpoint_at"] is None and storage["last_checkpoint_duration_s"] is None
+        core = runtime.core
+        core.declare_queue("q", durable=True)
+        core.publish(core.open_channel(), "", "q", b"m", {"delivery_mode": 2})
+        runtime.pump()
+        await runtime.wait_durable()
+        assert runtime.overview()["storage"]["last_fsync_s"] >= 0
+        await runtime.checkpoint()
+        storage = runtime.overview()["storage"]
+        assert storage["last_checkpoint_at"] > 0 and storage["last_checkpoint_duration_s"] >= 0
+        assert storage["checkpoints"] == 1
+        nursery.cancel_scope.cancel()
+    await runtime.aclose(checkpoint=False)

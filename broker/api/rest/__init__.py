@@ -10,7 +10,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from broker.api.rest import bindings, exchanges, health, leases, messages, queues, users
+from broker.api.rest import (
+    bindings,
+    channels,
+    exchanges,
+    health,
+    leases,
+    messages,
+    queues,
+    users,
+)
 from broker.api.rest.fields import (
     DEFAULT_EXCHANGE_ALIAS,
     Fields,
@@ -22,7 +31,7 @@ from broker.runtime import BrokerRuntime
 
 __all__ = ["DEFAULT_EXCHANGE_ALIAS", "Fields", "add_rest_routes", "exchange_name"]
 
-_FAMILIES = (health, exchanges, queues, leases, messages, bindings, users)
+_FAMILIES = (health, exchanges, queues, leases, messages, bindings, channels, users)
 
 
 def add_rest_routes(router: Router, runtime: BrokerRuntime, auth: Any = None) -> None:

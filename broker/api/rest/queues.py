@@ -6,6 +6,7 @@ from typing import Any
 
 from broker.api.permissions import access_for
 from broker.api.rest.fields import RestContext, body_fields
+from broker.api.rest.listing import LIST_QUERY, list_page
 from broker.core import NotFound
 
 
@@ -46,11 +47,9 @@ def add_routes(ctx: RestContext) -> None:
         await runtime.wait_durable()
         await response.send_json(200, {"deleted": name, "messages": count})
 
-    @ctx.route("GET", "/queues")
+    @ctx.route("GET", "/queues", query=LIST_QUERY)
     async def list_queues(request: Any, response: Any) -> None:
-        await response.send_json(
-            200, {"queues": [core.queue_info(q) for q in core.queues.values()]}
-        )
+        await response.send_json(200, await list_page(core, request.query))
 
     @ctx.route("GET", "/queues/{name}")
     async def get_queue(request: Any, response: Any) -> None:
