@@ -4,6 +4,10 @@ through the visitor's browser, and the login form's credentials go with every ca
 from __future__ import annotations
 
 import base64
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,6 +15,8 @@ import pytest
 from tests.support.broker import BrokerProcess
 from tests.ui.helpers import css, fill, text_of, wait_for
 from tests.ui.standin import open_standin
+
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -91,4 +97,30 @@ def test_optional_sections_appear_when_the_broker_has_them(driver: Any) -> None:
         css(driver, "#nav a[href='#/locks']").click()
         wait_for(driver, lambda d: "nightly-report" in text_of(d, "main table"), "the lock")
         assert "worker-1" in text_of(driver, "main table")
+        driver.execute_script("sessionStorage.clear()")
+
+
+def test_a_broker_with_users_serves_the_page_and_its_login_reaches_the_api(driver: Any, tmp_path: Path) -> None:
+    """Against the real authenticator: the page loads without credentials, the API
+    answers 401 until the login form is filled, then the queue list shows what the
+    user may see, and a declare through the page is done as that user."""
+    data = tmp_path / "data"
+    made = subprocess.run(
+        [sys.executable, "-m", "broker", "users", "--data-dir", str(data), "add", "ops", "--tags", "administrator",
+         "--configure", ".*", "--write", ".*", "--read", ".*", "--password-stdin"],
+        input="s3cret\n", capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), cwd=str(ROOT),
+        timeout=60,
+    )
+    assert made.returncode == 0, made.stderr
+    creds = {"Authorization": "Basic " + base64.b64encode(b"ops:s3cret").decode()}
+    with BrokerProcess(data) as broker:
+        assert broker.request("GET", "/queues")[0] == 401
+        assert broker.request("PUT", "/queues/billing", {}, headers=creds)[0] == 201
+        driver.get(f"{broker.url}/ui/#/queues")
+        wait_for(driver, lambda d: css(d, "#login").is_displayed(), "the login form")
+        fill(driver, "#login-user", "ops")
+        fill(driver, "#login-password", "s3cret")
+        css(driver, "#login-form button[value=login]").click()
+        wait_for(driver, lambda d: "billing" in text_of(d, "main"), "the queue list")
+        wait_for(driver, lambda d: "ops" in text_of(d, "#server"), "the user's name")
         driver.execute_script("sessionStorage.clear()")
