@@ -116,7 +116,7 @@ class LocksMixin(BrokerState):
     # ------------------------------------------------------------- commands
 
     def lock_acquire(
-        self, channel_id: int, name: str, owner: str, ttl_s: float, wait_s: float, ref: Any = None
+        self, channel_id: int, name: str, owner: object, ttl_s: object, wait_s: object, ref: Any = None
     ) -> tuple[dict[str, Any] | None, int]:
         """Acquire lock ``name`` for ``owner``. Returns ``(info, 0)`` when granted now
         (answer once the log is durable: ``last_lsn`` holds the record), or ``(None,
@@ -126,9 +126,9 @@ class LocksMixin(BrokerState):
         Raises InvalidArgument (bad name, owner, ttl_s, wait_s), LockBusy (held by
         another and ``wait_s`` is 0), Unavailable (too many locks or waiters)."""
         check_name("lock", name)
-        check_owner(owner)
-        ttl_s = check_lock_ttl(ttl_s)
-        wait_s = check_lock_wait(wait_s)
+        who = check_owner(owner)
+        ttl = check_lock_ttl(ttl_s)
+        wait = check_lock_wait(wait_s)
         self._channel(channel_id)
         coord = self.coord
         lock = coord.locks.get(name)
@@ -140,14 +140,14 @@ class LocksMixin(BrokerState):
         if lock.owner is not None and lock.deadline <= now:
             self._expire_lock(lock)  # (its timer has not fired yet)
             lock = coord.locks.setdefault(name, lock)
-        if lock.owner is None or lock.owner == owner:
-            self._hold(lock, owner, ttl_s, new_token=lock.owner is None)
+        if lock.owner is None or lock.owner == who:
+            self._hold(lock, who, ttl, new_token=lock.owner is None)
             return lock.info(self.wall_clock()), 0
-        if wait_s <= 0:
+        if wait <= 0:
             raise LockBusy(f"lock {name!r} is held by {lock.owner!r}", lock.info(self.wall_clock()))
         if len(lock.waiters) >= MAX_LOCK_WAITERS:
             raise Unavailable(f"too many waiters for lock {name!r}", code="limit_reached")
-        waiter = LockWaiter(coord.next_waiter, channel_id, owner, ttl_s, now + wait_s, self.wall_clock(), ref)
+        waiter = LockWaiter(coord.next_waiter, channel_id, who, ttl, now + wait, self.wall_clock(), ref)
         coord.next_waiter += 1
         lock.waiters.append(waiter)
         coord.waiters[waiter.id] = (name, waiter)
@@ -169,19 +169,20 @@ class LocksMixin(BrokerState):
             if lock.owner is None and not lock.waiters:
                 del self.coord.locks[name]
 
-    def lock_refresh(self, name: str, owner: str, token: int, ttl_s: float | None = None) -> dict[str, Any]:
+    def lock_refresh(self, name: str, owner: object, token: object, ttl_s: object = None) -> dict[str, Any]:
         """Extend the lock ``owner`` holds with ``token`` by ``ttl_s`` from now (default:
         its ttl). Answer once durable. Raises InvalidArgument, NotLockHolder."""
         lock = self._held_by(name, owner, token, "refresh")
-        self._hold(lock, owner, lock.ttl_s if ttl_s is None else check_lock_ttl(ttl_s), new_token=False)
+        assert lock.owner is not None
+        self._hold(lock, lock.owner, lock.ttl_s if ttl_s is None else check_lock_ttl(ttl_s), new_token=False)
         return lock.info(self.wall_clock())
 
-    def lock_release(self, name: str, owner: str, token: int) -> dict[str, Any]:
+    def lock_release(self, name: str, owner: object, token: object) -> dict[str, Any]:
         """Release the lock ``owner`` holds with ``token``; the first waiter gets it.
         Answer once durable. Returns the lock as it is now. Raises InvalidArgument,
         NotLockHolder."""
         lock = self._held_by(name, owner, token, "release")
-        self._append(rec.RecordType.LOCK_RELEASED, rec.encode_json({"name": name, "token": token}))
+        self._append(rec.RecordType.LOCK_RELEASED, rec.encode_json({"name": name, "token": lock.token}))
         lock.owner = None
         self._hand_on(lock)
         return self.lock_info(name)
@@ -201,7 +202,7 @@ class LocksMixin(BrokerState):
 
     # -------------------------------------------------------------- inside
 
-    def _held_by(self, name: str, owner: str, token: int, what: str) -> Lock:
+    def _held_by(self, name: str, owner: object, token: object, what: str) -> Lock:
         check_name("lock", name)
         check_owner(owner)
         check_token(token)

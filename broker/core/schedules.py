@@ -48,6 +48,8 @@ LIVE_GRACE_S = 60.0
 MAX_SCHEDULES = 100_000
 #: Largest ``max_missed`` (ticks fired at once by the ``all`` policy).
 MAX_MISSED = 10_000
+#: How early by the wall clock a timer may fire a tick (see _schedule_due).
+_EARLY_S = 0.005
 #: Most ticks one wake-up looks at (older due ones are missed).
 _DUE_LIMIT = 1000
 
@@ -210,7 +212,11 @@ class SchedulesMixin(LocksMixin):
             s.next_fire = None
             return
         wall = self.wall_clock()
-        ticks, total = s.timing.due(s.fired_up_to, wall, _DUE_LIMIT)
+        # The timer is set on the monotonic clock from a wall-clock distance: it may
+        # fire a hair before the tick by the wall clock (rounding, slewing). A tick
+        # that close is due, or the timer would be set again and again for it.
+        upto = wall + _EARLY_S if stamp is not None else wall
+        ticks, total = s.timing.due(s.fired_up_to, upto, _DUE_LIMIT)
         if ticks:
             cut = wall + 1.0 if s.recovering else wall - LIVE_GRACE_S
             missed = [t for t in ticks if t < cut]

@@ -33,6 +33,8 @@ from broker.core import (
     Deliver,
     DeliveryExpired,
     Effect,
+    LockGranted,
+    LockWaitEnded,
     LogReadFailed,
     MessageLost,
     QueueReady,
@@ -54,6 +56,15 @@ class _DurableWaiter:
     target: int
     event: trio.Event = field(default_factory=trio.Event)
     failure: str | None = None
+
+
+@dataclass
+class LockWait:
+    """A REST acquire parked behind a held lock: ``answer`` is set (a ``LockGranted``
+    or ``LockWaitEnded``) and ``event`` fired when the core ends the wait."""
+
+    event: trio.Event = field(default_factory=trio.Event)
+    answer: LockGranted | LockWaitEnded | None = None
 
 
 @dataclass
@@ -90,6 +101,7 @@ class BrokerRuntime:
         self._to_flush: list[Flushable] = []
         self._rest_publishes: dict[int, _RestPublish] = {}
         self._queue_events: dict[str, trio.Event] = {}
+        self._lock_waits: dict[int, LockWait] = {}
         self._timer_wakeup = trio.Event()
         self._timer_at = math.inf
         self.checkpointer: Checkpointer | None = None
@@ -123,6 +135,8 @@ class BrokerRuntime:
             MessageLost: self._message_lost,
             LogReadFailed: self._log_read_failed,
             DeadLetterDropped: self._dead_letter_dropped,
+            LockGranted: self._lock_answer,
+            LockWaitEnded: self._lock_answer,
         }
 
     # --------------------------------------------------------------- lifecycle
@@ -237,6 +251,26 @@ class BrokerRuntime:
         last = self.wal.append_nowait(effect.records, lazy=effect.lazy, together=effect.together)
         if last != effect.last_lsn:  # pragma: no cover - would be a bug
             raise RuntimeError(f"LSN mismatch: core {effect.last_lsn}, wal {last}")
+
+    def _lock_answer(self, effect: LockGranted | LockWaitEnded) -> None:
+        """The end of a lock wait: to the parked REST call, or to its channel."""
+        if effect.channel_id == REST_CHANNEL:
+            wait = self._lock_waits.pop(effect.waiter_id, None)
+            if wait is not None:
+                wait.answer = effect
+                wait.event.set()
+            return
+        sink = self.sinks.get(effect.channel_id)
+        if sink is not None:
+            sink.push(effect)
+
+    def lock_wait(self, waiter_id: int) -> LockWait:
+        """Park a REST acquire queued as ``waiter_id`` (see ``Broker.lock_acquire``)."""
+        wait = self._lock_waits[waiter_id] = LockWait()
+        return wait
+
+    def forget_lock_wait(self, waiter_id: int) -> None:
+        self._lock_waits.pop(waiter_id, None)
 
     def _queue_ready(self, effect: QueueReady) -> None:
         event = self._queue_events.pop(effect.queue, None)

@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from broker.core import REST_CHANNEL, InvalidArgument, LockBusy, LockGranted, LockWaitEnded, NotLockHolder
+from broker.core import (
+    REST_CHANNEL,
+    InvalidArgument,
+    LockBusy,
+    LockGranted,
+    LockWaitEnded,
+    NotLockHolder,
+)
 from broker.core.records import RecordType
 
 from .coord_helpers import restart, take_snapshot

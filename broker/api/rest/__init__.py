@@ -8,7 +8,16 @@ server, which turns them into JSON error responses (``broker.api.errors``).
 
 from __future__ import annotations
 
-from broker.api.rest import bindings, exchanges, health, leases, messages, queues
+from broker.api.rest import (
+    bindings,
+    exchanges,
+    health,
+    leases,
+    locks,
+    messages,
+    queues,
+    schedules,
+)
 from broker.api.rest.fields import (
     DEFAULT_EXCHANGE_ALIAS,
     Fields,
@@ -20,7 +29,7 @@ from broker.runtime import BrokerRuntime
 
 __all__ = ["DEFAULT_EXCHANGE_ALIAS", "Fields", "add_rest_routes", "exchange_name"]
 
-_FAMILIES = (health, exchanges, queues, leases, messages, bindings)
+_FAMILIES = (health, exchanges, queues, leases, messages, bindings, locks, schedules)
 
 
 def add_rest_routes(router: Router, runtime: BrokerRuntime) -> None:
