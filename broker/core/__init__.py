@@ -15,7 +15,7 @@ from .broker import (
 )
 from .browsing import MAX_BROWSE
 from .config import CoreConfig
-from .coordstate import LATENESS_BUCKETS_S, MISSED_POLICIES, LockGranted, LockWaitEnded
+from .coordstate import MISSED_POLICIES, LockGranted, LockWaitEnded, TickFired
 from .deadletter import MAX_REDRIVE
 from .delays import MAX_DELAY_S, check_delay
 from .effects import (
@@ -135,7 +135,7 @@ __all__ = [
     "check_lock_ttl",
     "check_lock_wait",
     "MISSED_POLICIES",
-    "LATENESS_BUCKETS_S",
+    "TickFired",
     "LIVE_GRACE_S",
     "MAX_MISSED",
     "TIMING_FIELDS",

@@ -27,7 +27,7 @@ __all__ = [
     "Schedule",
     "LockGranted",
     "LockWaitEnded",
-    "LATENESS_BUCKETS_S",
+    "TickFired",
     "MISSED_POLICIES",
     "COORD_TIMER",
 ]
@@ -36,8 +36,6 @@ __all__ = [
 MISSED_POLICIES = ("latest", "skip", "all")
 #: The channel id of the broker timer entry that wakes coordination (see timers.py).
 COORD_TIMER = -2
-#: Upper bounds of the tick lateness histogram (seconds; the last bucket is +Inf).
-LATENESS_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 60.0)
 
 
 @dataclass(slots=True)
@@ -147,6 +145,15 @@ class LockWaitEnded(Effect):
     info: dict[str, Any]
 
 
+@dataclass(slots=True)
+class TickFired(Effect):
+    """A schedule's tick published its message ``lateness_s`` after its nominal time
+    (for metrics)."""
+
+    schedule: str
+    lateness_s: float
+
+
 class CoordState:
     """Every lock and schedule of a broker, and the coordination timer heap."""
 
@@ -173,17 +180,6 @@ class CoordState:
         self.lock_expiries = 0
         self.ticks_fired = 0
         self.ticks_skipped = 0
-        self.lateness_counts = [0] * (len(LATENESS_BUCKETS_S) + 1)
-        self.lateness_sum_s = 0.0
 
     def push(self, deadline: float, kind: str, key: Any, stamp: int = 0) -> None:
         heapq.heappush(self.heap, (deadline, kind, key, stamp))
-
-    def observe_lateness(self, late_s: float) -> None:
-        for i, bound in enumerate(LATENESS_BUCKETS_S):
-            if late_s <= bound:
-                self.lateness_counts[i] += 1
-                break
-        else:
-            self.lateness_counts[-1] += 1
-        self.lateness_sum_s += late_s

@@ -34,7 +34,7 @@ import base64
 from typing import Any
 
 from . import records as rec
-from .coordstate import MISSED_POLICIES, Schedule
+from .coordstate import MISSED_POLICIES, Schedule, TickFired
 from .errors import InvalidArgument, NotFound, Unavailable
 from .locks import LocksMixin
 from .message import Message
@@ -278,7 +278,7 @@ class SchedulesMixin(LocksMixin):
         s.last_fired_at = wall
         s.last_lateness_s = late
         self.coord.ticks_fired += 1
-        self.coord.observe_lateness(late)
+        self._effects.append(TickFired(s.name, late))
         self.stats["published"] += 1
 
 

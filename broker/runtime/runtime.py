@@ -39,6 +39,7 @@ from broker.core import (
     MessageLost,
     QueueReady,
     Return,
+    TickFired,
     Unavailable,
 )
 from broker.runtime.checkpoints import Checkpointer
@@ -137,6 +138,7 @@ class BrokerRuntime:
             DeadLetterDropped: self._dead_letter_dropped,
             LockGranted: self._lock_answer,
             LockWaitEnded: self._lock_answer,
+            TickFired: self._tick_fired,
         }
 
     # --------------------------------------------------------------- lifecycle
@@ -263,6 +265,10 @@ class BrokerRuntime:
         sink = self.sinks.get(effect.channel_id)
         if sink is not None:
             sink.push(effect)
+
+    def _tick_fired(self, effect: TickFired) -> None:
+        if self.metrics is not None:
+            self.metrics.observe_tick_lateness(effect.lateness_s)
 
     def lock_wait(self, waiter_id: int) -> LockWait:
         """Park a REST acquire queued as ``waiter_id`` (see ``Broker.lock_acquire``)."""

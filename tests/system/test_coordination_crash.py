@@ -167,3 +167,21 @@ def test_a_schedule_firing_every_second_across_kill9(tmp_path: Path, seeded_rand
             if b - a > 1:
                 assert any(a < up and down - 1 < b for down, up in downs), (a - start, b - start)
     assert len(ticks) >= 8
+
+
+def test_metrics_count_locks_and_ticks(tmp_path: Path) -> None:
+    broker = BrokerProcess(tmp_path / "data")
+    broker.start()
+    try:
+        broker.request("PUT", "/queues/m", {})
+        broker.request("PUT", "/schedules/m", {"routing_key": "m", "interval_s": 0.5})
+        broker.request("POST", "/locks/l/acquire", {"owner": "a"})
+        wait_for(lambda: broker.request("GET", "/schedules/m")[1]["ticks_fired"] >= 3)
+        status, text = broker.request("GET", "/metrics")
+        assert status == 200
+        lines = dict(line.rsplit(" ", 1) for line in text.decode().splitlines() if line and not line.startswith("#"))
+        assert float(lines['ackbus_schedule_ticks_total{schedule="m"}']) >= 3
+        assert float(lines["ackbus_schedule_tick_lateness_seconds_count"]) >= 3
+        assert float(lines["ackbus_locks_held"]) == 1 and float(lines["ackbus_lock_acquisitions_total"]) == 1
+    finally:
+        broker.stop()
