@@ -169,6 +169,11 @@ class LocksMixin(BrokerState):
             if lock.owner is None and not lock.waiters:
                 del self.coord.locks[name]
 
+    def lock_forget_channel(self, channel_id: int) -> None:
+        """Channel ``channel_id`` ended: its waiting acquires leave their lines."""
+        for waiter_id in [w.id for _name, w in self.coord.waiters.values() if w.channel_id == channel_id]:
+            self.lock_cancel_wait(waiter_id)
+
     def lock_refresh(self, name: str, owner: object, token: object, ttl_s: object = None) -> dict[str, Any]:
         """Extend the lock ``owner`` holds with ``token`` by ``ttl_s`` from now (default:
         its ttl). Answer once durable. Raises InvalidArgument, NotLockHolder."""

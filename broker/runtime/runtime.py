@@ -514,11 +514,15 @@ class BrokerRuntime:
         return drained
 
     def wake_getters(self) -> None:
-        """Wake every parked long-poll (they answer at once when shutting down)."""
+        """Wake every parked long-poll and lock acquire (they answer at once when
+        shutting down)."""
         events = list(self._queue_events.values())
         self._queue_events.clear()
         for event in events:
             event.set()
+        # and parked lock acquires (they answer 503: the broker is shutting down)
+        for wait in self._lock_waits.values():
+            wait.event.set()
 
     async def aclose(self, *, checkpoint: bool = True) -> None:
         """Close the log, after a final checkpoint when asked (clean shutdown)."""

@@ -135,3 +135,22 @@ async def test_a_waiter_that_leaves_gives_up_its_place(
         assert (await holder.get("/locks/l")).json()["waiters"] == []
         await holder.post("/locks/l/release", json={"owner": "a", "token": first["token"]})
         assert (await holder.get("/locks/l")).json()["held"] is False
+
+
+async def test_a_parked_acquire_answers_503_when_the_broker_shuts_down(
+    autojump_clock: trio.testing.MockClock, broker_app: BrokerApp
+) -> None:
+    async with open_memory_client(broker_app) as holder, open_memory_client(broker_app) as waiter:
+        await acquire(holder, "l", "a", ttl_s=100)
+        replies = []
+        async with trio.open_nursery() as nursery:
+            async def wait() -> None:
+                replies.append(await acquire(waiter, "l", "b", wait_s=60))
+
+            nursery.start_soon(wait)
+            await trio.testing.wait_all_tasks_blocked()
+            broker_app.runtime.shutting_down = True
+            broker_app.runtime.wake_getters()
+        assert_error(replies[0], 503, "shutting_down")
+        broker_app.runtime.shutting_down = False
+        assert (await holder.get("/locks/l")).json()["waiters"] == []

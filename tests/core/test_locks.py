@@ -233,3 +233,16 @@ def test_replay_is_idempotent_over_a_checkpoint_taken_later() -> None:
     h.step()
     info = h.b.lock_info("l")
     assert info["owner"] == "b" and info["token"] == b["token"]
+
+
+def test_a_channel_that_ends_leaves_every_line_it_waits_in() -> None:
+    h = Harness()
+    ch = h.channel()
+    acquire(h, "x", "a")
+    acquire(h, "y", "a")
+    acquire(h, "x", "b", wait_s=60, ch=ch)
+    acquire(h, "y", "b", wait_s=60, ch=ch)
+    acquire(h, "y", "c", wait_s=60)
+    h.b.lock_forget_channel(ch)
+    assert h.b.lock_info("x")["waiters"] == []
+    assert [w["owner"] for w in h.b.lock_info("y")["waiters"]] == ["c"]

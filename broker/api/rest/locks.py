@@ -14,7 +14,7 @@ import trio
 
 from broker.api.rest.fields import RestContext, body_fields
 from broker.api.rest.leases import _wait_or_disconnect
-from broker.core import REST_CHANNEL, LockBusy, LockGranted, NotLockHolder
+from broker.core import REST_CHANNEL, LockBusy, LockGranted, NotLockHolder, Unavailable
 from broker.http import ClientDisconnected
 
 #: How much longer than its wait_s a parked acquire waits for the core's answer
@@ -63,6 +63,8 @@ def add_routes(ctx: RestContext) -> None:
             runtime.pump()
         if not present:
             raise ClientDisconnected("the client left while waiting for a lock")
+        if wait.answer is None and runtime.shutting_down:
+            raise Unavailable("the broker is shutting down", code="shutting_down")
         answer = wait.answer
         if isinstance(answer, LockGranted):
             await response.send_json(200, answer.info)
