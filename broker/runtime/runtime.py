@@ -172,6 +172,9 @@ class BrokerRuntime:
                 self.checkpointer.started(recovered.wal, recovered.checkpoint_lsn)
                 await nursery.start(recovered.wal.serve)
                 nursery.start_soon(self.checkpointer.serve)
+            # what recovery replayed starts now (queue timers, lock expiries, schedules
+            # due while the broker was down), not at the first request
+            self.pump()
             nursery.start_soon(self._serve_timers)
             self.ready = True
             self.ready_event.set()
