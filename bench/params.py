@@ -56,6 +56,8 @@ class Params:
     # 11. transactions of 1 and 100 publishes
     tx_sizes: tuple[int, ...] = (1, 100)
     tx_duration_s: float = 5.0
+    # 12. lock acquire/release round trips (ackbus only)
+    locks_duration_s: float = 5.0
     # fills (untimed set-up) use pipelined publishing with this window
     fill_window: int = 1000
     # timeouts: readiness of a worker, and slack added to every expected duration
@@ -89,5 +91,6 @@ QUICK = Params(
     delayed_count=5_000,
     get_any_duration_s=0.5,
     tx_duration_s=0.5,
+    locks_duration_s=0.5,
     slack_s=60.0,
 )

@@ -502,6 +502,23 @@ def _tx_run(ctx: Context, server: Server) -> tuple[dict[str, float], dict[str, A
     return figures, extra
 
 
+# --------------------------------------------------------------------------- 12. locks
+
+
+def _locks_figures(p: Params) -> list[Figure]:
+    return [Figure("locks/roundtrips_per_s", "locks",
+                   "lock acquire + release round trips over REST (conn.lock()), one after another",
+                   "round trips/s", True)]
+
+
+def _locks_run(ctx: Context, server: Server) -> tuple[dict[str, float], dict[str, Any]]:
+    p = ctx.params
+    ctx.status("lock acquire/release round trips")
+    spec = {"op": "lock_roundtrips", "lock": "bench.lock", "owner": "bench-worker", "duration_s": p.locks_duration_s}
+    (result,) = ctx.workers(server, [spec], p.step_timeout_s(p.locks_duration_s))
+    return {"locks/roundtrips_per_s": result["roundtrips"] / result["elapsed_s"]}, {"worker": result}
+
+
 # --------------------------------------------------------------------------- registry
 
 
@@ -565,6 +582,10 @@ def _budget_tx(p: Params) -> float:
     return len(p.tx_sizes) * p.step_timeout_s(p.tx_duration_s) + 60
 
 
+def _budget_locks(p: Params) -> float:
+    return p.step_timeout_s(p.locks_duration_s) + 60
+
+
 def _ignore_start(fn: Callable[[Context, Server], Any]) -> Callable[[Context, Server, float], Any]:
     return lambda ctx, server, start_s: fn(ctx, server)
 
@@ -593,6 +614,8 @@ WORKLOADS: dict[str, Workload] = {
                  _ignore_start(_get_any_run), _budget_get_any, ackbus_only=True),
         Workload("tx", "10. transactions of 1 and 100 publishes", _tx_figures, _ignore_start(_tx_run),
                  _budget_tx),
+        Workload("locks", "12. lock acquire/release round trips (ackbus only)", _locks_figures,
+                 _ignore_start(_locks_run), _budget_locks, ackbus_only=True),
     )
 }
 
