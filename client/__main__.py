@@ -25,6 +25,7 @@ import math
 import os
 import sys
 from collections.abc import Sequence
+from functools import partial
 from typing import IO, Any
 
 import orjson
@@ -44,6 +45,7 @@ from . import (
     connect,
     open_graceful_shutdown,
 )
+from ._nursery import open_service_nursery
 from .codec import Properties, encode_body
 from .connection import DEFAULT_URL, Connection
 from .consumer import Message
@@ -506,8 +508,17 @@ class _CoordinationCli(_Cli):
             async with conn.lock(a.name, ttl_s=a.ttl, wait_s=a.wait, owner=a.owner) as lock:
                 env = dict(os.environ, ACKBUS_LOCK_NAME=lock.name, ACKBUS_LOCK_OWNER=lock.owner,
                            ACKBUS_LOCK_TOKEN=str(lock.token))
-                proc = await trio.run_process(cmd, check=False, env=env, deliver_cancel=_terminate)
-                return int(proc.returncode)
+                async with open_service_nursery() as nursery:
+                    proc: trio.Process = await nursery.start(
+                        partial(trio.run_process, cmd, check=False, env=env, deliver_cancel=_terminate)
+                    )
+                    if self.shutdown is not None:
+                        # SIGTERM/SIGINT to ackbus: passed on to the command, whose
+                        # status is still ours (the lock is released when it ends)
+                        self.shutdown.on_request(proc.terminate)
+                status = proc.returncode
+                assert status is not None  # (the process has ended with the nursery)
+                return status
         except LockHeld as exc:
             self.stderr.write(f"ackbus: {exc}\n")
             return EXIT_BROKER_ERROR

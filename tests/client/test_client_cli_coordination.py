@@ -107,3 +107,11 @@ async def test_schedule_bad_cron_is_refused(mb: MemoryBroker) -> None:
     assert status == 1 and "5 fields" in err
     status, _out, err = await cli(mb, "schedule", "put", "s", "--interval", "5", "--timezone", "Mars/Base")
     assert status == 1
+
+
+async def test_lock_with_a_command_that_does_not_exist_is_a_usage_error(mb: MemoryBroker) -> None:
+    status, _out, err = await cli(mb, "lock", "l", "--", "/nonexistent/command")
+    assert status == 2 and "cannot run" in err
+    assert mb.runtime.core.lock_list() == []
+    status, _out, err = await cli(mb, "lock", "l")
+    assert status == 2 and "give the command" in err

@@ -185,3 +185,26 @@ def test_metrics_count_locks_and_ticks(tmp_path: Path) -> None:
         assert float(lines["ackbus_locks_held"]) == 1 and float(lines["ackbus_lock_acquisitions_total"]) == 1
     finally:
         broker.stop()
+
+
+def test_sigterm_to_ackbus_lock_reaches_the_command_and_releases(tmp_path: Path) -> None:
+    broker = BrokerProcess(tmp_path / "data")
+    broker.start()
+    started = tmp_path / "started"
+    code = (
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda *a: sys.exit(7))\n"
+        f"open({str(started)!r}, 'w').close()\n"
+        "time.sleep(60)\n"
+    )
+    proc = None
+    try:
+        proc = cli(broker, "lock", "job", "--owner", "me", "--", sys.executable, "-c", code)
+        wait_for(started.exists)
+        proc.send_signal(signal.SIGTERM)  # to ackbus only, as systemd's stop would
+        assert proc.wait(timeout=30) == 7  # the command's own status
+        assert broker.request("GET", "/locks/job")[1]["held"] is False
+    finally:
+        if proc is not None and proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        broker.stop()
