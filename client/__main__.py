@@ -1,7 +1,8 @@
 """``python -m client`` / ``ackbus``: the broker from a terminal or a shell script.
 
 Commands: ``declare``, ``bind``, ``publish``, ``consume``, ``get``, ``queues``,
-``lock`` (run a command holding a lock, like ``flock``), ``locks``, ``schedule`` (see
+``lock`` (run a command holding a lock, like ``flock``), ``locks``, ``schedule`` (those
+three in ``cli_coordination.py``; see
 ``ackbus COMMAND --help``, docs/client.md and docs/coordination.md). Exit status, for
 scripts:
 
@@ -25,7 +26,6 @@ import math
 import os
 import sys
 from collections.abc import Sequence
-from functools import partial
 from typing import IO, Any
 
 import orjson
@@ -37,15 +37,13 @@ from . import (
     ConfirmTimeout,
     ConnectionLost,
     GracefulShutdown,
-    LockHeld,
-    LockLost,
     PublishFailed,
     ReconnectPolicy,
     SomePublishesFailed,
     connect,
     open_graceful_shutdown,
 )
-from ._nursery import open_service_nursery
+from .cli_coordination import CoordinationCommands, add_coordination_commands
 from .codec import Properties, encode_body
 from .connection import DEFAULT_URL, Connection
 from .consumer import Message
@@ -60,7 +58,6 @@ EXIT_USAGE = 2
 EXIT_UNREACHABLE = 3
 EXIT_UNCONFIRMED = 4
 EXIT_NOT_ENOUGH = 5
-EXIT_LOCK_LOST = 6
 EXIT_INTERRUPTED = 130
 
 
@@ -165,40 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("queues", help="table of queues and their counts")
     p.add_argument("--json", action="store_true", help="one JSON object per queue instead")
 
-    p = sub.add_parser(
-        "lock", help="run a command while holding a lock (like flock); exit with its status",
-        description="Acquire lock NAME, run the command holding it (refreshed in the background; "
-        "the command gets ACKBUS_LOCK_NAME, ACKBUS_LOCK_OWNER and ACKBUS_LOCK_TOKEN, its fencing "
-        "token), release it, exit with the command's status. Held by another after --wait: exit 1. "
-        "Lost while the command runs: the command gets SIGTERM (SIGKILL 5 s later), exit 6.",
-    )
-    p.add_argument("name")
-    p.add_argument("--ttl", type=float, default=30.0, metavar="S", help="time to live, refreshed (default %(default)s)")
-    p.add_argument("--wait", type=float, default=0.0, metavar="S", help="wait in line up to S seconds (default: no wait)")
-    p.add_argument("--owner", help="owner name (default: host/pid-N/random)")
-    p.add_argument("cmd", nargs="*", metavar="-- COMMAND [ARGS]")
-
-    p = sub.add_parser("locks", help="table of held locks: owner, token, expiry, waiters")
-    p.add_argument("--json", action="store_true", help="one JSON object per lock instead")
-
-    p = sub.add_parser("schedule", help="create, list, show, delete, pause or resume schedules")
-    p.add_argument("action", choices=["put", "list", "get", "delete", "pause", "resume"])
-    p.add_argument("name", nargs="?")
-    timing = p.add_mutually_exclusive_group()
-    timing.add_argument("--cron", help="put: 5-field cron expression (with --timezone)")
-    timing.add_argument("--interval", type=float, metavar="S", help="put: every S seconds")
-    timing.add_argument("--at", help="put: once, at this ISO 8601 time (with an offset) or epoch seconds")
-    p.add_argument("--timezone", help="put: IANA time zone of --cron (default UTC)")
-    p.add_argument("--start", help="put: first tick of --interval (ISO 8601 or epoch seconds)")
-    p.add_argument("--exchange", "-e", default="", help="put: exchange (default: the default exchange)")
-    p.add_argument("--routing-key", "-k", default="", help="put: routing key")
-    p.add_argument("--body", default="", help="put: message body")
-    p.add_argument("--content-type")
-    p.add_argument("--header", type=_key_value, action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--missed", choices=["latest", "skip", "all"], default="latest",
-                   help="put: ticks missed while the broker was down (default %(default)s)")
-    p.add_argument("--max-missed", type=int, default=100, metavar="N", help="put: with --missed all, at most N")
-    p.add_argument("--paused", action="store_true", help="put: create it paused")
+    add_coordination_commands(sub, _key_value)
     return parser
 
 
@@ -251,7 +215,7 @@ async def run(
     policy = ReconnectPolicy(give_up_after_s=args.timeout)
     # A long-poll ``get --wait`` must not time out before the broker answers.
     request_timeout_s = max(args.timeout, (getattr(args, "wait", None) or 0.0) + 10.0)
-    cli = _CoordinationCli(args, stdin, stdout, stderr)
+    cli = _CliWithCoordination(args, stdin, stdout, stderr)
     try:
         async with connect(
             args.url, open_stream=open_stream, reconnect=policy,
@@ -496,105 +460,8 @@ class _Cli:
         return EXIT_OK
 
 
-class _CoordinationCli(_Cli):
-    """``lock``, ``locks`` and ``schedule``."""
-
-    async def cmd_lock(self, conn: Connection) -> int:
-        a = self.args
-        cmd = list(a.cmd)
-        if not cmd:
-            raise _Usage("lock: give the command to run after --")
-        try:
-            async with conn.lock(a.name, ttl_s=a.ttl, wait_s=a.wait, owner=a.owner) as lock:
-                env = dict(os.environ, ACKBUS_LOCK_NAME=lock.name, ACKBUS_LOCK_OWNER=lock.owner,
-                           ACKBUS_LOCK_TOKEN=str(lock.token))
-                async with open_service_nursery() as nursery:
-                    proc: trio.Process = await nursery.start(
-                        partial(trio.run_process, cmd, check=False, env=env, deliver_cancel=_terminate)
-                    )
-                    if self.shutdown is not None:
-                        # SIGTERM/SIGINT to ackbus: passed on to the command, whose
-                        # status is still ours (the lock is released when it ends)
-                        self.shutdown.on_request(proc.terminate)
-                status = proc.returncode
-                assert status is not None  # (the process has ended with the nursery)
-                return status
-        except LockHeld as exc:
-            self.stderr.write(f"ackbus: {exc}\n")
-            return EXIT_BROKER_ERROR
-        except LockLost as exc:
-            self.stderr.write(f"ackbus: {exc}; the command was stopped\n")
-            return EXIT_LOCK_LOST
-        except OSError as exc:
-            raise _Usage(f"cannot run {cmd[0]!r}: {exc}") from None
-
-    async def cmd_locks(self, conn: Connection) -> int:
-        locks = await conn.list_locks()
-        if self.args.json:
-            for lock in locks:
-                self.stdout.write(orjson.dumps(lock).decode() + "\n")
-            return EXIT_OK
-        rows: list[tuple[str, ...]] = [("name", "owner", "token", "expires_at", "waiters")]
-        rows += [(str(x["name"]), str(x["owner"]), str(x["token"]), str(x["expires_at"]), str(len(x["waiters"])))
-                 for x in locks]
-        _table(self.stdout, rows)
-        return EXIT_OK
-
-    async def cmd_schedule(self, conn: Connection) -> int:
-        a = self.args
-        schedules = conn.schedules
-        if a.action == "list":
-            for item in await schedules.list():
-                self.stdout.write(orjson.dumps(item).decode() + "\n")
-            return EXIT_OK
-        if not a.name:
-            raise _Usage(f"schedule {a.action}: give the schedule's name")
-        if a.action == "put":
-            properties: dict[str, Any] = {}
-            if a.content_type:
-                properties["content_type"] = a.content_type
-            if a.header:
-                properties["headers"] = dict(a.header)
-            result = await schedules.put(
-                a.name, exchange=a.exchange, routing_key=a.routing_key, body=a.body,
-                properties=properties or None, cron=a.cron, timezone=a.timezone,
-                interval_s=a.interval, start=_time_arg(a.start), at=_time_arg(a.at),
-                missed=a.missed, max_missed=a.max_missed, paused=a.paused,
-            )
-        elif a.action == "get":
-            result = await schedules.get(a.name)
-        elif a.action == "delete":
-            await schedules.delete(a.name)
-            return EXIT_OK
-        else:
-            result = await (schedules.pause(a.name) if a.action == "pause" else schedules.resume(a.name))
-        self.stdout.write(orjson.dumps(result).decode() + "\n")
-        return EXIT_OK
-
-
-def _time_arg(text: str | None) -> float | str | None:
-    """Epoch seconds when the text is a number, else the ISO text for the broker to read."""
-    if text is None:
-        return None
-    try:
-        return float(text)
-    except ValueError:
-        return text
-
-
-async def _terminate(process: trio.Process) -> None:
-    """Stop a command whose lock was lost: SIGTERM, then SIGKILL after 5 s."""
-    process.terminate()
-    with trio.move_on_after(5):
-        await process.wait()
-        return
-    process.kill()
-
-
-def _table(out: IO[str], rows: list[tuple[str, ...]]) -> None:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        out.write("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() + "\n")
+class _CliWithCoordination(CoordinationCommands, _Cli):
+    """Every command: the ones above and ``lock``, ``locks``, ``schedule``."""
 
 
 class _LineReader:
