@@ -766,7 +766,7 @@ async def handle_channel(runtime: BrokerRuntime, request: Any, response: Any) ->
     finally:
         runtime.remove_sink(channel_id)
         core.close_channel(channel_id, reason)
-        if core.coord.waiters:
+        if core.coord.waiters or core.coord.grants:
             core.lock_forget_channel(channel_id)  # its waiting lock acquires leave the line
         runtime.pump()
         log.info("channel closed", extra={"fields": {"channel": channel_id, "reason": reason}})

@@ -35,6 +35,7 @@ The methods here belong to :class:`~broker.core.broker.Broker`; they share its s
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 from typing import Any
 
 from . import records as rec
@@ -155,9 +156,12 @@ class LocksMixin(BrokerState):
         return None, waiter.id
 
     def lock_cancel_wait(self, waiter_id: int) -> None:
-        """Forget a waiting acquire (its caller left). Unknown ids are ignored."""
+        """Forget a waiting acquire (its caller left). If it was granted the lock and
+        the grant is not sent yet (its record not yet durable), the lock is released
+        (the next in line gets it). Unknown ids are ignored."""
         entry = self.coord.waiters.pop(waiter_id, None)
         if entry is None:
+            self._drop_grant(lambda g: g.waiter_id == waiter_id)
             return
         name, waiter = entry
         lock = self.coord.locks.get(name)
@@ -170,9 +174,23 @@ class LocksMixin(BrokerState):
                 del self.coord.locks[name]
 
     def lock_forget_channel(self, channel_id: int) -> None:
-        """Channel ``channel_id`` ended: its waiting acquires leave their lines."""
+        """Channel ``channel_id`` ended: its waiting acquires leave their lines, and a
+        lock granted to one whose grant is not sent yet is released."""
         for waiter_id in [w.id for _name, w in self.coord.waiters.values() if w.channel_id == channel_id]:
             self.lock_cancel_wait(waiter_id)
+        self._drop_grant(lambda g: g.channel_id == channel_id)
+
+    def _drop_grant(self, which: Callable[[LockGranted], bool]) -> None:
+        """Release the locks of the unsent grants ``which`` selects (nobody will hear
+        of them)."""
+        dropped = [g for _lsn, g in self.coord.grants if which(g)]
+        if not dropped:
+            return
+        self.coord.grants = [(lsn, g) for lsn, g in self.coord.grants if not which(g)]
+        for grant in dropped:
+            lock = self.coord.locks.get(grant.info["name"])
+            if lock is not None and lock.owner == grant.info["owner"] and lock.token == grant.info["token"]:
+                self.lock_release(lock.name, lock.owner, lock.token)
 
     def lock_refresh(self, name: str, owner: object, token: object, ttl_s: object = None) -> dict[str, Any]:
         """Extend the lock ``owner`` holds with ``token`` by ``ttl_s`` from now (default:

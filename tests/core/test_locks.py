@@ -246,3 +246,30 @@ def test_a_channel_that_ends_leaves_every_line_it_waits_in() -> None:
     h.b.lock_forget_channel(ch)
     assert h.b.lock_info("x")["waiters"] == []
     assert [w["owner"] for w in h.b.lock_info("y")["waiters"]] == ["c"]
+
+
+def test_a_waiter_that_leaves_before_its_grant_is_sent_releases_the_lock() -> None:
+    h = Harness()
+    a, _ = acquire(h, "l", "a")
+    _, wb = acquire(h, "l", "b", wait_s=60)
+    acquire(h, "l", "c", wait_s=60)
+    h.b.lock_release("l", "a", a["token"])
+    h.step()  # b is granted the lock; the grant waits for the disk
+    assert h.b.lock_info("l")["owner"] == "b" and granted(h) == []
+    h.b.lock_cancel_wait(wb)  # b's caller left meanwhile
+    h.sync()
+    assert [g.info["owner"] for g in granted(h)] == ["c"]
+    assert h.b.lock_info("l")["owner"] == "c"
+
+
+def test_a_channel_that_ends_before_its_grant_is_sent_releases_the_lock() -> None:
+    h = Harness()
+    ch = h.channel()
+    a, _ = acquire(h, "l", "a")
+    acquire(h, "l", "b", wait_s=60, ch=ch)
+    h.b.lock_release("l", "a", a["token"])
+    h.step()
+    h.b.close_channel(ch)
+    h.b.lock_forget_channel(ch)
+    h.sync()
+    assert granted(h) == [] and h.b.lock_info("l")["held"] is False
