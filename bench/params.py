@@ -64,6 +64,8 @@ class Params:
     priority_prefetch: int = 100
     # 13. priority queue memory (ackbus only): this many queued over priority_levels
     priority_memory_count: int = 1_000_000
+    # 14. lock acquire/release round trips (ackbus only)
+    locks_duration_s: float = 5.0
     # fills (untimed set-up) use pipelined publishing with this window
     fill_window: int = 1000
     # timeouts: readiness of a worker, and slack added to every expected duration
@@ -100,5 +102,6 @@ QUICK = Params(
     priority_duration_s=0.5,
     priority_count=2_000,
     priority_memory_count=5_000,
+    locks_duration_s=0.5,
     slack_s=60.0,
 )

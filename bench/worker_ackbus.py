@@ -234,7 +234,25 @@ async def tx_publish(spec: dict[str, Any]) -> dict[str, Any]:
     return {"commits": commits, "count": commits * per_tx, "elapsed_s": end - start, **stats}
 
 
+async def lock_roundtrips(spec: dict[str, Any]) -> dict[str, Any]:
+    """``async with conn.lock(...)`` blocks with an empty body, one after another: each
+    is an acquire and a release, each answered once its record is on disk."""
+    count = 0
+    async with client.connect(spec["url"]) as conn:
+        await _handshake()
+        start = time.perf_counter()
+        deadline = start + spec["duration_s"]
+        end = start
+        while end < deadline:
+            async with conn.lock(spec["lock"], ttl_s=30, owner=spec["owner"]):
+                pass
+            count += 1
+            end = time.perf_counter()
+    return {"roundtrips": count, "elapsed_s": end - start, "reconnects": 0, "resent": 0, "failed": 0}
+
+
 OPS = {
+    "lock_roundtrips": lock_roundtrips,
     "publish_seq": publish_seq,
     "publish_pipelined": publish_pipelined,
     "consume": consume,

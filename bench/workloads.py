@@ -579,6 +579,23 @@ def _priority_memory_run(ctx: Context, server: Server) -> tuple[dict[str, float]
     }, {"fill": fill}
 
 
+# --------------------------------------------------------------------------- 14. locks
+
+
+def _locks_figures(p: Params) -> list[Figure]:
+    return [Figure("locks/roundtrips_per_s", "locks",
+                   "lock acquire + release round trips over REST (conn.lock()), one after another",
+                   "round trips/s", True)]
+
+
+def _locks_run(ctx: Context, server: Server) -> tuple[dict[str, float], dict[str, Any]]:
+    p = ctx.params
+    ctx.status("lock acquire/release round trips")
+    spec = {"op": "lock_roundtrips", "lock": "bench.lock", "owner": "bench-worker", "duration_s": p.locks_duration_s}
+    (result,) = ctx.workers(server, [spec], p.step_timeout_s(p.locks_duration_s))
+    return {"locks/roundtrips_per_s": result["roundtrips"] / result["elapsed_s"]}, {"worker": result}
+
+
 # --------------------------------------------------------------------------- registry
 
 
@@ -652,6 +669,10 @@ def _budget_priority_memory(p: Params) -> float:
     return 2 * (p.ready_timeout_s + p.fill_timeout_s(p.priority_memory_count)) + 60
 
 
+def _budget_locks(p: Params) -> float:
+    return p.step_timeout_s(p.locks_duration_s) + 60
+
+
 def _ignore_start(fn: Callable[[Context, Server], Any]) -> Callable[[Context, Server, float], Any]:
     return lambda ctx, server, start_s: fn(ctx, server)
 
@@ -685,6 +706,8 @@ WORKLOADS: dict[str, Workload] = {
         Workload("priority_memory", "13. priority queue memory and recovery (ackbus only)",
                  _priority_memory_figures, _ignore_start(_priority_memory_run), _budget_priority_memory,
                  ackbus_only=True),
+        Workload("locks", "14. lock acquire/release round trips (ackbus only)", _locks_figures,
+                 _ignore_start(_locks_run), _budget_locks, ackbus_only=True),
     )
 }
 

@@ -35,8 +35,10 @@ from .errors import (
     PublishReturned,
     SomePublishesFailed,
 )
+from .locks import HeldLock, LockHeld, LockLost
 from .publisher import PendingPublish
 from .rest import LeasedMessage, QueueInfo
+from .schedules import Schedules
 from .settings import Settings
 from .shutdown import GracefulShutdown, open_graceful_shutdown
 
@@ -74,4 +76,8 @@ __all__ = [
     "BrokerRequestError",
     "ConsumerCancelled",
     "MessageAlreadySettled",
+    "HeldLock",
+    "LockHeld",
+    "LockLost",
+    "Schedules",
 ]

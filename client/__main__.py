@@ -1,7 +1,10 @@
 """``python -m client`` / ``ackbus``: the broker from a terminal or a shell script.
 
-Commands: ``declare``, ``bind``, ``publish``, ``consume``, ``get``, ``queues`` (see
-``ackbus COMMAND --help`` and docs/client.md). Exit status, for scripts:
+Commands: ``declare``, ``bind``, ``publish``, ``consume``, ``get``, ``queues``,
+``lock`` (run a command holding a lock, like ``flock``), ``locks``, ``schedule`` (those
+three in ``cli_coordination.py``; see
+``ackbus COMMAND --help``, docs/client.md and docs/coordination.md). Exit status, for
+scripts:
 
 ====  =====================================================================
  0    success (``consume`` also when stopped by SIGINT/SIGTERM)
@@ -11,6 +14,7 @@ Commands: ``declare``, ``bind``, ``publish``, ``consume``, ``get``, ``queues`` (
  4    ``publish``: at least one message was not confirmed (nacked, returned,
       refused, timed out); the others were
  5    ``get``/``consume``: fewer messages than asked for arrived in time
+ 6    ``lock``: the lock was lost while the command ran (the command was stopped)
 130   ``publish`` interrupted by a signal (what was read was still confirmed)
 ====  =====================================================================
 """
@@ -39,6 +43,7 @@ from . import (
     connect,
     open_graceful_shutdown,
 )
+from .cli_coordination import CoordinationCommands, add_coordination_commands
 from .codec import Properties, encode_body
 from .connection import DEFAULT_URL, Connection
 from .consumer import Message
@@ -77,7 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Talk to an ackbus broker: declare, bind, publish, consume, get, peek, "
         "redrive, purge, delete, queues.",
         epilog="Exit status: 0 ok, 1 broker refused, 2 usage, 3 unreachable, "
-        "4 unconfirmed publish, 5 not enough messages, 130 interrupted.",
+        "4 unconfirmed publish, 5 not enough messages, 6 lock lost, 130 interrupted; "
+        "lock: the command's own status.",
     )
     parser.add_argument("--url", default=os.environ.get("ACKBUS_URL", DEFAULT_URL),
                         help="broker URL (default: $ACKBUS_URL or %(default)s)")
@@ -161,6 +167,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("queues", help="table of queues and their counts")
     p.add_argument("--json", action="store_true", help="one JSON object per queue instead")
+
+    add_coordination_commands(sub, _key_value)
     return parser
 
 
@@ -197,14 +205,23 @@ async def run(
     stdout = stdout if stdout is not None else sys.stdout
     stderr = stderr if stderr is not None else sys.stderr
     parser = build_parser()
+    argv = list(argv)
+    tail: list[str] = []
+    if "--" in argv:  # ``lock NAME -- COMMAND ARGS``: the command's own options stay its own
+        cut = argv.index("--")
+        argv, tail = argv[:cut], argv[cut + 1 :]
     try:
-        args = parser.parse_args(list(argv))
+        args = parser.parse_args(argv)
+        if tail and args.command != "lock":
+            parser.error("'--' is for the command of 'ackbus lock'")
     except SystemExit as exc:
         return int(exc.code or 0)
+    if tail:
+        args.cmd = list(args.cmd) + tail
     policy = ReconnectPolicy(give_up_after_s=args.timeout)
     # A long-poll ``get --wait`` must not time out before the broker answers.
     request_timeout_s = max(args.timeout, (getattr(args, "wait", None) or 0.0) + 10.0)
-    cli = _Cli(args, stdin, stdout, stderr)
+    cli = _CliWithCoordination(args, stdin, stdout, stderr)
     try:
         credentials: dict[str, Any] = {}
         if args.user:
@@ -450,6 +467,10 @@ class _Cli:
             cells.append(row[4].ljust(widths[4]))
             self.stdout.write("  ".join(cells).rstrip() + "\n")
         return EXIT_OK
+
+
+class _CliWithCoordination(CoordinationCommands, _Cli):
+    """Every command: the ones above and ``lock``, ``locks``, ``schedule``."""
 
 
 class _LineReader:

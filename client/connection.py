@@ -11,14 +11,16 @@ from __future__ import annotations
 import os
 import ssl
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 from ._nursery import open_service_nursery
 from .backoff import ReconnectPolicy
 from .channel import Channel
 from .errors import ClientClosed
+from .locks import HeldLock, hold_lock
 from .rest import BrokerAPI
+from .schedules import Schedules
 from .settings import Settings
 from .transport import Endpoint, RestClient, StreamOpener, open_tcp
 
@@ -97,6 +99,29 @@ class Connection(BrokerAPI):
             finally:
                 channel.abort()
                 self._channels.remove(channel)
+
+    def lock(
+        self, name: str, *, ttl_s: float = 30.0, wait_s: float = 0.0, owner: str | None = None
+    ) -> AbstractAsyncContextManager[HeldLock]:
+        """``async with conn.lock(name, ttl_s=30) as lock:`` - run the block holding
+        lock ``name`` (refreshed in the background; the block is cancelled and
+        :class:`~client.locks.LockLost` raised if it is lost). ``lock.token`` is its
+        fencing token. See :mod:`client.locks`."""
+        return hold_lock(
+            self.endpoint, self._opener, name, ttl_s=ttl_s, wait_s=wait_s, owner=owner,
+            request_timeout_s=self.settings.request_timeout_s,
+        )
+
+    async def list_locks(self) -> list[dict[str, Any]]:
+        """``GET /locks``: every held (or waited for) lock: owner, token, expiry, waiters."""
+        result = await self._call("GET", "/locks")
+        return list(result.get("locks", [])) if isinstance(result, dict) else []
+
+    @property
+    def schedules(self) -> Schedules:
+        """Schedules on the broker: put, get, list, delete, pause, resume
+        (:class:`~client.schedules.Schedules`)."""
+        return Schedules(self._call)
 
     def stop_consuming(self) -> None:
         """Stop every consumer of every channel of this connection, and any started

@@ -58,6 +58,8 @@ from broker.core import (
     Confirm,
     Deliver,
     InvalidArgument,
+    LockBusy,
+    NotLockHolder,
     Return,
     check_delay,
     check_json_value,
@@ -660,6 +662,59 @@ async def _op_unbind(s: ChannelSession, op: dict[str, Any]) -> None:
     s.send_event(_reply(op, "ok", op="unbind"))
 
 
+def _refused(op: dict[str, Any], exc: LockBusy | NotLockHolder) -> dict[str, Any]:
+    """A ``refused`` event: the op was declined, the channel goes on."""
+    return _reply(op, "refused", op=op.get("op"), error=exc.code, message=exc.message, lock=exc.info)
+
+
+async def _op_lock_acquire(s: ChannelSession, op: dict[str, Any]) -> None:
+    """Acquire a lock: ``ok`` at once, or once it is granted after waiting in line
+    (other ops go on meanwhile; the answer echoes the op's ``id``), or ``refused``."""
+    echo, op_id = _echo_id(op)
+    name = _get(op, "lock", str, None) or ""
+    s.access.require("lock", name)
+    try:
+        info, _waiter = s.core.lock_acquire(
+            s.channel_id, name, op.get("owner"), op.get("ttl_s", 30),
+            op.get("wait_s", 0), ref={"id": op_id} if echo else {},
+        )
+    except LockBusy as exc:
+        s.send_event(_refused(op, exc))
+        return
+    if info is not None:
+        await s.runtime.wait_durable()
+        s.send_event(_reply(op, "ok", op="lock_acquire", lock=info))
+
+
+async def _op_lock_refresh(s: ChannelSession, op: dict[str, Any]) -> None:
+    s.access.require("lock", _get(op, "lock", str, None) or "")
+    try:
+        info = s.core.lock_refresh(
+            _get(op, "lock", str, None) or "", op.get("owner"), op.get("token"), op.get("ttl_s")
+        )
+    except NotLockHolder as exc:
+        s.send_event(_refused(op, exc))
+        return
+    await s.runtime.wait_durable()
+    s.send_event(_reply(op, "ok", op="lock_refresh", lock=info))
+
+
+async def _op_lock_release(s: ChannelSession, op: dict[str, Any]) -> None:
+    s.access.require("lock", _get(op, "lock", str, None) or "")
+    try:
+        info = s.core.lock_release(_get(op, "lock", str, None) or "", op.get("owner"), op.get("token"))
+    except NotLockHolder as exc:
+        s.send_event(_refused(op, exc))
+        return
+    s.runtime.pump()
+    await s.runtime.wait_durable()
+    s.send_event(_reply(op, "ok", op="lock_release", lock=info))
+
+
+async def _op_lock_info(s: ChannelSession, op: dict[str, Any]) -> None:
+    s.send_event(_reply(op, "ok", op="lock_info", lock=s.core.lock_info(_get(op, "lock", str, None) or "")))
+
+
 async def _op_close(s: ChannelSession, op: dict[str, Any]) -> None:
     s.runtime.pump()
     await s.flush_confirms()
@@ -687,6 +742,10 @@ _OPS = {
     "tx_select": _op_tx_select,
     "tx_commit": _op_tx_commit,
     "tx_rollback": _op_tx_rollback,
+    "lock_acquire": _op_lock_acquire,
+    "lock_refresh": _op_lock_refresh,
+    "lock_release": _op_lock_release,
+    "lock_info": _op_lock_info,
 }
 _SETTLE_OPS = {_op_ack, _op_nack, _op_reject, _op_touch}
 
@@ -761,5 +820,7 @@ async def handle_channel(runtime: BrokerRuntime, request: Any, response: Any) ->
             principal.close_channel(channel_id)
         runtime.remove_sink(channel_id)
         core.close_channel(channel_id, reason)
+        if core.coord.waiters or core.coord.grants:
+            core.lock_forget_channel(channel_id)  # its waiting lock acquires leave the line
         runtime.pump()
         log.info("channel closed", extra={"fields": {"channel": channel_id, "reason": reason}})

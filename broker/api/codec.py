@@ -20,6 +20,8 @@ from broker.core import (
     Deliver,
     DeliveryExpired,
     InvalidArgument,
+    LockGranted,
+    LockWaitEnded,
     Message,
     Return,
     check_properties,
@@ -101,6 +103,17 @@ def event_json(effect: Any) -> dict[str, Any]:
             "ev": "expired",
             "consumer_tag": effect.consumer_tag,
             "delivery_tag": effect.delivery_tag,
+        }
+    if isinstance(effect, LockGranted):  # a lock_acquire that waited in line
+        return {"ev": "ok", **effect.ref, "op": "lock_acquire", "lock": effect.info}
+    if isinstance(effect, LockWaitEnded):
+        return {
+            "ev": "refused",
+            **effect.ref,
+            "op": "lock_acquire",
+            "error": "lock_held",
+            "message": f"lock {effect.info['name']!r} is still held by {effect.info['owner']!r}",
+            "lock": effect.info,
         }
     raise TypeError(f"not a channel effect: {effect!r}")
 

@@ -154,6 +154,50 @@ class BrokerMetrics:
             "HTTP connections answered 503 because max_connections was reached.",
             collect=server_stat("rejected_connections"),
         )
+        # Coordination: locks and schedules (docs/coordination.md)
+        def coord() -> Any:
+            return self._runtime.core.coord
+
+        r.gauge(
+            "ackbus_locks_held",
+            "Locks held right now.",
+            collect=lambda: sum(1 for x in coord().locks.values() if x.owner) if self._runtime else None,
+        )
+        r.gauge(
+            "ackbus_lock_waiters",
+            "Acquires waiting in line for a held lock.",
+            collect=lambda: len(coord().waiters) if self._runtime else None,
+        )
+        r.counter(
+            "ackbus_lock_acquisitions_total",
+            "Locks granted (each took a new fencing token).",
+            collect=lambda: coord().locks_acquired if self._runtime else None,
+        )
+        r.counter(
+            "ackbus_lock_expiries_total",
+            "Locks freed by their expiry (their holder neither refreshed nor released them).",
+            collect=lambda: coord().lock_expiries if self._runtime else None,
+        )
+        r.gauge("ackbus_schedules", "Schedules.", collect=lambda: len(coord().schedules) if self._runtime else None)
+
+        def per_schedule(attr: str) -> Any:
+            def read() -> Any:
+                if self._runtime is None:
+                    return {}
+                return {(s.name,): getattr(s, attr) for s in coord().schedules.values()}
+
+            return read
+
+        r.counter("ackbus_schedule_ticks_total", "Ticks fired (messages published), since the start.",
+                  ["schedule"], collect=per_schedule("ticks_fired"))
+        r.counter("ackbus_schedule_ticks_skipped_total",
+                  "Ticks not fired: missed while the broker was down or stalled, by the schedule's policy.",
+                  ["schedule"], collect=per_schedule("ticks_skipped"))
+        self.tick_lateness = r.histogram(
+            "ackbus_schedule_tick_lateness_seconds",
+            "How long after its nominal time each tick was published.",
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10, 60, 600),
+        )
         # Process metrics under the names every Prometheus client library uses, so
         # that existing dashboards and alerts apply.
         r.gauge("process_resident_memory_bytes", "Resident memory size in bytes.", collect=process_rss_bytes)
@@ -176,6 +220,9 @@ class BrokerMetrics:
 
     def observe_confirm(self, duration_s: float) -> None:
         self.confirm_latency.observe(duration_s)
+
+    def observe_tick_lateness(self, lateness_s: float) -> None:
+        self.tick_lateness.observe(lateness_s)
 
     def handler(self, runtime: Any) -> Any:
         async def metrics(request: Any, response: Any) -> None:

@@ -10,6 +10,9 @@ nothing. The rules are RabbitMQ's (its "how permissions work" table):
 * binding or unbinding needs ``write`` on the destination (queue or exchange) and
   ``read`` on the source exchange;
 * getting, consuming, purging, settling leases and browsing need ``read`` on the queue;
+* taking, refreshing or releasing a lock needs ``write`` on the lock's name;
+* putting a schedule needs ``configure`` on its name and ``write`` on the exchange its
+  ticks publish to; deleting, pausing or resuming one needs ``configure`` on it;
 * operator calls (users, tokens, metrics, redrive) need the ``administrator`` tag.
 
 A refusal is :class:`~broker.core.AccessRefused` (``403 access_refused``; an ``error``
@@ -43,6 +46,12 @@ OPERATIONS: Final[dict[str, tuple[tuple[str, str], ...]]] = {
     "settle": (("read", "name"),),
     "browse": (("read", "name"),),
     "redrive": (("administrator", ""), ("read", "name")),
+    # locks and schedules (docs/coordination.md) are names in the same space: taking,
+    # refreshing or releasing a lock writes it; a schedule is configured like a queue
+    # and publishes to its exchange, so it needs write there as a publish does
+    "lock": (("write", "name"),),
+    "declare_schedule": (("configure", "name"), ("write", "source")),
+    "delete_schedule": (("configure", "name"),),
     "administer": (("administrator", ""),),
 }
 #: Answers cached per access and permission before the cache starts over (a client

@@ -15,6 +15,7 @@ from .broker import (
 )
 from .browsing import MAX_BROWSE
 from .config import CoreConfig
+from .coordstate import MISSED_POLICIES, LockGranted, LockWaitEnded, TickFired
 from .deadletter import MAX_REDRIVE
 from .delays import MAX_DELAY_S, check_delay
 from .effects import (
@@ -43,6 +44,16 @@ from .errors import (
     ResourceLocked,
     Unavailable,
 )
+from .locks import (
+    MAX_LOCK_TTL_S,
+    MAX_LOCK_WAIT_S,
+    MIN_LOCK_TTL_S,
+    LockBusy,
+    NotLockHolder,
+    check_lock_ttl,
+    check_lock_wait,
+    check_owner,
+)
 from .message import (
     MAX_EXPIRATION_MS,
     MAX_JSON_DEPTH,
@@ -56,7 +67,9 @@ from .message import (
 from .names import check_name, check_routing_key
 from .records import RecordType, ref_lsns
 from .routing import EXCHANGE_TYPES, headers_match, topic_matches
+from .schedules import LIVE_GRACE_S, MAX_MISSED
 from .state import delivery_cost
+from .timing import TIMING_FIELDS, iso_utc
 from .userstore import (
     ADMINISTRATOR,
     PERMISSIONS,
@@ -125,4 +138,20 @@ __all__ = [
     "User",
     "UserStore",
     "check_username",
+    "LockGranted",
+    "LockWaitEnded",
+    "LockBusy",
+    "NotLockHolder",
+    "MIN_LOCK_TTL_S",
+    "MAX_LOCK_TTL_S",
+    "MAX_LOCK_WAIT_S",
+    "check_owner",
+    "check_lock_ttl",
+    "check_lock_wait",
+    "MISSED_POLICIES",
+    "TickFired",
+    "LIVE_GRACE_S",
+    "MAX_MISSED",
+    "TIMING_FIELDS",
+    "iso_utc",
 ]

@@ -42,6 +42,7 @@ from __future__ import annotations
 from . import records as rec
 from .browsing import BrowsingMixin
 from .compaction import CompactionMixin
+from .coordlog import CoordLogMixin
 from .deadletter import DeadLetterMixin
 from .delays import DelaysMixin
 from .delivery import DeliveryMixin
@@ -88,6 +89,7 @@ class Broker(
     BrowsingMixin,
     TransactionsMixin,
     UsersMixin,
+    CoordLogMixin,
     TimersMixin,
     ReplayMixin,
     SnapshotMixin,
@@ -103,6 +105,8 @@ class Broker(
         """Settle pending work (dispatch, confirms, log records) and hand over the effects."""
         if self._queues_to_schedule:
             self._start_recovered_timers()
+        if self._coord_pending:  # (may publish ticks: before dispatch)
+            self._coord_take_effects()
         if self._dirty_queues:
             self._dispatch_dirty()
         if self._getter_checks:

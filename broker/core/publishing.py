@@ -420,6 +420,8 @@ def _logged_message(result: tuple[int, bytes] | str, seq: int, lsn: int) -> rec.
     try:
         if rtype == rec.RecordType.MOVE:
             _qid, _seq, due, payload = rec.decode_move(payload)
+        elif rtype == rec.RecordType.SCHEDULE_TICK:
+            _name, _tick, payload = rec.decode_tick(payload)
         elif rtype != rec.RecordType.ENQUEUE:
             return f"record {lsn} is of type {rtype}, not a message"
         r = rec.decode_enqueue(payload)

@@ -44,6 +44,8 @@ __all__ = [
     "peek_priority",
     "encode_priority_refs",
     "decode_priority_refs",
+    "encode_tick",
+    "decode_tick",
 ]
 
 
@@ -67,6 +69,12 @@ class RecordType:
     DELIVERY_COUNTS = 15  # how many times messages were delivered, when more than once
     MOVE = 16  # a message leaving one queue and entering others in one step (dead letter, redrive)
     DELAY = 17  # messages of a queue held back until a wall-clock time (nack or publish delay)
+    LOCK_HELD = 18  # a lock acquired or refreshed: owner, fencing token, expiry (JSON)
+    LOCK_RELEASED = 19  # a lock released by its holder (JSON: name, token)
+    SCHEDULE_PUT = 20  # a schedule created, replaced, paused or resumed: its whole state (JSON)
+    SCHEDULE_DELETE = 21  # a schedule deleted (JSON: name)
+    SCHEDULE_TICK = 22  # a schedule's tick and its message, one record (see encode_tick)
+    COORD_META = 23  # coordination counters that must not go backwards: next token (checkpoints only)
     USER = 24  # a whole user: name, password hash, tags, permissions (core/userstore.py)
     USER_DELETE = 25  # a user and its tokens deleted
     TOKEN = 26  # a whole API token: id, owner, digest of its secret, expiry
@@ -304,3 +312,22 @@ def decode_move(payload: bytes) -> tuple[int, int, float | None, bytes]:
     """``(origin qid, origin seq, due time or None, the ENQUEUE payload)``."""
     qid, seq, due = _MOVE_HEAD.unpack_from(payload, 0)
     return qid, seq, due or None, payload[_MOVE_HEAD.size :]
+
+
+# SCHEDULE_TICK: name length u16 | nominal tick time f64 | name | an ENQUEUE payload
+# (with no queues when the message reached no durable queue). One record, so the
+# tick's "fired up to" and its message are written together: after a crash the tick
+# has fired (and its message is queued) or it has not, never one without the other.
+_TICK_HEAD = struct.Struct("<Hd")
+
+
+def encode_tick(name: str, tick_s: float, enqueue_payload: bytes) -> bytes:
+    raw = name.encode()
+    return _TICK_HEAD.pack(len(raw), tick_s) + raw + enqueue_payload
+
+
+def decode_tick(payload: bytes) -> tuple[str, float, bytes]:
+    """``(schedule name, nominal tick time, the ENQUEUE payload)``."""
+    n, tick = _TICK_HEAD.unpack_from(payload, 0)
+    pos = _TICK_HEAD.size
+    return payload[pos : pos + n].decode(), tick, payload[pos + n :]

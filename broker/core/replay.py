@@ -19,6 +19,7 @@ from itertools import compress
 from typing import Any
 
 from . import records as rec
+from .coordlog import COORD_RECORD_TYPES
 from .dedup import digest_utf8
 from .entities import Exchange, Queue
 from .lanes import split_by_level
@@ -416,3 +417,6 @@ REPLAY_HANDLERS: dict[int, _Handler] = {
     RecordType.TOKEN: replay_user_record,
     RecordType.TOKEN_DELETE: replay_user_record,
 }
+# Locks and schedules (coordlog.py)
+for _rtype in COORD_RECORD_TYPES:
+    REPLAY_HANDLERS[_rtype] = lambda b, state, payload, lsn, rtype: b._replay_coordination(state, payload, lsn, rtype)

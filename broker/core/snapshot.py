@@ -146,6 +146,7 @@ class SnapshotMixin(BrokerState):
         tail = [
             (T.DEDUP_DIGESTS, payload) for payload in self.dedup.checkpoint_payloads(DEDUP_BATCH_ENTRIES)
         ]
+        tail.extend(self._coordination_records())  # locks, schedules, next token
         tail.append(
             (T.META, rec.encode_json({"next_seq": self._next_seq, "next_qid": self._next_qid}))
         )

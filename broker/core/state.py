@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import records as rec
 from .config import CoreConfig
+from .coordstate import CoordState
 from .dedup import DedupWindow
 from .effects import (
     Effect,
@@ -200,6 +201,11 @@ class BrokerState:
         # False while the broker shuts down: nothing more is handed to consumers.
         self.delivering = True
 
+        # locks and schedules (coordstate.py); _coord_pending: take_effects() has
+        # coordination work (grants waiting for the log, timers to start after recovery)
+        self.coord = CoordState()
+        self._coord_pending = False
+
         self._effects: list[Effect] = []
         self._dirty_queues: dict[str, Queue] = {}
         # queues with parked long-polls that received messages: after dispatch, those
@@ -237,6 +243,19 @@ class BrokerState:
         def _append(self, rtype: int, payload: bytes) -> int: ...
 
         def _apply_relocations(self, durable: int) -> None: ...
+
+        # coordination (locks.py, schedules.py, coordlog.py)
+        def _coord_take_effects(self) -> None: ...
+
+        def _wake_coordination(self, now: float) -> None: ...
+
+        def _schedule_due(self, name: str, stamp: int | None) -> None: ...
+
+        def _coordination_records(self) -> list[tuple[int, bytes]]: ...
+
+        def _replay_coordination(self, state: dict[int, ReplayIndex], payload: bytes, lsn: int, rtype: int) -> None: ...
+
+        def _replay_logged_enqueue(self, state: dict[int, ReplayIndex], payload: bytes, lsn: int, rtype: int) -> None: ...
 
         def _binding_durable(self, src: Exchange, key: tuple[str, str]) -> bool: ...
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import heapq
 
+from .coordstate import COORD_TIMER
 from .delays import QUEUE_TIMER
 from .effects import (
     Confirm,
@@ -42,6 +43,11 @@ class TimersMixin(BrokerState):
                     heapq.heappop(timers)
                     continue
                 return deadline
+            if channel_id == COORD_TIMER:
+                if self.coord.wake_at != deadline:
+                    heapq.heappop(timers)
+                    continue
+                return deadline
             ch = self.channels.get(channel_id)
             d = ch.deliveries.get(tag) if ch is not None else None
             if d is None or d.deadline != deadline:
@@ -65,6 +71,11 @@ class TimersMixin(BrokerState):
                 queue = self._queues_by_id.get(tag)
                 if queue is not None and queue.wake_at == deadline and not queue.deleted:
                     self._wake_queue(queue, now)
+                continue
+            if channel_id == COORD_TIMER:
+                # locks expiring, lock waits running out, schedules due (locks.py)
+                if self.coord.wake_at == deadline:
+                    self._wake_coordination(now)
                 continue
             ch = self.channels.get(channel_id)
             d = ch.deliveries.get(tag) if ch is not None else None

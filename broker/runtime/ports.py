@@ -86,4 +86,6 @@ class MetricsPort(Protocol):
 
     def observe_confirm(self, duration_s: float) -> None: ...
 
+    def observe_tick_lateness(self, lateness_s: float) -> None: ...
+
 

@@ -34,10 +34,13 @@ from broker.core import (
     Deliver,
     DeliveryExpired,
     Effect,
+    LockGranted,
+    LockWaitEnded,
     LogReadFailed,
     MessageLost,
     QueueReady,
     Return,
+    TickFired,
     Unavailable,
 )
 from broker.runtime.checkpoints import Checkpointer
@@ -55,6 +58,15 @@ class _DurableWaiter:
     target: int
     event: trio.Event = field(default_factory=trio.Event)
     failure: str | None = None
+
+
+@dataclass
+class LockWait:
+    """A REST acquire parked behind a held lock: ``answer`` is set (a ``LockGranted``
+    or ``LockWaitEnded``) and ``event`` fired when the core ends the wait."""
+
+    event: trio.Event = field(default_factory=trio.Event)
+    answer: LockGranted | LockWaitEnded | None = None
 
 
 @dataclass
@@ -91,6 +103,7 @@ class BrokerRuntime:
         self._to_flush: list[Flushable] = []
         self._rest_publishes: dict[int, _RestPublish] = {}
         self._queue_events: dict[str, trio.Event] = {}
+        self._lock_waits: dict[int, LockWait] = {}
         self._timer_wakeup = trio.Event()
         self._timer_at = math.inf
         self.checkpointer: Checkpointer | None = None
@@ -125,6 +138,9 @@ class BrokerRuntime:
             MessageLost: self._message_lost,
             LogReadFailed: self._log_read_failed,
             DeadLetterDropped: self._dead_letter_dropped,
+            LockGranted: self._lock_answer,
+            LockWaitEnded: self._lock_answer,
+            TickFired: self._tick_fired,
         }
 
     # --------------------------------------------------------------- lifecycle
@@ -170,6 +186,9 @@ class BrokerRuntime:
             self.checkpointer.started(recovered.wal, recovered.checkpoint_lsn)
             await nursery.start(recovered.wal.serve)
             nursery.start_soon(self.checkpointer.serve)
+        # what recovery replayed starts now (queue timers, lock expiries, schedules
+        # due while the broker was down), not at the first request
+        self.pump()
         nursery.start_soon(self._serve_timers)
         self.ready = True
         self.ready_event.set()
@@ -251,6 +270,30 @@ class BrokerRuntime:
         last = self.wal.append_nowait(effect.records, lazy=effect.lazy, together=effect.together)
         if last != effect.last_lsn:  # pragma: no cover - would be a bug
             raise RuntimeError(f"LSN mismatch: core {effect.last_lsn}, wal {last}")
+
+    def _lock_answer(self, effect: LockGranted | LockWaitEnded) -> None:
+        """The end of a lock wait: to the parked REST call, or to its channel."""
+        if effect.channel_id == REST_CHANNEL:
+            wait = self._lock_waits.pop(effect.waiter_id, None)
+            if wait is not None:
+                wait.answer = effect
+                wait.event.set()
+            return
+        sink = self.sinks.get(effect.channel_id)
+        if sink is not None:
+            sink.push(effect)
+
+    def _tick_fired(self, effect: TickFired) -> None:
+        if self.metrics is not None:
+            self.metrics.observe_tick_lateness(effect.lateness_s)
+
+    def lock_wait(self, waiter_id: int) -> LockWait:
+        """Park a REST acquire queued as ``waiter_id`` (see ``Broker.lock_acquire``)."""
+        wait = self._lock_waits[waiter_id] = LockWait()
+        return wait
+
+    def forget_lock_wait(self, waiter_id: int) -> None:
+        self._lock_waits.pop(waiter_id, None)
 
     def _queue_ready(self, effect: QueueReady) -> None:
         event = self._queue_events.pop(effect.queue, None)
@@ -489,11 +532,15 @@ class BrokerRuntime:
         return drained
 
     def wake_getters(self) -> None:
-        """Wake every parked long-poll (they answer at once when shutting down)."""
+        """Wake every parked long-poll and lock acquire (they answer at once when
+        shutting down)."""
         events = list(self._queue_events.values())
         self._queue_events.clear()
         for event in events:
             event.set()
+        # and parked lock acquires (they answer 503: the broker is shutting down)
+        for wait in self._lock_waits.values():
+            wait.event.set()
 
     async def aclose(self, *, checkpoint: bool = True) -> None:
         """Close the log, after a final checkpoint when asked (clean shutdown)."""

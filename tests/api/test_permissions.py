@@ -61,6 +61,18 @@ CASES = [
     Case("extend leases", (("read", "q"),), rest=("POST", "/queues/q/extend", {"lease_ids": ["nope"]})),
     Case("browse", (("read", "q"),), rest=("GET", "/queues/q/messages", None)),
     Case("redrive", (("administrator", ""), ("read", "q")), rest=("POST", "/queues/q/redrive", {})),
+    Case("acquire a lock", (("write", "nightly"),), rest=("POST", "/locks/nightly/acquire", {"owner": "o"}),
+         op={"op": "lock_acquire", "lock": "nightly", "owner": "o"}),
+    Case("refresh a lock", (("write", "held"),), rest=("POST", "/locks/held/refresh", {"owner": "h", "token": 1}),
+         op={"op": "lock_refresh", "lock": "held", "owner": "h", "token": 1}),
+    Case("release a lock", (("write", "held"),), rest=("POST", "/locks/held/release", {"owner": "h", "token": 1}),
+         op={"op": "lock_release", "lock": "held", "owner": "h", "token": 1}),
+    Case("put a schedule", (("configure", "tick"), ("write", "x")),
+         rest=("PUT", "/schedules/tick", {"exchange": "x", "routing_key": "k", "body": "t", "interval_s": 60})),
+    Case("put a schedule on the default exchange", (("configure", "tick"), ("write", "amq.default")),
+         rest=("PUT", "/schedules/tick", {"routing_key": "q", "body": "t", "interval_s": 60})),
+    Case("pause a schedule", (("configure", "daily"),), rest=("POST", "/schedules/daily/pause", None)),
+    Case("delete a schedule", (("configure", "daily"),), rest=("DELETE", "/schedules/daily", None)),
 ]
 
 
@@ -81,6 +93,8 @@ def state(app: BrokerApp) -> Any:
         sorted(core.exchanges),
         sorted((q.name, q.ready_count(), q.unacked, len(q.consumers)) for q in core.queues.values()),
         sorted(str(b) for b in core.list_bindings()),
+        sorted((lock["name"], lock.get("owner"), lock.get("token")) for lock in core.lock_list()),
+        sorted((sched["name"], sched.get("paused"), sched.get("exchange")) for sched in core.schedule_list()),
     )
 
 
@@ -93,6 +107,9 @@ async def setup(app: BrokerApp) -> None:
     core.declare_queue("q2")
     core.bind("x", "q", "k", {})
     core.publish(0, "", "q", b"ready", None)
+    core.lock_acquire(0, "held", "h", 600, 0)  # (token 1)
+    core.put_schedule("daily", exchange="x", routing_key="k", body=b"d", properties=None,
+                      timing={"cron": "0 3 * * *"}, missed="latest", max_missed=100, paused=False)
     await app.runtime.wait_durable()
 
 

@@ -32,6 +32,15 @@ DESIGN_CALLS = {
     ("POST", "/queues/{name}/nack"),
     ("POST", "/queues/{name}/extend"),
     ("GET", "/queues/{name}/stream"),
+    ("POST", "/locks/{name}/acquire"),
+    ("POST", "/locks/{name}/refresh"),
+    ("POST", "/locks/{name}/release"),
+    ("GET", "/locks"),
+    ("GET", "/locks/{name}"),
+    ("PUT", "/schedules/{name}"),
+    ("GET", "/schedules"),
+    ("GET", "/schedules/{name}"),
+    ("DELETE", "/schedules/{name}"),
 }
 
 

@@ -24,6 +24,14 @@ pytestmark = pytest.mark.slow
 
 # family name (as the parser reports it: counters without `_total`) -> type
 EXPECTED_FAMILIES = {
+    "ackbus_locks_held": "gauge",
+    "ackbus_lock_waiters": "gauge",
+    "ackbus_lock_acquisitions": "counter",
+    "ackbus_lock_expiries": "counter",
+    "ackbus_schedules": "gauge",
+    "ackbus_schedule_ticks": "counter",
+    "ackbus_schedule_ticks_skipped": "counter",
+    "ackbus_schedule_tick_lateness_seconds": "histogram",
     "ackbus_queue_messages_delayed": "gauge",
     "ackbus_messages_dead_lettered": "counter",
     "ackbus_dead_letters_dropped": "counter",

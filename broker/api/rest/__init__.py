@@ -16,8 +16,10 @@ from broker.api.rest import (
     exchanges,
     health,
     leases,
+    locks,
     messages,
     queues,
+    schedules,
     users,
 )
 from broker.api.rest.fields import (
@@ -31,7 +33,7 @@ from broker.runtime import BrokerRuntime
 
 __all__ = ["DEFAULT_EXCHANGE_ALIAS", "Fields", "add_rest_routes", "exchange_name"]
 
-_FAMILIES = (health, exchanges, queues, leases, messages, bindings, channels, users)
+_FAMILIES = (health, exchanges, queues, leases, messages, bindings, channels, users, locks, schedules)
 
 
 def add_rest_routes(router: Router, runtime: BrokerRuntime, auth: Any = None) -> None:
