@@ -243,13 +243,19 @@ def _consume_run(ctx: Context, server: Server) -> tuple[dict[str, float], dict[s
         extra[f"{size}/fill"] = _fill(ctx, server, list(queues.values()), size, p.consume_count)
         for prefetch, queue in queues.items():
             ctx.status(f"consume {p.consume_count:,} × {size_name(size)}, prefetch {prefetch}")
-            spec = {"op": "consume", "queue": queue, "count": p.consume_count, "prefetch": prefetch}
-            (result,) = ctx.workers(server, [spec], p.fill_timeout_s(p.consume_count))
-            if result["count"] != p.consume_count:
-                raise BenchError(f"consumed {result['count']} of {p.consume_count}")
+            result = _drain(ctx, server, queue, p.consume_count, prefetch)
             figures[f"consume/{size}/prefetch{prefetch}/msgs_per_s"] = result["count"] / result["elapsed_s"]
             extra[f"{size}/prefetch{prefetch}"] = result
     return figures, extra
+
+
+def _drain(ctx: Context, server: Server, queue: str, count: int, prefetch: int) -> dict[str, Any]:
+    """One consumer takes and acks ``count`` messages of ``queue`` (all must come)."""
+    spec = {"op": "consume", "queue": queue, "count": count, "prefetch": prefetch}
+    (result,) = ctx.workers(server, [spec], ctx.params.fill_timeout_s(count))
+    if result["count"] != count:
+        raise BenchError(f"consumed {result['count']} of {count}")
+    return result
 
 
 # --------------------------------------------------------------------------- 4. end to end
@@ -542,10 +548,7 @@ def _priority_run(ctx: Context, server: Server) -> tuple[dict[str, float], dict[
         ctx.status(f"priority: consume {p.priority_count:,} from a {kind} queue")
         extra[f"fill/{kind}"] = _fill(ctx, server, [queue], 100, p.priority_count,
                                       arguments={queue: args} if args else None, priorities=p.priority_levels)
-        spec = {"op": "consume", "queue": queue, "count": p.priority_count, "prefetch": p.priority_prefetch}
-        (result,) = ctx.workers(server, [spec], p.fill_timeout_s(p.priority_count))
-        if result["count"] != p.priority_count:
-            raise BenchError(f"consumed {result['count']} of {p.priority_count}")
+        result = _drain(ctx, server, queue, p.priority_count, p.priority_prefetch)
         figures[f"priority/consume/{kind}/msgs_per_s"] = result["count"] / result["elapsed_s"]
         extra[f"consume/{kind}"] = result
     return figures, extra
