@@ -24,8 +24,8 @@ import sys
 from collections.abc import Sequence
 from typing import IO, Any
 
+import anyio
 import orjson
-import trio
 
 from . import (
     BrokerError,
@@ -241,10 +241,10 @@ class _Cli:
     def shutdown_requested(self) -> bool:
         return self.shutdown is not None and self.shutdown.requested
 
-    def _stop_on_shutdown(self) -> trio.CancelScope:
+    def _stop_on_shutdown(self) -> anyio.CancelScope:
         """A cancel scope cancelled when a graceful shutdown is requested (so a read
         blocked on an idle stdin stops too)."""
-        scope = trio.CancelScope()
+        scope = anyio.CancelScope()
         shutdown = self.shutdown
         if shutdown is not None:
             if shutdown.requested:
@@ -321,13 +321,13 @@ class _Cli:
         published = 0
         failures: list[ClientError] = []
         async with conn.channel(max_pending=a.max_pending) as ch:
-            start = last_report = trio.current_time()
+            start = last_report = anyio.current_time()
             with self._stop_on_shutdown():
                 while (line := await reader.next_line()) is not None:
                     await ch.start_publish(a.exchange, a.routing_key, line, properties=props,
                                            mandatory=a.mandatory)
                     published += 1
-                    now = trio.current_time()
+                    now = anyio.current_time()
                     if progress and now - last_report >= 1.0:
                         last_report = now
                         self._progress(published, ch.statistics().confirmed, now - start)
@@ -336,7 +336,7 @@ class _Cli:
             except SomePublishesFailed as exc:
                 failures = exc.failures
             if progress:
-                self._progress(published, ch.statistics().confirmed, trio.current_time() - start)
+                self._progress(published, ch.statistics().confirmed, anyio.current_time() - start)
                 self.stderr.write("\n")
         for failure in failures[:20]:
             self.stderr.write(f"ackbus: not confirmed: {failure}\n")
@@ -361,10 +361,10 @@ class _Cli:
         async with conn.channel() as ch, ch.consume(a.queue, prefetch=a.prefetch) as messages:
             while a.count is None or count < a.count:
                 message = None
-                with trio.move_on_after(wait_s):
+                with anyio.move_on_after(wait_s):
                     try:
                         message = await messages.receive()
-                    except trio.EndOfChannel:
+                    except anyio.EndOfStream:
                         break  # stopped by a signal
                 if message is None:
                     break  # --wait expired
@@ -458,7 +458,7 @@ class _LineReader:
         while not self._lines:
             if self._eof:
                 return None
-            chunk = await trio.to_thread.run_sync(self._read, 65536, abandon_on_cancel=True)
+            chunk = await anyio.to_thread.run_sync(self._read, 65536, abandon_on_cancel=True)
             if not chunk:
                 self._eof = True
                 if self._buffer:
@@ -472,7 +472,7 @@ class _LineReader:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point: run the CLI and return its exit status."""
-    return trio.run(run, sys.argv[1:] if argv is None else argv)
+    return anyio.run(run, sys.argv[1:] if argv is None else argv, backend="trio")
 
 
 if __name__ == "__main__":

@@ -8,12 +8,13 @@ import sys
 
 import orjson
 import pytest
-import trio
-import trio.testing
+from trio.testing import MockClock
 
 import client
 from client.__main__ import run
 from tests.client.fakebroker import FakeBroker
+
+pytestmark = pytest.mark.anyio
 
 
 class Result:
@@ -78,7 +79,7 @@ async def test_publish_failures_exit_4(cli, fake: FakeBroker) -> None:  # type: 
 
 
 async def test_consume_prints_then_acks(
-    cli, fake: FakeBroker, conn: client.Connection, autojump_clock: trio.testing.MockClock  # type: ignore[no-untyped-def]
+    cli, fake: FakeBroker, conn: client.Connection, autojump_clock: MockClock  # type: ignore[no-untyped-def]
 ) -> None:
     async with conn.channel() as ch:
         await ch.declare_queue("q")
