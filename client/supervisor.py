@@ -143,7 +143,9 @@ class Supervisor(Settler):
                         session.end_reason,
                     )
                     return
-                if not await self._sleep_before_retry(session.end_reason):
+                if not await self._sleep_before_retry(
+                    session.end_reason or ConnectionLost("the broker ended the channel")
+                ):
                     return
 
     async def _sleep_before_retry(self, reason: BaseException | None) -> bool:
