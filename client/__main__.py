@@ -1,7 +1,8 @@
 """``python -m client`` / ``ackbus``: the broker from a terminal or a shell script.
 
-Commands: ``declare``, ``bind``, ``publish``, ``consume``, ``get``, ``queues`` (see
-``ackbus COMMAND --help`` and docs/client.md). Exit status, for scripts:
+Commands: ``declare``, ``bind``, ``publish``, ``consume``, ``get``, ``peek``,
+``redrive``, ``purge``, ``delete``, ``queues``, ``exchanges``, ``bindings``, ``overview``
+(see ``ackbus COMMAND --help`` and docs/client.md). Exit status, for scripts:
 
 ====  =====================================================================
  0    success (``consume`` also when stopped by SIGINT/SIGTERM)
@@ -36,9 +37,11 @@ from . import (
     PublishFailed,
     ReconnectPolicy,
     SomePublishesFailed,
+    cli_admin,
     connect,
     open_graceful_shutdown,
 )
+from ._version import __version__
 from .codec import Properties, encode_body
 from .connection import DEFAULT_URL, Connection
 from .consumer import Message
@@ -79,8 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Exit status: 0 ok, 1 broker refused, 2 usage, 3 unreachable, "
         "4 unconfirmed publish, 5 not enough messages, 130 interrupted.",
     )
-    parser.add_argument("--url", default=os.environ.get("ACKBUS_URL", DEFAULT_URL),
-                        help="broker URL (default: $ACKBUS_URL or %(default)s)")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument("--url", default=os.environ.get("ACKBUS_URL", DEFAULT_URL), type=_url,
+                        help="broker URL or HOST:PORT (default: $ACKBUS_URL or %(default)s)")
     parser.add_argument("--timeout", type=float, default=30.0, metavar="S",
                         help="give up reaching the broker after S seconds (default %(default)s)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -155,7 +159,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("queues", help="table of queues and their counts")
     p.add_argument("--json", action="store_true", help="one JSON object per queue instead")
+    cli_admin.add_parsers(sub)
     return parser
+
+
+def _url(text: str) -> str:
+    """``host:port`` (or a bare host) is taken as ``http://host:port``."""
+    return text if "://" in text else f"http://{text}"
 
 
 def _message_json(message: Message | LeasedMessage) -> bytes:
@@ -255,6 +265,10 @@ class _Cli:
 
     async def dispatch(self, conn: Connection) -> int:
         command: str = self.args.command
+        admin = cli_admin.COMMANDS.get(command)
+        if admin is not None:
+            await admin(conn, self.args, self.stdout)
+            return EXIT_OK
         handler = getattr(self, "cmd_" + command)
         status: int = await handler(conn)
         return status
@@ -422,6 +436,7 @@ class _Cli:
             await conn.delete_queue(a.name)
         else:
             await conn.delete_exchange(a.name)
+        self.stdout.write(f"deleted {a.kind} {a.name}\n")
         return EXIT_OK
 
     # --- queues -----------------------------------------------------------------------

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import anyio
+import orjson
 import pytest
 
 import client
@@ -196,6 +197,19 @@ async def test_cli_against_the_real_broker(broker: BrokerProcess) -> None:
     assert code == 0 and out.split() == [str(i) for i in range(10, 15)]
     code, out = await ackbus("publish", "-k", "nowhere", "--mandatory", "x")
     assert code == 4, out
+    code, out = await ackbus("exchanges")
+    rows = [line.split() for line in out.splitlines()]
+    assert code == 0 and rows[0][:3] == ["name", "type", "durable"] and ["clix", "fanout", "yes", "no", "{}"] in rows, out
+    code, out = await ackbus("bindings", "--json")
+    assert code == 0 and [orjson.loads(line)["queue"] for line in out.splitlines()] == ["cliq"], out
+    code, out = await ackbus("overview")
+    assert code == 0 and "version" in out and "queues" in out, out
+    code, out = await ackbus("--version")
+    assert code == 0 and out.strip() == f"ackbus {client.__version__}", out
+    code, out = await ackbus("--url", broker.url.removeprefix("http://"), "delete", "exchange", "clix")
+    assert code == 0 and out.strip() == "deleted exchange clix", out
+    code, out = await ackbus("bindings")
+    assert code == 0 and len(out.splitlines()) == 1, out  # the header only: the binding went with it
     code, out = await ackbus("get", "no-such-queue")
     assert code == 1, out
 
