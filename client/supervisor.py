@@ -202,7 +202,10 @@ class Supervisor(Settler):
                             exc,
                         )
                         return
-                consumers = [s for s in self._consumers.values() if s.active]
+                # Only consumers established on an earlier session: one whose first
+                # consume is still to be sent is consumed by its caller, who must see
+                # the broker's answer to it (a refusal is a ChannelClosedByBroker).
+                consumers = [s for s in self._consumers.values() if s.active and s.consumed_generation]
                 creplies = []
                 for stream in consumers:
                     stream.consumed_generation = session.generation

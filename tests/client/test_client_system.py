@@ -231,6 +231,10 @@ async def test_channel_errors_are_blamed_on_their_operation(tmp_path: Path) -> N
                 await small2
                 with pytest.raises(client.ChannelClosedByBroker):
                     await ch.declare_queue("q", durable=False)  # exists with other settings
+                # a refused consume right after: the broker's refusal, as on a fresh channel
+                with pytest.raises(client.ChannelClosedByBroker):
+                    async with ch.consume("missing"):
+                        pass  # pragma: no cover
                 await ch.publish("", "q", b"c")
                 with pytest.raises(client.PublishNacked):
                     await ch.publish("no-such-exchange", "q", b"d")
