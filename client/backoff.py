@@ -30,8 +30,9 @@ class ReconnectPolicy:
             failure of the current outage (``None``: never give up).
         max_attempts: stop after this many failed attempts in one outage (``None``:
             no limit).
-        first_connect_give_up_after_s: the same bound for the very first connect of
-            a channel, before it was ever open (``None``: use ``give_up_after_s``).
+        first_connect_give_up_after_s: a bound for the very first connect of a
+            channel, before it was ever open (the shorter of it and
+            ``give_up_after_s`` applies; ``None``: only ``give_up_after_s``).
             Bounded by default: a program started against a wrong URL or a broker
             that is not running fails with ``ConnectionLost`` (a ``ConnectionError``)
             instead of hanging, while a channel that was open once keeps retrying
@@ -94,8 +95,9 @@ class Backoff:
     def deadline(self) -> float | None:
         """When the current outage gives up (``None``: never, or no outage)."""
         give_up = self._policy.give_up_after_s
-        if self.first_connect and self._policy.first_connect_give_up_after_s is not None:
-            give_up = self._policy.first_connect_give_up_after_s
+        first = self._policy.first_connect_give_up_after_s
+        if self.first_connect and first is not None:
+            give_up = first if give_up is None else min(give_up, first)
         if self._outage_started is None or give_up is None:
             return None
         return self._outage_started + give_up

@@ -70,3 +70,14 @@ def test_huge_attempt_counts_do_not_overflow() -> None:
 def test_policy_validation(kwargs: dict) -> None:
     with pytest.raises(ValueError):
         ReconnectPolicy(**kwargs)
+
+
+def test_the_first_connect_gives_up_by_default_a_later_outage_does_not() -> None:
+    backoff = Backoff(ReconnectPolicy(), random=lambda: 1.0)
+    assert backoff.next_delay(0.0) is not None
+    assert backoff.deadline() == 30.0  # first_connect_give_up_after_s
+    assert backoff.next_delay(30.0) is None
+    backoff.reset()  # a connection was healthy once
+    assert backoff.next_delay(100.0) is not None
+    assert backoff.deadline() is None  # give_up_after_s=None: retries forever
+    assert backoff.next_delay(10_000.0) is not None
