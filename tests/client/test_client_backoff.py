@@ -20,7 +20,7 @@ def test_full_jitter_ceiling_grows_exponentially_up_to_the_cap() -> None:
 @settings(deadline=None)  # a loaded CI machine must not fail a pure test
 @given(st.lists(st.floats(min_value=0, max_value=0.999999), min_size=1, max_size=80))
 def test_delays_stay_within_zero_and_the_ceiling(rolls: list[float]) -> None:
-    policy = ReconnectPolicy(initial_delay_s=0.05, max_delay_s=5.0)
+    policy = ReconnectPolicy(initial_delay_s=0.05, max_delay_s=5.0, first_connect_give_up_after_s=None)
     it = iter(rolls)
     backoff = Backoff(policy, random=lambda: next(it))
     for attempt in range(len(rolls)):
