@@ -133,7 +133,10 @@ async def test_consumer_keeps_consuming_across_a_broker_restart(broker: BrokerPr
     assert set(seen) == set(range(n))  # at least once, none lost
 
 
-async def test_worker_process_stops_gracefully_on_sigterm(broker: BrokerProcess, tmp_path: Path) -> None:
+async def test_worker_process_stops_gracefully_on_sigterm(
+    broker: BrokerProcess, tmp_path: Path, anyio_backend: str
+) -> None:
+    """The example worker, on the test's event loop (trio or asyncio), on SIGTERM."""
     n = 300
     async with client.connect(broker.url, reconnect=POLICY) as conn:
         async with conn.channel() as ch:
@@ -146,7 +149,8 @@ async def test_worker_process_stops_gracefully_on_sigterm(broker: BrokerProcess,
         env = dict(os.environ, PYTHONPATH=str(ROOT))
         proc = await anyio.open_process(
             [sys.executable, str(ROOT / "scripts" / "examples" / "worker.py"), "--url", broker.url,
-             "--queue", "jobs", "--prefetch", "20", "--work-ms", "20", "--journal", str(journal)],
+             "--queue", "jobs", "--prefetch", "20", "--work-ms", "20", "--journal", str(journal),
+             "--backend", anyio_backend],
             env=env,
         )
         try:
