@@ -126,9 +126,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("consume", help="print messages as they arrive; ack each after printing")
     p.add_argument("queue")
-    p.add_argument("--count", "-n", type=int, help="stop after this many messages")
+    p.add_argument("--count", "-n", type=int, help="stop after exactly this many messages (prefetch at most N)")
     p.add_argument("--prefetch", type=int, default=10, help="unacked messages at a time (default %(default)s)")
-    p.add_argument("--wait", type=float, metavar="S", help="stop when no message came for S seconds")
+    p.add_argument("--wait", type=float, metavar="S",
+                   help="stop when no message came for S seconds (default: wait until -n is reached or a signal)")
     p.add_argument("--format", choices=["text", "json"], default="text")
 
     p = sub.add_parser("get", help="fetch messages once (REST lease), print, ack")
@@ -284,6 +285,7 @@ class _Cli:
         else:
             await conn.declare_exchange(a.name, a.type, durable=not a.transient,
                                         auto_delete=a.auto_delete, arguments=arguments)
+        self.stdout.write(f"declared {a.kind} {a.name}\n")
         return EXIT_OK
 
     async def cmd_bind(self, conn: Connection) -> int:
@@ -293,6 +295,10 @@ class _Cli:
             await call(a.exchange, to_exchange=a.destination, routing_key=a.routing_key)
         else:
             await call(a.exchange, a.destination, routing_key=a.routing_key)
+        kind = "exchange" if a.to_exchange else "queue"
+        verb = "unbound" if a.unbind else "bound"
+        self.stdout.write(f"{verb} {kind} {a.destination} {'from' if a.unbind else 'to'} exchange "
+                          f"{a.exchange or 'amq.default'} (routing key {a.routing_key!r})\n")
         return EXIT_OK
 
     # --- publish ----------------------------------------------------------------------
@@ -372,7 +378,10 @@ class _Cli:
         a = self.args
         count = 0
         wait_s = math.inf if a.wait is None else a.wait
-        async with conn.channel() as ch, ch.consume(a.queue, prefetch=a.prefetch) as messages:
+        # -n N takes exactly N: no more than N are ever delivered (a larger prefetch
+        # would leave the rest to be requeued as redelivered on exit).
+        prefetch = a.prefetch if a.count is None else max(1, min(a.prefetch, a.count))
+        async with conn.channel() as ch, ch.consume(a.queue, prefetch=prefetch) as messages:
             while a.count is None or count < a.count:
                 message = None
                 with anyio.move_on_after(wait_s):
