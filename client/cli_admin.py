@@ -24,6 +24,8 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="one JSON object per exchange instead")
     p = sub.add_parser("bindings", help="table of bindings")
     p.add_argument("--json", action="store_true", help="one JSON object per binding instead")
+    p = sub.add_parser("channels", aliases=["connections"], help="table of open channels and their consumers")
+    p.add_argument("--json", action="store_true", help="one JSON object per channel instead")
 
 
 def write_table(out: IO[str], header: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[int] = ()) -> None:
@@ -89,8 +91,25 @@ async def bindings(conn: Connection, args: argparse.Namespace, out: IO[str]) -> 
     write_table(out, ("source", "destination", "kind", "routing_key", "arguments"), rows)
 
 
+async def channels(conn: Connection, args: argparse.Namespace, out: IO[str]) -> None:
+    items = await conn.list_channels()
+    if args.json:
+        _json_lines(out, items)
+        return
+    rows = [
+        (str(c.get("id", "")), str(c.get("kind", "")), str(c.get("remote") or "-"),
+         str(c.get("user_agent") or "-"), str(c.get("published", 0)), str(c.get("unacked", 0)),
+         ",".join(f"{x.get('queue')}({x.get('consumer_tag')})" for x in c.get("consumers") or []) or "-")
+        for c in items
+    ]
+    write_table(out, ("id", "kind", "remote", "user_agent", "published", "unacked", "consumers"), rows,
+                right=(0, 4, 5))
+
+
 COMMANDS: dict[str, Callable[[Connection, argparse.Namespace, IO[str]], Any]] = {
     "overview": overview,
     "exchanges": exchanges,
     "bindings": bindings,
+    "channels": channels,
+    "connections": channels,
 }

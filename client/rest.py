@@ -230,6 +230,12 @@ class BrokerAPI:
         result = await self._call("GET", "/bindings")
         return _list_field(result, "bindings")
 
+    async def list_channels(self) -> list[dict[str, Any]]:
+        """``GET /channels``: the open channels and streaming consumes (id, kind,
+        remote, user_agent, published, unacked, consumers, ...)."""
+        result = await self._call("GET", "/channels")
+        return _list_field(result, "channels")
+
     async def get(
         self,
         queue: str,

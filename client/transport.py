@@ -59,7 +59,7 @@ __all__ = [
     "receive_some",
 ]
 
-USER_AGENT = f"ackbus-client/{__version__} (python)"
+USER_AGENT = f"ackbus-client/{__version__}"
 RECEIVE_BYTES = 65536
 MAX_RESPONSE_BYTES = 64 * 1024 * 1024
 

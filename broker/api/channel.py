@@ -95,7 +95,14 @@ class _ChannelClosed(Exception):
 class ChannelSession:
     """The trio side of one open channel: its outbox, writer and op dispatcher."""
 
+    #: what ``GET /channels`` calls it (a streaming consume's session says "stream")
+    kind = "channel"
+
     def __init__(self, runtime: BrokerRuntime, channel_id: int, response: Any) -> None:
+        #: who opened it, for ``GET /channels`` (set by ``handle_channel``)
+        self.remote: str | None = None
+        self.user_agent: str | None = None
+        self.opened_at = time.time()
         self.runtime = runtime
         self.core = runtime.core
         self.channel_id = channel_id
@@ -658,6 +665,7 @@ async def handle_channel(runtime: BrokerRuntime, request: Any, response: Any) ->
     core = runtime.core
     channel_id = core.open_channel()
     session = ChannelSession(runtime, channel_id, response)
+    session.remote, session.user_agent = request.remote, request.headers.get("user-agent")
     runtime.add_sink(channel_id, session)
     log.info("channel opened", extra={"fields": {"channel": channel_id}})
     reason = "channel closed"

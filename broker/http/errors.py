@@ -12,7 +12,6 @@ answer, it only tells a handler to clean up.
 from __future__ import annotations
 
 import re
-
 from collections.abc import Sequence
 
 import h11

@@ -206,6 +206,12 @@ async def test_cli_against_the_real_broker(broker: BrokerProcess) -> None:
     assert code == 0 and rows[0][:3] == ["name", "type", "durable"] and ["clix", "fanout", "yes", "no", "{}"] in rows, out
     code, out = await ackbus("bindings", "--json")
     assert code == 0 and [orjson.loads(line)["queue"] for line in out.splitlines()] == ["cliq"], out
+    async with client.connect(broker.url) as conn, conn.channel() as ch, ch.consume("cliq", prefetch=1):
+        code, out = await ackbus("connections")
+        rows = [line.split() for line in out.splitlines()]
+        assert code == 0 and rows[0][:3] == ["id", "kind", "remote"], out
+        assert len(rows) == 2 and rows[1][1] == "channel" and rows[1][3].startswith("ackbus-client/"), out
+        assert rows[1][-1].startswith("cliq(") and rows[1][5] == "1", out
     code, out = await ackbus("overview")
     assert code == 0 and "version" in out and "queues" in out, out
     code, out = await ackbus("--version")

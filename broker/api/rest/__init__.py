@@ -8,7 +8,15 @@ server, which turns them into JSON error responses (``broker.api.errors``).
 
 from __future__ import annotations
 
-from broker.api.rest import bindings, exchanges, health, leases, messages, queues
+from broker.api.rest import (
+    bindings,
+    channels,
+    exchanges,
+    health,
+    leases,
+    messages,
+    queues,
+)
 from broker.api.rest.fields import (
     DEFAULT_EXCHANGE_ALIAS,
     Fields,
@@ -20,7 +28,7 @@ from broker.runtime import BrokerRuntime
 
 __all__ = ["DEFAULT_EXCHANGE_ALIAS", "Fields", "add_rest_routes", "exchange_name"]
 
-_FAMILIES = (health, exchanges, queues, leases, messages, bindings)
+_FAMILIES = (health, exchanges, queues, leases, messages, bindings, channels)
 
 
 def add_rest_routes(router: Router, runtime: BrokerRuntime) -> None:
