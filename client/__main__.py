@@ -131,6 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--wait", type=float, metavar="S",
                    help="stop when no message came for S seconds (default: wait until -n is reached or a signal)")
     p.add_argument("--format", choices=["text", "json"], default="text")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="progress line on stderr: count, rate, elapsed (default: when stderr is a terminal)")
 
     p = sub.add_parser("get", help="fetch messages once (REST lease), print, ack")
     p.add_argument("queue", nargs="+", help="a queue; several: the first listed with messages answers")
@@ -367,9 +369,16 @@ class _Cli:
             return EXIT_UNCONFIRMED
         return EXIT_INTERRUPTED if self.shutdown_requested() else EXIT_OK
 
+    def _consume_progress(self, consumed: int, elapsed_s: float) -> None:
+        rate = consumed / elapsed_s if elapsed_s > 0 else 0.0
+        self.stderr.write(f"\rconsumed {consumed} ({rate:,.0f}/s, {elapsed_s:.1f} s)")
+        self.stderr.flush()
+
     def _progress(self, published: int, confirmed: int, elapsed_s: float) -> None:
         rate = confirmed / elapsed_s if elapsed_s > 0 else 0.0
-        self.stderr.write(f"\rpublished {published}, confirmed {confirmed} ({rate:,.0f}/s)")
+        self.stderr.write(
+            f"\rpublished {published}, confirmed {confirmed} ({rate:,.0f}/s, {elapsed_s:.1f} s)"
+        )
         self.stderr.flush()
 
     # --- consume / get ----------------------------------------------------------------
@@ -381,6 +390,8 @@ class _Cli:
         # -n N takes exactly N: no more than N are ever delivered (a larger prefetch
         # would leave the rest to be requeued as redelivered on exit).
         prefetch = a.prefetch if a.count is None else max(1, min(a.prefetch, a.count))
+        progress = a.progress if a.progress is not None else self.stderr.isatty()
+        start = last_report = anyio.current_time()
         async with conn.channel() as ch, ch.consume(a.queue, prefetch=prefetch) as messages:
             while a.count is None or count < a.count:
                 message = None
@@ -394,6 +405,13 @@ class _Cli:
                 _print_message(self.stdout, message, a.format)
                 await message.ack()
                 count += 1
+                now = anyio.current_time()
+                if progress and now - last_report >= 1.0:
+                    last_report = now
+                    self._consume_progress(count, now - start)
+        if progress:
+            self._consume_progress(count, anyio.current_time() - start)
+            self.stderr.write("\n")
         if a.count is not None and count < a.count and not self.shutdown_requested():
             return EXIT_NOT_ENOUGH
         return EXIT_OK

@@ -85,8 +85,9 @@ async def test_consume_prints_then_acks(
         await ch.declare_queue("q")
         for body in (b"a", b"b", b"c", b"d"):
             await ch.publish("", "q", body)
-    r = await cli("consume", "q", "--count", "3")
+    r = await cli("consume", "q", "--count", "3", "--progress")
     assert (r.status, r.out) == (0, "a\nb\nc\n")
+    assert "consumed 3 (" in r.err
     assert fake.bodies("q") == [b"d"] and fake.acked_ids and len(fake.acked_ids) == 3
     # -n 3 bounds the prefetch (a 4th delivered meanwhile went back to the queue)
     assert [op["prefetch"] for op in fake.ops_seen if op["op"] == "consume"] == [3]
