@@ -3,7 +3,8 @@
 cleanly on SIGINT/SIGTERM.
 
     scripts/serve &
-    python scripts/examples/producer.py --count 10000
+    .venv/bin/python scripts/examples/producer.py --count 10000   # the checkout's venv
+    # (scripts/test or scripts/serve creates .venv; any Python with ackbus installed works)
     # meanwhile: kill -9 the broker, start it again — the producer waits, reconnects,
     # resends what was unconfirmed, and every message lands in the queue exactly once.
 

@@ -3,8 +3,11 @@
 and stop cleanly on SIGINT/SIGTERM.
 
     scripts/serve &                                   # a broker on 127.0.0.1:8080
-    python scripts/examples/producer.py --count 1000  # fill the queue
-    python scripts/examples/worker.py                 # then Ctrl-C (or kill -TERM)
+    .venv/bin/python scripts/examples/producer.py --count 1000  # fill the queue
+    .venv/bin/python scripts/examples/worker.py       # then Ctrl-C (or kill -TERM)
+
+(``.venv`` is the checkout's environment, made by scripts/test or scripts/serve; any
+Python with ackbus installed works. ``--backend asyncio`` runs it on asyncio.)
 
 What it shows:
 
