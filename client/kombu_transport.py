@@ -10,7 +10,9 @@ The mapping (docs/celery.md has the user's view and the limits):
   process sees the same topology. An ``exclusive`` kombu queue is declared as a plain
   one (ackbus's REST queues cannot be exclusive to a connection).
 - A publish goes through an ackbus channel of the blocking client and returns once the
-  broker confirmed it (a nack raises ``PublishNacked``). The resend-after-reconnect
+  broker confirmed it (a nack raises ``PublishNacked``). A task with an ``eta`` in the
+  future (``countdown``, ``retry``) is published with that delay: the broker holds it,
+  durably, and delivers it when due. The resend-after-reconnect
   with the same message id makes a publish that was in flight during a broker crash
   land once.
 - A consumer long-polls ``POST /get`` over all its queues at once
@@ -32,6 +34,7 @@ task ran but before the ack was durable, or the lease expired) runs again.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import importlib
 import json
 import logging
@@ -39,6 +42,7 @@ from queue import Empty
 from typing import Any
 
 from . import blocking
+from .consumer import MAX_DELAY_S
 from .errors import BrokerRequestError, ClientError, ConnectionLost, PublishFailed
 
 __all__ = ["Channel", "Transport", "register"]
@@ -161,7 +165,10 @@ class Channel(virtual.Channel):  # type: ignore[misc]
         if isinstance(priority, int) and priority > 0:
             properties["priority"] = priority
         body = json.dumps(message).encode("utf-8")
-        self._publishing_channel().publish(exchange or "", routing_key or "", body, properties=properties)
+        self._publishing_channel().publish(
+            exchange or "", routing_key or "", body, properties=properties,
+            delay_s=_eta_delay(message.get("headers")),
+        )
 
     def _put(self, queue: str, message: dict[str, Any], **kwargs: Any) -> None:
         body = json.dumps(message).encode("utf-8")
@@ -283,6 +290,23 @@ def broker_url(client: Any) -> str:
     if ":" in host and not host.startswith("["):
         host = f"[{host}]"
     return f"{scheme}://{host}:{client.port or DEFAULT_PORT}"
+
+
+def _eta_delay(headers: Any) -> float | None:
+    """Seconds until a Celery task's ``eta`` header (countdowns and retries), if in the
+    future: the broker holds the message that long (durably), so the worker does not
+    keep it unacked under its lease meanwhile."""
+    eta = headers.get("eta") if isinstance(headers, dict) else None
+    if not isinstance(eta, str):
+        return None
+    try:
+        when = datetime.datetime.fromisoformat(eta)
+    except ValueError:
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.timezone.utc)  # Celery's naive ETAs are UTC
+    delay = (when - datetime.datetime.now(datetime.timezone.utc)).total_seconds()
+    return min(delay, MAX_DELAY_S) if delay > 0 else None
 
 
 def _client_options(options: dict[str, Any]) -> dict[str, Any]:
