@@ -85,6 +85,15 @@ class Channel(virtual.Channel):  # type: ignore[misc]
             blocking.connect_blocking(broker_url(connection.client), **_client_options(options))
         )
         self._publisher: Any = None
+        # "Connected" must mean it: kombu retries a failed connect with its own
+        # backoff (broker_connection_retry), where a channel that fails on first use
+        # makes Celery's consumer restart in a tight loop until it gives up.
+        try:
+            if not self._conn.healthy():
+                raise ConnectionLost(f"the broker at {broker_url(connection.client)} is not ready")
+        except BaseException:
+            self._stack.close()
+            raise
 
     # --- topology: ackbus's own -------------------------------------------------------
 
@@ -219,15 +228,22 @@ class Channel(virtual.Channel):  # type: ignore[misc]
 
     def basic_ack(self, delivery_tag: Any, multiple: bool = False) -> None:
         lease = self._lease_of(delivery_tag)
-        if lease is not None:
-            self._settle(lease, ack=True)
-        super().basic_ack(delivery_tag, multiple)
+        try:
+            if lease is not None:
+                self._settle(lease, ack=True)
+        finally:
+            # Forgotten locally even when the ack could not be sent (the broker is
+            # gone: the lease went with it and the message comes back, at least once);
+            # otherwise the prefetch window stays full and the consumer stops.
+            super().basic_ack(delivery_tag, multiple)
 
     def basic_reject(self, delivery_tag: Any, requeue: bool = False) -> None:
         lease = self._lease_of(delivery_tag)
-        if lease is not None:
-            self._settle(lease, ack=False, requeue=requeue)
-        self.qos.ack(delivery_tag)  # forget it locally: the broker did the requeue
+        try:
+            if lease is not None:
+                self._settle(lease, ack=False, requeue=requeue)
+        finally:
+            self.qos.ack(delivery_tag)  # forget it locally: the broker did the requeue
 
     def _restore(self, message: Any) -> None:
         """Unacked at shutdown (or ``recover``): back to its queue's place, by lease."""

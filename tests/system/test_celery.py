@@ -32,11 +32,11 @@ def _journal(path: Path) -> list[str]:
     return path.read_text().split() if path.exists() else []
 
 
-def _wait_for(predicate, timeout_s: float, what: str) -> None:  # type: ignore[no-untyped-def]
+def _wait_for(predicate, timeout_s: float, what) -> None:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout_s
     while not predicate():
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
+            raise AssertionError(f"timed out waiting for {what() if callable(what) else what}")
         time.sleep(0.05)
 
 
@@ -102,7 +102,9 @@ def test_every_task_runs_across_a_broker_kill(
             app.send_task("record", (i,))
         expected = {str(i) for i in range(N_BEFORE + N_AFTER)} | {"retried-1"}
         _wait_for(lambda: expected <= set(_journal(journal)), 120,
-                  "every task to run: " + (tmp_path / "worker.log").read_text()[-3000:])
+                  lambda: f"every task to run; missing {sorted(expected - set(_journal(journal)))[:20]}, "
+                  f"queue {broker.request('GET', '/queues/ackbus-celery-test')[1]}; worker log: "
+                  + (tmp_path / "worker.log").read_text()[-3000:])
         # Nothing is left behind in the broker once the worker is idle.
         _wait_for(lambda: broker.request("GET", "/queues/ackbus-celery-test")[1]["messages"] == 0, 30,
                   "the queue to drain")
