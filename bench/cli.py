@@ -170,7 +170,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="do not run: print (and with --plot, chart) these saved results")
     parser.add_argument("--out", type=Path, default=ROOT / "bench-results", metavar="DIR",
                         help="results directory (default bench-results/)")
+    parser.add_argument("--client-backend", choices=["trio", "asyncio"], default="trio",
+                        help="event loop of ackbus's client in the workers (asyncio: uvloop when installed)")
     args = parser.parse_args(argv)
+    os.environ["ACKBUS_BENCH_CLIENT_BACKEND"] = args.client_backend
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
     names = [n.strip() for n in args.only.split(",") if n.strip()] or list(WORKLOADS)
@@ -228,7 +231,8 @@ def main(argv: list[str] | None = None) -> int:
         "git": git_state() | {"source_sha256": source_digest},
         "versions": {},
         "params": {k: list(v) if isinstance(v, tuple) else v for k, v in params.__dict__.items()},
-        "options": {"peer": args.peer, "rounds": args.rounds, "quick": args.quick, "workloads": args.names,
+        "options": {"peer": args.peer, "rounds": args.rounds, "quick": args.quick,
+                    "client_backend": args.client_backend, "workloads": args.names,
                     "ackbus_client": "client library (client/)", "fsync": "always", "tls": args.tls},
         "runs": [],
     }

@@ -5,16 +5,19 @@ message is persistent (``delivery_mode`` 2) to a durable queue; publishes are co
 (confirms are always on in an ackbus channel). A channel whose connection dropped and
 reconnected would still give correct counts (the client resends with the same message
 id, the broker deduplicates), but the numbers would not mean much: the result carries
-the channel statistics and the harness refuses a run with reconnects.
+the channel statistics and the harness refuses a run with reconnects. The client runs
+under trio, or under asyncio with ``scripts/bench --client-backend asyncio``.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import time
 from typing import Any
 
-import trio
+import anyio
+import anyio.to_thread
 
 import client
 from bench.workercommon import (
@@ -33,7 +36,7 @@ PERSISTENT = client.Properties(delivery_mode=2)
 
 async def _handshake() -> None:
     signal_ready()
-    await trio.to_thread.run_sync(wait_go)
+    await anyio.to_thread.run_sync(wait_go)
 
 
 async def _declare(ch: client.Channel, spec: dict[str, Any]) -> None:
@@ -145,7 +148,7 @@ async def e2e_consume(spec: dict[str, Any]) -> dict[str, Any]:
         await _declare(ch, spec)
         async with ch.consume(spec["queue"], prefetch=spec["prefetch"]) as messages:
             await _handshake()
-            with trio.move_on_after(spec["timeout_s"]):
+            with anyio.move_on_after(spec["timeout_s"]):
                 async for message in messages:
                     now = time.monotonic_ns()
                     sent_ns, seq = stamp_of(message.body)
@@ -181,7 +184,7 @@ async def e2e_publish(spec: dict[str, Any]) -> dict[str, Any]:
                 seq += 1
                 now = time.monotonic_ns()
             if seq < total:
-                await trio.sleep(max(0.0, (start_ns + seq * interval_ns - time.monotonic_ns()) / 1e9))
+                await anyio.sleep(max(0.0, (start_ns + seq * interval_ns - time.monotonic_ns()) / 1e9))
         elapsed = (time.monotonic_ns() - start_ns) / 1e9
         await ch.wait_for_confirms()
         stats = _stats(ch)
@@ -198,7 +201,7 @@ async def get_any_consume(spec: dict[str, Any]) -> dict[str, Any]:
         for queue in spec["queues"]:
             await conn.declare_queue(queue)
         await _handshake()
-        with trio.move_on_after(spec["timeout_s"]):
+        with anyio.move_on_after(spec["timeout_s"]):
             while received < total:
                 got = await conn.get_any(spec["queues"], max_messages=spec["max"], wait_s=5, lease_s=30)
                 now = time.monotonic_ns()
@@ -265,7 +268,18 @@ OPS = {
 
 def main() -> None:
     spec = read_spec()
-    result = trio.run(OPS[spec["op"]], spec)
+    # The client runs under trio (the default) or asyncio (uvloop when installed):
+    # scripts/bench --client-backend sets this for every worker.
+    backend = os.environ.get("ACKBUS_BENCH_CLIENT_BACKEND", "trio")
+    options: dict[str, Any] = {}
+    if backend == "asyncio":
+        try:
+            import uvloop  # noqa: F401
+        except ImportError:
+            pass
+        else:
+            options["use_uvloop"] = True
+    result = anyio.run(OPS[spec["op"]], spec, backend=backend, backend_options=options)
     emit_result(result)
 
 

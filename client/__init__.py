@@ -1,4 +1,5 @@
-"""ackbus client library (trio).
+"""ackbus client library: one code base for trio and asyncio (through anyio), and a
+blocking face for threads and scripts (:func:`connect_blocking`).
 
     async with client.connect("http://127.0.0.1:8080") as conn:
         async with conn.channel() as ch:
@@ -10,10 +11,18 @@
                     await msg.ack()
 
 See docs/client.md for the guide: confirms, pipelining, reconnect guarantees, graceful
-shutdown and the ``ackbus`` CLI.
+shutdown and the ``ackbus`` CLI. The library logs to the ``ackbus.client`` logger
+(connects, failed attempts with their cause and the next delay, recoveries, nacks).
 """
 
+from ._version import __version__
 from .backoff import ReconnectPolicy
+from .blocking import (
+    BlockingChannel,
+    BlockingConnection,
+    BlockingMessageStream,
+    connect_blocking,
+)
 from .channel import Channel, ChannelStatistics, QueueDeclared
 from .codec import Properties, ReturnedMessage
 from .connection import DEFAULT_URL, Connection, connect
@@ -43,9 +52,14 @@ from .settings import Settings
 from .shutdown import GracefulShutdown, open_graceful_shutdown
 
 __all__ = [
+    "__version__",
     "DEFAULT_URL",
     "connect",
     "Connection",
+    "connect_blocking",
+    "BlockingConnection",
+    "BlockingChannel",
+    "BlockingMessageStream",
     "Channel",
     "ChannelStatistics",
     "QueueDeclared",

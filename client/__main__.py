@@ -1,10 +1,10 @@
 """``python -m client`` / ``ackbus``: the broker from a terminal or a shell script.
 
-Commands: ``declare``, ``bind``, ``publish``, ``consume``, ``get``, ``queues``,
-``lock`` (run a command holding a lock, like ``flock``), ``locks``, ``schedule`` (those
-three in ``cli_coordination.py``; see
-``ackbus COMMAND --help``, docs/client.md and docs/coordination.md). Exit status, for
-scripts:
+Commands: ``declare``, ``bind``, ``publish``, ``consume``, ``get``, ``peek``,
+``redrive``, ``purge``, ``delete``, ``queues``, ``exchanges``, ``bindings``, ``overview``,
+``channels``, ``lock`` (run a command holding a lock, like ``flock``), ``locks``,
+``schedule`` (those three in ``cli_coordination.py``; see ``ackbus COMMAND --help``,
+docs/client.md and docs/coordination.md). Exit status, for scripts:
 
 ====  =====================================================================
  0    success (``consume`` also when stopped by SIGINT/SIGTERM)
@@ -28,8 +28,8 @@ import sys
 from collections.abc import Sequence
 from typing import IO, Any
 
+import anyio
 import orjson
-import trio
 
 from . import (
     BrokerError,
@@ -40,9 +40,11 @@ from . import (
     PublishFailed,
     ReconnectPolicy,
     SomePublishesFailed,
+    cli_admin,
     connect,
     open_graceful_shutdown,
 )
+from ._version import __version__
 from .cli_coordination import CoordinationCommands, add_coordination_commands
 from .codec import Properties, encode_body
 from .connection import DEFAULT_URL, Connection
@@ -85,8 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
         "4 unconfirmed publish, 5 not enough messages, 6 lock lost, 130 interrupted; "
         "lock: the command's own status.",
     )
-    parser.add_argument("--url", default=os.environ.get("ACKBUS_URL", DEFAULT_URL),
-                        help="broker URL (default: $ACKBUS_URL or %(default)s)")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument("--url", default=os.environ.get("ACKBUS_URL", DEFAULT_URL), type=_url,
+                        help="broker URL or HOST:PORT (default: $ACKBUS_URL or %(default)s)")
     parser.add_argument("--user", default=os.environ.get("ACKBUS_USERNAME"), metavar="NAME",
                         help="authenticate as NAME; the password comes from $ACKBUS_PASSWORD "
                         "(never a flag: other users see flags in ps). A token: $ACKBUS_TOKEN")
@@ -134,10 +137,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("consume", help="print messages as they arrive; ack each after printing")
     p.add_argument("queue")
-    p.add_argument("--count", "-n", type=int, help="stop after this many messages")
+    p.add_argument("--count", "-n", type=int, help="stop after exactly this many messages (prefetch at most N)")
     p.add_argument("--prefetch", type=int, default=10, help="unacked messages at a time (default %(default)s)")
-    p.add_argument("--wait", type=float, metavar="S", help="stop when no message came for S seconds")
+    p.add_argument("--wait", type=float, metavar="S",
+                   help="stop when no message came for S seconds (default: wait until -n is reached or a signal)")
     p.add_argument("--format", choices=["text", "json"], default="text")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="progress line on stderr: count, rate, elapsed (default: when stderr is a terminal)")
 
     p = sub.add_parser("get", help="fetch messages once (REST lease), print, ack")
     p.add_argument("queue", nargs="+", help="a queue; several: the first listed with messages answers")
@@ -167,9 +173,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("queues", help="table of queues and their counts")
     p.add_argument("--json", action="store_true", help="one JSON object per queue instead")
+    cli_admin.add_parsers(sub)
 
     add_coordination_commands(sub, _key_value)
     return parser
+
+
+def _url(text: str) -> str:
+    """``host:port`` (or a bare host) is taken as ``http://host:port``."""
+    return text if "://" in text else f"http://{text}"
 
 
 def _message_json(message: Message | LeasedMessage) -> bytes:
@@ -267,10 +279,10 @@ class _Cli:
     def shutdown_requested(self) -> bool:
         return self.shutdown is not None and self.shutdown.requested
 
-    def _stop_on_shutdown(self) -> trio.CancelScope:
+    def _stop_on_shutdown(self) -> anyio.CancelScope:
         """A cancel scope cancelled when a graceful shutdown is requested (so a read
         blocked on an idle stdin stops too)."""
-        scope = trio.CancelScope()
+        scope = anyio.CancelScope()
         shutdown = self.shutdown
         if shutdown is not None:
             if shutdown.requested:
@@ -281,6 +293,10 @@ class _Cli:
 
     async def dispatch(self, conn: Connection) -> int:
         command: str = self.args.command
+        admin = cli_admin.COMMANDS.get(command)
+        if admin is not None:
+            await admin(conn, self.args, self.stdout)
+            return EXIT_OK
         handler = getattr(self, "cmd_" + command)
         status: int = await handler(conn)
         return status
@@ -296,6 +312,7 @@ class _Cli:
         else:
             await conn.declare_exchange(a.name, a.type, durable=not a.transient,
                                         auto_delete=a.auto_delete, arguments=arguments)
+        self.stdout.write(f"declared {a.kind} {a.name}\n")
         return EXIT_OK
 
     async def cmd_bind(self, conn: Connection) -> int:
@@ -305,6 +322,10 @@ class _Cli:
             await call(a.exchange, to_exchange=a.destination, routing_key=a.routing_key)
         else:
             await call(a.exchange, a.destination, routing_key=a.routing_key)
+        kind = "exchange" if a.to_exchange else "queue"
+        verb = "unbound" if a.unbind else "bound"
+        self.stdout.write(f"{verb} {kind} {a.destination} {'from' if a.unbind else 'to'} exchange "
+                          f"{a.exchange or 'amq.default'} (routing key {a.routing_key!r})\n")
         return EXIT_OK
 
     # --- publish ----------------------------------------------------------------------
@@ -347,13 +368,13 @@ class _Cli:
         published = 0
         failures: list[ClientError] = []
         async with conn.channel(max_pending=a.max_pending) as ch:
-            start = last_report = trio.current_time()
+            start = last_report = anyio.current_time()
             with self._stop_on_shutdown():
                 while (line := await reader.next_line()) is not None:
                     await ch.start_publish(a.exchange, a.routing_key, line, properties=props,
                                            mandatory=a.mandatory)
                     published += 1
-                    now = trio.current_time()
+                    now = anyio.current_time()
                     if progress and now - last_report >= 1.0:
                         last_report = now
                         self._progress(published, ch.statistics().confirmed, now - start)
@@ -362,7 +383,7 @@ class _Cli:
             except SomePublishesFailed as exc:
                 failures = exc.failures
             if progress:
-                self._progress(published, ch.statistics().confirmed, trio.current_time() - start)
+                self._progress(published, ch.statistics().confirmed, anyio.current_time() - start)
                 self.stderr.write("\n")
         for failure in failures[:20]:
             self.stderr.write(f"ackbus: not confirmed: {failure}\n")
@@ -373,9 +394,16 @@ class _Cli:
             return EXIT_UNCONFIRMED
         return EXIT_INTERRUPTED if self.shutdown_requested() else EXIT_OK
 
+    def _consume_progress(self, consumed: int, elapsed_s: float) -> None:
+        rate = consumed / elapsed_s if elapsed_s > 0 else 0.0
+        self.stderr.write(f"\rconsumed {consumed} ({rate:,.0f}/s, {elapsed_s:.1f} s)")
+        self.stderr.flush()
+
     def _progress(self, published: int, confirmed: int, elapsed_s: float) -> None:
         rate = confirmed / elapsed_s if elapsed_s > 0 else 0.0
-        self.stderr.write(f"\rpublished {published}, confirmed {confirmed} ({rate:,.0f}/s)")
+        self.stderr.write(
+            f"\rpublished {published}, confirmed {confirmed} ({rate:,.0f}/s, {elapsed_s:.1f} s)"
+        )
         self.stderr.flush()
 
     # --- consume / get ----------------------------------------------------------------
@@ -384,19 +412,31 @@ class _Cli:
         a = self.args
         count = 0
         wait_s = math.inf if a.wait is None else a.wait
-        async with conn.channel() as ch, ch.consume(a.queue, prefetch=a.prefetch) as messages:
+        # -n N takes exactly N: no more than N are ever delivered (a larger prefetch
+        # would leave the rest to be requeued as redelivered on exit).
+        prefetch = a.prefetch if a.count is None else max(1, min(a.prefetch, a.count))
+        progress = a.progress if a.progress is not None else self.stderr.isatty()
+        start = last_report = anyio.current_time()
+        async with conn.channel() as ch, ch.consume(a.queue, prefetch=prefetch) as messages:
             while a.count is None or count < a.count:
                 message = None
-                with trio.move_on_after(wait_s):
+                with anyio.move_on_after(wait_s):
                     try:
                         message = await messages.receive()
-                    except trio.EndOfChannel:
+                    except anyio.EndOfStream:
                         break  # stopped by a signal
                 if message is None:
                     break  # --wait expired
                 _print_message(self.stdout, message, a.format)
                 await message.ack()
                 count += 1
+                now = anyio.current_time()
+                if progress and now - last_report >= 1.0:
+                    last_report = now
+                    self._consume_progress(count, now - start)
+        if progress:
+            self._consume_progress(count, anyio.current_time() - start)
+            self.stderr.write("\n")
         if a.count is not None and count < a.count and not self.shutdown_requested():
             return EXIT_NOT_ENOUGH
         return EXIT_OK
@@ -448,6 +488,7 @@ class _Cli:
             await conn.delete_queue(a.name)
         else:
             await conn.delete_exchange(a.name)
+        self.stdout.write(f"deleted {a.kind} {a.name}\n")
         return EXIT_OK
 
     # --- queues -----------------------------------------------------------------------
@@ -488,7 +529,7 @@ class _LineReader:
         while not self._lines:
             if self._eof:
                 return None
-            chunk = await trio.to_thread.run_sync(self._read, 65536, abandon_on_cancel=True)
+            chunk = await anyio.to_thread.run_sync(self._read, 65536, abandon_on_cancel=True)
             if not chunk:
                 self._eof = True
                 if self._buffer:
@@ -502,7 +543,7 @@ class _LineReader:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point: run the CLI and return its exit status."""
-    return trio.run(run, sys.argv[1:] if argv is None else argv)
+    return anyio.run(run, sys.argv[1:] if argv is None else argv, backend="trio")
 
 
 if __name__ == "__main__":

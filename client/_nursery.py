@@ -1,6 +1,6 @@
 """A nursery for a library's background tasks that does not wrap the caller's errors.
 
-With trio's strict exception groups, an exception from the body of ``async with
+With strict exception groups (trio's and anyio's), an exception from the body of ``async with
 open_nursery()`` comes out wrapped in an ``ExceptionGroup``. The client's context
 managers (``conn.channel()``) run the caller's block inside such a nursery; their
 background tasks never raise (they record failures on the channel instead), so any
@@ -14,16 +14,17 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-import trio
+import anyio
+import anyio.abc
 
 __all__ = ["open_service_nursery"]
 
 
 @asynccontextmanager
-async def open_service_nursery() -> AsyncIterator[trio.Nursery]:
+async def open_service_nursery() -> AsyncIterator[anyio.abc.TaskGroup]:
     single: BaseException | None = None
     try:
-        async with trio.open_nursery() as nursery:
+        async with anyio.create_task_group() as nursery:
             yield nursery
     except BaseExceptionGroup as group:
         if len(group.exceptions) != 1:

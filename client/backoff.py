@@ -30,6 +30,13 @@ class ReconnectPolicy:
             failure of the current outage (``None``: never give up).
         max_attempts: stop after this many failed attempts in one outage (``None``:
             no limit).
+        first_connect_give_up_after_s: a bound for the very first connect of a
+            channel, before it was ever open (the shorter of it and
+            ``give_up_after_s`` applies; ``None``: only ``give_up_after_s``).
+            Bounded by default: a program started against a wrong URL or a broker
+            that is not running fails with ``ConnectionLost`` (a ``ConnectionError``)
+            instead of hanging, while a channel that was open once keeps retrying
+            per ``give_up_after_s`` (by default, forever).
     """
 
     initial_delay_s: float = 0.05
@@ -37,6 +44,7 @@ class ReconnectPolicy:
     multiplier: float = 2.0
     give_up_after_s: float | None = None
     max_attempts: int | None = None
+    first_connect_give_up_after_s: float | None = 30.0
 
     def __post_init__(self) -> None:
         if self.initial_delay_s < 0 or self.max_delay_s < 0:
@@ -45,6 +53,8 @@ class ReconnectPolicy:
             raise ValueError("multiplier must be >= 1")
         if self.give_up_after_s is not None and self.give_up_after_s < 0:
             raise ValueError("give_up_after_s must be >= 0")
+        if self.first_connect_give_up_after_s is not None and self.first_connect_give_up_after_s < 0:
+            raise ValueError("first_connect_give_up_after_s must be >= 0")
         if self.max_attempts is not None and self.max_attempts < 1:
             raise ValueError("max_attempts must be >= 1")
 
@@ -63,6 +73,8 @@ class Backoff:
         self._random = random
         self._attempts = 0
         self._outage_started: float | None = None
+        #: No connection was ever healthy yet: the first-connect bound applies.
+        self.first_connect = True
 
     @property
     def attempts(self) -> int:
@@ -78,12 +90,17 @@ class Backoff:
         """The connection is healthy: the next failure starts a new outage."""
         self._attempts = 0
         self._outage_started = None
+        self.first_connect = False
 
     def deadline(self) -> float | None:
         """When the current outage gives up (``None``: never, or no outage)."""
-        if self._outage_started is None or self._policy.give_up_after_s is None:
+        give_up = self._policy.give_up_after_s
+        first = self._policy.first_connect_give_up_after_s
+        if self.first_connect and first is not None:
+            give_up = first if give_up is None else min(give_up, first)
+        if self._outage_started is None or give_up is None:
             return None
-        return self._outage_started + self._policy.give_up_after_s
+        return self._outage_started + give_up
 
     def next_delay(self, now: float) -> float | None:
         """Record a failed attempt at time ``now``; return the delay before the next

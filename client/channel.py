@@ -46,7 +46,8 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
-import trio
+import anyio
+import anyio.lowlevel
 
 from .backoff import Backoff
 from .codec import (
@@ -113,7 +114,7 @@ class Channel(Supervisor):
     """A channel: publish with confirms, declare, consume; reconnects by itself.
 
     Open one with ``async with conn.channel() as ch``. All methods must be called from
-    the trio run the channel lives in. Raises, for every operation once it applies:
+    the event loop (trio or asyncio) the channel lives in. Raises, for every operation once it applies:
     :class:`ClientClosed` after the channel was closed, :class:`ConnectionLost` after
     its reconnect policy gave up.
     """
@@ -146,8 +147,8 @@ class Channel(Supervisor):
         self._backoff = Backoff(settings.reconnect)
         self._stop_reconnecting = False
         self._stopped_consuming = False
-        self._scope = trio.CancelScope()
-        self._changed = trio.Event()
+        self._scope = anyio.CancelScope()
+        self._changed = anyio.Event()
         self._id_prefix = secrets.token_hex(8)
         self._message_ids = 0
         self._last_properties: Properties | None = None
@@ -231,7 +232,7 @@ class Channel(Supervisor):
             # No cancel scope without a timeout: entering and leaving one costs about
             # as much as preparing the publish.
             return await self._enqueue_and_wait(handle)
-        with trio.move_on_after(timeout_s):
+        with anyio.move_on_after(timeout_s):
             return await self._enqueue_and_wait(handle)
         raise ConfirmTimeout(
             f"publish {handle.message_id!r} not confirmed within {timeout_s} s",
@@ -267,7 +268,7 @@ class Channel(Supervisor):
             # round costs as much as preparing a publish, and the writer sends
             # whatever has queued meanwhile in one chunk anyway. wait_for_room()
             # above still blocks (and yields) whenever the window is full.
-            await trio.lowlevel.cancel_shielded_checkpoint()
+            await anyio.lowlevel.cancel_shielded_checkpoint()
         return handle
 
     def publish_nowait(
@@ -283,12 +284,12 @@ class Channel(Supervisor):
         """Like :meth:`start_publish`, but never waits.
 
         Raises:
-            trio.WouldBlock: the pending buffer is full (nothing was sent).
+            anyio.WouldBlock: the pending buffer is full (nothing was sent).
             ConnectionLost, ClientClosed: the channel failed or was closed.
         """
         handle = self._prepare(exchange, routing_key, body, properties, mandatory, delay_s)
         if not self._tracker.has_room(handle.size):
-            raise trio.WouldBlock
+            raise anyio.WouldBlock
         self._enqueue(handle, direct=True)
         return handle
 
@@ -303,7 +304,7 @@ class Channel(Supervisor):
             ConnectionLost, ClientClosed: the channel failed or was closed first.
         """
         up_to = self._seq
-        with trio.move_on_after(math.inf if timeout_s is None else timeout_s) as scope:
+        with anyio.move_on_after(math.inf if timeout_s is None else timeout_s) as scope:
             await self._tracker.wait_settled(up_to)
         if scope.cancelled_caught:
             raise ConfirmTimeout(f"{len(self._tracker)} publish(es) unconfirmed after {timeout_s} s")
@@ -519,12 +520,12 @@ class Channel(Supervisor):
             stream.consumed_generation = session.generation
             reply = session.request(stream.consume_op(), self._next_request_id())
             try:
-                with trio.fail_after(self._settings.request_timeout_s):
+                with anyio.fail_after(self._settings.request_timeout_s):
                     await reply.wait()
                 return
             except SessionEnded:
                 continue  # the next session's recovery re-consumes it
-            except trio.TooSlowError:
+            except TimeoutError:
                 raise ConnectionLost(f"no consume_ok for {stream.queue!r}") from None
 
     def _stop_consumer(self, stream: MessageStream) -> None:
@@ -550,7 +551,7 @@ class Channel(Supervisor):
             self._stop_consumer(stream)
             reply = stream.cancel_reply
             if reply is not None and self._state not in ("closed", "failed"):
-                with trio.move_on_after(self._settings.request_timeout_s):
+                with anyio.move_on_after(self._settings.request_timeout_s):
                     try:
                         await reply.wait()
                     except (SessionEnded, ChannelClosedByBroker):
@@ -614,14 +615,14 @@ class Channel(Supervisor):
         self._tracker.close(lambda: ClientClosed("the channel is closing"))
         try:
             self.stop_consuming()
-            with trio.move_on_after(self._settings.close_timeout_s):
+            with anyio.move_on_after(self._settings.close_timeout_s):
                 await self._tracker.wait_settled(self._seq)
             self._stop_reconnecting = True
             session = self._session
             if session is not None and session.alive:
                 session.send_op({"op": "close"})
                 session.finish_nowait()
-                with trio.move_on_after(min(5.0, self._settings.request_timeout_s)):
+                with anyio.move_on_after(min(5.0, self._settings.request_timeout_s)):
                     await session.ended.wait()
         finally:
             self.abort()
@@ -756,7 +757,7 @@ class Channel(Supervisor):
             ConnectionLost: no reply within ``request_timeout_s``.
         """
         try:
-            with trio.fail_after(self._settings.request_timeout_s):
+            with anyio.fail_after(self._settings.request_timeout_s):
                 while True:
                     session = await self._wait_ready()
                     reply = session.request(op, self._next_request_id())
@@ -765,7 +766,7 @@ class Channel(Supervisor):
                         return event
                     except SessionEnded:
                         continue
-        except trio.TooSlowError:
+        except TimeoutError:
             raise ConnectionLost(
                 f"no reply to {op.get('op')!r} within {self._settings.request_timeout_s} s"
             ) from None
@@ -805,7 +806,7 @@ class Channel(Supervisor):
             yield
         except BaseException:
             self._tx_open = False
-            with trio.CancelScope(shield=True), trio.move_on_after(self._settings.request_timeout_s):
+            with anyio.CancelScope(shield=True), anyio.move_on_after(self._settings.request_timeout_s):
                 if session.alive and self._tx_generation == session.generation:
                     try:
                         await self._tx_request(session, {"op": "tx_rollback"})
@@ -820,10 +821,10 @@ class Channel(Supervisor):
     async def _tx_request(self, session: ChannelSession, op: dict[str, Any]) -> Event:
         """``op`` on ``session`` only: a transaction does not survive its session."""
         try:
-            with trio.fail_after(self._settings.request_timeout_s):
+            with anyio.fail_after(self._settings.request_timeout_s):
                 event: Event = await session.request(op, self._next_request_id()).wait()
                 return event
-        except (SessionEnded, trio.TooSlowError):
+        except (SessionEnded, TimeoutError):
             raise ConnectionLost(
                 f"no reply to {op['op']!r}: the connection dropped during the transaction"
             ) from None
@@ -849,4 +850,4 @@ class Channel(Supervisor):
 
     def _pulse(self) -> None:
         self._changed.set()
-        self._changed = trio.Event()
+        self._changed = anyio.Event()

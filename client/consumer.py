@@ -25,7 +25,8 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import trio
+import anyio
+import anyio.lowlevel
 
 from .codec import Properties
 from .errors import ClientError, ConsumerCancelled, MessageAlreadySettled
@@ -59,7 +60,7 @@ async def _settled(settler: Settler, sent: bool) -> bool:
     op is already queued, so the caller must learn its result)."""
     settler._settle_calls += 1
     if not settler._settle_calls % YIELD_EVERY:
-        await trio.lowlevel.cancel_shielded_checkpoint()
+        await anyio.lowlevel.cancel_shielded_checkpoint()
     return sent
 
 
@@ -245,7 +246,7 @@ class Message:
             raise MessageAlreadySettled(
                 f"message {self.delivery_tag} of consumer {self.consumer_tag!r} is already settled"
             )
-        await trio.lowlevel.checkpoint()
+        await anyio.lowlevel.checkpoint()
         return self._settler._touch(self)
 
     def _mark_settled(self) -> None:
@@ -297,9 +298,9 @@ class MessageStream:
         self.delivered = 0
         self._buffer: deque[Message] = deque()
         self._next_calls = 0
-        self._wake = trio.Event()
+        self._wake = anyio.Event()
         self._receiving = True
-        self._receiving_changed = trio.Event()
+        self._receiving_changed = anyio.Event()
         self._stopped = False
         self._end: Callable[[], ClientError] | None = None
 
@@ -329,7 +330,7 @@ class MessageStream:
         self._receiving = receiving
         if receiving:
             self._receiving_changed.set()
-            self._receiving_changed = trio.Event()
+            self._receiving_changed = anyio.Event()
 
     @property
     def buffered(self) -> int:
@@ -358,7 +359,7 @@ class MessageStream:
     async def __anext__(self) -> Message:
         self._next_calls += 1
         if not self._buffer or not self._next_calls % YIELD_EVERY:
-            await trio.lowlevel.checkpoint()
+            await anyio.lowlevel.checkpoint()
         while True:
             if self._stopped:
                 raise StopAsyncIteration
@@ -367,20 +368,20 @@ class MessageStream:
             if self._end is not None:
                 raise self._end()
             if self._wake.is_set():
-                self._wake = trio.Event()
+                self._wake = anyio.Event()
             await self._wake.wait()
 
     async def receive(self) -> Message:
         """The next message.
 
         Raises:
-            trio.EndOfChannel: the consumer was stopped.
+            anyio.EndOfStream: the consumer was stopped.
             ConsumerCancelled, ConnectionLost, ClientClosed: see the class docstring.
         """
         try:
             return await self.__anext__()
         except StopAsyncIteration:
-            raise trio.EndOfChannel from None
+            raise anyio.EndOfStream from None
 
     # --- driven by the channel --------------------------------------------------------
 

@@ -53,7 +53,7 @@ class ClientError(Exception):
     """Base of every error raised by the ackbus client library."""
 
 
-class ConnectionLost(ClientError):
+class ConnectionLost(ClientError, ConnectionError):
     """The broker could not be reached, or a connection dropped and was not recovered.
 
     Raised by REST calls when the request could not be completed, by

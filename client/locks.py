@@ -3,7 +3,7 @@
 The block runs only while the broker holds the lock for this owner. A background task
 refreshes it (every third of its time to live); if the lock is lost - a refresh is
 refused (it expired, another owner has it), or no refresh gets through before the
-lock would expire - the body is cancelled, the trio way, and the block raises
+lock would expire - the body is cancelled, the structured-concurrency way, and the block raises
 :class:`LockLost`. The body never keeps running without its lock as far as this
 process can tell: it is cancelled a safety margin *before* the broker's expiry, as
 measured from before the acquire was sent.
@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
+import anyio
 import orjson
-import trio
 
 from ._nursery import open_service_nursery
 from .errors import ClientError
@@ -71,7 +71,7 @@ class HeldLock:
     ttl_s: float
     #: the broker's last answer about it (acquired_at, expires_at...)
     info: dict[str, Any]
-    #: trio time after which it may have expired (a margin earlier than the broker's)
+    #: event-loop time after which it may have expired (a margin earlier than the broker's)
     deadline: float = 0.0
 
 
@@ -122,7 +122,7 @@ async def hold_lock(
     rest = RestClient(endpoint, opener, timeout_s=wait_s + request_timeout_s)
     locks = _Locks(rest, name)
     try:
-        sent_at = trio.current_time()
+        sent_at = anyio.current_time()
         status, info = await locks.call("acquire", {"owner": owner, "ttl_s": ttl_s, "wait_s": wait_s})
         if status == 409:
             raise LockHeld(name, info.get("lock") or {})
@@ -131,13 +131,13 @@ async def hold_lock(
         # granted at some point in between, and the broker says how long it had left
         # then (the margin covers the time its answer took to arrive).
         if wait_s:
-            lock.deadline = trio.current_time() + float(info.get("expires_in_s") or ttl_s) - margin
+            lock.deadline = anyio.current_time() + float(info.get("expires_in_s") or ttl_s) - margin
         else:
             lock.deadline = sent_at + ttl_s - margin
         lost: list[str] = []
         try:
             async with open_service_nursery() as nursery:
-                body = trio.CancelScope()
+                body = anyio.CancelScope()
                 nursery.start_soon(_keep, locks, lock, margin, lost, body)
                 with body:
                     yield lock
@@ -146,34 +146,34 @@ async def hold_lock(
                 raise LockLost(name, lost[0])
         finally:
             if not lost:
-                with trio.CancelScope(shield=True), trio.move_on_after(request_timeout_s):
+                with anyio.CancelScope(shield=True), anyio.move_on_after(request_timeout_s):
                     try:
                         await locks.call("release", {"owner": owner, "token": lock.token})
                     except ClientError:
                         pass  # it expires on its own
     finally:
-        with trio.CancelScope(shield=True):
+        with anyio.CancelScope(shield=True):
             await rest.aclose()
 
 
-async def _keep(locks: _Locks, lock: HeldLock, margin: float, lost: list[str], body: trio.CancelScope) -> None:
+async def _keep(locks: _Locks, lock: HeldLock, margin: float, lost: list[str], body: anyio.CancelScope) -> None:
     """Refresh ``lock`` every third of its ttl; on loss, say why and cancel ``body``."""
     every = lock.ttl_s / 3
-    next_at = trio.current_time() + every
+    next_at = anyio.current_time() + every
     while True:
-        await trio.sleep_until(next_at)
+        await anyio.sleep_until(next_at)
         reason = None
         # retry until the lock may have expired
-        with trio.move_on_at(lock.deadline) as scope:
+        with anyio.CancelScope(deadline=lock.deadline) as scope:
             while True:
-                sent_at = trio.current_time()
+                sent_at = anyio.current_time()
                 try:
                     status, info = await locks.call(
                         "refresh", {"owner": lock.owner, "token": lock.token, "ttl_s": lock.ttl_s}
                     )
                 except ClientError as exc:  # (ConnectionLost included): try again
                     reason = f"refresh failed: {exc}"
-                    await trio.sleep(min(1.0, every / 4))
+                    await anyio.sleep(min(1.0, every / 4))
                     continue
                 if status == 409:
                     reason = "refresh refused: " + str(info.get("message", "not the holder"))
@@ -188,4 +188,4 @@ async def _keep(locks: _Locks, lock: HeldLock, margin: float, lost: list[str], b
             lost.append(reason)
             body.cancel()
             return
-        next_at = trio.current_time() + every
+        next_at = anyio.current_time() + every

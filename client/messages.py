@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import trio
+import anyio
 
 __all__ = ["Reply"]
 
@@ -15,7 +15,7 @@ class Reply:
 
     def __init__(self, op: str) -> None:
         self.op = op
-        self._done = trio.Event()
+        self._done = anyio.Event()
         self._value: Any = None
         self._error: BaseException | None = None
 

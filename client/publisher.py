@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Generator
 from typing import Any
 
-import trio
+import anyio
 
 from .codec import ReturnedMessage
 from .errors import ClientError, PublishNacked, PublishRefused, PublishReturned
@@ -51,7 +51,7 @@ class PendingPublish:
         #: The encoded ``publish`` op, resent as is after a reconnect.
         self.line = line
         self.size = len(line)
-        self._done = trio.Event()
+        self._done = anyio.Event()
         self._error: ClientError | None = None
         self._observed = False
         self._returned: tuple[int, str, ReturnedMessage] | None = None
@@ -96,7 +96,7 @@ class PublishTracker:
         self.failed = 0
         self._unobserved: list[PendingPublish] = []
         self._prune_at = 1024
-        self._changed = trio.Event()
+        self._changed = anyio.Event()
         self._closed_error: Callable[[], ClientError] | None = None
 
     def __len__(self) -> int:
@@ -200,7 +200,7 @@ class PublishTracker:
 
     def _pulse(self) -> None:
         self._changed.set()
-        self._changed = trio.Event()
+        self._changed = anyio.Event()
 
     async def wait_changed(self) -> None:
         """Wait for the next settle (or close)."""

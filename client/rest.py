@@ -230,6 +230,20 @@ class BrokerAPI:
         result = await self._call("GET", "/bindings")
         return _list_field(result, "bindings")
 
+    async def list_channels(self) -> list[dict[str, Any]]:
+        """``GET /channels``: the open channels and streaming consumes (id, kind,
+        remote, user_agent, published, unacked, consumers, ...)."""
+        result = await self._call("GET", "/channels")
+        return _list_field(result, "channels")
+
+    async def close_channel(self, channel_id: int, reason: str | None = None) -> dict[str, Any]:
+        """``DELETE /channels/{id}``: close another client's channel or stream, as an
+        operator (its unacked deliveries go back; its client is told why)."""
+        result = await self._call(
+            "DELETE", f"/channels/{int(channel_id)}", json={"reason": reason} if reason else None
+        )
+        return result if isinstance(result, dict) else {}
+
     async def get(
         self,
         queue: str,

@@ -44,8 +44,10 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import trio
+import anyio
+import anyio.lowlevel
 
+from ._backend import tasks_runnable
 from .codec import Deliver, Error, Event, LineSplitter, Open, decode_event, encode_op
 from .errors import ChannelClosedByBroker, ClientError, ConnectionLost, ProtocolError
 from .messages import Reply
@@ -92,19 +94,19 @@ class ChannelSession:
         #: Deliveries not yet settled, by delivery tag.
         self.deliveries: dict[int, Message] = {}
         self.end_reason: BaseException | None = None
-        self.ended = trio.Event()
+        self.ended = anyio.Event()
         self._exchange = exchange
         self._splitter = splitter
         self._backlog = backlog
         self._out: deque[bytes] = deque()
-        self._out_ready = trio.Event()
+        self._out_ready = anyio.Event()
         # True only while the writer is parked with nothing queued or left over: an
         # op may then be written directly (see the module docstring).
         self._direct = False
         # Framed bytes a direct write left over; the writer sends them first.
         self._leftover = b""
         self._finish = False
-        self._scope = trio.CancelScope()
+        self._scope = anyio.CancelScope()
 
     @property
     def alive(self) -> bool:
@@ -167,18 +169,18 @@ class ChannelSession:
         :class:`ClientError` are bugs and propagate."""
         try:
             with self._scope:
-                async with trio.open_nursery() as nursery:
+                async with anyio.create_task_group() as nursery:
                     nursery.start_soon(self._guard, self._write_loop, nursery.cancel_scope)
                     await self._guard(lambda: self._read_loop(on_event), nursery.cancel_scope)
         finally:
-            with trio.CancelScope(shield=True):
+            with anyio.CancelScope(shield=True):
                 await self._exchange.aclose()
             for reply in self.replies.values():
                 reply.fail(SessionEnded())
             self.replies.clear()
             self.ended.set()
 
-    async def _guard(self, fn: Callable[[], Any], scope: trio.CancelScope) -> None:
+    async def _guard(self, fn: Callable[[], Any], scope: anyio.CancelScope) -> None:
         try:
             await fn()
         except ClientError as exc:
@@ -201,7 +203,7 @@ class ChannelSession:
                 event = decode_event(line)
                 on_event(self, event)
                 delivered = delivered or type(event) is Deliver
-            if delivered and trio.lowlevel.current_statistics().tasks_runnable:
+            if delivered and tasks_runnable():
                 await _let_consumers_run()
 
     async def _write_loop(self) -> None:
@@ -215,8 +217,8 @@ class ChannelSession:
             if not out:
                 if self._finish:
                     await exchange.end()
-                    await trio.sleep_forever()
-                self._out_ready = trio.Event()
+                    await anyio.sleep_forever()
+                self._out_ready = anyio.Event()
                 self._direct = exchange.can_write_nowait
                 try:
                     await self._out_ready.wait()
@@ -252,12 +254,12 @@ class ChannelSession:
         14 acks): with several ops queued the two quiet rounds stay.
         """
         out = self._out
-        if len(out) <= 1 and not trio.lowlevel.current_statistics().tasks_runnable:
+        if len(out) <= 1 and not tasks_runnable():
             return
         quiet = 0
         for _ in range(COALESCE_ROUNDS):
             queued = len(out)
-            await trio.lowlevel.cancel_shielded_checkpoint()
+            await anyio.lowlevel.cancel_shielded_checkpoint()
             if len(out) != queued:
                 quiet = 0
                 continue
@@ -280,8 +282,8 @@ async def _let_consumers_run() -> None:
     for more ops before sending a lone one (a publisher's next publish after its
     confirm, say).
     """
-    await trio.lowlevel.checkpoint()
-    await trio.lowlevel.checkpoint()
+    await anyio.lowlevel.checkpoint()
+    await anyio.lowlevel.checkpoint()
 
 
 async def open_session(
@@ -329,5 +331,5 @@ async def open_session(
         return session
     finally:
         if not ok:
-            with trio.CancelScope(shield=True):
+            with anyio.CancelScope(shield=True):
                 await exchange.aclose()

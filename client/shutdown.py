@@ -33,7 +33,7 @@ import signal as _signal
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 
-import trio
+import anyio
 
 from ._nursery import open_service_nursery
 from .connection import Connection
@@ -46,12 +46,12 @@ DEFAULT_SIGNALS = (_signal.SIGINT, _signal.SIGTERM)
 class GracefulShutdown:
     """The shutdown state of an :func:`open_graceful_shutdown` block."""
 
-    def __init__(self, cancel_scope: trio.CancelScope, grace_s: float | None) -> None:
+    def __init__(self, cancel_scope: anyio.CancelScope, grace_s: float | None) -> None:
         self._cancel_scope = cancel_scope
         self._grace_s = grace_s
         self._connections: list[Connection] = []
         self._callbacks: list[Callable[[], object]] = []
-        self._requested = trio.Event()
+        self._requested = anyio.Event()
         self._aborted = False
         self.signal: int | None = None
 
@@ -118,10 +118,10 @@ async def open_graceful_shutdown(
     The block returns normally after a graceful or an aborted shutdown (check
     :attr:`GracefulShutdown.aborted` to exit with another status).
     """
-    signals = tuple(signals)
-    with trio.CancelScope() as scope:
+    handled = tuple(_signal.Signals(s) for s in signals)
+    with anyio.CancelScope() as scope:
         shutdown = GracefulShutdown(scope, grace_s)
-        with trio.open_signal_receiver(*signals) as receiver:
+        with anyio.open_signal_receiver(*handled) as receiver:
             async with open_service_nursery() as nursery:
                 nursery.start_soon(_watch_signals, receiver, shutdown)
                 if grace_s is not None:
@@ -139,5 +139,5 @@ async def _watch_signals(receiver: AsyncIterator[int], shutdown: GracefulShutdow
 
 async def _enforce_grace(shutdown: GracefulShutdown, grace_s: float) -> None:
     await shutdown.wait_requested()
-    await trio.sleep(grace_s)
+    await anyio.sleep(grace_s)
     shutdown.abort()

@@ -21,9 +21,10 @@ few channel methods it calls are declared the same way.
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Literal
 
-import trio
+import anyio
 
 from .backoff import Backoff
 from .codec import (
@@ -64,6 +65,8 @@ MAX_UNATTRIBUTED_ERRORS = 5
 
 State = Literal["opening", "open", "closing", "closed", "failed"]
 
+log = logging.getLogger("ackbus.client")
+
 
 class Supervisor(Settler):
     """Opens, recovers and serves the sessions of one channel (see the module
@@ -80,8 +83,8 @@ class Supervisor(Settler):
     _state: State
     _backoff: Backoff
     _stop_reconnecting: bool
-    _scope: trio.CancelScope
-    _changed: trio.Event
+    _scope: anyio.CancelScope
+    _changed: anyio.Event
     _resent: int
     _reconnects: int
     _sessions_opened: int
@@ -112,21 +115,21 @@ class Supervisor(Settler):
             while not self._stop_reconnecting:
                 self._generation += 1
                 try:
-                    with trio.fail_after(self._settings.connect_timeout_s):
+                    with anyio.fail_after(self._settings.connect_timeout_s):
                         session = await open_session(
                             self._endpoint,
                             self._opener,
                             generation=self._generation,
                             max_line_bytes=self._settings.max_line_bytes,
                         )
-                except (ClientError, trio.TooSlowError) as exc:
+                except (ClientError, TimeoutError) as exc:
                     if isinstance(exc, BrokerRequestError) and exc.status in (401, 403):
                         # The same credentials cannot do better next time (and each
                         # retry counts against the broker's failed-login limit).
                         self._fail(f"the broker refused the channel: {exc}", exc)
                         return
                     error: BaseException = exc
-                    if isinstance(exc, trio.TooSlowError):
+                    if isinstance(exc, TimeoutError):
                         error = ConnectionLost(
                             f"no channel from {self._endpoint} within "
                             f"{self._settings.connect_timeout_s} s"
@@ -146,27 +149,37 @@ class Supervisor(Settler):
                         session.end_reason,
                     )
                     return
-                if not await self._sleep_before_retry(session.end_reason):
+                if not await self._sleep_before_retry(
+                    session.end_reason or ConnectionLost("the broker ended the channel")
+                ):
                     return
 
     async def _sleep_before_retry(self, reason: BaseException | None) -> bool:
-        delay = self._backoff.next_delay(trio.current_time())
+        delay = self._backoff.next_delay(anyio.current_time())
+        what = "open" if self._state == "opening" else "reconnect"
         if delay is None:
-            what = "open" if self._state == "opening" else "reconnect"
+            log.error(
+                "giving up: could not %s a channel to %s after %d attempt(s): %s",
+                what, self._endpoint, self._backoff.attempts, reason,
+            )
             self._fail(
                 f"could not {what} a channel to {self._endpoint} "
                 f"({self._backoff.attempts} attempt(s)): {reason}",
                 reason,
             )
             return False
-        await trio.sleep(delay)
+        log.warning(
+            "could not %s a channel to %s (attempt %d): %s; retrying in %.2f s",
+            what, self._endpoint, self._backoff.attempts, reason, delay,
+        )
+        await anyio.sleep(delay)
         return True
 
     async def _run_session(self, session: ChannelSession) -> None:
         self._session = session
         self._pulse()
         try:
-            async with trio.open_nursery() as nursery:
+            async with anyio.create_task_group() as nursery:
                 nursery.start_soon(self._recover, session)
                 await session.serve(self._on_event)
                 nursery.cancel_scope.cancel()
@@ -180,7 +193,7 @@ class Supervisor(Settler):
     async def _recover(self, session: ChannelSession) -> None:
         """Replay declarations, re-consume, resend pending publishes, mark ready."""
         try:
-            with trio.fail_after(self._settings.request_timeout_s):
+            with anyio.fail_after(self._settings.request_timeout_s):
                 replies = [
                     (op, session.request(op, self._next_request_id()))
                     for op in self._topology.ops()
@@ -195,7 +208,10 @@ class Supervisor(Settler):
                             exc,
                         )
                         return
-                consumers = [s for s in self._consumers.values() if s.active]
+                # Only consumers established on an earlier session: one whose first
+                # consume is still to be sent is consumed by its caller, who must see
+                # the broker's answer to it (a refusal is a ChannelClosedByBroker).
+                consumers = [s for s in self._consumers.values() if s.active and s.consumed_generation]
                 creplies = []
                 for stream in consumers:
                     stream.consumed_generation = session.generation
@@ -207,7 +223,7 @@ class Supervisor(Settler):
                         self._drop_consumer(stream, f"could not re-consume after a reconnect: {exc}")
         except SessionEnded:
             return
-        except trio.TooSlowError:
+        except TimeoutError:
             session.abort(ConnectionLost("the broker did not answer while recovering the channel"))
             return
         if not session.alive or session.draining:
@@ -219,6 +235,12 @@ class Supervisor(Settler):
         if self._state != "opening":
             self._resent += len(resend)
             self._reconnects += 1
+            log.info(
+                "channel to %s recovered: %d consumer(s) re-established, %d pending publish(es) resent",
+                self._endpoint, len(consumers), len(resend),
+            )
+        else:
+            log.info("channel %s open on %s", session.channel_id, self._endpoint)
         session.ready = True
         self._backoff.reset()
         if self._state == "opening":
@@ -240,6 +262,8 @@ class Supervisor(Settler):
             elif isinstance(event, Deliver):
                 self._on_deliver(session, event)
             elif isinstance(event, Nack):
+                log.warning("publish nacked (delivery tag %d%s): %s", event.delivery_tag,
+                            " and before" if event.multiple else "", event.reason)
                 self._tracker.on_nack(event.delivery_tag, event.multiple, event.reason)
                 self._unattributed_errors = 0
             elif isinstance(event, Return):
@@ -298,6 +322,7 @@ class Supervisor(Settler):
         stream.push(message)
 
     def _on_error(self, session: ChannelSession, event: Error) -> None:
+        log.warning("the broker closed the channel: %s: %s", event.code, event.message)
         session.draining = True
         error = ChannelClosedByBroker(event.code, event.message)
         if isinstance(event.id, int):

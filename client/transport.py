@@ -1,4 +1,5 @@
-"""A minimal HTTP/1.1 client (h11 over trio streams): REST calls and duplex exchanges.
+"""A minimal HTTP/1.1 client (h11 over anyio byte streams: trio or asyncio): REST calls
+and duplex exchanges.
 
 Two shapes of exchange, both RFC 9112:
 
@@ -37,9 +38,12 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import anyio
+import anyio.abc
 import h11
-import trio
 
+from ._backend import running_trio
+from ._version import __version__
 from .chunked import ChunkedDecoder, encode_chunk
 from .codec import decode_json
 from .errors import BrokerRequestError, ConnectionLost, ProtocolError
@@ -53,9 +57,10 @@ __all__ = [
     "RestClient",
     "DuplexExchange",
     "error_from_response",
+    "receive_some",
 ]
 
-USER_AGENT = "ackbus-client/0.1"
+USER_AGENT = f"ackbus-client/{__version__}"
 RECEIVE_BYTES = 65536
 MAX_RESPONSE_BYTES = 64 * 1024 * 1024
 
@@ -63,8 +68,8 @@ MAX_RESPONSE_BYTES = 64 * 1024 * 1024
 # or the bytes on it stopped being HTTP.
 NETWORK_ERRORS: tuple[type[BaseException], ...] = (
     OSError,
-    trio.BrokenResourceError,
-    trio.ClosedResourceError,
+    anyio.BrokenResourceError,
+    anyio.ClosedResourceError,
     h11.ProtocolError,
 )
 
@@ -154,11 +159,11 @@ def _query_value(value: Any) -> str:
     return str(value)
 
 
-StreamOpener = Callable[[Endpoint], Awaitable[trio.abc.Stream]]
+StreamOpener = Callable[[Endpoint], Awaitable[anyio.abc.ByteStream]]
 """How to get a byte stream to the broker; tests substitute in-memory streams."""
 
 
-async def open_tcp(endpoint: Endpoint) -> trio.abc.Stream:
+async def open_tcp(endpoint: Endpoint) -> anyio.abc.ByteStream:
     """Open a TCP (or TLS) stream to ``endpoint`` with TCP keepalive enabled.
 
     Keepalive is the only way a half-open connection (broker host gone without a FIN)
@@ -168,30 +173,48 @@ async def open_tcp(endpoint: Endpoint) -> trio.abc.Stream:
     Raises:
         OSError: the connection could not be made.
     """
-    stream: trio.abc.Stream
-    if endpoint.scheme == "https":
-        # Always verified: the system's CAs, or the endpoint's own context (a CA
-        # bundle given to connect()); there is no switch that turns checking off.
-        ssl_stream = await trio.open_ssl_over_tcp_stream(
-            endpoint.host, endpoint.port, ssl_context=endpoint.ssl_context or ssl.create_default_context()
-        )
-        _enable_keepalive(ssl_stream.transport_stream)
-        stream = ssl_stream
-    else:
-        tcp = await trio.open_tcp_stream(endpoint.host, endpoint.port)
-        _enable_keepalive(tcp)
-        stream = tcp
+    stream: anyio.abc.ByteStream
+    try:
+        # https is always verified: the system's CAs, or the endpoint's own context (a
+        # CA bundle given to connect()); there is no switch that turns checking off.
+        if endpoint.scheme == "https":
+            stream = await anyio.connect_tcp(
+                endpoint.host, endpoint.port, ssl_context=endpoint.ssl_context or ssl.create_default_context(), tls=True,
+                tls_hostname=endpoint.host,
+            )
+        else:
+            stream = await anyio.connect_tcp(endpoint.host, endpoint.port)
+    except OSError as exc:
+        # anyio tries every address and raises "All connection attempts failed"
+        # from the real cause (or a group of them): surface it ("Connection refused").
+        cause = exc.__cause__
+        if isinstance(cause, BaseExceptionGroup):
+            cause = cause.exceptions[0]
+        if isinstance(cause, OSError):
+            raise cause from None
+        raise
+    _enable_keepalive(stream)
     return stream
 
 
-def _enable_keepalive(stream: trio.abc.Stream) -> None:
-    if not isinstance(stream, trio.SocketStream):
+def _enable_keepalive(stream: anyio.abc.ByteStream) -> None:
+    sock = stream.extra(anyio.abc.SocketAttribute.raw_socket, None)
+    if sock is None:
         return
-    stream.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
     for name, value in (("TCP_KEEPIDLE", 15), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3)):
         option = getattr(socket, name, None)
         if option is not None:
-            stream.setsockopt(socket.IPPROTO_TCP, option, value)
+            sock.setsockopt(socket.IPPROTO_TCP, option, value)
+
+
+async def receive_some(stream: anyio.abc.ByteStream, max_bytes: int = 65536) -> bytes:
+    """The next bytes of ``stream``, ``b""`` at its end (trio's convention: anyio
+    raises :class:`anyio.EndOfStream` instead)."""
+    try:
+        return bytes(await stream.receive(max_bytes))
+    except anyio.EndOfStream:
+        return b""
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,14 +262,14 @@ def _is_chunked(headers: Iterable[tuple[bytes, bytes]]) -> bool:
     return any(name == b"transfer-encoding" for name, _ in headers)
 
 
-async def _aclose_quietly(stream: trio.abc.AsyncResource) -> None:
-    await trio.aclose_forcefully(stream)
+async def _aclose_quietly(stream: anyio.abc.AsyncResource) -> None:
+    await anyio.aclose_forcefully(stream)
 
 
 class HTTPConnection:
     """One keep-alive HTTP/1.1 connection; one request at a time."""
 
-    def __init__(self, stream: trio.abc.Stream, endpoint: Endpoint) -> None:
+    def __init__(self, stream: anyio.abc.ByteStream, endpoint: Endpoint) -> None:
         self._stream = stream
         self._endpoint = endpoint
         self._h11 = h11.Connection(h11.CLIENT)
@@ -268,7 +291,7 @@ class HTTPConnection:
         """Send one request and read its whole answer.
 
         Raises:
-            OSError, trio.BrokenResourceError, h11.ProtocolError: the connection broke.
+            OSError, anyio.BrokenResourceError, h11.ProtocolError: the connection broke.
             ProtocolError: the answer is larger than the client accepts.
         """
         self.got_response_bytes = False
@@ -286,7 +309,7 @@ class HTTPConnection:
         if body:
             data = (data or b"") + (self._h11.send(h11.Data(data=body)) or b"")
         data = (data or b"") + (self._h11.send(h11.EndOfMessage()) or b"")
-        await self._stream.send_all(data)
+        await self._stream.send(data)
 
         status = 0
         response_headers: list[tuple[bytes, bytes]] = []
@@ -307,7 +330,7 @@ class HTTPConnection:
             elif isinstance(event, h11.EndOfMessage):
                 break
             elif isinstance(event, h11.ConnectionClosed):
-                raise trio.BrokenResourceError("connection closed before the response")
+                raise anyio.BrokenResourceError("connection closed before the response")
         if self._h11.our_state is h11.DONE and self._h11.their_state is h11.DONE:
             self._h11.start_next_cycle()
         return Response(status, response_headers, b"".join(chunks))
@@ -317,7 +340,7 @@ class HTTPConnection:
             event = self._h11.next_event()
             if event is not h11.NEED_DATA:
                 return event
-            data = bytes(await self._stream.receive_some(RECEIVE_BYTES))
+            data = await receive_some(self._stream, RECEIVE_BYTES)
             if data:
                 self.got_response_bytes = True
             self._h11.receive_data(data)
@@ -367,9 +390,9 @@ class RestClient:
         target = self._endpoint.target(path, query)
         headers = list(headers)
         try:
-            with trio.fail_after(self._timeout_s):
+            with anyio.fail_after(self._timeout_s):
                 return await self._request_with_retry(method, target, headers, body)
-        except trio.TooSlowError:
+        except TimeoutError:
             raise ConnectionLost(
                 f"{method} {target}: no answer from {self._endpoint} within {self._timeout_s} s"
             ) from None
@@ -414,18 +437,22 @@ class DuplexExchange:
     """A full-duplex HTTP/1.1 exchange: chunked request body out, chunked response in.
 
     Exactly one task may call :meth:`send`/:meth:`end` and one task
-    :meth:`receive_some` at a time (trio streams allow one sender and one receiver
+    :meth:`receive_some` at a time (byte streams allow one sender and one receiver
     concurrently).
     """
 
-    def __init__(self, stream: trio.abc.Stream, conn: h11.Connection) -> None:
+    def __init__(self, stream: anyio.abc.ByteStream, conn: h11.Connection) -> None:
         self._stream = stream
         self._h11 = conn
         # The socket :meth:`write_nowait` writes to: only a plain TCP stream has one
-        # (a TLS stream must encrypt, a test's memory stream has no descriptor), and
-        # only on POSIX, where a socket is a file descriptor that write(2) takes.
+        # (a TLS stream must encrypt, a test's memory stream has no descriptor), only
+        # on POSIX, where a socket is a file descriptor that write(2) takes, and only
+        # under trio, whose socket stream sends straight to the socket: asyncio's
+        # transport keeps a write buffer of its own that a direct write would overtake.
         self._socket = (
-            stream.socket if isinstance(stream, trio.SocketStream) and os.name == "posix" else None
+            stream.extra(anyio.abc.SocketAttribute.raw_socket, None)
+            if isinstance(stream, anyio.abc.SocketStream) and os.name == "posix" and running_trio()
+            else None
         )
         # Set once a chunked 200 response head was read: the body is decoded here,
         # starting with the bytes h11 had received past the head.
@@ -435,7 +462,7 @@ class DuplexExchange:
     @classmethod
     async def open(
         cls,
-        stream: trio.abc.Stream,
+        stream: anyio.abc.ByteStream,
         endpoint: Endpoint,
         target: str,
         *,
@@ -497,7 +524,7 @@ class DuplexExchange:
         try:
             data = self._h11.send(event)
             if data:
-                await self._stream.send_all(data)
+                await self._stream.send(data)
         except NETWORK_ERRORS as exc:
             raise ConnectionLost(f"channel connection broke while sending: {exc}") from exc
 
@@ -507,7 +534,7 @@ class DuplexExchange:
                 event = self._h11.next_event()
                 if event is not h11.NEED_DATA:
                     return event
-                self._h11.receive_data(bytes(await self._stream.receive_some(RECEIVE_BYTES)))
+                self._h11.receive_data(await receive_some(self._stream, RECEIVE_BYTES))
         except NETWORK_ERRORS as exc:
             raise ConnectionLost(f"channel connection broke while receiving: {exc}") from exc
 
@@ -521,7 +548,7 @@ class DuplexExchange:
             # h11 frames only the head and the last chunk: its state does not count
             # the chunks of a chunked body, so framing them here keeps it consistent.
             try:
-                await self._stream.send_all(encode_chunk(data))
+                await self._stream.send(encode_chunk(data))
             except NETWORK_ERRORS as exc:
                 raise ConnectionLost(f"channel connection broke while sending: {exc}") from exc
 
@@ -564,7 +591,7 @@ class DuplexExchange:
             ConnectionLost: the connection broke.
         """
         try:
-            await self._stream.send_all(framed)
+            await self._stream.send(framed)
         except NETWORK_ERRORS as exc:
             raise ConnectionLost(f"channel connection broke while sending: {exc}") from exc
 
@@ -590,7 +617,7 @@ class DuplexExchange:
                 data, self._pending = self._pending, b""
                 if not data:
                     try:
-                        data = bytes(await self._stream.receive_some(RECEIVE_BYTES))
+                        data = await receive_some(self._stream, RECEIVE_BYTES)
                     except NETWORK_ERRORS as exc:
                         raise ConnectionLost(
                             f"channel connection broke while receiving: {exc}"

@@ -21,6 +21,7 @@
 
 from __future__ import annotations
 
+import inspect
 import random
 from collections.abc import AsyncIterator
 
@@ -33,6 +34,19 @@ from tests.support.app import open_broker_app
 from tests.support.channel import Clients
 from tests.support.http import HTTPClient, open_memory_client, open_tcp_client
 from tests.support.seeds import test_seed
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """pytest-trio's trio mode, except for the tests marked ``anyio`` (the client's,
+    run under trio and asyncio by anyio's plugin): every other async test runs under
+    trio."""
+    for item in items:
+        if not isinstance(item, pytest.Function) or item.get_closest_marker("anyio") is not None:
+            continue
+        hypothesis = getattr(item.obj, "hypothesis", None)
+        test_func = hypothesis.inner_test if hypothesis is not None else item.obj
+        if inspect.iscoroutinefunction(test_func):
+            item.add_marker(pytest.mark.trio)
 
 
 @pytest.fixture

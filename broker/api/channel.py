@@ -111,9 +111,11 @@ class ChannelSession:
         self.core = runtime.core
         self.channel_id = channel_id
         self.response = response
-        #: Who and since when, for ``GET /channels`` (``broker/api/rest/channels.py``).
+        #: Who and since when, for ``GET /channels`` (``broker/api/rest/channels.py``;
+        #: set by ``handle_channel``).
         self.kind = "channel"
         self.remote: str | None = None
+        self.user_agent: str | None = None
         self.opened_at = time.time()
         self.outbox: list[Any] = []
         #: Estimated bytes of the non-delivery events in ``outbox``.
@@ -764,7 +766,7 @@ async def handle_channel(runtime: BrokerRuntime, request: Any, response: Any) ->
         core.close_channel(channel_id, "refused")
         raise
     session = ChannelSession(runtime, channel_id, response, access_for(request), principal)
-    session.remote = request.remote
+    session.remote, session.user_agent = request.remote, request.headers.get("user-agent")
     runtime.add_sink(channel_id, session)
     log.info("channel opened", extra={"fields": {"channel": channel_id}})
     reason = "channel closed"

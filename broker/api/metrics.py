@@ -26,7 +26,7 @@ class BrokerMetrics:
         self._auth: Any = None
         self.confirm_latency = r.histogram(
             "ackbus_confirm_latency_seconds",
-            "Time from receiving a publish to sending its confirm (per received batch).",
+            "Time from receiving a publish to sending its confirm (one observation per confirmed publish).",
         )
         self.fsync_latency = r.histogram("ackbus_wal_fsync_seconds", "Duration of WAL fsyncs.")
         self.checkpoint_duration = r.histogram(

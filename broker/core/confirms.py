@@ -19,11 +19,32 @@ __all__ = ["ConfirmTracker"]
 
 
 class ConfirmTracker:
-    __slots__ = ("_pending",)
+    __slots__ = ("_pending", "_returns")
 
     def __init__(self) -> None:
         # [tag, lsn, ack, reason] in tag order
         self._pending: deque[list[object]] = deque()
+        # (tag, return effect) held back behind earlier confirms, in tag order
+        self._returns: deque[tuple[int, object]] = deque()
+
+    def hold_return(self, tag: int, effect: object) -> bool:
+        """Keep the ``return`` of publish ``tag`` until the confirms of earlier tags
+        are released (events keep the order of the publishes that caused them: a nack
+        of tag 1 waiting on nothing but order comes before the return of tag 2).
+        Returns False when nothing is pending before it: send it at once."""
+        if not self._pending:
+            return False
+        self._returns.append((tag, effect))
+        return True
+
+    def take_returns(self, up_to_tag: int) -> list[object]:
+        """The held returns of tags up to ``up_to_tag``: to be sent before the confirm
+        that covers them."""
+        out: list[object] = []
+        returns = self._returns
+        while returns and returns[0][0] <= up_to_tag:
+            out.append(returns.popleft()[1])
+        return out
 
     def __len__(self) -> int:
         return len(self._pending)
@@ -50,12 +71,21 @@ class ConfirmTracker:
         pending = self._pending
         run_tag = 0
         run_len = 0
+        # A tag with a held return ends the run before it: its return goes out after
+        # the confirms of every earlier tag and before its own (``take_returns``).
+        held = iter([t for t, _ in self._returns])
+        next_held = next(held, None)
         while pending:
             tag, lsn, ack, reason = pending[0]
             assert isinstance(lsn, int) and isinstance(tag, int)
             if lsn > durable_lsn:
                 break
             pending.popleft()
+            while next_held is not None and next_held < tag:
+                next_held = next(held, None)
+            if next_held == tag and run_len:
+                out.append((run_tag, run_len > 1, True, None))
+                run_len = 0
             if ack:
                 run_tag = tag
                 run_len += 1
@@ -74,4 +104,5 @@ class ConfirmTracker:
             (int(item[0]), False, False, reason) for item in self._pending  # type: ignore[call-overload]
         ]
         self._pending.clear()
+        self._returns.clear()
         return out

@@ -114,7 +114,9 @@ class PublishingMixin(BrokerState):
             if mandatory:
                 self.stats["returned"] += 1
                 message = Message(0, exchange_name, routing_key, body, properties)
-                self._effects.append(Return(channel_id, tag, NO_ROUTE, "NO_ROUTE", message))
+                returned = Return(channel_id, tag, NO_ROUTE, "NO_ROUTE", message)
+                if not ch.confirms.hold_return(tag, returned):
+                    self._effects.append(returned)
             if message_id is not None:
                 self.dedup.remember(exchange_name, message_id, wall, 0)
             ch.confirms.add(tag, 0)

@@ -95,6 +95,9 @@ class TimersMixin(BrokerState):
         for ch in self._confirm_dirty.values():
             stats = self.stats
             for tag, multiple, ack, reason in ch.confirms.release(durable):
+                held = ch.confirms.take_returns(tag)
+                if held:
+                    self._effects.extend(held)  # type: ignore[arg-type]
                 self._effects.append(Confirm(ch.id, tag, multiple, ack, reason))
                 answered = tag - ch.last_released_tag if multiple else 1
                 ch.last_released_tag = tag

@@ -179,6 +179,14 @@ class TopologyMixin(BrokerState):
                     break
         else:
             check_name("queue", name, allow_reserved=True)
+        if not passive:
+            # Validated before comparing with an existing queue: an invalid declaration
+            # is the same error (InvalidArgument) whether or not the queue exists.
+            _check_entity_arguments("queue", arguments, QUEUE_ARGUMENTS)
+            if "x-dead-letter-routing-key" in arguments and "x-dead-letter-exchange" not in arguments:
+                raise InvalidArgument("x-dead-letter-routing-key needs x-dead-letter-exchange")
+            if exclusive and channel_id == REST_CHANNEL:
+                raise InvalidArgument("exclusive queues belong to a channel: declare them on one")
         existing = self.queues.get(name)
         if existing is not None:
             if existing.exclusive_owner is not None and existing.exclusive_owner != channel_id:
@@ -196,11 +204,6 @@ class TopologyMixin(BrokerState):
         if not generated:
             # only the broker may create amq.* queues (amq.gen-* included)
             check_name("queue", name)
-        _check_entity_arguments("queue", arguments, QUEUE_ARGUMENTS)
-        if "x-dead-letter-routing-key" in arguments and "x-dead-letter-exchange" not in arguments:
-            raise InvalidArgument("x-dead-letter-routing-key needs x-dead-letter-exchange")
-        if exclusive and channel_id == REST_CHANNEL:
-            raise InvalidArgument("exclusive queues belong to a channel: declare them on one")
         if exclusive:
             self._channel(channel_id)  # ChannelError before anything changes
         if len(self.queues) >= self.max_queues:

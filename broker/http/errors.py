@@ -11,6 +11,7 @@ answer, it only tells a handler to clean up.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 import h11
@@ -155,6 +156,15 @@ _BY_STATUS: dict[int, type[HTTPError]] = {
 }
 
 
+_BYTES_REPR = re.compile(r"""(?:bytearray\()?b(['"])(.*?)\1\)?""")
+
+
+def _without_reprs(message: str) -> str:
+    """h11 quotes the offending bytes as Python reprs (``bytearray(b'GARBAGE')``):
+    show them as quoted text (``'GARBAGE'``), escapes kept."""
+    return _BYTES_REPR.sub(lambda m: f"'{m.group(2)}'", message)
+
+
 def protocol_error(exc: h11.RemoteProtocolError) -> HTTPError:
     """Translate an h11 parse error into the matching ``HTTPError``.
 
@@ -163,7 +173,7 @@ def protocol_error(exc: h11.RemoteProtocolError) -> HTTPError:
     """
     status = exc.error_status_hint
     cls = _BY_STATUS.get(status)
-    message = str(exc) or "malformed HTTP request"
+    message = _without_reprs(str(exc)) or "malformed HTTP request"
     if cls is not None:
         return cls(message)
     return BadRequest(message, status=status if 400 <= status < 600 else 400)

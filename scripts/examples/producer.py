@@ -3,7 +3,8 @@
 cleanly on SIGINT/SIGTERM.
 
     scripts/serve &
-    python scripts/examples/producer.py --count 10000
+    .venv/bin/python scripts/examples/producer.py --count 10000   # the checkout's venv
+    # (scripts/test or scripts/serve creates .venv; any Python with ackbus installed works)
     # meanwhile: kill -9 the broker, start it again — the producer waits, reconnects,
     # resends what was unconfirmed, and every message lands in the queue exactly once.
 
@@ -20,22 +21,27 @@ import logging
 import os
 import sys
 
-import trio
+import anyio
 
 import client
 
 log = logging.getLogger("producer")
 
 
-async def main() -> int:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--url", default=os.environ.get("ACKBUS_URL", client.DEFAULT_URL))
+    parser.add_argument("--backend", choices=["trio", "asyncio"], default="trio",
+                        help="the event loop (the client runs on either)")
     parser.add_argument("--queue", default="jobs")
     parser.add_argument("--count", type=int, default=1000, help="messages to publish (0: until stopped)")
     parser.add_argument("--rate", type=float, default=0, help="messages per second (0: as fast as confirms allow)")
     parser.add_argument("--max-pending", type=int, default=500)
     parser.add_argument("--prefix", default="msg", help="message ids are PREFIX-N")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+async def main(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s producer: %(message)s")
 
     sent = 0
@@ -56,7 +62,7 @@ async def main() -> int:
                         log.info("sent %d, confirmed %d, reconnects %d, resent %d",
                                  sent, stats.confirmed, stats.reconnects, stats.resent)
                     if args.rate:
-                        await trio.sleep(1 / args.rate)
+                        await anyio.sleep(1 / args.rate)
                 log.info("waiting for the last confirms")
                 try:
                     await ch.wait_for_confirms()
@@ -71,4 +77,5 @@ async def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(trio.run(main))
+    arguments = parse_args()
+    sys.exit(anyio.run(main, arguments, backend=arguments.backend))

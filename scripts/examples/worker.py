@@ -3,8 +3,11 @@
 and stop cleanly on SIGINT/SIGTERM.
 
     scripts/serve &                                   # a broker on 127.0.0.1:8080
-    python scripts/examples/producer.py --count 1000  # fill the queue
-    python scripts/examples/worker.py                 # then Ctrl-C (or kill -TERM)
+    .venv/bin/python scripts/examples/producer.py --count 1000  # fill the queue
+    .venv/bin/python scripts/examples/worker.py       # then Ctrl-C (or kill -TERM)
+
+(``.venv`` is the checkout's environment, made by scripts/test or scripts/serve; any
+Python with ackbus installed works. ``--backend asyncio`` runs it on asyncio.)
 
 What it shows:
 
@@ -27,7 +30,7 @@ import logging
 import os
 import sys
 
-import trio
+import anyio
 
 import client
 
@@ -36,18 +39,23 @@ log = logging.getLogger("worker")
 
 async def handle(msg: client.Message, work_s: float) -> None:
     """The work: here, just take a while."""
-    await trio.sleep(work_s)
+    await anyio.sleep(work_s)
 
 
-async def main() -> int:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--url", default=os.environ.get("ACKBUS_URL", client.DEFAULT_URL))
+    parser.add_argument("--backend", choices=["trio", "asyncio"], default="trio",
+                        help="the event loop (the client runs on either)")
     parser.add_argument("--queue", default="jobs")
     parser.add_argument("--prefetch", type=int, default=10)
     parser.add_argument("--work-ms", type=float, default=50.0, help="time each message takes")
     parser.add_argument("--journal", help="append 'handled ID' / 'acked ID' lines to this file")
     parser.add_argument("--grace-s", type=float, default=30.0, help="abort if stopping takes longer")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+async def main(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s worker: %(message)s")
     journal = open(args.journal, "a", buffering=1) if args.journal else None
 
@@ -82,4 +90,5 @@ async def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(trio.run(main))
+    arguments = parse_args()
+    sys.exit(anyio.run(main, arguments, backend=arguments.backend))

@@ -9,10 +9,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
+import anyio.abc
 import pytest
 import trio
 
-from client.transport import Endpoint
+from client.transport import Endpoint, receive_some
 from tests.client.fakebroker import open_fake_broker
 from tests.support.app import open_memory_broker
 from tests.support.channel import ChannelClient, open_channel
@@ -30,13 +31,33 @@ async def _real() -> AsyncIterator[OpenStream]:
         yield connect
 
 
+class _TrioFace(trio.abc.Stream):
+    """The fake broker's (anyio) byte stream with the trio stream methods the channel
+    test client calls."""
+
+    def __init__(self, stream: anyio.abc.ByteStream) -> None:
+        self._stream = stream
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        await self._stream.send(bytes(data))
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await trio.lowlevel.checkpoint()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        return await receive_some(self._stream, max_bytes or 65536)
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
+
+
 @asynccontextmanager
 async def _fake() -> AsyncIterator[OpenStream]:
     async with open_fake_broker() as fake:
         endpoint = Endpoint.parse("http://fake.invalid:8080")
 
         async def connect() -> trio.abc.Stream:
-            return await fake.open_stream(endpoint)
+            return _TrioFace(await fake.open_stream(endpoint))
 
         yield connect
 

@@ -291,6 +291,18 @@ async def test_return_precedes_ack_even_when_confirmed_alone(app: BrokerApp, cli
         await ch.expect("ack", delivery_tag=i)
 
 
+async def test_events_keep_the_order_of_the_publishes_that_caused_them(app: BrokerApp, clients: Clients) -> None:
+    """A nack of tag 1 (no such exchange) comes before the return of tag 2 (mandatory,
+    unroutable), as before its ack: events follow operation order."""
+    ch = await clients.channel()
+    await ch.send(
+        {"op": "publish", "exchange": "missing", "routing_key": "k", "body": "1"},
+        {"op": "publish", "routing_key": "nowhere", "body": "2", "mandatory": True},
+    )
+    events = await ch.events_until(lambda e: e["ev"] == "ack" and e["delivery_tag"] >= 2)
+    assert [(e["ev"], e["delivery_tag"]) for e in events] == [("nack", 1), ("return", 2), ("ack", 2)]
+
+
 async def test_nack_reasons(app: BrokerApp, clients: Clients) -> None:
     ch = await clients.channel()
     await ch.ok({"op": "declare_queue", "queue": "full", "arguments": {"x-max-length": 1, "x-overflow": "reject-publish"}})

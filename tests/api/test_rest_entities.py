@@ -227,6 +227,23 @@ async def test_declare_queue_then_redeclare(client: HTTPClient) -> None:
 @pytest.mark.parametrize(
     "body",
     [
+        {"exclusive": True, "arguments": {"x-max-length": 10}},
+        {"arguments": {"x-max-length": 10, "x-overflow": "bogus"}},
+        {"arguments": {"x-max-length": 10, "x-unknown": 1}},
+    ],
+)
+async def test_an_invalid_redeclaration_is_400_like_a_new_one(client: HTTPClient, body: dict[str, Any]) -> None:
+    """Validated before compared: the same 400 whether the queue exists or not."""
+    fresh = await client.put("/queues/fresh", json=body)
+    assert fresh.status == 400, fresh.json()
+    await client.put("/queues/jobs", json={"arguments": {"x-max-length": 10}})
+    again = await client.put("/queues/jobs", json=body)
+    assert again.status == 400 and again.json()["error"] == fresh.json()["error"], again.json()
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
         {"durable": "true"},
         {"exclusive": True},  # exclusive queues belong to a channel
         {"arguments": {"x-max-length": -1}},

@@ -100,6 +100,7 @@ async def test_malformed_http_gets_a_json_error_and_a_close(
     reply = await raw.read_response()
     assert reply.status == status
     assert reply.json()["error"]
+    assert "b'" not in reply.json()["message"] and "bytearray" not in reply.json()["message"]  # no reprs
     assert reply.headers["connection"] == "close"
     assert await raw.at_eof()
     await raw.aclose()

@@ -1,5 +1,5 @@
 """An in-process fake broker for client tests: the channel protocol (docs/protocol.md)
-and the REST calls the client uses, over ``trio.testing`` memory streams.
+and the REST calls the client uses, over in-memory byte streams (trio or asyncio, through anyio).
 
 Written independently of the client's codec (plain orjson/base64 here) so the two
 check each other. It keeps state in memory and models what matters to the client:
@@ -19,19 +19,22 @@ from __future__ import annotations
 
 import base64
 import itertools
+import socket
 import urllib.parse
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import anyio
+import anyio.abc
+import anyio.lowlevel
 import h11
 import orjson
-import trio
-import trio.testing
 from sortedcontainers import SortedList
 
-from client.transport import Endpoint
+from client.transport import Endpoint, receive_some
+from tests.support.memstream import memory_stream_pair
 
 
 @dataclass
@@ -85,7 +88,7 @@ class FakeChannel:
         self.consumers: dict[str, FakeConsumer] = {}
         self.unacked: dict[int, tuple[str, FakeMessage, str]] = {}
         self.outbox: list[bytes] = []
-        self.wake = trio.Event()
+        self.wake = anyio.Event()
         self.dead = False
         self.closing = False
         self.pending_ack: int | None = None
@@ -105,14 +108,14 @@ class FakeChannel:
 
 
 class FakeBroker:
-    def __init__(self, nursery: trio.Nursery) -> None:
+    def __init__(self, nursery: anyio.abc.TaskGroup) -> None:
         self._nursery = nursery
         self.queues: dict[str, FakeQueue] = {}
         self.exchanges: dict[str, str] = {"": "direct", "amq.direct": "direct", "amq.fanout": "fanout"}
         self.bindings: list[tuple[str, str, str]] = []  # exchange, queue, routing_key
         self.seen_ids: set[str] = set()
         self.channels: dict[int, FakeChannel] = {}
-        self._scopes: set[trio.CancelScope] = set()
+        self._scopes: set[anyio.CancelScope] = set()
         self._seq = itertools.count(1)
         self._cid = itertools.count(1)
         self._leases: dict[str, tuple[str, FakeMessage]] = {}
@@ -129,7 +132,7 @@ class FakeBroker:
         self.refuse = False
         self.echo_error_ids = True
         # Connect over a socket pair instead of memory streams: the client then sees a
-        # trio.SocketStream, which it may write to directly (client/session.py).
+        # socket stream, which it may write to directly (client/session.py).
         self.socket_streams = False
         # observations
         self.publishes = 0
@@ -140,54 +143,55 @@ class FakeBroker:
         self.acked_ids: list[str | None] = []
         self.ops_seen: list[dict[str, Any]] = []
         #: The client's end of each socket pair (with ``socket_streams``).
-        self.client_sockets: list[trio.socket.SocketType] = []
+        self.client_sockets: list[socket.socket] = []
 
     # --- connections ------------------------------------------------------------------
 
-    async def open_stream(self, endpoint: Endpoint) -> trio.abc.Stream:
-        await trio.lowlevel.checkpoint()
+    async def open_stream(self, endpoint: Endpoint) -> anyio.abc.ByteStream:
+        await anyio.lowlevel.checkpoint()
         self.attempts += 1
-        if self.refuse or trio.current_time() < self.refuse_until:
+        if self.refuse or anyio.current_time() < self.refuse_until:
             raise ConnectionRefusedError(111, "Connection refused (fake)")
         self.connects += 1
-        client_side: trio.abc.Stream
-        server_side: trio.abc.Stream
+        client_side: anyio.abc.ByteStream
+        server_side: anyio.abc.ByteStream
         if self.socket_streams:
-            client_sock, server_sock = trio.socket.socketpair()
+            client_sock, server_sock = socket.socketpair()
             self.client_sockets.append(client_sock)
-            client_side, server_side = trio.SocketStream(client_sock), trio.SocketStream(server_sock)
+            client_side = await anyio.abc.UNIXSocketStream.from_socket(client_sock)
+            server_side = await anyio.abc.UNIXSocketStream.from_socket(server_sock)
         else:
-            client_side, server_side = trio.testing.memory_stream_pair()
+            client_side, server_side = memory_stream_pair()
         self._nursery.start_soon(self._serve_connection, server_side)
         return client_side
 
     def crash(self, down_s: float = 0.0) -> None:
         """Drop every connection at once; refuse new ones for ``down_s``."""
-        self.refuse_until = trio.current_time() + down_s
+        self.refuse_until = anyio.current_time() + down_s
         for ch in list(self.channels.values()):
             ch.dead = True
         for scope in list(self._scopes):
             scope.cancel()
 
-    async def _serve_connection(self, stream: trio.abc.Stream) -> None:
-        with trio.CancelScope() as scope:
+    async def _serve_connection(self, stream: anyio.abc.ByteStream) -> None:
+        with anyio.CancelScope() as scope:
             self._scopes.add(scope)
             try:
                 await self._http_loop(stream)
-            except* (trio.BrokenResourceError, trio.ClosedResourceError, h11.ProtocolError):
+            except* (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError, h11.ProtocolError):
                 pass
             finally:
                 self._scopes.discard(scope)
-                await trio.aclose_forcefully(stream)
+                await anyio.aclose_forcefully(stream)
 
-    async def _next_event(self, stream: trio.abc.Stream, conn: h11.Connection) -> Any:
+    async def _next_event(self, stream: anyio.abc.ByteStream, conn: h11.Connection) -> Any:
         while True:
             ev = conn.next_event()
             if ev is not h11.NEED_DATA:
                 return ev
-            conn.receive_data(await stream.receive_some(65536))
+            conn.receive_data(await receive_some(stream, 65536))
 
-    async def _http_loop(self, stream: trio.abc.Stream) -> None:
+    async def _http_loop(self, stream: anyio.abc.ByteStream) -> None:
         conn = h11.Connection(h11.SERVER)
         while True:
             req = await self._next_event(stream, conn)
@@ -210,26 +214,26 @@ class FakeBroker:
             out = conn.send(h11.Response(status_code=status, headers=[
                 ("Content-Type", "application/json"), ("Content-Length", str(len(body)))]))
             out += conn.send(h11.Data(data=body)) + conn.send(h11.EndOfMessage())
-            await stream.send_all(out)
+            await stream.send(out)
             conn.start_next_cycle()
 
     # --- channels ---------------------------------------------------------------------
 
-    async def _serve_channel(self, stream: trio.abc.Stream, conn: h11.Connection) -> None:
+    async def _serve_channel(self, stream: anyio.abc.ByteStream, conn: h11.Connection) -> None:
         if self.channel_status != 200:
             body = orjson.dumps({"error": "unavailable", "message": "fake says no"})
             out = conn.send(h11.Response(status_code=self.channel_status, headers=[
                 ("Content-Length", str(len(body)))]))
-            await stream.send_all(out + conn.send(h11.Data(data=body)) + conn.send(h11.EndOfMessage()))
+            await stream.send(out + conn.send(h11.Data(data=body)) + conn.send(h11.EndOfMessage()))
             return
         ch = FakeChannel(self, next(self._cid))
         self.channels[ch.id] = ch
         self.channels_opened += 1
-        await stream.send_all(conn.send(h11.Response(status_code=200, headers=[
+        await stream.send(conn.send(h11.Response(status_code=200, headers=[
             ("Content-Type", "application/x-ndjson"), ("Transfer-Encoding", "chunked")])))
         ch.send({"ev": "open", "channel": str(ch.id), "server": "fake"})
         try:
-            async with trio.open_nursery() as nursery:
+            async with anyio.create_task_group() as nursery:
                 nursery.start_soon(self._channel_writer, stream, conn, ch)
                 buf = b""
                 while not ch.dead and not ch.closing:
@@ -249,18 +253,18 @@ class FakeBroker:
         finally:
             self._end_channel(ch)
 
-    async def _channel_writer(self, stream: trio.abc.Stream, conn: h11.Connection, ch: FakeChannel) -> None:
+    async def _channel_writer(self, stream: anyio.abc.ByteStream, conn: h11.Connection, ch: FakeChannel) -> None:
         while True:
             if ch.dead:
                 return
             if ch.outbox:
                 data, ch.outbox = b"".join(ch.outbox), []
-                await stream.send_all(conn.send(h11.Data(data=data)))
+                await stream.send(conn.send(h11.Data(data=data)))
                 continue
             if ch.closing:
-                await stream.send_all(conn.send(h11.EndOfMessage()))
+                await stream.send(conn.send(h11.EndOfMessage()))
                 return
-            ch.wake = trio.Event()
+            ch.wake = anyio.Event()
             await ch.wake.wait()
 
     def _end_channel(self, ch: FakeChannel) -> None:
@@ -620,7 +624,7 @@ class FakeBroker:
 
 @asynccontextmanager
 async def open_fake_broker() -> AsyncIterator[FakeBroker]:
-    async with trio.open_nursery() as nursery:
+    async with anyio.create_task_group() as nursery:
         broker = FakeBroker(nursery)
         try:
             yield broker

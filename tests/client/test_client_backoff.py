@@ -20,7 +20,7 @@ def test_full_jitter_ceiling_grows_exponentially_up_to_the_cap() -> None:
 @settings(deadline=None)  # a loaded CI machine must not fail a pure test
 @given(st.lists(st.floats(min_value=0, max_value=0.999999), min_size=1, max_size=80))
 def test_delays_stay_within_zero_and_the_ceiling(rolls: list[float]) -> None:
-    policy = ReconnectPolicy(initial_delay_s=0.05, max_delay_s=5.0)
+    policy = ReconnectPolicy(initial_delay_s=0.05, max_delay_s=5.0, first_connect_give_up_after_s=None)
     it = iter(rolls)
     backoff = Backoff(policy, random=lambda: next(it))
     for attempt in range(len(rolls)):
@@ -70,3 +70,14 @@ def test_huge_attempt_counts_do_not_overflow() -> None:
 def test_policy_validation(kwargs: dict) -> None:
     with pytest.raises(ValueError):
         ReconnectPolicy(**kwargs)
+
+
+def test_the_first_connect_gives_up_by_default_a_later_outage_does_not() -> None:
+    backoff = Backoff(ReconnectPolicy(), random=lambda: 1.0)
+    assert backoff.next_delay(0.0) is not None
+    assert backoff.deadline() == 30.0  # first_connect_give_up_after_s
+    assert backoff.next_delay(30.0) is None
+    backoff.reset()  # a connection was healthy once
+    assert backoff.next_delay(100.0) is not None
+    assert backoff.deadline() is None  # give_up_after_s=None: retries forever
+    assert backoff.next_delay(10_000.0) is not None

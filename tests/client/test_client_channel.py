@@ -3,9 +3,9 @@ pending window, declarations, consumers and settling."""
 
 from __future__ import annotations
 
+import anyio
 import pytest
-import trio
-import trio.testing
+from trio.testing import MockClock
 
 import client
 from client import (
@@ -19,6 +19,8 @@ from client import (
     SomePublishesFailed,
 )
 from tests.client.fakebroker import FakeBroker
+
+pytestmark = pytest.mark.anyio
 
 
 async def test_publish_returns_once_confirmed(fake: FakeBroker, conn: client.Connection) -> None:
@@ -65,7 +67,7 @@ async def test_unroutable_mandatory_publish_is_returned(fake: FakeBroker, conn: 
 
 
 async def test_publish_refused_by_a_channel_error_does_not_stop_the_others(
-    fake: FakeBroker, conn: client.Connection, autojump_clock: trio.testing.MockClock
+    fake: FakeBroker, conn: client.Connection, autojump_clock: MockClock
 ) -> None:
     async with conn.channel() as ch:
         await ch.declare_queue("q")
@@ -115,9 +117,9 @@ async def test_publish_nowait_raises_wouldblock_when_the_window_is_full(
     async with conn.channel(max_pending=3) as ch:
         await ch.declare_queue("q")
         handles = [ch.publish_nowait("", "q", b"x") for _ in range(3)]
-        with pytest.raises(trio.WouldBlock):
+        with pytest.raises(anyio.WouldBlock):
             ch.publish_nowait("", "q", b"x")
-        await trio.testing.wait_all_tasks_blocked()
+        await anyio.wait_all_tasks_blocked()
         fake.release_confirms()
         for h in handles:
             assert await h == h.message_id
@@ -126,7 +128,7 @@ async def test_publish_nowait_raises_wouldblock_when_the_window_is_full(
 
 
 async def test_publish_waits_for_room_then_times_out(
-    fake: FakeBroker, conn: client.Connection, autojump_clock: trio.testing.MockClock
+    fake: FakeBroker, conn: client.Connection, autojump_clock: MockClock
 ) -> None:
     fake.hold_confirms = True
     async with conn.channel(max_pending=1, close_timeout_s=1) as ch:
@@ -149,14 +151,14 @@ async def test_publish_waits_for_room_then_times_out(
 
 
 async def test_a_cancelled_publish_without_timeout_stays_pending(
-    fake: FakeBroker, conn: client.Connection, autojump_clock: trio.testing.MockClock
+    fake: FakeBroker, conn: client.Connection, autojump_clock: MockClock
 ) -> None:
     """``publish`` without ``timeout_s`` runs without a cancel scope of its own; a
     cancellation from outside still leaves the sent message pending, as with one."""
     fake.hold_confirms = True
     async with conn.channel() as ch:
         await ch.declare_queue("q")
-        with trio.move_on_after(5) as scope:
+        with anyio.move_on_after(5) as scope:
             await ch.publish("", "q", b"1")
         assert scope.cancelled_caught
         assert ch.statistics().pending_publishes == 1
@@ -179,15 +181,15 @@ async def test_backpressure_blocks_a_publisher_until_confirms_arrive(
                 await ch.start_publish("", "q", b"x")
                 done.append(i)
 
-        async with trio.open_nursery() as nursery:
+        async with anyio.create_task_group() as nursery:
             nursery.start_soon(producer)
-            await trio.testing.wait_all_tasks_blocked()
+            await anyio.wait_all_tasks_blocked()
             assert done == [0, 1]
             fake.release_confirms()
-            await trio.testing.wait_all_tasks_blocked()
+            await anyio.wait_all_tasks_blocked()
             assert done == [0, 1, 2, 3]
             fake.release_confirms()
-        await trio.testing.wait_all_tasks_blocked()
+        await anyio.wait_all_tasks_blocked()
         fake.release_confirms()
 
 
@@ -196,22 +198,22 @@ async def test_byte_window(fake: FakeBroker, conn: client.Connection) -> None:
     async with conn.channel(max_pending_bytes=1000) as ch:
         await ch.declare_queue("q")
         ch.publish_nowait("", "q", b"x" * 2000)  # fits: nothing pending
-        with pytest.raises(trio.WouldBlock):
+        with pytest.raises(anyio.WouldBlock):
             ch.publish_nowait("", "q", b"x")
-        await trio.testing.wait_all_tasks_blocked()
+        await anyio.wait_all_tasks_blocked()
         fake.release_confirms()
         await ch.wait_for_confirms()
         ch.publish_nowait("", "q", b"x" * 500)  # about 610 bytes on the wire
-        with pytest.raises(trio.WouldBlock):
+        with pytest.raises(anyio.WouldBlock):
             ch.publish_nowait("", "q", b"x" * 500)
         ch.publish_nowait("", "q", b"x" * 200)
         fake.hold_confirms = False
-        await trio.testing.wait_all_tasks_blocked()
+        await anyio.wait_all_tasks_blocked()
         fake.release_confirms()
 
 
 async def test_declare_error_raises_and_the_channel_recovers(
-    fake: FakeBroker, conn: client.Connection, autojump_clock: trio.testing.MockClock
+    fake: FakeBroker, conn: client.Connection, autojump_clock: MockClock
 ) -> None:
     async with conn.channel() as ch:
         await ch.declare_exchange("x", "fanout")
@@ -272,7 +274,7 @@ async def test_settling_twice_raises_and_sends_nothing(fake: FakeBroker, conn: c
                 await msg.ack()
             with pytest.raises(MessageAlreadySettled):
                 await msg.nack()
-        await trio.testing.wait_all_tasks_blocked()
+        await anyio.wait_all_tasks_blocked()
         assert fake.acked_ids == [msg.message_id]
         assert fake.channels_opened == 1  # no channel error from a double ack
 
@@ -284,11 +286,11 @@ async def test_prefetch_bounds_unacked_deliveries(fake: FakeBroker, conn: client
             ch.publish_nowait("", "q", b"x")
         await ch.wait_for_confirms()
         async with ch.consume("q", prefetch=3) as messages:
-            await trio.testing.wait_all_tasks_blocked()
+            await anyio.wait_all_tasks_blocked()
             assert messages.buffered == 3
             msg = await messages.receive()
             await msg.ack()
-            await trio.testing.wait_all_tasks_blocked()
+            await anyio.wait_all_tasks_blocked()
             assert messages.buffered == 3
 
 
@@ -314,7 +316,7 @@ async def test_leaving_consume_requeues_buffered_messages_in_order(
         await ch.wait_for_confirms()
         async with ch.consume("q", prefetch=5) as messages:
             first = await messages.receive()
-            await trio.testing.wait_all_tasks_blocked()
+            await anyio.wait_all_tasks_blocked()
             assert messages.buffered == 4
         # first was handed out and not settled: still unacked on the channel
         assert fake.bodies("q") == [b"1", b"2", b"3", b"4"]
@@ -351,7 +353,7 @@ async def test_broker_cancel_ends_the_stream_with_consumer_cancelled(
         await ch.declare_queue("q")
         await ch.publish("", "q", b"x")
         async with ch.consume("q") as messages:
-            await trio.testing.wait_all_tasks_blocked()
+            await anyio.wait_all_tasks_blocked()
             fake.cancel_consumers_of("q")
             msg = await messages.receive()  # buffered messages first
             await msg.ack()
@@ -361,7 +363,7 @@ async def test_broker_cancel_ends_the_stream_with_consumer_cancelled(
 
 
 async def test_consume_unknown_queue_raises(
-    fake: FakeBroker, conn: client.Connection, autojump_clock: trio.testing.MockClock
+    fake: FakeBroker, conn: client.Connection, autojump_clock: MockClock
 ) -> None:
     async with conn.channel() as ch:
         with pytest.raises(ChannelClosedByBroker):
@@ -379,21 +381,21 @@ async def test_expired_delivery_is_not_acked(fake: FakeBroker, conn: client.Conn
             msg = await messages.receive()
             (fch,) = fake.channels.values()
             fch.send({"ev": "expired", "consumer_tag": msg.consumer_tag, "delivery_tag": msg.delivery_tag})
-            await trio.testing.wait_all_tasks_blocked()
+            await anyio.wait_all_tasks_blocked()
             assert await msg.ack() is False
-        await trio.testing.wait_all_tasks_blocked()
+        await anyio.wait_all_tasks_blocked()
         assert fake.acked_ids == [] and fake.channels_opened == 1
 
 
 async def test_close_waits_for_pending_confirms(fake: FakeBroker, conn: client.Connection) -> None:
     fake.hold_confirms = True
-    async with trio.open_nursery() as nursery:
+    async with anyio.create_task_group() as nursery:
         async with conn.channel() as ch:
             await ch.declare_queue("q")
             handle = ch.publish_nowait("", "q", b"x")
 
             async def release_later() -> None:
-                await trio.testing.wait_all_tasks_blocked()
+                await anyio.wait_all_tasks_blocked()
                 assert ch.state == "closing"
                 fake.release_confirms()
 
@@ -405,29 +407,29 @@ async def test_close_waits_for_pending_confirms(fake: FakeBroker, conn: client.C
 
 
 async def test_close_gives_up_on_confirms_after_close_timeout(
-    fake: FakeBroker, conn: client.Connection, autojump_clock: trio.testing.MockClock
+    fake: FakeBroker, conn: client.Connection, autojump_clock: MockClock
 ) -> None:
     fake.hold_confirms = True
     async with conn.channel(close_timeout_s=3) as ch:
         await ch.declare_queue("q")
         handle = ch.publish_nowait("", "q", b"x")
-        start = trio.current_time()
-    assert trio.current_time() - start == pytest.approx(3, abs=0.5)
+        start = anyio.current_time()
+    assert anyio.current_time() - start == pytest.approx(3, abs=0.5)
     with pytest.raises(ClientClosed):
         await handle
 
 
 async def test_an_exception_in_the_block_aborts_without_waiting_and_is_not_wrapped(
-    fake: FakeBroker, conn: client.Connection, autojump_clock: trio.testing.MockClock
+    fake: FakeBroker, conn: client.Connection, autojump_clock: MockClock
 ) -> None:
     fake.hold_confirms = True
-    start = trio.current_time()
+    start = anyio.current_time()
     with pytest.raises(KeyError):
         async with conn.channel(close_timeout_s=30) as ch:
             await ch.declare_queue("q")
             handle = ch.publish_nowait("", "q", b"x")
             raise KeyError("boom")
-    assert trio.current_time() - start < 1
+    assert anyio.current_time() - start < 1
     with pytest.raises(ClientClosed):
         await handle
 

@@ -3,9 +3,10 @@ the duplex exchange that frames both bodies with it after h11 read the heads."""
 
 from __future__ import annotations
 
+import anyio
+import anyio.abc
+import anyio.lowlevel
 import pytest
-import trio
-import trio.testing
 
 from client.chunked import (
     LAST_CHUNK,
@@ -15,7 +16,10 @@ from client.chunked import (
     encode_chunk,
 )
 from client.errors import ConnectionLost, ProtocolError
-from client.transport import DuplexExchange, Endpoint
+from client.transport import DuplexExchange, Endpoint, receive_some
+from tests.support.memstream import memory_stream_pair
+
+pytestmark = pytest.mark.anyio
 
 BODY = b"".join([
     encode_chunk(b'{"ev":"open","channel":"1"}\n'),
@@ -102,23 +106,24 @@ ENDPOINT = Endpoint("http", "broker", 8080)
 
 
 async def open_exchange(
-    nursery: trio.Nursery, answer: list[bytes]
-) -> tuple[DuplexExchange, trio.abc.Stream, list[bytes], trio.Event]:
+    nursery: anyio.abc.TaskGroup, answer: list[bytes]
+) -> tuple[DuplexExchange, anyio.abc.ByteStream, list[bytes], anyio.Event]:
     """A client exchange over a memory stream whose peer sends ``answer`` piece by
     piece (each ``send_all`` a separate read for the client) and records what it got."""
-    client_side, server_side = trio.testing.memory_stream_pair()
+    client_side, server_side = memory_stream_pair()
     received: list[bytes] = []
-    finished = trio.Event()  # the client closed its side and everything was received
+    finished = anyio.Event()  # the client closed its side and everything was received
 
     async def server() -> None:
         try:
             for piece in answer:
-                await server_side.send_all(piece)
-                await trio.testing.wait_all_tasks_blocked()
-            while data := await server_side.receive_some():
+                await server_side.send(piece)
+                for _ in range(3):  # let the client read it (asyncio's
+                    await anyio.lowlevel.checkpoint()  # wait_all_tasks_blocked polls at 10 Hz)
+            while data := await receive_some(server_side):
                 received.append(data)
             finished.set()
-        except (trio.ClosedResourceError, trio.BrokenResourceError):
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
             pass
 
     nursery.start_soon(server)
@@ -137,14 +142,14 @@ HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\nTransfer-Encod
 
 
 async def test_the_response_body_is_decoded_from_bytes_that_came_with_the_head() -> None:
-    async with trio.open_nursery() as nursery:
+    async with anyio.create_task_group() as nursery:
         exchange, _, _, _ = await open_exchange(nursery, [HEAD + BODY[:40], BODY[40:]])
         assert await read_all(exchange) == PAYLOAD
         nursery.cancel_scope.cancel()
 
 
 async def test_the_response_body_arriving_byte_by_byte() -> None:
-    async with trio.open_nursery() as nursery:
+    async with anyio.create_task_group() as nursery:
         exchange, _, _, _ = await open_exchange(nursery, [HEAD] + [BODY[i:i + 1] for i in range(len(BODY))])
         assert await read_all(exchange) == PAYLOAD
         nursery.cancel_scope.cancel()
@@ -152,14 +157,14 @@ async def test_the_response_body_arriving_byte_by_byte() -> None:
 
 async def test_a_response_that_is_not_chunked_is_read_through_h11() -> None:
     head = b"HTTP/1.1 200 OK\r\nContent-Length: 11\r\n\r\n"
-    async with trio.open_nursery() as nursery:
+    async with anyio.create_task_group() as nursery:
         exchange, _, _, _ = await open_exchange(nursery, [head + b"hello", b" world"])
         assert await read_all(exchange) == b"hello world"
         nursery.cancel_scope.cancel()
 
 
 async def test_a_body_cut_short_is_connection_lost() -> None:
-    async with trio.open_nursery() as nursery:
+    async with anyio.create_task_group() as nursery:
         exchange, server_side, _, _ = await open_exchange(nursery, [HEAD + encode_chunk(b"a\n")])
         assert await exchange.receive_some() == b"a\n"
         await server_side.aclose()
@@ -169,7 +174,7 @@ async def test_a_body_cut_short_is_connection_lost() -> None:
 
 
 async def test_malformed_framing_in_the_response_is_a_protocol_error() -> None:
-    async with trio.open_nursery() as nursery:
+    async with anyio.create_task_group() as nursery:
         exchange, _, _, _ = await open_exchange(nursery, [HEAD + b"2\r\nabXY"])
         with pytest.raises(ProtocolError):
             await exchange.receive_some()
@@ -177,7 +182,7 @@ async def test_malformed_framing_in_the_response_is_a_protocol_error() -> None:
 
 
 async def test_the_request_body_is_chunked_and_ended() -> None:
-    async with trio.open_nursery() as nursery:
+    async with anyio.create_task_group() as nursery:
         exchange, _, received, finished = await open_exchange(nursery, [HEAD + LAST_CHUNK])
         await exchange.send(b'{"op":"close"}\n')
         await exchange.send(b"")  # nothing: an empty chunk would end the body

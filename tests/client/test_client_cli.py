@@ -8,12 +8,13 @@ import sys
 
 import orjson
 import pytest
-import trio
-import trio.testing
+from trio.testing import MockClock
 
 import client
 from client.__main__ import run
 from tests.client.fakebroker import FakeBroker
+
+pytestmark = pytest.mark.anyio
 
 
 class Result:
@@ -78,20 +79,32 @@ async def test_publish_failures_exit_4(cli, fake: FakeBroker) -> None:  # type: 
 
 
 async def test_consume_prints_then_acks(
-    cli, fake: FakeBroker, conn: client.Connection, autojump_clock: trio.testing.MockClock  # type: ignore[no-untyped-def]
+    cli, fake: FakeBroker, conn: client.Connection, autojump_clock: MockClock  # type: ignore[no-untyped-def]
 ) -> None:
     async with conn.channel() as ch:
         await ch.declare_queue("q")
         for body in (b"a", b"b", b"c", b"d"):
             await ch.publish("", "q", body)
-    r = await cli("consume", "q", "--count", "3")
+    r = await cli("consume", "q", "--count", "3", "--progress")
     assert (r.status, r.out) == (0, "a\nb\nc\n")
+    assert "consumed 3 (" in r.err
     assert fake.bodies("q") == [b"d"] and fake.acked_ids and len(fake.acked_ids) == 3
+    # -n 3 bounds the prefetch (a 4th delivered meanwhile went back to the queue)
+    assert [op["prefetch"] for op in fake.ops_seen if op["op"] == "consume"] == [3]
     r = await cli("consume", "q", "--count", "5", "--wait", "5", "--format", "json")
     assert r.status == 5
     assert [orjson.loads(line)["body"] for line in r.out.splitlines()] == ["d"]
     r = await cli("consume", "q", "--wait", "1")
     assert (r.status, r.out) == (0, "")
+
+
+async def test_declare_bind_and_delete_say_what_they_did(cli, fake: FakeBroker) -> None:  # type: ignore[no-untyped-def]
+    r = await cli("declare", "queue", "jobs")
+    assert (r.status, r.out) == (0, "declared queue jobs\n")
+    r = await cli("declare", "exchange", "ev", "--type", "fanout")
+    assert (r.status, r.out) == (0, "declared exchange ev\n")
+    r = await cli("bind", "ev", "jobs", "-k", "a.b")
+    assert (r.status, r.out) == (0, "bound queue jobs to exchange ev (routing key 'a.b')\n")
 
 
 async def test_queues_table_and_json(cli, fake: FakeBroker) -> None:  # type: ignore[no-untyped-def]

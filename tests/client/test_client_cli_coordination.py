@@ -13,7 +13,7 @@ import pytest
 import trio
 
 from client.__main__ import run
-from tests.support.app import MemoryBroker, open_memory_broker
+from tests.support.app import MemoryBroker, TrioByteStream, open_memory_broker
 
 
 @pytest.fixture
@@ -25,8 +25,8 @@ async def mb() -> AsyncIterator[MemoryBroker]:
 async def cli(mb: MemoryBroker, *argv: str) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
 
-    async def open_stream(endpoint: object) -> trio.abc.Stream:
-        return mb.connect()
+    async def open_stream(endpoint: object) -> TrioByteStream:
+        return mb.connect_client()
 
     status = await run(list(argv), stdout=out, stderr=err, open_stream=open_stream, handle_signals=False)
     return status, out.getvalue(), err.getvalue()

@@ -10,14 +10,17 @@ import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import anyio
 import pytest
-import trio
-import trio.testing
 
 import client
 from client.consumer import YIELD_EVERY, MessageStream
 from client.transport import DuplexExchange
 from tests.client.fakebroker import FakeBroker
+
+# Direct writes happen under trio only (client/transport.py: asyncio's transports
+# buffer writes themselves, so a direct write could overtake them).
+pytestmark = [pytest.mark.anyio, pytest.mark.parametrize("anyio_backend", ["trio"])]
 
 
 class Writes:
@@ -54,7 +57,7 @@ async def socket_channel(fake: FakeBroker, **settings: int) -> AsyncIterator[cli
     async with client.connect("http://fake.invalid:8080", open_stream=fake.open_stream) as conn:
         async with conn.channel(**settings) as ch:
             await ch.declare_queue("q")
-            await trio.testing.wait_all_tasks_blocked()
+            await anyio.wait_all_tasks_blocked()
             yield ch
 
 
@@ -123,7 +126,7 @@ async def test_a_broken_socket_found_by_a_direct_write_ends_the_session_and_the_
         fake.client_sockets[-1].shutdown(socket.SHUT_WR)  # the next write fails (EPIPE)
         handle = ch.publish_nowait("", "q", b"again")
         assert writes.publishes() == [("direct", 1)]
-        with trio.fail_after(30):
+        with anyio.fail_after(30):
             await handle
         stats = ch.statistics()
         assert (stats.reconnects, stats.resent) == (1, 1)
@@ -154,7 +157,7 @@ async def test_the_reader_lets_a_consumer_run_before_it_reads_again(
                 order.append("consumer")
                 await message.ack()
                 break
-            await trio.testing.wait_all_tasks_blocked()
+            await anyio.wait_all_tasks_blocked()
     # the consumer got its message before the reader read again
     after = order.index("delivered")
     assert order[after:after + 3] == ["delivered", "consumer", "read"]
@@ -167,7 +170,7 @@ async def one_delivery(fake: FakeBroker) -> AsyncIterator[tuple[client.Channel, 
         await ch.publish("", "q", b"m")
         async with ch.consume("q") as messages:
             async for message in messages:
-                await trio.testing.wait_all_tasks_blocked()
+                await anyio.wait_all_tasks_blocked()
                 yield ch, message
                 break
 
@@ -191,7 +194,7 @@ async def test_settling_ops_are_never_written_directly(
     async with one_delivery(fake) as (_ch, message):
         writes = Writes(monkeypatch)
         await message.ack()
-        await trio.testing.wait_all_tasks_blocked()
+        await anyio.wait_all_tasks_blocked()
         assert [how for how, _ in writes.log] == ["writer"]
 
 
@@ -209,12 +212,12 @@ async def test_a_publish_that_waited_for_room_is_not_written_directly(
             for i in range(12):
                 await ch.start_publish("", "q", b"%d" % i)
 
-        async with trio.open_nursery() as nursery:
+        async with anyio.create_task_group() as nursery:
             nursery.start_soon(loop)
             for _ in range(2):
-                await trio.testing.wait_all_tasks_blocked()
+                await anyio.wait_all_tasks_blocked()
                 fake.release_confirms()  # the whole window at once
-            await trio.testing.wait_all_tasks_blocked()
+            await anyio.wait_all_tasks_blocked()
         fake.hold_confirms = False
         fake.release_confirms()
         await ch.wait_for_confirms()

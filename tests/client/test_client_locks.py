@@ -12,7 +12,7 @@ import trio
 import trio.testing
 
 import client
-from tests.support.app import MemoryBroker, open_memory_broker
+from tests.support.app import MemoryBroker, TrioByteStream, open_memory_broker
 
 
 @pytest.fixture
@@ -27,19 +27,19 @@ class Opener:
     def __init__(self, mb: MemoryBroker) -> None:
         self.mb = mb
         self.down = False
-        self.streams: list[trio.abc.Stream] = []
+        self.streams: list[TrioByteStream] = []
 
-    async def __call__(self, endpoint: object) -> trio.abc.Stream:
+    async def __call__(self, endpoint: object) -> TrioByteStream:
         if self.down:
             raise OSError("connection refused")
-        stream = self.mb.connect()
+        stream = self.mb.connect_client()
         self.streams.append(stream)
         return stream
 
     async def go_down(self) -> None:
         self.down = True
         for stream in self.streams:
-            await trio.aclose_forcefully(stream)
+            await trio.aclose_forcefully(stream.stream)
 
 
 def connect(opener: Opener):  # type: ignore[no-untyped-def]

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import random
 
+import anyio
 import pytest
-import trio
-import trio.testing
+from trio.testing import MockClock
 
 import client
 from client import (
@@ -17,6 +17,8 @@ from client import (
     ReconnectPolicy,
 )
 from tests.client.fakebroker import FakeBroker
+
+pytestmark = pytest.mark.anyio
 
 FAST = ReconnectPolicy(initial_delay_s=0.05, max_delay_s=1.0)
 
@@ -28,12 +30,13 @@ async def _chaos(fake: FakeBroker, rng: random.Random, crashes: int, stores: boo
         fake.crash_down_s = rng.choice([0.0, 0.5, 3.0])
         fake.crash_after_publishes = fake.publishes + rng.randint(1, 400)
         while fake.crash_after_publishes is not None:
-            await trio.sleep(0.01)
+            await anyio.sleep(0.01)
 
 
+@pytest.mark.real_time
 @pytest.mark.parametrize("seed", range(6))
 async def test_pipelined_producer_across_crashes_is_exactly_once_in_order(
-    fake: FakeBroker, conn: client.Connection, autojump_clock: trio.testing.MockClock, seed: int
+    fake: FakeBroker, conn: client.Connection, autojump_clock: MockClock, seed: int
 ) -> None:
     rng = random.Random(seed)
     fake.ack_mode = rng.choice(["each", "batch"])
@@ -41,7 +44,7 @@ async def test_pipelined_producer_across_crashes_is_exactly_once_in_order(
     async with conn.channel(max_pending=rng.choice([1, 7, 100, 1000]), reconnect=FAST) as ch:
         await ch.declare_queue("q")
         handles = []
-        async with trio.open_nursery() as nursery:
+        async with anyio.create_task_group() as nursery:
             nursery.start_soon(_chaos, fake, rng, 4, None)
             for i in range(n):
                 handles.append(await ch.start_publish("", "q", f"{i}".encode()))
@@ -54,14 +57,15 @@ async def test_pipelined_producer_across_crashes_is_exactly_once_in_order(
         assert stats.reconnects >= 1 and stats.confirmed == n and stats.failed == 0
 
 
+@pytest.mark.real_time
 @pytest.mark.parametrize("stores", [True, False])
 async def test_sequential_publishes_all_return_and_land_once(
-    fake: FakeBroker, conn: client.Connection, autojump_clock: trio.testing.MockClock, stores: bool
+    fake: FakeBroker, conn: client.Connection, autojump_clock: MockClock, stores: bool
 ) -> None:
     rng = random.Random(42)
     async with conn.channel(reconnect=FAST) as ch:
         await ch.declare_queue("q")
-        async with trio.open_nursery() as nursery:
+        async with anyio.create_task_group() as nursery:
             nursery.start_soon(_chaos, fake, rng, 3, stores)
             for i in range(1000):
                 await ch.publish("", "q", f"{i}".encode())
@@ -72,35 +76,35 @@ async def test_sequential_publishes_all_return_and_land_once(
 
 
 async def test_publishes_during_an_outage_wait_and_go_out_after_it(
-    fake: FakeBroker, conn: client.Connection, autojump_clock: trio.testing.MockClock
+    fake: FakeBroker, conn: client.Connection, autojump_clock: MockClock
 ) -> None:
     async with conn.channel(reconnect=FAST) as ch:
         await ch.declare_queue("q")
         await ch.publish("", "q", b"before")
         fake.crash(down_s=30)
-        await trio.testing.wait_all_tasks_blocked()
+        await anyio.wait_all_tasks_blocked()
         assert not ch.connected
-        start = trio.current_time()
+        start = anyio.current_time()
         await ch.publish("", "q", b"during")
-        assert trio.current_time() - start >= 29
+        assert anyio.current_time() - start >= 29
         assert fake.bodies("q") == [b"before", b"during"]
 
 
 async def test_channel_gives_up_after_the_deadline(
-    fake: FakeBroker, conn: client.Connection, autojump_clock: trio.testing.MockClock
+    fake: FakeBroker, conn: client.Connection, autojump_clock: MockClock
 ) -> None:
     policy = ReconnectPolicy(initial_delay_s=0.1, max_delay_s=2, give_up_after_s=20)
     async with conn.channel(reconnect=policy) as ch:
         await ch.declare_queue("q")
         fake.hold_confirms = True
         handle = ch.publish_nowait("", "q", b"x")
-        await trio.testing.wait_all_tasks_blocked()
+        await anyio.wait_all_tasks_blocked()
         fake.refuse = True
         fake.crash()
-        start = trio.current_time()
+        start = anyio.current_time()
         with pytest.raises(ConnectionLost) as info:
             await handle
-        assert 19 <= trio.current_time() - start <= 21
+        assert 19 <= anyio.current_time() - start <= 21
         assert isinstance(info.value.__cause__, ConnectionLost)
         assert isinstance(info.value.__cause__.__cause__, ConnectionRefusedError)
         assert ch.state == "failed"
@@ -111,17 +115,17 @@ async def test_channel_gives_up_after_the_deadline(
 
 
 async def test_first_open_waits_for_the_broker(
-    fake: FakeBroker, conn: client.Connection, autojump_clock: trio.testing.MockClock
+    fake: FakeBroker, conn: client.Connection, autojump_clock: MockClock
 ) -> None:
-    fake.refuse_until = 10.0 + trio.current_time()
+    fake.refuse_until = 10.0 + anyio.current_time()
     async with conn.channel(reconnect=FAST) as ch:
-        assert trio.current_time() >= fake.refuse_until
+        assert anyio.current_time() >= fake.refuse_until
         assert ch.state == "open"
     assert fake.attempts > 5
 
 
 async def test_first_open_gives_up_with_the_cause_chained(
-    fake: FakeBroker, conn: client.Connection, autojump_clock: trio.testing.MockClock
+    fake: FakeBroker, conn: client.Connection, autojump_clock: MockClock
 ) -> None:
     fake.refuse = True
     with pytest.raises(ConnectionLost) as info:
@@ -133,15 +137,15 @@ async def test_first_open_gives_up_with_the_cause_chained(
 
 
 async def test_503_on_channel_open_is_retried(
-    fake: FakeBroker, conn: client.Connection, autojump_clock: trio.testing.MockClock
+    fake: FakeBroker, conn: client.Connection, autojump_clock: MockClock
 ) -> None:
     fake.channel_status = 503
 
     async def recover_later() -> None:
-        await trio.sleep(5)
+        await anyio.sleep(5)
         fake.channel_status = 200
 
-    async with trio.open_nursery() as nursery:
+    async with anyio.create_task_group() as nursery:
         nursery.start_soon(recover_later)
         async with conn.channel(reconnect=FAST) as ch:
             await ch.declare_queue("q")
@@ -154,22 +158,23 @@ async def test_503_on_channel_open_is_retried(
 
 
 async def test_backoff_caps_the_delay_between_attempts(
-    fake: FakeBroker, conn: client.Connection, autojump_clock: trio.testing.MockClock
+    fake: FakeBroker, conn: client.Connection, autojump_clock: MockClock
 ) -> None:
     policy = ReconnectPolicy(initial_delay_s=0.5, max_delay_s=2.0)
     async with conn.channel(reconnect=policy) as ch:
         await ch.declare_queue("q")
         attempts = fake.attempts
         fake.crash(down_s=60)
-        await trio.sleep(60)
+        await anyio.sleep(60)
         during = fake.attempts - attempts
         # full jitter, capped at 2 s: at least 30 attempts in 60 s, and not a busy loop
         assert 30 <= during <= 2000
         await ch.publish("", "q", b"after")
 
 
+@pytest.mark.real_time
 async def test_consumer_keeps_consuming_across_crashes(
-    fake: FakeBroker, conn: client.Connection, autojump_clock: trio.testing.MockClock
+    fake: FakeBroker, conn: client.Connection, autojump_clock: MockClock
 ) -> None:
     n = 500
     seen: list[int] = []
@@ -180,16 +185,16 @@ async def test_consumer_keeps_consuming_across_crashes(
         async def crash_sometimes() -> None:
             rng = random.Random(7)
             for _ in range(5):
-                await trio.sleep(rng.uniform(0.5, 3))
+                await anyio.sleep(rng.uniform(0.5, 3))
                 fake.crash(down_s=rng.choice([0, 1]))
 
-        async with trio.open_nursery() as nursery:
+        async with anyio.create_task_group() as nursery:
             nursery.start_soon(crash_sometimes)
             for i in range(n):
                 await prod.start_publish("", "q", f"{i}".encode())
             async with cons.consume("q", prefetch=20) as messages:
                 async for msg in messages:
-                    await trio.sleep(0.02)  # work
+                    await anyio.sleep(0.02)  # work
                     seen.append(int(msg.body))
                     if not await msg.ack():
                         stale_acks += 1
@@ -203,7 +208,7 @@ async def test_consumer_keeps_consuming_across_crashes(
 
 
 async def test_topology_is_redeclared_after_reconnect(
-    fake: FakeBroker, conn: client.Connection, autojump_clock: trio.testing.MockClock
+    fake: FakeBroker, conn: client.Connection, autojump_clock: MockClock
 ) -> None:
     async with conn.channel(reconnect=FAST) as ch:
         await ch.declare_exchange("events", "direct")
@@ -222,7 +227,7 @@ async def test_topology_is_redeclared_after_reconnect(
 
 
 async def test_a_failing_redeclare_fails_the_channel_instead_of_looping(
-    fake: FakeBroker, conn: client.Connection, autojump_clock: trio.testing.MockClock
+    fake: FakeBroker, conn: client.Connection, autojump_clock: MockClock
 ) -> None:
     async with conn.channel(reconnect=FAST) as ch:
         await ch.declare_exchange("x", "direct")
@@ -236,7 +241,7 @@ async def test_a_failing_redeclare_fails_the_channel_instead_of_looping(
 
 
 async def test_consumers_are_reestablished_with_their_tag(
-    fake: FakeBroker, conn: client.Connection, autojump_clock: trio.testing.MockClock
+    fake: FakeBroker, conn: client.Connection, autojump_clock: MockClock
 ) -> None:
     async with conn.channel(reconnect=FAST) as ch:
         await ch.declare_queue("q")
@@ -251,7 +256,7 @@ async def test_consumers_are_reestablished_with_their_tag(
 
 
 async def test_unacked_message_of_a_dropped_session_is_redelivered_and_old_ack_is_stale(
-    fake: FakeBroker, conn: client.Connection, autojump_clock: trio.testing.MockClock
+    fake: FakeBroker, conn: client.Connection, autojump_clock: MockClock
 ) -> None:
     async with conn.channel(reconnect=FAST) as ch:
         await ch.declare_queue("q")
@@ -259,7 +264,7 @@ async def test_unacked_message_of_a_dropped_session_is_redelivered_and_old_ack_i
         async with ch.consume("q") as messages:
             first = await messages.receive()
             fake.crash()
-            await trio.testing.wait_all_tasks_blocked()
+            await anyio.wait_all_tasks_blocked()
             assert await first.ack() is False  # the session that delivered it is gone
             again = await messages.receive()
             assert again.body == b"job" and again.redelivered
@@ -268,14 +273,14 @@ async def test_unacked_message_of_a_dropped_session_is_redelivered_and_old_ack_i
 
 
 async def test_closing_event_holds_new_publishes_for_the_next_session(
-    fake: FakeBroker, conn: client.Connection, autojump_clock: trio.testing.MockClock
+    fake: FakeBroker, conn: client.Connection, autojump_clock: MockClock
 ) -> None:
     async with conn.channel(reconnect=FAST) as ch:
         await ch.declare_queue("q")
         fake.announce_closing()
-        await trio.testing.wait_all_tasks_blocked()
+        await anyio.wait_all_tasks_blocked()
         handle = ch.publish_nowait("", "q", b"x")
-        await trio.testing.wait_all_tasks_blocked()
+        await anyio.wait_all_tasks_blocked()
         assert fake.publishes == 0
         fake.crash()
         await handle
@@ -283,12 +288,12 @@ async def test_closing_event_holds_new_publishes_for_the_next_session(
 
 
 async def test_a_return_is_remembered_across_a_resend(
-    fake: FakeBroker, conn: client.Connection, autojump_clock: trio.testing.MockClock
+    fake: FakeBroker, conn: client.Connection, autojump_clock: MockClock
 ) -> None:
     async with conn.channel(reconnect=FAST) as ch:
         fake.hold_confirms = True
         handle = ch.publish_nowait("", "nowhere", b"x", mandatory=True)
-        await trio.testing.wait_all_tasks_blocked()
+        await anyio.wait_all_tasks_blocked()
         fake.crash()  # the ack was never sent
         fake.hold_confirms = False
         with pytest.raises(PublishReturned):
@@ -297,7 +302,7 @@ async def test_a_return_is_remembered_across_a_resend(
 
 
 async def test_error_without_id_is_blamed_on_the_oldest_request(
-    fake: FakeBroker, conn: client.Connection, autojump_clock: trio.testing.MockClock
+    fake: FakeBroker, conn: client.Connection, autojump_clock: MockClock
 ) -> None:
     fake.echo_error_ids = False
     async with conn.channel(reconnect=FAST) as ch:
@@ -308,7 +313,7 @@ async def test_error_without_id_is_blamed_on_the_oldest_request(
 
 
 async def test_repeated_errors_without_id_fail_the_channel(
-    fake: FakeBroker, conn: client.Connection, autojump_clock: trio.testing.MockClock
+    fake: FakeBroker, conn: client.Connection, autojump_clock: MockClock
 ) -> None:
     fake.echo_error_ids = False
     async with conn.channel(reconnect=FAST) as ch:
@@ -320,7 +325,7 @@ async def test_repeated_errors_without_id_fail_the_channel(
 
 
 async def test_buffered_deliveries_of_a_dropped_session_are_not_handed_out(
-    fake: FakeBroker, conn: client.Connection, autojump_clock: trio.testing.MockClock
+    fake: FakeBroker, conn: client.Connection, autojump_clock: MockClock
 ) -> None:
     async with conn.channel(reconnect=FAST) as ch:
         await ch.declare_queue("q")
@@ -328,10 +333,10 @@ async def test_buffered_deliveries_of_a_dropped_session_are_not_handed_out(
             await ch.publish("", "q", body)
         async with ch.consume("q", prefetch=3) as messages:
             first = await messages.receive()
-            await trio.testing.wait_all_tasks_blocked()
+            await anyio.wait_all_tasks_blocked()
             assert messages.buffered == 2
             fake.crash()
-            await trio.testing.wait_all_tasks_blocked()  # the client noticed the drop
+            await anyio.wait_all_tasks_blocked()  # the client noticed the drop
             assert messages.buffered == 0
             again = [await messages.receive() for _ in range(3)]
             assert [(m.body, m.redelivered) for m in again] == [(b"0", True), (b"1", True), (b"2", True)]

@@ -7,11 +7,14 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
+import pytest
 import trio
 
 import client
 from client.codec import Properties
 from client.consumer import YIELD_EVERY, Message, MessageStream, Settler
+
+pytestmark = [pytest.mark.anyio, pytest.mark.parametrize("anyio_backend", ["trio"])]
 
 
 class CountingSettler(Settler):

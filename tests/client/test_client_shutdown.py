@@ -5,12 +5,14 @@ from __future__ import annotations
 import os
 import signal
 
-import trio
-import trio.testing
+import anyio
+import pytest
 
 import client
 from client import open_graceful_shutdown
 from tests.client.fakebroker import FakeBroker
+
+pytestmark = pytest.mark.anyio
 
 
 async def _fill(ch: client.Channel, n: int) -> None:
@@ -33,7 +35,7 @@ async def test_first_signal_cancels_consumers_lets_the_handler_finish_then_close
                     if not handled:
                         os.kill(os.getpid(), signal.SIGTERM)
                         await shutdown.wait_requested()
-                        await trio.sleep(0.05)  # the handler is still working
+                        await anyio.sleep(0.05)  # the handler is still working
                     handled.append(msg.body)
                     assert await msg.ack()
     assert handled == [b"0"]
@@ -47,7 +49,7 @@ async def test_first_signal_cancels_consumers_lets_the_handler_finish_then_close
 async def test_second_signal_aborts_without_acking_the_unfinished_message(
     fake: FakeBroker, conn: client.Connection
 ) -> None:
-    started = trio.Event()
+    started = anyio.Event()
     async with open_graceful_shutdown() as shutdown:
         shutdown.attach(conn)
         async with conn.channel() as ch:
@@ -58,16 +60,16 @@ async def test_second_signal_aborts_without_acking_the_unfinished_message(
                     os.kill(os.getpid(), signal.SIGINT)
                     await shutdown.wait_requested()
                     os.kill(os.getpid(), signal.SIGINT)
-                    await trio.sleep_forever()  # a handler that does not finish
+                    await anyio.sleep_forever()  # a handler that does not finish
                     await msg.ack()  # pragma: no cover
     assert started.is_set() and shutdown.aborted
-    await trio.testing.wait_all_tasks_blocked()
+    await anyio.wait_all_tasks_blocked()
     assert fake.acked_ids == []
     assert fake.bodies("q") == [b"0", b"1", b"2"]  # all back, in order
 
 
 async def test_grace_period_aborts_a_stuck_handler(
-    fake: FakeBroker, conn: client.Connection, autojump_clock: trio.testing.MockClock
+    fake: FakeBroker, conn: client.Connection, autojump_clock: MockClock
 ) -> None:
     async with open_graceful_shutdown(grace_s=5) as shutdown:
         shutdown.attach(conn)
@@ -76,16 +78,16 @@ async def test_grace_period_aborts_a_stuck_handler(
             async with ch.consume("q") as messages:
                 async for msg in messages:
                     shutdown.request()
-                    start = trio.current_time()
-                    await trio.sleep(3600)
+                    start = anyio.current_time()
+                    await anyio.sleep(3600)
     assert shutdown.aborted
-    assert 4.9 <= trio.current_time() - start <= 5.5
-    await trio.testing.wait_all_tasks_blocked()
+    assert 4.9 <= anyio.current_time() - start <= 5.5
+    await anyio.wait_all_tasks_blocked()
     assert fake.bodies("q") == [b"0"] and fake.acked_ids == []
 
 
 async def test_producer_stops_and_its_publishes_are_confirmed_before_close(
-    fake: FakeBroker, conn: client.Connection, autojump_clock: trio.testing.MockClock
+    fake: FakeBroker, conn: client.Connection, autojump_clock: MockClock
 ) -> None:
     handles = []
     async with open_graceful_shutdown() as shutdown:

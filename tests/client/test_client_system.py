@@ -12,14 +12,15 @@ import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import anyio
+import orjson
 import pytest
-import trio
 
 import client
 from client import ReconnectPolicy
 from tests.support.broker import ROOT, BrokerProcess
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 POLICY = ReconnectPolicy(initial_delay_s=0.05, max_delay_s=0.5, give_up_after_s=60)
 
@@ -27,20 +28,20 @@ POLICY = ReconnectPolicy(initial_delay_s=0.05, max_delay_s=0.5, give_up_after_s=
 @pytest.fixture
 async def broker(tmp_path: Path) -> AsyncIterator[BrokerProcess]:
     proc = BrokerProcess(tmp_path / "data")
-    await trio.to_thread.run_sync(proc.start)
+    await anyio.to_thread.run_sync(proc.start)
     try:
         yield proc
     finally:
-        await trio.to_thread.run_sync(proc.stop)
+        await anyio.to_thread.run_sync(proc.stop)
 
 
 async def _restart(broker: BrokerProcess, how: str) -> None:
     if how == "kill":
-        await trio.to_thread.run_sync(broker.kill)
+        await anyio.to_thread.run_sync(broker.kill)
     else:
-        code = await trio.to_thread.run_sync(broker.terminate)
+        code = await anyio.to_thread.run_sync(broker.terminate)
         assert code == 0, broker.log_tail()
-    await trio.to_thread.run_sync(broker.start)
+    await anyio.to_thread.run_sync(broker.start)
 
 
 async def _drain(conn: client.Connection, queue: str, expected: int) -> list[bytes]:
@@ -48,13 +49,13 @@ async def _drain(conn: client.Connection, queue: str, expected: int) -> list[byt
     bodies: list[bytes] = []
     async with conn.channel() as ch, ch.consume(queue, prefetch=500) as messages:
         while len(bodies) < expected:
-            with trio.move_on_after(10) as idle:
+            with anyio.move_on_after(10) as idle:
                 msg = await messages.receive()
             if idle.cancelled_caught:
                 break
             bodies.append(msg.body)
             await msg.ack()
-        with trio.move_on_after(0.5):  # anything beyond `expected` would be a duplicate
+        with anyio.move_on_after(0.5):  # anything beyond `expected` would be a duplicate
             msg = await messages.receive()
             bodies.append(msg.body)
             await msg.ack()
@@ -83,11 +84,11 @@ async def test_producers_publish_10000_confirmed_across_two_kill9_restarts(broke
         async def killer() -> None:
             for threshold in (2500, 6000):
                 while sum(confirmed) < threshold:
-                    await trio.sleep(0.01)
+                    await anyio.sleep(0.01)
                 await _restart(broker, "kill")
 
-        with trio.fail_after(120):
-            async with trio.open_nursery() as nursery:
+        with anyio.fail_after(120):
+            async with anyio.create_task_group() as nursery:
                 nursery.start_soon(killer)
                 for p in range(producers):
                     nursery.start_soon(produce, p)
@@ -117,7 +118,7 @@ async def test_consumer_keeps_consuming_across_a_broker_restart(broker: BrokerPr
                 await ch.start_publish("", "work", f"{i}".encode())
             await ch.wait_for_confirms()
         seen: list[int] = []
-        with trio.fail_after(90):
+        with anyio.fail_after(90):
             async with conn.channel() as ch, ch.consume("work", prefetch=50) as messages:
                 restarted = False
                 async for msg in messages:
@@ -132,7 +133,10 @@ async def test_consumer_keeps_consuming_across_a_broker_restart(broker: BrokerPr
     assert set(seen) == set(range(n))  # at least once, none lost
 
 
-async def test_worker_process_stops_gracefully_on_sigterm(broker: BrokerProcess, tmp_path: Path) -> None:
+async def test_worker_process_stops_gracefully_on_sigterm(
+    broker: BrokerProcess, tmp_path: Path, anyio_backend: str
+) -> None:
+    """The example worker, on the test's event loop (trio or asyncio), on SIGTERM."""
     n = 300
     async with client.connect(broker.url, reconnect=POLICY) as conn:
         async with conn.channel() as ch:
@@ -143,17 +147,18 @@ async def test_worker_process_stops_gracefully_on_sigterm(broker: BrokerProcess,
 
         journal = tmp_path / "journal.txt"
         env = dict(os.environ, PYTHONPATH=str(ROOT))
-        proc = await trio.lowlevel.open_process(
+        proc = await anyio.open_process(
             [sys.executable, str(ROOT / "scripts" / "examples" / "worker.py"), "--url", broker.url,
-             "--queue", "jobs", "--prefetch", "20", "--work-ms", "20", "--journal", str(journal)],
+             "--queue", "jobs", "--prefetch", "20", "--work-ms", "20", "--journal", str(journal),
+             "--backend", anyio_backend],
             env=env,
         )
         try:
-            with trio.fail_after(60):
+            with anyio.fail_after(60):
                 while not journal.exists() or journal.read_text().count("acked") < 30:
-                    await trio.sleep(0.05)
+                    await anyio.sleep(0.05)
             proc.send_signal(signal.SIGTERM)
-            with trio.fail_after(20):
+            with anyio.fail_after(20):
                 code = await proc.wait()
         finally:
             if proc.returncode is None:
@@ -177,10 +182,9 @@ async def test_worker_process_stops_gracefully_on_sigterm(broker: BrokerProcess,
 
 async def test_cli_against_the_real_broker(broker: BrokerProcess) -> None:
     async def ackbus(*argv: str, stdin: bytes = b"") -> tuple[int, str]:
-        proc = await trio.run_process(
+        proc = await anyio.run_process(
             [sys.executable, "-m", "client", "--url", broker.url, "--timeout", "10", *argv],
-            stdin=stdin, capture_stdout=True, capture_stderr=True, check=False,
-            env=dict(os.environ, PYTHONPATH=str(ROOT)),
+            input=stdin, check=False, env=dict(os.environ, PYTHONPATH=str(ROOT)),
         )
         return proc.returncode, proc.stdout.decode() + proc.stderr.decode()
 
@@ -197,13 +201,36 @@ async def test_cli_against_the_real_broker(broker: BrokerProcess) -> None:
     assert code == 0 and out.split() == [str(i) for i in range(10, 15)]
     code, out = await ackbus("publish", "-k", "nowhere", "--mandatory", "x")
     assert code == 4, out
+    code, out = await ackbus("exchanges")
+    rows = [line.split() for line in out.splitlines()]
+    assert code == 0 and rows[0][:3] == ["name", "type", "durable"] and ["clix", "fanout", "yes", "no", "{}"] in rows, out
+    code, out = await ackbus("bindings", "--json")
+    assert code == 0 and [orjson.loads(line)["queue"] for line in out.splitlines()] == ["cliq"], out
+    async with client.connect(broker.url) as conn, conn.channel() as ch, ch.consume("cliq", prefetch=1):
+        code, out = await ackbus("connections")
+        rows = [line.split() for line in out.splitlines()]
+        assert code == 0 and rows[0][:3] == ["id", "kind", "remote"], out
+        assert len(rows) == 2 and rows[1][1] == "channel" and rows[1][3].startswith("ackbus-client/"), out
+        assert rows[1][-1].startswith("cliq(") and rows[1][5] == "1", out
+        code, out = await ackbus("close-channel", rows[1][0], "--reason", "moving the worker")
+        assert code == 0 and out.strip() == f"closed channel {rows[1][0]}: moving the worker", out
+        code, out = await ackbus("close-channel", "999999")
+        assert code == 1 and "no open channel" in out, out
+    code, out = await ackbus("overview")
+    assert code == 0 and "version" in out and "queues" in out, out
+    code, out = await ackbus("--version")
+    assert code == 0 and out.strip() == f"ackbus {client.__version__}", out
+    code, out = await ackbus("--url", broker.url.removeprefix("http://"), "delete", "exchange", "clix")
+    assert code == 0 and out.strip() == "deleted exchange clix", out
+    code, out = await ackbus("bindings")
+    assert code == 0 and len(out.splitlines()) == 1, out  # the header only: the binding went with it
     code, out = await ackbus("get", "no-such-queue")
     assert code == 1, out
 
 
 async def test_channel_errors_are_blamed_on_their_operation(tmp_path: Path) -> None:
     proc = BrokerProcess(tmp_path / "data", args=("--max-body-bytes", "1024"))
-    await trio.to_thread.run_sync(proc.start)
+    await anyio.to_thread.run_sync(proc.start)
     try:
         async with client.connect(proc.url, reconnect=POLICY) as conn:
             async with conn.channel() as ch:
@@ -218,13 +245,17 @@ async def test_channel_errors_are_blamed_on_their_operation(tmp_path: Path) -> N
                 await small2
                 with pytest.raises(client.ChannelClosedByBroker):
                     await ch.declare_queue("q", durable=False)  # exists with other settings
+                # a refused consume right after: the broker's refusal, as on a fresh channel
+                with pytest.raises(client.ChannelClosedByBroker):
+                    async with ch.consume("missing"):
+                        pass  # pragma: no cover
                 await ch.publish("", "q", b"c")
                 with pytest.raises(client.PublishNacked):
                     await ch.publish("no-such-exchange", "q", b"d")
             bodies = await _drain(conn, "q", 3)
         assert bodies == [b"a", b"b", b"c"]
     finally:
-        await trio.to_thread.run_sync(proc.stop)
+        await anyio.to_thread.run_sync(proc.stop)
 
 
 async def test_ack_timeout_and_touch(broker: BrokerProcess) -> None:
@@ -234,13 +265,13 @@ async def test_ack_timeout_and_touch(broker: BrokerProcess) -> None:
     async with client.connect(broker.url) as conn, conn.channel() as ch:
         await ch.declare_queue("slow")
         await ch.publish("", "slow", b"touched")
-        with trio.fail_after(20):
+        with anyio.fail_after(20):
             # 1 s timeout, touched every 0.1 s: a stall of 0.9 s would be needed to lose it
             async with ch.consume("slow", prefetch=1, ack_timeout_s=1.0) as messages:
                 msg = await messages.receive()
                 assert msg.body == b"touched" and not msg.redelivered
                 for _ in range(25):  # 2.5 s in all, well past the timeout
-                    await trio.sleep(0.1)
+                    await anyio.sleep(0.1)
                     assert await msg.touch()
                 assert await msg.ack()
 
@@ -255,3 +286,20 @@ async def test_ack_timeout_and_touch(broker: BrokerProcess) -> None:
         async with client.connect(broker.url) as conn, conn.channel() as ch:
             async with ch.consume("slow", ack_timeout_s=0):
                 pass
+
+
+async def test_a_lock_is_held_refreshed_and_released_on_either_event_loop(broker: BrokerProcess) -> None:
+    """``conn.lock()`` (docs/coordination.md) under trio and under asyncio: held with
+    its token past its first ttl (the background refresh), then released; a second
+    owner meanwhile is told who holds it."""
+    async with client.connect(broker.url, reconnect=POLICY) as conn:
+        async with conn.lock("nightly", ttl_s=1.0, owner="first") as lock:
+            assert lock.token >= 1
+            await anyio.sleep(1.6)  # past the ttl: only a refresh keeps it
+            status, info = await anyio.to_thread.run_sync(broker.request, "GET", "/locks/nightly")
+            assert status == 200 and info["owner"] == "first" and info["token"] == lock.token
+            with pytest.raises(client.LockHeld):
+                async with conn.lock("nightly", ttl_s=1.0, owner="second"):
+                    raise AssertionError("granted while held")
+        status, info = await anyio.to_thread.run_sync(broker.request, "GET", "/locks/nightly")
+        assert status == 200 and not info["held"]

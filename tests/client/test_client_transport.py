@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
-import functools
 import socket
 
+import anyio
+import anyio.abc
 import pytest
-import trio
-import trio.testing
+from trio.testing import MockClock
 
 import client
 from client import BrokerRequestError, ConnectionLost
 from client.transport import Endpoint, Response, error_from_response, open_tcp
 from tests.client.fakebroker import FakeBroker, open_fake_broker
+from tests.support.memstream import memory_stream_pair
+
+pytestmark = pytest.mark.anyio
 
 
 @pytest.mark.parametrize(
@@ -60,7 +63,7 @@ async def test_rest_calls_reuse_one_keep_alive_connection(fake: FakeBroker, conn
 async def test_a_stale_keep_alive_connection_is_retried_once(fake: FakeBroker, conn: client.Connection) -> None:
     assert await conn.healthy()
     fake.crash()  # the server drops the idle connection
-    await trio.testing.wait_all_tasks_blocked()
+    await anyio.wait_all_tasks_blocked()
     assert await conn.healthy()
     assert fake.connects == 2
 
@@ -76,11 +79,11 @@ async def test_rest_errors(fake: FakeBroker, conn: client.Connection) -> None:
     assert isinstance(lost.value.__cause__, ConnectionRefusedError)
 
 
-async def test_rest_timeout_is_connection_lost(autojump_clock: trio.testing.MockClock) -> None:
+async def test_rest_timeout_is_connection_lost(autojump_clock: MockClock) -> None:
     peers = []
 
-    async def silent(endpoint: Endpoint) -> trio.abc.Stream:
-        a, b = trio.testing.memory_stream_pair()
+    async def silent(endpoint: Endpoint) -> anyio.abc.ByteStream:
+        a, b = memory_stream_pair()
         peers.append(b)  # nobody answers
         return a
 
@@ -105,12 +108,13 @@ async def test_over_real_tcp() -> None:
     """The default connector: a real loopback socket (keepalive options set)."""
     async with open_fake_broker() as fake:
 
-        async def handler(stream: trio.SocketStream) -> None:
+        async def handler(stream: anyio.abc.SocketStream) -> None:
             await fake._serve_connection(stream)
 
-        async with trio.open_nursery() as nursery:
-            listeners = await nursery.start(functools.partial(trio.serve_tcp, handler, 0, host="127.0.0.1"))
-            port = listeners[0].socket.getsockname()[1]
+        listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+        async with listener, anyio.create_task_group() as nursery:
+            nursery.start_soon(listener.serve, handler)
+            port = listener.extra(anyio.abc.SocketAttribute.local_port)
             async with client.connect(f"http://127.0.0.1:{port}") as conn:
                 assert await conn.healthy()
                 async with conn.channel() as ch:
@@ -121,18 +125,19 @@ async def test_over_real_tcp() -> None:
 
 
 async def test_channel_sockets_send_small_writes_at_once() -> None:
-    """TCP_NODELAY (set by trio's SocketStream) and keepalive on the default connector:
-    a lone publish or ack must not wait for Nagle's algorithm."""
-    async with trio.open_nursery() as nursery:
-        listeners = await nursery.start(
-            functools.partial(trio.serve_tcp, trio.aclose_forcefully, 0, host="127.0.0.1")
-        )
-        port = listeners[0].socket.getsockname()[1]
+    """TCP_NODELAY (set by anyio's socket streams) and keepalive on the default
+    connector: a lone publish or ack must not wait for Nagle's algorithm."""
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    async with listener, anyio.create_task_group() as nursery:
+        nursery.start_soon(listener.serve, anyio.aclose_forcefully)
+        port = listener.extra(anyio.abc.SocketAttribute.local_port)
         stream = await open_tcp(Endpoint("http", "127.0.0.1", port))
-        assert isinstance(stream, trio.SocketStream)
-        assert stream.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
-        assert stream.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE)
+        assert isinstance(stream, anyio.abc.SocketStream)
+        sock = stream.extra(anyio.abc.SocketAttribute.raw_socket)
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE)
         await stream.aclose()
+        nursery.cancel_scope.cancel()
         nursery.cancel_scope.cancel()
 
 

@@ -7,13 +7,17 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
+import anyio
+import anyio.abc
+import pytest
 import trio
-import trio.testing
 
 import client
 from client.consumer import YIELD_EVERY
 from client.transport import Endpoint
 from tests.client.fakebroker import FakeBroker
+
+pytestmark = [pytest.mark.anyio, pytest.mark.parametrize("anyio_backend", ["trio"])]
 
 
 class LoopIterations(trio.abc.Instrument):
@@ -26,22 +30,22 @@ class LoopIterations(trio.abc.Instrument):
         self.count += 1
 
 
-class SendRecorder(trio.abc.Stream):
+class SendRecorder(anyio.abc.ByteStream):
     """Wraps the client's side of a connection; calls ``on_send`` with every write."""
 
-    def __init__(self, inner: trio.abc.Stream, on_send: Callable[[bytes], None]) -> None:
+    def __init__(self, inner: anyio.abc.ByteStream, on_send: Callable[[bytes], None]) -> None:
         self._inner = inner
         self._on_send = on_send
 
-    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+    async def send(self, data: bytes) -> None:
         self._on_send(bytes(data))
-        await self._inner.send_all(data)
+        await self._inner.send(data)
 
-    async def wait_send_all_might_not_block(self) -> None:
-        await self._inner.wait_send_all_might_not_block()
+    async def send_eof(self) -> None:
+        await self._inner.send_eof()
 
-    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
-        return await self._inner.receive_some(max_bytes)
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        return await self._inner.receive(max_bytes)
 
     async def aclose(self) -> None:
         await self._inner.aclose()
@@ -55,14 +59,14 @@ async def recording_channel(
     loop = LoopIterations()
     writes: list[tuple[int, bytes]] = []
 
-    async def opener(endpoint: Endpoint) -> trio.abc.Stream:
+    async def opener(endpoint: Endpoint) -> anyio.abc.ByteStream:
         stream = await fake.open_stream(endpoint)
         return SendRecorder(stream, lambda data: writes.append((loop.count, data)))
 
     async with client.connect("http://fake.invalid:8080", open_stream=opener) as conn:
         async with conn.channel(**settings) as ch:
             await ch.declare_queue("q")
-            await trio.testing.wait_all_tasks_blocked()
+            await anyio.wait_all_tasks_blocked()
             trio.lowlevel.add_instrument(loop)
             try:
                 writes.clear()

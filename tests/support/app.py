@@ -15,6 +15,8 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import anyio
+import anyio.abc
 import trio
 import trio.testing
 
@@ -65,6 +67,44 @@ class MemoryBroker:
         client, server = trio.testing.memory_stream_pair()
         self._nursery.start_soon(self.app.server.serve_stream, server)
         return client
+
+    def connect_client(self) -> TrioByteStream:
+        """:meth:`connect` as the client library takes a stream (anyio's; the client
+        runs on trio here, as the broker does)."""
+        return TrioByteStream(self.connect())
+
+
+class TrioByteStream(anyio.abc.ByteStream):
+    """A trio stream seen as an anyio byte stream (both sides on trio), its errors
+    as anyio's (what the client library handles)."""
+
+    def __init__(self, stream: trio.abc.Stream) -> None:
+        self.stream = stream
+
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        try:
+            data = await self.stream.receive_some(max_bytes)
+        except trio.ClosedResourceError:
+            raise anyio.ClosedResourceError from None
+        except trio.BrokenResourceError as exc:
+            raise anyio.BrokenResourceError from exc
+        if not data:
+            raise anyio.EndOfStream
+        return bytes(data)
+
+    async def send(self, item: bytes) -> None:
+        try:
+            await self.stream.send_all(item)
+        except trio.ClosedResourceError:
+            raise anyio.ClosedResourceError from None
+        except trio.BrokenResourceError as exc:
+            raise anyio.BrokenResourceError from exc
+
+    async def send_eof(self) -> None:
+        raise NotImplementedError("a memory stream does not half-close")
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()
 
 
 @asynccontextmanager

@@ -38,6 +38,7 @@ def add_routes(ctx: RestContext) -> None:
             "id": channel_id,
             "kind": getattr(sink, "kind", "channel"),
             "remote": getattr(sink, "remote", None),
+            "user_agent": getattr(sink, "user_agent", None),
             # who opened it, when the broker has users (the session's principal)
             "user": getattr(getattr(sink, "principal", None), "username", None),
             "opened_at": getattr(sink, "opened_at", None),

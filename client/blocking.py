@@ -1,0 +1,217 @@
+"""The blocking client: the async client driven from ordinary threads.
+
+    with client.connect_blocking("http://127.0.0.1:8080") as conn:
+        with conn.channel() as ch:
+            ch.declare_queue("jobs")
+            ch.publish("", "jobs", b"hello")            # returns once confirmed
+            with ch.consume("jobs", prefetch=10) as messages:
+                for msg in messages:
+                    ...
+                    msg.ack()
+
+Not a second implementation: :func:`connect_blocking` starts an event loop in a
+background thread (an anyio blocking portal, trio by default) and runs the async
+client (:func:`client.connect`) there. Each object handed out (connection, channel,
+message stream, message, pending publish) is a thin proxy whose methods run the
+async method of the same name in that loop and wait for its result, so every
+guarantee of the async client holds unchanged: confirms, resend with deduplication
+after reconnects, consumer recovery, graceful close. The proxies may be used from any
+thread, one call at a time per object; keyword arguments and exceptions are those of
+the async methods.
+
+Interrupting a blocked call (``KeyboardInterrupt``) leaves the ``with`` blocks with
+that exception, which aborts the channel: its unacked deliveries go back to their
+queues and unconfirmed publishes fail, as with the async client's cancellation. For a
+graceful stop, call :meth:`BlockingConnection.stop_consuming` (from a signal handler
+or another thread): every consumer's iteration then ends, and the blocks close
+normally, waiting for pending confirms.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Iterator
+from contextlib import AbstractAsyncContextManager, contextmanager
+from typing import Any
+
+from anyio.from_thread import BlockingPortal, start_blocking_portal
+
+from .connection import DEFAULT_URL, Connection, connect
+from .consumer import Message, MessageStream
+from .publisher import PendingPublish
+from .rest import LeasedMessage
+
+__all__ = [
+    "connect_blocking",
+    "BlockingConnection",
+    "BlockingChannel",
+    "BlockingMessageStream",
+    "BlockingProxy",
+]
+
+
+class BlockingProxy:
+    """Runs the methods of an async-client object in the portal's loop and waits.
+
+    Coroutine methods are awaited there; plain methods are called there too (the
+    client's objects belong to their loop); attributes that are not callable are read
+    directly. Results that are client objects (messages, pending publishes, lists of
+    them) come back wrapped in proxies themselves.
+    """
+
+    def __init__(self, portal: BlockingPortal, target: Any) -> None:
+        self._portal = portal
+        self._target = target
+
+    @property
+    def target(self) -> Any:
+        """The async-client object behind this proxy (use it only in the loop)."""
+        return self._target
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._target, name)
+        if not callable(value):
+            return value
+        return self._blocking(value)
+
+    def _blocking(self, method: Callable[..., Any]) -> Callable[..., Any]:
+        portal = self._portal
+
+        @functools.wraps(method)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if inspect.iscoroutinefunction(method):
+                result = portal.call(functools.partial(method, *args, **kwargs))
+            else:
+                result = portal.call(functools.partial(_call_sync, method, args, kwargs))
+            return _wrap(portal, result)
+
+        return call
+
+    def __repr__(self) -> str:
+        return f"<blocking {self._target!r}>"
+
+
+async def _call_sync(method: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return method(*args, **kwargs)
+
+
+class BlockingPendingPublish(BlockingProxy):
+    """A publish in flight (:meth:`BlockingChannel.start_publish`): :meth:`wait` for
+    its confirm."""
+
+    def wait(self, timeout_s: float | None = None) -> str:
+        """Wait for the confirm; return the message id (raises like ``publish``)."""
+        handle: PendingPublish = self._target
+        result: str = self._portal.call(_wait_handle, handle, timeout_s)
+        return result
+
+
+async def _wait_handle(handle: PendingPublish, timeout_s: float | None) -> str:
+    import anyio
+
+    with anyio.fail_after(timeout_s):
+        return await handle.wait()
+
+
+def _wrap(portal: BlockingPortal, value: Any) -> Any:
+    if isinstance(value, (Message, LeasedMessage)):
+        return BlockingProxy(portal, value)
+    if isinstance(value, PendingPublish):
+        return BlockingPendingPublish(portal, value)
+    if isinstance(value, list) and value and isinstance(value[0], (Message, LeasedMessage)):
+        return [BlockingProxy(portal, v) for v in value]
+    return value
+
+
+@contextmanager
+def _enter(portal: BlockingPortal, cm: AbstractAsyncContextManager[Any]) -> Iterator[Any]:
+    with portal.wrap_async_context_manager(cm) as value:
+        yield value
+
+
+class BlockingMessageStream(BlockingProxy):
+    """A consumer's messages: ``for msg in messages`` (ends once the consumer is
+    stopped), or :meth:`receive` with a timeout."""
+
+    def __iter__(self) -> Iterator[BlockingProxy]:
+        return self
+
+    def __next__(self) -> BlockingProxy:
+        stream: MessageStream = self._target
+        try:
+            message = self._portal.call(stream.__anext__)
+        except StopAsyncIteration:
+            raise StopIteration from None
+        return BlockingProxy(self._portal, message)
+
+    def receive(self, timeout_s: float | None = None) -> BlockingProxy | None:
+        """The next message, or ``None`` when ``timeout_s`` passed first.
+
+        Raises:
+            anyio.EndOfStream: the consumer was stopped.
+            ConsumerCancelled, ConnectionLost, ClientClosed: as for the async stream.
+        """
+        message = self._portal.call(_receive_within, self._target, timeout_s)
+        return None if message is None else BlockingProxy(self._portal, message)
+
+
+async def _receive_within(stream: MessageStream, timeout_s: float | None) -> Message | None:
+    import anyio
+
+    with anyio.move_on_after(timeout_s):
+        return await stream.receive()
+    return None
+
+
+class BlockingChannel(BlockingProxy):
+    """A :class:`~client.Channel` for threads: the same methods, blocking."""
+
+    @contextmanager
+    def consume(self, queue: str, **kwargs: Any) -> Iterator[BlockingMessageStream]:
+        """``with ch.consume(queue, prefetch=...) as messages: for msg in messages``;
+        leaving the block cancels the consumer (see ``Channel.consume``)."""
+        with _enter(self._portal, self._target.consume(queue, **kwargs)) as stream:
+            yield BlockingMessageStream(self._portal, stream)
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """See ``Channel.transaction``."""
+        with _enter(self._portal, self._target.transaction()):
+            yield
+
+
+class BlockingConnection(BlockingProxy):
+    """A :class:`~client.Connection` for threads: REST methods block; channels come
+    from :meth:`channel`."""
+
+    @contextmanager
+    def channel(self, **kwargs: Any) -> Iterator[BlockingChannel]:
+        """``with conn.channel() as ch``: see ``Connection.channel``."""
+        connection: Connection = self._target
+        with _enter(self._portal, connection.channel(**kwargs)) as channel:
+            yield BlockingChannel(self._portal, channel)
+
+    @property
+    def portal(self) -> BlockingPortal:
+        """The portal of the loop thread (``portal.call(async_fn, ...)`` runs any
+        coroutine function there)."""
+        return self._portal
+
+
+@contextmanager
+def connect_blocking(
+    url: str = DEFAULT_URL, *, backend: str = "trio", **overrides: Any
+) -> Iterator[BlockingConnection]:
+    """Connect for the duration of the ``with`` block, from ordinary (non-async) code.
+
+    Starts the event loop thread (``backend``: ``"trio"`` or ``"asyncio"``), runs
+    :func:`client.connect` there with ``url`` and ``overrides`` (the same keyword
+    arguments), and stops the thread when the block ends.
+
+    Raises:
+        ValueError: a bad URL or setting.
+    """
+    with start_blocking_portal(backend) as portal:
+        with _enter(portal, connect(url, **overrides)) as conn:
+            yield BlockingConnection(portal, conn)

@@ -1,0 +1,125 @@
+"""The ``ackbus`` CLI's read-only operator commands (in the spirit of rabbitmqadmin's
+``list`` and ``show overview``): ``overview``, ``exchanges``, ``bindings``, ``channels``,
+and ``close-channel``. Each prints
+a table, or with ``--json`` one JSON object per line (``overview``: one object).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Sequence
+from typing import IO, Any
+
+import orjson
+
+from .connection import Connection
+
+__all__ = ["add_parsers", "COMMANDS", "write_table"]
+
+
+def add_parsers(sub: Any) -> None:
+    """Add the commands to ``sub`` (an argparse subparsers object)."""
+    p = sub.add_parser("overview", help="broker version, uptime, totals, storage")
+    p.add_argument("--json", action="store_true", help="the raw JSON object instead")
+    p = sub.add_parser("exchanges", help="table of exchanges")
+    p.add_argument("--json", action="store_true", help="one JSON object per exchange instead")
+    p = sub.add_parser("bindings", help="table of bindings")
+    p.add_argument("--json", action="store_true", help="one JSON object per binding instead")
+    p = sub.add_parser("channels", aliases=["connections"], help="table of open channels and their consumers")
+    p.add_argument("--json", action="store_true", help="one JSON object per channel instead")
+    p = sub.add_parser("close-channel", help="close an open channel or stream (its unacked messages go back)")
+    p.add_argument("id", type=int, help="the channel's id (see 'ackbus channels')")
+    p.add_argument("--reason", default=None, help="what its client is told (default: closed by an operator)")
+
+
+def write_table(out: IO[str], header: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[int] = ()) -> None:
+    """Columns padded to their widest cell; columns in ``right`` right-aligned."""
+    table = [list(header), *[list(r) for r in rows]]
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    for row in table:
+        cells = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))]
+        out.write("  ".join(cells).rstrip() + "\n")
+
+
+def _json_lines(out: IO[str], objects: Sequence[Any]) -> None:
+    for obj in objects:
+        out.write(orjson.dumps(obj).decode() + "\n")
+
+
+async def overview(conn: Connection, args: argparse.Namespace, out: IO[str]) -> None:
+    data = await conn.overview()
+    if args.json:
+        _json_lines(out, [data])
+        return
+    totals = data.get("totals", {}) or {}
+    stats = data.get("stats", {}) or {}
+    storage = data.get("storage", {}) or {}
+    rows = [
+        ("version", str(data.get("version", "?"))),
+        ("uptime", f"{float(data.get('uptime_s', 0)):.0f} s"),
+        ("ready", "yes" if data.get("ready") else "no (recovering)"),
+        *[(name, str(value)) for name, value in totals.items()],
+        *[(f"total {name}", str(value)) for name, value in stats.items()],
+        ("storage", "off (memory only)" if not storage.get("enabled") else
+         ("ok" if storage.get("ok") else "FAILED") + f", fsync {storage.get('fsync', '?')}"),
+    ]
+    write_table(out, ("what", "value"), rows)
+
+
+async def exchanges(conn: Connection, args: argparse.Namespace, out: IO[str]) -> None:
+    items = await conn.list_exchanges()
+    if args.json:
+        _json_lines(out, items)
+        return
+    rows = [
+        (str(x.get("name", "")), str(x.get("type", "")), "yes" if x.get("durable") else "no",
+         "yes" if x.get("auto_delete") else "no", orjson.dumps(x.get("arguments") or {}).decode())
+        for x in items
+    ]
+    write_table(out, ("name", "type", "durable", "auto_delete", "arguments"), rows)
+
+
+async def bindings(conn: Connection, args: argparse.Namespace, out: IO[str]) -> None:
+    items = await conn.list_bindings()
+    if args.json:
+        _json_lines(out, items)
+        return
+    rows = []
+    for b in items:
+        if b.get("to_exchange") is not None:
+            destination, kind = str(b["to_exchange"]), "exchange"
+        else:
+            destination, kind = str(b.get("queue", "")), "queue"
+        rows.append((str(b.get("exchange", "")) or "amq.default", destination, kind,
+                     str(b.get("routing_key", "")), orjson.dumps(b.get("arguments") or {}).decode()))
+    write_table(out, ("source", "destination", "kind", "routing_key", "arguments"), rows)
+
+
+async def channels(conn: Connection, args: argparse.Namespace, out: IO[str]) -> None:
+    items = await conn.list_channels()
+    if args.json:
+        _json_lines(out, items)
+        return
+    rows = [
+        (str(c.get("id", "")), str(c.get("kind", "")), str(c.get("remote") or "-"),
+         str(c.get("user_agent") or "-"), str(c.get("publishes", 0)), str(c.get("unacked", 0)),
+         ",".join(f"{x.get('queue')}({x.get('consumer_tag')})" for x in c.get("consumers") or []) or "-")
+        for c in items
+    ]
+    write_table(out, ("id", "kind", "remote", "user_agent", "publishes", "unacked", "consumers"), rows,
+                right=(0, 4, 5))
+
+
+async def close_channel(conn: Connection, args: argparse.Namespace, out: IO[str]) -> None:
+    result = await conn.close_channel(args.id, args.reason)
+    out.write(f"closed channel {result.get('closed', args.id)}: {result.get('reason', '')}\n")
+
+
+COMMANDS: dict[str, Callable[[Connection, argparse.Namespace, IO[str]], Any]] = {
+    "overview": overview,
+    "exchanges": exchanges,
+    "bindings": bindings,
+    "channels": channels,
+    "connections": channels,
+    "close-channel": close_channel,
+}
