@@ -80,20 +80,18 @@ def add_routes(ctx: RestContext) -> None:
         await runtime.wait_durable()
         await response.send_json(200, {"deleted": name})
 
-    @ctx.route("POST", "/schedules/{name}/pause")
-    async def pause(request: Any, response: Any) -> None:
+    async def set_paused(request: Any, response: Any, paused: bool) -> None:
         runtime.check_ready()
         await request.read_body()
         access_for(request).require("delete_schedule", request.path_params["name"])
-        info = core.pause_schedule(request.path_params["name"], True)
+        info = core.pause_schedule(request.path_params["name"], paused)
         await runtime.wait_durable()
         await response.send_json(200, info)
 
+    @ctx.route("POST", "/schedules/{name}/pause")
+    async def pause(request: Any, response: Any) -> None:
+        await set_paused(request, response, True)
+
     @ctx.route("POST", "/schedules/{name}/resume")
     async def resume(request: Any, response: Any) -> None:
-        runtime.check_ready()
-        await request.read_body()
-        access_for(request).require("delete_schedule", request.path_params["name"])
-        info = core.pause_schedule(request.path_params["name"], False)
-        await runtime.wait_durable()
-        await response.send_json(200, info)
+        await set_paused(request, response, False)
