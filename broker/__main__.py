@@ -15,6 +15,7 @@ handled on the trio thread between tasks, never inside a raw signal handler.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import signal
@@ -30,6 +31,14 @@ from broker.logs import configure_logging, reopen_log_files
 from broker.storage import FaultsNotAllowed, check_fault_environment
 
 log = logging.getLogger("ackbus")
+
+# The cyclic garbage collector's thresholds for a broker process. A publish allocates
+# about ten tracked objects (its op, properties, message, queue entry, ...) that die
+# by reference counting, and the broker creates almost no garbage cycles; with
+# Python's default (a young-generation pass every 700 allocations) the collector ran
+# every ~70 messages and cost ~10 % of the broker's CPU under pipelined publishing.
+# Passes every 50,000 allocations bound the garbage cycles kept meanwhile to a few MB.
+GC_THRESHOLDS = (50_000, 20, 100)
 
 
 async def run(settings: Settings) -> int:
@@ -137,6 +146,7 @@ def main(argv: list[str] | None = None) -> None:
     from broker import __version__
 
     log.info("starting", extra={"fields": {"version": __version__, "pid": os.getpid(), **settings.as_dict()}})
+    gc.set_threshold(*GC_THRESHOLDS)
     try:
         code = trio.run(run, settings)
     except BaseException as exc:

@@ -22,6 +22,7 @@ from collections.abc import Callable, Generator
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 
 from .codec import ReturnedMessage
 from .errors import ClientError, PublishNacked, PublishRefused, PublishReturned
@@ -41,7 +42,7 @@ class PendingPublish:
     """
 
     __slots__ = (
-        "message_id", "seq", "line", "size", "_done", "_error", "_observed", "_returned",
+        "message_id", "seq", "line", "size", "_settled", "_event", "_error", "_observed", "_returned",
     )
 
     def __init__(self, message_id: str, seq: int, line: bytes) -> None:
@@ -51,14 +52,17 @@ class PendingPublish:
         #: The encoded ``publish`` op, resent as is after a reconnect.
         self.line = line
         self.size = len(line)
-        self._done = anyio.Event()
+        self._settled = False
+        # Made only when somebody waits: most handles of a publishing loop are settled
+        # before anyone looks, and an event costs as much as the rest of a publish.
+        self._event: anyio.Event | None = None
         self._error: ClientError | None = None
         self._observed = False
         self._returned: tuple[int, str, ReturnedMessage] | None = None
 
     def done(self) -> bool:
         """Settled (confirmed or failed)."""
-        return self._done.is_set()
+        return self._settled
 
     def exception(self) -> ClientError | None:
         """The failure, once settled (``None`` when confirmed or still pending)."""
@@ -70,7 +74,12 @@ class PendingPublish:
         Raises:
             PublishFailed, ConnectionLost, ClientClosed: see the class docstring.
         """
-        await self._done.wait()
+        if not self._settled:
+            if self._event is None:
+                self._event = anyio.Event()
+            await self._event.wait()
+        else:
+            await anyio.lowlevel.checkpoint()
         self._observed = True
         if self._error is not None:
             raise self._error
@@ -190,7 +199,9 @@ class PublishTracker:
                 # Drop failures their callers have seen; amortised O(1) per failure.
                 self._unobserved = [h for h in self._unobserved if not h._observed]
                 self._prune_at = max(1024, 2 * len(self._unobserved))
-        handle._done.set()
+        handle._settled = True
+        if handle._event is not None:
+            handle._event.set()
 
     # --- waiting ----------------------------------------------------------------------
 
