@@ -585,7 +585,7 @@ class Channel(Supervisor):
         # Settling ops are never written directly (client/session.py): nobody waits on
         # them, and a consumer settles in bursts that the writer coalesces.
         if op == "ack":
-            session.send_op({"op": "ack", "delivery_tag": message.delivery_tag}, direct=False)
+            session.send_ack(message.delivery_tag)
         else:
             settle: dict[str, Any] = {"op": op, "delivery_tag": message.delivery_tag, "requeue": requeue}
             if delay_s:

@@ -107,6 +107,11 @@ class ChannelSession:
         self._leftover = b""
         self._finish = False
         self._scope = anyio.CancelScope()
+        # Every delivery tag up to this one is settled (or was never ours to settle),
+        # as far as acks have looked (see send_ack).
+        self._settled_floor = 0
+        # The multiple ack last queued, while it is still the last queued op.
+        self._ack_tail: bytes | None = None
 
     @property
     def alive(self) -> bool:
@@ -134,6 +139,32 @@ class ChannelSession:
         self._direct = False  # an op is queued: nothing may overtake it
         self._out.append(line)
         self._out_ready.set()
+
+    def send_ack(self, tag: int) -> None:
+        """Queue the ack of delivery ``tag`` (already gone from :attr:`deliveries`).
+
+        When no earlier delivery is unsettled it goes as ``multiple`` (which settles
+        only ``tag`` then), and a run of such acks queued back to back, as a consumer
+        acking in order makes them, leaves as one op: the last one queued replaces
+        its predecessor while that is still last in the queue. The broker then parses
+        and applies one op per chunk of acks instead of one per message."""
+        deliveries = self.deliveries
+        floor = self._settled_floor
+        # Deliveries arrive in tag order, so every tag below ``tag`` has arrived:
+        # advance over those not pending any more (amortised O(1): it never goes back).
+        while floor < tag and floor + 1 not in deliveries:
+            floor += 1
+        self._settled_floor = floor
+        if floor != tag:
+            self.send_nowait(b'{"op":"ack","delivery_tag":%d}\n' % tag, direct=False)
+            return
+        line = b'{"op":"ack","delivery_tag":%d,"multiple":true}\n' % tag
+        out = self._out
+        if self._ack_tail is not None and out and out[-1] is self._ack_tail:
+            out[-1] = line
+        else:
+            self.send_nowait(line, direct=False)
+        self._ack_tail = line if out and out[-1] is line else None
 
     def send_op(self, op: dict[str, Any], *, direct: bool = True) -> None:
         """Encode and queue one op (``direct``: see :meth:`send_nowait`)."""

@@ -88,6 +88,7 @@ _SWAP = sys.byteorder != "little"
 # the exchange name again (about a third of the cost of a digest)
 _PREFIXES: dict[str | bytes, blake2b] = {}
 _PREFIXES_MAX = 256
+_read_u64 = struct.Struct("<Q").unpack
 
 
 def _prefix(exchange: str | bytes) -> blake2b:
@@ -108,7 +109,7 @@ def digest(exchange: str, message_id: str) -> int:
     """
     h = (_PREFIXES.get(exchange) or _prefix(exchange)).copy()
     h.update(message_id.encode())
-    d = int.from_bytes(h.digest(), "little")
+    d: int = _read_u64(h.digest())[0]  # (faster than int.from_bytes(..., "little"))
     return d if d > 1 else d + 2
 
 
@@ -117,7 +118,7 @@ def digest_utf8(exchange: bytes, message_id: bytes) -> int:
     ENQUEUE records hold them): recovery hashes a million without decoding them."""
     h = (_PREFIXES.get(exchange) or _prefix(exchange)).copy()
     h.update(message_id)
-    d = int.from_bytes(h.digest(), "little")
+    d: int = _read_u64(h.digest())[0]
     return d if d > 1 else d + 2
 
 
