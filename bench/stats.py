@@ -174,7 +174,9 @@ def _ratio(summary: Summary, peer: str) -> str:
     return f"{ratio:.2f} ({min(per_round):.2f}–{max(per_round):.2f})"
 
 
-def _rows(summaries: Sequence[Summary], peers: Sequence[str]) -> tuple[list[str], list[list[str]]]:
+def _rows(summaries: Sequence[Summary], peers: Sequence[str] | bool) -> tuple[list[str], list[list[str]]]:
+    if isinstance(peers, bool):  # the call of the RabbitMQ-only tables: with_peer
+        peers = ["rabbitmq"] if peers else []
     header = ["figure", "metric", "ackbus median (min–max)"]
     for peer in peers:
         header += [f"{SIDE_NAMES[peer]} median (min–max)", f"ackbus/{SIDE_NAMES[peer]}"]
@@ -191,7 +193,7 @@ def _rows(summaries: Sequence[Summary], peers: Sequence[str]) -> tuple[list[str]
     return header, rows
 
 
-def text_table(summaries: Sequence[Summary], peers: Sequence[str] = ()) -> str:
+def text_table(summaries: Sequence[Summary], peers: Sequence[str] | bool = ()) -> str:
     """The table for a terminal: a column pair per peer in ``peers`` (see the module)."""
     header, rows = _rows(summaries, peers)
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
@@ -202,7 +204,7 @@ def text_table(summaries: Sequence[Summary], peers: Sequence[str] = ()) -> str:
     return "\n".join(lines)
 
 
-def markdown_table(summaries: Sequence[Summary], peers: Sequence[str] = ()) -> str:
+def markdown_table(summaries: Sequence[Summary], peers: Sequence[str] | bool = ()) -> str:
     """The same table in markdown."""
     header, rows = _rows(summaries, peers)
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]

@@ -111,6 +111,8 @@ def test_table_has_only_the_peers_asked_for() -> None:
     assert with_redis.splitlines()[0] == (
         "| figure | metric | ackbus median (min–max) | Redis median (min–max) | ackbus/Redis | better |")
     assert "| 2.00 |" in with_redis  # one round: no range
+    assert markdown_table(summaries, False) == alone  # the RabbitMQ-only call: with_peer
+    assert markdown_table(summaries, True) == markdown_table(summaries, ["rabbitmq"])
     (summary,) = summaries
     assert math.isnan(summary.ratio_to("rabbitmq"))
     assert "–" in markdown_table(summaries, ["rabbitmq", "redis"]).splitlines()[2]
