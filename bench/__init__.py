@@ -1,8 +1,9 @@
 """The ackbus benchmark harness (``scripts/bench``, ``python -m bench``).
 
-It benchmarks ackbus and, with ``--peer rabbitmq``, a private RabbitMQ node on the
-same machine in the same invocation, alternating the two for every round of every
-workload, and prints each figure's median, min and max and the ackbus/RabbitMQ ratio.
+It benchmarks ackbus and, with ``--peer rabbitmq``, ``redis`` or ``rabbitmq,redis``, a
+private RabbitMQ node and/or redis-server on the same machine in the same invocation,
+alternating them for every round of every workload, and prints each figure's median,
+min and max and the ackbus/peer ratio per peer.
 The method is described in ``docs/benchmarks.md``.
 
 Layout:
@@ -11,10 +12,12 @@ Layout:
 - ``params``: the workload sizes, full and ``--quick``.
 - ``workloads``: what each workload does to a server, which figures it yields, and
   its time budget.
-- ``servers``: start, crash (``kill -9``) and stop the brokers, by PID.
+- ``servers``: start, crash (``kill -9``) and stop the brokers, by PID;
+  ``server_redis``: the same for redis-server.
 - ``procs``: client worker processes with a ready/go handshake, under timeouts.
-- ``worker_ackbus`` / ``worker_rabbitmq``: the client side of each workload, one
-  process each (ackbus's own client library; pika for RabbitMQ).
+- ``worker_ackbus`` / ``worker_rabbitmq`` / ``worker_redis``: the client side of each
+  workload, one process each (ackbus's own client library; pika for RabbitMQ;
+  redis-py with hiredis for Redis).
 - ``stats``: percentiles, summaries and the table. ``plot``: the chart.
 
 The suite's smoke test of the harness is ``tests/bench/test_bench_smoke.py``.

@@ -1,7 +1,7 @@
 """``scripts/bench`` / ``python -m bench``: run the workloads, print and save the results.
 
 Order of runs: for each workload, for each round, ackbus then (with ``--peer``)
-RabbitMQ — A B A B … — each run on a freshly started server that is stopped (by PID)
+RabbitMQ and/or Redis — A B C A B C … — each run on a freshly started server that is stopped (by PID)
 afterwards. Every step of a run has its own time limit, and a watchdog kills the
 broker of a run that goes over the sum of them (the run then fails, the next goes on). Results go to ``bench-results/<timestamp>.json`` after every run, so an
 interrupted benchmark keeps what it measured; the table goes to stdout (and to
@@ -27,11 +27,24 @@ from typing import Any, TextIO
 
 from bench.params import FULL, QUICK, Params
 from bench.procs import ROOT, abort_workers, snapshot_code
+from bench.server_redis import RedisServer, ensure_redis
 from bench.servers import AckbusServer, RabbitServer, cpu_seconds, ensure_rabbitmq
-from bench.stats import markdown_table, summarize, text_table
+from bench.stats import (
+    PEERS,
+    SIDE_NAMES,
+    markdown_table,
+    parse_peers,
+    peers_of,
+    summarize,
+    text_table,
+)
 from bench.workloads import WORKLOADS, Context, all_figures
 
 __all__ = ["main"]
+
+# per peer: how to install it if missing, and its server
+ENSURE = {"rabbitmq": ensure_rabbitmq, "redis": ensure_redis}
+PEER_SERVERS: dict[str, type[RabbitServer] | type[RedisServer]] = {"rabbitmq": RabbitServer, "redis": RedisServer}
 
 
 class Progress:
@@ -153,9 +166,10 @@ def _write_json(path: Path, data: Any) -> None:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="scripts/bench",
-        description="Benchmark ackbus, and with --peer rabbitmq also RabbitMQ on this machine (runs interleaved).",
+        description="Benchmark ackbus, and with --peer also RabbitMQ and/or Redis on this machine (runs interleaved).",
     )
-    parser.add_argument("--peer", choices=["rabbitmq"], help="also benchmark this broker (installed if missing)")
+    parser.add_argument("--peer", metavar="NAME[,NAME]",
+                        help=f"also benchmark these (comma-separated: {', '.join(PEERS)}; installed if missing)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of every workload per broker (default 3)")
     parser.add_argument("--quick", action="store_true", help="tiny counts and durations: a smoke run")
     parser.add_argument("--only", default="", metavar="NAME,...",
@@ -176,6 +190,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     os.environ["ACKBUS_BENCH_CLIENT_BACKEND"] = args.client_backend
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
+    try:
+        args.peers = parse_peers(args.peer)
+    except ValueError as exc:
+        parser.error(f"--peer: {exc}")
     names = [n.strip() for n in args.only.split(",") if n.strip()] or list(WORKLOADS)
     unknown = [n for n in names if n not in WORKLOADS]
     if unknown:
@@ -187,16 +205,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def report(results: dict[str, Any], args: argparse.Namespace, out: TextIO | None = None) -> tuple[str, Any]:
     out = sys.stdout if out is None else out  # at call time: sys.stdout may have been replaced
     params = Params(**{k: tuple(v) if isinstance(v, list) else v for k, v in results["params"].items()})
-    with_peer = bool(results["options"].get("peer"))
+    peers = peers_of(results["options"])
     summaries = summarize(all_figures(params, results["options"]["workloads"]), results["runs"])
-    out.write("\n" + text_table(summaries, with_peer) + "\n")
-    if with_peer:
-        out.write("ratio = ackbus median / RabbitMQ median; 'better' says which direction is better; "
-                  "'–': not measured on that side (WAL bytes/msg: ackbus only) or every round failed.\n")
+    out.write("\n" + text_table(summaries, peers) + "\n")
+    if peers:
+        names = " or ".join(SIDE_NAMES[peer] for peer in peers)
+        out.write(f"ratio = ackbus median / {names} median, then (with 2+ rounds) the min–max of the per-round "
+                  "ratios; 'better' says which direction is better; '–': not measured on that side (WAL "
+                  "bytes/msg: ackbus only; a workload the peer has no equivalent for) or every round failed.\n")
     failed = [r for r in results["runs"] if r.get("error")]
     for run in failed:
         out.write(f"FAILED: {run['workload']} round {run['round']} {run['side']}: {run['error'].splitlines()[0]}\n")
-    return markdown_table(summaries, with_peer), summaries
+    return markdown_table(summaries, peers), summaries
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -212,12 +232,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     params = QUICK if args.quick else FULL
-    sides = ["ackbus"] + ([args.peer] if args.peer else [])
+    sides = ["ackbus", *args.peers]
     progress = Progress(
-        sum(1 if WORKLOADS[name].ackbus_only else len(sides) for name in args.names) * args.rounds
+        sum(WORKLOADS[name].runs_on(side) for name in args.names for side in sides) * args.rounds
     )
-    if args.peer == "rabbitmq":
-        ensure_rabbitmq(progress.say)
+    for peer in args.peers:
+        ENSURE[peer](progress.say)
 
     args.out.mkdir(parents=True, exist_ok=True)
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -231,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
         "git": git_state() | {"source_sha256": source_digest},
         "versions": {},
         "params": {k: list(v) if isinstance(v, tuple) else v for k, v in params.__dict__.items()},
-        "options": {"peer": args.peer, "rounds": args.rounds, "quick": args.quick,
+        "options": {"peer": ",".join(args.peers) or None, "peers": args.peers, "rounds": args.rounds, "quick": args.quick,
                     "client_backend": args.client_backend, "workloads": args.names,
                     "ackbus_client": "client library (client/)", "fsync": "always", "tls": args.tls},
         "runs": [],
@@ -242,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
             workload = WORKLOADS[name]
             for round_no in range(1, args.rounds + 1):
                 for side in sides:
-                    if workload.ackbus_only and side != "ackbus":
+                    if not workload.runs_on(side):
                         continue
                     progress.run(f"{workload.title} · round {round_no}/{args.rounds} · {side}")
                     run = _one_run(workload, side, round_no, params, tmp_root, log_dir, progress, results, args.tls)
@@ -277,7 +297,8 @@ def _one_run(
     progress: Progress, results: dict[str, Any], tls: bool = False,
 ) -> dict[str, Any]:
     workdir = tmp_root / f"{workload.name}-{round_no}-{side}"
-    server: AckbusServer | RabbitServer = AckbusServer(workdir, tls=tls) if side == "ackbus" else RabbitServer(workdir)
+    server: AckbusServer | RabbitServer | RedisServer = (
+        AckbusServer(workdir, tls=tls) if side == "ackbus" else PEER_SERVERS[side](workdir))
     run: dict[str, Any] = {"workload": workload.name, "round": round_no, "side": side, "figures": {},
                            "loadavg_before": os.getloadavg()}
     # Every step has its own time limit; the watchdog is the backstop for a call that

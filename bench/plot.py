@@ -1,9 +1,10 @@
 """The chart of ``docs/benchmarks.png`` (``scripts/bench --plot``), with matplotlib.
 
 Five panels, because the figures live on very different scales: throughput (msgs/s),
-latency (ms), recovery time (s), memory (MiB) and WAL bytes per message (ackbus only). Each figure is a pair of horizontal
-bars (ackbus, RabbitMQ) at the median, with a whisker from min to max over the rounds
-and the ackbus/RabbitMQ ratio written beside it. Throughput and latency use a log
+latency (ms), recovery time (s), memory (MiB) and WAL bytes per message (ackbus only). Each figure is a group of horizontal
+bars, one per side present (ackbus, RabbitMQ, Redis; a colour each) at the median,
+with a whisker from min to max over the rounds, and the ackbus/peer ratio written at
+the right edge, level with that peer's bar. Throughput and latency use a log
 scale so that a 10× gap and a 1.1× gap are both readable.
 """
 
@@ -18,7 +19,7 @@ from bench.stats import SIDE_NAMES, SIDES, Summary, fmt
 
 __all__ = ["plot"]
 
-COLORS = {"ackbus": "#2b6cb0", "rabbitmq": "#f08c00"}
+COLORS = {"ackbus": "#2b6cb0", "rabbitmq": "#f08c00", "redis": "#c53030"}
 
 PANELS = (
     ("throughput (msgs/s, log scale) — higher is better", lambda s: "msgs/s" in s.figure.metric, True),
@@ -67,6 +68,11 @@ def plot(summaries: Sequence[Summary], results: dict[str, Any], path: Path) -> N
         len(panels), 1, figsize=(11, sum(heights) + 1.4), gridspec_kw={"height_ratios": heights}, squeeze=False
     )
     bar = 0.8 / len(sides)
+
+    def bar_y(i: int, k: int) -> float:
+        """The y of side number ``k``'s bar in figure number ``i``'s group."""
+        return i + (len(sides) - 1 - k) * bar - 0.4 + bar / 2
+
     for ax, (title, items, log) in zip(axes[:, 0], panels):
         items = list(reversed(items))  # first figure at the top
         for k, side in enumerate(sides):
@@ -75,7 +81,7 @@ def plot(summaries: Sequence[Summary], results: dict[str, Any], path: Path) -> N
                 if not s.n(side):
                     continue
                 median = s.stat(side, "median")
-                ys.append(i + (len(sides) - 1 - k) * bar - 0.4 + bar / 2)
+                ys.append(bar_y(i, k))
                 medians.append(median)
                 lows.append(median - s.stat(side, "min"))
                 highs.append(s.stat(side, "max") - median)
@@ -91,22 +97,31 @@ def plot(summaries: Sequence[Summary], results: dict[str, Any], path: Path) -> N
         ax.grid(axis="x", alpha=0.3, which="both")
         xmax = max(s.stat(side, "max") for s in items for side in sides if s.n(side))
         ax.set_xlim(right=xmax * (8 if log else 1.35))
-        if len(sides) > 1:
+        for k, peer in enumerate(sides):
+            if peer == "ackbus":
+                continue
             for i, s in enumerate(items):
-                if not math.isnan(s.ratio):
-                    ax.text(1.0, i, f"×{s.ratio:.2f} ", transform=ax.get_yaxis_transform(), va="center",
-                            ha="right", fontsize=8, color="#444", fontweight="bold")
+                ratio = s.ratio_to(peer)
+                if not math.isnan(ratio):
+                    ax.text(1.0, bar_y(i, k), f"×{ratio:.2f} ", transform=ax.get_yaxis_transform(), va="center",
+                            ha="right", fontsize=7 if len(sides) > 2 else 8, color=COLORS[peer], fontweight="bold")
     axes[0, 0].legend(loc="lower right", fontsize=8)
     machine, versions = results.get("machine", {}), results.get("versions", {})
     rounds = results.get("options", {}).get("rounds")
     caption = (
-        f"medians of {rounds} round(s), whiskers min–max; bold: ackbus/RabbitMQ ratio of medians. "
+        f"medians of {rounds} round(s), whiskers min–max; bold, level with a peer's bar: ackbus/peer ratio of "
+        "medians. "
         f"{machine.get('nproc')} × {machine.get('cpu', '?')}, {machine.get('ram_gib')} GiB RAM. "
         f"ackbus {versions.get('ackbus', '?')} (Python {machine.get('python')}, fsync always)"
     )
     if "rabbitmq" in versions:
         caption += f", RabbitMQ {versions['rabbitmq']} ({versions.get('erlang')}, pika {versions.get('pika')})"
-    fig.suptitle("ackbus vs RabbitMQ, persistent messages, durable queues, publisher confirms", fontsize=12)
+    if "redis" in versions:
+        caption += (f", Redis {versions['redis']} (appendfsync always; redis-py {versions.get('redis-py')}, "
+                    f"hiredis {versions.get('hiredis')})")
+    peers = " and ".join(SIDE_NAMES[side] for side in sides if side != "ackbus")
+    fig.suptitle(f"ackbus{' vs ' + peers if peers else ''}, persistent messages, durable queues, publisher confirms",
+                 fontsize=12)
     fig.text(0.01, 0.005, caption, fontsize=7, color="#444", wrap=True)
     fig.tight_layout(rect=(0, 0.03, 1, 0.98))
     path.parent.mkdir(parents=True, exist_ok=True)

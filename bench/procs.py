@@ -48,7 +48,7 @@ def snapshot_code(dest: Path) -> str:
     _code_root = dest
     return digest.hexdigest()
 
-_MODULES = {"ackbus": "bench.worker_ackbus", "rabbitmq": "bench.worker_rabbitmq"}
+_MODULES = {"ackbus": "bench.worker_ackbus", "rabbitmq": "bench.worker_rabbitmq", "redis": "bench.worker_redis"}
 
 
 class WorkerFailed(Exception):
@@ -87,7 +87,7 @@ def run_workers(
     run_timeout_s: float,
     go_order: Sequence[int] | None = None,
 ) -> list[dict[str, Any]]:
-    """Run one worker per spec on ``side`` ("ackbus" or "rabbitmq"); return their results
+    """Run one worker per spec on ``side`` ("ackbus", "rabbitmq" or "redis"); return their results
     in spec order. ``go_order`` is the order GO is sent in (default: spec order), e.g.
     a consumer before its publisher.
 

@@ -14,6 +14,8 @@ its own port) so that we can stop it by PID; ``RUNNING_UNDER_SYSTEMD=true`` make
 ``rabbitmq-server`` exec the Erlang VM instead of forking it, so the PID we start is
 ``beam.smp`` itself. Ready means an AMQP connection opens.
 
+Redis (``--peer redis``) lives in ``bench.server_redis`` and shares the helpers here.
+
 Nothing here is stopped by name: each server remembers the PIDs it started (and, for
 ``kill -9``, the VM's helper processes it found under its own PID). ``abort`` is the
 run watchdog's way in, from another thread: SIGKILL by PID, no restart after it.
@@ -41,6 +43,7 @@ __all__ = [
     "AckbusServer",
     "RabbitServer",
     "ServerError",
+    "apt_install",
     "cpu_seconds",
     "ensure_rabbitmq",
     "free_port",
@@ -357,22 +360,24 @@ def rabbitmq_installed() -> bool:
     return RABBITMQ_SERVER.exists() and shutil.which("epmd") is not None
 
 
-def ensure_rabbitmq(say: Any) -> None:
-    """Install Debian's rabbitmq-server if it is missing (root only).
+def apt_install(package: str, installed: Any, check: str, say: Any) -> None:
+    """Install Debian's ``package`` with apt-get (root only) unless ``installed()``.
 
-    The package's own service must not start (it would listen on every interface):
-    while installing, a ``policy-rc.d`` that denies service starts is put in place if
-    there is none, and removed afterwards.
+    The package's own service must not start (it would listen where we do not want
+    it, and we start private processes by PID): while installing, a ``policy-rc.d``
+    that denies service starts is put in place if there is none, and removed
+    afterwards.
 
     Raises:
-        ServerError: not root, no apt-get, or the install failed.
+        ServerError: not root, no apt-get, the install failed, or ``check`` (what
+            must exist afterwards) is still missing.
     """
-    if rabbitmq_installed():
+    if installed():
         return
     if os.geteuid() != 0:
-        raise ServerError("rabbitmq-server is not installed; run as root or: apt-get install rabbitmq-server")
+        raise ServerError(f"{package} is not installed; run as root or: apt-get install {package}")
     if shutil.which("apt-get") is None:
-        raise ServerError("rabbitmq-server is not installed and there is no apt-get")
+        raise ServerError(f"{package} is not installed and there is no apt-get")
     policy = Path("/usr/sbin/policy-rc.d")
     created = False
     if not policy.exists():
@@ -383,9 +388,9 @@ def ensure_rabbitmq(say: Any) -> None:
     try:
         for cmd, timeout_s in (
             (["apt-get", "update"], 600),
-            (["apt-get", "install", "-y", "--no-install-recommends", "rabbitmq-server"], 1800),
+            (["apt-get", "install", "-y", "--no-install-recommends", package], 1800),
         ):
-            say(f"installing RabbitMQ: {' '.join(cmd)}")
+            say(f"installing {package}: {' '.join(cmd)}")
             done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
             if done.returncode != 0:
                 raise ServerError(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stderr[-2000:]}")
@@ -394,8 +399,17 @@ def ensure_rabbitmq(say: Any) -> None:
     finally:
         if created:
             policy.unlink()
-    if not rabbitmq_installed():
-        raise ServerError(f"installed rabbitmq-server, but {RABBITMQ_SERVER} or epmd is missing")
+    if not installed():
+        raise ServerError(f"installed {package}, but {check} is missing")
+
+
+def ensure_rabbitmq(say: Any) -> None:
+    """Install Debian's rabbitmq-server if it is missing (root only; see ``apt_install``).
+
+    Raises:
+        ServerError: not root, no apt-get, or the install failed.
+    """
+    apt_install("rabbitmq-server", rabbitmq_installed, f"{RABBITMQ_SERVER} or epmd", say)
 
 
 class RabbitServer:

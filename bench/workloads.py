@@ -4,11 +4,12 @@ The six of the benchmark issue, plus ``inflight`` (confirmed publishes per secon
 1, 8 and 64 in flight per channel) and the WAL bytes written per message, which the
 durability issue asks for.
 
-Every workload gets a freshly started server (fresh data directory or Mnesia
-directory) and returns ``(figures, extra)``: ``figures`` maps the keys of
+Every workload gets a freshly started server (fresh data directory, Mnesia
+directory or Redis directory) and returns ``(figures, extra)``: ``figures`` maps the keys of
 :func:`figures` to numbers, ``extra`` holds what explains them (counts, elapsed
-times, sample counts, achieved rates). The same specs drive both sides; only the
-worker module differs (``bench.worker_ackbus`` or ``bench.worker_rabbitmq``).
+times, sample counts, achieved rates). The same specs drive every side; only the
+worker module differs (``bench.worker_ackbus``, ``bench.worker_rabbitmq`` or
+``bench.worker_redis``). ``Workload.peers`` says which peers can run a workload.
 
 Every message is persistent, every queue durable, every publish confirmed; ackbus
 runs with ``--fsync always``.
@@ -610,8 +611,18 @@ class Workload:
     run: Callable[[Context, Server, float], tuple[dict[str, float], dict[str, Any]]]
     # the most the run itself may take: the sum of its steps' own time limits
     budget_s: Callable[[Params], float]
-    # run against ackbus only (the peer has no such feature)
+    # the peers that can run it too (ackbus always runs it); most need RabbitMQ's
+    # exchanges, dead letters, priorities or transactions, which Redis Streams lack
+    peers: frozenset[str] = frozenset({"rabbitmq"})
+    # run against ackbus only (no peer has such a feature): the same as peers=frozenset()
     ackbus_only: bool = False
+
+    def __post_init__(self) -> None:
+        if self.ackbus_only:
+            object.__setattr__(self, "peers", frozenset())
+
+    def runs_on(self, side: str) -> bool:
+        return side == "ackbus" or side in self.peers
 
 
 def _budget_seq(p: Params) -> float:
@@ -676,6 +687,10 @@ def _budget_locks(p: Params) -> float:
     return p.step_timeout_s(p.locks_duration_s) + 60
 
 
+# the workloads Redis Streams have an equivalent for
+BOTH_PEERS = frozenset({"rabbitmq", "redis"})
+
+
 def _ignore_start(fn: Callable[[Context, Server], Any]) -> Callable[[Context, Server, float], Any]:
     return lambda ctx, server, start_s: fn(ctx, server)
 
@@ -684,16 +699,17 @@ WORKLOADS: dict[str, Workload] = {
     w.name: w
     for w in (
         Workload("publish_seq", "1. one-at-a-time confirmed publish", _seq_figures, _ignore_start(_seq_run),
-                 _budget_seq),
+                 _budget_seq, peers=BOTH_PEERS),
         Workload("publish_pipelined", "2. pipelined confirmed publish", _pipelined_figures,
-                 _ignore_start(_pipelined_run), _budget_pipelined),
+                 _ignore_start(_pipelined_run), _budget_pipelined, peers=BOTH_PEERS),
         Workload("inflight", "3. confirmed publish, 1/8/64 in flight", _inflight_figures,
-                 _ignore_start(_inflight_run), _budget_inflight),
+                 _ignore_start(_inflight_run), _budget_inflight, peers=BOTH_PEERS),
         Workload("consume", "4. consume with manual ack", _consume_figures, _ignore_start(_consume_run),
-                 _budget_consume),
+                 _budget_consume, peers=BOTH_PEERS),
         Workload("e2e", "5. end-to-end latency at a fixed rate", _e2e_figures, _ignore_start(_e2e_run),
-                 _budget_e2e),
-        Workload("recovery", "6. recovery after kill -9", _recovery_figures, _recovery_run, _budget_recovery),
+                 _budget_e2e, peers=BOTH_PEERS),
+        Workload("recovery", "6. recovery after kill -9", _recovery_figures, _recovery_run, _budget_recovery,
+                 peers=BOTH_PEERS),
         Workload("fanout", "7. fan-out to 10 queues", _fanout_figures, _ignore_start(_fanout_run),
                  _budget_fanout),
         Workload("failures", "8. failures: retries and dead letters", _failures_figures,
