@@ -120,6 +120,7 @@ def plot_growth(summaries: Sequence[Summary], results: dict[str, Any], path: Pat
         ax.plot([], [], color="#555", linestyle="--", alpha=0.6, label="reference: cost grows as the work")
         ax.set_xscale("log")
         ax.set_yscale("log")
+        ax.margins(x=0.12)  # room for the last point's label
         for axis in (ax.xaxis, ax.yaxis):
             axis.set_major_formatter(ticks)
             axis.set_minor_formatter(NullFormatter())
@@ -133,9 +134,9 @@ def plot_growth(summaries: Sequence[Summary], results: dict[str, Any], path: Pat
     for ax in list(axes.flat)[len(panels):]:
         ax.set_visible(False)
     machine, versions = results.get("machine", {}), results.get("versions", {})
-    rounds = results.get("options", {}).get("rounds")
+    rounds = ", ".join(f"{name} {n}" for name, n in _rounds(results).items())
     caption = (
-        f"medians of {rounds} round(s), whiskers min–max; dashed: through the first point, the cost "
+        f"medians over the rounds ({rounds}), whiskers min–max; dashed: through the first point, the cost "
         f"growing exactly as the work. {machine.get('nproc')} × {machine.get('cpu', '?')}, "
         f"{machine.get('ram_gib')} GiB RAM. ackbus {versions.get('ackbus', '?')} "
         f"(Python {machine.get('python')}, fsync always)"
@@ -151,6 +152,16 @@ def plot_growth(summaries: Sequence[Summary], results: dict[str, Any], path: Pat
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
+
+
+def _rounds(results: dict[str, Any]) -> dict[str, int]:
+    """Successful rounds per growth workload (results may merge invocations with
+    different ``--rounds``)."""
+    out: dict[str, set[int]] = {}
+    for run in results.get("runs", ()):
+        if run["workload"].startswith(PREFIX) and not run.get("error"):
+            out.setdefault(run["workload"], set()).add(run["round"])
+    return {name: len(rounds) for name, rounds in out.items()}
 
 
 def _short(value: float) -> str:
