@@ -18,7 +18,11 @@ Layout:
 - ``worker_ackbus`` / ``worker_rabbitmq`` / ``worker_redis``: the client side of each
   workload, one process each (ackbus's own client library; pika for RabbitMQ;
   redis-py with hiredis for Redis).
-- ``stats``: percentiles, summaries and the table. ``plot``: the chart.
+- ``growth``: the growth-with-work workloads (fan-out to 1…1,000 queues, 1…100
+  publisher channels, memory and recovery at 1M and 10M queued), registered in
+  ``workloads``.
+- ``stats``: percentiles, summaries and the table. ``plot``: the chart;
+  ``plot_growth``: the growth chart beside it.
 
 The suite's smoke test of the harness is ``tests/bench/test_bench_smoke.py``.
 """

@@ -225,10 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         results = json.loads(args.results.read_text())
         _, summaries = report(results, args)
         if args.plot:
-            from bench.plot import plot
-
-            plot(summaries, results, args.plot_file)
-            print(f"chart: {args.plot_file}")
+            _draw(summaries, results, args.plot_file)
         return 0
 
     params = QUICK if args.quick else FULL
@@ -285,11 +282,21 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / f"{stamp}.md").write_text(markdown + "\n")
     print(f"results: {results_path}")
     if args.plot:
-        from bench.plot import plot
-
-        plot(summaries, results, args.plot_file)
-        print(f"chart: {args.plot_file}")
+        _draw(summaries, results, args.plot_file)
     return 1 if any(r.get("error") for r in results["runs"]) else 0
+
+
+def _draw(summaries: Any, results: dict[str, Any], plot_file: Path) -> None:
+    """The main chart (unless only growth workloads ran) and the growth chart beside it
+    (if any ran): ``docs/benchmarks.png``, ``docs/benchmarks-growth.png``."""
+    from bench.plot import plot
+    from bench.plot_growth import growth_chart_path, plot_growth, without_growth
+
+    if without_growth(summaries):
+        plot(without_growth(summaries), results, plot_file)
+        print(f"chart: {plot_file}")
+    if plot_growth(summaries, results, growth_chart_path(plot_file)):
+        print(f"growth chart: {growth_chart_path(plot_file)}")
 
 
 def _one_run(

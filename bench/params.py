@@ -74,6 +74,17 @@ class Params:
     # the slowest fill rate we wait for before calling a fill stuck (msgs/s)
     min_fill_rate: float = 1500.0
 
+    # growth with work (bench/growth.py): the same work made 10×, 100×, 1,000× bigger
+    growth_fanout_queues: tuple[int, ...] = (1, 10, 100, 1000)
+    growth_fanout_duration_s: float = 5.0
+    growth_publisher_channels: tuple[int, ...] = (1, 10, 100)
+    growth_publisher_window: int = 100  # per channel: 100 channels keep 10,000 in flight
+    growth_publisher_procs: int = 4  # the channels are spread over at most this many processes
+    growth_publishers_duration_s: float = 5.0
+    growth_memory_counts: tuple[int, ...] = (1_000_000, 10_000_000)  # queued 100 B messages, cumulative
+    growth_memory_fill_procs: int = 4
+    growth_memory_min_recovery_rate: float = 10_000.0  # msgs/s: slower is a stuck recovery
+
     def fill_timeout_s(self, count: int) -> float:
         return self.slack_s + count / self.min_fill_rate
 
@@ -104,4 +115,9 @@ QUICK = Params(
     priority_memory_count=5_000,
     locks_duration_s=0.5,
     slack_s=60.0,
+    growth_fanout_queues=(1, 10),
+    growth_fanout_duration_s=0.5,
+    growth_publisher_channels=(1, 10),
+    growth_publishers_duration_s=0.5,
+    growth_memory_counts=(2_000, 10_000),
 )

@@ -11,6 +11,7 @@ under trio, or under asyncio with ``scripts/bench --client-backend asyncio``.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -82,32 +83,57 @@ async def publish_pipelined(spec: dict[str, Any]) -> dict[str, Any]:
     """Keep up to ``window`` publishes unconfirmed; stop at ``count`` or ``duration_s``.
 
     The channel's pending buffer (``max_pending``) is the window: ``start_publish``
-    waits for room, so at most ``window`` messages are ever unconfirmed.
+    waits for room, so at most ``window`` messages are ever unconfirmed. With
+    ``channels``: k (default 1), k channels of one connection (each its own TCP
+    connection, as every ackbus channel) publish at once, one task each in a task
+    group, each with its own window; ``count`` is shared among them.
     """
+    window = spec["window"]
+    k = spec.get("channels") or 1
+    async with client.connect(spec["url"], ca_file=spec.get("ca_file"), max_pending=window) as conn:
+        async with contextlib.AsyncExitStack() as stack:
+            channels = [await stack.enter_async_context(conn.channel()) for _ in range(k)]
+            await _declare(channels[0], spec)
+            await _handshake()
+            start = time.perf_counter()
+            deadline = start + spec.get("duration_s", math.inf)
+            total = spec.get("count") or math.inf
+            if k == 1:
+                sent = [await _pipeline(channels[0], spec, total, deadline)]
+            else:
+                sent = [0] * k
+
+                async def lane(i: int) -> None:
+                    share = total if math.isinf(total) else total // k + (i < total % k)
+                    sent[i] = await _pipeline(channels[i], spec, share, deadline)
+
+                async with anyio.create_task_group() as tg:
+                    for i in range(k):
+                        tg.start_soon(lane, i)
+            elapsed = time.perf_counter() - start
+            stats = [_stats(ch) for ch in channels]
+    summed = {key: sum(s[key] for s in stats) for key in stats[0]}
+    return {"count": sum(sent), "elapsed_s": elapsed, "channels": k, **summed}
+
+
+async def _pipeline(ch: client.Channel, spec: dict[str, Any], count: float, deadline: float) -> int:
+    """Publish on ``ch`` until ``count`` or ``deadline``, then wait for every confirm;
+    return how many were published."""
     body = body_of(spec["size"])
     exchange, key = spec.get("exchange", ""), spec["routing_key"]
-    count = spec.get("count") or math.inf
-    window = spec["window"]
-    async with client.connect(spec["url"], ca_file=spec.get("ca_file"), max_pending=window) as conn, conn.channel() as ch:
-        await _declare(ch, spec)
-        await _handshake()
-        start = time.perf_counter()
-        deadline = start + spec.get("duration_s", math.inf)
-        sent = 0
-        delay_s = spec.get("delay_s")
-        # with "priorities": N, message i carries priority i % N
-        props = [client.Properties(delivery_mode=2, priority=i) for i in range(spec.get("priorities") or 0)]
-        props = props or [PERSISTENT]
-        levels = len(props)
-        while sent < count:
-            await ch.start_publish(exchange, key, body, properties=props[sent % levels], delay_s=delay_s)
-            sent += 1
-            if time.perf_counter() >= deadline:
-                break
-        await ch.wait_for_confirms()
-        elapsed = time.perf_counter() - start
-        stats = _stats(ch)
-    return {"count": sent, "elapsed_s": elapsed, **stats}
+    sent = 0
+    delay_s = spec.get("delay_s")
+    # with "priorities": N, message i carries priority i % N
+    props = [client.Properties(delivery_mode=2, priority=i) for i in range(spec.get("priorities") or 0)]
+    props = props or [PERSISTENT]
+    levels = len(props)
+    while sent < count:
+        await ch.start_publish(exchange, key, body, properties=props[sent % levels], delay_s=delay_s)
+        sent += 1
+        if time.perf_counter() >= deadline:
+            break
+    await ch.wait_for_confirms()
+    return sent
 
 
 async def consume(spec: dict[str, Any]) -> dict[str, Any]:

@@ -187,6 +187,72 @@ class PipelinedPublisher(_SelectClient):
         }
 
 
+class MultiChannelPublisher(_SelectClient):
+    """``channels`` channels on one connection, each keeping up to ``window`` publishes
+    unconfirmed (a :class:`ConfirmTracker` each), all driven by the one ioloop; stop at
+    ``count`` (over all channels) or ``duration_s``, then wait for every confirm."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        super().__init__(spec)
+        self.body = body_of(spec["size"])
+        self.exchange, self.key = spec.get("exchange", ""), spec["routing_key"]
+        self.window = spec["window"]
+        self.k = spec["channels"]
+        self.count = spec.get("count") or math.inf
+        self.duration_s = spec.get("duration_s", math.inf)
+        self.lanes: list[tuple[pika.channel.Channel, ConfirmTracker]] = []
+        self.selected = self.published = 0
+        self.stopping = False
+        self.start = self.end = 0.0
+
+    def on_channel(self, ch: pika.channel.Channel) -> None:
+        # the first channel, opened by _SelectClient; open the others from here
+        self._add_lane(ch)
+        for _ in range(self.k - 1):
+            self.conn.channel(on_open_callback=self._on_more)
+
+    def _on_more(self, ch: pika.channel.Channel) -> None:
+        ch.add_on_close_callback(self._on_channel_closed)
+        self._add_lane(ch)
+
+    def _add_lane(self, ch: pika.channel.Channel) -> None:
+        lane = (ch, ConfirmTracker())
+        self.lanes.append(lane)
+        ch.confirm_delivery(lambda frame: self._on_confirm(lane, frame), callback=self._on_select_ok)
+
+    def _on_select_ok(self, frame: Any) -> None:
+        self.selected += 1
+        if self.selected < self.k:
+            return
+        signal_ready()
+        wait_go()
+        self.start = time.perf_counter()
+        self.deadline = self.start + self.duration_s
+        for lane in self.lanes:
+            self._fill(lane)
+
+    def _fill(self, lane: tuple[pika.channel.Channel, ConfirmTracker]) -> None:
+        ch, tracker = lane
+        while not self.stopping and tracker.unconfirmed < self.window:
+            ch.basic_publish(self.exchange, self.key, self.body, PERSISTENT)
+            tracker.sent()
+            self.published += 1
+            if self.published >= self.count or time.perf_counter() >= self.deadline:
+                self.stopping = True
+        if self.stopping and not self.end and all(t.unconfirmed == 0 for _, t in self.lanes):
+            self.end = time.perf_counter()
+            self.close()
+
+    def _on_confirm(self, lane: tuple[pika.channel.Channel, ConfirmTracker], frame: pika.frame.Method) -> None:
+        lane[1].settle(frame)
+        self._fill(lane)
+
+    def result(self) -> dict[str, Any]:
+        nacked = sum(t.nacked for _, t in self.lanes)
+        return {"count": self.published - nacked, "nacked": nacked, "elapsed_s": self.end - self.start,
+                "channels": self.k}
+
+
 class Consumer(_SelectClient):
     """Consume ``count`` messages with manual acks, one ``basic.ack`` per message."""
 
@@ -377,7 +443,9 @@ def _run(cls: type[_SelectClient]) -> Any:
 
 OPS = {
     "publish_seq": publish_seq,
-    "publish_pipelined": _run(PipelinedPublisher),
+    # with "channels": k > 1, k channels on one connection publish at once
+    "publish_pipelined": lambda spec: _run(MultiChannelPublisher if (spec.get("channels") or 1) > 1
+                                           else PipelinedPublisher)(spec),
     "consume": _run(Consumer),
     "e2e_consume": _run(LatencyConsumer),
     "e2e_publish": _run(PacedPublisher),

@@ -733,3 +733,8 @@ WORKLOADS: dict[str, Workload] = {
 
 def all_figures(p: Params, names: Sequence[str]) -> list[Figure]:
     return [f for name in names for f in WORKLOADS[name].figures(p)]
+
+# Growth with work (15–17) lives in its own module.
+from bench.growth import growth_workloads  # noqa: E402
+
+WORKLOADS.update((w.name, w) for w in growth_workloads())
