@@ -56,6 +56,25 @@ PATHS = st.sampled_from(
         "/queues/{n}/redrive",
         "/bindings",
         "/metrics",
+        "/locks",
+        "/locks/{n}",
+        "/locks/{n}/acquire",
+        "/locks/{n}/refresh",
+        "/locks/{n}/release",
+        "/schedules",
+        "/schedules/{n}",
+        "/schedules/{n}/pause",
+        "/schedules/{n}/resume",
+        "/users",
+        "/users/{n}",
+        "/users/{n}/permissions",
+        "/users/{n}/tokens",
+        "/tokens/{n}",
+        "/whoami",
+        "/channels",
+        "/channels/{n}",
+        "/ui/",
+        "/ui/{n}",
         "/nowhere",
     ]
 )
@@ -89,7 +108,11 @@ JSON_VALUES = st.recursive(
 )
 FIELDS = st.sampled_from(
     ["type", "durable", "auto_delete", "exclusive", "arguments", "exchange", "queue", "routing_key",
-     "to_exchange", "lease_ids", "requeue", "lease", "passive", "internal", "x-unknown", "delay_s", "count"]
+     "to_exchange", "lease_ids", "requeue", "lease", "passive", "internal", "x-unknown", "delay_s", "count",
+     # locks, schedules, users. Never "password" (a user would switch authentication
+     # on for every later case), "wait_s" (an acquire could wait as long as asked) or a
+     # schedule's timing (its ticks would change queue depths between two cases).
+     "owner", "ttl_s", "token", "timezone", "missed", "max_missed", "body", "tags", "permissions"]
 )
 BODIES = st.one_of(
     st.none(),
