@@ -21,6 +21,8 @@ Layout:
 - ``growth``: the growth-with-work workloads (fan-out to 1…1,000 queues, 1…100
   publisher channels, memory and recovery at 1M and 10M queued), registered in
   ``workloads``.
+- ``profile``: ``python -m bench.profile``, the CPU time per message of the broker
+  and of one client, and with ``--sample`` (py-spy) where it goes, per hop.
 - ``stats``: percentiles, summaries and the table. ``plot``: the chart;
   ``plot_growth``: the growth chart beside it.
 

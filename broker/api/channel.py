@@ -34,7 +34,7 @@ Rules (docs/protocol.md):
   session detaches from the runtime, so no event (a delivery, an ack timeout
   expiring) follows those final events.
 
-Why one module of ~680 lines: the session (outbox, credit, confirms, the reader and
+Why one module of ~830 lines: the session (outbox, credit, confirms, the reader and
 writer tasks) and the op handlers work on the same ``ChannelSession`` state, and the
 handlers are the protocol's table; apart, each would reach into the other's privates.
 """

@@ -1,0 +1,203 @@
+"""``python -m bench.profile``: where a message's CPU time goes, broker and client, per hop.
+
+Starts one ackbus broker (as the benchmark does: fresh data directory, ``--fsync
+always``) and one client worker running one workload operation, and reports:
+
+- CPU time per message of each process (``/proc/<pid>/stat``, user + system, divided
+  by the messages the worker counted);
+- with ``--sample`` (needs py-spy, ``pip install py-spy``), both processes sampled
+  for the whole run, each stack attributed to a *hop*: the first entry of
+  :data:`BROKER_HOPS` / :data:`CLIENT_HOPS` one of whose names appears in the stack.
+  A hop's share of the samples times the process's CPU per message estimates its
+  microseconds per message. Samples of threads parked in the trio thread cache, or
+  of the worker's handshake thread, are left out; a thread waiting in ``fdatasync``
+  is counted (py-spy sees a thread in a syscall as active), so the WAL thread's hop
+  is mostly waiting, not CPU.
+
+Examples::
+
+    python -m bench.profile                                    # pipelined publish, 100 B
+    python -m bench.profile --sample --seconds 8
+    python -m bench.profile --op consume --count 100000 --prefetch 100 --sample
+
+The broker's hops are named after the code they cover (``docs/architecture.md``
+follows one publish through the same functions). docs/benchmarks.md, "Where the
+time goes per message", shows what this printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from bench.procs import code_root
+from bench.servers import AckbusServer, cpu_seconds
+
+__all__ = ["BROKER_HOPS", "CLIENT_HOPS", "attribute", "main"]
+
+#: (hop, names of functions in it), most specific first. "idle" hops are left out.
+BROKER_HOPS: list[tuple[str, tuple[str, ...]]] = [
+    ("WAL thread: write + fdatasync (mostly waiting)", ("_io_write", "_io_sync")),
+    ("idle: parked worker threads", ("WorkerThread._work",)),
+    ("core: publish (checks, dedup, message, record, enqueue, confirm)", ("PublishingMixin.publish ",)),
+    ("core: deliveries and settling", ("DeliveryMixin", "SettlingMixin")),
+    ("core: after the fsync (confirms released, page-out)", ("Broker.durable ",)),
+    ("channel: op line parsed, checked", ("ChannelSession._publish ", "parse_op_line", "ChannelSession.apply")),
+    ("HTTP: chunked body read (recv, h11)", ("BodyIterator", "receive_chunk")),
+    ("events out: encoded, written", ("flush_nowait", "_take_outbox", "write_nowait", "serve_writer")),
+    ("WAL on the event loop: framing, group commit", ("WriteAheadLog", "encode_records", "_append_records")),
+    ("channel: reader loop (lines, dispatch)", ("ChannelSession.serve_reader",)),
+    ("runtime: effects", ("BrokerRuntime",)),
+    ("trio: run loop, epoll, thread hand-off", ("unrolled_run", "get_events")),
+]
+CLIENT_HOPS: list[tuple[str, tuple[str, ...]]] = [
+    ("idle: handshake thread", ("wait_go", "WorkerThread._work")),
+    ("publish: op line encoded", ("encode_publish", "encode_op", "to_json")),
+    ("publish: handle, window, tracking", ("PendingPublish", "PublishTracker.add", "has_room", "wait_for_room",
+                                           "Channel._enqueue", "_prepare")),
+    ("events in: decoded, confirms settled, deliveries handed over", ("_read_loop", "decode_event", "_on_event")),
+    ("settling: acks queued", ("Message.ack", "_settle", "send_ack")),
+    ("writer: chunks framed, sent", ("_write_loop", "_coalesce")),
+    ("the workload's loop", ("start_publish", "publish_pipelined", "consume", "publish_seq")),
+    ("trio: run loop, epoll", ("unrolled_run", "get_events")),
+]
+
+
+def attribute(raw_lines: list[str], hops: list[tuple[str, tuple[str, ...]]]) -> tuple[collections.Counter[str], int]:
+    """Samples per hop from py-spy's ``--format raw`` lines (``frame;frame;... count``);
+    also the samples of "idle" hops, which the shares leave out."""
+    counts: collections.Counter[str] = collections.Counter()
+    for line in raw_lines:
+        line = line.rstrip()
+        if not line:
+            continue
+        stack, _, n = line.rpartition(" ")
+        frames = stack.split(";")
+        hop = next((name for name, keys in hops if any(k in f for f in frames for k in keys)), "other")
+        counts[hop] += int(n)
+    idle = sum(n for hop, n in counts.items() if hop.startswith("idle"))
+    for hop in [h for h in counts if h.startswith("idle")]:
+        del counts[hop]
+    return counts, idle
+
+
+def _table(title: str, counts: collections.Counter[str], cpu_us: float) -> str:
+    busy = sum(counts.values()) or 1
+    rows = [f"{title}: {cpu_us:.1f} µs of CPU per message", "| hop | share of samples | ≈ µs/msg |",
+            "| --- | --- | --- |"]
+    for hop, n in counts.most_common():
+        rows.append(f"| {hop} | {100 * n / busy:.0f} % | {cpu_us * n / busy:.1f} |")
+    return "\n".join(rows)
+
+
+def _spec(args: argparse.Namespace) -> dict[str, Any]:
+    if args.op == "publish_pipelined":
+        return {"op": "publish_pipelined", "queues": ["profile"], "routing_key": "profile", "size": args.size,
+                "duration_s": args.seconds, "window": args.window}
+    if args.op == "publish_seq":
+        return {"op": "publish_seq", "queues": ["profile"], "routing_key": "profile", "size": args.size,
+                "duration_s": args.seconds, "warmup_s": 0.5}
+    return {"op": "consume", "queue": "profile", "count": args.count, "prefetch": args.prefetch}
+
+
+def _worker(server: AckbusServer, spec: dict[str, Any]) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bench.worker_ackbus", json.dumps({**server.client_spec(), **spec})],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=str(code_root()),
+    )
+    assert proc.stdout is not None
+    if proc.stdout.readline().strip() != "READY":
+        proc.kill()
+        raise SystemExit("the worker did not get ready")
+    return proc
+
+
+def _run(proc: subprocess.Popen[str]) -> dict[str, Any]:
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write("GO\n")
+    proc.stdin.flush()
+    lines = proc.stdout.read().splitlines()
+    proc.wait()
+    results = [line for line in lines if line.startswith("RESULT ")]
+    if not results:
+        raise SystemExit("the worker ended without a result")
+    result: dict[str, Any] = json.loads(results[-1][len("RESULT "):])
+    return result
+
+
+def _spy(pid: int, out: Path, seconds: float) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        ["py-spy", "record", "--pid", str(pid), "--format", "raw", "--rate", "200", "--output", str(out),
+         "--duration", str(max(1, round(seconds)))],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.profile", description=__doc__.splitlines()[0])
+    parser.add_argument("--op", choices=["publish_pipelined", "publish_seq", "consume"], default="publish_pipelined")
+    parser.add_argument("--size", type=int, default=100, help="body bytes (default 100)")
+    parser.add_argument("--seconds", type=float, default=8.0, help="publishing time (default 8)")
+    parser.add_argument("--window", type=int, default=1000, help="pipelined publishes in flight (default 1000)")
+    parser.add_argument("--count", type=int, default=100_000, help="messages to fill and consume (consume)")
+    parser.add_argument("--prefetch", type=int, default=100, help="consumer prefetch (consume)")
+    parser.add_argument("--sample", action="store_true", help="sample both processes with py-spy")
+    args = parser.parse_args(argv)
+    if args.sample and shutil.which("py-spy") is None:
+        parser.error("--sample needs py-spy on PATH (pip install py-spy)")
+    workdir = Path(tempfile.mkdtemp(prefix="ackbus-profile-"))
+    server = AckbusServer(workdir)
+    try:
+        server.start(timeout_s=60)
+        if args.op == "consume":
+            fill = {"op": "publish_pipelined", "queues": ["profile"], "routing_key": "profile", "size": args.size,
+                    "count": args.count, "window": 1000}
+            _run(_worker(server, fill))
+        worker = _worker(server, _spec(args))
+        spies = []
+        seconds = args.seconds if args.op != "consume" else args.count / 20_000
+        if args.sample:
+            spies = [_spy(server.pid, workdir / "broker.txt", seconds), _spy(worker.pid, workdir / "client.txt", seconds)]
+        broker0, children0 = cpu_seconds(server.pid), _children_cpu()
+        result = _run(worker)  # (reaps the worker; the samplers are reaped after)
+        broker_s, client_s = cpu_seconds(server.pid) - broker0, _children_cpu() - children0
+        for spy in spies:
+            spy.wait()
+        count = result["count"]
+        print(f"{args.op}, {args.size} B: {count:,} messages in {result['elapsed_s']:.2f} s "
+              f"({count / result['elapsed_s']:,.0f} msgs/s)")
+        broker_us = broker_s / count * 1e6
+        print(f"broker: {broker_us:.1f} µs of CPU per message")
+        print(f"client: {client_s / count * 1e6:.1f} µs of CPU per message")
+        if args.sample:
+            for title, path, hops, cpu_us in (
+                ("broker", workdir / "broker.txt", BROKER_HOPS, broker_us),
+                ("client", workdir / "client.txt", CLIENT_HOPS, client_s / count * 1e6),
+            ):
+                if path.exists():
+                    counts, idle = attribute(path.read_text().splitlines(), hops)
+                    print()
+                    print(_table(title, counts, cpu_us))
+                    print(f"({sum(counts.values())} samples; {idle} of idle threads left out)")
+        return 0
+    finally:
+        server.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _children_cpu() -> float:
+    """CPU seconds of this process's reaped children (the worker, once waited for)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+if __name__ == "__main__":
+    sys.exit(main())
