@@ -18,7 +18,9 @@ Theory of operation
   forms the next batch: under load, batches grow and fsyncs per record fall. A batch
   of at most ``inline_max_records`` records that fits the active segment is written
   and fsynced on the calling (event loop) thread instead: for a lone publisher the
-  thread hand-off costs as much as the fsync. 0 (the default) never does this.
+  thread hand-off costs as much as the fsync. 0 (the default) never does this, nor
+  does a batch for which ``inline_allowed()`` (if given) says no: the owner keeps its
+  event loop free while that loop has other clients to serve.
 * **Fsync policies** (:class:`FsyncPolicy`): ``always`` reports after the fsync (the only
   policy that survives power loss); ``interval=N`` reports after the write and fsyncs
   at most every N ms; ``never`` reports after the write and fsyncs only on
@@ -154,6 +156,7 @@ OnFailure = Callable[[int, int, OSError], None]
 OnRecovered = Callable[[], None]
 OnFsync = Callable[[float], None]
 OnReserve = Callable[[bool], None]
+InlineAllowed = Callable[[], bool]
 
 
 @dataclass(frozen=True, slots=True)
@@ -303,6 +306,7 @@ class WriteAheadLog:
         lazy_sync_s: float = DEFAULT_LAZY_SYNC_S,
         max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
         inline_max_records: int = 0,
+        inline_allowed: InlineAllowed | None = None,
         preallocate_bytes: int = DEFAULT_PREALLOCATE_BYTES,
         reserve_bytes: int = 0,
         fs: FileSystem | None = None,
@@ -336,6 +340,7 @@ class WriteAheadLog:
         self._lazy_sync_s = lazy_sync_s
         self._max_record_bytes = max_record_bytes
         self._inline_max_records = inline_max_records
+        self._inline_allowed = inline_allowed
         self._preallocate_bytes = preallocate_bytes
         self._reserve_bytes = reserve_bytes
         # the space reserve (reserve.py) is to be made or grown when the writer is idle
@@ -401,6 +406,7 @@ class WriteAheadLog:
         segment_max_bytes: int = DEFAULT_SEGMENT_MAX_BYTES,
         retry_interval_s: float = DEFAULT_RETRY_INTERVAL_S,
         inline_max_records: int = 0,
+        inline_allowed: InlineAllowed | None = None,
         preallocate_bytes: int = DEFAULT_PREALLOCATE_BYTES,
         reserve_bytes: int = 0,
     ) -> WriteAheadLog:
@@ -423,6 +429,7 @@ class WriteAheadLog:
             retry_interval_s=retry_interval_s,
             max_record_bytes=recovery.max_record_bytes,
             inline_max_records=inline_max_records,
+            inline_allowed=inline_allowed,
             preallocate_bytes=preallocate_bytes,
             reserve_bytes=reserve_bytes,
             fs=recovery.fs,
@@ -723,6 +730,7 @@ class WriteAheadLog:
             and active is not None
             and active.size + GROUP_HEADER_BYTES + len(data) <= self._segment_max_bytes
             and len(data) <= GROUP_SPLIT_BYTES
+            and (self._inline_allowed is None or self._inline_allowed())
         )
         synced = self._synced_lsn
         try:

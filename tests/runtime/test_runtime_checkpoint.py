@@ -89,3 +89,47 @@ async def test_overview_reports_the_last_fsync_and_checkpoint(tmp_path: Path) ->
         assert storage["checkpoints"] == 1
         nursery.cancel_scope.cancel()
     await runtime.aclose(checkpoint=False)
+
+
+async def test_small_batches_leave_the_event_loop_while_consumers_are_served(tmp_path: Path) -> None:
+    """A lone publisher's record is written and fsynced on the event loop (no thread
+    hand-off); once a delivery went out since the log last asked, the next small batch
+    goes to a worker thread, so the consumer's ack or next delivery does not wait out
+    an fsync behind it."""
+    import threading
+    from typing import Any
+
+    runtime = BrokerRuntime(RuntimeOptions(data_dir=tmp_path, checkpoint_interval_s=3600))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(runtime.serve)
+        await runtime.ready_event.wait()
+        wal = runtime.wal
+        on_loop: list[bool] = []
+        io_write = wal._io_write
+
+        def recording_io_write(*args: Any) -> Any:
+            on_loop.append(threading.current_thread() is threading.main_thread())
+            return io_write(*args)
+
+        wal._io_write = recording_io_write  # type: ignore[method-assign]
+        core = runtime.core
+        core.declare_queue("q", durable=True)
+        ch = core.open_channel()
+
+        async def publish() -> None:
+            core.publish(ch, "", "q", b"m", {"delivery_mode": 2})
+            runtime.pump()
+            with trio.fail_after(10):
+                while wal.statistics().last_durable_lsn < core.last_lsn:
+                    await trio.sleep(0.001)
+
+        await publish()  # (opens the first segment: never inline)
+        on_loop.clear()
+        await publish()
+        assert on_loop == [True]  # publishers alone: inline
+        core.consume(ch, "q", prefetch=10)
+        on_loop.clear()
+        await publish()  # delivered at once to the consumer
+        assert on_loop and not on_loop[-1]
+        nursery.cancel_scope.cancel()
+    await runtime.aclose(checkpoint=False)

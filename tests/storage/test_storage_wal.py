@@ -87,6 +87,40 @@ async def test_append_assigns_consecutive_lsns_and_reports_them_durable(
     assert records == [(1, 1, b"a"), (2, 2, b"b"), (3, 3, b"c"), (4, 4, b"d")]
 
 
+@pytest.mark.parametrize("allowed", [True, False])
+async def test_inline_allowed_decides_whether_a_small_batch_stays_on_the_event_loop(
+    tmp_path: Path, recover_all: RecoverAll, allowed: bool
+) -> None:
+    """A small batch is written on the event loop's thread only while the owner's
+    ``inline_allowed()`` says yes (it is asked once a batch); else in a worker thread."""
+    asked: list[bool] = []
+
+    def inline_allowed() -> bool:
+        asked.append(allowed)
+        return allowed
+
+    events = Events()
+    wal = WriteAheadLog(tmp_path, inline_max_records=8, inline_allowed=inline_allowed, **events.callbacks())
+    threads: list[threading.Thread] = []
+    io_write = wal._io_write
+
+    def recording_io_write(*args: Any) -> Any:
+        threads.append(threading.current_thread())
+        return io_write(*args)
+
+    wal._io_write = recording_io_write  # type: ignore[method-assign]
+    async with serving(wal):
+        for lsn, payload in enumerate([b"a", b"b", b"c"], start=1):
+            wal.append_nowait([(1, payload)])
+            await events.wait_durable(lsn)
+    # (the first batch opens the first segment, which is never done inline: not asked)
+    assert asked == [allowed, allowed]
+    on_loop = [t is threading.main_thread() for t in threads]
+    assert on_loop == [False, allowed, allowed]
+    _, records = recover_all(tmp_path)
+    assert [r[2] for r in records] == [b"a", b"b", b"c"]
+
+
 async def test_bad_records_are_rejected_whole_and_assign_no_lsn(tmp_path: Path) -> None:
     wal = WriteAheadLog(tmp_path, max_record_bytes=100)
     with pytest.raises(ValueError):
