@@ -156,9 +156,9 @@ class ChannelSession:
             floor += 1
         self._settled_floor = floor
         if floor != tag:
-            self.send_nowait(b'{"op":"ack","delivery_tag":%d}\n' % tag, direct=False)
+            self.send_op({"op": "ack", "delivery_tag": tag}, direct=False)
             return
-        line = b'{"op":"ack","delivery_tag":%d,"multiple":true}\n' % tag
+        line = encode_op({"op": "ack", "delivery_tag": tag, "multiple": True})
         out = self._out
         if self._ack_tail is not None and out and out[-1] is self._ack_tail:
             out[-1] = line
