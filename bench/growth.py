@@ -56,21 +56,15 @@ def _fanout_run(ctx: Context, server: Server) -> tuple[dict[str, float], dict[st
     """Per queue count, a fresh exchange and queues (declared and bound by the worker
     before GO, untimed), one pipelined publisher for ``growth_fanout_duration_s``; the
     last queue must hold every confirmed message."""
-    from bench.workloads import BenchError
+    from bench.workloads import fanout_step
 
     p = ctx.params
     figures, extra = {}, {}
     for n in p.growth_fanout_queues:
         ctx.status(f"growth: fan-out to {n:,} queues")
-        exchange = f"bench.growth.fanout.{n}"
         queues = [f"bench.gfan.{n}.{i}" for i in range(n)]
-        spec = {"op": "publish_pipelined", "queues": queues, "fanout": exchange, "exchange": exchange,
-                "routing_key": "", "size": BODY, "duration_s": p.growth_fanout_duration_s,
-                "window": p.pipelined_window}
-        (result,) = ctx.workers(server, [spec], p.step_timeout_s(p.growth_fanout_duration_s))
-        depth = server.queue_messages(queues[-1])
-        if depth != result["count"]:
-            raise BenchError(f"fan-out to {n} queues: {result['count']} confirmed but {queues[-1]} holds {depth}")
+        result = fanout_step(ctx, server, f"bench.growth.fanout.{n}", queues, BODY, p.growth_fanout_duration_s,
+                             p.step_timeout_s(p.growth_fanout_duration_s))
         rate = result["count"] / result["elapsed_s"]
         figures[f"growth_fanout/{n}/msgs_per_s"] = rate
         figures[f"growth_fanout/{n}/deliveries_per_s"] = rate * n

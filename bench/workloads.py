@@ -363,17 +363,28 @@ def _fanout_run(ctx: Context, server: Server) -> tuple[dict[str, float], dict[st
     figures, extra = {}, {}
     for size in p.body_sizes:
         ctx.status(f"fan-out to {p.fanout_queues} queues, {size_name(size)}")
-        exchange = f"bench.fanout.{size}"
         queues = [f"bench.fan.{size}.{i}" for i in range(p.fanout_queues)]
-        spec = {"op": "publish_pipelined", "queues": queues, "fanout": exchange, "exchange": exchange,
-                "routing_key": "", "size": size, "duration_s": p.fanout_duration_s, "window": p.pipelined_window}
-        (result,) = ctx.workers(server, [spec], p.fanout_duration_s + p.slack_s)
+        result = fanout_step(ctx, server, f"bench.fanout.{size}", queues, size, p.fanout_duration_s,
+                             p.fanout_duration_s + p.slack_s)
         figures[f"fanout/{size}/msgs_per_s"] = result["count"] / result["elapsed_s"]
-        depth = server.queue_messages(queues[-1])
-        if depth != result["count"]:
-            raise BenchError(f"fan-out: {result['count']} confirmed but {queues[-1]} holds {depth}")
         extra[str(size)] = result
     return figures, extra
+
+
+def fanout_step(
+    ctx: Context, server: Server, exchange: str, queues: Sequence[str], size: int, duration_s: float,
+    timeout_s: float,
+) -> dict[str, Any]:
+    """One pipelined publisher to a fanout exchange bound to ``queues`` (declared and
+    bound by the worker before GO) for ``duration_s``; the last queue must hold every
+    confirmed message. Returns the worker's result."""
+    spec = {"op": "publish_pipelined", "queues": list(queues), "fanout": exchange, "exchange": exchange,
+            "routing_key": "", "size": size, "duration_s": duration_s, "window": ctx.params.pipelined_window}
+    (result,) = ctx.workers(server, [spec], timeout_s)
+    depth = server.queue_messages(queues[-1])
+    if depth != result["count"]:
+        raise BenchError(f"fan-out to {len(queues)} queues: {result['count']} confirmed but {queues[-1]} holds {depth}")
+    return result
 
 
 # --------------------------------------------------------------------------- 7. failures
