@@ -67,10 +67,12 @@ class Backoff:
     """
 
     def __init__(
-        self, policy: ReconnectPolicy, random: Callable[[], float] = _random.random
+        self, policy: ReconnectPolicy, random: Callable[[], float] | None = None
     ) -> None:
         self._policy = policy
-        self._random = random
+        # Jitter from a generator of our own: a library must not draw from (and so
+        # perturb) the application's global ``random`` state.
+        self._random = random if random is not None else _random.Random().random
         self._attempts = 0
         self._outage_started: float | None = None
         #: No connection was ever healthy yet: the first-connect bound applies.

@@ -81,3 +81,15 @@ def test_the_first_connect_gives_up_by_default_a_later_outage_does_not() -> None
     assert backoff.next_delay(100.0) is not None
     assert backoff.deadline() is None  # give_up_after_s=None: retries forever
     assert backoff.next_delay(10_000.0) is not None
+
+
+def test_jitter_leaves_the_applications_random_state_alone() -> None:
+    """The client's reconnect jitter has a generator of its own: a program that seeds
+    the global ``random`` (or a test framework that checks it) sees no draw from it."""
+    import random
+
+    state = random.getstate()
+    backoff = Backoff(ReconnectPolicy(initial_delay_s=0.1, max_delay_s=1.0))
+    delays = [backoff.next_delay(float(i)) for i in range(5)]
+    assert all(d is not None and 0 <= d <= 1.0 for d in delays)
+    assert random.getstate() == state
