@@ -291,6 +291,7 @@ def attach_fake_wal(runtime: Any, *, hold: bool = True) -> FakeWAL:
         on_failure=callbacks.on_failure,
         on_recovered=callbacks.on_recovered,
         hold=hold,
+        next_lsn=runtime.core.last_lsn + 1,  # numbering goes on from the core's
     )
     runtime.wal = wal
     return wal
