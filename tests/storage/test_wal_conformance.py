@@ -131,14 +131,14 @@ async def _real(tmp_path: Path) -> AsyncIterator[LogUnderTest]:
         serving = trio.Event()
         serve_scope = trio.CancelScope()
 
-        async def serve() -> None:
+        async def serve(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
             try:
                 with serve_scope:
-                    await wal.serve()
+                    await wal.serve(task_status=task_status)
             finally:
                 serving.set()
 
-        nursery.start_soon(serve)
+        await nursery.start(serve)
 
         async def power_cut() -> dict[int, tuple[int, bytes]]:
             nonlocal crashed
