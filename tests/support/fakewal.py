@@ -24,7 +24,13 @@ from typing import Any
 
 import trio
 
-from broker.storage import DEFAULT_MAX_RECORD_BYTES, RecordTooLarge, WALClosed, WALFailed, WALStatistics
+from broker.storage import (
+    DEFAULT_MAX_RECORD_BYTES,
+    RecordTooLarge,
+    WALClosed,
+    WALFailed,
+    WALStatistics,
+)
 from broker.storage.reader import ReadFailure, ReadResult
 
 __all__ = ["FakeLogReader", "FakeWAL", "attach_fake_wal"]
