@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from broker.core import LogReadFailed, MessageLost
-from broker.core.publishing import READ_RETRY_MIN_S
+from broker.core.pager import READ_RETRY_MIN_S
 
 from .helpers import Harness
 
