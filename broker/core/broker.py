@@ -294,8 +294,18 @@ class Broker:
         return self.log.storage_ok
 
     @property
+    def storage_reason(self) -> str:
+        return self.log.storage_reason
+
+    @property
     def publish_refusal(self) -> str | None:
         return self.log.publish_refusal
+
+    @property
+    def dropped_references(self) -> list[tuple[str, int, int]]:
+        """``(queue, count, lowest LSN)`` of queued-message references recovery dropped
+        because their records are not on disk (see ``Recovery.finish_recovery``)."""
+        return self.recovery.dropped_references
 
     # ----------------------------------------------- settable by the IO layer
 
