@@ -52,7 +52,8 @@ collaborators in its constructor (built here, in dependency order):
   deliveries, settling and ack deadlines; ``leases`` (leases.py) and ``publishing``
   (publishing.py) and ``transactions`` (transactions.py) work through it;
 * ``coordination`` (coordlog.py): locks (locks.py) and schedules (schedules.py);
-* ``users`` (users.py): users and tokens;
+* ``accounts`` (:class:`Users`, users.py): users and tokens (``Broker.users`` is
+  their store, read by the API to authenticate);
 * ``recovery`` (replay.py) and ``snapshots`` (snapshot.py), which work through the
   others; ``compaction`` (compaction.py) and ``browser`` (browsing.py).
 
@@ -167,7 +168,7 @@ class Broker:
         self.leases = leases = Leases(
             deliveries, store, delays, dead_letters, log, stats, clock=clock, boot_id=boot_id, config=config
         )
-        self.users_commands = users = Users(append=log.append, wall_clock=wall_clock)
+        self.accounts = users = Users(append=log.append, wall_clock=wall_clock)
         coord = CoordState()
         coord_timer = CoordTimer(coord, timers)
         locks = Locks(coord, coord_timer, deliveries, outbox, append=log.append, **clocks)
@@ -270,7 +271,7 @@ class Broker:
     @property
     def users(self) -> UserStore:
         """Users and tokens, for authentication."""
-        return self.users_commands.store
+        return self.accounts.store
 
     @property
     def coord(self) -> CoordState:

@@ -72,7 +72,6 @@ class Deliveries:
         self._settle_entry = log.settle_entry
         self._timers = timers
         self._heap = timers.heap
-        self._outbox = outbox
         self._emit = outbox.emit
         self._dispatch_due = wakeups.dispatch
         self._getters = wakeups.getters
