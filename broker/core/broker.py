@@ -145,7 +145,7 @@ class Broker:
 
         self.log = log = MessageLog(outbox, stats, dedup_window_s=config.dedup_window_s, read_log=read_log)
         self.delays = delays = Delays(log, timers, **clocks)
-        self.pager = pager = Pager(log, delays, outbox, clock=clock, repair=config.repair)
+        self.pager = pager = Pager(log, delays, outbox, **clocks, repair=config.repair)
         self.store = store = QueueStore(
             log, delays, pager, outbox, wakeups, **clocks, boot_id=boot_id,
             max_queues=config.max_queues, memory_messages_per_queue=config.queue_memory_messages,
