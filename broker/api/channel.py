@@ -536,7 +536,7 @@ async def _op_touch(s: ChannelSession, op: dict[str, Any]) -> None:
 async def _op_declare_exchange(s: ChannelSession, op: dict[str, Any]) -> None:
     name = _get(op, "exchange", str, None) or ""
     if not _get(op, "passive", bool, False):
-        s.access.require("declare_exchange", name or DEFAULT_EXCHANGE_ALIAS)
+        s.access.require_declare("declare_exchange", name or DEFAULT_EXCHANGE_ALIAS, op.get("arguments"))
     exchange, created = s.core.declare_exchange(
         exchange_name(name),
         _get(op, "type", str, "direct"),
@@ -566,7 +566,7 @@ async def _op_declare_queue(s: ChannelSession, op: dict[str, Any]) -> None:
     name = _get(op, "queue", str, "")
     if not _get(op, "passive", bool, False):
         # A server-named queue is checked as "amq.gen-" (RabbitMQ names them amq.gen-*).
-        s.access.require("declare_queue", name or SERVER_NAMED_QUEUE)
+        s.access.require_declare("declare_queue", name or SERVER_NAMED_QUEUE, op.get("arguments"))
     queue, created = s.core.declare_queue(
         name,
         durable=_get(op, "durable", bool, True),
