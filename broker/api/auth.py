@@ -264,8 +264,8 @@ class Principal:
 
 
 class FailureLimiter:
-    """Failed authentications per client address in a sliding window (times are
-    arguments, so tests drive it synchronously)."""
+    """Failed authentications per key (a client address, or an address and a login
+    name) in a sliding window (times are arguments, so tests drive it synchronously)."""
 
     def __init__(self, limit: int, window_s: float) -> None:
         self.limit = limit

@@ -38,7 +38,8 @@ from broker.core import AccessRefused, User, UserStore
 
 __all__ = ["ALLOW_ALL", "DEFAULT_EXCHANGE_NAME", "PUBLISHING_ARGUMENTS", "Access", "OPERATIONS", "access_for"]
 
-#: The name the default exchange ("") is checked as (RabbitMQ's ``amq.default``).
+#: The name the default exchange ("") is checked as (RabbitMQ's ``amq.default``; the
+#: same name REST paths give it, ``broker.api.rest.DEFAULT_EXCHANGE_ALIAS``).
 DEFAULT_EXCHANGE_NAME: Final = "amq.default"
 
 #: operation -> ((permission, which resource), ...); "name" is the operation's main

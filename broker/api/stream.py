@@ -20,7 +20,14 @@ import trio
 
 from broker.api.codec import dumps_line, message_json
 from broker.api.permissions import Access, access_for
-from broker.core import Broker, BrokerError, ConsumerCancelled, Deliver, InvalidArgument, delivery_cost
+from broker.core import (
+    Broker,
+    BrokerError,
+    ConsumerCancelled,
+    Deliver,
+    InvalidArgument,
+    delivery_cost,
+)
 from broker.http import ClientDisconnected
 from broker.runtime import BrokerRuntime
 

@@ -1,6 +1,6 @@
 """Authentication: every route but the public ones needs credentials once a user
-exists; Basic and Bearer; 401 with challenges; failed logins limited per address and user name, and per address;
-per-user caps; users and tokens over REST."""
+exists; Basic and Bearer; 401 with challenges; failed logins limited per address and
+user name, and per address; per-user caps; users and tokens over REST."""
 
 from __future__ import annotations
 

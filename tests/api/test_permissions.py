@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 
+from broker.api.permissions import DEFAULT_EXCHANGE_NAME
+from broker.api.rest import DEFAULT_EXCHANGE_ALIAS
 from broker.app import BrokerApp
 from tests.support.channel import Clients, wait_until
 from tests.support.http import open_tcp_client
@@ -298,3 +300,7 @@ async def test_dead_letter_and_alternate_exchanges_do_not_bypass_write(broker_ap
         reply = await client.request("POST", "/exchanges/amq.default/publish?routing_key=a.q", body=b"m", headers=trusted)
         assert reply.status == 200
     await wait_until(lambda: core.queues["secret.q"].ready_count() == 1)  # expired into it
+
+
+def test_the_default_exchange_has_one_name_in_paths_and_permissions() -> None:
+    assert DEFAULT_EXCHANGE_NAME == DEFAULT_EXCHANGE_ALIAS == "amq.default"

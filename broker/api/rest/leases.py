@@ -12,7 +12,13 @@ import trio
 from broker.api.codec import message_json
 from broker.api.permissions import Access, access_for
 from broker.api.rest.fields import RestContext, body_fields
-from broker.core import AccessRefused, BrokerError, InvalidArgument, NotFound, check_delay
+from broker.core import (
+    AccessRefused,
+    BrokerError,
+    InvalidArgument,
+    NotFound,
+    check_delay,
+)
 from broker.http import ClientDisconnected
 from broker.runtime import BrokerRuntime
 

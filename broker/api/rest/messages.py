@@ -7,7 +7,12 @@ from typing import Any
 
 from broker.api.codec import message_json
 from broker.api.permissions import access_for
-from broker.api.rest.fields import DEFAULT_EXCHANGE_ALIAS, RestContext, body_fields, exchange_name
+from broker.api.rest.fields import (
+    DEFAULT_EXCHANGE_ALIAS,
+    RestContext,
+    body_fields,
+    exchange_name,
+)
 from broker.core import MAX_BROWSE, MAX_REDRIVE, InvalidArgument
 
 
