@@ -39,7 +39,9 @@ SSE_HEARTBEAT_S = 15.0
 
 
 class _StreamSink:
-    def __init__(self, remote: str | None = None, core: Broker | None = None, channel_id: int = 0, queue: str = "") -> None:
+    def __init__(
+        self, remote: str | None = None, core: Broker | None = None, channel_id: int = 0, queue: str = ""
+    ) -> None:
         #: Who and since when, for ``GET /channels`` (``broker/api/rest/channels.py``).
         self.kind = "stream"
         self.remote = remote
@@ -74,7 +76,6 @@ class _StreamSink:
             self.closing_reason = "broker shutting down"
         self.wakeup.set()
 
-
     # Revocable (broker.api.auth) -------------------------------------------
 
     def revoke(self, error: BrokerError) -> None:
@@ -85,7 +86,8 @@ class _StreamSink:
     def recheck(self, access: Access) -> None:
         """The user's permissions changed: end the stream if it may no longer read."""
         if not access.allows("read", self._queue):
-            self._end("access_refused", f"read permission on queue {self._queue!r} was revoked for user {access.username!r}")
+            reason = f"read permission on queue {self._queue!r} was revoked for user {access.username!r}"
+            self._end("access_refused", reason)
 
     def _end(self, code: str, reason: str) -> None:
         if self.error is not None or self._core is None:
