@@ -33,7 +33,7 @@ Rules (etcd's, extended with write groups):
   reported durable; they are dropped (and truncated away) with a warning, not replayed.
   LSN gaps explained by a void marker are expected.
 * **Preallocated tails.** Zero bytes from a frame boundary to the end of a segment are
-  space the writer reserved and had not used (``wal.py``), not damage: they are cut off
+  space the writer reserved and had not used (``wal_segments.py``), not damage: they are cut off
   (logged at INFO) and are not listed as torn. This holds in any segment, since whether
   a retired segment's cut reached the disk before a power loss is up to the file system;
   a record lost under such zeros would show as missing LSNs before the next segment.
