@@ -35,7 +35,6 @@ from tests.support.channel import Clients
 from tests.support.http import HTTPClient, open_memory_client, open_tcp_client
 from tests.support.seeds import test_seed
 
-
 #: Folders whose every test is ``slow`` (left out by ``scripts/test --fast``).
 SLOW_FOLDERS = ("ui",)  # a real browser against a broker subprocess
 
