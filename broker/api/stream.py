@@ -20,9 +20,9 @@ import trio
 
 from broker.api.codec import dumps_line, message_json
 from broker.api.permissions import access_for
-from broker.core import ConsumerCancelled, Deliver, InvalidArgument, delivery_cost
-from broker.http import ClientDisconnected
-from broker.runtime import BrokerRuntime
+from broker.core import Broker, ConsumerCancelled, Deliver, Effect, InvalidArgument, delivery_cost
+from broker.http import ClientDisconnected, Request, Response
+from broker.runtime import CommandGateway
 
 __all__ = ["handle_stream"]
 
@@ -42,10 +42,10 @@ class _StreamSink:
         self.closing_reason: str | None = None
         self.cancelled: str | None = None
 
-    def push(self, effect: Any) -> None:
-        if type(effect) is Deliver:
+    def push(self, effect: Effect) -> None:
+        if isinstance(effect, Deliver):
             self.outbox.append(effect)
-        elif type(effect) is ConsumerCancelled:
+        elif isinstance(effect, ConsumerCancelled):
             self.cancelled = effect.reason
         self.wakeup.set()
 
@@ -75,43 +75,38 @@ def _stream_item(d: Deliver) -> dict[str, Any]:
     return item
 
 
-async def handle_stream(runtime: BrokerRuntime, request: Any, response: Any) -> None:
+async def handle_stream(gateway: CommandGateway, request: Request, response: Response) -> None:
     """Stream a queue's messages until the client leaves or the broker closes."""
-    runtime.check_ready()
+    gateway.check_ready()
+    options = gateway.runtime.options
     queue = request.path_params["name"]
     access_for(request).require("consume", queue)
-    prefetch = request.query.get_int("prefetch", 100, min_value=0, max_value=runtime.options.max_prefetch)
+    prefetch = request.query.get_int("prefetch", 100, min_value=0, max_value=options.max_prefetch)
     ack_mode = request.query.get_str("ack", "auto")
     if ack_mode not in ("auto", "lease"):
         raise InvalidArgument("ack must be auto or lease")
-    lease_s = request.query.get_float(
-        "lease", runtime.options.default_lease_s, min_value=0.001, max_value=runtime.options.max_lease_s
-    )
+    lease_s = request.query.get_float("lease", options.default_lease_s, min_value=0.001, max_value=options.max_lease_s)
     sse = "text/event-stream" in (request.headers.get("accept") or "")
     await request.read_body()
-    runtime.check_channel_room()
-    core = runtime.core
     principal = request.principal
     if principal is not None:
-        principal.check_consumer(core)  # a stream is one consumer of the user's
-    channel_id = core.open_channel()
+        gateway.runtime.check_channel_room()
+        principal.check_consumer(gateway.runtime.core)  # a stream is one consumer of the user's
+    channel_id = gateway.open_channel()
     sink = _StreamSink(request.remote)
-    runtime.add_sink(channel_id, sink)
+    gateway.attach(channel_id, sink)
     disconnected = False
     try:
         if principal is not None:
             principal.open_channel(channel_id)  # and one of its channels
         # Auto mode is not a no_ack consumer: its deliveries are acked by the writer
         # once written, so a client that leaves loses nothing still buffered here.
-        core.consume(
-            channel_id,
-            queue,
-            prefetch=prefetch,
-            lease_s=lease_s if ack_mode == "lease" else None,
-        )
+        lease = lease_s if ack_mode == "lease" else None
+        # (its effects, the first deliveries, are carried out once the response started)
+        gateway.batch().run(lambda core: core.consume(channel_id, queue, prefetch=prefetch, lease_s=lease))
         content_type = "text/event-stream" if sse else "application/x-ndjson"
         await response.start(200, content_type=content_type, headers=[("cache-control", "no-cache")])
-        runtime.pump()
+        gateway.flush()
         async with trio.open_nursery() as nursery:
 
             async def watch_client() -> None:
@@ -122,7 +117,7 @@ async def handle_stream(runtime: BrokerRuntime, request: Any, response: Any) -> 
 
             nursery.start_soon(watch_client)
             try:
-                await _write_loop(runtime, channel_id, sink, response, sse, ack_mode == "auto")
+                await _write_loop(gateway, channel_id, sink, response, sse, ack_mode == "auto")
             except ClientDisconnected:
                 disconnected = True
             nursery.cancel_scope.cancel()
@@ -133,15 +128,12 @@ async def handle_stream(runtime: BrokerRuntime, request: Any, response: Any) -> 
     finally:
         if principal is not None:
             principal.close_channel(channel_id)
-        runtime.remove_sink(channel_id)
-        core.close_channel(channel_id, "stream ended")
-        runtime.pump()
+        gateway.close_channel(channel_id, "stream ended")
 
 
 async def _write_loop(
-    runtime: BrokerRuntime, channel_id: int, sink: _StreamSink, response: Any, sse: bool, auto_ack: bool
+    gateway: CommandGateway, channel_id: int, sink: _StreamSink, response: Response, sse: bool, auto_ack: bool
 ) -> None:
-    core = runtime.core
     while True:
         if not sink.outbox:
             if sink.cancelled is not None or sink.closing_reason is not None:
@@ -169,13 +161,13 @@ async def _write_loop(
                 parts.append(line)
             credit += delivery_cost(d.message.body)
         await response.send(b"".join(parts))
-        if auto_ack:
-            ch = core.channels.get(channel_id)
-            if ch is not None:
-                for d in batch:
-                    # One that expired meanwhile (a queue's short x-consumer-timeout
-                    # and a slow write) is back in its queue already: skip it.
-                    if d.delivery_tag in ch.deliveries:
-                        core.ack(channel_id, d.delivery_tag)
-        core.grant_credit(channel_id, credit)
-        runtime.pump()
+        # One that expired meanwhile (a queue's short x-consumer-timeout and a slow
+        # write) is back in its queue already: it is not acked.
+        written = gateway.views.unacked_tags(channel_id, [d.delivery_tag for d in batch]) if auto_ack else []
+
+        def settle(core: Broker) -> None:
+            for tag in written:
+                core.ack(channel_id, tag)
+            core.grant_credit(channel_id, credit)
+
+        gateway.run(settle)

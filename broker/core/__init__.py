@@ -70,6 +70,7 @@ from .routing import EXCHANGE_TYPES, headers_match, topic_matches
 from .schedules import LIVE_GRACE_S, MAX_MISSED
 from .state import delivery_cost
 from .timing import TIMING_FIELDS, iso_utc
+from .views import QUEUE_COUNTERS, BrokerViews
 from .userstore import (
     ADMINISTRATOR,
     PERMISSIONS,
@@ -81,6 +82,8 @@ from .userstore import (
 
 __all__ = [
     "Broker",
+    "BrokerViews",
+    "QUEUE_COUNTERS",
     "CoreConfig",
     "DELIVERY_OVERHEAD_BYTES",
     "delivery_cost",

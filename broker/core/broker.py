@@ -67,6 +67,7 @@ from .timers import TimersMixin
 from .topology import TopologyMixin
 from .transactions import TransactionsMixin
 from .users import UsersMixin
+from .views import BrokerViews
 
 __all__ = [
     "Broker",
@@ -100,6 +101,12 @@ class Broker(
     The commands are spread over the mixins by job (see :mod:`broker.core.state`);
     this class adds the outbox of effects and the log's feedback.
     """
+
+    @property
+    def views(self) -> BrokerViews:
+        """Read-only queries for the edges (:mod:`broker.core.views`): the API reads
+        the core through these, never through its live dicts."""
+        return BrokerViews(self)
 
     def take_effects(self) -> list[Effect]:
         """Settle pending work (dispatch, confirms, log records) and hand over the effects."""

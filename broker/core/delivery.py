@@ -36,6 +36,13 @@ __all__ = ["DeliveryMixin"]
 MAX_ACK_TIMEOUT_S = ((1 << 31) - 1) / 1000.0
 
 
+def check_prefetch(prefetch: object, maximum: int) -> None:
+    """The one prefetch rule (a consume's and a ``qos``'s): an integer 0..``maximum``
+    (0: no limit). Raises InvalidArgument."""
+    if not isinstance(prefetch, int) or isinstance(prefetch, bool) or not 0 <= prefetch <= maximum:
+        raise InvalidArgument(f"prefetch must be an integer 0..{maximum}")
+
+
 class DeliveryMixin(BrokerState):
     """Delivery (see the module docstring)."""
 
@@ -106,8 +113,7 @@ class DeliveryMixin(BrokerState):
         queue = self._queue(queue_name, channel_id)
         if prefetch is None:
             prefetch = ch.default_prefetch
-        if not isinstance(prefetch, int) or isinstance(prefetch, bool) or not 0 <= prefetch <= self.max_prefetch:
-            raise InvalidArgument(f"prefetch must be an integer 0..{self.max_prefetch}")
+        check_prefetch(prefetch, self.max_prefetch)
         if not consumer_tag:
             consumer_tag = f"ctag-{self.boot_id}-{self._next_consumer}"
             self._next_consumer += 1
@@ -188,8 +194,7 @@ class DeliveryMixin(BrokerState):
     def qos(self, channel_id: int, prefetch: int, global_: bool = False) -> None:
         """basic.qos: a channel-wide limit (``global_``) or the default per-consumer one."""
         ch = self._channel(channel_id)
-        if not isinstance(prefetch, int) or isinstance(prefetch, bool) or not 0 <= prefetch <= self.max_prefetch:
-            raise InvalidArgument(f"prefetch must be an integer 0..{self.max_prefetch}")
+        check_prefetch(prefetch, self.max_prefetch)
         if global_:
             ch.prefetch = prefetch
             for consumer in ch.consumers.values():
