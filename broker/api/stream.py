@@ -20,7 +20,14 @@ import trio
 
 from broker.api.codec import dumps_line, message_json
 from broker.api.permissions import access_for
-from broker.core import Broker, ConsumerCancelled, Deliver, Effect, InvalidArgument, delivery_cost
+from broker.core import (
+    Broker,
+    ConsumerCancelled,
+    Deliver,
+    Effect,
+    InvalidArgument,
+    delivery_cost,
+)
 from broker.http import ClientDisconnected, Request, Response
 from broker.runtime import CommandGateway
 

@@ -70,7 +70,6 @@ from .routing import EXCHANGE_TYPES, headers_match, topic_matches
 from .schedules import LIVE_GRACE_S, MAX_MISSED
 from .state import delivery_cost
 from .timing import TIMING_FIELDS, iso_utc
-from .views import QUEUE_COUNTERS, BrokerViews
 from .userstore import (
     ADMINISTRATOR,
     PERMISSIONS,
@@ -79,6 +78,7 @@ from .userstore import (
     UserStore,
     check_username,
 )
+from .views import QUEUE_COUNTERS, BrokerViews
 
 __all__ = [
     "Broker",

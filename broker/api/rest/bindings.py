@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from broker.api.fields import BINDING_FIELDS, DEFAULT_EXCHANGE_ALIAS, Binding, decode_binding
+from broker.api.fields import (
+    BINDING_FIELDS,
+    DEFAULT_EXCHANGE_ALIAS,
+    Binding,
+    decode_binding,
+)
 from broker.api.permissions import access_for
 from broker.api.rest.fields import RestContext, body_fields
 from broker.http import Request, Response

@@ -17,6 +17,7 @@ from broker.api.rest.fields import (
 from broker.core import MAX_DELAY_S, InvalidArgument, NotFound, PayloadTooLarge
 from broker.http import Request, Response
 
+
 def add_routes(ctx: RestContext) -> None:
     """Register this family's endpoints."""
     ctx.add("PUT", "/exchanges/{name}", put_exchange)

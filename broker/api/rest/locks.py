@@ -12,7 +12,11 @@ from typing import Any
 
 import trio
 
-from broker.api.fields import LOCK_ACQUIRE_FIELDS, LOCK_REFRESH_FIELDS, LOCK_RELEASE_FIELDS
+from broker.api.fields import (
+    LOCK_ACQUIRE_FIELDS,
+    LOCK_REFRESH_FIELDS,
+    LOCK_RELEASE_FIELDS,
+)
 from broker.api.permissions import access_for
 from broker.api.rest.fields import RestContext, body_fields
 from broker.api.rest.leases import wait_or_disconnect

@@ -9,6 +9,7 @@ from broker.api.rest.listing import LIST_QUERY, list_page
 from broker.core import NotFound
 from broker.http import Request, Response
 
+
 def add_routes(ctx: RestContext) -> None:
     """Register this family's endpoints."""
     ctx.add("PUT", "/queues/{name}", put_queue)
