@@ -88,7 +88,7 @@ async def handle_stream(gateway: CommandGateway, request: Request, response: Res
     options = gateway.runtime.options
     queue = request.path_params["name"]
     access_for(request).require("consume", queue)
-    prefetch = request.query.get_int("prefetch", 100, min_value=0, max_value=options.max_prefetch)
+    prefetch = request.query.get_int("prefetch", 100)  # the core checks its range (consume)
     ack_mode = request.query.get_str("ack", "auto")
     if ack_mode not in ("auto", "lease"):
         raise InvalidArgument("ack must be auto or lease")

@@ -9,6 +9,11 @@ the channel they address (confirms and returns first through the one book of pen
 publishes, :class:`~broker.runtime.confirms.PendingConfirms`), log records to the WAL
 (whose durability reports come back as :meth:`Broker.durable`), long-poll wake-ups to
 parked getters. Every state change of the core happens on the trio thread.
+
+Why one module of ~580 lines: the effect table, the WAL's callbacks, the timers and
+the lifecycle (recovery, drain, close) all act on the same runtime state (sinks,
+durable waiters, the core); the pieces with a job of their own live beside it
+(``checkpoints.py``, ``confirms.py``, ``gateway.py``, ``recovery.py``).
 """
 
 from __future__ import annotations
