@@ -38,6 +38,10 @@ __all__ = ["PublishingMixin"]
 #: Backoff between tries to read a paged-out message back after a failure.
 READ_RETRY_MIN_S = 0.05
 READ_RETRY_MAX_S = 30.0
+#: A transient read failure of a queue's head is retried in place this many times
+#: (about 3 s of backoff: a passing EMFILE keeps the queue's order) before the message
+#: is set aside so that the ones behind it are served.
+READ_SET_ASIDE_ATTEMPTS = 6
 
 
 class PublishingMixin(BrokerState):
@@ -285,14 +289,21 @@ class PublishingMixin(BrokerState):
     def _page_in(self, queue: Queue) -> None:
         """Read the next paged-out messages of ``queue`` back into its in-memory head.
 
-        A read that fails never discards a message: the message and those after it go
-        back to the front of the paged-out index, the queue delivers nothing more
-        until a retry (with backoff, on the timer heap) reads it, and a
-        ``LogReadFailed`` effect raises the alarm. Only with ``repair`` is a record
-        that is really unreadable (not a transient error) given up, as MessageLost."""
+        A read that fails never discards a message, and a ``LogReadFailed`` effect
+        raises the alarm. The message and those after it go back to the front of the
+        paged-out index and the queue delivers nothing more until a retry (with
+        backoff, on the timer heap) reads it. But a *transient* failure (the operating
+        system failed the read: the record may be intact) that outlasts
+        ``READ_SET_ASIDE_ATTEMPTS`` retries sets that one message aside, held back like
+        a delayed message until a retry reads it and puts it back in its place, while
+        the messages behind it are served: a bad read never blocks a queue for good.
+        When the very next record fails too, the log cannot be read at all: the queue
+        waits as before. Only with ``repair`` is a record that is really
+        unreadable (not a transient error) given up, as MessageLost."""
         lane = queue.next_lane()
         if lane is None:
             return
+        set_aside = False  # one message per call: a second failure means the log is down
         while lane.paged and not lane.ready:
             if queue.read_blocked_until is not None:
                 return  # a retry is scheduled (see TimersMixin.advance)
@@ -317,7 +328,7 @@ class PublishingMixin(BrokerState):
                     queue.ready_bytes += len(r.body)
                 i += 1
             if failure is None:
-                if queue.read_failure is not None:
+                if queue.read_failure is not None and not set_aside:
                     queue.read_failure = None
                     queue.read_attempts = 0
                 continue
@@ -329,13 +340,26 @@ class PublishingMixin(BrokerState):
                 self._effects.append(MessageLost(queue.name, seq, loc >> 1, failure))
                 lane.paged.put_back(pairs[i + 1 :])
                 continue
-            lane.paged.put_back(pairs[i:])
             queue.read_attempts += 1
             delay = min(READ_RETRY_MAX_S, READ_RETRY_MIN_S * 2 ** (queue.read_attempts - 1))
-            queue.read_blocked_until = self.clock() + delay
             queue.read_failure = str(failure)
-            self._schedule_queue(queue)
             self._effects.append(LogReadFailed(queue.name, loc >> 1, str(failure), transient, delay))
+            if (
+                transient
+                and not set_aside
+                and queue.read_attempts > READ_SET_ASIDE_ATTEMPTS
+                and (len(pairs) > i + 1 or lane.paged)
+            ):
+                # held back like a delayed message: retried by _release_due, which puts
+                # it back in its place once read (and backs off while it fails)
+                set_aside = True
+                queue.delayed.push_paged(round((self.wall_clock() + delay) * 1000.0), seq, loc)
+                lane.paged.put_back(pairs[i + 1 :])
+                self._schedule_queue(queue)
+                continue
+            lane.paged.put_back(pairs[i:])
+            queue.read_blocked_until = self.clock() + delay
+            self._schedule_queue(queue)
             return
 
     def _load_paged(self, queue: Queue) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from array import array
 from bisect import bisect_left
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from itertools import compress
 from typing import Any
 
@@ -24,7 +24,7 @@ from .dedup import digest_utf8
 from .entities import Exchange, Queue
 from .lanes import split_by_level
 from .message import Entry, Message
-from .paging import ReplayIndex, mark_all_delivered
+from .paging import ReplayIndex, mark_all_delivered, on_disk_mask
 from .records import RecordType
 from .state import (
     _ENQUEUE,
@@ -263,9 +263,23 @@ class ReplayMixin(BrokerState):
         del self.queues[queue.name]
         del self._queues_by_id[queue.qid]
 
-    def finish_recovery(self, last_lsn: int, *, assume_delivered: bool = False) -> None:
+    def finish_recovery(
+        self,
+        last_lsn: int,
+        *,
+        assume_delivered: bool = False,
+        log_spans: Sequence[tuple[int, int]] | None = None,
+    ) -> None:
         """Leave replay mode: queues take their recovered contents in original order.
         Messages that were delivered and unacked at the crash come back redelivered.
+
+        ``log_spans``: the LSN ranges ``[first, end)`` of the records on disk. A queued
+        message whose record is outside them is dropped (and counted in
+        ``dropped_references``) instead of blocking its queue: a checkpoint only refers
+        to records synced before it was put in place, so such a reference can only be
+        to a publish that was never confirmed (written by a broker that did not keep
+        that rule, or nacked after a failed write). The deduplication window read from
+        the checkpoint is then emptied, so that a resend of such a publish is taken.
 
         ``assume_delivered`` (after an unclean stop): mark every recovered message
         redelivered. Delivered marks are logged lazily (a delivery does not wait for an
@@ -274,6 +288,7 @@ class ReplayMixin(BrokerState):
         that was delivered, or even acked, must not come back looking fresh."""
         state = self._replay
         assert state is not None
+        self._log_spans = log_spans
         for qid, entries in state.items():
             queue = self._queues_by_id[qid]
             self._restore_queue(queue, entries, assume_delivered)
@@ -286,6 +301,11 @@ class ReplayMixin(BrokerState):
                 self._queues_to_schedule.append(queue)
         self._replay = None
         self._replay_messages = {}
+        self._log_spans = None
+        if self.dropped_references:
+            # Ids of the dropped publishes may be among the checkpoint's entries
+            # (which carry no LSN to tell them by); the log's own are loaded below.
+            self.dedup.clear()
         self.last_lsn = max(self.last_lsn, last_lsn)
         self.durable_lsn = self.last_lsn
         self._first_pending_lsn = self.last_lsn + 1
@@ -308,6 +328,14 @@ class ReplayMixin(BrokerState):
         logged = entries.logged()
         if logged is not None and self.read_log is not None:
             seqs, locs, prios = logged
+            if self._log_spans is not None:
+                mask = on_disk_mask(locs, self._log_spans)
+                if mask is not None:
+                    self._note_dropped(queue, [loc >> 1 for loc, on in zip(locs, mask) if not on])
+                    seqs = array("q", compress(seqs, mask))
+                    locs = array("q", compress(locs, mask))
+                    if prios is not None:
+                        prios = array("B", compress(prios, mask))
             if assume_delivered:
                 locs = mark_all_delivered(locs)
             if due_seqs:
@@ -325,8 +353,13 @@ class ReplayMixin(BrokerState):
         pending: list[tuple[int, int]] = []
         dues = dict(zip(due_seqs, due_ms))  # (an older checkpoint's format: rare)
         top = queue.max_priority or 0
+        spans = self._log_spans
+        missing: list[int] = []
         for seq, item in entries.items():
             if type(item) is int:
+                if spans is not None and on_disk_mask(array("q", [item]), spans) is not None:
+                    missing.append(item >> 1)
+                    continue
                 loc = item | 1 if assume_delivered else item
                 if seq in dues and self.read_log is not None:
                     queue.delayed.push_paged(dues[seq], seq, loc)
@@ -350,11 +383,17 @@ class ReplayMixin(BrokerState):
                     self._hold_back(queue, item, dues[seq] / 1000.0)
                 else:
                     queue.lane_for(item.message).ready.append(item)
+        if missing:
+            self._note_dropped(queue, missing)
         if pending:
             self._restore_read(queue, pending)
         for lane in queue.lanes:
             for entry in lane.ready:
                 entry.deliveries = max(entry.deliveries, counts.get(entry.message.seq, 0))
+
+    def _note_dropped(self, queue: Queue, lsns: list[int]) -> None:
+        """References of ``queue`` to the records ``lsns``, not on disk, were dropped."""
+        self.dropped_references.append((queue.name, len(lsns), min(lsns)))
 
     def _restore_read(self, queue: Queue, pending: list[tuple[int, int]]) -> None:
         """Read messages back at recovery into the ready part of their lanes (those

@@ -219,6 +219,11 @@ class BrokerState:
         self._replay: dict[int, ReplayIndex] | None = None
         # deduplication entries of the logged publishes replayed, in log order
         self._replay_dedup_digests: array[int] = array("Q")
+        #: LSN ranges of the records on disk while ``finish_recovery`` runs
+        self._log_spans: Sequence[tuple[int, int]] | None = None
+        #: ``(queue, count, lowest LSN)`` of queued-message references recovery dropped
+        #: because their records are not on disk (see ``finish_recovery``)
+        self.dropped_references: list[tuple[str, int, int]] = []
         self._replay_dedup_ms: array[int] = array("q")
         self._replay_dedup_from = 0.0
         self._replay_messages: dict[int, Message] = {}
