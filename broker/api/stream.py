@@ -19,9 +19,10 @@ from typing import Any
 import trio
 
 from broker.api.codec import dumps_line, message_json
-from broker.api.permissions import access_for
+from broker.api.permissions import Access, access_for
 from broker.core import (
     Broker,
+    BrokerError,
     ConsumerCancelled,
     Deliver,
     Effect,
@@ -39,7 +40,9 @@ SSE_HEARTBEAT_S = 15.0
 
 
 class _StreamSink:
-    def __init__(self, remote: str | None = None) -> None:
+    def __init__(
+        self, remote: str | None = None, gateway: CommandGateway | None = None, channel_id: int = 0, queue: str = ""
+    ) -> None:
         #: Who and since when, for ``GET /channels`` (``broker/api/rest/channels.py``).
         self.kind = "stream"
         self.remote = remote
@@ -48,6 +51,11 @@ class _StreamSink:
         self.wakeup = trio.Event()
         self.closing_reason: str | None = None
         self.cancelled: str | None = None
+        #: The error code of the stream's last line, when revocation ended it.
+        self.error: str | None = None
+        self._gateway = gateway
+        self._channel_id = channel_id
+        self._queue = queue
 
     def push(self, effect: Effect) -> None:
         if isinstance(effect, Deliver):
@@ -67,6 +75,38 @@ class _StreamSink:
         # does not read is cancelled by the server's shutdown grace period.
         if self.closing_reason is None:
             self.closing_reason = "broker shutting down"
+        self.wakeup.set()
+
+
+    # Revocable (broker.api.auth) -------------------------------------------
+
+    def revoke(self, error: BrokerError) -> None:
+        """The user was deleted or its token revoked: stop consuming now, end the
+        stream with a ``closing`` line giving the error and why."""
+        self._end(error.code, error.message)
+
+    def recheck(self, access: Access) -> None:
+        """The user's permissions changed: end the stream if it may no longer read."""
+        if not access.allows("read", self._queue):
+            reason = f"read permission on queue {self._queue!r} was revoked for user {access.username!r}"
+            self._end("access_refused", reason)
+
+    def _end(self, code: str, reason: str) -> None:
+        gateway = self._gateway
+        if self.error is not None or gateway is None:
+            return
+        channel_id = self._channel_id
+        tags = gateway.views.consumer_tags(channel_id)
+
+        def cancel_all(core: Broker) -> None:  # nothing is delivered from here on
+            for tag in tags:
+                core.cancel(channel_id, tag)
+
+        # (called inside the command that changed the user: its effects are that
+        # command's to carry out)
+        gateway.batch().run(cancel_all)
+        self.error = code
+        self.cancelled = reason
         self.wakeup.set()
 
 
@@ -100,12 +140,13 @@ async def handle_stream(gateway: CommandGateway, request: Request, response: Res
         gateway.runtime.check_channel_room()
         principal.check_consumer(gateway.runtime.core)  # a stream is one consumer of the user's
     channel_id = gateway.open_channel()
-    sink = _StreamSink(request.remote)
+    sink = _StreamSink(request.remote, gateway, channel_id, queue)
     gateway.attach(channel_id, sink)
     disconnected = False
     try:
         if principal is not None:
             principal.open_channel(channel_id)  # and one of its channels
+            principal.open_session(sink)  # ended at once if its credentials are revoked
         # Auto mode is not a no_ack consumer: its deliveries are acked by the writer
         # once written, so a client that leaves loses nothing still buffered here.
         lease = lease_s if ack_mode == "lease" else None
@@ -135,6 +176,7 @@ async def handle_stream(gateway: CommandGateway, request: Request, response: Res
     finally:
         if principal is not None:
             principal.close_channel(channel_id)
+            principal.close_session(sink)
         gateway.close_channel(channel_id, "stream ended")
 
 
@@ -145,10 +187,13 @@ async def _write_loop(
         if not sink.outbox:
             if sink.cancelled is not None or sink.closing_reason is not None:
                 reason = sink.cancelled or sink.closing_reason
+                last: dict[str, Any] = {"reason": reason}
+                if sink.error is not None:
+                    last["error"] = sink.error
                 if sse:
-                    await response.send(b"event: closing\ndata: " + dumps_line({"reason": reason}) + b"\n")
+                    await response.send(b"event: closing\ndata: " + dumps_line(last) + b"\n")
                 else:
-                    await response.send(dumps_line({"ev": "closing", "reason": reason}))
+                    await response.send(dumps_line({"ev": "closing", **last}))
                 return
             sink.wakeup = trio.Event()
             with trio.move_on_after(SSE_HEARTBEAT_S if sse else float("inf")):

@@ -153,6 +153,11 @@ class BrokerViews:
         ch = self._core.channels.get(channel_id)
         return list(ch.consumers) if ch is not None else []
 
+    def consumer_queues(self, channel_id: int) -> list[tuple[str, str]]:
+        """(consumer tag, queue name) of every consumer of a channel."""
+        ch = self._core.channels.get(channel_id)
+        return [(tag, c.queue.name) for tag, c in ch.consumers.items()] if ch is not None else []
+
     def has_consumer(self, channel_id: int, consumer_tag: str) -> bool:
         ch = self._core.channels.get(channel_id)
         return ch is not None and consumer_tag in ch.consumers

@@ -15,7 +15,11 @@ from typing import Any
 import pytest
 
 from broker.core import LogReadFailed, MessageLost
-from broker.core.publishing import READ_RETRY_MAX_S, READ_RETRY_MIN_S, READ_SET_ASIDE_ATTEMPTS
+from broker.core.pager import (
+    READ_RETRY_MAX_S,
+    READ_RETRY_MIN_S,
+    READ_SET_ASIDE_ATTEMPTS,
+)
 
 from .helpers import Harness
 

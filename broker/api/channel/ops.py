@@ -237,7 +237,7 @@ async def _op_declare_exchange(s: ChannelSession, op: dict[str, Any]) -> None:
     name = exchange_name(_get(op, "exchange", str, None) or "")
     d = decode_exchange_declare(_fields(op))
     if not d.passive:
-        s.access.require("declare_exchange", name or DEFAULT_EXCHANGE_ALIAS)
+        s.access.require_declare("declare_exchange", name or DEFAULT_EXCHANGE_ALIAS, d.arguments)
     exchange, created = await s.batch.run_durable(
         lambda core: core.declare_exchange(
             name, d.type, durable=d.durable, auto_delete=d.auto_delete, internal=d.internal,
@@ -260,7 +260,7 @@ async def _op_declare_queue(s: ChannelSession, op: dict[str, Any]) -> None:
     d = decode_queue_declare(_fields(op))
     if not d.passive:
         # A server-named queue is checked as "amq.gen-" (RabbitMQ names them amq.gen-*).
-        s.access.require("declare_queue", name or SERVER_NAMED_QUEUE)
+        s.access.require_declare("declare_queue", name or SERVER_NAMED_QUEUE, d.arguments)
     cid = s.channel_id
     queue, created = await s.batch.run_durable(
         lambda core: core.declare_queue(

@@ -44,6 +44,8 @@ async def handle_channel(
         raise
     session = ChannelSession(runtime, channel_id, response, access_for(request), principal, gateway)
     session.remote, session.user_agent = request.remote, request.headers.get("user-agent")
+    if principal is not None:
+        principal.open_session(session)  # ended at once if its credentials are revoked
     gateway.attach(channel_id, session)
     log.info("channel opened", extra={"fields": {"channel": channel_id}})
     reason = "channel closed"
@@ -65,7 +67,11 @@ async def handle_channel(
             try:
                 with session.reader_scope:
                     await serve_reader(session, request)
-                if session.reader_scope.cancelled_caught:  # broker shutdown or an operator's close
+                if session.reader_scope.cancelled_caught and session.revoked is not None:
+                    reason = f"channel error: {session.revoked.code}"
+                    await session.finish_publishes()
+                    session.send_final({**session.revoked.to_json(), "ev": "error"})
+                elif session.reader_scope.cancelled_caught:  # broker shutdown or an operator's close
                     reason = session.closing_reason or "broker shut down"
                     await session.finish_publishes()
             except ClientDisconnected:
@@ -96,5 +102,6 @@ async def handle_channel(
     finally:
         if principal is not None:
             principal.close_channel(channel_id)
+            principal.close_session(session)
         gateway.close_channel(channel_id, reason)
         log.info("channel closed", extra={"fields": {"channel": channel_id, "reason": reason}})

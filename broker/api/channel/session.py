@@ -19,7 +19,15 @@ import trio
 
 from broker.api.codec import dumps_line, event_json
 from broker.api.permissions import ALLOW_ALL, Access
-from broker.core import Broker, Confirm, Deliver, Return, delivery_cost
+from broker.core import (
+    Broker,
+    BrokerError,
+    Confirm,
+    ConsumerCancelled,
+    Deliver,
+    Return,
+    delivery_cost,
+)
 from broker.http import Response
 from broker.runtime import BrokerRuntime, CommandGateway
 
@@ -86,6 +94,9 @@ class ChannelSession:
         self._confirms_settled = trio.Event()
         self.finished = False
         self.closing_reason: str | None = None
+        #: Why the user's credentials no longer hold (see :meth:`revoke`): the
+        #: channel's last event.
+        self.revoked: BrokerError | None = None
         self.closing_event = trio.Event()
         self.reader_scope = trio.CancelScope()
         #: The op being applied (its ``id`` is echoed by an ``error`` it causes).
@@ -148,6 +159,42 @@ class ChannelSession:
     def shutdown(self) -> None:
         """Stop reading operations; the writer flushes what is queued and the channel ends."""
         self.reader_scope.cancel()
+
+    # Revocable (broker.api.auth) ---------------------------------------
+
+    def revoke(self, error: BrokerError) -> None:
+        """The user was deleted or its token revoked: cancel the consumers now (nothing
+        more is delivered) and end the channel with ``error`` as its last event; the
+        publishes it already took still get their confirms."""
+        if self.revoked is not None or self.finished:
+            return
+        self.revoked = error
+        self.stop_consumers()
+        self.reader_scope.cancel()
+
+    def recheck(self, access: Access) -> None:
+        """The user's permissions changed: cancel each consumer of a queue it may no
+        longer read, with a ``cancel`` event that says why (as a broker-side
+        ``basic.cancel``); the channel goes on. Its other operations ask at their
+        own time."""
+        if self.revoked is not None or self.finished:
+            return
+        channel_id = self.channel_id
+        refused = [
+            (tag, queue) for tag, queue in self.views.consumer_queues(channel_id) if not access.allows("read", queue)
+        ]
+        if not refused:
+            return
+
+        def cancel(core: Broker) -> None:
+            for tag, _queue in refused:
+                core.cancel(channel_id, tag)
+
+        self.batch.run(cancel)
+        for tag, queue in refused:
+            reason = f"read permission on queue {queue!r} was revoked for user {access.username!r}"
+            self.push(ConsumerCancelled(channel_id, tag, reason))
+        self.batch.flush()
 
     # outbox ------------------------------------------------------------
 

@@ -32,7 +32,7 @@ async def put_exchange(ctx: RestContext, request: Request, response: Response) -
     name = exchange_name(request.path_params["name"])
     d = decode_exchange_declare(await body_fields(request, EXCHANGE_DECLARE_FIELDS))
     if not d.passive:
-        access_for(request).require("declare_exchange", name or DEFAULT_EXCHANGE_ALIAS)
+        access_for(request).require_declare("declare_exchange", name or DEFAULT_EXCHANGE_ALIAS, d.arguments)
     exchange, created = await ctx.gateway.run_durable(
         lambda core: core.declare_exchange(
             name, d.type, durable=d.durable, auto_delete=d.auto_delete, internal=d.internal,

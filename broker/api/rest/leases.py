@@ -10,9 +10,16 @@ from typing import Any
 import trio
 
 from broker.api.codec import message_json
-from broker.api.permissions import access_for
+from broker.api.permissions import Access, access_for
 from broker.api.rest.fields import RestContext, body_fields
-from broker.core import Broker, InvalidArgument, NotFound, check_delay
+from broker.core import (
+    AccessRefused,
+    Broker,
+    BrokerError,
+    InvalidArgument,
+    NotFound,
+    check_delay,
+)
 from broker.http import ClientDisconnected, Request, Response
 from broker.runtime import CommandGateway
 
@@ -132,6 +139,27 @@ def _leased_json(leases: list[tuple[str, Any, bool]]) -> list[dict[str, Any]]:
     return messages
 
 
+class _PollGuard:
+    """A parked long-poll get as its user's open session (``broker.api.auth``): wakes
+    it with the error to answer when the credentials go, or ``read`` on one of its
+    queues."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.names = names
+        self.error: BrokerError | None = None
+        self.event = trio.Event()
+
+    def revoke(self, error: BrokerError) -> None:
+        self.error = error
+        self.event.set()
+
+    def recheck(self, access: Access) -> None:
+        for name in self.names:
+            if isinstance(name, str) and not access.allows("read", name):
+                self.revoke(AccessRefused(f"read permission on queue {name!r} was revoked for user {access.username!r}"))
+                return
+
+
 async def _long_poll(
     gateway: CommandGateway,
     request: Request,
@@ -143,20 +171,35 @@ async def _long_poll(
     parked between tries on every queue of ``names`` (no polling: a queue that gets
     messages wakes it; the event is set before the wait starts, so no wake-up is lost).
     Raises ClientDisconnected when the client leaves meanwhile: it must not be handed
-    leases (its messages would stay invisible until the leases expired)."""
+    leases (its messages would stay invisible until the leases expired); and the
+    revocation's error (CredentialsRevoked, AccessRefused) when the user's credentials
+    or ``read`` go meanwhile, before taking anything more."""
     deadline = trio.current_time() + wait_s
-    while True:
-        got = gateway.run(take)
-        if got or trio.current_time() >= deadline:
-            return got
-        events = gateway.park_getters(names)
-        try:
-            if not await wait_or_disconnect(request, events, deadline):
-                raise ClientDisconnected("the client left during a long-poll get")
-        finally:
-            gateway.unpark_getters(names)
-        if gateway.shutting_down:
-            return got
+    principal = request.principal
+    guard = _PollGuard(names)
+    if principal is not None:
+        principal.open_session(guard)
+    try:
+        while True:
+            if guard.error is not None:
+                raise guard.error
+            got = gateway.run(take)
+            if got or trio.current_time() >= deadline:
+                return got
+            events = gateway.park_getters(names)
+            events.append(guard.event)
+            try:
+                if not await wait_or_disconnect(request, events, deadline):
+                    raise ClientDisconnected("the client left during a long-poll get")
+            finally:
+                gateway.unpark_getters(names)
+            if guard.error is not None:
+                raise guard.error
+            if gateway.shutting_down:
+                return got
+    finally:
+        if principal is not None:
+            principal.close_session(guard)
 
 
 async def wait_or_disconnect(request: Request, events: list[trio.Event], deadline: float) -> bool:

@@ -7,7 +7,12 @@ from typing import Any
 
 from broker.api.codec import message_json
 from broker.api.permissions import access_for
-from broker.api.rest.fields import RestContext, body_fields, exchange_name
+from broker.api.rest.fields import (
+    DEFAULT_EXCHANGE_ALIAS,
+    RestContext,
+    body_fields,
+    exchange_name,
+)
 from broker.core import MAX_BROWSE, MAX_REDRIVE, InvalidArgument
 from broker.http import Request, Response
 
@@ -55,12 +60,13 @@ async def browse(ctx: RestContext, request: Request, response: Response) -> None
 async def redrive(ctx: RestContext, request: Request, response: Response) -> None:
     ctx.gateway.check_ready()
     name = request.path_params["name"]
-    access_for(request).require("redrive", name)
     f = await body_fields(request, {"count", "exchange", "routing_key"})
+    exchange = f.opt_str("exchange")
+    # Without an exchange, messages go back to their queues through the default one.
+    access_for(request).require("redrive", name, target=exchange or DEFAULT_EXCHANGE_ALIAS)
     count = f.obj.get("count", MAX_REDRIVE)
     if not isinstance(count, int) or isinstance(count, bool):
         raise InvalidArgument(f"field count must be an integer 1..{MAX_REDRIVE}")
-    exchange = f.opt_str("exchange")
     routing_key = f.opt_str("routing_key")
     if routing_key is not None and exchange is None:
         raise InvalidArgument("routing_key needs exchange")

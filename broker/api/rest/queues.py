@@ -24,7 +24,7 @@ async def put_queue(ctx: RestContext, request: Request, response: Response) -> N
     name = request.path_params["name"]
     d = decode_queue_declare(await body_fields(request, QUEUE_DECLARE_FIELDS))
     if not d.passive:
-        access_for(request).require("declare_queue", name)
+        access_for(request).require_declare("declare_queue", name, d.arguments)
     queue, created = await ctx.gateway.run_durable(
         lambda core: core.declare_queue(
             name, durable=d.durable, exclusive=d.exclusive, auto_delete=d.auto_delete,

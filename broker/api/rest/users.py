@@ -16,7 +16,7 @@ import trio
 from broker.api.auth import hash_password, new_token
 from broker.api.permissions import access_for
 from broker.api.rest.fields import RestContext, body_fields
-from broker.core import MAX_DELAY_S, InvalidArgument, NotFound, check_username
+from broker.core import MAX_DELAY_S, Broker, InvalidArgument, NotFound, check_username
 from broker.http import Request, Response
 
 #: Longest token lifetime a request may ask for (``expires_in_s``); longer-lived
@@ -49,6 +49,14 @@ async def _hashed(ctx: RestContext, password: Any) -> str:
         raise InvalidArgument(f"password must be a non-empty string of at most {_MAX_PASSWORD_CHARS} characters")
     limiter = ctx.auth.hashing if ctx.auth is not None else None
     return await trio.to_thread.run_sync(hash_password, password, limiter=limiter)
+
+
+def _enforce(ctx: RestContext) -> None:
+    """Apply the change just made to what users hold open, in the same step as the
+    command (inside it, before the gateway carries out its effects), so no delivery
+    falls between the change and this (``Authenticator.enforce_revocations``)."""
+    if ctx.auth is not None:
+        ctx.auth.enforce_revocations()
 
 
 def _user_json(ctx: RestContext, name: str) -> dict[str, Any]:
@@ -91,9 +99,12 @@ async def put_user(ctx: RestContext, request: Request, response: Response) -> No
     if permissions is None and existing is not None:
         permissions = existing
     password = await _hashed(ctx, f.obj["password"]) if "password" in f.obj else None
-    created = await ctx.gateway.run_durable(
-        lambda core: core.put_user(name, password=password, tags=tags, permissions=permissions, keep_password=True)
-    )
+    def put(core: Broker) -> bool:
+        created = core.put_user(name, password=password, tags=tags, permissions=permissions, keep_password=True)
+        _enforce(ctx)
+        return created
+
+    created = await ctx.gateway.run_durable(put)
     await response.send_json(201 if created else 200, _user_json(ctx, name))
 
 
@@ -103,7 +114,11 @@ async def put_permissions(ctx: RestContext, request: Request, response: Response
     name = request.path_params["name"]
     f = await body_fields(request, {"configure", "write", "read"})
     permissions = dict(f.obj)
-    await ctx.gateway.run_durable(lambda core: core.set_permissions(name, permissions))
+    def set_permissions(core: Broker) -> None:
+        core.set_permissions(name, permissions)
+        _enforce(ctx)
+
+    await ctx.gateway.run_durable(set_permissions)
     await response.send_json(200, _user_json(ctx, name))
 
 
@@ -111,7 +126,11 @@ async def delete_user(ctx: RestContext, request: Request, response: Response) ->
     ctx.gateway.check_ready()
     access_for(request).require("administer")
     name = request.path_params["name"]
-    await ctx.gateway.run_durable(lambda core: core.delete_user(name))
+    def delete(core: Broker) -> None:
+        core.delete_user(name)
+        _enforce(ctx)
+
+    await ctx.gateway.run_durable(delete)
     await response.send_json(200, {"deleted": name})
 
 
@@ -150,5 +169,9 @@ async def revoke_token(ctx: RestContext, request: Request, response: Response) -
         access_for(request).require("administer")  # no hint to others of what exists
         raise NotFound(f"no token {token_id[:32]!r}")
     _self_or_admin(request, owner)
-    await ctx.gateway.run_durable(lambda core: core.revoke_token(token_id))
+    def revoke(core: Broker) -> None:
+        core.revoke_token(token_id)
+        _enforce(ctx)
+
+    await ctx.gateway.run_durable(revoke)
     await response.send_json(200, {"revoked": token_id})
