@@ -10,10 +10,7 @@ publishes, :class:`~broker.runtime.confirms.PendingConfirms`), log records to th
 (whose durability reports come back as :meth:`Broker.durable`), long-poll wake-ups to
 parked getters. Every state change of the core happens on the trio thread.
 
-Why one module of ~580 lines: the effect table, the WAL's callbacks, the timers and
-the lifecycle (recovery, drain, close) all act on the same runtime state (sinks,
-durable waiters, the core); the pieces with a job of their own live beside it
-(``checkpoints.py``, ``confirms.py``, ``gateway.py``, ``recovery.py``).
+Over 500 lines: the effect table, WAL callbacks, timers and lifecycle share one state.
 """
 
 from __future__ import annotations
