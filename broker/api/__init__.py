@@ -2,7 +2,8 @@
 
 REST resources, the channel and stream protocols, the NDJSON codec and the metrics
 endpoint. It sits on the generic HTTP server (:mod:`broker.http`) and the runtime
-(:mod:`broker.runtime`).
+(:mod:`broker.runtime`), whose command gateway is its one way to change the core;
+it reads the core through the core's views.
 """
 
 from broker.api.auth import Authenticator, hash_password, new_token
