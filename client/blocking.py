@@ -25,14 +25,29 @@ queues and unconfirmed publishes fail, as with the async client's cancellation. 
 graceful stop, call :meth:`BlockingConnection.stop_consuming` (from a signal handler
 or another thread): every consumer's iteration then ends, and the blocks close
 normally, waiting for pending confirms.
+
+Blocks a program never leaves (a kombu channel nobody closes, a connection kept in a
+global) are closed at interpreter exit, gracefully and newest first, while the loop
+thread still runs (an :mod:`atexit` hook): the loop thread is a daemon, frozen once
+the interpreter finalizes, so a block closed only by the garbage collector then would
+wait for it forever. A block whose close comes after that (or twice) does nothing.
 """
 
 from __future__ import annotations
 
+import atexit
 import functools
 import inspect
+import logging
+import sys
+import threading
 from collections.abc import Callable, Iterator
-from contextlib import AbstractAsyncContextManager, contextmanager
+from contextlib import (
+    AbstractAsyncContextManager,
+    AbstractContextManager,
+    contextmanager,
+)
+from types import TracebackType
 from typing import Any
 
 from anyio.from_thread import BlockingPortal, start_blocking_portal
@@ -49,6 +64,8 @@ __all__ = [
     "BlockingMessageStream",
     "BlockingProxy",
 ]
+
+log = logging.getLogger("ackbus.client.blocking")
 
 
 class BlockingProxy:
@@ -124,9 +141,68 @@ def _wrap(portal: BlockingPortal, value: Any) -> Any:
     return value
 
 
+class _OpenBlock(AbstractContextManager[Any]):
+    """A context manager of the loop (the portal itself, or an async one run through
+    it) entered from a thread, closed at most once: by its ``with`` block, or at
+    interpreter exit if the program never left the block (see the module's doc)."""
+
+    def __init__(self, inner: AbstractContextManager[Any]) -> None:
+        self._inner = inner
+        self._open = False
+
+    def __enter__(self) -> Any:
+        value = self._inner.__enter__()
+        self._open = True
+        _OPEN_BLOCKS.add(self)
+        return value
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool | None:
+        if not _OPEN_BLOCKS.take(self) or sys.is_finalizing():
+            # closed already (at exit), or the loop thread is frozen: nothing to wait for
+            return None
+        return self._inner.__exit__(exc_type, exc, tb)
+
+
+class _OpenBlocks:
+    """The blocks open right now, oldest first, for the close at interpreter exit."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._blocks: dict[int, _OpenBlock] = {}  # insertion order: oldest first
+
+    def add(self, block: _OpenBlock) -> None:
+        with self._lock:
+            self._blocks[id(block)] = block
+
+    def take(self, block: _OpenBlock) -> bool:
+        """Forget ``block``; whether it was open (so its caller is the one to close it)."""
+        with self._lock:
+            return self._blocks.pop(id(block), None) is not None
+
+    def close_all(self) -> None:
+        """Close every block still open, newest first (a channel before its
+        connection, the connection before its loop thread)."""
+        while True:
+            with self._lock:
+                if not self._blocks:
+                    return
+                block = next(reversed(self._blocks.values()))
+            try:
+                block.__exit__(None, None, None)
+            except Exception as exc:  # at exit: say it, and close the rest
+                log.warning("closing an ackbus block left open at exit failed: %r", exc)
+                self.take(block)
+
+
+_OPEN_BLOCKS = _OpenBlocks()
+atexit.register(_OPEN_BLOCKS.close_all)
+
+
 @contextmanager
 def _enter(portal: BlockingPortal, cm: AbstractAsyncContextManager[Any]) -> Iterator[Any]:
-    with portal.wrap_async_context_manager(cm) as value:
+    with _OpenBlock(portal.wrap_async_context_manager(cm)) as value:
         yield value
 
 
@@ -212,6 +288,6 @@ def connect_blocking(
     Raises:
         ValueError: a bad URL or setting.
     """
-    with start_blocking_portal(backend) as portal:
+    with _OpenBlock(start_blocking_portal(backend)) as portal:
         with _enter(portal, connect(url, **overrides)) as conn:
             yield BlockingConnection(portal, conn)
