@@ -42,6 +42,7 @@ import logging
 import sys
 import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from contextlib import (
     AbstractAsyncContextManager,
     AbstractContextManager,
@@ -50,7 +51,8 @@ from contextlib import (
 from types import TracebackType
 from typing import Any
 
-from anyio.from_thread import BlockingPortal, start_blocking_portal
+import anyio
+from anyio.from_thread import BlockingPortal
 
 from .connection import DEFAULT_URL, Connection, connect
 from .consumer import Message, MessageStream
@@ -201,6 +203,58 @@ atexit.register(_OPEN_BLOCKS.close_all)
 
 
 @contextmanager
+def _loop_thread(backend: str) -> Iterator[BlockingPortal]:
+    """An event loop in a daemon thread and its portal, for the ``with`` block.
+
+    As anyio's ``start_blocking_portal``, except that an interrupt (Ctrl-C) while the
+    loop starts does not leave the thread running and the caller joining it forever.
+    """
+    started: Future[BlockingPortal] = Future()
+
+    async def serve_portal() -> None:
+        async with BlockingPortal() as portal:
+            started.set_result(portal)
+            await portal.sleep_until_stopped()
+
+    def run_loop() -> None:
+        try:
+            anyio.run(serve_portal, backend=backend)
+        except BaseException as exc:
+            if not started.done():
+                started.set_exception(exc)
+
+    thread = threading.Thread(target=run_loop, daemon=True, name=f"ackbus-{backend}-loop")
+    thread.start()
+    try:
+        portal = started.result()
+    except BaseException:
+        _stop_when_started(started)
+        raise
+    cancel_remaining = False
+    try:
+        yield portal
+    except BaseException:
+        cancel_remaining = True
+        raise
+    finally:
+        try:
+            portal.call(portal.stop, cancel_remaining)
+        except RuntimeError:
+            pass  # the portal stopped already
+        thread.join()
+
+
+def _stop_when_started(started: Future[BlockingPortal]) -> None:
+    """Stop a loop whose start was interrupted, once it has started (a thread left
+    behind if it does not within seconds, or on a second interrupt)."""
+    try:
+        portal = started.result(timeout=10)
+        portal.start_task_soon(portal.stop, True)
+    except BaseException:  # noqa: BLE001 - a daemon thread left running is the fallback
+        pass
+
+
+@contextmanager
 def _enter(portal: BlockingPortal, cm: AbstractAsyncContextManager[Any]) -> Iterator[Any]:
     with _OpenBlock(portal.wrap_async_context_manager(cm)) as value:
         yield value
@@ -288,6 +342,6 @@ def connect_blocking(
     Raises:
         ValueError: a bad URL or setting.
     """
-    with _OpenBlock(start_blocking_portal(backend)) as portal:
+    with _OpenBlock(_loop_thread(backend)) as portal:
         with _enter(portal, connect(url, **overrides)) as conn:
             yield BlockingConnection(portal, conn)
