@@ -67,6 +67,10 @@ State = Literal["opening", "open", "closing", "closed", "failed"]
 
 log = logging.getLogger("ackbus.client")
 
+#: ``extra`` of a log record whose failure also reaches a caller as an exception (a
+#: program that reports those itself, as the CLI does, filters such records out)
+RAISED = {"ackbus_raised": True}
+
 
 class Supervisor(Settler):
     """Opens, recovers and serves the sessions of one channel (see the module
@@ -160,7 +164,7 @@ class Supervisor(Settler):
         if delay is None:
             log.error(
                 "giving up: could not %s a channel to %s after %d attempt(s): %s",
-                what, self._endpoint, self._backoff.attempts, reason,
+                what, self._endpoint, self._backoff.attempts, reason, extra=RAISED,
             )
             self._fail(
                 f"could not {what} a channel to {self._endpoint} "
@@ -263,7 +267,7 @@ class Supervisor(Settler):
                 self._on_deliver(session, event)
             elif isinstance(event, Nack):
                 log.warning("publish nacked (delivery tag %d%s): %s", event.delivery_tag,
-                            " and before" if event.multiple else "", event.reason)
+                            " and before" if event.multiple else "", event.reason, extra=RAISED)
                 self._tracker.on_nack(event.delivery_tag, event.multiple, event.reason)
                 self._unattributed_errors = 0
             elif isinstance(event, Return):
@@ -322,9 +326,15 @@ class Supervisor(Settler):
         stream.push(message)
 
     def _on_error(self, session: ChannelSession, event: Error) -> None:
-        log.warning("the broker closed the channel: %s: %s", event.code, event.message)
         session.draining = True
         error = ChannelClosedByBroker(event.code, event.message)
+        # blamed on a caller's request or publish, which raises it (see below)
+        if isinstance(event.id, int):
+            blamed = event.id in session.replies
+        else:
+            blamed = isinstance(event.id, str) or bool(session.replies)
+        log.warning("the broker closed the channel: %s: %s", event.code, event.message,
+                    extra=RAISED if blamed else None)
         if isinstance(event.id, int):
             reply = session.replies.pop(event.id, None)
             if reply is not None:
