@@ -49,6 +49,7 @@ from .errors import (
     ClientError,
     ConnectionLost,
     ProtocolError,
+    TLSRefused,
 )
 from .pending import UnknownDeliveryTag
 from .publisher import PublishTracker
@@ -70,6 +71,19 @@ log = logging.getLogger("ackbus.client")
 #: ``extra`` of a log record whose failure also reaches a caller as an exception (a
 #: program that reports those itself, as the CLI does, filters such records out)
 RAISED = {"ackbus_raised": True}
+
+
+def _refused_for_good(exc: BaseException, *, first_open: bool) -> bool:
+    """Whether a failed channel open is not worth retrying: refused credentials or
+    permissions (401, 403: the same credentials cannot do better next time, and each
+    retry counts against the broker's failed-login limit); and, while the channel has
+    never opened, a 429 (too many failed logins from this address, or a per-user
+    limit) and a TLS connection refused for want of a client certificate: the program
+    learns why at once rather than after the policy's retries. A channel that was
+    open retries those two (a restarted broker may answer 429 for a while)."""
+    if isinstance(exc, BrokerRequestError):
+        return exc.status in (401, 403) or (first_open and exc.status == 429)
+    return first_open and isinstance(exc, TLSRefused)
 
 
 class Supervisor(Settler):
@@ -127,9 +141,7 @@ class Supervisor(Settler):
                             max_line_bytes=self._settings.max_line_bytes,
                         )
                 except (ClientError, TimeoutError) as exc:
-                    if isinstance(exc, BrokerRequestError) and exc.status in (401, 403):
-                        # The same credentials cannot do better next time (and each
-                        # retry counts against the broker's failed-login limit).
+                    if _refused_for_good(exc, first_open=self._state == "opening"):
                         self._fail(f"the broker refused the channel: {exc}", exc)
                         return
                     error: BaseException = exc
