@@ -30,7 +30,6 @@ import argparse
 import logging
 import math
 import os
-import select
 import sys
 from collections.abc import Sequence
 from typing import IO, Any
@@ -48,15 +47,15 @@ from . import (
     ReconnectPolicy,
     SomePublishesFailed,
     cli_admin,
+    cli_output,
     connect,
     open_graceful_shutdown,
 )
 from ._version import __version__
 from .cli_coordination import CoordinationCommands, add_coordination_commands
-from .codec import Properties, encode_body
+from .codec import Properties
 from .connection import DEFAULT_URL, Connection
 from .consumer import Message
-from .rest import LeasedMessage
 from .transport import StreamOpener
 
 __all__ = ["main", "run", "build_parser"]
@@ -192,25 +191,6 @@ def _url(text: str) -> str:
     return text if "://" in text else f"http://{text}"
 
 
-def _message_json(message: Message | LeasedMessage) -> bytes:
-    obj: dict[str, Any] = {
-        "exchange": message.exchange,
-        "routing_key": message.routing_key,
-        "redelivered": message.redelivered,
-        "properties": message.properties.to_json(),
-    }
-    obj.update(encode_body(message.body))
-    return orjson.dumps(obj)
-
-
-def _print_message(out: IO[str], message: Message | LeasedMessage, fmt: str) -> None:
-    if fmt == "json":
-        out.write(_message_json(message).decode() + "\n")
-    else:
-        out.write(message.body.decode("utf-8", "replace") + "\n")
-    out.flush()
-
-
 async def run(
     argv: Sequence[str],
     *,
@@ -243,7 +223,7 @@ async def run(
     request_timeout_s = max(args.timeout, (getattr(args, "wait", None) or 0.0) + 10.0)
     cli = _CliWithCoordination(args, stdin, stdout, stderr)
     client_log = logging.getLogger("ackbus.client")
-    client_log.addFilter(_drop_raised)
+    client_log.addFilter(cli_output.drop_raised)
     try:
         credentials: dict[str, Any] = {}
         if args.user:
@@ -277,13 +257,7 @@ async def run(
         stderr.write(f"ackbus: error: {exc}\n")
         return EXIT_USAGE
     finally:
-        client_log.removeFilter(_drop_raised)
-
-
-def _drop_raised(record: logging.LogRecord) -> bool:
-    """A log filter: not the records of failures the CLI prints itself (the library
-    marks them: they reach the caller as exceptions), so each error shows once."""
-    return not getattr(record, "ackbus_raised", False)
+        client_log.removeFilter(cli_output.drop_raised)
 
 
 class _Cli:
@@ -320,19 +294,9 @@ class _Cli:
             status: int = await handler(conn)
             return status
         except BrokenPipeError:
-            if not self._stdout_gone():
+            if not cli_output.pipe_reader_gone(self.stdout):
                 raise  # (a socket's, not the output's)
             return EXIT_BROKEN_PIPE
-
-    def _stdout_gone(self) -> bool:
-        """Whether stdout is a pipe whose reader went away (``ackbus queues | head``):
-        polling its write end then reports an error."""
-        try:
-            poller = select.poll()
-            poller.register(self.stdout.fileno(), select.POLLOUT)
-            return any(events & select.POLLERR for _, events in poller.poll(0))
-        except (OSError, ValueError, AttributeError):  # not a file (tests: StringIO)
-            return False
 
     # --- declare / bind ---------------------------------------------------------------
 
@@ -465,7 +429,7 @@ class _Cli:
                             break  # stopped by a signal
                     if message is None:
                         break  # --wait expired
-                    _print_message(self.stdout, message, a.format)
+                    cli_output.print_message(self.stdout, message, a.format)
                     count += 1
                     # delivered at most: count + the room the ack frees (held stay unacked)
                     if a.count is None or count + prefetch - len(held) <= a.count:
@@ -492,7 +456,7 @@ class _Cli:
         else:
             messages = await conn.get_any(a.queue, max_messages=a.count, wait_s=a.wait, lease_s=a.lease)
         for message in messages:
-            _print_message(self.stdout, message, a.format)
+            cli_output.print_message(self.stdout, message, a.format)
         if messages:
             queue = messages[0].queue  # (one queue answers a get)
             ids = [m.lease_id for m in messages]

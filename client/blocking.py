@@ -150,11 +150,9 @@ class _OpenBlock(AbstractContextManager[Any]):
 
     def __init__(self, inner: AbstractContextManager[Any]) -> None:
         self._inner = inner
-        self._open = False
 
     def __enter__(self) -> Any:
         value = self._inner.__enter__()
-        self._open = True
         _OPEN_BLOCKS.add(self)
         return value
 
