@@ -4,5 +4,15 @@ etcd into each node's core through its public commands."""
 
 from broker.cluster.etcd import Endpoint, EtcdClient, parse_endpoints
 from broker.cluster.etcdproto import EtcdError, EtcdUnavailable
+from broker.cluster.node import ClusterConfig, ClusterNode, NodeNameTaken
 
-__all__ = ["Endpoint", "EtcdClient", "EtcdError", "EtcdUnavailable", "parse_endpoints"]
+__all__ = [
+    "ClusterConfig",
+    "ClusterNode",
+    "Endpoint",
+    "EtcdClient",
+    "EtcdError",
+    "EtcdUnavailable",
+    "NodeNameTaken",
+    "parse_endpoints",
+]

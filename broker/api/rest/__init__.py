@@ -13,6 +13,7 @@ from typing import Any
 from broker.api.rest import (
     bindings,
     channels,
+    cluster,
     exchanges,
     health,
     leases,
@@ -33,7 +34,7 @@ from broker.runtime import BrokerRuntime
 
 __all__ = ["DEFAULT_EXCHANGE_ALIAS", "Fields", "add_rest_routes", "exchange_name"]
 
-_FAMILIES = (health, exchanges, queues, leases, messages, bindings, channels, users, locks, schedules)
+_FAMILIES = (health, exchanges, queues, leases, messages, bindings, channels, users, locks, schedules, cluster)
 
 
 def add_rest_routes(router: Router, runtime: BrokerRuntime, auth: Any = None) -> None:
