@@ -14,7 +14,15 @@ from typing import Any
 
 import trio
 
-from broker.api import Authenticator, BrokerMetrics, build_router, cluster_routes, dispatch_cluster_first, http_error, protect
+from broker.api import (
+    Authenticator,
+    BrokerMetrics,
+    build_router,
+    cluster_routes,
+    dispatch_cluster_first,
+    http_error,
+    protect,
+)
 from broker.cluster import ClusterConfig, ClusterNode, EtcdUnavailable, NodeNameTaken
 from broker.config import Settings
 from broker.http import HTTPServer, Limits, server_ssl_context
@@ -90,7 +98,7 @@ class BrokerApp:
         self.cluster = ClusterNode(cluster, runtime) if cluster is not None else None
         handler: Any = self.router
         if self.cluster is not None:
-            handler = dispatch_cluster_first(cluster_routes(runtime, self.cluster, self.auth.guard), self.router)
+            handler = dispatch_cluster_first(cluster_routes(runtime, self.cluster, self.auth), self.router)
         self.server = HTTPServer(
             protect(handler),
             limits=limits,

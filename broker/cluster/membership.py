@@ -21,7 +21,13 @@ import orjson
 import trio
 
 from broker.cluster.etcd import EtcdClient
-from broker.cluster.etcdproto import CompareCreate, EtcdError, EtcdUnavailable, OpGet, OpPut
+from broker.cluster.etcdproto import (
+    CompareCreate,
+    EtcdError,
+    EtcdUnavailable,
+    OpGet,
+    OpPut,
+)
 from broker.cluster.view import ClusterKeys
 
 __all__ = ["Membership", "NodeNameTaken"]

@@ -7,7 +7,8 @@ What a node's core holds in cluster mode:
   on the other nodes a queue is metadata only (``ClusterView``), which
   :func:`owner_of` answers from;
 - the bindings whose source and destination are both in the core (to its own queues,
-  and between exchanges); a binding to a queue owned elsewhere is metadata only.
+  and between exchanges); a binding to a queue owned elsewhere is metadata only;
+- every user and token (``broker.cluster.users``).
 
 ``apply`` carries one watch batch's changes; ``reconcile`` makes the core match the
 whole view (at start and after a gap in the watch), deleting what etcd no longer has.
@@ -21,6 +22,7 @@ import logging
 from collections import deque
 from typing import Any
 
+from broker.cluster.users import UserMirror
 from broker.cluster.view import LEADER_LOCATOR, Change, ClusterView
 from broker.core import Broker, BrokerError
 
@@ -43,6 +45,7 @@ class CoreMirror:
         #: the last refusals (time-ordered), shown on /cluster
         self.errors: deque[str] = deque(maxlen=20)
         self.applied = 0
+        self.users = UserMirror(core, self.errors)
 
     # ------------------------------------------------------------------ entry points
 
@@ -64,6 +67,16 @@ class CoreMirror:
                         self._unbind(change.old)
                 else:
                     self._bind(change.new)
+            elif change.kind == "users":
+                if change.new is None:
+                    self.users.delete_user(change.name)
+                else:
+                    self.users.put_user(change.new)
+            elif change.kind == "tokens":
+                if change.new is None:
+                    self.users.revoke_token(change.name)
+                else:
+                    self.users.put_token(change.new)
 
     def reconcile(self, view: ClusterView) -> None:
         """Make the core match ``view`` entirely."""
@@ -91,6 +104,7 @@ class CoreMirror:
                 self._unbind(b)
         for b in view.values("bindings"):
             self._bind(b)
+        self.users.reconcile(view)
 
     # ---------------------------------------------------------------------- steps
 

@@ -22,6 +22,7 @@ from broker.cluster.etcd import EtcdClient, parse_endpoints
 from broker.cluster.etcdproto import EtcdError, EtcdUnavailable
 from broker.cluster.membership import Membership, NodeNameTaken
 from broker.cluster.mirror import CoreMirror
+from broker.cluster.users import UserWriter, seed_users
 from broker.cluster.view import ClusterKeys, ClusterView
 from broker.cluster.writes import MetadataWriter
 from broker.core import Unavailable
@@ -60,6 +61,7 @@ class ClusterNode:
         self.mirror = CoreMirror(runtime.core, self.name)
         self.membership = Membership(self.client, self.keys, self.name, config.advertise_url, config.lease_ttl_s)
         self.writer = MetadataWriter(self.client, self.keys, self.view, self.name, self.wait_seen)
+        self.user_writer = UserWriter(self.client, self.keys, self.view, self.wait_seen)
         #: None while etcd answers; else why it does not
         self.etcd_error: str | None = None
         self.synced = False
@@ -113,6 +115,9 @@ class ClusterNode:
     async def _resync(self) -> None:
         revision, kvs = await self.client.get_prefix(self.keys.root)
         changes = self.view.reset(revision, kvs)
+        if await seed_users(self.client, self.keys, self.view, self.runtime.core):
+            revision, kvs = await self.client.get_prefix(self.keys.root)
+            changes = self.view.reset(revision, kvs)
         self._note_deaths(changes)
         self.mirror.reconcile(self.view)
         self.runtime.pump()

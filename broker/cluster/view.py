@@ -7,7 +7,8 @@ Every key lives under ``/<cluster_name>/`` (``ClusterKeys``):
 - ``known/<name>``: every node that ever joined (``name``, ``url``), no lease: the dead
   are still listed;
 - ``meta/exchanges/<name>``, ``meta/queues/<name>`` (with its ``owner``),
-  ``meta/bindings/<digest>``: the cluster-wide metadata.
+  ``meta/bindings/<digest>``, ``meta/users/<name>``, ``meta/tokens/<id>``: the
+  cluster-wide metadata.
 
 Names are percent-encoded in keys (a queue may be called ``a/b``). :class:`ClusterView`
 is a node's copy of all of it at one revision, kept current by a watch and replaced by
@@ -30,7 +31,7 @@ __all__ = ["Change", "ClusterKeys", "ClusterView", "LEADER_LOCATOR", "binding_di
 
 #: The queue argument naming how its owner is chosen (RabbitMQ's name and values).
 LEADER_LOCATOR: Final = "x-queue-leader-locator"
-KINDS: Final = ("exchanges", "queues", "bindings")
+KINDS: Final = ("exchanges", "queues", "bindings", "users", "tokens")
 
 
 def canonical(value: Any) -> bytes:

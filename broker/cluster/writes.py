@@ -18,8 +18,21 @@ from typing import Any
 from broker.cluster.etcd import EtcdClient
 from broker.cluster.etcdproto import CompareCreate, CompareMod, OpDelete, OpGet, OpPut
 from broker.cluster.mirror import core_arguments
-from broker.cluster.view import LEADER_LOCATOR, ClusterKeys, ClusterView, binding_digest, canonical
-from broker.core import BUILTIN_EXCHANGES, AccessRefused, Broker, InvalidArgument, NotFound, PreconditionFailed
+from broker.cluster.view import (
+    LEADER_LOCATOR,
+    ClusterKeys,
+    ClusterView,
+    binding_digest,
+    canonical,
+)
+from broker.core import (
+    BUILTIN_EXCHANGES,
+    AccessRefused,
+    Broker,
+    InvalidArgument,
+    NotFound,
+    PreconditionFailed,
+)
 
 __all__ = ["LOCATORS", "MetadataWriter", "queue_settings_message"]
 

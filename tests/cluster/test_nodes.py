@@ -4,6 +4,7 @@ made while a node was down, and etcd stopping and coming back."""
 
 from __future__ import annotations
 
+import base64
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -140,3 +141,38 @@ def test_etcd_stopping_refuses_metadata_changes_and_recovery_is_automatic(etcd: 
     wait_for("a recovers", lambda: a.request("GET", "/healthz")[1]["cluster"]["etcd"] == "ok")
     wait_for("a accepts changes", lambda: a.request("PUT", "/queues/after", {})[0] in (200, 201))
     wait_for("b sees it", lambda: "after" in sum((n["queues"] for n in cluster_nodes(b).values()), []))
+
+
+def _basic(user: str, password: str) -> dict[str, str]:
+    return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
+
+
+def test_users_permissions_and_tokens_apply_on_every_node(nodes: Nodes) -> None:
+    a, b = nodes("a"), nodes("b")
+    wait_for("b alive on a", lambda: cluster_nodes(a).get("b", {}).get("alive"))
+    status, body = a.request("PUT", "/users/admin", {"password": "s3cret-pass", "tags": ["administrator"]})
+    assert status == 201, body
+    admin = _basic("admin", "s3cret-pass")
+    # b now has a user too: it asks for credentials, and takes a's
+    wait_for("b asks for credentials", lambda: b.request("GET", "/queues")[0] == 401)
+    status, body = b.request("GET", "/whoami", headers=admin)
+    assert status == 200 and body["authenticated"] is True and body["name"] == "admin"
+    # a user with narrow permissions, made on b, is held to them on a
+    status, _ = b.request(
+        "PUT", "/users/app", {"password": "app-pass-1", "permissions": {"configure": "^app\\.", "write": ".*", "read": ".*"}},
+        headers=admin,
+    )
+    assert status == 201
+    app = _basic("app", "app-pass-1")
+    wait_for("app on a", lambda: a.request("GET", "/whoami", headers=app)[0] == 200)
+    assert a.request("PUT", "/queues/app.jobs", {}, headers=app)[0] == 201
+    assert a.request("PUT", "/queues/other", {}, headers=app)[0] == 403
+    # a token made on b works on a, and its revocation on a reaches b
+    status, token = b.request("POST", "/users/app/tokens", {"description": "ci"}, headers=app)
+    assert status == 201, token
+    bearer = {"Authorization": f"Bearer {token['token']}"}
+    wait_for("token on a", lambda: a.request("GET", "/whoami", headers=bearer)[0] == 200)
+    assert a.request("DELETE", f"/tokens/{token['id']}", headers=app)[0] == 200
+    wait_for("token revoked on b", lambda: b.request("GET", "/whoami", headers=bearer)[0] == 401)
+    assert a.request("DELETE", "/users/app", headers=admin)[0] == 200
+    wait_for("app gone on b", lambda: b.request("GET", "/whoami", headers=app)[0] == 401)

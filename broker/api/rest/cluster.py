@@ -6,7 +6,7 @@ and nothing else here runs. In cluster mode :func:`cluster_routes` builds a rout
 that answers before the node's own: ``GET /cluster`` and ``GET /healthz`` with the
 cluster's state, and the metadata changes (declare and delete of queues and
 exchanges, bind and unbind), which are decided by an etcd transaction and applied to
-every node's core by its watch (``broker.cluster``), never to this core directly.
+every node's core by its watch; and the changes of users, permissions and tokens (``broker.cluster``), never to this core directly.
 Every other request falls through to the node's router.
 """
 
@@ -15,10 +15,26 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import trio
+
+from broker.api.auth import hash_password, new_token
 from broker.api.permissions import access_for
-from broker.api.rest.fields import DEFAULT_EXCHANGE_ALIAS, RestContext, body_fields, exchange_name
+from broker.api.rest.fields import (
+    DEFAULT_EXCHANGE_ALIAS,
+    RestContext,
+    body_fields,
+    exchange_name,
+)
+from broker.api.rest.users import MAX_PASSWORD_CHARS, MAX_TOKEN_LIFETIME_S
 from broker.cluster import ClusterNode, EtcdUnavailable
-from broker.core import EXCHANGE_TYPES, InvalidArgument, PreconditionFailed, Unavailable
+from broker.core import (
+    EXCHANGE_TYPES,
+    InvalidArgument,
+    NotFound,
+    PreconditionFailed,
+    Unavailable,
+    check_username,
+)
 from broker.http import MethodNotAllowed, NoSuchEndpoint, Router
 from broker.runtime import BrokerRuntime
 
@@ -68,9 +84,11 @@ def _etcd_errors(node: ClusterNode, handler: Handler) -> Handler:
     return guarded
 
 
-def cluster_routes(runtime: BrokerRuntime, node: ClusterNode, guard: Any) -> Router:
-    """The routes cluster mode answers itself (see the module docstring)."""
-    router = Router(guard=guard)
+def cluster_routes(runtime: BrokerRuntime, node: ClusterNode, auth: Any) -> Router:
+    """The routes cluster mode answers itself (see the module docstring); ``auth``:
+    the authenticator (its guard, and its hashing threads)."""
+    router = Router(guard=auth.guard)
+    _add_user_routes(RestContext(router, runtime, auth), node)
     ctx = RestContext(router, runtime)
     core = runtime.core
     writer = node.writer
@@ -213,3 +231,90 @@ def cluster_routes(runtime: BrokerRuntime, node: ClusterNode, guard: Any) -> Rou
     ctx.route("POST", "/bindings")(_etcd_errors(node, bind))
     ctx.route("DELETE", "/bindings")(_etcd_errors(node, unbind))
     return router
+
+
+def _add_user_routes(ctx: RestContext, node: ClusterNode) -> None:
+    """Users, permissions and tokens through etcd (the reads stay the node's own:
+    every node's core holds every user)."""
+    core, writer = ctx.core, node.user_writer
+    limiter = ctx.auth.hashing if ctx.auth is not None else None
+
+    def self_or_admin(request: Any, name: str) -> None:
+        access = access_for(request)
+        if access.username != name or not access.username:
+            access.require("administer")
+
+    async def hashed(password: Any) -> str:
+        if not isinstance(password, str) or not password or len(password) > MAX_PASSWORD_CHARS:
+            raise InvalidArgument(f"password must be a non-empty string of at most {MAX_PASSWORD_CHARS} characters")
+        return await trio.to_thread.run_sync(hash_password, password, limiter=limiter)
+
+    def info(record: dict[str, Any]) -> dict[str, Any]:
+        user = core.users.get(record["name"])
+        return user.info() if user is not None else {"name": record["name"], "tags": record["tags"]}
+
+    async def put_user(request: Any, response: Any) -> None:
+        access_for(request).require("administer")
+        name = check_username(request.path_params["name"])
+        f = await body_fields(request, {"password", "tags", "permissions"})
+        tags = f.obj.get("tags", [])
+        if not isinstance(tags, list):
+            raise InvalidArgument("tags must be a list of strings")
+        permissions = f.dict("permissions") if "permissions" in f.obj else None
+        password = await hashed(f.obj["password"]) if "password" in f.obj else None
+        record, created = await writer.put_user(name, password=password, tags=tags, permissions=permissions)
+        await ctx.runtime.wait_durable()
+        await response.send_json(201 if created else 200, info(record))
+
+    async def put_permissions(request: Any, response: Any) -> None:
+        access_for(request).require("administer")
+        f = await body_fields(request, {"configure", "write", "read"})
+        record = await writer.set_permissions(request.path_params["name"], dict(f.obj))
+        await ctx.runtime.wait_durable()
+        await response.send_json(200, info(record))
+
+    async def delete_user(request: Any, response: Any) -> None:
+        access_for(request).require("administer")
+        name = request.path_params["name"]
+        await writer.delete_user(name)
+        await ctx.runtime.wait_durable()
+        await response.send_json(200, {"deleted": name})
+
+    async def create_token(request: Any, response: Any) -> None:
+        name = request.path_params["name"]
+        self_or_admin(request, name)
+        f = await body_fields(request, {"expires_in_s", "description"})
+        lifetime = f.number("expires_in_s", None, minimum=1)
+        if lifetime is not None and lifetime > MAX_TOKEN_LIFETIME_S:
+            raise InvalidArgument(f"expires_in_s must be at most {MAX_TOKEN_LIFETIME_S:g}")
+        token_id, digest, text = new_token()
+        now = core.wall_clock()
+        await writer.add_token(
+            token_id,
+            name,
+            digest,
+            now_s=now,
+            expires_s=now + lifetime if lifetime is not None else None,
+            description=f.str("description", ""),
+        )
+        await ctx.runtime.wait_durable()
+        token = core.users.tokens.get(token_id)
+        shown = token.info() if token is not None else {"id": token_id, "user": name}
+        await response.send_json(201, {**shown, "token": text})
+
+    async def revoke_token(request: Any, response: Any) -> None:
+        token_id = request.path_params["id"]
+        token = core.users.tokens.get(token_id)
+        if token is None:
+            access_for(request).require("administer")  # no hint to others of what exists
+            raise NotFound(f"no token {token_id[:32]!r}")
+        self_or_admin(request, token.user)
+        await writer.revoke_token(token_id)
+        await ctx.runtime.wait_durable()
+        await response.send_json(200, {"revoked": token_id})
+
+    ctx.route("PUT", "/users/{name}")(_etcd_errors(node, put_user))
+    ctx.route("PUT", "/users/{name}/permissions")(_etcd_errors(node, put_permissions))
+    ctx.route("DELETE", "/users/{name}")(_etcd_errors(node, delete_user))
+    ctx.route("POST", "/users/{name}/tokens")(_etcd_errors(node, create_token))
+    ctx.route("DELETE", "/tokens/{id}")(_etcd_errors(node, revoke_token))

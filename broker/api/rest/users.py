@@ -21,7 +21,7 @@ from broker.core import MAX_DELAY_S, InvalidArgument, NotFound, check_username
 #: Longest token lifetime a request may ask for (``expires_in_s``); longer-lived
 #: credentials are users' passwords. The delay ceiling is as long as the broker plans.
 MAX_TOKEN_LIFETIME_S = MAX_DELAY_S
-_MAX_PASSWORD_CHARS = 1024
+MAX_PASSWORD_CHARS = 1024
 
 
 def add_routes(ctx: RestContext) -> None:
@@ -35,8 +35,8 @@ def add_routes(ctx: RestContext) -> None:
             access.require("administer")
 
     async def hashed(password: Any) -> str:
-        if not isinstance(password, str) or not password or len(password) > _MAX_PASSWORD_CHARS:
-            raise InvalidArgument(f"password must be a non-empty string of at most {_MAX_PASSWORD_CHARS} characters")
+        if not isinstance(password, str) or not password or len(password) > MAX_PASSWORD_CHARS:
+            raise InvalidArgument(f"password must be a non-empty string of at most {MAX_PASSWORD_CHARS} characters")
         return await trio.to_thread.run_sync(hash_password, password, limiter=limiter)
 
     @ctx.route("GET", "/whoami")
