@@ -144,7 +144,12 @@ class ClusterView:
                 continue
             items[name] = (value, event.kv.mod_revision)
             changes.append(Change(kind, name, old and old[0], value))
-        self.revision = max(self.revision, batch.revision, *(e.kv.mod_revision for e in batch.events))
+        if batch.events:
+            # Not the header's revision: a watcher still catching up gets batches
+            # headed with the store's current revision before it has seen all of it.
+            self.revision = max(self.revision, *(e.kv.mod_revision for e in batch.events))
+        elif not (batch.created or batch.canceled or batch.compacted):
+            self.revision = max(self.revision, batch.revision)  # a progress notice: all sent
         return changes
 
     # ----------------------------------------------------------------- derived

@@ -100,10 +100,10 @@ class MetadataWriter:
         """The queue's definition and whether this call created it."""
         key = self.keys.meta("queues", name)
         if passive:
-            revision, found = await self.client.get(key)
+            _revision, found = await self.client.get(key)
             if found is None:
                 raise NotFound(f"no queue {name!r}")
-            await self.wait_seen(revision)
+            await self.wait_seen(found.mod_revision)
             return dict(found.json()), False
         locator = arguments.get(LEADER_LOCATOR, "balanced")
         if locator not in LOCATORS:
@@ -111,10 +111,14 @@ class MetadataWriter:
         _scratch().declare_queue(name, durable=durable, auto_delete=auto_delete, arguments=core_arguments(arguments))
         d = {"durable": durable, "auto_delete": auto_delete, "arguments": arguments, "owner": self.place(locator)}
         result = await self.client.txn([CompareCreate(key)], [OpPut(key, canonical(d))], [OpGet(key)])
-        await self.wait_seen(result.revision)
         if result.succeeded:
+            await self.wait_seen(result.revision)
             return d, True
-        existing = dict(result.ranges[0][0].json())
+        # Read-your-writes of what the txn found: the revision it was last written at
+        # (the txn's own revision may belong to a key this node does not watch).
+        found = result.ranges[0][0]
+        await self.wait_seen(found.mod_revision)
+        existing = dict(found.json())
         if (existing["durable"], existing["auto_delete"], core_arguments(existing["arguments"])) != (
             durable,
             auto_delete,
@@ -160,20 +164,24 @@ class MetadataWriter:
             raise AccessRefused(f"exchange {name or 'amq.default'!r} is built in on every node")
         key = self.keys.meta("exchanges", name)
         if passive:
-            revision, found = await self.client.get(key)
+            _revision, found = await self.client.get(key)
             if found is None:
                 raise NotFound(f"no exchange {name!r}")
-            await self.wait_seen(revision)
+            await self.wait_seen(found.mod_revision)
             return dict(found.json()), False
         _scratch().declare_exchange(
             name, type, durable=durable, auto_delete=auto_delete, internal=internal, arguments=arguments
         )
         d = {"type": type, "durable": durable, "auto_delete": auto_delete, "internal": internal, "arguments": arguments}
         result = await self.client.txn([CompareCreate(key)], [OpPut(key, canonical(d))], [OpGet(key)])
-        await self.wait_seen(result.revision)
         if result.succeeded:
+            await self.wait_seen(result.revision)
             return d, True
-        existing = dict(result.ranges[0][0].json())
+        # Read-your-writes of what the txn found: the revision it was last written at
+        # (the txn's own revision may belong to a key this node does not watch).
+        found = result.ranges[0][0]
+        await self.wait_seen(found.mod_revision)
+        existing = dict(found.json())
         if existing != d:
             raise PreconditionFailed(_exchange_settings_message(name, existing))
         return existing, False

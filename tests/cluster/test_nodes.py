@@ -5,6 +5,8 @@ made while a node was down, and etcd stopping and coming back."""
 from __future__ import annotations
 
 import base64
+import subprocess
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -13,7 +15,7 @@ from typing import Any
 import pytest
 
 from tests.cluster.conftest import TTL_S, cluster_nodes, node_process, wait_for
-from tests.support.broker import BrokerProcess
+from tests.support.broker import ROOT, BrokerProcess
 from tests.support.etcd import EtcdProcess
 
 pytestmark = pytest.mark.slow
@@ -27,12 +29,25 @@ def test_members_are_listed_and_a_lapsed_one_is_shown_dead(nodes: Nodes) -> None
     status, body = b.request("GET", "/cluster")
     assert body["enabled"] is True and body["node"] == "b" and body["etcd"]["ok"] is True
     assert body["etcd"]["endpoints"][0]["healthy"] is True and body["revision"] > 0
+    table = _cli(a, "cluster")
+    assert "node-" not in table and "a *" in table and "alive" in table and "healthy" in table
     b.kill()  # no goodbye: its lease lapses in etcd
     seen_dead = wait_for("b dead on a", lambda: not cluster_nodes(a)["b"]["alive"], timeout_s=TTL_S + 5)
     assert seen_dead
     assert cluster_nodes(a)["b"]["url"] == b.url  # still listed, as dead
+    assert "DEAD" in _cli(a, "cluster")
     b.start()
     wait_for("b alive again", lambda: cluster_nodes(a)["b"]["alive"])
+
+
+def _cli(node: BrokerProcess, *words: str) -> str:
+    """``ackbus --url NODE WORDS...``'s output (it must succeed)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "client", "--url", node.url, *words],
+        capture_output=True, text=True, timeout=30, cwd=str(ROOT),
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
 
 
 def test_a_second_process_with_a_taken_name_refuses_to_start(tmp_path: Path, etcd: EtcdProcess, nodes: Nodes) -> None:
@@ -52,6 +67,7 @@ def test_a_single_node_says_cluster_mode_is_off(tmp_path: Path) -> None:
         status, body = single.request("GET", "/cluster")
         assert status == 200 and body["enabled"] is False and "--etcd" in body["reason"]
         assert "cluster" not in single.request("GET", "/healthz")[1]
+        assert "not clustered" in _cli(single, "cluster")
 
 
 def test_metadata_declared_on_one_node_is_applied_on_the_others(nodes: Nodes) -> None:
