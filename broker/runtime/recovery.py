@@ -100,8 +100,12 @@ async def recover_broker(
             n_wal += 1
         # Records after the checkpoint mean the broker did not stop cleanly (a clean
         # stop ends with a checkpoint covering everything).
+        # With repair, a damaged segment is indexed only up to the damage: what lies
+        # beyond was confirmed, and is given up when its turn comes (MessageLost).
         core.finish_recovery(
-            recovery.last_lsn, assume_delivered=n_wal > 0, log_spans=recovery.reader.spans()
+            recovery.last_lsn,
+            assume_delivered=n_wal > 0,
+            log_spans=None if repair else recovery.reader.spans(),
         )
         return recovery, n_ckpt, n_wal
 
