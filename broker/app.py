@@ -98,6 +98,7 @@ class BrokerApp:
         self.cluster = ClusterNode(cluster, runtime) if cluster is not None else None
         handler: Any = self.router
         if self.cluster is not None:
+            self.cluster.mirror.on_users_changed = self.auth.enforce_revocations
             handler = dispatch_cluster_first(cluster_routes(runtime, self.cluster, self.auth), self.router)
         self.server = HTTPServer(
             protect(handler),

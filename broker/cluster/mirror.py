@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from broker.cluster.users import UserMirror
@@ -46,10 +47,18 @@ class CoreMirror:
         self.errors: deque[str] = deque(maxlen=20)
         self.applied = 0
         self.users = UserMirror(core, self.errors)
+        #: called after users or tokens changed in the core (the authenticator's
+        #: enforcement of revocations on what users hold open)
+        self.on_users_changed: Callable[[], None] = lambda: None
 
     # ------------------------------------------------------------------ entry points
 
     def apply(self, changes: list[Change], view: ClusterView) -> None:
+        self._apply(changes, view)
+        if any(change.kind in ("users", "tokens") for change in changes):
+            self.on_users_changed()
+
+    def _apply(self, changes: list[Change], view: ClusterView) -> None:
         for change in changes:
             if change.kind == "exchanges":
                 if change.new is None:
@@ -105,6 +114,7 @@ class CoreMirror:
         for b in view.values("bindings"):
             self._bind(b)
         self.users.reconcile(view)
+        self.on_users_changed()
 
     # ---------------------------------------------------------------------- steps
 

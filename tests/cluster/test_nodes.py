@@ -8,6 +8,7 @@ import base64
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -188,7 +189,17 @@ def test_users_permissions_and_tokens_apply_on_every_node(nodes: Nodes) -> None:
     assert status == 201, token
     bearer = {"Authorization": f"Bearer {token['token']}"}
     wait_for("token on a", lambda: a.request("GET", "/whoami", headers=bearer)[0] == 200)
+    # a long poll on b with the token ends when a revokes it (enforced on every node)
+    assert b.request("PUT", "/queues/app.b", {"arguments": {"x-queue-leader-locator": "client-local"}}, headers=app)[0] == 201
+    polled: list[tuple[int, Any]] = []
+    poller = threading.Thread(target=lambda: polled.append(b.request("POST", "/queues/app.b/get?wait=20", headers=bearer)))
+    started = time.monotonic()
+    poller.start()
+    time.sleep(0.3)  # not a bet: a poll that starts after the revocation is refused the same way
     assert a.request("DELETE", f"/tokens/{token['id']}", headers=app)[0] == 200
+    poller.join(timeout=30)
+    assert polled and polled[0][0] == 401 and polled[0][1]["error"] in ("credentials_revoked", "unauthorized"), polled
+    assert time.monotonic() - started < 15
     wait_for("token revoked on b", lambda: b.request("GET", "/whoami", headers=bearer)[0] == 401)
     assert a.request("DELETE", "/users/app", headers=admin)[0] == 200
     wait_for("app gone on b", lambda: b.request("GET", "/whoami", headers=app)[0] == 401)

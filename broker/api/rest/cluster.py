@@ -128,7 +128,7 @@ def cluster_routes(runtime: BrokerRuntime, node: ClusterNode, auth: Any) -> Rout
         f = await body_fields(request, {"durable", "exclusive", "auto_delete", "arguments", "passive"})
         passive = f.bool("passive", False)
         if not passive:
-            access_for(request).require("declare_queue", name)
+            access_for(request).require_declare("declare_queue", name, f.obj.get("arguments"))
         if f.bool("exclusive", False):
             raise InvalidArgument("exclusive queues belong to a channel: declare them on one")
         d, created = await writer.declare_queue(
@@ -173,7 +173,7 @@ def cluster_routes(runtime: BrokerRuntime, node: ClusterNode, auth: Any) -> Rout
         f = await body_fields(request, {"type", "durable", "auto_delete", "internal", "arguments", "passive"})
         passive = f.bool("passive", False)
         if not passive:
-            access_for(request).require("declare_exchange", name or DEFAULT_EXCHANGE_ALIAS)
+            access_for(request).require_declare("declare_exchange", name or DEFAULT_EXCHANGE_ALIAS, f.obj.get("arguments"))
         etype = f.str("type", "direct")
         if etype not in EXCHANGE_TYPES:
             raise InvalidArgument(f"type must be one of {', '.join(EXCHANGE_TYPES)}")
