@@ -176,6 +176,15 @@ class EtcdClient:
 
     async def _call_one(self, endpoint: Endpoint, path: str, payload: bytes) -> dict[str, Any]:
         conn = self._idle.pop(endpoint.url, None)
+        if conn is not None:
+            try:
+                return await self._call_on(endpoint, conn, path, payload)
+            except _Stale:
+                pass  # the kept-alive connection had died (etcd restarted): a new one
+        return await self._call_on(endpoint, None, path, payload)
+
+    async def _call_on(self, endpoint: Endpoint, conn: _Conn | None, path: str, payload: bytes) -> dict[str, Any]:
+        reused = conn is not None
         sent = False
         try:
             with trio.fail_after(self.timeout_s):
@@ -191,7 +200,15 @@ class EtcdClient:
                     # reached it, so another try is safe.
                     raise _NotSent(f"connection lost before sending: {exc}") from None
                 sent = True
-                status, body = await _read_answer(conn)
+                try:
+                    status, body = await _read_answer(conn)
+                except (_NoResponse, trio.BrokenResourceError, trio.ClosedResourceError, OSError, h11.ProtocolError):
+                    if not reused:
+                        raise EtcdUnavailable("connection lost before an answer") from None
+                    # Nothing came back on a connection that had been idle: it was
+                    # dead before the request (a live server answers or times out).
+                    await conn.aclose()
+                    raise _Stale() from None
         except trio.TooSlowError:
             if conn is not None:
                 await conn.aclose()
@@ -324,8 +341,18 @@ class _NotSent(Exception):
     """The request never reached the endpoint: safe to try the next one."""
 
 
+class _Stale(Exception):
+    """A kept-alive connection turned out dead before any answer: try a new one."""
+
+
+class _NoResponse(Exception):
+    """The connection ended before the answer's status line."""
+
+
 async def _read_answer(conn: _Conn) -> tuple[int, bytes]:
     event = await conn.next_event()
+    if isinstance(event, h11.ConnectionClosed):
+        raise _NoResponse()
     if not isinstance(event, h11.Response):
         raise EtcdUnavailable(f"unexpected {type(event).__name__} from etcd")
     parts = []

@@ -154,3 +154,15 @@ async def test_failover_to_the_next_endpoint_and_a_clear_error_when_none_answers
     nobody = EtcdClient(parse_endpoints(dead), timeout_s=2)
     with pytest.raises(EtcdUnavailable, match=dead.replace(".", r"\.")):
         await nobody.get(b"/f/a")
+
+
+async def test_a_kept_alive_connection_that_died_with_etcd_is_replaced(etcd: EtcdProcess) -> None:
+    client = EtcdClient(parse_endpoints(etcd.url), timeout_s=5)
+    try:
+        await client.put(b"/r/a", b"1")
+        assert client._idle  # kept alive
+        await trio.to_thread.run_sync(etcd.stop)
+        await trio.to_thread.run_sync(etcd.start)
+        assert (await client.get(b"/r/a"))[1] is not None  # no EtcdUnavailable on the first call
+    finally:
+        await client.aclose()
