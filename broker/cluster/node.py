@@ -78,7 +78,7 @@ class ClusterNode:
         await self.membership.register()
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self.membership.keep_alive, self._etcd_answered)
+                nursery.start_soon(self.membership.keep_alive, self.note_etcd)
                 task_status.started()
                 await self.runtime.ready_event.wait()
                 await self._follow()
@@ -88,7 +88,8 @@ class ClusterNode:
                 await self.membership.leave()
                 await self.client.aclose()
 
-    def _etcd_answered(self, error: str | None) -> None:
+    def note_etcd(self, error: str | None) -> None:
+        """Record whether etcd answered the last call (None) or why not."""
         if error != self.etcd_error:
             if error is None:
                 log.info("etcd reachable again", extra={"fields": {"node": self.name}})
@@ -108,7 +109,7 @@ class ClusterNode:
                 needs_resync = await self._watch()
                 delay = RETRY_MIN_S
             except EtcdError as exc:
-                self._etcd_answered(exc.message)
+                self.note_etcd(exc.message)
                 await trio.sleep(delay)
                 delay = min(RETRY_MAX_S, delay * 2)
 
@@ -123,7 +124,7 @@ class ClusterNode:
         self.runtime.pump()
         self.resyncs += 1
         self.synced = True
-        self._etcd_answered(None)
+        self.note_etcd(None)
         await self._notify_seen()
 
     async def _watch(self) -> bool:
@@ -136,7 +137,7 @@ class ClusterNode:
                     return True
                 if batch.canceled:
                     raise EtcdUnavailable(f"etcd cancelled the watch: {batch.reason or 'no reason given'}")
-                self._etcd_answered(None)
+                self.note_etcd(None)
                 changes = self.view.apply(batch)
                 self._note_deaths(changes)
                 if changes:

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
+import re
 from collections.abc import Callable, Mapping
 from typing import Any, Final, Literal, TypeVar
 
@@ -398,6 +399,12 @@ def _check_together(values: Mapping[str, Any], sources: Mapping[str, str]) -> No
             setting="tls_client_ca", source=sources["tls_client_ca"],
         )
     if values["etcd"]:
+        for url in values["etcd"].split(","):
+            if not re.fullmatch(r"\s*http://[^/\s:,]+(:\d{1,5})?/?\s*", url):
+                raise ConfigError(
+                    f"etcd = {values['etcd']!r} from {sources['etcd']}: each endpoint must look like "
+                    f"http://HOST:PORT, not {url.strip()!r}", setting="etcd", source=sources["etcd"],
+                )
         for name in ("node_name", "advertise_url"):
             if not values[name]:
                 raise ConfigError(

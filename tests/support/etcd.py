@@ -25,14 +25,14 @@ __all__ = ["EtcdProcess", "etcd_binary", "require_etcd"]
 
 
 def etcd_binary() -> str | None:
-    found = os.environ.get("ACKBUS_ETCD") or shutil.which("etcd") or "/usr/bin/etcd"
+    found = os.environ.get("ETCD_BINARY") or shutil.which("etcd") or "/usr/bin/etcd"
     return found if os.access(found, os.X_OK) else None
 
 
 def require_etcd() -> str:
     binary = etcd_binary()
     if binary is None:
-        pytest.skip("etcd is not installed (Debian package etcd-server; or set ACKBUS_ETCD to its binary)")
+        pytest.skip("etcd is not installed (Debian package etcd-server; or set ETCD_BINARY to its binary)")
     return binary
 
 

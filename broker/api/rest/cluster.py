@@ -78,7 +78,7 @@ def _etcd_errors(node: ClusterNode, handler: Handler) -> Handler:
         try:
             await handler(request, response)
         except EtcdUnavailable as exc:
-            node._etcd_answered(exc.message)
+            node.note_etcd(exc.message)
             raise Unavailable(f"etcd is unreachable, so metadata cannot change now: {exc.message}", code="etcd_unavailable") from None
 
     return guarded
