@@ -167,12 +167,14 @@ class BrokerApp:
         """The node's part in the cluster; refuses to start when its name is taken or
         etcd cannot be reached at start."""
         assert self.cluster is not None
+        # except*: a name taken later (after a lapse, by another process) comes out of
+        # the node's nursery inside an exception group.
         try:
             await self.cluster.serve(task_status=task_status)
-        except NodeNameTaken as exc:
-            raise StartRefused(str(exc)) from None
-        except EtcdUnavailable as exc:
-            raise StartRefused(f"cannot join the cluster: {exc.message}") from None
+        except* NodeNameTaken as group:
+            raise StartRefused(str(group.exceptions[0])) from None
+        except* EtcdUnavailable as group:
+            raise StartRefused(f"cannot join the cluster: {group.exceptions[0]}") from None
 
     async def _refuse_without_users(self, host: str) -> None:
         """Once recovery has said whether users exist: none, and not on loopback, ends

@@ -5,6 +5,7 @@ made while a node was down, and etcd stopping and coming back."""
 from __future__ import annotations
 
 import base64
+import signal
 import subprocess
 import sys
 import threading
@@ -203,3 +204,30 @@ def test_users_permissions_and_tokens_apply_on_every_node(nodes: Nodes) -> None:
     wait_for("token revoked on b", lambda: b.request("GET", "/whoami", headers=bearer)[0] == 401)
     assert a.request("DELETE", "/users/app", headers=admin)[0] == 200
     wait_for("app gone on b", lambda: b.request("GET", "/whoami", headers=app)[0] == 401)
+
+
+def test_a_node_whose_lease_lapsed_and_whose_name_was_taken_stops_serving(
+    tmp_path: Path, etcd: EtcdProcess, nodes: Nodes
+) -> None:
+    a = nodes("a")
+    assert a.proc is not None
+    a.proc.send_signal(signal.SIGSTOP)  # hung: no keepalives
+    (tmp_path / "twin").mkdir()
+    twin = node_process(tmp_path / "twin", etcd, "a")
+    try:
+        deadline = time.monotonic() + TTL_S + 10
+        while True:  # the name frees itself once a's lease lapses in etcd
+            try:
+                twin.start(timeout_s=30)
+                break
+            except RuntimeError:
+                assert time.monotonic() < deadline, twin.log_tail()
+                time.sleep(0.2)
+    finally:
+        a.proc.send_signal(signal.SIGCONT)
+    try:
+        assert a.proc.wait(timeout=TTL_S + 15) == 1  # it must not serve under a name another holds
+        assert "already in use" in a.log_tail()
+        assert cluster_nodes(twin)["a"]["url"] == twin.url
+    finally:
+        twin.stop()
