@@ -10,6 +10,7 @@ from broker.api.auth import Authenticator, hash_password, new_token
 from broker.api.csrf import protect
 from broker.api.errors import http_error
 from broker.api.metrics import BrokerMetrics
+from broker.api.rest.cluster import cluster_routes, dispatch_cluster_first
 from broker.api.routes import PUBLIC_ROUTES, build_router
 
 __all__ = [
@@ -17,6 +18,8 @@ __all__ = [
     "BrokerMetrics",
     "PUBLIC_ROUTES",
     "build_router",
+    "cluster_routes",
+    "dispatch_cluster_first",
     "hash_password",
     "http_error",
     "new_token",

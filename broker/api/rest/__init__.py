@@ -17,6 +17,7 @@ from typing import Any
 from broker.api.rest import (
     bindings,
     channels,
+    cluster,
     exchanges,
     health,
     leases,
@@ -37,7 +38,7 @@ from broker.runtime import BrokerRuntime, CommandGateway
 
 __all__ = ["DEFAULT_EXCHANGE_ALIAS", "Fields", "RestContext", "add_rest_routes", "exchange_name"]
 
-_FAMILIES = (health, exchanges, queues, leases, messages, bindings, channels, users, locks, schedules)
+_FAMILIES = (health, exchanges, queues, leases, messages, bindings, channels, users, locks, schedules, cluster)
 
 
 def add_rest_routes(

@@ -22,7 +22,7 @@ from broker.http import Request, Response
 #: Longest token lifetime a request may ask for (``expires_in_s``); longer-lived
 #: credentials are users' passwords. The delay ceiling is as long as the broker plans.
 MAX_TOKEN_LIFETIME_S = MAX_DELAY_S
-_MAX_PASSWORD_CHARS = 1024
+MAX_PASSWORD_CHARS = 1024
 
 
 def add_routes(ctx: RestContext) -> None:
@@ -45,8 +45,8 @@ def _self_or_admin(request: Request, name: str) -> None:
 
 
 async def _hashed(ctx: RestContext, password: Any) -> str:
-    if not isinstance(password, str) or not password or len(password) > _MAX_PASSWORD_CHARS:
-        raise InvalidArgument(f"password must be a non-empty string of at most {_MAX_PASSWORD_CHARS} characters")
+    if not isinstance(password, str) or not password or len(password) > MAX_PASSWORD_CHARS:
+        raise InvalidArgument(f"password must be a non-empty string of at most {MAX_PASSWORD_CHARS} characters")
     limiter = ctx.auth.hashing if ctx.auth is not None else None
     return await trio.to_thread.run_sync(hash_password, password, limiter=limiter)
 
