@@ -259,6 +259,10 @@ class BrokerViews:
     def token_infos(self, user: str) -> list[dict[str, Any]]:
         return [t.info() for t in self._core.users.tokens_of(user)]
 
+    def token_info(self, token_id: str) -> dict[str, Any] | None:
+        token = self._core.users.tokens.get(token_id)
+        return token.info() if token is not None else None
+
     def token_owner(self, token_id: str) -> str | None:
         """The user a token belongs to; None if there is no such token."""
         token = self._core.users.tokens.get(token_id)

@@ -23,6 +23,7 @@ from broker.api.rest.fields import (
     DEFAULT_EXCHANGE_ALIAS,
     RestContext,
     body_fields,
+    check_query,
     exchange_name,
 )
 from broker.api.rest.users import MAX_PASSWORD_CHARS, MAX_TOKEN_LIFETIME_S
@@ -35,29 +36,49 @@ from broker.core import (
     Unavailable,
     check_username,
 )
-from broker.http import MethodNotAllowed, NoSuchEndpoint, Router
+from broker.http import MethodNotAllowed, NoSuchEndpoint, Request, Response, Router
 from broker.runtime import BrokerRuntime
 
 __all__ = ["add_routes", "cluster_routes", "dispatch_cluster_first"]
 
-Handler = Callable[[Any, Any], Awaitable[None]]
+Handler = Callable[[Request, Response], Awaitable[None]]
 
 
 def add_routes(ctx: RestContext) -> None:
     """A single node: ``GET /cluster`` says cluster mode is off."""
+    ctx.add("GET", "/cluster", no_cluster)
 
-    @ctx.route("GET", "/cluster")
-    async def no_cluster(request: Any, response: Any) -> None:
-        await response.send_json(
-            200, {"enabled": False, "reason": "this broker is a single node: start it with --etcd to join a cluster"}
-        )
+
+async def no_cluster(ctx: RestContext, request: Request, response: Response) -> None:
+    await response.send_json(
+        200, {"enabled": False, "reason": "this broker is a single node: start it with --etcd to join a cluster"}
+    )
+
+
+def _route(
+    router: Router,
+    method: str,
+    pattern: str,
+    handler: Handler,
+    *,
+    query: frozenset[str] = frozenset(),
+    public: bool = False,
+) -> None:
+    """Serve ``METHOD pattern`` with ``handler``, refusing query parameters outside
+    ``query`` (as ``RestContext.add`` does for the node's own routes)."""
+
+    async def checked(request: Request, response: Response) -> None:
+        check_query(request, query)
+        await handler(request, response)
+
+    router.add(method, pattern, checked, public=public)
 
 
 def dispatch_cluster_first(cluster: Router, node_router: Router) -> Handler:
     """A handler that serves a request from ``cluster`` when it has the route, else
     from ``node_router``."""
 
-    async def dispatch(request: Any, response: Any) -> None:
+    async def dispatch(request: Request, response: Response) -> None:
         try:
             cluster.match(request.method, request.path)
         except (NoSuchEndpoint, MethodNotAllowed):
@@ -72,7 +93,7 @@ def _etcd_errors(node: ClusterNode, handler: Handler) -> Handler:
     """Refuses while etcd is unreachable (503), and turns an etcd failure during the
     change into the same 503."""
 
-    async def guarded(request: Any, response: Any) -> None:
+    async def guarded(request: Request, response: Response) -> None:
         node.runtime.check_ready()
         node.check_writable()
         try:
@@ -88,23 +109,23 @@ def cluster_routes(runtime: BrokerRuntime, node: ClusterNode, auth: Any) -> Rout
     """The routes cluster mode answers itself (see the module docstring); ``auth``:
     the authenticator (its guard, and its hashing threads)."""
     router = Router(guard=auth.guard)
-    _add_user_routes(RestContext(router, runtime, auth), node)
-    ctx = RestContext(router, runtime)
-    core = runtime.core
+    _add_user_routes(router, runtime, auth, node)
+    views = runtime.core.views
     writer = node.writer
 
-    async def status(request: Any, response: Any) -> None:
+    async def status(request: Request, response: Response) -> None:
         await response.send_json(200, node.status())
 
-    async def healthz(request: Any, response: Any) -> None:
+    async def healthz(request: Request, response: Response) -> None:
         if not runtime.ready:
             await response.send_json(503, {"status": "recovering", "ready": False})
         elif runtime.shutting_down:
             await response.send_json(503, {"status": "shutting_down", "ready": False})
         else:
-            answer: dict[str, Any] = {"status": "ok", "ready": True, "storage_ok": core.storage_ok}
-            if core.publish_refusal is not None:
-                answer["publishes_refused"] = core.publish_refusal
+            answer: dict[str, Any] = {"status": "ok", "ready": True, "storage_ok": views.storage_ok()}
+            refusal = views.publish_refusal()
+            if refusal is not None:
+                answer["publishes_refused"] = refusal
             blocked = runtime.read_blocked_queues()
             if blocked:
                 answer["log_read_failures"] = blocked
@@ -112,10 +133,10 @@ def cluster_routes(runtime: BrokerRuntime, node: ClusterNode, auth: Any) -> Rout
             await response.send_json(200, answer)
 
     def queue_answer(name: str, d: dict[str, Any]) -> dict[str, Any]:
-        queue = core.queues.get(name)
+        local = views.queue_info(name) if d.get("owner") == node.name else None
         info: dict[str, Any] = (
-            core.queue_info(queue)
-            if queue is not None and d.get("owner") == node.name
+            local
+            if local is not None
             else {"name": name, "durable": d["durable"], "exclusive": False, "auto_delete": d["auto_delete"], "arguments": d["arguments"]}
         )
         located = node.owner_of(name)
@@ -123,7 +144,7 @@ def cluster_routes(runtime: BrokerRuntime, node: ClusterNode, auth: Any) -> Rout
         info["owner_url"] = located[1] if located else None
         return info
 
-    async def put_queue(request: Any, response: Any) -> None:
+    async def put_queue(request: Request, response: Response) -> None:
         name = request.path_params["name"]
         f = await body_fields(request, {"durable", "exclusive", "auto_delete", "arguments", "passive"})
         passive = f.bool("passive", False)
@@ -141,34 +162,33 @@ def cluster_routes(runtime: BrokerRuntime, node: ClusterNode, auth: Any) -> Rout
         await runtime.wait_durable()
         await response.send_json(201 if created else 200, queue_answer(name, d))
 
-    async def delete_queue(request: Any, response: Any) -> None:
+    async def delete_queue(request: Request, response: Response) -> None:
         name = request.path_params["name"]
         access_for(request).require("delete_queue", name)
         if_unused = request.query.get_bool("if_unused", False)
         if_empty = request.query.get_bool("if_empty", False)
-        local = core.queues.get(name)
-        count: int | None = local.ready_count() if local is not None else None
+        count = views.queue_counter("messages_ready", name)
 
         def local_check() -> None:
             if not (if_unused or if_empty):
                 return
-            if local is None:
+            if not views.queue_exists(name):
                 located = node.owner_of(name)
                 raise PreconditionFailed(
                     f"if_unused and if_empty are checked on queue {name!r}'s owner "
                     f"{located[0] if located else '?'} ({located[1] if located else 'not alive'}): send the delete there",
                     code="not_owner",
                 )
-            if if_unused and local.consumers:
+            if if_unused and views.queue_counter("consumers", name):
                 raise PreconditionFailed(f"queue {name!r} has consumers")
-            if if_empty and local.ready_count():
+            if if_empty and views.queue_counter("messages_ready", name):
                 raise PreconditionFailed(f"queue {name!r} is not empty")
 
         await writer.delete_queue(name, local_check=local_check)
         await runtime.wait_durable()
         await response.send_json(200, {"deleted": name, "messages": count})
 
-    async def put_exchange(request: Any, response: Any) -> None:
+    async def put_exchange(request: Request, response: Response) -> None:
         name = exchange_name(request.path_params["name"])
         f = await body_fields(request, {"type", "durable", "auto_delete", "internal", "arguments", "passive"})
         passive = f.bool("passive", False)
@@ -189,14 +209,14 @@ def cluster_routes(runtime: BrokerRuntime, node: ClusterNode, auth: Any) -> Rout
         await runtime.wait_durable()
         await response.send_json(201 if created else 200, {"name": name, **d})
 
-    async def delete_exchange(request: Any, response: Any) -> None:
+    async def delete_exchange(request: Request, response: Response) -> None:
         name = exchange_name(request.path_params["name"])
         access_for(request).require("delete_exchange", name or DEFAULT_EXCHANGE_ALIAS)
         await writer.delete_exchange(name, if_unused=request.query.get_bool("if_unused", False))
         await runtime.wait_durable()
         await response.send_json(200, {"deleted": name or DEFAULT_EXCHANGE_ALIAS})
 
-    async def binding_args(request: Any, operation: str) -> tuple[str, str, str, dict[str, Any], bool]:
+    async def binding_args(request: Request, operation: str) -> tuple[str, str, str, dict[str, Any], bool]:
         f = await body_fields(request, {"exchange", "queue", "to_exchange", "routing_key", "arguments"})
         source = exchange_name(f.str("exchange"))
         queue = f.opt_str("queue")
@@ -210,36 +230,36 @@ def cluster_routes(runtime: BrokerRuntime, node: ClusterNode, auth: Any) -> Rout
         )
         return source, dest, f.str("routing_key", ""), f.dict("arguments"), to_x
 
-    async def bind(request: Any, response: Any) -> None:
+    async def bind(request: Request, response: Response) -> None:
         source, dest, key, args, to_x = await binding_args(request, "bind")
         created = await writer.bind(source, dest, key, args, to_exchange=to_x)
         await runtime.wait_durable()
         await response.send_json(201 if created else 200, {"bound": True, "created": created})
 
-    async def unbind(request: Any, response: Any) -> None:
+    async def unbind(request: Request, response: Response) -> None:
         source, dest, key, args, to_x = await binding_args(request, "unbind")
         await writer.unbind(source, dest, key, args, to_exchange=to_x)
         await runtime.wait_durable()
         await response.send_json(200, {"unbound": True})
 
-    ctx.route("GET", "/cluster")(status)
-    ctx.route("GET", "/healthz", public=True)(healthz)
-    ctx.route("PUT", "/queues/{name}")(_etcd_errors(node, put_queue))
-    ctx.route("DELETE", "/queues/{name}", query=frozenset({"if_unused", "if_empty"}))(_etcd_errors(node, delete_queue))
-    ctx.route("PUT", "/exchanges/{name}")(_etcd_errors(node, put_exchange))
-    ctx.route("DELETE", "/exchanges/{name}", query=frozenset({"if_unused"}))(_etcd_errors(node, delete_exchange))
-    ctx.route("POST", "/bindings")(_etcd_errors(node, bind))
-    ctx.route("DELETE", "/bindings")(_etcd_errors(node, unbind))
+    _route(router, "GET", "/cluster", status)
+    _route(router, "GET", "/healthz", healthz, public=True)
+    _route(router, "PUT", "/queues/{name}", _etcd_errors(node, put_queue))
+    _route(router, "DELETE", "/queues/{name}", _etcd_errors(node, delete_queue), query=frozenset({"if_unused", "if_empty"}))
+    _route(router, "PUT", "/exchanges/{name}", _etcd_errors(node, put_exchange))
+    _route(router, "DELETE", "/exchanges/{name}", _etcd_errors(node, delete_exchange), query=frozenset({"if_unused"}))
+    _route(router, "POST", "/bindings", _etcd_errors(node, bind))
+    _route(router, "DELETE", "/bindings", _etcd_errors(node, unbind))
     return router
 
 
-def _add_user_routes(ctx: RestContext, node: ClusterNode) -> None:
+def _add_user_routes(router: Router, runtime: BrokerRuntime, auth: Any, node: ClusterNode) -> None:
     """Users, permissions and tokens through etcd (the reads stay the node's own:
     every node's core holds every user)."""
-    core, writer = ctx.core, node.user_writer
-    limiter = ctx.auth.hashing if ctx.auth is not None else None
+    core, views, writer = runtime.core, runtime.core.views, node.user_writer
+    limiter = auth.hashing if auth is not None else None
 
-    def self_or_admin(request: Any, name: str) -> None:
+    def self_or_admin(request: Request, name: str) -> None:
         access = access_for(request)
         if access.username != name or not access.username:
             access.require("administer")
@@ -250,10 +270,10 @@ def _add_user_routes(ctx: RestContext, node: ClusterNode) -> None:
         return await trio.to_thread.run_sync(hash_password, password, limiter=limiter)
 
     def info(record: dict[str, Any]) -> dict[str, Any]:
-        user = core.users.get(record["name"])
-        return user.info() if user is not None else {"name": record["name"], "tags": record["tags"]}
+        shown = views.user_info(record["name"])
+        return shown if shown is not None else {"name": record["name"], "tags": record["tags"]}
 
-    async def put_user(request: Any, response: Any) -> None:
+    async def put_user(request: Request, response: Response) -> None:
         access_for(request).require("administer")
         name = check_username(request.path_params["name"])
         f = await body_fields(request, {"password", "tags", "permissions"})
@@ -263,24 +283,24 @@ def _add_user_routes(ctx: RestContext, node: ClusterNode) -> None:
         permissions = f.dict("permissions") if "permissions" in f.obj else None
         password = await hashed(f.obj["password"]) if "password" in f.obj else None
         record, created = await writer.put_user(name, password=password, tags=tags, permissions=permissions)
-        await ctx.runtime.wait_durable()
+        await runtime.wait_durable()
         await response.send_json(201 if created else 200, info(record))
 
-    async def put_permissions(request: Any, response: Any) -> None:
+    async def put_permissions(request: Request, response: Response) -> None:
         access_for(request).require("administer")
         f = await body_fields(request, {"configure", "write", "read"})
         record = await writer.set_permissions(request.path_params["name"], dict(f.obj))
-        await ctx.runtime.wait_durable()
+        await runtime.wait_durable()
         await response.send_json(200, info(record))
 
-    async def delete_user(request: Any, response: Any) -> None:
+    async def delete_user(request: Request, response: Response) -> None:
         access_for(request).require("administer")
         name = request.path_params["name"]
         await writer.delete_user(name)
-        await ctx.runtime.wait_durable()
+        await runtime.wait_durable()
         await response.send_json(200, {"deleted": name})
 
-    async def create_token(request: Any, response: Any) -> None:
+    async def create_token(request: Request, response: Response) -> None:
         name = request.path_params["name"]
         self_or_admin(request, name)
         f = await body_fields(request, {"expires_in_s", "description"})
@@ -297,24 +317,24 @@ def _add_user_routes(ctx: RestContext, node: ClusterNode) -> None:
             expires_s=now + lifetime if lifetime is not None else None,
             description=f.str("description", ""),
         )
-        await ctx.runtime.wait_durable()
-        token = core.users.tokens.get(token_id)
-        shown = token.info() if token is not None else {"id": token_id, "user": name}
+        await runtime.wait_durable()
+        token_info = views.token_info(token_id)
+        shown = token_info if token_info is not None else {"id": token_id, "user": name}
         await response.send_json(201, {**shown, "token": text})
 
-    async def revoke_token(request: Any, response: Any) -> None:
+    async def revoke_token(request: Request, response: Response) -> None:
         token_id = request.path_params["id"]
-        token = core.users.tokens.get(token_id)
-        if token is None:
+        owner = views.token_owner(token_id)
+        if owner is None:
             access_for(request).require("administer")  # no hint to others of what exists
             raise NotFound(f"no token {token_id[:32]!r}")
-        self_or_admin(request, token.user)
+        self_or_admin(request, owner)
         await writer.revoke_token(token_id)
-        await ctx.runtime.wait_durable()
+        await runtime.wait_durable()
         await response.send_json(200, {"revoked": token_id})
 
-    ctx.route("PUT", "/users/{name}")(_etcd_errors(node, put_user))
-    ctx.route("PUT", "/users/{name}/permissions")(_etcd_errors(node, put_permissions))
-    ctx.route("DELETE", "/users/{name}")(_etcd_errors(node, delete_user))
-    ctx.route("POST", "/users/{name}/tokens")(_etcd_errors(node, create_token))
-    ctx.route("DELETE", "/tokens/{id}")(_etcd_errors(node, revoke_token))
+    _route(router, "PUT", "/users/{name}", _etcd_errors(node, put_user))
+    _route(router, "PUT", "/users/{name}/permissions", _etcd_errors(node, put_permissions))
+    _route(router, "DELETE", "/users/{name}", _etcd_errors(node, delete_user))
+    _route(router, "POST", "/users/{name}/tokens", _etcd_errors(node, create_token))
+    _route(router, "DELETE", "/tokens/{id}", _etcd_errors(node, revoke_token))
