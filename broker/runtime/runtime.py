@@ -393,16 +393,10 @@ class BrokerRuntime:
     # ------------------------------------------------------------ WAL callbacks
 
     def log_callbacks(self) -> WALCallbacks:
-        """How a log reports back to this runtime (durable LSNs, failures, fsyncs, the
-        space reserve): what recovery opens the log with, and what a stand-in log set as
-        :attr:`wal` (a test's) must report through."""
+        """How a log reports back: recovery's log, or a stand-in set as :attr:`wal`."""
         return WALCallbacks(
-            on_durable=self._on_durable,
-            on_failure=self._on_failure,
-            on_recovered=self._on_recovered,
-            on_fsync=self._on_fsync,
-            on_reserve=self._on_reserve,
-            inline_allowed=self._inline_allowed,
+            on_durable=self._on_durable, on_failure=self._on_failure, on_recovered=self._on_recovered,
+            on_fsync=self._on_fsync, on_reserve=self._on_reserve, inline_allowed=self._inline_allowed,
         )
 
     def _on_durable(self, lsn: int) -> None:

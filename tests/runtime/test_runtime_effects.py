@@ -18,6 +18,7 @@ import trio.testing
 
 from broker.core import REST_CHANNEL, Confirm, Deliver, Effect, Return, Unavailable
 from broker.runtime import BrokerRuntime, RuntimeOptions
+from broker.runtime.gateway import CommandGateway, PublishOutcome
 from broker.storage import WALClosed
 from tests.support.fakewal import FakeWAL, attach_fake_wal
 
@@ -234,23 +235,26 @@ async def test_a_rest_publish_is_answered_once_durable(runtime: BrokerRuntime) -
     core.declare_queue("d", durable=True)
     runtime.pump()
     wal = attach_fake_wal(runtime)
-    answers: list[tuple[bool, str | None, int, bool]] = []
+    answers: list[PublishOutcome] = []
 
     async def publish() -> None:
-        answers.append(await runtime.publish_and_confirm("", "d", b"b", PERSISTENT, False))
+        answers.append(await CommandGateway(runtime).publish_and_confirm("", "d", b"b", PERSISTENT))
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(publish)
         await trio.testing.wait_all_tasks_blocked()
         assert answers == []
         wal.make_durable()
-    assert answers == [(True, None, 1, False)]
+    assert answers == [PublishOutcome(True, None, 1, False)]
 
 
 async def test_a_rest_publish_returned_and_one_nacked(runtime: BrokerRuntime) -> None:
-    assert await runtime.publish_and_confirm("", "nowhere", b"x", None, True) == (True, None, 0, True)
-    acked, reason, routed, returned = await runtime.publish_and_confirm("no-such-exchange", "k", b"x", None, False)
-    assert (acked, routed, returned) == (False, 0, False) and "no-such-exchange" in (reason or "")
+    gateway = CommandGateway(runtime)
+    returned = await gateway.publish_and_confirm("", "nowhere", b"x", None, mandatory=True)
+    assert returned == PublishOutcome(True, None, 0, True)
+    nacked = await gateway.publish_and_confirm("no-such-exchange", "k", b"x", None)
+    assert (nacked.ack, nacked.routed, nacked.returned) == (False, 0, False)
+    assert "no-such-exchange" in (nacked.reason or "")
 
 
 # -- long-polls and timers (virtual time) -----------------------------------------------------
@@ -407,7 +411,8 @@ async def test_aclose_with_a_checkpoint_makes_the_next_start_replay_no_log(
         await first.ready_event.wait()
         first.core.declare_queue("d", durable=True)
         await first.wait_durable()
-        assert await first.publish_and_confirm("", "d", b"kept", PERSISTENT, False) == (True, None, 1, False)
+        outcome = await CommandGateway(first).publish_and_confirm("", "d", b"kept", PERSISTENT)
+        assert outcome == PublishOutcome(True, None, 1, False)
         await first.aclose(checkpoint=checkpoint)
         assert first.checkpoints == (1 if checkpoint else 0)
         nursery.cancel_scope.cancel()
