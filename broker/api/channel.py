@@ -56,6 +56,7 @@ from broker.core import (
     BrokerError,
     ChannelError,
     Confirm,
+    ConsumerCancelled,
     Deliver,
     InvalidArgument,
     LockBusy,
@@ -130,6 +131,9 @@ class ChannelSession:
         self._confirms_settled = trio.Event()
         self.finished = False
         self.closing_reason: str | None = None
+        #: Why the user's credentials no longer hold (see :meth:`revoke`): the
+        #: channel's last event.
+        self.revoked: BrokerError | None = None
         self.closing_event = trio.Event()
         self.reader_scope = trio.CancelScope()
         #: The op being applied (its ``id`` is echoed by an ``error`` it causes).
@@ -195,6 +199,37 @@ class ChannelSession:
     def shutdown(self) -> None:
         """Stop reading operations; the writer flushes what is queued and the channel ends."""
         self.reader_scope.cancel()
+
+    # Revocable (broker.api.auth) ---------------------------------------
+
+    def revoke(self, error: BrokerError) -> None:
+        """The user was deleted or its token revoked: cancel the consumers now (nothing
+        more is delivered) and end the channel with ``error`` as its last event; the
+        publishes it already took still get their confirms."""
+        if self.revoked is not None or self.finished:
+            return
+        self.revoked = error
+        self.stop_consumers()
+        self.reader_scope.cancel()
+
+    def recheck(self, access: Access) -> None:
+        """The user's permissions changed: cancel each consumer of a queue it may no
+        longer read, with a ``cancel`` event that says why (as a broker-side
+        ``basic.cancel``); the channel goes on. Its other operations ask at their
+        own time."""
+        ch = self.core.channels.get(self.channel_id)
+        if ch is None or self.revoked is not None or self.finished:
+            return
+        cancelled = False
+        for tag, consumer in list(ch.consumers.items()):
+            queue = consumer.queue.name
+            if not access.allows("read", queue):
+                self.core.cancel(self.channel_id, tag)
+                reason = f"read permission on queue {queue!r} was revoked for user {access.username!r}"
+                self.push(ConsumerCancelled(self.channel_id, tag, reason))
+                cancelled = True
+        if cancelled:
+            self.runtime.pump()
 
     # outbox ------------------------------------------------------------
 
@@ -536,7 +571,7 @@ async def _op_touch(s: ChannelSession, op: dict[str, Any]) -> None:
 async def _op_declare_exchange(s: ChannelSession, op: dict[str, Any]) -> None:
     name = _get(op, "exchange", str, None) or ""
     if not _get(op, "passive", bool, False):
-        s.access.require("declare_exchange", name or DEFAULT_EXCHANGE_ALIAS)
+        s.access.require_declare("declare_exchange", name or DEFAULT_EXCHANGE_ALIAS, op.get("arguments"))
     exchange, created = s.core.declare_exchange(
         exchange_name(name),
         _get(op, "type", str, "direct"),
@@ -566,7 +601,7 @@ async def _op_declare_queue(s: ChannelSession, op: dict[str, Any]) -> None:
     name = _get(op, "queue", str, "")
     if not _get(op, "passive", bool, False):
         # A server-named queue is checked as "amq.gen-" (RabbitMQ names them amq.gen-*).
-        s.access.require("declare_queue", name or SERVER_NAMED_QUEUE)
+        s.access.require_declare("declare_queue", name or SERVER_NAMED_QUEUE, op.get("arguments"))
     queue, created = s.core.declare_queue(
         name,
         durable=_get(op, "durable", bool, True),
@@ -767,6 +802,8 @@ async def handle_channel(runtime: BrokerRuntime, request: Any, response: Any) ->
         raise
     session = ChannelSession(runtime, channel_id, response, access_for(request), principal)
     session.remote, session.user_agent = request.remote, request.headers.get("user-agent")
+    if principal is not None:
+        principal.open_session(session)  # ended at once if its credentials are revoked
     runtime.add_sink(channel_id, session)
     log.info("channel opened", extra={"fields": {"channel": channel_id}})
     reason = "channel closed"
@@ -788,7 +825,11 @@ async def handle_channel(runtime: BrokerRuntime, request: Any, response: Any) ->
             try:
                 with session.reader_scope:
                     await session.serve_reader(request)
-                if session.reader_scope.cancelled_caught:  # broker shutdown or an operator's close
+                if session.reader_scope.cancelled_caught and session.revoked is not None:
+                    reason = f"channel error: {session.revoked.code}"
+                    await session.finish_publishes()
+                    session.send_final({**session.revoked.to_json(), "ev": "error"})
+                elif session.reader_scope.cancelled_caught:  # broker shutdown or an operator's close
                     reason = session.closing_reason or "broker shut down"
                     await session.finish_publishes()
             except ClientDisconnected:
@@ -820,6 +861,7 @@ async def handle_channel(runtime: BrokerRuntime, request: Any, response: Any) ->
     finally:
         if principal is not None:
             principal.close_channel(channel_id)
+            principal.close_session(session)
         runtime.remove_sink(channel_id)
         core.close_channel(channel_id, reason)
         if core.coord.waiters or core.coord.grants:

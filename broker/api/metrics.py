@@ -140,6 +140,12 @@ class BrokerMetrics:
             collect=lambda: self._runtime.messages_lost if self._runtime else None,
         )
         r.counter(
+            "ackbus_unconfirmed_dropped_total",
+            "Queued-message references dropped at recovery because their records are not on disk "
+            "(publishes that were never confirmed).",
+            collect=lambda: self._runtime.unconfirmed_dropped if self._runtime else None,
+        )
+        r.counter(
             "ackbus_log_read_failures_total",
             "Failed reads of paged-out messages from the log (the message is kept and retried).",
             collect=lambda: self._runtime.log_read_failures if self._runtime else None,

@@ -19,8 +19,15 @@ from typing import Any
 import trio
 
 from broker.api.codec import dumps_line, message_json
-from broker.api.permissions import access_for
-from broker.core import ConsumerCancelled, Deliver, InvalidArgument, delivery_cost
+from broker.api.permissions import Access, access_for
+from broker.core import (
+    Broker,
+    BrokerError,
+    ConsumerCancelled,
+    Deliver,
+    InvalidArgument,
+    delivery_cost,
+)
 from broker.http import ClientDisconnected
 from broker.runtime import BrokerRuntime
 
@@ -32,7 +39,9 @@ SSE_HEARTBEAT_S = 15.0
 
 
 class _StreamSink:
-    def __init__(self, remote: str | None = None) -> None:
+    def __init__(
+        self, remote: str | None = None, core: Broker | None = None, channel_id: int = 0, queue: str = ""
+    ) -> None:
         #: Who and since when, for ``GET /channels`` (``broker/api/rest/channels.py``).
         self.kind = "stream"
         self.remote = remote
@@ -41,6 +50,11 @@ class _StreamSink:
         self.wakeup = trio.Event()
         self.closing_reason: str | None = None
         self.cancelled: str | None = None
+        #: The error code of the stream's last line, when revocation ended it.
+        self.error: str | None = None
+        self._core = core
+        self._channel_id = channel_id
+        self._queue = queue
 
     def push(self, effect: Any) -> None:
         if type(effect) is Deliver:
@@ -60,6 +74,30 @@ class _StreamSink:
         # does not read is cancelled by the server's shutdown grace period.
         if self.closing_reason is None:
             self.closing_reason = "broker shutting down"
+        self.wakeup.set()
+
+    # Revocable (broker.api.auth) -------------------------------------------
+
+    def revoke(self, error: BrokerError) -> None:
+        """The user was deleted or its token revoked: stop consuming now, end the
+        stream with a ``closing`` line giving the error and why."""
+        self._end(error.code, error.message)
+
+    def recheck(self, access: Access) -> None:
+        """The user's permissions changed: end the stream if it may no longer read."""
+        if not access.allows("read", self._queue):
+            reason = f"read permission on queue {self._queue!r} was revoked for user {access.username!r}"
+            self._end("access_refused", reason)
+
+    def _end(self, code: str, reason: str) -> None:
+        if self.error is not None or self._core is None:
+            return
+        ch = self._core.channels.get(self._channel_id)
+        if ch is not None:
+            for tag in list(ch.consumers):  # nothing is delivered from here on
+                self._core.cancel(self._channel_id, tag)
+        self.error = code
+        self.cancelled = reason
         self.wakeup.set()
 
 
@@ -95,12 +133,13 @@ async def handle_stream(runtime: BrokerRuntime, request: Any, response: Any) -> 
     if principal is not None:
         principal.check_consumer(core)  # a stream is one consumer of the user's
     channel_id = core.open_channel()
-    sink = _StreamSink(request.remote)
+    sink = _StreamSink(request.remote, core, channel_id, queue)
     runtime.add_sink(channel_id, sink)
     disconnected = False
     try:
         if principal is not None:
             principal.open_channel(channel_id)  # and one of its channels
+            principal.open_session(sink)  # ended at once if its credentials are revoked
         # Auto mode is not a no_ack consumer: its deliveries are acked by the writer
         # once written, so a client that leaves loses nothing still buffered here.
         core.consume(
@@ -133,6 +172,7 @@ async def handle_stream(runtime: BrokerRuntime, request: Any, response: Any) -> 
     finally:
         if principal is not None:
             principal.close_channel(channel_id)
+            principal.close_session(sink)
         runtime.remove_sink(channel_id)
         core.close_channel(channel_id, "stream ended")
         runtime.pump()
@@ -146,10 +186,13 @@ async def _write_loop(
         if not sink.outbox:
             if sink.cancelled is not None or sink.closing_reason is not None:
                 reason = sink.cancelled or sink.closing_reason
+                last: dict[str, Any] = {"reason": reason}
+                if sink.error is not None:
+                    last["error"] = sink.error
                 if sse:
-                    await response.send(b"event: closing\ndata: " + dumps_line({"reason": reason}) + b"\n")
+                    await response.send(b"event: closing\ndata: " + dumps_line(last) + b"\n")
                 else:
-                    await response.send(dumps_line({"ev": "closing", "reason": reason}))
+                    await response.send(dumps_line({"ev": "closing", **last}))
                 return
             sink.wakeup = trio.Event()
             with trio.move_on_after(SSE_HEARTBEAT_S if sse else float("inf")):

@@ -183,8 +183,9 @@ class Settings:
     )
     auth_failure_limit: int = _setting(
         _default(RuntimeOptions, "auth_failure_limit"), _INT, "security",
-        "Failed authentications from one address within auth_failure_window_s before its "
-        "further attempts are answered 429.", _at_least(1),
+        "Failed authentications from one address for one user name within auth_failure_window_s "
+        "before further attempts with that name from there are answered 429 (ten times as many, "
+        "all names together, before every new login from the address is).", _at_least(1),
     )
     auth_failure_window_s: float = _setting(
         _default(RuntimeOptions, "auth_failure_window_s"), _SECONDS, "security",

@@ -87,8 +87,12 @@ class BrokerRuntime:
         clock: Callable[[], float] = trio.current_time,
         wall_clock: Callable[[], float] = time.time,
         metrics: MetricsPort | None = None,
+        fs: storage.FileSystem | None = None,
     ) -> None:
+        """``fs``: the file system under the data directory (a test's simulated
+        disk; the real one by default)."""
         self.options = options
+        self._fs = fs
         self.boot_id = secrets.token_hex(4)
         self.core = Broker(clock=clock, wall_clock=wall_clock, boot_id=self.boot_id, config=options)
         self.metrics = metrics
@@ -116,9 +120,13 @@ class BrokerRuntime:
                 metrics=metrics,
                 pump=self.pump,
                 on_reserve_used=self._on_reserve_used if options.reserve_bytes else None,
+                fs=fs,
+                space_wanted=self._space_wanted,
             )
         self.messages_lost = 0  # paged-out messages given up (only with --repair)
         self.log_read_failures = 0  # failed reads of paged-out messages (kept, retried)
+        #: references to records not on disk dropped by recovery (unconfirmed publishes)
+        self.unconfirmed_dropped = 0
         self.recovery_info: dict[str, Any] = {}
         self.last_fsync_s: float | None = None  # the latest fsync's duration (GET /overview)
         self._durable_waiters: list[_DurableWaiter] = []
@@ -183,7 +191,9 @@ class BrokerRuntime:
                     on_reserve=self._on_reserve,
                     inline_allowed=self._inline_allowed,
                 ),
+                fs=self._fs,
             )
+            self.unconfirmed_dropped = recovered.unconfirmed_dropped
             self.wal = recovered.wal
             self.recovery_info = recovered.info
             self.checkpointer.started(recovered.wal, recovered.checkpoint_lsn)
@@ -470,6 +480,13 @@ class BrokerRuntime:
         if self.wal is not None:
             self.wal.want_reserve()
         self.pump()
+
+    def _space_wanted(self) -> bool:
+        """Publishes are refused for want of disk space (the reserve used up, or the
+        log's writes failing with ENOSPC)."""
+        if self.core.publish_refusal is not None:
+            return True
+        return not self.core.storage_ok and "No space left" in self.core.storage_reason
 
     def _refuse_for_space(self) -> None:
         if self.core.publish_refusal is None:

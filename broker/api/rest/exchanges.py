@@ -33,7 +33,9 @@ def add_routes(ctx: RestContext) -> None:
         name = exchange_name(request.path_params["name"])
         f = await body_fields(request, {"type", "durable", "auto_delete", "internal", "arguments", "passive"})
         if not f.bool("passive", False):
-            access_for(request).require("declare_exchange", name or DEFAULT_EXCHANGE_ALIAS)
+            access_for(request).require_declare(
+                "declare_exchange", name or DEFAULT_EXCHANGE_ALIAS, f.obj.get("arguments")
+            )
         etype = f.str("type", "direct")
         if etype not in EXCHANGE_TYPES:
             raise InvalidArgument(f"type must be one of {', '.join(EXCHANGE_TYPES)}")

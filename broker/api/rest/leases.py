@@ -10,9 +10,15 @@ from typing import Any
 import trio
 
 from broker.api.codec import message_json
-from broker.api.permissions import access_for
+from broker.api.permissions import Access, access_for
 from broker.api.rest.fields import RestContext, body_fields
-from broker.core import InvalidArgument, NotFound, check_delay
+from broker.core import (
+    AccessRefused,
+    BrokerError,
+    InvalidArgument,
+    NotFound,
+    check_delay,
+)
 from broker.http import ClientDisconnected
 from broker.runtime import BrokerRuntime
 
@@ -124,6 +130,27 @@ def _leased_json(queue: str | None, leases: list[tuple[str, Any, bool]]) -> list
     return messages
 
 
+class _PollGuard:
+    """A parked long-poll get as its user's open session (``broker.api.auth``): wakes
+    it with the error to answer when the credentials go, or ``read`` on one of its
+    queues."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.names = names
+        self.error: BrokerError | None = None
+        self.event = trio.Event()
+
+    def revoke(self, error: BrokerError) -> None:
+        self.error = error
+        self.event.set()
+
+    def recheck(self, access: Access) -> None:
+        for name in self.names:
+            if isinstance(name, str) and not access.allows("read", name):
+                self.revoke(AccessRefused(f"read permission on queue {name!r} was revoked for user {access.username!r}"))
+                return
+
+
 async def _long_poll(
     runtime: BrokerRuntime, request: Any, names: list[str], wait_s: float, take: Callable[[], list[Any]]
 ) -> list[Any]:
@@ -131,24 +158,39 @@ async def _long_poll(
     on every queue of ``names`` (no polling: a queue that gets messages wakes it; the
     event is set before the wait starts, so no wake-up is lost). Raises
     ClientDisconnected when the client leaves meanwhile: it must not be handed leases
-    (its messages would stay invisible until the leases expired)."""
+    (its messages would stay invisible until the leases expired); and the revocation's
+    error (CredentialsRevoked, AccessRefused) when the user's credentials or ``read``
+    go meanwhile, before taking anything more."""
     deadline = trio.current_time() + wait_s
-    while True:
-        got = take()
-        runtime.pump()
-        if got or trio.current_time() >= deadline:
-            return got
-        events = [runtime.queue_event(name) for name in names]
-        for name in names:
-            runtime.core.park_getter(name)
-        try:
-            if not await _wait_or_disconnect(request, events, deadline):
-                raise ClientDisconnected("the client left during a long-poll get")
-        finally:
+    principal = request.principal
+    guard = _PollGuard(names)
+    if principal is not None:
+        principal.open_session(guard)
+    try:
+        while True:
+            if guard.error is not None:
+                raise guard.error
+            got = take()
+            runtime.pump()
+            if got or trio.current_time() >= deadline:
+                return got
+            events = [runtime.queue_event(name) for name in names]
+            events.append(guard.event)
             for name in names:
-                runtime.core.unpark_getter(name)
-        if runtime.shutting_down:
-            return got
+                runtime.core.park_getter(name)
+            try:
+                if not await _wait_or_disconnect(request, events, deadline):
+                    raise ClientDisconnected("the client left during a long-poll get")
+            finally:
+                for name in names:
+                    runtime.core.unpark_getter(name)
+            if guard.error is not None:
+                raise guard.error
+            if runtime.shutting_down:
+                return got
+    finally:
+        if principal is not None:
+            principal.close_session(guard)
 
 
 async def _wait_or_disconnect(request: Any, events: list[trio.Event], deadline: float) -> bool:

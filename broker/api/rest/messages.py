@@ -7,7 +7,12 @@ from typing import Any
 
 from broker.api.codec import message_json
 from broker.api.permissions import access_for
-from broker.api.rest.fields import RestContext, body_fields, exchange_name
+from broker.api.rest.fields import (
+    DEFAULT_EXCHANGE_ALIAS,
+    RestContext,
+    body_fields,
+    exchange_name,
+)
 from broker.core import MAX_BROWSE, MAX_REDRIVE, InvalidArgument
 
 
@@ -51,12 +56,13 @@ def add_routes(ctx: RestContext) -> None:
     @ctx.route("POST", "/queues/{name}/redrive")
     async def redrive(request: Any, response: Any) -> None:
         runtime.check_ready()
-        access_for(request).require("redrive", request.path_params["name"])
         f = await body_fields(request, {"count", "exchange", "routing_key"})
+        exchange = f.opt_str("exchange")
+        # Without an exchange, messages go back to their queues through the default one.
+        access_for(request).require("redrive", request.path_params["name"], target=exchange or DEFAULT_EXCHANGE_ALIAS)
         count = f.obj.get("count", MAX_REDRIVE)
         if not isinstance(count, int) or isinstance(count, bool):
             raise InvalidArgument(f"field count must be an integer 1..{MAX_REDRIVE}")
-        exchange = f.opt_str("exchange")
         routing_key = f.opt_str("routing_key")
         if routing_key is not None and exchange is None:
             raise InvalidArgument("routing_key needs exchange")

@@ -20,7 +20,7 @@ def add_routes(ctx: RestContext) -> None:
         name = request.path_params["name"]
         f = await body_fields(request, {"durable", "exclusive", "auto_delete", "arguments", "passive"})
         if not f.bool("passive", False):
-            access_for(request).require("declare_queue", name)
+            access_for(request).require_declare("declare_queue", name, f.obj.get("arguments"))
         queue, created = core.declare_queue(
             name,
             durable=f.bool("durable", True),

@@ -29,6 +29,11 @@ def add_routes(ctx: RestContext) -> None:
     runtime, core, auth = ctx.runtime, ctx.core, ctx.auth
     limiter = auth.hashing if auth is not None else None
 
+    def enforce() -> None:
+        """Apply the change just made to what users hold open (in the same step)."""
+        if auth is not None:
+            auth.enforce_revocations()
+
     def self_or_admin(request: Any, name: str) -> None:
         access = access_for(request)
         if access.username != name or not access.username:
@@ -77,6 +82,7 @@ def add_routes(ctx: RestContext) -> None:
             permissions = dict(core.users.users[name].permissions)
         password = await hashed(f.obj["password"]) if "password" in f.obj else None
         created = core.put_user(name, password=password, tags=tags, permissions=permissions, keep_password=True)
+        enforce()
         await runtime.wait_durable()
         await response.send_json(201 if created else 200, core.users.users[name].info())
 
@@ -87,6 +93,7 @@ def add_routes(ctx: RestContext) -> None:
         name = request.path_params["name"]
         f = await body_fields(request, {"configure", "write", "read"})
         core.set_permissions(name, dict(f.obj))
+        enforce()
         await runtime.wait_durable()
         await response.send_json(200, core.users.users[name].info())
 
@@ -96,6 +103,7 @@ def add_routes(ctx: RestContext) -> None:
         access_for(request).require("administer")
         name = request.path_params["name"]
         core.delete_user(name)
+        enforce()
         await runtime.wait_durable()
         await response.send_json(200, {"deleted": name})
 
@@ -132,5 +140,6 @@ def add_routes(ctx: RestContext) -> None:
             raise NotFound(f"no token {token_id[:32]!r}")
         self_or_admin(request, token.user)
         core.revoke_token(token_id)
+        enforce()
         await runtime.wait_durable()
         await response.send_json(200, {"revoked": token_id})
