@@ -57,6 +57,7 @@ from .codec import (
     encode_publish,
 )
 from .consumer import YIELD_EVERY, Message, MessageStream, check_delay
+from .endpoint import Endpoint, StreamOpener
 from .errors import (
     ChannelClosedByBroker,
     ClientClosed,
@@ -70,7 +71,6 @@ from .session import ChannelSession, SessionEnded
 from .settings import Settings
 from .supervisor import State, Supervisor
 from .topology import Topology
-from .transport import Endpoint, StreamOpener
 
 __all__ = ["Channel", "ChannelStatistics", "QueueDeclared"]
 

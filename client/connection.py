@@ -17,12 +17,13 @@ from typing import Any
 from ._nursery import open_service_nursery
 from .backoff import ReconnectPolicy
 from .channel import Channel
+from .endpoint import Endpoint, StreamOpener, open_tcp
 from .errors import ClientClosed
 from .locks import HeldLock, hold_lock
 from .rest import BrokerAPI
 from .schedules import Schedules
 from .settings import Settings
-from .transport import Endpoint, RestClient, StreamOpener, open_tcp
+from .transport import RestClient
 
 __all__ = ["Connection", "connect", "DEFAULT_URL"]
 

@@ -18,7 +18,7 @@ opens the next. A session only moves lines:
   to the writer when the writer is parked with nothing queued or being sent: it is
   written by :meth:`ChannelSession.send_nowait` itself, in the producer's own step,
   with a non-blocking write (plain TCP only, see
-  :meth:`~client.transport.DuplexExchange.write_nowait`). Handing it over cost a pass
+  :meth:`~client.duplex.DuplexExchange.write_nowait`). Handing it over cost a pass
   of trio's run loop, and often the reading of a confirm woken in the same pass went
   first. The rule is Nagle's: send at once when nothing is in flight, else let the
   batch build up. A publishing loop keeps publishes unconfirmed, so its ops queue
@@ -49,9 +49,10 @@ import anyio.lowlevel
 
 from ._backend import tasks_runnable
 from .codec import Deliver, Error, Event, LineSplitter, Open, decode_event, encode_op
+from .duplex import DuplexExchange
+from .endpoint import Endpoint, StreamOpener
 from .errors import ChannelClosedByBroker, ClientError, ConnectionLost, ProtocolError
 from .messages import Reply
-from .transport import DuplexExchange, Endpoint, StreamOpener
 
 if TYPE_CHECKING:
     from .consumer import Message

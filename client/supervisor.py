@@ -43,6 +43,7 @@ from .codec import (
     Return,
 )
 from .consumer import Message, MessageStream, Settler
+from .endpoint import Endpoint, StreamOpener
 from .errors import (
     BrokerRequestError,
     ChannelClosedByBroker,
@@ -56,7 +57,6 @@ from .publisher import PublishTracker
 from .session import ChannelSession, SessionEnded, open_session
 from .settings import Settings
 from .topology import Topology, describe_op
-from .transport import Endpoint, StreamOpener
 
 __all__ = ["MAX_UNATTRIBUTED_ERRORS", "State", "Supervisor"]
 

@@ -31,7 +31,6 @@ OVER_LIMIT_FOR_NOW = frozenset(
         "broker/core/dedup.py",
         "broker/runtime/runtime.py",
         "client/channel.py",
-        "client/transport.py",
     }
 )
 
