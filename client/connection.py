@@ -41,7 +41,7 @@ class Connection(BrokerAPI):
         self.endpoint = endpoint
         self.settings = settings
         self._opener = opener
-        self._rest = RestClient(endpoint, opener, timeout_s=settings.request_timeout_s)
+        super().__init__(RestClient(endpoint, opener, timeout_s=settings.request_timeout_s))
         self._channels: list[Channel] = []
         self._closed = False
         self._stopped_consuming = False

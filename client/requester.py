@@ -30,11 +30,6 @@ class Requester:
         self._timeout_s = timeout_s
         self._last_id = 0
 
-    def next_id(self) -> int:
-        """A fresh request id."""
-        self._last_id += 1
-        return self._last_id
-
     def send(self, session: SessionLink, op: dict[str, Any]) -> Reply:
         """Queue ``op`` on ``session`` with a fresh id; return its awaitable reply."""
         self._last_id += 1
