@@ -1,7 +1,7 @@
 """``python -m client`` / ``ackbus``: the broker from a terminal or a shell script.
 
 Commands: ``declare``, ``bind``, ``publish``, ``consume``, ``get``, ``peek``,
-``redrive``, ``purge``, ``delete``, ``queues``, ``exchanges``, ``bindings``, ``overview``,
+``redrive``, ``purge``, ``delete``, ``queues``, ``exchanges``, ``bindings``, ``overview``, ``cluster``,
 ``channels``, ``lock`` (run a command holding a lock, like ``flock``), ``locks``,
 ``schedule`` (those three in ``cli_coordination.py``; see ``ackbus COMMAND --help``,
 docs/client.md and docs/coordination.md). Exit status, for scripts:
