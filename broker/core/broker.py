@@ -101,6 +101,7 @@ from .shared import Outbox, Wakeups, new_stats
 from .snapshot import Snapshots
 from .timers import COORD_TIMER, QUEUE_TIMER, TimerHeap
 from .topology import Topology
+from .totals import Totals
 from .transactions import Transactions
 from .users import Users
 from .userstore import UserStore
@@ -142,12 +143,14 @@ class Broker:
         #: broker-wide message counters (published, delivered, acked, confirmed, ...)
         self.stats = stats = new_stats()
         self._timers = timers = TimerHeap()
+        #: running counts behind totals() (ready, unacked, consumers), kept as they change
+        self.counts = counts = Totals()
 
         self.log = log = MessageLog(outbox, stats, dedup_window_s=config.dedup_window_s, read_log=read_log)
         self.delays = delays = Delays(log, timers, **clocks)
         self.pager = pager = Pager(log, delays, outbox, **clocks, repair=config.repair)
         self.store = store = QueueStore(
-            log, delays, pager, outbox, wakeups, **clocks, boot_id=boot_id,
+            log, delays, pager, outbox, wakeups, counts, **clocks, boot_id=boot_id,
             max_queues=config.max_queues, memory_messages_per_queue=config.queue_memory_messages,
         )
         self.topology = topology = Topology(store, log, max_exchanges=config.max_exchanges)
@@ -452,16 +455,15 @@ class Broker:
     # ----------------------------------------------------------------- totals
 
     def totals(self) -> dict[str, int]:
-        ready = unacked = 0
-        for q in self.store.queues.values():
-            ready += q.ready_count()
-            unacked += q.unacked
-        channels = self.deliveries.channels
+        """Broker-wide counts for ``GET /overview`` and the metrics, in O(1): read from
+        the running counts (``counts``: totals.py), not summed over every queue."""
+        counts = self.counts
         return {
             "exchanges": len(self.topology.exchanges),
             "queues": len(self.store.queues),
-            "channels": len(channels) - 1,
-            "consumers": sum(len(ch.consumers) for ch in channels.values()),
-            "messages_ready": ready,
-            "messages_unacked": unacked,
+            "channels": len(self.deliveries.channels) - 1,
+            "consumers": counts.consumers,
+            "messages": counts.ready + counts.unacked,
+            "messages_ready": counts.ready,
+            "messages_unacked": counts.unacked,
         }

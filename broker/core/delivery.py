@@ -178,6 +178,7 @@ class Deliveries:
             ack_timeout_s = lease_s
         consumer = Consumer(consumer_tag, ch, queue, no_ack, prefetch, exclusive, ack_timeout_s, lease_s)
         ch.consumers[consumer_tag] = consumer
+        queue.totals.consumers += 1
         queue.consumers.append(consumer)
         queue.had_consumer = True
         queue.exclusive_consumer = exclusive
@@ -205,8 +206,9 @@ class Deliveries:
 
     def remove_consumer(self, consumer: Consumer, *, auto_delete: bool = True) -> None:
         ch = consumer.channel
-        ch.consumers.pop(consumer.tag, None)
         queue = consumer.queue
+        if ch.consumers.pop(consumer.tag, None) is not None:
+            queue.totals.consumers -= 1
         if consumer in queue.consumers:
             was_active = queue.single_active and queue.consumers[0] is consumer and queue.handing_over is None
             queue.consumers.remove(consumer)
@@ -303,6 +305,7 @@ class Deliveries:
             consumer.unacked += 1
             ch.unacked += 1
             queue.unacked += 1
+            queue.totals.unacked += 1
             if consumer.lease_s is not None:
                 lease = lease_id(self._boot_id, ch.id, tag)
         self._emit(Deliver(ch.id, consumer.tag, tag, count > 0, message, lease, count))
@@ -470,6 +473,7 @@ class Deliveries:
         queue = d.queue
         if not queue.deleted:
             queue.unacked -= 1
+            queue.totals.unacked -= 1
         consumer = d.consumer
         if consumer is not None:
             consumer.unacked -= 1

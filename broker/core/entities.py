@@ -14,6 +14,7 @@ from .delayed import DelayedMessages
 from .lanes import Lane
 from .message import Entry, Message
 from .routing import ConsistentHashTable, RoutingTable, make_table
+from .totals import Totals
 
 __all__ = ["Exchange", "Queue", "Consumer", "Channel", "Delivery", "Transaction", "MAX_TX_BYTES", "MAX_TX_OPS"]
 
@@ -105,6 +106,7 @@ class Queue:
         "ready_bytes",
         "single_active",
         "handing_over",
+        "totals",
     )
 
     def __init__(
@@ -179,6 +181,9 @@ class Queue:
         exp = arguments.get("x-expires")
         self.expires_s: float | None = exp / 1000.0 if exp is not None else None
         self.unused_since = 0.0
+        #: the broker's running counts, which this queue's ready messages are part of
+        #: (its own until the queue store adopts it: see ``QueueStore.adopt``)
+        self.totals = Totals()
 
     @property
     def persistent_log(self) -> bool:
@@ -227,6 +232,7 @@ class Queue:
     def requeue(self, entry: Entry) -> None:
         """Put ``entry`` back in its original place (by sequence, in its lane)."""
         self.lane_for(entry.message).requeue(entry)
+        self.totals.ready += 1
         if self.max_length_bytes is not None:
             self.ready_bytes += len(entry.message.body)
 
@@ -241,8 +247,10 @@ class Queue:
             if lane is None:
                 return None
             entry = lane.pop()
-        if entry is not None and self.max_length_bytes is not None:
-            self.ready_bytes -= len(entry.message.body)
+        if entry is not None:
+            self.totals.ready -= 1
+            if self.max_length_bytes is not None:
+                self.ready_bytes -= len(entry.message.body)
         return entry
 
     def memory_head(self) -> Entry | None:
@@ -276,6 +284,7 @@ class Queue:
             held, paged = lane.clear()
             entries.extend(held)
             seqs.extend(paged)
+        self.totals.ready -= len(entries) + len(seqs)
         delayed_entries, delayed_seqs = self.delayed.clear()
         entries.extend(delayed_entries)
         self.paged_counts.clear()
@@ -288,6 +297,7 @@ class Queue:
         removed: list[Entry] = []
         for lane in self.lanes:
             removed.extend(lane.remove_entries(seqs))
+        self.totals.ready -= len(removed)
         if self.max_length_bytes is not None:
             self.ready_bytes -= sum(len(e.message.body) for e in removed)
         removed.extend(self.delayed.remove_whole(seqs))

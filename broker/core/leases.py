@@ -123,6 +123,7 @@ class Leases:
             ch.deliveries[tag] = d
             ch.unacked += 1
             queue.unacked += 1
+            queue.totals.unacked += 1
             self._deliveries.push_deadline(deadline, REST_CHANNEL, tag)
             out.append((self._lease_id(REST_CHANNEL, tag), d, redelivered))
         return out

@@ -39,6 +39,7 @@ from .message import Entry, Message
 from .names import check_name
 from .pager import Pager, logged_message, retry_delay
 from .shared import Outbox, Wakeups
+from .totals import Totals
 
 __all__ = ["QueueStore", "queue_record"]
 
@@ -59,6 +60,7 @@ class QueueStore:
         pager: Pager,
         outbox: Outbox,
         wakeups: Wakeups,
+        totals: Totals,
         *,
         clock: Callable[[], float],
         wall_clock: Callable[[], float],
@@ -72,6 +74,7 @@ class QueueStore:
         self._outbox = outbox
         self._dispatch = wakeups.dispatch
         self._getters = wakeups.getters
+        self._totals = totals
         self._clock = clock
         self._wall_clock = wall_clock
         self._boot_id = boot_id
@@ -124,6 +127,7 @@ class QueueStore:
 
     def add_recovered(self, queue: Queue) -> None:
         """A queue declared by a replayed record (recovery)."""
+        queue.totals = self._totals
         self.queues[queue.name] = queue
         self.by_id[queue.qid] = queue
         self._next_qid = max(self._next_qid, queue.qid + 1)
@@ -132,6 +136,10 @@ class QueueStore:
         """A replayed queue deleted or replaced by a later record (recovery)."""
         del self.queues[queue.name]
         del self.by_id[queue.qid]
+
+    def recount_totals(self) -> None:
+        """Recovery built the queues in bulk: count their messages once."""
+        self._totals.recount(self.queues.values())
 
     def counters(self) -> tuple[int, int]:
         """(next message seq, next qid), for a checkpoint's META record."""
@@ -206,6 +214,7 @@ class QueueStore:
             self._next_qid, name, durable, channel_id if exclusive else None, auto_delete, arguments
         )
         self._next_qid += 1
+        queue.totals = self._totals
         self.queues[name] = queue
         self.by_id[queue.qid] = queue
         if exclusive:
@@ -254,6 +263,7 @@ class QueueStore:
             self._outbox.emit(QueueReady(queue.name))  # parked gets answer 404 now
         self._cancel_consumers(queue, reason)
         queue.clear_ready()
+        self._totals.unacked -= queue.unacked  # (forgotten when settled: see finish_delivery)
         self._page_out_due.pop(queue.name, None)
         self._drop_bindings(queue)
         del self.queues[queue.name]
@@ -341,6 +351,7 @@ class QueueStore:
             lane.tail.append(entry)
             self._page_out_due[queue.name] = queue
         queue.published += 1
+        self._totals.ready += 1
         if queue.max_length_bytes is not None:
             queue.ready_bytes += len(message.body)
         if schedule:
@@ -371,6 +382,7 @@ class QueueStore:
             return
         lane = queue.next_lane()
         for seq, _loc in lane.paged.take(1) if lane is not None else ():
+            self._totals.ready -= 1
             queue.dead_lettered["maxlen"] = queue.dead_lettered.get("maxlen", 0) + 1
             queue.paged_counts.pop(seq, None)
             self._log.settle_seqs(queue.qid, [seq])

@@ -346,6 +346,7 @@ class Recovery:
                 # timers start with the next take_effects(): recovery may run where
                 # the clock cannot be read (the runtime replays in a worker thread)
                 self._store.schedule_when_started(queue)
+        self._store.recount_totals()
         self._replay = None
         self._replay_messages = {}
         self._log_spans = None
