@@ -45,7 +45,8 @@ collaborators in its constructor (built here, in dependency order):
 * ``log`` (:class:`MessageLog`, log.py): records and LSNs, lazy marks, storage state,
   the deduplication window, confirm release;
 * ``store`` (:class:`QueueStore`, queues.py): queues, their lanes, paging (``pager``,
-  pager.py), delays and queue timers (``delays``, delays.py), expiry;
+  pager.py), delays and queue timers (``delays``, delays.py), expiry (``expiry``,
+  expiry.py);
 * ``topology`` (:class:`Topology`, topology.py): exchanges, bindings, routing;
 * ``dead_letters`` (deadletter.py): dead letters and redrive;
 * ``deliveries`` (:class:`Deliveries`, delivery.py): channels, consumers, unacked
@@ -89,6 +90,7 @@ from .delays import Delays
 from .delivery import Deliveries
 from .effects import Effect
 from .entities import Channel, Exchange, Queue
+from .expiry import Expiry
 from .leases import Leases
 from .locks import CoordTimer, Locks
 from .log import MessageLog, ReadLog
@@ -149,8 +151,9 @@ class Broker:
         self.log = log = MessageLog(outbox, stats, dedup_window_s=config.dedup_window_s, read_log=read_log)
         self.delays = delays = Delays(log, timers, **clocks)
         self.pager = pager = Pager(log, delays, outbox, **clocks, repair=config.repair)
+        self.expiry = expiry = Expiry(log, pager, outbox, wall_clock=wall_clock)
         self.store = store = QueueStore(
-            log, delays, pager, outbox, wakeups, counts, **clocks, boot_id=boot_id,
+            log, delays, pager, expiry, outbox, wakeups, counts, **clocks, boot_id=boot_id,
             max_queues=config.max_queues, memory_messages_per_queue=config.queue_memory_messages,
         )
         self.topology = topology = Topology(store, log, max_exchanges=config.max_exchanges)
@@ -164,6 +167,7 @@ class Broker:
             drop_bindings=topology.queue_deleted,
             channel=deliveries.channel,
         )
+        expiry.connect(dead_letter=dead_letters.dead_letter)
         self.publishing = publishing = Publishing(
             deliveries, topology, store, dead_letters, log, outbox, stats, wall_clock=wall_clock
         )

@@ -6,8 +6,10 @@ queue's delay heap until a wall-clock time (durable: a DELAY mark, or the MOVE r
 of a delayed publish, carries the due time, so it holds across restarts); when due it
 returns to its original place, ahead of messages published after it. Each queue has at
 most one live entry on the broker's timer heap (``Queue.wake_at``), for the earliest of
-its due delays, its next message to expire, a retry of a failed read from the log, and
-(``x-expires``) the moment it has been unused long enough to be deleted. "Unused" is
+its due delays, its next message to expire (the head of its memory, under
+``x-message-ttl``, or the first of the messages that carry their own ``expiration``,
+indexed by ``Queue.expiring``: see expiry.py), a retry of a failed read from the log,
+and (``x-expires``) the moment it has been unused long enough to be deleted. "Unused" is
 RabbitMQ's: no consumers, no get, no redeclare; a restart starts the time over.
 
 :class:`Delays` holds messages back and keeps each queue's timer; the queue store acts
@@ -106,15 +108,22 @@ class Delays:
             return None
         return queue.unused_since + queue.expires_s
 
+    def wake_by(self, queue: Queue, expires_at: float) -> None:
+        """A ready message of ``queue`` expires at ``expires_at`` (wall clock): make
+        sure the queue's timer fires by then (only reschedules when it would not)."""
+        wake = queue.wake_at
+        if wake is None or expires_at - self._wall_clock() < wake - self._clock():
+            self.schedule_queue(queue)
+
     def schedule_queue(self, queue: Queue) -> None:
         """Put ``queue``'s next wake-up on the timer heap: the earliest of a read
-        retry, its first due delay, when the head of its memory expires, and when the
-        queue itself expires unused."""
+        retry, its first due delay, when the head of its memory or the first message
+        with its own expiration expires, and when the queue itself expires unused."""
         wake = queue.read_blocked_until
         expire_at = self.expire_at(queue)
         if expire_at is not None:
             wake = expire_at if wake is None else min(wake, expire_at)
-        if queue.delayed or queue.message_ttl_s is not None:
+        if queue.delayed or queue.message_ttl_s is not None or queue.expiring:
             now_wall = self._wall_clock()
             now = self._clock()
             due = queue.delayed.next_due()
@@ -124,6 +133,10 @@ class Delays:
             head = queue.memory_head()
             if head is not None and head.expires_at is not None:
                 at = now + max(0.0, head.expires_at - now_wall)
+                wake = at if wake is None else min(wake, at)
+            first = queue.expiring.next_due()
+            if first is not None:
+                at = now + max(0.0, first - now_wall)
                 wake = at if wake is None else min(wake, at)
         if wake is not None and wake != queue.wake_at:
             queue.wake_at = wake

@@ -507,6 +507,8 @@ class Deliveries:
                 self._delays.delay_return(queue, entry, due)
                 continue
             queue.requeue(entry)
+            if entry.expires_at is not None:
+                self._delays.wake_by(queue, entry.expires_at)  # (it may expire before anyone reads)
             if queue.consumers:
                 self._dispatch_due[queue.name] = queue
             if queue.getters:

@@ -11,6 +11,7 @@ from typing import Any
 
 from .confirms import ConfirmTracker
 from .delayed import DelayedMessages
+from .expiring import ExpiringMessages
 from .lanes import Lane
 from .message import Entry, Message
 from .routing import ConsistentHashTable, RoutingTable, make_table
@@ -107,6 +108,7 @@ class Queue:
         "single_active",
         "handing_over",
         "totals",
+        "expiring",
     )
 
     def __init__(
@@ -169,6 +171,9 @@ class Queue:
         #: Messages held back until a wall-clock time (a nack or publish with a
         #: delay): not ready until due.
         self.delayed = DelayedMessages()
+        #: The ready messages that carry their own ``expiration``, by when they expire
+        #: (they may expire out of queue order: see expiring.py and expiry.py).
+        self.expiring = ExpiringMessages()
         #: Delivery counts above one of paged-out messages (the index keeps only
         #: whether a message was delivered): ``seq -> count``. Rare: recovery only.
         self.paged_counts: dict[int, int] = {}
@@ -233,6 +238,9 @@ class Queue:
         """Put ``entry`` back in its original place (by sequence, in its lane)."""
         self.lane_for(entry.message).requeue(entry)
         self.totals.ready += 1
+        expires = entry.expires_at
+        if expires is not None and entry.message.expires_at is not None:
+            self.expiring.add(entry.message.seq, expires)
         if self.max_length_bytes is not None:
             self.ready_bytes += len(entry.message.body)
 
@@ -257,6 +265,21 @@ class Queue:
         """The entry :meth:`pop` would return, without taking it (None: none in memory)."""
         lane = self.next_lane()
         return None if lane is None else lane.head()
+
+    def take_seq(self, seq: int) -> Entry | int | None:
+        """Remove ready message ``seq`` from wherever it waits (an expiry out of queue
+        order): its entry when held in memory, its locator when paged out, None when it
+        is not ready here (delivered, delayed, gone)."""
+        for lane in self.lanes:
+            if not lane:
+                continue
+            found = lane.take(seq)
+            if found is not None:
+                self.totals.ready -= 1
+                if self.max_length_bytes is not None and isinstance(found, Entry):
+                    self.ready_bytes -= len(found.message.body)
+                return found
+        return None
 
     def count_ready_bytes(self) -> int:
         """The body bytes of the ready messages held in memory (counted anew)."""
@@ -285,6 +308,7 @@ class Queue:
             entries.extend(held)
             seqs.extend(paged)
         self.totals.ready -= len(entries) + len(seqs)
+        self.expiring.clear()
         delayed_entries, delayed_seqs = self.delayed.clear()
         entries.extend(delayed_entries)
         self.paged_counts.clear()

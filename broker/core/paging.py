@@ -147,6 +147,28 @@ class PagedRefs:
         chunk[i + 1] = (lsn << 1) | (chunk[i + 1] & 1)
         return True
 
+    def remove(self, seq: int) -> int | None:
+        """Remove message ``seq`` from wherever it is (an expiry, see expiry.py); return
+        its locator, or None if it is not here. Its chunk is replaced by a copy
+        without it, never changed in place: a checkpoint may hold the old one (see
+        the module docstring)."""
+        found = find_pair(self._chunks, self._head, seq)
+        if found is None:
+            return None
+        chunk, i = found
+        chunks = self._chunks
+        index = next(k for k, c in enumerate(chunks) if c is chunk)
+        loc = chunk[i + 1]
+        rest = chunk[:i] + chunk[i + 2 :]
+        if len(rest) > (self._head if index == 0 else 0):
+            chunks[index] = rest
+        else:  # nothing left in it
+            del chunks[index]
+            if index == 0:
+                self._head = 0
+        self._count -= 1
+        return loc
+
     def cut(self) -> list[tuple[array[int], int, int]]:
         """References to the current contents as ``(chunk, start, stop)`` slices, for a
         checkpoint to encode later (see the module docstring)."""
@@ -216,7 +238,9 @@ class ReplayIndex:
     to a small dict. A settled message is marked dead (locator -1) in place.
     """
 
-    __slots__ = ("seqs", "locs", "extra", "counts", "due_seqs", "due_ms", "due_extra", "prios", "extra_prios")
+    __slots__ = (
+        "seqs", "locs", "extra", "counts", "due_seqs", "due_ms", "due_extra", "prios", "extra_prios", "expiring",
+    )
 
     def __init__(self, *, priorities: bool = False) -> None:
         self.seqs = array("q")
@@ -234,6 +258,9 @@ class ReplayIndex:
         self.due_seqs = array("q")
         self.due_ms = array("q")
         self.due_extra: dict[int, int] = {}
+        #: when the messages that carry their own expiration expire (wall-clock
+        #: seconds), by seq: from their records and the checkpoint's EXPIRES
+        self.expiring: dict[int, float] = {}
 
     def raise_count(self, seq: int, count: int) -> None:
         if count > self.counts.get(seq, 0):

@@ -3,7 +3,7 @@
 Declares, looks up, deletes and purges queues; takes messages in (:meth:`enqueue`:
 lanes by priority, ``x-max-length`` overflow, page-out of a durable queue's tail once
 its records are written) and hands them out (:meth:`pop_live`, paging in and expiring
-on the way); acts when a queue's timer fires (delays due, expiry at the head, read
+on the way); acts when a queue's timer fires (delays due, expiries: expiry.py, read
 retries, ``x-expires``). Numbers messages (``take_seq``) and queues.
 
 Leaving a queue for a reason (expiry, overflow) dead-letters the message, and deleting
@@ -33,6 +33,7 @@ from .errors import (
     ResourceLocked,
     Unavailable,
 )
+from .expiry import Expiry
 from .lanes import Lane
 from .log import MessageLog
 from .message import Entry, Message
@@ -58,6 +59,7 @@ class QueueStore:
         log: MessageLog,
         delays: Delays,
         pager: Pager,
+        expiry: Expiry,
         outbox: Outbox,
         wakeups: Wakeups,
         totals: Totals,
@@ -71,6 +73,7 @@ class QueueStore:
         self._log = log
         self._delays = delays
         self._pager = pager
+        self._expire = expiry.expire
         self._outbox = outbox
         self._dispatch = wakeups.dispatch
         self._getters = wakeups.getters
@@ -334,8 +337,15 @@ class QueueStore:
             queue.published += 1
             self._delays.hold_back(queue, entry, due)
             return
-        # an expiry must wake the queue in time (scheduled once it is in place)
-        schedule = expires is not None and queue.wake_at is None
+        # an expiry must wake the queue in time (scheduled once it is in place); one
+        # that may come out of queue order (the message's own) is indexed
+        if expires is None:
+            schedule = False
+        elif message.expires_at is None:
+            schedule = queue.wake_at is None
+        else:
+            queue.expiring.add(message.seq, expires)
+            schedule = queue.wake_at is None or expires - wall < queue.wake_at - self._clock()
         lane = queue.lanes[0] if queue.max_priority is None else queue.lane_for(message)
         if lane.tail or lane.paged:
             lane.tail.append(entry)
@@ -378,6 +388,8 @@ class QueueStore:
             self._pager.page_in(queue)
             entry = queue.pop()
         if entry is not None:
+            if entry.message.expires_at is not None:
+                queue.expiring.discard(entry.message.seq)
             self._dead_letter(queue, entry, "maxlen")
             return
         lane = queue.next_lane()
@@ -439,9 +451,13 @@ class QueueStore:
             entry = self.pop(queue)
             if entry is None:
                 return None
-            if entry.expires_at is not None and entry.expires_at <= self._wall_clock():
-                self._dead_letter(queue, entry, "expired")
-                continue
+            expires = entry.expires_at
+            if expires is not None:
+                if entry.message.expires_at is not None:
+                    queue.expiring.discard(entry.message.seq)  # (indexed again if it comes back)
+                if expires <= self._wall_clock():
+                    self._dead_letter(queue, entry, "expired")
+                    continue
             return entry
 
     # ------------------------------------------------------------- timers
@@ -460,7 +476,7 @@ class QueueStore:
             woke = True
         if queue.delayed:
             woke = self._release_due(queue) or woke
-        self._expire_head(queue)
+        self._expire(queue)
         if woke:
             self._dispatch[queue.name] = queue
             if queue.getters:
@@ -503,29 +519,17 @@ class QueueStore:
                 queue.read_attempts = 0
         return bool(entries)
 
-    def _expire_head(self, queue: Queue) -> None:
-        """Remove the expired messages at the head of ``queue``'s memory (dead-letter
-        them, reason ``expired``), so they stop counting as ready when they expire."""
-        wall = self._wall_clock()
-        while True:
-            head = queue.memory_head()
-            if head is None and queue.message_ttl_s is not None and queue.read_blocked_until is None:
-                self._pager.page_in(queue)  # the oldest paged-out messages may have expired
-                head = queue.memory_head()
-            if head is None or head.expires_at is None or head.expires_at > wall:
-                return
-            entry = queue.pop()
-            assert entry is head
-            self._dead_letter(queue, entry, "expired")
-
     def start_recovered_timers(self) -> None:
-        """Recovered queues' timers start now: due delays, expiries, and x-expires
-        (whose unused time starts over at a restart)."""
+        """Recovered queues' timers start now: due delays, expiries (what expired while
+        the broker was down leaves now: a TTL queue reads its head back to know), and
+        x-expires (whose unused time starts over at a restart)."""
         if not self._to_schedule:
             return
         for queue in self._to_schedule:
             if not queue.deleted:
                 queue.unused_since = self._clock()
+                if queue.message_ttl_s is not None or queue.expiring:
+                    self._expire(queue)
                 self._delays.schedule_queue(queue)
         self._to_schedule = []
 
