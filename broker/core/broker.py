@@ -149,7 +149,7 @@ class Broker:
         self.counts = counts = Totals()
 
         self.log = log = MessageLog(outbox, stats, dedup_window_s=config.dedup_window_s, read_log=read_log)
-        self.delays = delays = Delays(log, timers, **clocks)
+        self.delays = delays = Delays(log, timers, **clocks, auto_delete_grace_s=config.auto_delete_grace_s)
         self.pager = pager = Pager(log, delays, outbox, **clocks, repair=config.repair)
         self.expiry = expiry = Expiry(log, pager, outbox, wall_clock=wall_clock)
         self.store = store = QueueStore(

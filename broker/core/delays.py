@@ -12,6 +12,15 @@ indexed by ``Queue.expiring``: see expiry.py), a retry of a failed read from the
 and (``x-expires``) the moment it has been unused long enough to be deleted. "Unused" is
 RabbitMQ's: no consumers, no get, no redeclare; a restart starts the time over.
 
+An auto-delete queue is deleted when its last consumer goes (deliveries.py), as in
+RabbitMQ. One read over REST instead (gets and long-polls, which are not consumers:
+Celery's ``rpc://`` reply queues) has no consumer to lose, so its timer deletes it once
+it has been *idle* for ``auto_delete_grace_s``: no consumer, no parked long-poll, no
+lease or delivery out, no message (ready or delayed), and no get or redeclare, for that
+long. Leases out keep it: the grace starts when the last one settles. A queue holding
+messages is kept (nobody came for them yet: deleting it would lose them); an
+abandoned one is for ``x-expires``.
+
 :class:`Delays` holds messages back and keeps each queue's timer; the queue store acts
 when a queue's timer fires (``QueueStore.wake_queue``).
 """
@@ -44,9 +53,16 @@ class Delays:
     whose delayed messages wait for their record to be written to be paged out."""
 
     def __init__(
-        self, log: MessageLog, timers: TimerHeap, *, clock: Callable[[], float], wall_clock: Callable[[], float]
+        self,
+        log: MessageLog,
+        timers: TimerHeap,
+        *,
+        clock: Callable[[], float],
+        wall_clock: Callable[[], float],
+        auto_delete_grace_s: float = 5.0,
     ) -> None:
         self._log = log
+        self._grace_s = auto_delete_grace_s
         self._timers = timers
         self._clock = clock
         self._wall_clock = wall_clock
@@ -97,10 +113,35 @@ class Delays:
 
     def touch_queue(self, queue: Queue) -> None:
         """``queue`` was used (declared, consumed from, got from): an ``x-expires``
-        queue starts its unused time over."""
+        queue starts its unused time over, and so does an auto-delete queue read over
+        REST its grace."""
         if queue.expires_s is not None:
             queue.unused_since = self._clock()
             self.schedule_queue(queue)
+        if queue.read_at is not None:
+            self.rest_read(queue)
+
+    def rest_read(self, queue: Queue) -> None:
+        """An auto-delete ``queue`` was read over REST (a get, the end of a long-poll,
+        its last lease settled): its grace starts over (see the module docstring)."""
+        if queue.auto_delete:
+            queue.read_at = self._clock()
+            self.schedule_queue(queue)
+
+    def auto_delete_at(self, queue: Queue) -> float | None:
+        """When (monotonic) an auto-delete queue read over REST is deleted if it stays
+        idle (see the module docstring); None while it is not idle."""
+        read_at = queue.read_at
+        if (
+            read_at is None
+            or queue.consumers
+            or queue.getters
+            or queue.unacked
+            or queue.delayed
+            or queue.has_ready()
+        ):
+            return None
+        return read_at + self._grace_s
 
     def expire_at(self, queue: Queue) -> float | None:
         """When (monotonic) an ``x-expires`` queue is deleted if still unused."""
@@ -123,6 +164,10 @@ class Delays:
         expire_at = self.expire_at(queue)
         if expire_at is not None:
             wake = expire_at if wake is None else min(wake, expire_at)
+        if queue.read_at is not None:
+            idle_until = self.auto_delete_at(queue)
+            if idle_until is not None:
+                wake = idle_until if wake is None else min(wake, idle_until)
         if queue.delayed or queue.message_ttl_s is not None or queue.expiring:
             now_wall = self._wall_clock()
             now = self._clock()

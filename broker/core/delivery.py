@@ -221,7 +221,14 @@ class Deliveries:
                 queue.exclusive_consumer = False
             if queue.rr >= len(queue.consumers):
                 queue.rr = 0
-        if auto_delete and queue.auto_delete and queue.had_consumer and not queue.consumers and not queue.deleted:
+        if (
+            auto_delete
+            and queue.auto_delete
+            and queue.had_consumer
+            and not queue.consumers
+            and not queue.getters  # (a long-poll still reads it: see Delays.rest_read)
+            and not queue.deleted
+        ):
             self._store.remove_queue(queue, "auto-delete queue lost its last consumer")
         elif queue.consumers:
             self._dispatch_due[queue.name] = queue
@@ -474,6 +481,8 @@ class Deliveries:
         if not queue.deleted:
             queue.unacked -= 1
             queue.totals.unacked -= 1
+            if queue.auto_delete and not queue.unacked and queue.read_at is not None:
+                self._delays.rest_read(queue)  # its last lease settled: the grace starts
         consumer = d.consumer
         if consumer is not None:
             consumer.unacked -= 1

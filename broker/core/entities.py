@@ -109,6 +109,7 @@ class Queue:
         "handing_over",
         "totals",
         "expiring",
+        "read_at",
     )
 
     def __init__(
@@ -189,6 +190,9 @@ class Queue:
         #: the broker's running counts, which this queue's ready messages are part of
         #: (its own until the queue store adopts it: see ``QueueStore.adopt``)
         self.totals = Totals()
+        #: An auto-delete queue read over REST (a get, a long-poll): when it was last
+        #: read (monotonic; None: never). See ``Delays.rest_read``.
+        self.read_at: float | None = None
 
     @property
     def persistent_log(self) -> bool:

@@ -105,6 +105,8 @@ class Leases:
             raise InvalidArgument(f"lease must be between 0 and {self._max_lease_s:g} seconds")
         ch = self._channels[REST_CHANNEL]
         self._delays.touch_queue(queue)
+        if queue.auto_delete:
+            self._delays.rest_read(queue)  # a reader: deleted once idle (see delays.py)
         out: list[tuple[str, Delivery, bool]] = []
         deadline = self._clock() + lease_s
         while len(out) < max_count:

@@ -470,6 +470,11 @@ class QueueStore:
         if expire_at is not None and expire_at <= now:
             self.remove_queue(queue, "queue expired (unused for its x-expires)")
             return
+        if queue.read_at is not None:
+            idle_until = self._delays.auto_delete_at(queue)
+            if idle_until is not None and idle_until <= now:
+                self.remove_queue(queue, "auto-delete queue left idle by its readers")
+                return
         woke = False
         if queue.read_blocked_until is not None and queue.read_blocked_until <= now:
             queue.read_blocked_until = None
@@ -545,9 +550,13 @@ class QueueStore:
         self.queue(queue_name).getters += 1
 
     def unpark_getter(self, queue_name: str) -> None:
+        """A long-poll stopped waiting on this queue (an auto-delete queue's grace
+        starts when its last one does)."""
         queue = self.queues.get(queue_name)
         if queue is not None and queue.getters:
             queue.getters -= 1
+            if not queue.getters and queue.auto_delete:
+                self._delays.rest_read(queue)
 
     def ready_getters(self) -> None:
         """Wake the parked long-polls of queues that received messages and still hold
