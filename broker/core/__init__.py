@@ -78,9 +78,12 @@ from .userstore import (
     UserStore,
     check_username,
 )
+from .views import QUEUE_COUNTERS, BrokerViews
 
 __all__ = [
     "Broker",
+    "BrokerViews",
+    "QUEUE_COUNTERS",
     "CoreConfig",
     "DELIVERY_OVERHEAD_BYTES",
     "delivery_cost",

@@ -107,6 +107,7 @@ from .totals import Totals
 from .transactions import Transactions
 from .users import Users
 from .userstore import UserStore
+from .views import BrokerViews
 
 __all__ = [
     "Broker",
@@ -345,6 +346,12 @@ class Broker:
         self.deliveries.delivering = on
 
     # ---------------------------------------------------------------- effects
+
+    @property
+    def views(self) -> BrokerViews:
+        """Read-only queries for the edges (:mod:`broker.core.views`): the API reads
+        the core through these, never through its live dicts."""
+        return BrokerViews(self)
 
     def take_effects(self) -> list[Effect]:
         """Settle pending work (dispatch, confirms, log records) and hand over the effects."""

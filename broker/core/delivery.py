@@ -40,6 +40,13 @@ __all__ = ["Deliveries", "lease_id", "MAX_ACK_TIMEOUT_S"]
 MAX_ACK_TIMEOUT_S = ((1 << 31) - 1) / 1000.0
 
 
+def check_prefetch(prefetch: object, maximum: int) -> None:
+    """The one prefetch rule (a consume's and a ``qos``'s): an integer 0..``maximum``
+    (0: no limit). Raises InvalidArgument."""
+    if not isinstance(prefetch, int) or isinstance(prefetch, bool) or not 0 <= prefetch <= maximum:
+        raise InvalidArgument(f"prefetch must be an integer 0..{maximum}")
+
+
 def lease_id(boot_id: str, channel_id: int, tag: int) -> str:
     """The id of the lease that delivery ``tag`` of ``channel_id`` is (see leases.py)."""
     return f"{boot_id}-{channel_id}-{tag}"
@@ -156,8 +163,7 @@ class Deliveries:
         queue = self._store.queue(queue_name, channel_id)
         if prefetch is None:
             prefetch = ch.default_prefetch
-        if not isinstance(prefetch, int) or isinstance(prefetch, bool) or not 0 <= prefetch <= self._max_prefetch:
-            raise InvalidArgument(f"prefetch must be an integer 0..{self._max_prefetch}")
+        check_prefetch(prefetch, self._max_prefetch)
         if not consumer_tag:
             consumer_tag = f"ctag-{self._boot_id}-{self._next_consumer}"
             self._next_consumer += 1
@@ -247,8 +253,7 @@ class Deliveries:
     def qos(self, channel_id: int, prefetch: int, global_: bool = False) -> None:
         """basic.qos: a channel-wide limit (``global_``) or the default per-consumer one."""
         ch = self.channel(channel_id)
-        if not isinstance(prefetch, int) or isinstance(prefetch, bool) or not 0 <= prefetch <= self._max_prefetch:
-            raise InvalidArgument(f"prefetch must be an integer 0..{self._max_prefetch}")
+        check_prefetch(prefetch, self._max_prefetch)
         if global_:
             ch.prefetch = prefetch
             for consumer in ch.consumers.values():
