@@ -187,12 +187,19 @@ class Queue:
         exp = arguments.get("x-expires")
         self.expires_s: float | None = exp / 1000.0 if exp is not None else None
         self.unused_since = 0.0
-        #: the broker's running counts, which this queue's ready messages are part of
-        #: (its own until the queue store adopts it: see ``QueueStore.adopt``)
+        #: the broker's running counts, which this queue's messages are part of (its
+        #: own until the queue store adopts it: see :meth:`adopt`)
         self.totals = Totals()
         #: An auto-delete queue read over REST (a get, a long-poll): when it was last
         #: read (monotonic; None: never). See ``Delays.rest_read``.
         self.read_at: float | None = None
+
+    def adopt(self, totals: Totals) -> None:
+        """Count this queue's messages in ``totals`` (the broker's, see totals.py)
+        from now on: its ready ones, and those of them its lanes page out."""
+        self.totals = totals
+        for lane in self.lanes:
+            lane.paged.totals = totals
 
     @property
     def persistent_log(self) -> bool:

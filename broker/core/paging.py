@@ -25,6 +25,8 @@ from collections.abc import Iterator, Sequence
 from itertools import compress
 from typing import Any
 
+from .totals import Totals
+
 __all__ = ["PagedRefs", "ReplayIndex", "CHUNK_MESSAGES", "locator", "mark_all_delivered"]
 
 #: Messages per chunk (two 8-byte integers each: 32 KiB a chunk).
@@ -53,15 +55,22 @@ def mark_all_delivered(locators: array[int]) -> array[int]:
     return out
 
 
-class PagedRefs:
-    """The paged-out messages of one queue, oldest first."""
+#: Where a lane not yet adopted by a broker counts (nobody reads it).
+_UNCOUNTED = Totals()
 
-    __slots__ = ("_chunks", "_head", "_count")
+
+class PagedRefs:
+    """The paged-out messages of one queue, oldest first. Each change of their number
+    is counted in ``totals.paged`` too (the broker's running counts, set when the
+    queue store adopts the queue: see totals.py)."""
+
+    __slots__ = ("_chunks", "_head", "_count", "totals")
 
     def __init__(self) -> None:
         self._chunks: deque[array[int]] = deque()
         self._head = 0  # index into _chunks[0] of the first pair still queued
         self._count = 0
+        self.totals = _UNCOUNTED
 
     def __len__(self) -> int:
         return self._count
@@ -77,6 +86,7 @@ class PagedRefs:
         last.append(seq)
         last.append(loc)
         self._count += 1
+        self.totals.paged += 1
 
     def extend(self, seqs: array[int], locs: array[int]) -> None:
         """Append many pairs at once (recovery: a million in C loops, not Python ones).
@@ -89,6 +99,7 @@ class PagedRefs:
             chunk[1::2] = locs[start:stop]
             self._chunks.append(chunk)
         self._count += n
+        self.totals.paged += n
 
     def take(self, n: int) -> list[tuple[int, int]]:
         """Remove and return up to ``n`` ``(seq, locator)`` pairs from the front."""
@@ -106,6 +117,7 @@ class PagedRefs:
             else:
                 self._head = stop
         self._count -= len(out)
+        self.totals.paged -= len(out)
         return out
 
     def put_back(self, pairs: list[tuple[int, int]]) -> None:
@@ -121,6 +133,7 @@ class PagedRefs:
         front[1::2] = array("q", [loc for _seq, loc in pairs])
         chunks.appendleft(front)
         self._count += len(pairs)
+        self.totals.paged += len(pairs)
 
     def clear(self) -> list[int]:
         """Remove everything; return the sequence numbers removed."""
@@ -128,6 +141,7 @@ class PagedRefs:
         self._chunks = deque()
         self._head = 0
         self._count = 0
+        self.totals.paged -= len(seqs)
         return seqs
 
     def __iter__(self) -> Iterator[tuple[int, int]]:
@@ -167,6 +181,7 @@ class PagedRefs:
             if index == 0:
                 self._head = 0
         self._count -= 1
+        self.totals.paged -= 1
         return loc
 
     def cut(self) -> list[tuple[array[int], int, int]]:

@@ -130,7 +130,7 @@ class QueueStore:
 
     def add_recovered(self, queue: Queue) -> None:
         """A queue declared by a replayed record (recovery)."""
-        queue.totals = self._totals
+        queue.adopt(self._totals)
         self.queues[queue.name] = queue
         self.by_id[queue.qid] = queue
         self._next_qid = max(self._next_qid, queue.qid + 1)
@@ -217,7 +217,7 @@ class QueueStore:
             self._next_qid, name, durable, channel_id if exclusive else None, auto_delete, arguments
         )
         self._next_qid += 1
-        queue.totals = self._totals
+        queue.adopt(self._totals)
         self.queues[name] = queue
         self.by_id[queue.qid] = queue
         if exclusive:

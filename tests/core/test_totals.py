@@ -20,6 +20,7 @@ def summed(b: Broker) -> dict[str, int]:
     ready = sum(q.ready_count() for q in b.queues.values())
     unacked = sum(q.unacked for q in b.queues.values())
     return {
+        "paged_out": sum(q.paged_count() for q in b.queues.values()),
         "exchanges": len(b.exchanges),
         "queues": len(b.queues),
         "channels": len(b.channels) - 1,
@@ -41,12 +42,15 @@ QUEUE_KINDS: list[dict[str, Any]] = [
 ]
 
 
-def random_walk(h: Harness, rng: random.Random, steps: int) -> None:
+def random_walk(h: Harness, rng: random.Random, steps: int) -> int:
+    """Run ``steps`` random operations, checking the totals after each; return the
+    most messages seen paged out at once."""
     b = h.b
     names = [f"q{i}" for i in range(6)]
     b.declare_queue("dead")
     channels = [h.channel(), h.channel()]
     leases: list[str] = []
+    most_paged = 0
     for _ in range(steps):
         op = rng.choice(
             ["declare", "publish", "publish", "publish", "get", "ack_leases", "nack_leases", "consume",
@@ -104,13 +108,16 @@ def random_walk(h: Harness, rng: random.Random, steps: int) -> None:
         except (BrokerError, ChannelError):
             pass
         h.step()
-        assert b.totals() == summed(b), op
+        assert {**b.totals(), "paged_out": b.views.paged_out_total()} == summed(b), op
+        most_paged = max(most_paged, b.views.paged_out_total())
+    return most_paged
 
 
 @pytest.mark.parametrize("memory", [2048, 2])
 def test_totals_equal_the_sums_after_a_random_walk(seeded_random: random.Random, memory: int) -> None:
     h = Harness(queue_memory_messages=memory)  # 2: most messages paged out
-    random_walk(h, seeded_random, 4000)
+    most_paged = random_walk(h, seeded_random, 4000)
+    assert most_paged > 0 if memory == 2 else most_paged == 0
 
 
 def test_totals_are_recounted_after_recovery() -> None:
@@ -123,4 +130,4 @@ def test_totals_are_recounted_after_recovery() -> None:
     h.sync()
     b = restart_from_log(h, queue_memory_messages=2)
     assert b.totals()["messages_ready"] == 5  # the unacked one is ready again
-    assert b.totals() == summed(b)
+    assert {**b.totals(), "paged_out": b.views.paged_out_total()} == summed(b)
