@@ -130,17 +130,15 @@ class Delays:
 
     def auto_delete_at(self, queue: Queue) -> float | None:
         """When (monotonic) an auto-delete queue read over REST is deleted if it stays
-        idle (see the module docstring); None while it is not idle."""
+        idle (see the module docstring); None while it holds something or has a
+        consumer. While a long-poll waits on it, one grace from now: the queue's timer
+        looks again then, since the long-poll may end (its client gone) with nothing
+        after it to tell the IO layer's timer of the new deadline."""
         read_at = queue.read_at
-        if (
-            read_at is None
-            or queue.consumers
-            or queue.getters
-            or queue.unacked
-            or queue.delayed
-            or queue.has_ready()
-        ):
+        if read_at is None or queue.consumers or queue.unacked or queue.delayed or queue.has_ready():
             return None
+        if queue.getters:
+            return self._clock() + self._grace_s
         return read_at + self._grace_s
 
     def expire_at(self, queue: Queue) -> float | None:

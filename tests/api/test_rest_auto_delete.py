@@ -8,7 +8,7 @@ import trio
 import trio.testing
 
 from broker.app import BrokerApp
-from tests.support.http import HTTPClient
+from tests.support.http import HTTPClient, open_memory_client
 
 GRACE = 5.0  # the default auto_delete_grace_s
 
@@ -35,3 +35,30 @@ async def test_a_reply_queue_read_with_long_polls_is_gone_after_the_grace(
     assert trio.current_time() - start == pytest.approx(GRACE, abs=0.1)
     overview = (await memory_client.get("/overview")).json()
     assert overview["totals"]["queues"] == 0
+
+
+async def test_a_reply_queue_whose_long_poll_left_is_gone_after_the_grace(
+    autojump_clock: trio.testing.MockClock, broker_app: BrokerApp, memory_client: HTTPClient
+) -> None:
+    """The long-poll outlives the grace, then its client leaves (a producer that exits
+    while waiting): no request follows to tell the broker, and still the queue goes
+    one grace after."""
+    await memory_client.put("/queues/celery.reply", json={"auto_delete": True, "durable": False})
+    queue = broker_app.runtime.core.queues["celery.reply"]
+    async with open_memory_client(broker_app) as leaver:
+        conn = await leaver.connection()
+        await conn.send_head("POST", "/queues/celery.reply/get?wait=60", content_length=0)
+        await conn.send_end()
+        with trio.fail_after(1):
+            while queue.getters != 1:
+                await trio.sleep(0.001)
+        await trio.sleep(GRACE * 3)
+        assert (await memory_client.get("/queues/celery.reply")).status == 200  # it is being read
+        left = trio.current_time()
+        await conn.aclose()
+        with trio.fail_after(1):
+            while queue.getters:
+                await trio.sleep(0.001)
+    await trio.sleep(GRACE + 0.1)
+    assert "celery.reply" not in broker_app.runtime.core.queues
+    assert trio.current_time() - left == pytest.approx(GRACE + 0.1, abs=0.1)

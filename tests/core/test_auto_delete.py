@@ -105,6 +105,8 @@ def test_a_parked_long_poll_keeps_it_and_its_end_starts_the_grace() -> None:
     h.b.park_getter("reply")
     h.sleep(GRACE * 3)
     assert "reply" in h.b.queues
+    # its timer keeps looking (the long-poll may end with no command after it)
+    assert h.b.next_deadline() == pytest.approx(h.mono.now + GRACE, abs=GRACE)
     h.b.unpark_getter("reply")
     h.sleep(GRACE - 0.1)
     assert "reply" in h.b.queues
