@@ -31,6 +31,7 @@ __all__ = [
     "message_json",
     "event_json",
     "body_from_json",
+    "body_from_b64",
     "properties_from_headers",
     "dumps_line",
     "parse_op_line",
@@ -128,14 +129,19 @@ def body_from_json(op: dict[str, Any]) -> bytes:
         value = op["body_b64"]
         if not isinstance(value, str):
             raise InvalidArgument("body_b64 must be a base64 string")
-        try:
-            return base64.b64decode(value, validate=True)
-        except (binascii.Error, ValueError) as exc:
-            raise InvalidArgument(f"body_b64 is not valid base64: {exc}") from None
+        return body_from_b64(value)
     value = op.get("body", "")
     if not isinstance(value, str):
         raise InvalidArgument("body must be a string (use body_b64 for bytes)")
     return value.encode("utf-8", "surrogatepass")
+
+
+def body_from_b64(value: str) -> bytes:
+    """A ``body_b64`` field's bytes. Raises InvalidArgument for bad base64."""
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise InvalidArgument(f"body_b64 is not valid base64: {exc}") from None
 
 
 def parse_op_line(line: bytes) -> dict[str, Any]:

@@ -10,7 +10,7 @@ settling ops do not. Unknown ops and unknown fields are channel errors
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import trio
 
@@ -25,9 +25,23 @@ from broker.api.channel.ops import (
     op_delay,
 )
 from broker.api.channel.session import ChannelSession
-from broker.api.codec import body_from_json, parse_op_line
+from broker.api.channel.typed import (
+    UNSET,
+    AckOp,
+    PublishOp,
+    decode_hot,
+    properties_dict,
+)
+from broker.api.codec import body_from_b64, body_from_json, parse_op_line
 from broker.api.fields import DEFAULT_EXCHANGE_ALIAS, exchange_name, unknown_fields
-from broker.core import ChannelError, InvalidArgument, check_properties, delivery_cost
+from broker.core import (
+    BrokerError,
+    ChannelError,
+    InvalidArgument,
+    check_delay,
+    check_properties,
+    delivery_cost,
+)
 from broker.http import ClientDisconnected, Request
 
 __all__ = ["apply", "serve_reader"]
@@ -65,6 +79,9 @@ async def serve_reader(s: ChannelSession, request: Request) -> None:
             try:
                 for line in block.split(b"\n"):
                     if line and not line.isspace():
+                        typed = decode_hot(line)
+                        if typed is not None and _apply_typed(s, typed, line):
+                            continue
                         op = parse_op_line(line)
                         if op.get("op") == "publish":
                             # apply()'s publish branch without a coroutine per message
@@ -155,3 +172,39 @@ def publish(s: ChannelSession, op: dict[str, Any]) -> None:
         s.channel_id, exchange_name(exchange), routing_key, body, properties,
         mandatory=mandatory, delay_s=op_delay(op), charge=delivery_cost(body),
     )
+
+
+def _apply_typed(s: ChannelSession, op: PublishOp | AckOp, line: bytes) -> bool:
+    """Apply a typed ``publish`` or ``ack`` (``broker.api.channel.typed``) as
+    :func:`publish` and the ``ack`` handler would, in the same order of checks; False
+    (nothing done) when the general path must take the line. An error raised here
+    is the general path's own, and names the op (its ``id`` is echoed)."""
+    try:
+        if type(op) is AckOp:
+            # a null tag goes to the core as the general path sends it (which refuses it)
+            cid, multiple, tag = s.channel_id, op.multiple, cast(int, op.delivery_tag)
+            s.batch.run(lambda core: core.ack(cid, tag, multiple))
+            s.current_op = None  # as after the general path's ack (which has no id)
+            return True
+        assert type(op) is PublishOp
+        properties = properties_dict(op.properties)
+        if properties is UNSET:
+            return False
+        exchange = op.exchange
+        s.access.require("publish", exchange or DEFAULT_EXCHANGE_ALIAS)
+        body_b64 = op.body_b64
+        body = op.body.encode("utf-8", "surrogatepass") if body_b64 is UNSET else body_from_b64(body_b64)
+        max_body = s.runtime.options.max_body_bytes
+        if len(body) > max_body:
+            raise InvalidArgument(f"message body over {max_body} bytes", code="payload_too_large")
+        delay_s = op.delay_s
+        s.gateway.publish(
+            s.channel_id, exchange_name(exchange), op.routing_key, body, properties,
+            mandatory=op.mandatory, delay_s=None if delay_s is None else check_delay(delay_s),
+            charge=delivery_cost(body),
+        )
+        s.current_op = None
+        return True
+    except BrokerError:
+        s.current_op = parse_op_line(line)
+        raise
