@@ -130,7 +130,11 @@ _publish_fields = {
     "exchange": _json, "routing_key": _json, "body": _json, "body_b64": _json, "properties": _properties,
     "mandatory": _json, "delay_s": _json, "id": _json, "multiple": _json, "routng_key": _json,
 }
-_ack_fields = {"delivery_tag": _json, "multiple": _json, "id": _json, "requeue": _json}
+_tag_lists = st.lists(st.one_of(st.integers(min_value=-5, max_value=2**64 + 1), _scalars), max_size=4)
+_ack_fields = {
+    "delivery_tag": _json, "multiple": _json, "id": _json, "requeue": _json,
+    "delivery_tags": st.one_of(_tag_lists, _json),
+}
 
 
 @st.composite
@@ -154,6 +158,13 @@ def _ops(draw: Any) -> bytes:
 @example(b'{"op":"ack","delivery_tag":3}')
 @example(b'{"op":"ack","delivery_tag":3,"multiple":true}')
 @example(b'{"op":"ack","delivery_tag":18446744073709551616}')
+@example(b'{"op":"ack","delivery_tags":[1,2,5]}')
+@example(b'{"op":"ack","delivery_tags":[]}')
+@example(b'{"op":"ack","delivery_tags":null}')
+@example(b'{"op":"ack","delivery_tags":[1,true]}')
+@example(b'{"op":"ack","delivery_tags":[1],"delivery_tag":null}')
+@example(b'{"op":"ack","delivery_tags":[1],"multiple":false}')
+@example(b'{"op":"ack","delivery_tags":[9223372036854775808]}')
 @example(b'{"op":"ack","delivery_tag":1,"op":"publish"}')
 @example(b'{"op":"publish","properties":{"message_id":"\\u00e9' + b"a" * 254 + b'"}}')
 @example(b'{"op":"publish","properties":{"message_id":"' + b"a" * 255 + b'"}}')
@@ -194,6 +205,7 @@ def test_delivery_tag_boundaries(tag: Any) -> None:
 @pytest.mark.parametrize("line, kind", [
     (b'{"op":"publish","routing_key":"q","body":"x","properties":{"delivery_mode":2,"message_id":"m"},"id":"m"}', PublishOp),
     (b'{"op":"ack","delivery_tag":3,"multiple":true}', AckOp),
+    (b'{"op":"ack","delivery_tags":[3,5,9]}', AckOp),
 ])
 def test_the_hot_ops_take_the_fast_path(line: bytes, kind: type) -> None:
     """The lines the client sends most are decoded typed (else the fast path would be

@@ -20,6 +20,7 @@ from broker.api.channel.ops import (
     PUBLISH_FIELDS,
     SETTLE_OPS,
     ChannelClosed,
+    ack_each,
     check_fields,
     check_id,
     op_delay,
@@ -181,9 +182,16 @@ def _apply_typed(s: ChannelSession, op: PublishOp | AckOp, line: bytes) -> bool:
     is the general path's own, and names the op (its ``id`` is echoed)."""
     try:
         if type(op) is AckOp:
-            # a null tag goes to the core as the general path sends it (which refuses it)
-            cid, multiple, tag = s.channel_id, op.multiple, cast(int, op.delivery_tag)
-            s.batch.run(lambda core: core.ack(cid, tag, multiple))
+            cid, tags = s.channel_id, op.delivery_tags
+            if tags is UNSET:
+                # a null tag goes to the core as the general path sends it (which refuses it)
+                tag = cast(int, None if op.delivery_tag is UNSET else op.delivery_tag)
+                multiple = op.multiple is True
+                s.batch.run(lambda core: core.ack(cid, tag, multiple))
+            elif op.delivery_tag is UNSET and op.multiple is UNSET:
+                s.batch.run(lambda core: ack_each(core, cid, tags))
+            else:
+                return False
             s.current_op = None  # as after the general path's ack (which has no id)
             return True
         assert type(op) is PublishOp

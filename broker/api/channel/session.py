@@ -17,7 +17,7 @@ from typing import Any
 
 import trio
 
-from broker.api.codec import dumps_line, event_json
+from broker.api.codec import delivery_row, dumps_line, event_json
 from broker.api.permissions import ALLOW_ALL, Access
 from broker.core import (
     Broker,
@@ -33,6 +33,7 @@ from broker.runtime import BrokerRuntime, CommandGateway
 
 __all__ = [
     "EVENT_BYTES",
+    "FEATURES",
     "FLUSH_TIMEOUT_S",
     "OUTBOX_MAX_BYTES",
     "OUTBOX_MAX_EVENTS",
@@ -51,6 +52,13 @@ EVENT_BYTES = 64
 # before an fsync, so this only bites when the disk cannot keep up with the network.
 UNCONFIRMED_MAX_BYTES = 16 << 20
 FLUSH_TIMEOUT_S = 10.0
+#: The channel features a client may ask for in its request head
+#: (``Ackbus-Features: batches``: ``deliveries`` events and ``ack`` ops with
+#: ``delivery_tags``), announced back in ``open``.
+FEATURES = frozenset({"batches"})
+# Bodies (delivery_cost) past which a ``deliveries`` event is closed and the next
+# begins: keeps an event line far below a client's longest accepted line.
+BATCH_MAX_BYTES = 256 << 10
 
 
 class ChannelSession:
@@ -106,6 +114,8 @@ class ChannelSession:
         # A flush_nowait left bytes over: the writer sends them, then grants this credit.
         self._flush_needed = False
         self._held_credit = 0
+        #: The client understands ``deliveries`` events (many deliveries in one line).
+        self.batch_deliveries = False
 
     # ChannelSink ---------------------------------------------------------
 
@@ -291,6 +301,8 @@ class ChannelSession:
         batch = self.outbox
         self.outbox = []
         self.outbox_bytes = 0
+        if self.batch_deliveries:
+            return self._encode_batched(batch)
         parts = []
         credit = 0
         for item in batch:
@@ -300,6 +312,37 @@ class ChannelSession:
                 parts.append(dumps_line(event_json(item)))
                 if type(item) is Deliver:
                     credit += delivery_cost(item.message.body)
+        return b"".join(parts), credit
+
+    def _encode_batched(self, batch: list[Any]) -> tuple[bytes, int]:
+        """:meth:`_take_outbox`'s encoding when the client takes ``deliveries``
+        events: each run of consecutive deliveries is one event (split past
+        ``BATCH_MAX_BYTES``), everything else one event a line, in order."""
+        parts: list[bytes] = []
+        rows: list[Any] = []
+        credit = run_bytes = 0
+        for item in batch:
+            kind = type(item)
+            if kind is Deliver and item.lease_id is None:
+                cost = delivery_cost(item.message.body)
+                credit += cost
+                run_bytes += cost
+                rows.append(delivery_row(item))
+                if run_bytes >= BATCH_MAX_BYTES:
+                    parts.append(dumps_line({"ev": "deliveries", "d": rows}))
+                    rows, run_bytes = [], 0
+                continue
+            if rows:
+                parts.append(dumps_line({"ev": "deliveries", "d": rows}))
+                rows, run_bytes = [], 0
+            if kind is dict:
+                parts.append(dumps_line(item))
+            else:
+                parts.append(dumps_line(event_json(item)))
+                if kind is Deliver:
+                    credit += delivery_cost(item.message.body)
+        if rows:
+            parts.append(dumps_line({"ev": "deliveries", "d": rows}))
         return b"".join(parts), credit
 
     def _grant(self, credit: int) -> None:

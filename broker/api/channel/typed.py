@@ -70,11 +70,13 @@ class PublishOp(Struct, tag="publish", tag_field="op", forbid_unknown_fields=Tru
 
 
 class AckOp(Struct, tag="ack", tag_field="op", forbid_unknown_fields=True):
-    """``{"op":"ack","delivery_tag":N[,"multiple":true]}``. No ``id``: an ack with
-    one takes the general path, which checks it."""
+    """``{"op":"ack","delivery_tag":N[,"multiple":true]}`` or
+    ``{"op":"ack","delivery_tags":[N,...]}``. No ``id``: an ack with one takes the
+    general path, which checks it; so does one with both forms (an error)."""
 
-    delivery_tag: _Int64 | None = None
-    multiple: bool = False
+    delivery_tag: _Int64 | None | UnsetType = UNSET
+    multiple: bool | UnsetType = UNSET
+    delivery_tags: list[_Int64] | UnsetType = UNSET
 
 
 _decoder = msgspec.json.Decoder(PublishOp | AckOp)
