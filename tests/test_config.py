@@ -40,6 +40,8 @@ EXPECTED_DEFAULTS: dict[str, Any] = {
     "max_channels": 2048,
     "max_queues": 10000,
     "max_exchanges": 10000,
+    "memory_high_watermark": 0.4,
+    "blocked_publish_wait_s": 5.0,
     "fsync": "always",
     "segment_max_bytes": 64 * MiB,
     "checkpoint_interval_s": 300.0,
