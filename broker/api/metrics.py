@@ -222,7 +222,8 @@ class BrokerMetrics:
             def read() -> Any:
                 if self._runtime is None:
                     return {}
-                return {(name,): n for name, n in views().exchange_counters(direction).items()}
+                # the default exchange ("") under the name its REST path uses
+                return {(name or "amq.default",): n for name, n in views().exchange_counters(direction).items()}
 
             return read
 

@@ -82,7 +82,7 @@ function showHealth(o, health, alarm) {
   alarm.className = blocked ? "status alarm error" : "status alarm";
   alarm.textContent = blocked ? `Publishing is blocked: ${flow.reason}` : "";
   replace(health,
-    card("Memory", bytes(mem.used_bytes) + (mem.high_watermark_bytes ? ` of ${bytes(mem.high_watermark_bytes)} watermark` + share(mem.used_bytes, mem.high_watermark_bytes) : " (no watermark)"), "memory"),
+    card("Memory / high watermark", bytes(mem.used_bytes) + " / " + (mem.high_watermark_bytes ? bytes(mem.high_watermark_bytes) + share(mem.used_bytes, mem.high_watermark_bytes) : "none"), "memory"),
     card("Memory alarm", mem.alarm ? "RAISED" : "ok", "memory_alarm"),
     card("Memory limit", mem.limit_bytes ? `${bytes(mem.limit_bytes)} (${mem.limit_from})` : "unknown", "memory_limit"),
     card("Disk free", disk.free_bytes === null ? "memory only" : bytes(disk.free_bytes) + " of " + bytes(disk.total_bytes), "disk_free"),

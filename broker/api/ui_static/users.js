@@ -14,6 +14,11 @@ function tagsOf(text) {
   return text.split(/[\s,]+/).map((t) => t.trim()).filter(Boolean);
 }
 
+// A permission pattern; "" matches nothing, and says so.
+function pattern(p) {
+  return p ? h("code", {}, p) : h("span", { class: "empty", title: "matches nothing" }, "none");
+}
+
 export function usersPage() {
   const list = h("div", { id: "user-list", "aria-live": "polite" });
   const error = h("p", { class: "status error", role: "alert" });
@@ -33,9 +38,9 @@ export function usersPage() {
     replace(list, table([
       { label: "Name", cell: (u) => u.name },
       { label: "Tags", cell: (u) => u.tags.map((t) => h("span", { class: "tag" }, t)) },
-      { label: "Configure", cell: (u) => h("code", {}, u.permissions.configure) },
-      { label: "Write", cell: (u) => h("code", {}, u.permissions.write) },
-      { label: "Read", cell: (u) => h("code", {}, u.permissions.read) },
+      { label: "Configure", cell: (u) => pattern(u.permissions.configure) },
+      { label: "Write", cell: (u) => pattern(u.permissions.write) },
+      { label: "Read", cell: (u) => pattern(u.permissions.read) },
       { label: "Password", cell: (u) => u.has_password ? "set" : "none" },
       { label: "Actions", cell: (u) => [
         h("button", { type: "button", "aria-label": `Edit user ${u.name}`, onclick: () => { userForm.edit(u); permForm.edit(u); } }, "Edit"), " ",
