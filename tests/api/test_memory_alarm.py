@@ -4,8 +4,8 @@ memory high watermark publishes wait, then are refused (REST ``503`` with
 own deadline ends its wait with the reason ``deadline``, and publishing resumes once
 memory falls.
 
-The broker's memory reading is a fake (``runtime.memory.probe``) so no test allocates
-for real; an in-process broker over memory streams with ``autojump_clock``, so the
+The broker's memory reading is a fake (the runtime's ``memory_probe``) so no test
+allocates for real; an in-process broker over memory streams with ``autojump_clock``, so the
 waits are exact and take no real time.
 """
 
@@ -42,8 +42,9 @@ def memory() -> FakeMemory:
 
 @pytest.fixture
 async def broker(memory: FakeMemory) -> AsyncIterator[MemoryBroker]:
-    async with open_memory_broker(memory_high_watermark=float(WATERMARK), blocked_publish_wait_s=5.0) as broker:
-        broker.app.runtime.memory.probe = memory
+    async with open_memory_broker(
+        memory_probe=memory, memory_high_watermark=float(WATERMARK), blocked_publish_wait_s=5.0
+    ) as broker:
         yield broker
 
 
