@@ -33,9 +33,22 @@ async def test_history_is_kept_by_the_broker_from_its_start(app: BrokerApp, clie
 
 async def test_history_is_bounded(app: BrokerApp, client: HTTPClient) -> None:
     history = app.runtime.history
+    await client.put("/queues/late", json={})
+    history.sample()
+    await client.put("/queues/later", json={})
     for _ in range(history.size + 5):
         history.sample()
-    assert len((await client.get("/overview/history")).json()["samples"]) == history.size
+    body = (await client.get("/overview/history")).json()
+    assert len(body["samples"]) == history.size
+    times = [s["t"] for s in body["samples"]]
+    assert times == sorted(times)
+    assert len((await client.get("/queues/late/history")).json()["samples"]) == history.size
+    # a queue declared after the start of the ring: only its own samples
+    await client.delete("/queues/late")
+    history.sample()
+    await client.put("/queues/late", json={})
+    history.sample()
+    assert len((await client.get("/queues/late/history")).json()["samples"]) == 1
 
 
 async def test_the_sampler_runs_on_its_timer(autojump_clock: Any) -> None:
@@ -43,9 +56,9 @@ async def test_the_sampler_runs_on_its_timer(autojump_clock: Any) -> None:
 
     async with open_memory_broker() as broker:
         history = broker.app.runtime.history
-        start = len(history.broker)
+        start = history.taken
         await trio.sleep(history.interval_s * 3 + 0.1)
-        assert len(history.broker) == start + 3
+        assert history.taken == start + 3
 
 
 async def test_exchanges_count_messages_in_and_out(client: HTTPClient) -> None:

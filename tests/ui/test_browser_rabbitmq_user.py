@@ -21,7 +21,16 @@ import pytest
 
 from tests.support.broker import BrokerProcess
 from tests.ui.conftest import ROOT, Screenshots
-from tests.ui.helpers import console_errors, css, fill, open_page, text_of, unlabelled_controls, wait_for, wait_text
+from tests.ui.helpers import (
+    console_errors,
+    css,
+    fill,
+    open_page,
+    text_of,
+    unlabelled_controls,
+    wait_for,
+    wait_text,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
