@@ -184,3 +184,22 @@ async def test_a_bad_channel_deadline_is_a_channel_error(clients: Clients, autoj
     await ch.send({"op": "publish", "routing_key": "q", "deadline_ms": -1, "id": 7})
     error = await ch.expect("error", error="invalid_argument", id=7)
     assert "deadline_ms" in error["message"]
+
+
+async def test_the_disk_reserve_gives_the_same_signal(
+    broker: MemoryBroker, http: HTTPClient, clients: Clients, autojump_clock: Any
+) -> None:
+    await http.put("/queues/q", json={"durable": False})
+    ch = await clients.channel()
+    runtime = broker.app.runtime
+    runtime.space.on_reserve_used()  # a checkpoint on a full disk used the reserve
+    flow = await ch.next_event()
+    assert flow["ev"] == "flow" and flow["active"] is False and flow["reason"].startswith("disk full")
+    refused = await publish(http)  # transient, to a non-durable queue: blocked all the same
+    assert refused.status == 503 and refused.headers["retry-after"] == "5"
+    assert refused.json()["reason"].startswith("disk full")
+    health = (await http.get("/healthz")).json()
+    assert health["publishing_blocked"] is True and health["memory_alarm"] is False
+    runtime.space.on_reserve(True)  # the reserve is made again
+    await ch.expect("flow", active=True)
+    assert (await publish(http)).status == 200
