@@ -328,6 +328,38 @@ class Authenticator:
 
         return release
 
+    async def login(
+        self, username: str, password: str, remote: str | None
+    ) -> tuple[Principal, Callable[[], None]] | str | None:
+        """Check a user name and password for a listener other than HTTP (AMQP's PLAIN
+        and AMQPLAIN), with the guard's failure limiter and per-user connection cap:
+        (the principal, what to call when the connection ends), a refusal's reason
+        (the cap, the limiter), or None for wrong credentials."""
+        address = _address(remote)
+        now = trio.current_time()
+        if self.failures.retry_after_s(address, now) is not None:
+            self.refused += 1
+            return "too many failed authentications from this address; try again later"
+        found = await self._check_password(username, password) if username else None
+        if found is None:
+            self.failed += 1
+            count = self.failures.record(address, now)
+            log.warning(
+                "authentication failed",
+                extra={"fields": {"remote": address, "scheme": "amqp", "user": username[:64], "failures": count}},
+            )
+            return None
+        principal = self.principal(found)
+        usage = principal.usage
+        if usage.requests >= self.limits.max_connections_per_user:
+            return f"user {found!r} has {self.limits.max_connections_per_user} connections (max_connections_per_user)"
+        usage.requests += 1
+
+        def release() -> None:
+            usage.requests -= 1
+
+        return principal, release
+
     async def _verify(self, request: Any, header: str, key: bytes, now: float) -> str:
         address = _address(request.remote)
         wait_s = self.failures.retry_after_s(address, now)

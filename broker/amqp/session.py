@@ -1,0 +1,738 @@
+"""What AMQP methods mean for the broker: one session per connection, one core channel
+per AMQP channel.
+
+The connection state machine (``connection.py``) hands over events; the session turns
+them into the ``Broker`` facade's commands (declares, publishes, consumes, acks, qos,
+tx, confirms), after the same permission checks as the HTTP API
+(``broker.api``'s ``Access.require``), and turns the core's effects for its channels
+(deliveries, confirms, returns, cancellations) into frames. A core error becomes a
+channel exception with RabbitMQ's reply code (``replies.py``); one the spec makes a
+connection exception (5xx) closes the connection.
+
+It never touches sockets: it writes into the connection's output buffer and tells the
+IO layer (``server.py``) through ``wake``.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import secrets
+import time
+from collections.abc import Callable
+from typing import Any
+
+from pamqp import commands
+
+from broker.amqp.bridge import RuntimeBridge
+from broker.amqp.connection import (
+    AMQPConnection,
+    ChannelClosedByPeer,
+    ChannelFailed,
+    ChannelOpened,
+    ConnectionEnded,
+    Content,
+    Login,
+    Method,
+    Opened,
+)
+from broker.amqp.frames import (
+    Ack,
+    Nack,
+    Reject,
+    encode_confirm,
+    encode_deliver,
+    encode_get_ok,
+    encode_properties,
+    encode_return,
+)
+from broker.amqp.replies import (
+    ACCESS_REFUSED,
+    CONNECTION_FORCED,
+    NOT_FOUND,
+    NOT_IMPLEMENTED,
+    PRECONDITION_FAILED,
+    is_connection_error,
+    reply_for,
+)
+from broker.amqp.tables import TableError, encode_table
+from broker.api import ALLOW_ALL, Access
+from broker.core import (
+    BrokerError,
+    Confirm,
+    ConsumerCancelled,
+    Deliver,
+    DeliveryExpired,
+    PreconditionFailed,
+    Return,
+    check_properties,
+    delivery_cost,
+)
+
+__all__ = ["AMQPChannel", "AMQPSession", "AMQPException"]
+
+log = logging.getLogger("ackbus.amqp")
+
+DEFAULT_EXCHANGE_ALIAS = "amq.default"
+#: Bytes of publishes waiting for their confirm past which the connection stops
+#: reading (as ``broker/api/channel.py`` does): a publisher faster than fsync is slowed.
+UNCONFIRMED_MAX_BYTES = 16 << 20
+#: Bytes waiting in the output buffer past which the connection stops reading.
+OUTPUT_MAX_BYTES = 4 << 20
+
+
+class AMQPException(Exception):
+    """A channel exception (``code`` < 500) or a connection exception."""
+
+    def __init__(self, code: int, text: str, class_id: int = 0, method_id: int = 0) -> None:
+        super().__init__(text)
+        self.code = code
+        self.text = text
+        self.class_id = class_id
+        self.method_id = method_id
+
+
+def _exchange(name: str) -> str:
+    return "" if name == DEFAULT_EXCHANGE_ALIAS else name
+
+
+def _plain(value: Any) -> Any:
+    """pamqp's decoded table values as JSON (declare arguments)."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).decode("utf-8", "replace")
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if hasattr(value, "timestamp"):
+        return int(value.timestamp())
+    return str(value)  # Decimal
+
+
+class AMQPChannel:
+    """One open AMQP channel: a core channel and the runtime's sink for its events."""
+
+    kind = "amqp"
+
+    def __init__(self, session: AMQPSession, number: int) -> None:
+        self.session = session
+        self.number = number
+        self.core_id = 0
+        self.remote = session.remote
+        self.user_agent = session.user_agent
+        self.principal = session.principal
+        self.opened_at = time.time()
+        self.confirm = False
+        #: Publishes before confirm.select: the core counts them, AMQP does not.
+        self.confirm_offset = 0
+        self.tx = False
+        self.published = 0
+        self.last_queue = ""
+        #: (publish tag, charged bytes, perf_counter at publish), in tag order.
+        self.unconfirmed: collections.deque[tuple[int, int, float]] = collections.deque()
+        self.unconfirmed_bytes = 0
+        #: Delivery credit of deliveries queued for the socket, granted once sent.
+        self.credit = 0
+        #: basic.get: its temporary consumer's tag, and what it got.
+        self.get_tag: str | None = None
+        self.got: Deliver | None = None
+        self.closed = False
+
+    # ChannelSink ----------------------------------------------------------------
+
+    def push(self, effect: Any) -> None:
+        s = self.session
+        conn = s.conn
+        kind = type(effect)
+        if kind is Deliver:
+            if effect.consumer_tag == self.get_tag:
+                self.got = effect
+                return
+            msg = effect.message
+            body = msg.body
+            try:
+                props = encode_properties(msg.properties)
+            except TableError as exc:
+                log.warning("message headers have no AMQP form; delivered without them", extra={"fields": {"error": str(exc)}})
+                props = encode_properties({k: v for k, v in (msg.properties or {}).items() if k != "headers"})
+            conn.send_raw(
+                encode_deliver(
+                    self.number, effect.consumer_tag, effect.delivery_tag, effect.redelivered,
+                    msg.exchange, msg.routing_key, props, body, conn.frame_max,
+                )
+            )
+            self.credit += delivery_cost(body)
+            s.credit_pending = True
+        elif kind is Confirm:
+            self._settle_unconfirmed(effect.delivery_tag)
+            if self.confirm:
+                tag = effect.delivery_tag - self.confirm_offset
+                if tag > 0:
+                    conn.send_raw(encode_confirm(self.number, tag, effect.multiple, effect.ack))
+        elif kind is Return:
+            msg = effect.message
+            try:
+                props = encode_properties(msg.properties)
+            except TableError:
+                props = encode_properties({k: v for k, v in (msg.properties or {}).items() if k != "headers"})
+            text = "NO_ROUTE" if effect.reply_code == 312 else effect.reason
+            conn.send_raw(
+                encode_return(self.number, effect.reply_code, text, msg.exchange, msg.routing_key, props, msg.body,
+                              conn.frame_max)
+            )
+        elif kind is ConsumerCancelled:
+            if s.cancel_notify:
+                conn.send_method(self.number, commands.Basic.Cancel(consumer_tag=effect.consumer_tag, nowait=True))
+        elif kind is DeliveryExpired:
+            s.fail_later(
+                self, PRECONDITION_FAILED,
+                f"delivery acknowledgement on channel {self.number} timed out (delivery tag {effect.delivery_tag})",
+            )
+        s.wake()
+
+    def _settle_unconfirmed(self, tag: int) -> None:
+        unconfirmed = self.unconfirmed
+        bridge = self.session.bridge
+        now = time.perf_counter()
+        while unconfirmed and unconfirmed[0][0] <= tag:
+            _tag, charge, at = unconfirmed.popleft()
+            self.unconfirmed_bytes -= charge
+            self.session.unconfirmed_bytes -= charge
+            bridge.observe_confirm(now - at)
+
+    def closing(self, reason: str) -> None:
+        self.session.closing(reason)
+
+    def shutdown(self) -> None:
+        """Stop taking operations: the whole connection when the broker shuts down,
+        this channel alone when an operator closed it (``DELETE /channels/{id}``)."""
+        s = self.session
+        if s.bridge.shutting_down:
+            s.closing("broker shutting down")
+        else:
+            s.fail_later(self, CONNECTION_FORCED, "CONNECTION_FORCED - closed by an operator")
+
+
+class AMQPSession:
+    """The broker side of one AMQP connection (see the module docstring)."""
+
+    def __init__(
+        self,
+        conn: AMQPConnection,
+        bridge: RuntimeBridge,
+        *,
+        remote: str | None,
+        loopback: bool,
+        login: Callable[[str, str, str | None], Any],
+        has_users: Callable[[], bool],
+        wake: Callable[[], None],
+    ) -> None:
+        self.conn = conn
+        self.bridge = bridge
+        self.core = bridge.core
+        self.remote = remote
+        self.loopback = loopback
+        self._login = login
+        self._has_users = has_users
+        self.wake = wake
+        self.user_agent: str | None = None
+        self.principal: Any = None
+        self.access: Access = ALLOW_ALL
+        self.release_user: Callable[[], None] | None = None
+        self.channels: dict[int, AMQPChannel] = {}
+        self.unconfirmed_bytes = 0
+        self.credit_pending = False
+        self.cancel_notify = False
+        self.closing_reason: str | None = None
+        self.blocked = False
+        #: Channels to close at the next step (errors found while pumping).
+        self._failures: list[tuple[AMQPChannel, int, str]] = []
+        self._counter = 0
+
+    # -- events -------------------------------------------------------------------
+
+    async def handle(self, event: Any) -> None:
+        """Carry out one event of the connection."""
+        kind = type(event)
+        if kind is Content:
+            self._guard(event.channel, self._publish, event, 60, 40)
+        elif kind is Method:
+            method = event.method
+            mtype = type(method)
+            if mtype is Ack:
+                self._guard(event.channel, self._ack, method, 60, 80)
+            elif mtype is Nack:
+                self._guard(event.channel, self._nack, method, 60, 120)
+            elif mtype is Reject:
+                self._guard(event.channel, self._reject, method, 60, 90)
+            else:
+                ch = self.channels.get(event.channel)
+                if ch is None:
+                    return
+                handler = _HANDLERS.get(mtype)
+                index = event.index
+                try:
+                    if handler is None:
+                        raise AMQPException(NOT_IMPLEMENTED, f"NOT_IMPLEMENTED - {method.name} is not supported")
+                    self.bridge.pump()  # earlier ops' deliveries and confirms first
+                    await handler(self, ch, method)
+                except (AMQPException, BrokerError) as exc:
+                    self._raise_on(ch, exc, index >> 16, index & 0xFFFF)
+        elif kind is ChannelOpened:
+            await self._open_channel(event.channel)
+        elif kind is ChannelClosedByPeer:
+            ch = self.channels.pop(event.channel, None)
+            if ch is not None:
+                self._release(ch, "closed by client")
+            self.conn.channel_close_ok(event.channel)
+        elif kind is ChannelFailed:
+            ch = self.channels.pop(event.channel, None)
+            if ch is not None:
+                self._release(ch, f"channel error {event.code}")
+            log.info("amqp channel closed on error", extra={"fields": {"channel": event.channel, "code": event.code, "text": event.text}})
+        elif kind is Login:
+            await self._authenticate(event)
+        elif kind is Opened:
+            log.info("amqp connection opened", extra={"fields": {"remote": self.remote, "user": self.conn.username}})
+        elif kind is ConnectionEnded:
+            if event.code >= 500 or event.code == 403:
+                log.warning("amqp connection closed on error", extra={"fields": {"remote": self.remote, "code": event.code, "text": event.text}})
+            self.release_all("connection closed")
+        self.wake()
+
+    def _guard(self, number: int, fn: Callable[[AMQPChannel, Any], None], arg: Any, class_id: int, method_id: int) -> None:
+        ch = self.channels.get(number)
+        if ch is None:
+            return
+        try:
+            fn(ch, arg)
+        except (AMQPException, BrokerError) as exc:
+            self._raise_on(ch, exc, class_id, method_id)
+
+    def _raise_on(self, ch: AMQPChannel, exc: AMQPException | BrokerError, class_id: int, method_id: int) -> None:
+        if isinstance(exc, AMQPException):
+            code, text = exc.code, exc.text
+        else:
+            code, text = reply_for(exc), exc.message
+        if is_connection_error(code):
+            self.conn.close(code, text, class_id, method_id)
+            self.release_all(f"connection error {code}")
+            return
+        self.bridge.pump()  # what the channel did before the error still goes out
+        self.channels.pop(ch.number, None)
+        self.conn.close_channel(ch.number, code, text, class_id, method_id)
+        self._release(ch, f"channel error {code}")
+        log.info("amqp channel error", extra={"fields": {"channel": ch.number, "code": code, "text": text[:200]}})
+
+    def fail_later(self, ch: AMQPChannel, code: int, text: str) -> None:
+        """Close ``ch`` with ``code`` at the next step (found while pumping)."""
+        self._failures.append((ch, code, text))
+        self.wake()
+
+    def run_failures(self) -> None:
+        while self._failures:
+            ch, code, text = self._failures.pop(0)
+            if self.channels.get(ch.number) is ch:
+                self.channels.pop(ch.number)
+                self.conn.close_channel(ch.number, code, text)
+                self._release(ch, f"channel error {code}")
+
+    # -- login and channels ---------------------------------------------------------
+
+    async def _authenticate(self, event: Login) -> None:
+        self.user_agent = str(event.client_properties.get("product", ""))[:128] or None
+        caps = event.client_properties.get("capabilities")
+        self.cancel_notify = isinstance(caps, dict) and bool(caps.get("consumer_cancel_notify"))
+        if not self._has_users():
+            # As RabbitMQ's guest: guest/guest, from loopback only.
+            if event.username == "guest" and event.password == "guest" and self.loopback:
+                self.conn.accept_login("guest")
+                return
+            log.warning("amqp login refused", extra={"fields": {"remote": self.remote, "user": event.username[:64]}})
+            self.conn.refuse_login(event.mechanism)
+            return
+        result = await self._login(event.username, event.password, self.remote)
+        if result is None:
+            self.conn.refuse_login(event.mechanism)
+            return
+        if isinstance(result, str):  # a refusal with a reason (a per-user cap)
+            self.conn.refuse_login(event.mechanism, f"ACCESS_REFUSED - {result}")
+            return
+        self.principal, self.release_user = result
+        self.access = self.principal.access
+        self.conn.accept_login(event.username)
+
+    async def _open_channel(self, number: int) -> None:
+        ch = AMQPChannel(self, number)
+        try:
+            ch.core_id = self.bridge.open_channel(ch, self.principal)
+        except BrokerError as exc:
+            self.conn.close_channel(number, 530 if exc.status == 429 else 506, exc.message, 20, 10)
+            return
+        self.channels[number] = ch
+
+    def _release(self, ch: AMQPChannel, reason: str) -> None:
+        if ch.closed:
+            return
+        ch.closed = True
+        self.unconfirmed_bytes -= ch.unconfirmed_bytes
+        self.bridge.close_channel(ch.core_id, self.principal, reason)
+
+    def release_all(self, reason: str) -> None:
+        """The connection is over: close every core channel once."""
+        channels, self.channels = self.channels, {}
+        for ch in channels.values():
+            self._release(ch, reason)
+        if self.release_user is not None:
+            self.release_user()
+            self.release_user = None
+
+    def closing(self, reason: str) -> None:
+        """The broker shuts down: the IO layer stops reading, lets confirms out, then
+        closes the connection with 320."""
+        if self.closing_reason is None:
+            self.closing_reason = reason
+            self.wake()
+
+    def grant_credit(self) -> None:
+        """The socket took what was queued: give back its delivery credit."""
+        if not self.credit_pending:
+            return
+        self.credit_pending = False
+        bridge = self.bridge
+        for ch in self.channels.values():
+            if ch.credit:
+                bridge.grant_credit(ch.core_id, ch.credit)
+                ch.credit = 0
+        bridge.pump()
+
+    def must_pause(self) -> bool:
+        return self.unconfirmed_bytes > UNCONFIRMED_MAX_BYTES or self.conn.pending_output() > OUTPUT_MAX_BYTES
+
+    def update_blocked(self) -> None:
+        """``connection.blocked`` while the broker refuses publishes (its disk reserve
+        is used up) or this connection's unconfirmed publishes are over their bound;
+        ``unblocked`` when that ends (RabbitMQ's alarms, for clients that asked)."""
+        refusal = self.core.publish_refusal
+        blocked = refusal is not None or self.unconfirmed_bytes > UNCONFIRMED_MAX_BYTES
+        if blocked == self.blocked:
+            return
+        self.blocked = blocked
+        if not self.conn.wants_blocked:
+            return
+        if blocked:
+            reason = "low on disk space" if refusal is not None else "too many unconfirmed publishes"
+            self.conn.send_connection_method(commands.Connection.Blocked(reason=reason))
+        else:
+            self.conn.send_connection_method(commands.Connection.Unblocked())
+        self.wake()
+
+    def next_tag(self, prefix: str) -> str:
+        self._counter += 1
+        return f"{prefix}{secrets.token_urlsafe(8)}-{self._counter}"
+
+    # -- the per-message methods ----------------------------------------------------
+
+    def _publish(self, ch: AMQPChannel, event: Content) -> None:
+        publish = event.publish
+        if publish.immediate:
+            raise AMQPException(NOT_IMPLEMENTED, "NOT_IMPLEMENTED - immediate=true", 60, 40)
+        exchange = _exchange(publish.exchange)
+        self.access.require("publish", exchange or DEFAULT_EXCHANGE_ALIAS)
+        core = self.core
+        ex = core.exchanges.get(exchange)
+        if ex is None:
+            raise AMQPException(NOT_FOUND, f"NOT_FOUND - no exchange '{exchange}' in vhost '/'")
+        if ex.internal:
+            raise AMQPException(ACCESS_REFUSED, f"ACCESS_REFUSED - cannot publish to internal exchange '{exchange}' in vhost '/'")
+        props = event.properties
+        if props:
+            props = self._properties(props)
+        tag, _routed = core.publish(ch.core_id, exchange, publish.routing_key, event.body, props, mandatory=publish.mandatory)
+        ch.published += 1
+        if tag:
+            charge = delivery_cost(event.body)
+            ch.unconfirmed.append((tag, charge, time.perf_counter()))
+            ch.unconfirmed_bytes += charge
+            self.unconfirmed_bytes += charge
+
+    def _properties(self, props: dict[str, Any]) -> dict[str, Any] | None:
+        expiration = props.get("expiration")
+        if expiration is not None:
+            if not (expiration.isascii() and expiration.isdigit()):
+                raise PreconditionFailed(f"PRECONDITION_FAILED - invalid expiration '{expiration}': no_integer")
+            props["expiration"] = int(expiration)
+        mode = props.get("delivery_mode")
+        if mode is not None and mode not in (1, 2):
+            del props["delivery_mode"]
+        user_id = props.get("user_id")
+        if user_id is not None and self.principal is not None and user_id != self.principal.username:
+            raise PreconditionFailed(
+                f"PRECONDITION_FAILED - user_id property set to '{user_id}' but authenticated user was "
+                f"'{self.principal.username}'"
+            )
+        return check_properties(props)
+
+    def _ack(self, ch: AMQPChannel, m: Ack) -> None:
+        tag = m.delivery_tag
+        if tag == 0 and m.multiple:
+            tag = self._last_tag(ch)
+            if not tag:
+                return
+        self.core.ack(ch.core_id, tag, m.multiple)
+
+    def _nack(self, ch: AMQPChannel, m: Nack) -> None:
+        tag = m.delivery_tag
+        if tag == 0 and m.multiple:
+            tag = self._last_tag(ch)
+            if not tag:
+                return
+        self.core.nack(ch.core_id, tag, m.multiple, m.requeue)
+
+    def _reject(self, ch: AMQPChannel, m: Reject) -> None:
+        self.core.reject(ch.core_id, m.delivery_tag, m.requeue)
+
+    def _last_tag(self, ch: AMQPChannel) -> int:
+        state = self.core.channels.get(ch.core_id)
+        return max(state.deliveries, default=0) if state is not None else 0
+
+    # -- replies ------------------------------------------------------------------
+
+    def reply(self, ch: AMQPChannel, method: Any, nowait: bool = False) -> None:
+        if not nowait:
+            self.conn.send_method(ch.number, method)
+
+
+async def _exchange_declare(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
+    name = _exchange(m.exchange or "")
+    if not m.passive:
+        s.access.require("declare_exchange", name or DEFAULT_EXCHANGE_ALIAS)
+    if name == "" and not m.passive:
+        raise AMQPException(ACCESS_REFUSED, "ACCESS_REFUSED - operation not permitted on the default exchange")
+    exchange, created = s.core.declare_exchange(
+        name, m.exchange_type or "direct", durable=bool(m.durable), auto_delete=bool(m.auto_delete),
+        internal=bool(m.internal), arguments=_plain(m.arguments or {}), passive=bool(m.passive),
+    )
+    if created and exchange.durable:
+        await s.bridge.wait_durable()
+    s.reply(ch, commands.Exchange.DeclareOk(), m.nowait)
+
+
+async def _exchange_delete(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
+    name = _exchange(m.exchange or "")
+    s.access.require("delete_exchange", name or DEFAULT_EXCHANGE_ALIAS)
+    if name == "":
+        raise AMQPException(ACCESS_REFUSED, "ACCESS_REFUSED - operation not permitted on the default exchange")
+    if name not in s.core.exchanges:
+        # RabbitMQ 3.x: deleting an exchange that does not exist succeeds.
+        s.reply(ch, commands.Exchange.DeleteOk(), m.nowait)
+        return
+    s.core.delete_exchange(name, if_unused=bool(m.if_unused))
+    await s.bridge.wait_durable()
+    s.reply(ch, commands.Exchange.DeleteOk(), m.nowait)
+
+
+async def _exchange_bind(s: AMQPSession, ch: AMQPChannel, m: Any, unbind: bool = False) -> None:
+    source, dest = _exchange(m.source or ""), _exchange(m.destination or "")
+    op = "unbind" if unbind else "bind"
+    s.access.require(op, dest or DEFAULT_EXCHANGE_ALIAS, source=source or DEFAULT_EXCHANGE_ALIAS)
+    args = _plain(m.arguments or {})
+    if unbind:
+        s.core.unbind(source, dest, m.routing_key or "", args, to_exchange=True, channel_id=ch.core_id)
+    else:
+        s.core.bind(source, dest, m.routing_key or "", args, to_exchange=True, channel_id=ch.core_id)
+    await s.bridge.wait_durable()
+    s.reply(ch, commands.Exchange.UnbindOk() if unbind else commands.Exchange.BindOk(), m.nowait)
+
+
+async def _exchange_unbind(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
+    await _exchange_bind(s, ch, m, unbind=True)
+
+
+async def _queue_declare(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
+    name = m.queue or ""
+    if not m.passive:
+        s.access.require("declare_queue", name or "amq.gen-")
+    elif not name:
+        name = ch.last_queue
+    queue, created = s.core.declare_queue(
+        name, durable=bool(m.durable), exclusive=bool(m.exclusive), auto_delete=bool(m.auto_delete),
+        arguments=_plain(m.arguments or {}), passive=bool(m.passive), channel_id=ch.core_id,
+    )
+    if created and queue.persistent_log:
+        await s.bridge.wait_durable()
+    ch.last_queue = queue.name
+    s.reply(ch, commands.Queue.DeclareOk(queue=queue.name, message_count=queue.ready_count(),
+                                         consumer_count=len(queue.consumers)), m.nowait)
+
+
+def _queue_name(ch: AMQPChannel, name: str | None) -> str:
+    return name or ch.last_queue
+
+
+async def _queue_bind(s: AMQPSession, ch: AMQPChannel, m: Any, unbind: bool = False) -> None:
+    queue = _queue_name(ch, m.queue)
+    source = _exchange(m.exchange or "")
+    op = "unbind" if unbind else "bind"
+    s.access.require(op, queue, source=source or DEFAULT_EXCHANGE_ALIAS)
+    args = _plain(m.arguments or {})
+    if unbind:
+        s.core.unbind(source, queue, m.routing_key or "", args, to_exchange=False, channel_id=ch.core_id)
+        await s.bridge.wait_durable()
+        s.reply(ch, commands.Queue.UnbindOk())
+        return
+    s.core.bind(source, queue, m.routing_key or "", args, to_exchange=False, channel_id=ch.core_id)
+    await s.bridge.wait_durable()
+    s.reply(ch, commands.Queue.BindOk(), m.nowait)
+
+
+async def _queue_unbind(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
+    await _queue_bind(s, ch, m, unbind=True)
+
+
+async def _queue_purge(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
+    queue = _queue_name(ch, m.queue)
+    s.access.require("purge", queue)
+    count = s.core.purge_queue(queue, channel_id=ch.core_id)
+    s.reply(ch, commands.Queue.PurgeOk(message_count=count), m.nowait)
+
+
+async def _queue_delete(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
+    queue = _queue_name(ch, m.queue)
+    s.access.require("delete_queue", queue)
+    if queue not in s.core.queues:
+        # RabbitMQ 3.x: deleting a queue that does not exist succeeds with 0.
+        s.reply(ch, commands.Queue.DeleteOk(message_count=0), m.nowait)
+        return
+    count = s.core.delete_queue(queue, if_unused=bool(m.if_unused), if_empty=bool(m.if_empty), channel_id=ch.core_id)
+    s.bridge.pump()
+    await s.bridge.wait_durable()
+    s.reply(ch, commands.Queue.DeleteOk(message_count=count), m.nowait)
+
+
+async def _basic_qos(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
+    if m.prefetch_size:
+        raise AMQPException(NOT_IMPLEMENTED, f"NOT_IMPLEMENTED - prefetch_size!=0 ({m.prefetch_size})")
+    s.core.qos(ch.core_id, m.prefetch_count or 0, bool(m.global_))
+    s.reply(ch, commands.Basic.QosOk())
+
+
+async def _basic_consume(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
+    queue = _queue_name(ch, m.queue)
+    s.access.require("consume", queue)
+    if s.principal is not None:
+        s.principal.check_consumer(s.core)
+    tag = m.consumer_tag or s.next_tag("amq.ctag-")
+    s.core.consume(ch.core_id, queue, consumer_tag=tag, no_ack=bool(m.no_ack), exclusive=bool(m.exclusive))
+    # Deliveries leave at the next pump: the consume-ok goes out first.
+    s.reply(ch, commands.Basic.ConsumeOk(consumer_tag=tag), m.nowait)
+
+
+async def _basic_cancel(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
+    state = s.core.channels.get(ch.core_id)
+    if state is not None and m.consumer_tag in state.consumers:
+        s.core.cancel(ch.core_id, m.consumer_tag)
+        s.bridge.pump()
+    s.reply(ch, commands.Basic.CancelOk(consumer_tag=m.consumer_tag), m.nowait)
+
+
+async def _basic_get(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
+    """A get is a consumer of one message that lives for one pump: the delivery is the
+    channel's own (its tag, acks and requeue on close), as RabbitMQ's get is."""
+    queue = _queue_name(ch, m.queue)
+    s.access.require("get", queue)
+    core = s.core
+    tag = s.next_tag("amq.get-")
+    ch.get_tag = tag
+    ch.got = None
+    try:
+        core.consume(ch.core_id, queue, consumer_tag=tag, prefetch=1, no_ack=bool(m.no_ack))
+        s.bridge.pump()
+        state = core.channels.get(ch.core_id)
+        if state is not None and tag in state.consumers:
+            core.cancel(ch.core_id, tag)
+    finally:
+        ch.get_tag = None
+    got, ch.got = ch.got, None
+    if got is None:
+        s.reply(ch, commands.Basic.GetEmpty())
+        return
+    q = core.queues.get(queue)
+    msg = got.message
+    s.conn.send_raw(
+        encode_get_ok(
+            ch.number, got.delivery_tag, got.redelivered, msg.exchange, msg.routing_key,
+            q.ready_count() if q is not None else 0, encode_properties(msg.properties), msg.body, s.conn.frame_max,
+        )
+    )
+    ch.credit += delivery_cost(msg.body)
+    s.credit_pending = True
+
+
+async def _basic_recover(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
+    if not m.requeue:
+        raise AMQPException(NOT_IMPLEMENTED, "NOT_IMPLEMENTED - requeue=false")
+    tag = s._last_tag(ch)
+    if tag:
+        s.core.nack(ch.core_id, tag, True, True)
+    if isinstance(m, commands.Basic.Recover):
+        s.reply(ch, commands.Basic.RecoverOk())
+
+
+async def _confirm_select(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
+    if ch.tx:
+        raise AMQPException(PRECONDITION_FAILED, "PRECONDITION_FAILED - cannot switch from tx to confirm mode")
+    if not ch.confirm:
+        ch.confirm = True
+        ch.confirm_offset = ch.published
+    s.reply(ch, commands.Confirm.SelectOk(), m.nowait)
+
+
+async def _tx_select(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
+    if ch.confirm:
+        raise AMQPException(PRECONDITION_FAILED, "PRECONDITION_FAILED - cannot switch from confirm to tx mode")
+    if not ch.tx:
+        s.core.tx_select(ch.core_id)
+        ch.tx = True
+    s.reply(ch, commands.Tx.SelectOk())
+
+
+async def _tx_commit(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
+    if not ch.tx:
+        raise AMQPException(PRECONDITION_FAILED, "PRECONDITION_FAILED - channel is not transactional")
+    s.core.tx_commit(ch.core_id)
+    s.bridge.pump()
+    await s.bridge.wait_durable()
+    s.reply(ch, commands.Tx.CommitOk())
+
+
+async def _tx_rollback(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
+    if not ch.tx:
+        raise AMQPException(PRECONDITION_FAILED, "PRECONDITION_FAILED - channel is not transactional")
+    s.core.tx_rollback(ch.core_id)
+    s.reply(ch, commands.Tx.RollbackOk())
+
+
+_HANDLERS: dict[type, Callable[[AMQPSession, AMQPChannel, Any], Any]] = {
+    commands.Exchange.Declare: _exchange_declare,
+    commands.Exchange.Delete: _exchange_delete,
+    commands.Exchange.Bind: _exchange_bind,
+    commands.Exchange.Unbind: _exchange_unbind,
+    commands.Queue.Declare: _queue_declare,
+    commands.Queue.Bind: _queue_bind,
+    commands.Queue.Unbind: _queue_unbind,
+    commands.Queue.Purge: _queue_purge,
+    commands.Queue.Delete: _queue_delete,
+    commands.Basic.Qos: _basic_qos,
+    commands.Basic.Consume: _basic_consume,
+    commands.Basic.Cancel: _basic_cancel,
+    commands.Basic.Get: _basic_get,
+    commands.Basic.Recover: _basic_recover,
+    commands.Basic.RecoverAsync: _basic_recover,
+    commands.Confirm.Select: _confirm_select,
+    commands.Tx.Select: _tx_select,
+    commands.Tx.Commit: _tx_commit,
+    commands.Tx.Rollback: _tx_rollback,
+}
