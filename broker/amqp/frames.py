@@ -131,6 +131,8 @@ class FrameReader:
         if len(buf) - pos < 7:
             return None
         kind, channel, size = _FRAME_HEAD.unpack_from(buf, pos)
+        if kind not in (FRAME_METHOD, FRAME_HEADER, FRAME_BODY, FRAME_HEARTBEAT):
+            raise FrameError(FRAME_ERROR, f"unknown frame type {kind}")
         if self.frame_max and size + FRAME_OVERHEAD > self.frame_max:
             raise FrameError(FRAME_ERROR, f"frame size {size + FRAME_OVERHEAD} larger than negotiated frame_max {self.frame_max}")
         end = pos + 7 + size
@@ -138,8 +140,6 @@ class FrameReader:
             return None
         if buf[end] != FRAME_END:
             raise FrameError(FRAME_ERROR, f"frame end byte 0x{buf[end]:02x}, expected 0xce")
-        if kind not in (FRAME_METHOD, FRAME_HEADER, FRAME_BODY, FRAME_HEARTBEAT):
-            raise FrameError(FRAME_ERROR, f"unknown frame type {kind}")
         payload = bytes(buf[pos + 7 : end])
         self._pos = end + 1
         if self._pos > 65536 and self._pos * 2 > len(buf):

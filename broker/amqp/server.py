@@ -118,14 +118,7 @@ class AMQPServer:
         wrapped: trio.abc.Stream = stream
         if context is not None:
             wrapped = trio.SSLStream(stream, context, server_side=True, https_compatible=False)
-        try:
-            await self.serve_stream(wrapped, remote)
-        finally:
-            with trio.CancelScope(shield=True), trio.move_on_after(1):
-                try:
-                    await wrapped.aclose()
-                except (trio.BrokenResourceError, trio.ClosedResourceError, ssl.SSLError, OSError):
-                    pass
+        await self.serve_stream(wrapped, remote)
 
     async def serve_stream(self, stream: trio.abc.Stream, remote: Any = None) -> None:
         """Serve one AMQP connection on ``stream`` until it ends (for tests: any trio
@@ -167,6 +160,11 @@ class AMQPServer:
         finally:
             self.connections -= 1
             session.release_all("connection closed")
+            with trio.CancelScope(shield=True), trio.move_on_after(1):
+                try:
+                    await stream.aclose()
+                except (trio.BrokenResourceError, trio.ClosedResourceError, ssl.SSLError, OSError):
+                    pass
 
     async def _reader(
         self, stream: trio.abc.Stream, conn: AMQPConnection, session: AMQPSession, wake: Callable[[], None],

@@ -48,6 +48,7 @@ from broker.amqp.frames import (
 )
 from broker.amqp.replies import (
     ACCESS_REFUSED,
+    COMMAND_INVALID,
     CONNECTION_FORCED,
     NOT_FOUND,
     NOT_IMPLEMENTED,
@@ -55,9 +56,10 @@ from broker.amqp.replies import (
     is_connection_error,
     reply_for,
 )
-from broker.amqp.tables import TableError, encode_table
+from broker.amqp.tables import TableError
 from broker.api import ALLOW_ALL, Access
 from broker.core import (
+    EXCHANGE_TYPES,
     BrokerError,
     Confirm,
     ConsumerCancelled,
@@ -511,6 +513,9 @@ async def _exchange_declare(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
         s.access.require("declare_exchange", name or DEFAULT_EXCHANGE_ALIAS)
     if name == "" and not m.passive:
         raise AMQPException(ACCESS_REFUSED, "ACCESS_REFUSED - operation not permitted on the default exchange")
+    if not m.passive and m.exchange_type not in EXCHANGE_TYPES:
+        # RabbitMQ: a connection exception
+        raise AMQPException(COMMAND_INVALID, f"COMMAND_INVALID - invalid exchange type '{m.exchange_type}'")
     exchange, created = s.core.declare_exchange(
         name, m.exchange_type or "direct", durable=bool(m.durable), auto_delete=bool(m.auto_delete),
         internal=bool(m.internal), arguments=_plain(m.arguments or {}), passive=bool(m.passive),

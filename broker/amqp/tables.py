@@ -37,7 +37,7 @@ _INT_TYPES: dict[int, tuple[str, struct.Struct]] = {
 }
 _BY_NAME = {name: (code, st) for code, (name, st) in _INT_TYPES.items()}
 #: Every tag name a tagged value may carry.
-TYPE_NAMES = frozenset(_BY_NAME) | {"float", "decimal", "timestamp", "bytes"}
+TYPE_NAMES = frozenset(_BY_NAME) | {"float", "decimal", "timestamp", "bytes", "longstr"}
 _U32 = struct.Struct(">I")
 _I32 = struct.Struct(">i")
 _U64 = struct.Struct(">Q")
@@ -119,7 +119,7 @@ def _value(view: memoryview, pos: int, end: int, typed: bool, depth: int) -> tup
         try:
             return raw.decode("utf-8"), pos
         except UnicodeDecodeError:
-            return ({TAG: "bytes", "value": base64.b64encode(raw).decode()} if typed else raw.hex()), pos
+            return ({TAG: "longstr", "value": base64.b64encode(raw).decode()} if typed else raw.hex()), pos
     if kind == 0x78:  # x
         _need(pos, 4, end)
         (length,) = _U32.unpack_from(view, pos)
@@ -247,6 +247,9 @@ def _encode_tagged(name: str, value: Any) -> bytes:
             return b"T" + _U64.pack(value)
         if name == "bytes":
             return encode_bytes(base64.b64decode(str(value), validate=True))
+        if name == "longstr":  # a long string that is not UTF-8
+            raw = base64.b64decode(str(value), validate=True)
+            return b"S" + _U32.pack(len(raw)) + raw
         # decimal
         number = decimal.Decimal(str(value))
         sign, digits, exponent = number.as_tuple()
