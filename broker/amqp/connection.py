@@ -211,7 +211,15 @@ class AMQPConnection:
         try:
             self._parse()
         except FrameError as exc:
-            self.close(exc.code, exc.text, exc.class_id, exc.method_id)
+            if self.state is State.CLOSING:
+                # no close-ok can be read from bytes that do not parse: end now
+                self._end(exc.code, exc.text, False)
+            else:
+                self.close(exc.code, exc.text, exc.class_id, exc.method_id)
+                if exc.framing:
+                    # the rest of the stream cannot be split into frames: no close-ok
+                    # will be readable, so the connection ends once the close is sent
+                    self._end(exc.code, exc.text, False)
 
     def next_event(self) -> Any:
         """The next event, or None when more bytes are needed."""

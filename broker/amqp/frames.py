@@ -46,6 +46,10 @@ __all__ = [
     "encode_get_ok",
     "encode_return",
     "encode_confirm",
+    "encode_declare_ok",
+    "encode_consume_ok",
+    "encode_cancel_ok",
+    "encode_cancel",
     "encode_heartbeat",
     "encode_properties",
     "decode_properties",
@@ -83,12 +87,14 @@ class FrameError(Exception):
     """Bytes that break the framing or a method's syntax: the connection closes with
     ``code``."""
 
-    def __init__(self, code: int, text: str, class_id: int = 0, method_id: int = 0) -> None:
+    def __init__(self, code: int, text: str, class_id: int = 0, method_id: int = 0, *, framing: bool = False) -> None:
         super().__init__(text)
         self.code = code
         self.text = text
         self.class_id = class_id
         self.method_id = method_id
+        #: The byte stream itself is broken (no frame boundary can be found any more).
+        self.framing = framing
 
 
 class FrameReader:
@@ -132,14 +138,17 @@ class FrameReader:
             return None
         kind, channel, size = _FRAME_HEAD.unpack_from(buf, pos)
         if kind not in (FRAME_METHOD, FRAME_HEADER, FRAME_BODY, FRAME_HEARTBEAT):
-            raise FrameError(FRAME_ERROR, f"unknown frame type {kind}")
+            raise FrameError(FRAME_ERROR, f"unknown frame type {kind}", framing=True)
         if self.frame_max and size + FRAME_OVERHEAD > self.frame_max:
-            raise FrameError(FRAME_ERROR, f"frame size {size + FRAME_OVERHEAD} larger than negotiated frame_max {self.frame_max}")
+            raise FrameError(
+                FRAME_ERROR, f"frame size {size + FRAME_OVERHEAD} larger than negotiated frame_max {self.frame_max}",
+                framing=True,
+            )
         end = pos + 7 + size
         if len(buf) <= end:
             return None
         if buf[end] != FRAME_END:
-            raise FrameError(FRAME_ERROR, f"frame end byte 0x{buf[end]:02x}, expected 0xce")
+            raise FrameError(FRAME_ERROR, f"frame end byte 0x{buf[end]:02x}, expected 0xce", framing=True)
         payload = bytes(buf[pos + 7 : end])
         self._pos = end + 1
         if self._pos > 65536 and self._pos * 2 > len(buf):
@@ -287,7 +296,7 @@ def decode_properties(flags: int, payload: bytes, pos: int) -> dict[str, Any]:
 
 
 def _pack_shortstr(text: str) -> bytes:
-    raw = text.encode("utf-8", "surrogateescape")
+    raw = text.encode("utf-8", "surrogateescape")[:255]
     return bytes((len(raw),)) + raw
 
 
@@ -427,6 +436,28 @@ def encode_return(
     )
     method = _DELIVER_HEAD.pack(FRAME_METHOD, channel, len(args) + 4, 60, 50) + args + b"\xce"
     return method + b"".join(_content(channel, props, body, frame_max))
+
+
+def _method_frame(channel: int, class_id: int, method_id: int, args: bytes) -> bytes:
+    return _DELIVER_HEAD.pack(FRAME_METHOD, channel, len(args) + 4, class_id, method_id) + args + b"\xce"
+
+
+def encode_declare_ok(channel: int, queue: str, message_count: int, consumer_count: int) -> bytes:
+    """``queue.declare-ok`` (by hand: pamqp refuses names RabbitMQ and ackbus accept)."""
+    return _method_frame(channel, 50, 11, _pack_shortstr(queue) + _U32.pack(message_count) + _U32.pack(consumer_count))
+
+
+def encode_consume_ok(channel: int, consumer_tag: str) -> bytes:
+    return _method_frame(channel, 60, 21, _pack_shortstr(consumer_tag))
+
+
+def encode_cancel_ok(channel: int, consumer_tag: str) -> bytes:
+    return _method_frame(channel, 60, 31, _pack_shortstr(consumer_tag))
+
+
+def encode_cancel(channel: int, consumer_tag: str) -> bytes:
+    """The server's ``basic.cancel`` (consumer cancel notification), no-wait."""
+    return _method_frame(channel, 60, 30, _pack_shortstr(consumer_tag) + b"\x01")
 
 
 def encode_confirm(channel: int, delivery_tag: int, multiple: bool, ack: bool) -> bytes:

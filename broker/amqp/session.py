@@ -40,7 +40,11 @@ from broker.amqp.frames import (
     Ack,
     Nack,
     Reject,
+    encode_cancel,
+    encode_cancel_ok,
     encode_confirm,
+    encode_consume_ok,
+    encode_declare_ok,
     encode_deliver,
     encode_get_ok,
     encode_properties,
@@ -186,7 +190,7 @@ class AMQPChannel:
             )
         elif kind is ConsumerCancelled:
             if s.cancel_notify:
-                conn.send_method(self.number, commands.Basic.Cancel(consumer_tag=effect.consumer_tag, nowait=True))
+                conn.send_raw(encode_cancel(self.number, effect.consumer_tag))
         elif kind is DeliveryExpired:
             s.fail_later(
                 self, PRECONDITION_FAILED,
@@ -506,6 +510,11 @@ class AMQPSession:
         if not nowait:
             self.conn.send_method(ch.number, method)
 
+    def reply_raw(self, ch: AMQPChannel, data: bytes) -> None:
+        """A reply the session encoded itself (one that carries a name)."""
+        if ch.number in self.conn.channels:
+            self.conn.send_raw(data)
+
 
 async def _exchange_declare(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
     name = _exchange(m.exchange or "")
@@ -569,8 +578,8 @@ async def _queue_declare(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
     if created and queue.persistent_log:
         await s.bridge.wait_durable()
     ch.last_queue = queue.name
-    s.reply(ch, commands.Queue.DeclareOk(queue=queue.name, message_count=queue.ready_count(),
-                                         consumer_count=len(queue.consumers)), m.nowait)
+    if not m.nowait:
+        s.reply_raw(ch, encode_declare_ok(ch.number, queue.name, queue.ready_count(), len(queue.consumers)))
 
 
 def _queue_name(ch: AMQPChannel, name: str | None) -> str:
@@ -632,7 +641,8 @@ async def _basic_consume(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
     tag = m.consumer_tag or s.next_tag("amq.ctag-")
     s.core.consume(ch.core_id, queue, consumer_tag=tag, no_ack=bool(m.no_ack), exclusive=bool(m.exclusive))
     # Deliveries leave at the next pump: the consume-ok goes out first.
-    s.reply(ch, commands.Basic.ConsumeOk(consumer_tag=tag), m.nowait)
+    if not m.nowait:
+        s.reply_raw(ch, encode_consume_ok(ch.number, tag))
 
 
 async def _basic_cancel(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
@@ -640,7 +650,8 @@ async def _basic_cancel(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
     if state is not None and m.consumer_tag in state.consumers:
         s.core.cancel(ch.core_id, m.consumer_tag)
         s.bridge.pump()
-    s.reply(ch, commands.Basic.CancelOk(consumer_tag=m.consumer_tag), m.nowait)
+    if not m.nowait:
+        s.reply_raw(ch, encode_cancel_ok(ch.number, m.consumer_tag))
 
 
 async def _basic_get(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
