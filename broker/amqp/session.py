@@ -664,7 +664,9 @@ async def _basic_get(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
     ch.get_tag = tag
     ch.got = None
     try:
-        core.consume(ch.core_id, queue, consumer_tag=tag, prefetch=1, no_ack=bool(m.no_ack))
+        # Always in ack mode: a no-ack consumer ignores its prefetch and would take
+        # every ready message; a no-ack get is acked below instead.
+        core.consume(ch.core_id, queue, consumer_tag=tag, prefetch=1)
         s.bridge.pump()
         state = core.channels.get(ch.core_id)
         if state is not None and tag in state.consumers:
@@ -675,6 +677,8 @@ async def _basic_get(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
     if got is None:
         s.reply(ch, commands.Basic.GetEmpty())
         return
+    if m.no_ack:
+        core.ack(ch.core_id, got.delivery_tag)
     q = core.queues.get(queue)
     msg = got.message
     s.conn.send_raw(

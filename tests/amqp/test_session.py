@@ -316,3 +316,17 @@ async def test_connection_close_releases_every_channel(app) -> None:
     with trio.fail_after(2):
         while len(core.channels) != before:
             await trio.sleep(0.01)
+
+
+async def test_a_no_ack_get_takes_one_message_only(app) -> None:
+    async with open_amqp(app) as c:
+        await c.open_channel(1)
+        await c.declare(1, "n")
+        for i in range(3):
+            await c.publish(1, "", "n", b"%d" % i)
+        for i in range(3):
+            await c.send(1, Basic.Get(queue="n", no_ack=True))
+            method, _p, body = await c.message()
+            assert body == b"%d" % i and method.message_count == 2 - i
+        await c.send(1, Basic.Get(queue="n", no_ack=True))
+        await c.expect(Basic.GetEmpty, 1)

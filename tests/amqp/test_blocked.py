@@ -1,0 +1,44 @@
+"""Back-pressure: while the broker refuses publishes (its disk reserve is used up),
+AMQP clients that asked for it get connection.blocked, then unblocked (RabbitMQ's
+alarms)."""
+
+from __future__ import annotations
+
+import trio
+from pamqp import commands
+
+from tests.amqp.rawclient import open_amqp
+
+
+async def test_blocked_and_unblocked_follow_the_publish_refusal(app) -> None:
+    core = app.runtime.core
+    async with open_amqp(app) as c:
+        await c.open_channel(1)
+        core.refuse_publishes("disk full: the space reserve is used up")
+        with trio.fail_after(5):
+            blocked = await c.expect(commands.Connection.Blocked, 0)
+        assert "disk" in blocked.reason
+        core.accept_publishes()
+        with trio.fail_after(5):
+            await c.expect(commands.Connection.Unblocked, 0)
+        # and the connection goes on
+        ok = await c.declare(1, "after")
+        assert ok.queue == "after"
+
+
+async def test_a_publish_during_the_refusal_is_blocked_at_once_and_nacked_if_persistent(app) -> None:
+    core = app.runtime.core
+    async with open_amqp(app) as c:
+        await c.open_channel(1)
+        await c.declare(1, "dq", durable=True)
+        await c.send(1, commands.Confirm.Select())
+        await c.expect(commands.Confirm.SelectOk, 1)
+        core.refuse_publishes("disk full")
+        await c.publish(1, "", "dq", b"x", properties=commands.Basic.Properties(delivery_mode=2))
+        seen = []
+        with trio.fail_after(5):
+            while len(seen) < 2:
+                _ch, value = await c.recv()
+                seen.append(type(value).__name__)
+        assert set(seen) == {"Blocked", "Nack"}
+        core.accept_publishes()
