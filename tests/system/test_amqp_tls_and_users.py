@@ -1,0 +1,93 @@
+"""The AMQP listener with TLS (``amqps_port`` on the broker's certificate) and with
+users: PLAIN against ackbus's users, wrong passwords refused, permissions enforced per
+operation with 403."""
+
+from __future__ import annotations
+
+import ssl
+from pathlib import Path
+
+import pytest
+import trustme
+
+from tests.support.broker import BrokerProcess, free_port
+from tests.system.test_security import wait_tls_ready, write_cert
+
+pika = pytest.importorskip("pika")
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_amqps_serves_pika_over_tls_and_plain_amqp_beside_it(tmp_path: Path) -> None:
+    ca = trustme.CA()
+    cert, key = write_cert(ca, tmp_path)
+    ca_file = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    plain, secure = free_port(), free_port()
+    broker = BrokerProcess(tmp_path / "data", args=("--tls-cert", str(cert), "--tls-key", str(key)),
+                           env={"ACKBUS_AMQP_PORT": str(plain), "ACKBUS_AMQPS_PORT": str(secure)})
+    broker.start(wait_ready=False)
+    try:
+        wait_tls_ready(broker, ca_file)
+        context = ssl.create_default_context(cafile=str(ca_file))
+        params = pika.ConnectionParameters("127.0.0.1", secure, ssl_options=pika.SSLOptions(context, "localhost"))
+        conn = pika.BlockingConnection(params)
+        ch = conn.channel()
+        ch.queue_declare("over-tls")
+        ch.basic_publish("", "over-tls", b"secret")
+        assert ch.basic_get("over-tls", auto_ack=True)[2] == b"secret"
+        conn.close()
+        conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", plain))
+        assert conn.channel().queue_declare("over-tls", passive=True).method.message_count == 0
+        conn.close()
+    finally:
+        broker.stop()
+
+
+def test_users_and_permissions(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from tests.support.broker import ROOT
+
+    data = tmp_path / "data"
+    for name, allowed in (("alice", ".*"), ("bob", "^bob\\.")):
+        subprocess.run([sys.executable, "-m", "broker", "users", "--data-dir", str(data), "add", name,
+                        "--password-stdin", "--configure", allowed, "--write", allowed, "--read", allowed],
+                       input=b"pw-123456\n", cwd=ROOT, check=True, capture_output=True)
+    port = free_port()
+    broker = BrokerProcess(data, env={"ACKBUS_AMQP_PORT": str(port)})
+    broker.start(wait_ready=False)
+    try:
+        import time
+
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                conn = pika.BlockingConnection(pika.ConnectionParameters(
+                    "127.0.0.1", port, credentials=pika.PlainCredentials("alice", "pw-123456")))
+                break
+            except pika.exceptions.AMQPConnectionError:
+                assert time.monotonic() < deadline, broker.log_tail()
+                time.sleep(0.1)
+        conn.channel().queue_declare("alice.q")
+        conn.close()
+        with pytest.raises(pika.exceptions.ProbableAuthenticationError):
+            pika.BlockingConnection(pika.ConnectionParameters(
+                "127.0.0.1", port, credentials=pika.PlainCredentials("alice", "wrong")))
+        with pytest.raises(pika.exceptions.ProbableAuthenticationError):
+            pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))  # guest: no such user
+        bob = pika.BlockingConnection(pika.ConnectionParameters(
+            "127.0.0.1", port, credentials=pika.PlainCredentials("bob", "pw-123456")))
+        ch = bob.channel()
+        ch.queue_declare("bob.q")
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
+            ch.queue_declare("alice.q2")
+        assert err.value.reply_code == 403
+        ch = bob.channel()
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
+            ch.basic_get("alice.q")
+        assert err.value.reply_code == 403
+        bob.close()
+    finally:
+        broker.stop()
