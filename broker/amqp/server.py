@@ -141,7 +141,12 @@ class AMQPServer:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._writer, stream, conn, session, state, nursery.cancel_scope)
                 nursery.start_soon(self._timers, conn, session, wake, nursery.cancel_scope)
-                await self._reader(stream, conn, session, wake, state)
+                reading = trio.CancelScope()
+                session.stop_reading = reading.cancel
+                with reading:
+                    await self._reader(stream, conn, session, wake, state)
+                if session.closing_reason is not None and conn.state is State.OPEN:
+                    await self._close_for_shutdown(conn, session, wake)
                 # the connection is over (or closing): flush, wait for close-ok
                 with trio.move_on_after(CLOSE_WAIT_S):
                     while conn.state is State.CLOSING:
@@ -173,7 +178,6 @@ class AMQPServer:
         bridge = self.bridge
         while not conn.closed and conn.state is not State.CLOSING:
             if session.closing_reason is not None:
-                await self._close_for_shutdown(conn, session, wake)
                 return
             data = await _receive(stream)
             if not data:
@@ -198,15 +202,17 @@ class AMQPServer:
         with 320 (RabbitMQ's CONNECTION_FORCED)."""
         with trio.move_on_after(DRAIN_S):
             while session.unconfirmed_bytes > 0:
+                confirmed = session.confirmed = trio.Event()
                 self.bridge.pump()
                 wake()
-                await trio.sleep(0.01)
+                await confirmed.wait()
         conn.close(CONNECTION_FORCED, f"broker forced connection closure with reason '{session.closing_reason}'")
         session.release_all("broker shut down")
         wake()
 
     async def _writer(self, stream: trio.abc.Stream, conn: AMQPConnection, session: AMQPSession, state: dict[str, trio.Event], scope: trio.CancelScope) -> None:
         while True:
+            session.run_failures()  # channels to close (an operator's close, an ack timeout)
             data = conn.data_to_send(trio.current_time())
             if not data:
                 if conn.closed:

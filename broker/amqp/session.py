@@ -117,6 +117,13 @@ def _plain(value: Any) -> Any:
     return str(value)  # Decimal
 
 
+class _NoEvent:
+    """Stands in for the IO layer's event until it sets its own."""
+
+    def set(self) -> None:
+        pass
+
+
 class AMQPChannel:
     """One open AMQP channel: a core channel and the runtime's sink for its events."""
 
@@ -145,6 +152,7 @@ class AMQPChannel:
         self.get_tag: str | None = None
         self.got: Deliver | None = None
         self.closed = False
+        self.close_reason = "closed by an operator"
 
     # ChannelSink ----------------------------------------------------------------
 
@@ -173,6 +181,7 @@ class AMQPChannel:
             s.credit_pending = True
         elif kind is Confirm:
             self._settle_unconfirmed(effect.delivery_tag)
+            s.confirmed.set()
             if self.confirm:
                 tag = effect.delivery_tag - self.confirm_offset
                 if tag > 0:
@@ -209,7 +218,12 @@ class AMQPChannel:
             bridge.observe_confirm(now - at)
 
     def closing(self, reason: str) -> None:
-        self.session.closing(reason)
+        """The broker shuts down (the whole connection closes: :meth:`AMQPSession.closing`),
+        or an operator closes this channel (then :meth:`shutdown` follows and acts)."""
+        if self.session.bridge.shutting_down:
+            self.session.closing(reason)
+        else:
+            self.close_reason = reason
 
     def shutdown(self) -> None:
         """Stop taking operations: the whole connection when the broker shuts down,
@@ -218,7 +232,7 @@ class AMQPChannel:
         if s.bridge.shutting_down:
             s.closing("broker shutting down")
         else:
-            s.fail_later(self, CONNECTION_FORCED, "CONNECTION_FORCED - closed by an operator")
+            s.fail_later(self, CONNECTION_FORCED, f"CONNECTION_FORCED - closed by an operator: {self.close_reason}")
 
 
 class AMQPSession:
@@ -256,6 +270,10 @@ class AMQPSession:
         #: Channels to close at the next step (errors found while pumping).
         self._failures: list[tuple[AMQPChannel, int, str]] = []
         self._counter = 0
+        #: Set by the IO layer: stop reading frames (the broker shuts down).
+        self.stop_reading: Callable[[], None] = lambda: None
+        #: Set whenever confirms arrive (the shutdown drain waits on it).
+        self.confirmed: Any = _NoEvent()
 
     # -- events -------------------------------------------------------------------
 
@@ -400,6 +418,7 @@ class AMQPSession:
         closes the connection with 320."""
         if self.closing_reason is None:
             self.closing_reason = reason
+            self.stop_reading()
             self.wake()
 
     def grant_credit(self) -> None:

@@ -186,3 +186,52 @@ def test_taken_amqp_port_is_a_clear_start_error(broker: BrokerProcess, tmp_path:
         other.start(timeout_s=15)
     other.stop()
     assert "cannot listen for AMQP" in other.log_path.read_text()
+
+
+def test_an_operator_closes_one_amqp_channel(broker: BrokerProcess) -> None:
+    conn = _pika(broker)
+    try:
+        ch = conn.channel()
+        other = conn.channel()
+        ch.queue_declare("op-close")
+        status, body = broker.request("GET", "/channels")
+        ids = [c["id"] for c in body["channels"] if c["kind"] == "amqp"]
+        assert len(ids) == 2
+        status, _ = broker.request("DELETE", f"/channels/{min(ids)}", {"reason": "maintenance"})
+        assert status == 200
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
+            ch.queue_declare("op-close", passive=True)
+        assert err.value.reply_code == 320
+        assert other.queue_declare("op-close", passive=True).method.message_count == 0
+    finally:
+        conn.close()
+
+
+def test_graceful_shutdown_closes_amqp_connections_with_320(tmp_path: Path) -> None:
+    import signal
+    import time
+
+    port = free_port()
+    proc = BrokerProcess(tmp_path / "data", env={"ACKBUS_AMQP_PORT": str(port)})
+    proc.start()
+    try:
+        conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port, heartbeat=0))
+        ch = conn.channel()
+        ch.confirm_delivery()
+        ch.queue_declare("shutdown-q", durable=True)
+        ch.basic_publish("", "shutdown-q", b"kept", pika.BasicProperties(delivery_mode=2))
+        started = time.monotonic()
+        assert proc.proc is not None
+        proc.proc.send_signal(signal.SIGTERM)
+        with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as err:
+            for _ in range(200):
+                conn.process_data_events(time_limit=0.1)
+        assert err.value.reply_code == 320
+        assert time.monotonic() - started < 5
+        assert proc.proc.wait(timeout=30) == 0
+        proc.start()
+        conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port, heartbeat=0))
+        assert conn.channel().queue_declare("shutdown-q", passive=True).method.message_count == 1
+        conn.close()
+    finally:
+        proc.stop()
