@@ -240,6 +240,8 @@ def decode_content_header(payload: bytes) -> ContentHeader:
     """A content header frame's payload. Raises FrameError (502)."""
     try:
         class_id, _weight, body_size, flags = _CONTENT_HEAD.unpack_from(payload, 0)
+        if flags == 0x1000 and len(payload) == 15:  # delivery-mode alone: the common case
+            return ContentHeader(class_id, body_size, {"delivery_mode": payload[14]})
         properties = decode_properties(flags, payload, 14) if flags else None
     except (IndexError, struct.error, TableError, UnicodeDecodeError) as exc:
         raise FrameError(SYNTAX_ERROR, f"malformed content header: {exc}") from None

@@ -253,7 +253,12 @@ async def _receive(stream: trio.abc.Stream) -> bytes:
 
 
 async def _drain_events(conn: AMQPConnection, session: AMQPSession) -> None:
-    event = conn.next_event()
+    """Hand every event the received bytes completed to the session, in order; the
+    per-message ones without a coroutine each."""
+    next_event = conn.next_event
+    handle_nowait = session.handle_nowait
+    event = next_event()
     while event is not None:
-        await session.handle(event)
-        event = conn.next_event()
+        if not handle_nowait(event):
+            await session.handle(event)
+        event = next_event()

@@ -153,6 +153,9 @@ class AMQPChannel:
         self.got: Deliver | None = None
         self.closed = False
         self.close_reason = "closed by an operator"
+        #: The last delivered message's properties and their encoding (see push).
+        self._last_properties: Any = None
+        self._last_encoded = b"\x00\x00"
 
     # ChannelSink ----------------------------------------------------------------
 
@@ -166,11 +169,18 @@ class AMQPChannel:
                 return
             msg = effect.message
             body = msg.body
-            try:
-                props = encode_properties(msg.properties)
-            except TableError as exc:
-                log.warning("message headers have no AMQP form; delivered without them", extra={"fields": {"error": str(exc)}})
-                props = encode_properties({k: v for k, v in (msg.properties or {}).items() if k != "headers"})
+            properties = msg.properties
+            if properties is self._last_properties:
+                # messages share one properties dict when they have no message id: encode once
+                props = self._last_encoded
+            else:
+                try:
+                    props = encode_properties(properties)
+                except TableError as exc:
+                    log.warning("message headers have no AMQP form; delivered without them",
+                                extra={"fields": {"error": str(exc)}})
+                    props = encode_properties({k: v for k, v in (properties or {}).items() if k != "headers"})
+                self._last_properties, self._last_encoded = properties, props
             conn.send_raw(
                 encode_deliver(
                     self.number, effect.consumer_tag, effect.delivery_tag, effect.redelivered,
@@ -276,6 +286,27 @@ class AMQPSession:
         self.confirmed: Any = _NoEvent()
 
     # -- events -------------------------------------------------------------------
+
+    def handle_nowait(self, event: Any) -> bool:
+        """Carry out a per-message event (a publish, an ack, a nack, a reject) in the
+        caller's step, without a coroutine; False for any other event (then
+        :meth:`handle`)."""
+        kind = type(event)
+        if kind is Content:
+            self._guard(event.channel, self._publish, event, 60, 40)
+            return True
+        if kind is Method:
+            mtype = type(event.method)
+            if mtype is Ack:
+                self._guard(event.channel, self._ack, event.method, 60, 80)
+                return True
+            if mtype is Nack:
+                self._guard(event.channel, self._nack, event.method, 60, 120)
+                return True
+            if mtype is Reject:
+                self._guard(event.channel, self._reject, event.method, 60, 90)
+                return True
+        return False
 
     async def handle(self, event: Any) -> None:
         """Carry out one event of the connection."""
