@@ -441,7 +441,7 @@ class AMQPConnection:
             if channel > self.channel_max:
                 raise FrameError(CHANNEL_ERROR, f"CHANNEL_ERROR - channel {channel} above channel_max {self.channel_max}", 20, 10)
             self.channels.add(channel)
-            self._send_method(channel, commands.Channel.OpenOk())
+            # open-ok once the session has a core channel for it (channel_open_ok)
             self._events.append(ChannelOpened(channel))
             return
         if channel not in self.channels:
@@ -458,6 +458,11 @@ class AMQPConnection:
             pass  # a close-ok we did not ask for: ignore
         else:
             self._events.append(Method(channel, index, method))
+
+    def channel_open_ok(self, channel: int) -> None:
+        """The session took the channel: answer ``channel.open``."""
+        if self.state is State.OPEN and channel in self.channels:
+            self._send_method(channel, commands.Channel.OpenOk())
 
     def channel_close_ok(self, channel: int) -> None:
         """Answer the client's ``channel.close`` (after what was queued for it)."""

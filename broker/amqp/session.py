@@ -54,6 +54,7 @@ from broker.amqp.replies import (
     ACCESS_REFUSED,
     COMMAND_INVALID,
     CONNECTION_FORCED,
+    NOT_ALLOWED,
     NOT_FOUND,
     NOT_IMPLEMENTED,
     PRECONDITION_FAILED,
@@ -71,6 +72,7 @@ from broker.core import (
     DeliveryExpired,
     PreconditionFailed,
     Return,
+    Unavailable,
     check_properties,
     delivery_cost,
 )
@@ -424,9 +426,15 @@ class AMQPSession:
         try:
             ch.core_id = self.bridge.open_channel(ch, self.principal)
         except BrokerError as exc:
-            self.conn.close_channel(number, 530 if exc.status == 429 else 506, exc.message, 20, 10)
+            # RabbitMQ refuses a channel past a limit with a connection exception
+            if isinstance(exc, Unavailable) and exc.code in ("not_ready", "shutting_down"):
+                self.conn.close(CONNECTION_FORCED, f"CONNECTION_FORCED - {exc.message}", 20, 10)
+            else:
+                self.conn.close(NOT_ALLOWED, f"NOT_ALLOWED - {exc.message}", 20, 10)
+            self.release_all("channel refused")
             return
         self.channels[number] = ch
+        self.conn.channel_open_ok(number)
 
     def _release(self, ch: AMQPChannel, reason: str) -> None:
         if ch.closed:

@@ -61,7 +61,8 @@ def opened(limits: TuneLimits | None = None, *, heartbeat: int = 0, frame_max: i
     assert isinstance(events(conn)[0], Opened)
     conn.receive_data(m(1, commands.Channel.Open()))
     assert isinstance(events(conn)[0], ChannelOpened)
-    conn.data_to_send()
+    conn.channel_open_ok(1)
+    assert isinstance(frames(conn.data_to_send())[-1][1], commands.Channel.OpenOk)
     return conn
 
 

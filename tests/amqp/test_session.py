@@ -3,6 +3,8 @@ pamqp client: methods, replies, confirms, returns, errors and their reply codes.
 
 from __future__ import annotations
 
+import dataclasses
+
 import trio
 from pamqp import commands
 
@@ -330,3 +332,25 @@ async def test_a_no_ack_get_takes_one_message_only(app) -> None:
             assert body == b"%d" % i and method.message_count == 2 - i
         await c.send(1, Basic.Get(queue="n", no_ack=True))
         await c.expect(Basic.GetEmpty, 1)
+
+
+async def test_channels_past_max_channels_are_refused_with_530(app) -> None:
+    app.runtime.options = dataclasses.replace(app.runtime.options, max_channels=len(app.runtime.sinks) + 1)
+    async with open_amqp(app) as c:
+        await c.open_channel(1)
+        await c.send(2, commands.Channel.Open())
+        code, text = await c.closed_with(None)
+        assert code == 530 and "channel limit" in text
+
+
+async def test_heartbeats_both_ways(app, autojump_clock) -> None:
+    start = trio.current_time()
+    async with open_amqp(app, heartbeat=4) as c:
+        await c.open_channel(1)
+        # the broker sends heartbeats while the client is quiet...
+        with trio.fail_after(10):
+            _ch, frame = await c.recv(skip_heartbeats=False)
+        assert frame.name == "Heartbeat"
+        # ...and drops a client silent for two intervals
+        assert await c.at_eof()
+        assert 7 <= trio.current_time() - start <= 12
