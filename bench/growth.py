@@ -15,8 +15,7 @@ the broker's cost grows no faster than the work.
   recovered once), so the data directory is a broker's that lived through a crash.
 
 Registered in ``bench.workloads.WORKLOADS`` by the last lines of that module
-(:func:`growth_workloads`). This module imports from ``bench.workloads`` only inside
-functions, so that either can be imported first.
+(:func:`growth_workloads`); what both modules share is ``bench.harness``.
 """
 
 from __future__ import annotations
@@ -24,14 +23,21 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from bench.harness import (
+    BenchError,
+    Context,
+    MiB,
+    Server,
+    Workload,
+    fanout_step,
+    ignore_start,
+    kill_and_restart,
+)
 from bench.params import Params
 from bench.servers import AckbusServer, rss_bytes
 from bench.stats import Figure
-
-if TYPE_CHECKING:
-    from bench.workloads import Context, Server, Workload
 
 __all__ = ["data_dir_bytes", "growth_workloads", "spread"]
 
@@ -56,8 +62,6 @@ def _fanout_run(ctx: Context, server: Server) -> tuple[dict[str, float], dict[st
     """Per queue count, a fresh exchange and queues (declared and bound by the worker
     before GO, untimed), one pipelined publisher for ``growth_fanout_duration_s``; the
     last queue must hold every confirmed message."""
-    from bench.workloads import fanout_step
-
     p = ctx.params
     figures, extra = {}, {}
     for n in p.growth_fanout_queues:
@@ -95,8 +99,6 @@ def _publishers_run(ctx: Context, server: Server) -> tuple[dict[str, float], dic
     """Per channel count k, k channels publish to one queue for the step's duration,
     spread over ``min(k, growth_publisher_procs)`` processes (one connection each);
     the queue must hold every confirmed message."""
-    from bench.workloads import BenchError
-
     p = ctx.params
     figures, extra = {}, {}
     for k in p.growth_publisher_channels:
@@ -162,8 +164,6 @@ def _memory_run(ctx: Context, server: Server) -> tuple[dict[str, float], dict[st
     ``growth_memory_fill_procs`` publishers sharing the messages to add), then: RSS
     1 s after the fill, the data directory's size, ``kill -9``, restart until the queue
     shows every message again, RSS 2 s after that."""
-    from bench.workloads import BenchError, MiB, _kill_and_restart
-
     assert isinstance(server, AckbusServer)  # (ackbus only: its RSS and data directory)
     p = ctx.params
     queue, held = "bench.growth.memory", 0
@@ -185,7 +185,7 @@ def _memory_run(ctx: Context, server: Server) -> tuple[dict[str, float], dict[st
         rss_filled = rss_bytes(server.pid)
         disk = data_dir_bytes(server.data_dir)
         ctx.status(f"growth memory: kill -9 and restart with {_count_name(n)} messages")
-        recovery_s, rss_ready, rss_recovered = _kill_and_restart(
+        recovery_s, rss_ready, rss_recovered = kill_and_restart(
             server, lambda: server.wait_queue(queue, n, _recovery_timeout_s(p, n)))
         figures.update({
             f"growth_memory/{n}/rss_filled_mib": rss_filled / MiB,
@@ -220,13 +220,11 @@ def _budget_memory(p: Params) -> float:
 
 def growth_workloads() -> tuple[Workload, ...]:
     """The growth workloads, for ``bench.workloads.WORKLOADS``."""
-    from bench.workloads import Workload, _ignore_start
-
     return (
         Workload("growth_fanout", "15. growth: fan-out to 1…1,000 queues", _fanout_figures,
-                 _ignore_start(_fanout_run), _budget_fanout),
+                 ignore_start(_fanout_run), _budget_fanout),
         Workload("growth_publishers", "16. growth: 1…100 publisher channels", _publishers_figures,
-                 _ignore_start(_publishers_run), _budget_publishers),
+                 ignore_start(_publishers_run), _budget_publishers),
         Workload("growth_memory", "17. growth: memory and recovery with 1M and 10M queued (ackbus only)",
-                 _memory_figures, _ignore_start(_memory_run), _budget_memory, ackbus_only=True),
+                 _memory_figures, ignore_start(_memory_run), _budget_memory, ackbus_only=True),
     )

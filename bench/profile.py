@@ -47,8 +47,8 @@ __all__ = ["BROKER_HOPS", "CLIENT_HOPS", "attribute", "main"]
 BROKER_HOPS: list[tuple[str, tuple[str, ...]]] = [
     ("WAL thread: write + fdatasync (mostly waiting)", ("_io_write", "_io_sync")),
     ("idle: parked worker threads", ("WorkerThread._work",)),
-    ("core: publish (checks, dedup, message, record, enqueue, confirm)", ("PublishingMixin.publish ",)),
-    ("core: deliveries and settling", ("DeliveryMixin", "SettlingMixin")),
+    ("core: publish (checks, dedup, message, record, enqueue, confirm)", ("Publishing.publish ",)),
+    ("core: deliveries and settling", ("Deliveries.",)),
     ("core: after the fsync (confirms released, page-out)", ("Broker.durable ",)),
     ("channel: op line parsed, checked", ("ChannelSession._publish ", "parse_op_line", "ChannelSession.apply")),
     ("HTTP: chunked body read (recv, h11)", ("BodyIterator", "receive_chunk")),

@@ -17,65 +17,26 @@ runs with ``--fsync always``.
 
 from __future__ import annotations
 
-import dataclasses
 import time
-from collections.abc import Callable, Sequence
-from pathlib import Path
-from typing import Any, Protocol
+from collections.abc import Sequence
+from typing import Any
 
+from bench.growth import growth_workloads
+from bench.harness import (
+    BenchError,
+    Context,
+    MiB,
+    Server,
+    Workload,
+    fanout_step,
+    ignore_start,
+    kill_and_restart,
+)
 from bench.params import Params
-from bench.procs import run_workers
 from bench.servers import AckbusServer, rss_bytes
 from bench.stats import Figure
 
 __all__ = ["Context", "WORKLOADS", "Workload", "all_figures"]
-
-MiB = 1024 * 1024
-
-
-class Server(Protocol):
-    side: str
-
-    @property
-    def pid(self) -> int: ...
-    def client_spec(self) -> dict[str, Any]: ...
-    def queue_messages(self, queue: str) -> int: ...
-    def kill9(self) -> None: ...
-    def spawn(self) -> None: ...
-    def wait_queue(self, queue: str, expected: int, timeout_s: float) -> None: ...
-    def wal_bytes_written(self) -> int | None: ...
-
-
-class BenchError(Exception):
-    """A run produced numbers that cannot be trusted (lost messages, reconnects)."""
-
-
-@dataclasses.dataclass
-class Context:
-    params: Params
-    log_dir: Path
-    status: Callable[[str], None]
-
-    def workers(
-        self,
-        server: Server,
-        specs: Sequence[dict[str, Any]],
-        run_timeout_s: float,
-        go_order: Sequence[int] | None = None,
-    ) -> list[dict[str, Any]]:
-        full = [{**server.client_spec(), **spec} for spec in specs]
-        results = run_workers(
-            getattr(server, "worker_side", server.side),  # --amqp: pika workers on ackbus
-            full,
-            log_dir=self.log_dir,
-            ready_timeout_s=self.params.ready_timeout_s,
-            run_timeout_s=run_timeout_s,
-            go_order=go_order,
-        )
-        for spec, result in zip(full, results):
-            if result.get("reconnects") or result.get("resent") or result.get("failed") or result.get("nacked"):
-                raise BenchError(f"{spec['op']} worker saw reconnects, resends, failures or nacks: {result}")
-        return results
 
 
 def size_name(size: int) -> str:
@@ -312,19 +273,6 @@ def _recovery_figures(p: Params) -> list[Figure]:
     ]
 
 
-def _kill_and_restart(server: Server, wait_ready: Callable[[], None]) -> tuple[float, int, int]:
-    """kill -9 the broker, start it again: (seconds until ``wait_ready`` returned, RSS
-    then, RSS 2 s later)."""
-    server.kill9()
-    t0 = time.perf_counter()
-    server.spawn()
-    wait_ready()
-    recovery_s = time.perf_counter() - t0
-    rss_ready = rss_bytes(server.pid)
-    time.sleep(2.0)
-    return recovery_s, rss_ready, rss_bytes(server.pid)
-
-
 def _recovery_run(ctx: Context, server: Server, start_s: float) -> tuple[dict[str, float], dict[str, Any]]:
     p = ctx.params
     count, queue = p.recovery_count, "bench.recovery"
@@ -333,7 +281,7 @@ def _recovery_run(ctx: Context, server: Server, start_s: float) -> tuple[dict[st
     time.sleep(1.0)
     rss_filled = rss_bytes(server.pid)
     ctx.status(f"recovery: kill -9 and restart with {count:,} messages")
-    recovery_s, rss_ready, rss_settled = _kill_and_restart(server, lambda: server.wait_queue(
+    recovery_s, rss_ready, rss_settled = kill_and_restart(server, lambda: server.wait_queue(
         queue, count, p.fill_timeout_s(count)))
     extra.update(rss_at_ready_mib=rss_ready / MiB, rss_2s_after_ready_mib=rss_settled / MiB)
     return {
@@ -369,22 +317,6 @@ def _fanout_run(ctx: Context, server: Server) -> tuple[dict[str, float], dict[st
         figures[f"fanout/{size}/msgs_per_s"] = result["count"] / result["elapsed_s"]
         extra[str(size)] = result
     return figures, extra
-
-
-def fanout_step(
-    ctx: Context, server: Server, exchange: str, queues: Sequence[str], size: int, duration_s: float,
-    timeout_s: float,
-) -> dict[str, Any]:
-    """One pipelined publisher to a fanout exchange bound to ``queues`` (declared and
-    bound by the worker before GO) for ``duration_s``; the last queue must hold every
-    confirmed message. Returns the worker's result."""
-    spec = {"op": "publish_pipelined", "queues": list(queues), "fanout": exchange, "exchange": exchange,
-            "routing_key": "", "size": size, "duration_s": duration_s, "window": ctx.params.pipelined_window}
-    (result,) = ctx.workers(server, [spec], timeout_s)
-    depth = server.queue_messages(queues[-1])
-    if depth != result["count"]:
-        raise BenchError(f"fan-out to {len(queues)} queues: {result['count']} confirmed but {queues[-1]} holds {depth}")
-    return result
 
 
 # --------------------------------------------------------------------------- 7. failures
@@ -458,7 +390,7 @@ def _delayed_run(ctx: Context, server: Server) -> tuple[dict[str, float], dict[s
     time.sleep(1.0)
     rss_filled = rss_bytes(server.pid)
     ctx.status(f"delayed: kill -9 and restart with {n:,} delayed messages")
-    recovery_s, _rss_ready, rss_recovered = _kill_and_restart(server, all_delayed)
+    recovery_s, _rss_ready, rss_recovered = kill_and_restart(server, all_delayed)
     return {
         "delayed/publish_msgs_per_s": n / publish_s,
         "delayed/rss_filled_mib": rss_filled / MiB,
@@ -585,7 +517,7 @@ def _priority_memory_run(ctx: Context, server: Server) -> tuple[dict[str, float]
     time.sleep(1.0)
     rss_filled = rss_bytes(server.pid)
     ctx.status(f"priority memory: kill -9 and restart with {n:,} messages")
-    recovery_s, _rss_ready, rss_recovered = _kill_and_restart(
+    recovery_s, _rss_ready, rss_recovered = kill_and_restart(
         server, lambda: server.wait_queue(queue, n, p.fill_timeout_s(n)))
     return {
         "priority_memory/rss_filled_mib": rss_filled / MiB,
@@ -612,28 +544,6 @@ def _locks_run(ctx: Context, server: Server) -> tuple[dict[str, float], dict[str
 
 
 # --------------------------------------------------------------------------- registry
-
-
-@dataclasses.dataclass(frozen=True)
-class Workload:
-    name: str
-    title: str
-    figures: Callable[[Params], list[Figure]]
-    run: Callable[[Context, Server, float], tuple[dict[str, float], dict[str, Any]]]
-    # the most the run itself may take: the sum of its steps' own time limits
-    budget_s: Callable[[Params], float]
-    # the peers that can run it too (ackbus always runs it); most need RabbitMQ's
-    # exchanges, dead letters, priorities or transactions, which Redis Streams lack
-    peers: frozenset[str] = frozenset({"rabbitmq"})
-    # run against ackbus only (no peer has such a feature): the same as peers=frozenset()
-    ackbus_only: bool = False
-
-    def __post_init__(self) -> None:
-        if self.ackbus_only:
-            object.__setattr__(self, "peers", frozenset())
-
-    def runs_on(self, side: str) -> bool:
-        return side == "ackbus" or side in self.peers
 
 
 def _budget_seq(p: Params) -> float:
@@ -702,42 +612,38 @@ def _budget_locks(p: Params) -> float:
 BOTH_PEERS = frozenset({"rabbitmq", "redis"})
 
 
-def _ignore_start(fn: Callable[[Context, Server], Any]) -> Callable[[Context, Server, float], Any]:
-    return lambda ctx, server, start_s: fn(ctx, server)
-
-
 WORKLOADS: dict[str, Workload] = {
     w.name: w
     for w in (
-        Workload("publish_seq", "1. one-at-a-time confirmed publish", _seq_figures, _ignore_start(_seq_run),
+        Workload("publish_seq", "1. one-at-a-time confirmed publish", _seq_figures, ignore_start(_seq_run),
                  _budget_seq, peers=BOTH_PEERS),
         Workload("publish_pipelined", "2. pipelined confirmed publish", _pipelined_figures,
-                 _ignore_start(_pipelined_run), _budget_pipelined, peers=BOTH_PEERS),
+                 ignore_start(_pipelined_run), _budget_pipelined, peers=BOTH_PEERS),
         Workload("inflight", "3. confirmed publish, 1/8/64 in flight", _inflight_figures,
-                 _ignore_start(_inflight_run), _budget_inflight, peers=BOTH_PEERS),
-        Workload("consume", "4. consume with manual ack", _consume_figures, _ignore_start(_consume_run),
+                 ignore_start(_inflight_run), _budget_inflight, peers=BOTH_PEERS),
+        Workload("consume", "4. consume with manual ack", _consume_figures, ignore_start(_consume_run),
                  _budget_consume, peers=BOTH_PEERS),
-        Workload("e2e", "5. end-to-end latency at a fixed rate", _e2e_figures, _ignore_start(_e2e_run),
+        Workload("e2e", "5. end-to-end latency at a fixed rate", _e2e_figures, ignore_start(_e2e_run),
                  _budget_e2e, peers=BOTH_PEERS),
         Workload("recovery", "6. recovery after kill -9", _recovery_figures, _recovery_run, _budget_recovery,
                  peers=BOTH_PEERS),
-        Workload("fanout", "7. fan-out to 10 queues", _fanout_figures, _ignore_start(_fanout_run),
+        Workload("fanout", "7. fan-out to 10 queues", _fanout_figures, ignore_start(_fanout_run),
                  _budget_fanout),
         Workload("failures", "8. failures: retries and dead letters", _failures_figures,
-                 _ignore_start(_failures_run), _budget_failures),
-        Workload("delayed", "9. delayed messages (ackbus only)", _delayed_figures, _ignore_start(_delayed_run),
+                 ignore_start(_failures_run), _budget_failures),
+        Workload("delayed", "9. delayed messages (ackbus only)", _delayed_figures, ignore_start(_delayed_run),
                  _budget_delayed, ackbus_only=True),
         Workload("get_any", "10. one long poll over several queues (ackbus only)", _get_any_figures,
-                 _ignore_start(_get_any_run), _budget_get_any, ackbus_only=True),
-        Workload("tx", "11. transactions of 1 and 100 publishes", _tx_figures, _ignore_start(_tx_run),
+                 ignore_start(_get_any_run), _budget_get_any, ackbus_only=True),
+        Workload("tx", "11. transactions of 1 and 100 publishes", _tx_figures, ignore_start(_tx_run),
                  _budget_tx),
         Workload("priority", "12. priority queues beside plain ones", _priority_figures,
-                 _ignore_start(_priority_run), _budget_priority),
+                 ignore_start(_priority_run), _budget_priority),
         Workload("priority_memory", "13. priority queue memory and recovery (ackbus only)",
-                 _priority_memory_figures, _ignore_start(_priority_memory_run), _budget_priority_memory,
+                 _priority_memory_figures, ignore_start(_priority_memory_run), _budget_priority_memory,
                  ackbus_only=True),
         Workload("locks", "14. lock acquire/release round trips (ackbus only)", _locks_figures,
-                 _ignore_start(_locks_run), _budget_locks, ackbus_only=True),
+                 ignore_start(_locks_run), _budget_locks, ackbus_only=True),
     )
 }
 
@@ -745,7 +651,6 @@ WORKLOADS: dict[str, Workload] = {
 def all_figures(p: Params, names: Sequence[str]) -> list[Figure]:
     return [f for name in names for f in WORKLOADS[name].figures(p)]
 
-# Growth with work (15–17) lives in its own module.
-from bench.growth import growth_workloads  # noqa: E402
 
+# Growth with work (15–17) lives in its own module.
 WORKLOADS.update((w.name, w) for w in growth_workloads())

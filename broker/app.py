@@ -15,7 +15,16 @@ from typing import Any
 import trio
 
 from broker.amqp import AMQPServer
-from broker.api import Authenticator, BrokerMetrics, build_router, http_error, protect
+from broker.api import (
+    Authenticator,
+    BrokerMetrics,
+    build_router,
+    cluster_routes,
+    dispatch_cluster_first,
+    http_error,
+    protect,
+)
+from broker.cluster import ClusterConfig, ClusterNode, EtcdUnavailable, NodeNameTaken
 from broker.config import Settings
 from broker.http import HTTPServer, Limits, server_ssl_context
 from broker.runtime import BrokerRuntime, RuntimeOptions
@@ -78,6 +87,7 @@ class BrokerApp:
         tls: TLSFiles | None = None,
         amqp_port: int = 0,
         amqps_port: int = 0,
+        cluster: ClusterConfig | None = None,
     ) -> None:
         """``amqp_port``/``amqps_port``: the AMQP 0-9-1 listeners (docs/amqp.md); 0 is
         off (AMQPS needs ``tls``)."""
@@ -89,8 +99,14 @@ class BrokerApp:
         #: every endpoint, behind the authenticator's guard; served behind the
         #: cross-site check (broker/api/csrf.py)
         self.router = build_router(runtime, metrics_handler=metrics_handler, auth=self.auth)
+        #: cluster mode (--etcd, docs/cluster.md): its routes answer first
+        self.cluster = ClusterNode(cluster, runtime) if cluster is not None else None
+        handler: Any = self.router
+        if self.cluster is not None:
+            self.cluster.mirror.on_users_changed = self.auth.enforce_revocations
+            handler = dispatch_cluster_first(cluster_routes(runtime, self.cluster, self.auth), self.router)
         self.server = HTTPServer(
-            protect(self.router),
+            protect(handler),
             limits=limits,
             error_translator=http_error,
         )
@@ -145,6 +161,8 @@ class BrokerApp:
             self.server.set_ssl_context(self._ssl_context)
         async with trio.open_nursery() as nursery:
             self._scope = nursery.cancel_scope
+            if self.cluster is not None:
+                await nursery.start(self._serve_cluster)
             try:
                 await nursery.start(partial(self.server.serve_tcp, port, host=host))
             except OSError as exc:
@@ -177,6 +195,19 @@ class BrokerApp:
     def amqp_ports(self) -> list[int]:
         """The bound AMQP ports (plain first), for tests and logs."""
         return [amqp.ports[0] for amqp in self.amqp_servers]
+
+    async def _serve_cluster(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """The node's part in the cluster; refuses to start when its name is taken or
+        etcd cannot be reached at start."""
+        assert self.cluster is not None
+        # except*: a name taken later (after a lapse, by another process) comes out of
+        # the node's nursery inside an exception group.
+        try:
+            await self.cluster.serve(task_status=task_status)
+        except* NodeNameTaken as group:
+            raise StartRefused(str(group.exceptions[0])) from None
+        except* EtcdUnavailable as group:
+            raise StartRefused(f"cannot join the cluster: {group.exceptions[0]}") from None
 
     async def _refuse_without_users(self, host: str) -> None:
         """Once recovery has said whether users exist: none, and not on loopback, ends
@@ -248,13 +279,27 @@ def tls_files(settings: Settings) -> TLSFiles | None:
     return TLSFiles(settings.tls_cert, settings.tls_key, settings.tls_client_ca)
 
 
+def cluster_config(settings: Settings) -> ClusterConfig | None:
+    """The cluster settings, or None for a single node (no ``etcd``)."""
+    if not settings.etcd:
+        return None
+    return ClusterConfig(
+        settings.etcd, settings.node_name, settings.advertise_url, settings.cluster_name, settings.cluster_lease_ttl_s
+    )
+
+
 def build_app(settings: Settings) -> BrokerApp:
     """A broker with metrics, built from ``settings`` (not started)."""
     metrics = BrokerMetrics()
     runtime = BrokerRuntime(runtime_options(settings), metrics=metrics)
     app = BrokerApp(
-        runtime, http_limits(settings), metrics_handler=metrics.handler(runtime), tls=tls_files(settings),
-        amqp_port=settings.amqp_port, amqps_port=settings.amqps_port,
+        runtime,
+        http_limits(settings),
+        metrics_handler=metrics.handler(runtime),
+        tls=tls_files(settings),
+        cluster=cluster_config(settings),
+        amqp_port=settings.amqp_port,
+        amqps_port=settings.amqps_port,
     )
     metrics.bind(runtime, app.server, app.auth)
     return app

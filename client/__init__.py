@@ -43,6 +43,7 @@ from .errors import (
     PublishRefused,
     PublishReturned,
     SomePublishesFailed,
+    TLSRefused,
 )
 from .locks import HeldLock, LockHeld, LockLost
 from .publisher import PendingPublish
@@ -77,6 +78,7 @@ __all__ = [
     "open_graceful_shutdown",
     "ClientError",
     "ConnectionLost",
+    "TLSRefused",
     "ClientClosed",
     "ProtocolError",
     "ConfirmTimeout",

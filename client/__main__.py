@@ -1,7 +1,7 @@
 """``python -m client`` / ``ackbus``: the broker from a terminal or a shell script.
 
 Commands: ``declare``, ``bind``, ``publish``, ``consume``, ``get``, ``peek``,
-``redrive``, ``purge``, ``delete``, ``queues``, ``exchanges``, ``bindings``, ``overview``,
+``redrive``, ``purge``, ``delete``, ``queues``, ``exchanges``, ``bindings``, ``overview``, ``cluster``,
 ``channels``, ``lock`` (run a command holding a lock, like ``flock``), ``locks``,
 ``schedule`` (those three in ``cli_coordination.py``; see ``ackbus COMMAND --help``,
 docs/client.md and docs/coordination.md). Exit status, for scripts:
@@ -16,12 +16,18 @@ docs/client.md and docs/coordination.md). Exit status, for scripts:
  5    ``get``/``consume``: fewer messages than asked for arrived in time
  6    ``lock``: the lock was lost while the command ran (the command was stopped)
 130   ``publish`` interrupted by a signal (what was read was still confirmed)
+141   the reader of the output went away (``ackbus queues | head``): stopped
+      quietly, as ``ls`` is by SIGPIPE
 ====  =====================================================================
+
+Errors are printed once, by the CLI: the library's log records of failures that
+reach the CLI as exceptions anyway are dropped (its retry warnings stay).
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 import os
 import sys
@@ -41,15 +47,15 @@ from . import (
     ReconnectPolicy,
     SomePublishesFailed,
     cli_admin,
+    cli_output,
     connect,
     open_graceful_shutdown,
 )
 from ._version import __version__
 from .cli_coordination import CoordinationCommands, add_coordination_commands
-from .codec import Properties, encode_body
+from .codec import Properties
 from .connection import DEFAULT_URL, Connection
 from .consumer import Message
-from .rest import LeasedMessage
 from .transport import StreamOpener
 
 __all__ = ["main", "run", "build_parser"]
@@ -61,6 +67,7 @@ EXIT_UNREACHABLE = 3
 EXIT_UNCONFIRMED = 4
 EXIT_NOT_ENOUGH = 5
 EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 128 + 13  # as a shell reports a program killed by SIGPIPE
 
 
 class _Usage(Exception):
@@ -184,25 +191,6 @@ def _url(text: str) -> str:
     return text if "://" in text else f"http://{text}"
 
 
-def _message_json(message: Message | LeasedMessage) -> bytes:
-    obj: dict[str, Any] = {
-        "exchange": message.exchange,
-        "routing_key": message.routing_key,
-        "redelivered": message.redelivered,
-        "properties": message.properties.to_json(),
-    }
-    obj.update(encode_body(message.body))
-    return orjson.dumps(obj)
-
-
-def _print_message(out: IO[str], message: Message | LeasedMessage, fmt: str) -> None:
-    if fmt == "json":
-        out.write(_message_json(message).decode() + "\n")
-    else:
-        out.write(message.body.decode("utf-8", "replace") + "\n")
-    out.flush()
-
-
 async def run(
     argv: Sequence[str],
     *,
@@ -234,6 +222,8 @@ async def run(
     # A long-poll ``get --wait`` must not time out before the broker answers.
     request_timeout_s = max(args.timeout, (getattr(args, "wait", None) or 0.0) + 10.0)
     cli = _CliWithCoordination(args, stdin, stdout, stderr)
+    client_log = logging.getLogger("ackbus.client")
+    client_log.addFilter(cli_output.drop_raised)
     try:
         credentials: dict[str, Any] = {}
         if args.user:
@@ -266,6 +256,8 @@ async def run(
     except ValueError as exc:  # bad property values
         stderr.write(f"ackbus: error: {exc}\n")
         return EXIT_USAGE
+    finally:
+        client_log.removeFilter(cli_output.drop_raised)
 
 
 class _Cli:
@@ -293,13 +285,18 @@ class _Cli:
 
     async def dispatch(self, conn: Connection) -> int:
         command: str = self.args.command
-        admin = cli_admin.COMMANDS.get(command)
-        if admin is not None:
-            await admin(conn, self.args, self.stdout)
-            return EXIT_OK
-        handler = getattr(self, "cmd_" + command)
-        status: int = await handler(conn)
-        return status
+        try:
+            admin = cli_admin.COMMANDS.get(command)
+            if admin is not None:
+                await admin(conn, self.args, self.stdout)
+                return EXIT_OK
+            handler = getattr(self, "cmd_" + command)
+            status: int = await handler(conn)
+            return status
+        except BrokenPipeError:
+            if not cli_output.pipe_reader_gone(self.stdout):
+                raise  # (a socket's, not the output's)
+            return EXIT_BROKEN_PIPE
 
     # --- declare / bind ---------------------------------------------------------------
 
@@ -412,28 +409,39 @@ class _Cli:
         a = self.args
         count = 0
         wait_s = math.inf if a.wait is None else a.wait
-        # -n N takes exactly N: no more than N are ever delivered (a larger prefetch
-        # would leave the rest to be requeued as redelivered on exit).
+        # -n N takes exactly N: no more than N are ever delivered, since each one more
+        # would go back to the queue on exit with its delivery count raised (which
+        # counts against x-delivery-limit). The prefetch is at most N, and an ack that
+        # would let the broker send past the N-th (the broker refills the window as
+        # acks free it) waits until the consumer is cancelled.
         prefetch = a.prefetch if a.count is None else max(1, min(a.prefetch, a.count))
         progress = a.progress if a.progress is not None else self.stderr.isatty()
         start = last_report = anyio.current_time()
-        async with conn.channel() as ch, ch.consume(a.queue, prefetch=prefetch) as messages:
-            while a.count is None or count < a.count:
-                message = None
-                with anyio.move_on_after(wait_s):
-                    try:
-                        message = await messages.receive()
-                    except anyio.EndOfStream:
-                        break  # stopped by a signal
-                if message is None:
-                    break  # --wait expired
-                _print_message(self.stdout, message, a.format)
+        held: list[Message] = []  # printed, acked once the consumer is cancelled
+        async with conn.channel() as ch:
+            async with ch.consume(a.queue, prefetch=prefetch) as messages:
+                while a.count is None or count < a.count:
+                    message = None
+                    with anyio.move_on_after(wait_s):
+                        try:
+                            message = await messages.receive()
+                        except anyio.EndOfStream:
+                            break  # stopped by a signal
+                    if message is None:
+                        break  # --wait expired
+                    cli_output.print_message(self.stdout, message, a.format)
+                    count += 1
+                    # delivered at most: count + the room the ack frees (held stay unacked)
+                    if a.count is None or count + prefetch - len(held) <= a.count:
+                        await message.ack()
+                    else:
+                        held.append(message)
+                    now = anyio.current_time()
+                    if progress and now - last_report >= 1.0:
+                        last_report = now
+                        self._consume_progress(count, now - start)
+            for message in held:
                 await message.ack()
-                count += 1
-                now = anyio.current_time()
-                if progress and now - last_report >= 1.0:
-                    last_report = now
-                    self._consume_progress(count, now - start)
         if progress:
             self._consume_progress(count, anyio.current_time() - start)
             self.stderr.write("\n")
@@ -448,7 +456,7 @@ class _Cli:
         else:
             messages = await conn.get_any(a.queue, max_messages=a.count, wait_s=a.wait, lease_s=a.lease)
         for message in messages:
-            _print_message(self.stdout, message, a.format)
+            cli_output.print_message(self.stdout, message, a.format)
         if messages:
             queue = messages[0].queue  # (one queue answers a get)
             ids = [m.lease_id for m in messages]
@@ -543,7 +551,14 @@ class _LineReader:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point: run the CLI and return its exit status."""
-    return anyio.run(run, sys.argv[1:] if argv is None else argv, backend="trio")
+    status: int = anyio.run(run, sys.argv[1:] if argv is None else argv, backend="trio")
+    if status == EXIT_BROKEN_PIPE:
+        # What is still buffered for stdout goes nowhere, rather than into a
+        # BrokenPipeError when the interpreter flushes it at exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    return status
 
 
 if __name__ == "__main__":

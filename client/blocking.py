@@ -25,17 +25,34 @@ queues and unconfirmed publishes fail, as with the async client's cancellation. 
 graceful stop, call :meth:`BlockingConnection.stop_consuming` (from a signal handler
 or another thread): every consumer's iteration then ends, and the blocks close
 normally, waiting for pending confirms.
+
+Blocks a program never leaves (a kombu channel nobody closes, a connection kept in a
+global) are closed at interpreter exit, gracefully and newest first, while the loop
+thread still runs (an :mod:`atexit` hook): the loop thread is a daemon, frozen once
+the interpreter finalizes, so a block closed only by the garbage collector then would
+wait for it forever. A block whose close comes after that (or twice) does nothing.
 """
 
 from __future__ import annotations
 
+import atexit
 import functools
 import inspect
+import logging
+import sys
+import threading
 from collections.abc import Callable, Iterator
-from contextlib import AbstractAsyncContextManager, contextmanager
+from concurrent.futures import Future
+from contextlib import (
+    AbstractAsyncContextManager,
+    AbstractContextManager,
+    contextmanager,
+)
+from types import TracebackType
 from typing import Any
 
-from anyio.from_thread import BlockingPortal, start_blocking_portal
+import anyio
+from anyio.from_thread import BlockingPortal
 
 from .connection import DEFAULT_URL, Connection, connect
 from .consumer import Message, MessageStream
@@ -49,6 +66,8 @@ __all__ = [
     "BlockingMessageStream",
     "BlockingProxy",
 ]
+
+log = logging.getLogger("ackbus.client.blocking")
 
 
 class BlockingProxy:
@@ -124,9 +143,118 @@ def _wrap(portal: BlockingPortal, value: Any) -> Any:
     return value
 
 
+class _OpenBlock(AbstractContextManager[Any]):
+    """A context manager of the loop (the portal itself, or an async one run through
+    it) entered from a thread, closed at most once: by its ``with`` block, or at
+    interpreter exit if the program never left the block (see the module's doc)."""
+
+    def __init__(self, inner: AbstractContextManager[Any]) -> None:
+        self._inner = inner
+
+    def __enter__(self) -> Any:
+        value = self._inner.__enter__()
+        _OPEN_BLOCKS.add(self)
+        return value
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool | None:
+        if not _OPEN_BLOCKS.take(self) or sys.is_finalizing():
+            # closed already (at exit), or the loop thread is frozen: nothing to wait for
+            return None
+        return self._inner.__exit__(exc_type, exc, tb)
+
+
+class _OpenBlocks:
+    """The blocks open right now, oldest first, for the close at interpreter exit."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._blocks: dict[int, _OpenBlock] = {}  # insertion order: oldest first
+
+    def add(self, block: _OpenBlock) -> None:
+        with self._lock:
+            self._blocks[id(block)] = block
+
+    def take(self, block: _OpenBlock) -> bool:
+        """Forget ``block``; whether it was open (so its caller is the one to close it)."""
+        with self._lock:
+            return self._blocks.pop(id(block), None) is not None
+
+    def close_all(self) -> None:
+        """Close every block still open, newest first (a channel before its
+        connection, the connection before its loop thread)."""
+        while True:
+            with self._lock:
+                if not self._blocks:
+                    return
+                block = next(reversed(self._blocks.values()))
+            try:
+                block.__exit__(None, None, None)
+            except Exception as exc:  # at exit: say it, and close the rest
+                log.warning("closing an ackbus block left open at exit failed: %r", exc)
+                self.take(block)
+
+
+_OPEN_BLOCKS = _OpenBlocks()
+atexit.register(_OPEN_BLOCKS.close_all)
+
+
+@contextmanager
+def _loop_thread(backend: str) -> Iterator[BlockingPortal]:
+    """An event loop in a daemon thread and its portal, for the ``with`` block.
+
+    As anyio's ``start_blocking_portal``, except that an interrupt (Ctrl-C) while the
+    loop starts does not leave the thread running and the caller joining it forever.
+    """
+    started: Future[BlockingPortal] = Future()
+
+    async def serve_portal() -> None:
+        async with BlockingPortal() as portal:
+            started.set_result(portal)
+            await portal.sleep_until_stopped()
+
+    def run_loop() -> None:
+        try:
+            anyio.run(serve_portal, backend=backend)
+        except BaseException as exc:
+            if not started.done():
+                started.set_exception(exc)
+
+    thread = threading.Thread(target=run_loop, daemon=True, name=f"ackbus-{backend}-loop")
+    thread.start()
+    try:
+        portal = started.result()
+    except BaseException:
+        _stop_when_started(started)
+        raise
+    cancel_remaining = False
+    try:
+        yield portal
+    except BaseException:
+        cancel_remaining = True
+        raise
+    finally:
+        try:
+            portal.call(portal.stop, cancel_remaining)
+        except RuntimeError:
+            pass  # the portal stopped already
+        thread.join()
+
+
+def _stop_when_started(started: Future[BlockingPortal]) -> None:
+    """Stop a loop whose start was interrupted, once it has started (a thread left
+    behind if it does not within seconds, or on a second interrupt)."""
+    try:
+        portal = started.result(timeout=10)
+        portal.start_task_soon(portal.stop, True)
+    except BaseException:  # noqa: BLE001 - a daemon thread left running is the fallback
+        pass
+
+
 @contextmanager
 def _enter(portal: BlockingPortal, cm: AbstractAsyncContextManager[Any]) -> Iterator[Any]:
-    with portal.wrap_async_context_manager(cm) as value:
+    with _OpenBlock(portal.wrap_async_context_manager(cm)) as value:
         yield value
 
 
@@ -212,6 +340,6 @@ def connect_blocking(
     Raises:
         ValueError: a bad URL or setting.
     """
-    with start_blocking_portal(backend) as portal:
+    with _OpenBlock(_loop_thread(backend)) as portal:
         with _enter(portal, connect(url, **overrides)) as conn:
             yield BlockingConnection(portal, conn)

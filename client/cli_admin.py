@@ -1,6 +1,6 @@
 """The ``ackbus`` CLI's read-only operator commands (in the spirit of rabbitmqadmin's
 ``list`` and ``show overview``): ``overview``, ``exchanges``, ``bindings``, ``channels``,
-and ``close-channel``. Each prints
+``cluster`` and ``close-channel``. Each prints
 a table, or with ``--json`` one JSON object per line (``overview``: one object).
 """
 
@@ -27,6 +27,8 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="one JSON object per binding instead")
     p = sub.add_parser("channels", aliases=["connections"], help="table of open channels and their consumers")
     p.add_argument("--json", action="store_true", help="one JSON object per channel instead")
+    p = sub.add_parser("cluster", help="the cluster's nodes, their queues, and etcd's health")
+    p.add_argument("--json", action="store_true", help="the raw JSON object instead")
     p = sub.add_parser("close-channel", help="close an open channel or stream (its unacked messages go back)")
     p.add_argument("id", type=int, help="the channel's id (see 'ackbus channels')")
     p.add_argument("--reason", default=None, help="what its client is told (default: closed by an operator)")
@@ -115,6 +117,34 @@ async def close_channel(conn: Connection, args: argparse.Namespace, out: IO[str]
     out.write(f"closed channel {result.get('closed', args.id)}: {result.get('reason', '')}\n")
 
 
+async def cluster(conn: Connection, args: argparse.Namespace, out: IO[str]) -> None:
+    data = await conn.cluster()
+    if args.json:
+        _json_lines(out, [data])
+        return
+    if not data.get("enabled"):
+        out.write(f"not clustered: {data.get('reason', 'a single node')}\n")
+        return
+    etcd = data.get("etcd", {}) or {}
+    out.write(
+        f"cluster {data.get('cluster_name')}, seen from {data.get('node')} at revision {data.get('revision')}; "
+        f"etcd {'ok' if etcd.get('ok') else 'UNREACHABLE: ' + str(etcd.get('error'))}\n"
+    )
+    rows = [
+        (
+            str(n.get("name")) + (" *" if n.get("this_node") else ""),
+            str(n.get("url")),
+            "alive" if n.get("alive") else "DEAD",
+            str(len(n.get("queues") or [])),
+        )
+        for n in data.get("nodes") or []
+    ]
+    write_table(out, ("node", "url", "state", "queues"), rows, right=(3,))
+    for e in etcd.get("endpoints") or []:
+        state = {True: "healthy", False: f"unhealthy: {e.get('error')}", None: "not tried"}[e.get("healthy")]
+        out.write(f"etcd {e.get('url')}: {state}\n")
+
+
 COMMANDS: dict[str, Callable[[Connection, argparse.Namespace, IO[str]], Any]] = {
     "overview": overview,
     "exchanges": exchanges,
@@ -122,4 +152,5 @@ COMMANDS: dict[str, Callable[[Connection, argparse.Namespace, IO[str]], Any]] = 
     "channels": channels,
     "connections": channels,
     "close-channel": close_channel,
+    "cluster": cluster,
 }

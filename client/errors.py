@@ -33,6 +33,7 @@ class Returned(Protocol):
 __all__ = [
     "ClientError",
     "ConnectionLost",
+    "TLSRefused",
     "ClientClosed",
     "ProtocolError",
     "ConfirmTimeout",
@@ -61,6 +62,14 @@ class ConnectionLost(ClientError, ConnectionError):
     reconnect policy, and by every operation of a channel whose reconnect policy gave up.
     The network error that caused it is chained as ``__cause__``.
     """
+
+
+class TLSRefused(ConnectionLost):
+    """The broker ended a TLS connection right after the handshake, before answering
+    anything: a broker with mutual TLS does so when the client presents no certificate,
+    or one it does not trust (TLS 1.3 checks the client's certificate after the client
+    considers the handshake done). Opening a channel does not retry it: the same TLS
+    settings cannot do better."""
 
 
 class ClientClosed(ClientError):
@@ -165,12 +174,17 @@ class BrokerRequestError(BrokerError):
     """A REST call got a non-2xx answer. ``status`` is the HTTP status; ``code`` and
     ``message`` come from the JSON error body (or describe a non-JSON one)."""
 
-    def __init__(self, status: int, code: str, message: str) -> None:
+    def __init__(self, status: int, code: str, message: str, retry_after_s: float | None = None) -> None:
         super().__init__(code, message)
         self.status = status
+        #: the answer's ``Retry-After`` (a 429 or a 503): when to try again
+        self.retry_after_s = retry_after_s
 
     def __str__(self) -> str:
-        return f"HTTP {self.status} {self.code}: {self.message}"
+        text = f"HTTP {self.status} {self.code}: {self.message}"
+        if self.retry_after_s is not None:
+            text += f" (retry after {self.retry_after_s:g} s)"
+        return text
 
 
 class ConsumerCancelled(ClientError):

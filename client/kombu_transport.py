@@ -23,7 +23,9 @@ The mapping (docs/celery.md has the user's view and the limits):
 - ``basic_ack`` acks the lease; ``basic_reject``/``nack`` with ``requeue`` puts the
   message back at its place in the queue, without it dead-letters it (the queue's
   ``x-dead-letter-exchange``) or drops it. Unacked messages at a warm shutdown are
-  put back the same way (never republished as copies).
+  put back the same way (never republished as copies). A ``no_ack`` consumer's
+  messages (Celery's ``rpc://`` result backend) are acked as they arrive: kombu never
+  acks them, and a lease left alone would bring them back.
 - The kombu message (headers, properties, encoded body) travels as the JSON body of
   the ackbus message, as with kombu's other virtual transports.
 
@@ -85,6 +87,7 @@ class Channel(virtual.Channel):  # type: ignore[misc]
             blocking.connect_blocking(broker_url(connection.client), **_client_options(options))
         )
         self._publisher: Any = None
+        self._no_ack_consumers: dict[Any, str] = {}  # consumer tag -> queue
         # "Connected" must mean it: kombu retries a failed connect with its own
         # backoff (broker_connection_retry), where a channel that fails on first use
         # makes Celery's consumer restart in a tight loop until it gives up.
@@ -190,6 +193,24 @@ class Channel(virtual.Channel):  # type: ignore[misc]
 
     # --- consuming: leased long-polls ---------------------------------------------------
 
+    def basic_consume(self, queue: str, no_ack: bool, callback: Any, consumer_tag: Any, **kwargs: Any) -> Any:
+        result = super().basic_consume(queue, no_ack, callback, consumer_tag, **kwargs)
+        if no_ack:  # (Celery's rpc:// result consumer) nothing will ack: settled on arrival
+            self._no_ack_consumers[consumer_tag] = queue
+        return result
+
+    def basic_cancel(self, consumer_tag: Any) -> Any:
+        self._no_ack_consumers.pop(consumer_tag, None)
+        return super().basic_cancel(consumer_tag)
+
+    def basic_get(self, queue: str, no_ack: bool = False, **kwargs: Any) -> Any:
+        message = super().basic_get(queue, no_ack=no_ack, **kwargs)
+        if message is not None and no_ack:
+            lease = message.delivery_info.get("ackbus_lease")
+            if lease is not None:
+                self._settle((lease[0], lease[1]), ack=True)
+        return message
+
     def _get_many(self, queues: Any, timeout: float | None = None) -> None:
         queues = list(dict.fromkeys(queues))
         if not queues:
@@ -200,8 +221,24 @@ class Channel(virtual.Channel):  # type: ignore[misc]
         messages = self._conn.get_any(queues, max_messages=count, wait_s=wait, lease_s=self.visibility_timeout)
         if not messages:
             raise Empty()
+        self._settle_no_ack(messages)
         for leased in messages:
             self.connection._deliver(self._payload(leased), leased.queue)
+
+    def _settle_no_ack(self, messages: list[Any]) -> None:
+        """Ack at once the leases of messages for no_ack consumers: kombu never acks
+        those, and left leased they would come back when the lease ran out."""
+        no_ack_queues = set(self._no_ack_consumers.values())
+        by_queue: dict[str, list[str]] = {}
+        for leased in messages:
+            if leased.queue in no_ack_queues:
+                by_queue.setdefault(leased.queue, []).append(leased.lease_id)
+        for queue, lease_ids in by_queue.items():
+            try:
+                self._conn.ack_leases(queue, lease_ids)
+            except BrokerRequestError as exc:
+                if exc.status not in (404, 409, 410):
+                    raise
 
     def _get(self, queue: str, timeout: float | None = None) -> dict[str, Any]:
         messages = self._conn.get(queue, max_messages=1, wait_s=0, lease_s=self.visibility_timeout)

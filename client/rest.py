@@ -139,6 +139,12 @@ class BrokerAPI:
         result = await self._call("GET", "/overview")
         return result if isinstance(result, dict) else {}
 
+    async def cluster(self) -> dict[str, Any]:
+        """``GET /cluster``: the nodes, etcd's health, this node's view
+        (``{"enabled": false}`` on a single node)."""
+        result = await self._call("GET", "/cluster")
+        return result if isinstance(result, dict) else {}
+
     async def declare_exchange(
         self,
         name: str,

@@ -49,6 +49,7 @@ from .errors import (
     ClientError,
     ConnectionLost,
     ProtocolError,
+    TLSRefused,
 )
 from .pending import UnknownDeliveryTag
 from .publisher import PublishTracker
@@ -66,6 +67,23 @@ MAX_UNATTRIBUTED_ERRORS = 5
 State = Literal["opening", "open", "closing", "closed", "failed"]
 
 log = logging.getLogger("ackbus.client")
+
+#: ``extra`` of a log record whose failure also reaches a caller as an exception (a
+#: program that reports those itself, as the CLI does, filters such records out)
+RAISED = {"ackbus_raised": True}
+
+
+def _refused_for_good(exc: BaseException, *, first_open: bool) -> bool:
+    """Whether a failed channel open is not worth retrying: refused credentials or
+    permissions (401, 403: the same credentials cannot do better next time, and each
+    retry counts against the broker's failed-login limit); and, while the channel has
+    never opened, a 429 (too many failed logins from this address, or a per-user
+    limit) and a TLS connection refused for want of a client certificate: the program
+    learns why at once rather than after the policy's retries. A channel that was
+    open retries those two (a restarted broker may answer 429 for a while)."""
+    if isinstance(exc, BrokerRequestError):
+        return exc.status in (401, 403) or (first_open and exc.status == 429)
+    return first_open and isinstance(exc, TLSRefused)
 
 
 class Supervisor(Settler):
@@ -123,9 +141,7 @@ class Supervisor(Settler):
                             max_line_bytes=self._settings.max_line_bytes,
                         )
                 except (ClientError, TimeoutError) as exc:
-                    if isinstance(exc, BrokerRequestError) and exc.status in (401, 403):
-                        # The same credentials cannot do better next time (and each
-                        # retry counts against the broker's failed-login limit).
+                    if _refused_for_good(exc, first_open=self._state == "opening"):
                         self._fail(f"the broker refused the channel: {exc}", exc)
                         return
                     error: BaseException = exc
@@ -160,7 +176,7 @@ class Supervisor(Settler):
         if delay is None:
             log.error(
                 "giving up: could not %s a channel to %s after %d attempt(s): %s",
-                what, self._endpoint, self._backoff.attempts, reason,
+                what, self._endpoint, self._backoff.attempts, reason, extra=RAISED,
             )
             self._fail(
                 f"could not {what} a channel to {self._endpoint} "
@@ -263,7 +279,7 @@ class Supervisor(Settler):
                 self._on_deliver(session, event)
             elif isinstance(event, Nack):
                 log.warning("publish nacked (delivery tag %d%s): %s", event.delivery_tag,
-                            " and before" if event.multiple else "", event.reason)
+                            " and before" if event.multiple else "", event.reason, extra=RAISED)
                 self._tracker.on_nack(event.delivery_tag, event.multiple, event.reason)
                 self._unattributed_errors = 0
             elif isinstance(event, Return):
@@ -322,9 +338,15 @@ class Supervisor(Settler):
         stream.push(message)
 
     def _on_error(self, session: ChannelSession, event: Error) -> None:
-        log.warning("the broker closed the channel: %s: %s", event.code, event.message)
         session.draining = True
         error = ChannelClosedByBroker(event.code, event.message)
+        # blamed on a caller's request or publish, which raises it (see below)
+        if isinstance(event.id, int):
+            blamed = event.id in session.replies
+        else:
+            blamed = isinstance(event.id, str) or bool(session.replies)
+        log.warning("the broker closed the channel: %s: %s", event.code, event.message,
+                    extra=RAISED if blamed else None)
         if isinstance(event.id, int):
             reply = session.replies.pop(event.id, None)
             if reply is not None:

@@ -46,7 +46,8 @@ from ._backend import running_trio
 from ._version import __version__
 from .chunked import ChunkedDecoder, encode_chunk
 from .codec import decode_json
-from .errors import BrokerRequestError, ConnectionLost, ProtocolError
+from .diagnosis import network_error_text, tls_refused
+from .errors import BrokerRequestError, ConnectionLost, ProtocolError, TLSRefused
 
 __all__ = [
     "Endpoint",
@@ -253,7 +254,12 @@ def error_from_response(response: Response) -> BrokerRequestError:
     if isinstance(body, dict):
         code = str(body.get("error", code))
         message = str(body.get("message", message))
-    return BrokerRequestError(response.status, code, message)
+    retry_after: float | None = None
+    try:
+        retry_after = float(response.header("retry-after") or "")
+    except ValueError:
+        pass  # absent, or an HTTP date (the broker sends seconds)
+    return BrokerRequestError(response.status, code, message, retry_after)
 
 
 def _is_chunked(headers: Iterable[tuple[bytes, bytes]]) -> bool:
@@ -345,6 +351,11 @@ class HTTPConnection:
                 self.got_response_bytes = True
             self._h11.receive_data(data)
 
+    def tls_refused(self, exc: BaseException) -> TLSRefused | None:
+        """See :func:`~client.diagnosis.tls_refused` (for a request that got no byte
+        of an answer)."""
+        return tls_refused(self._stream, str(self._endpoint), exc)
+
     async def aclose(self) -> None:
         await _aclose_quietly(self._stream)
 
@@ -410,7 +421,10 @@ class RestClient:
             except NETWORK_ERRORS as exc:
                 if reused and not conn.got_response_bytes:
                     continue  # stale keep-alive connection: retry on a fresh one
-                raise ConnectionLost(f"{method} {target} to {self._endpoint}: {exc}") from exc
+                refused = None if conn.got_response_bytes else conn.tls_refused(exc)
+                if refused is not None:
+                    raise refused from exc
+                raise ConnectionLost(f"{method} {target} to {self._endpoint}: {network_error_text(exc)}") from exc
             finally:
                 if keep and not self._closed and len(self._idle) < self._max_idle:
                     self._idle.append(conn)
@@ -489,14 +503,20 @@ class DuplexExchange:
             ]
             if endpoint.authorization is not None:
                 head.append(("Authorization", endpoint.authorization))
-            await self._send_event(h11.Request(method=method, target=target, headers=head))
-            while True:
-                event = await self._next_event()
-                if isinstance(event, h11.InformationalResponse):
-                    continue  # 100 Continue
-                if isinstance(event, h11.Response):
-                    break
-                raise ConnectionLost(f"unexpected {type(event).__name__} before the response")
+            try:
+                await self._send_event(h11.Request(method=method, target=target, headers=head))
+                while True:
+                    event = await self._next_event()
+                    if isinstance(event, h11.InformationalResponse):
+                        continue  # 100 Continue
+                    if isinstance(event, h11.Response):
+                        break
+                    raise ConnectionLost(f"the connection closed before the response ({type(event).__name__})")
+            except ConnectionLost as exc:
+                refused = tls_refused(stream, str(endpoint), exc.__cause__ or exc)
+                if refused is not None:
+                    raise refused from exc
+                raise
             if event.status_code != 200:
                 body = await self._read_rest()
                 raise error_from_response(Response(event.status_code, list(event.headers), body))
@@ -526,7 +546,7 @@ class DuplexExchange:
             if data:
                 await self._stream.send(data)
         except NETWORK_ERRORS as exc:
-            raise ConnectionLost(f"channel connection broke while sending: {exc}") from exc
+            raise ConnectionLost(f"channel connection broke while sending: {network_error_text(exc)}") from exc
 
     async def _next_event(self) -> Any:
         try:
@@ -536,7 +556,7 @@ class DuplexExchange:
                     return event
                 self._h11.receive_data(await receive_some(self._stream, RECEIVE_BYTES))
         except NETWORK_ERRORS as exc:
-            raise ConnectionLost(f"channel connection broke while receiving: {exc}") from exc
+            raise ConnectionLost(f"channel connection broke while receiving: {network_error_text(exc)}") from exc
 
     async def send(self, data: bytes) -> None:
         """Send ``data`` as one chunk of the request body.
@@ -550,7 +570,7 @@ class DuplexExchange:
             try:
                 await self._stream.send(encode_chunk(data))
             except NETWORK_ERRORS as exc:
-                raise ConnectionLost(f"channel connection broke while sending: {exc}") from exc
+                raise ConnectionLost(f"channel connection broke while sending: {network_error_text(exc)}") from exc
 
     @property
     def can_write_nowait(self) -> bool:
@@ -581,7 +601,7 @@ class DuplexExchange:
         except BlockingIOError:
             return framed
         except OSError as exc:
-            raise ConnectionLost(f"channel connection broke while sending: {exc}") from exc
+            raise ConnectionLost(f"channel connection broke while sending: {network_error_text(exc)}") from exc
         return framed[written:]
 
     async def send_framed(self, framed: bytes) -> None:
@@ -593,7 +613,7 @@ class DuplexExchange:
         try:
             await self._stream.send(framed)
         except NETWORK_ERRORS as exc:
-            raise ConnectionLost(f"channel connection broke while sending: {exc}") from exc
+            raise ConnectionLost(f"channel connection broke while sending: {network_error_text(exc)}") from exc
 
     async def end(self) -> None:
         """End the request body (the response may go on).
@@ -620,7 +640,7 @@ class DuplexExchange:
                         data = await receive_some(self._stream, RECEIVE_BYTES)
                     except NETWORK_ERRORS as exc:
                         raise ConnectionLost(
-                            f"channel connection broke while receiving: {exc}"
+                            f"channel connection broke while receiving: {network_error_text(exc)}"
                         ) from exc
                     if not data:
                         raise ConnectionLost("channel connection closed inside the response body")

@@ -60,6 +60,11 @@ EXPECTED_DEFAULTS: dict[str, Any] = {
     "log_level": "info",
     "log_format": "human",
     "log_file": None,
+    "etcd": "",
+    "node_name": "",
+    "advertise_url": "",
+    "cluster_name": "ackbus",
+    "cluster_lease_ttl_s": 10,
     "max_connections_per_address": 1000,
     "tls_cert": None,
     "tls_key": None,
@@ -431,3 +436,16 @@ def test_every_runtime_and_core_option_is_a_setting_with_the_layers_default() ->
     options = settings.section(RuntimeOptions)
     assert (options.max_queues, options.queue_memory_messages, options.data_dir) == (7, 3, settings.data_dir)
     assert settings.section(Limits).max_connections == 5
+
+
+def test_cluster_settings_are_checked_together() -> None:
+    ok = load_settings(["--etcd", "http://127.0.0.1:2379,http://h2:2379", "--node-name", "a", "--advertise-url", "http://a:8080"], {})
+    assert ok.etcd and ok.cluster_name == "ackbus"
+    for argv, setting in (
+        (["--etcd", "http://127.0.0.1:2379"], "node_name"),
+        (["--etcd", "127.0.0.1:2379", "--node-name", "a", "--advertise-url", "http://a"], "etcd"),
+        (["--cluster-name", "a/b"], "cluster_name"),
+    ):
+        with pytest.raises(ConfigError) as caught:
+            load_settings(argv, {})
+        assert caught.value.setting == setting

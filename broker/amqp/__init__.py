@@ -3,9 +3,10 @@
 
 In h11's layering: ``frames.py`` and ``tables.py`` are the sans-IO codec (bytes in,
 frames and methods out, and back), ``connection.py`` the connection's state machine
-(handshake, tune, heartbeats, channels, framing errors; no sockets), ``session.py``
-what the methods mean for the broker, ``bridge.py`` the one place it meets the
-runtime, and ``server.py`` the trio IO at the edge.
+(handshake, tune, heartbeats, channels, framing errors; no sockets; its events in
+``events.py``), ``session.py`` and ``methods.py`` what the methods mean for the
+broker, ``bridge.py`` the one place it meets the runtime, and ``server.py`` the trio IO
+at the edge.
 """
 
 from broker.amqp.connection import AMQPConnection, TuneLimits

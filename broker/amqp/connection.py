@@ -12,6 +12,10 @@ framing rule, answering a violation with RabbitMQ's connection or channel except
 What a method means for the broker (declares, consumes, publishes, acks) is not its
 business: those arrive as :class:`Method` and :class:`Content` events for the session
 (``session.py``).
+
+Why one module of ~540 lines: the handshake, tune, channel table and content assembly
+read and write one state, and every framing rule is a branch of the one frame
+dispatch; the events are in ``events.py``, the codec in ``frames.py``.
 """
 
 from __future__ import annotations
@@ -23,6 +27,16 @@ from typing import Any
 
 from pamqp import commands
 
+from broker.amqp.events import (
+    ChannelClosedByPeer,
+    ChannelFailed,
+    ChannelOpened,
+    ConnectionEnded,
+    Content,
+    Login,
+    Method,
+    Opened,
+)
 from broker.amqp.frames import (
     FRAME_BODY,
     FRAME_HEADER,
@@ -92,77 +106,6 @@ class TuneLimits:
     heartbeat_s: int = 60
     #: Largest message body a publish may carry (RabbitMQ's max_message_size).
     max_body_bytes: int = 128 << 20
-
-
-@dataclass(slots=True)
-class Login:
-    """``start-ok`` arrived: check these credentials, then call
-    :meth:`AMQPConnection.accept_login` or :meth:`AMQPConnection.refuse_login`."""
-
-    mechanism: str
-    username: str
-    password: str
-    client_properties: dict[str, Any]
-
-
-@dataclass(slots=True)
-class Opened:
-    """``connection.open`` on vhost ``/``: the connection is open."""
-
-    vhost: str
-
-
-@dataclass(slots=True)
-class ChannelOpened:
-    channel: int
-
-
-@dataclass(slots=True)
-class ChannelClosedByPeer:
-    """The client closed the channel: release it, then call
-    :meth:`AMQPConnection.channel_close_ok` (close-ok follows what was queued)."""
-
-    channel: int
-
-
-@dataclass(slots=True)
-class ChannelFailed:
-    """The machine closed a channel on a protocol error (``channel.close`` is queued):
-    release it in the broker."""
-
-    channel: int
-    code: int
-    text: str
-
-
-@dataclass(slots=True)
-class Method:
-    """A method on an open channel for the session (declares, consume, acks...)."""
-
-    channel: int
-    index: int
-    method: Any
-
-
-@dataclass(slots=True)
-class Content:
-    """A whole publish: the method, its properties and its body."""
-
-    channel: int
-    publish: Publish
-    properties: dict[str, Any] | None
-    body: bytes
-
-
-@dataclass(slots=True)
-class ConnectionEnded:
-    """The connection is over: the client closed it (``by_peer``) or the machine or
-    the caller closed it with ``code`` (0: a clean close). Close the socket once
-    :meth:`data_to_send` is empty."""
-
-    code: int
-    text: str
-    by_peer: bool
 
 
 _NEED_DATA = None

@@ -23,6 +23,7 @@ import trio
 from broker import __version__
 from broker.amqp.bridge import RuntimeBridge
 from broker.amqp.connection import AMQPConnection, State, TuneLimits
+from broker.amqp.methods import handle
 from broker.amqp.replies import CONNECTION_FORCED
 from broker.amqp.session import AMQPSession
 from broker.runtime import BrokerRuntime
@@ -260,5 +261,5 @@ async def _drain_events(conn: AMQPConnection, session: AMQPSession) -> None:
     event = next_event()
     while event is not None:
         if not handle_nowait(event):
-            await session.handle(event)
+            await handle(session, event)
         event = next_event()

@@ -25,34 +25,24 @@ from typing import Any
 from pamqp import commands
 
 from broker.amqp.bridge import RuntimeBridge
-from broker.amqp.connection import (
-    AMQPConnection,
-    ChannelClosedByPeer,
-    ChannelFailed,
-    ChannelOpened,
-    ConnectionEnded,
+from broker.amqp.connection import AMQPConnection
+from broker.amqp.events import (
     Content,
     Login,
     Method,
-    Opened,
 )
 from broker.amqp.frames import (
     Ack,
     Nack,
     Reject,
     encode_cancel,
-    encode_cancel_ok,
     encode_confirm,
-    encode_consume_ok,
-    encode_declare_ok,
     encode_deliver,
-    encode_get_ok,
     encode_properties,
     encode_return,
 )
 from broker.amqp.replies import (
     ACCESS_REFUSED,
-    COMMAND_INVALID,
     CONNECTION_FORCED,
     NOT_ALLOWED,
     NOT_FOUND,
@@ -64,7 +54,6 @@ from broker.amqp.replies import (
 from broker.amqp.tables import TableError
 from broker.api import ALLOW_ALL, Access
 from broker.core import (
-    EXCHANGE_TYPES,
     BrokerError,
     Confirm,
     ConsumerCancelled,
@@ -77,7 +66,7 @@ from broker.core import (
     delivery_cost,
 )
 
-__all__ = ["AMQPChannel", "AMQPSession", "AMQPException"]
+__all__ = ["AMQPChannel", "AMQPException", "AMQPSession", "DEFAULT_EXCHANGE_ALIAS", "exchange_alias"]
 
 log = logging.getLogger("ackbus.amqp")
 
@@ -100,23 +89,9 @@ class AMQPException(Exception):
         self.method_id = method_id
 
 
-def _exchange(name: str) -> str:
+def exchange_alias(name: str) -> str:
+    """The exchange ``name`` names (``amq.default`` is the default exchange, \"\")."""
     return "" if name == DEFAULT_EXCHANGE_ALIAS else name
-
-
-def _plain(value: Any) -> Any:
-    """pamqp's decoded table values as JSON (declare arguments)."""
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
-    if isinstance(value, (bytes, bytearray)):
-        return bytes(value).decode("utf-8", "replace")
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if hasattr(value, "timestamp"):
-        return int(value.timestamp())
-    return str(value)  # Decimal
 
 
 class _NoEvent:
@@ -292,83 +267,34 @@ class AMQPSession:
     def handle_nowait(self, event: Any) -> bool:
         """Carry out a per-message event (a publish, an ack, a nack, a reject) in the
         caller's step, without a coroutine; False for any other event (then
-        :meth:`handle`)."""
+        ``methods.handle``)."""
         kind = type(event)
         if kind is Content:
-            self._guard(event.channel, self._publish, event, 60, 40)
+            self.guard(event.channel, self.publish, event, 60, 40)
             return True
         if kind is Method:
             mtype = type(event.method)
             if mtype is Ack:
-                self._guard(event.channel, self._ack, event.method, 60, 80)
+                self.guard(event.channel, self.ack, event.method, 60, 80)
                 return True
             if mtype is Nack:
-                self._guard(event.channel, self._nack, event.method, 60, 120)
+                self.guard(event.channel, self.nack, event.method, 60, 120)
                 return True
             if mtype is Reject:
-                self._guard(event.channel, self._reject, event.method, 60, 90)
+                self.guard(event.channel, self.reject, event.method, 60, 90)
                 return True
         return False
 
-    async def handle(self, event: Any) -> None:
-        """Carry out one event of the connection."""
-        kind = type(event)
-        if kind is Content:
-            self._guard(event.channel, self._publish, event, 60, 40)
-        elif kind is Method:
-            method = event.method
-            mtype = type(method)
-            if mtype is Ack:
-                self._guard(event.channel, self._ack, method, 60, 80)
-            elif mtype is Nack:
-                self._guard(event.channel, self._nack, method, 60, 120)
-            elif mtype is Reject:
-                self._guard(event.channel, self._reject, method, 60, 90)
-            else:
-                ch = self.channels.get(event.channel)
-                if ch is None:
-                    return
-                handler = _HANDLERS.get(mtype)
-                index = event.index
-                try:
-                    if handler is None:
-                        raise AMQPException(NOT_IMPLEMENTED, f"NOT_IMPLEMENTED - {method.name} is not supported")
-                    self.bridge.pump()  # earlier ops' deliveries and confirms first
-                    await handler(self, ch, method)
-                except (AMQPException, BrokerError) as exc:
-                    self._raise_on(ch, exc, index >> 16, index & 0xFFFF)
-        elif kind is ChannelOpened:
-            await self._open_channel(event.channel)
-        elif kind is ChannelClosedByPeer:
-            ch = self.channels.pop(event.channel, None)
-            if ch is not None:
-                self._release(ch, "closed by client")
-            self.conn.channel_close_ok(event.channel)
-        elif kind is ChannelFailed:
-            ch = self.channels.pop(event.channel, None)
-            if ch is not None:
-                self._release(ch, f"channel error {event.code}")
-            log.info("amqp channel closed on error", extra={"fields": {"channel": event.channel, "code": event.code, "text": event.text}})
-        elif kind is Login:
-            await self._authenticate(event)
-        elif kind is Opened:
-            log.info("amqp connection opened", extra={"fields": {"remote": self.remote, "user": self.conn.username}})
-        elif kind is ConnectionEnded:
-            if event.code >= 500 or event.code == 403:
-                log.warning("amqp connection closed on error", extra={"fields": {"remote": self.remote, "code": event.code, "text": event.text}})
-            self.release_all("connection closed")
-        self.wake()
-
-    def _guard(self, number: int, fn: Callable[[AMQPChannel, Any], None], arg: Any, class_id: int, method_id: int) -> None:
+    def guard(self, number: int, fn: Callable[[AMQPChannel, Any], None], arg: Any, class_id: int, method_id: int) -> None:
         ch = self.channels.get(number)
         if ch is None:
             return
         try:
             fn(ch, arg)
         except (AMQPException, BrokerError) as exc:
-            self._raise_on(ch, exc, class_id, method_id)
+            self.raise_on(ch, exc, class_id, method_id)
 
-    def _raise_on(self, ch: AMQPChannel, exc: AMQPException | BrokerError, class_id: int, method_id: int) -> None:
+    def raise_on(self, ch: AMQPChannel, exc: AMQPException | BrokerError, class_id: int, method_id: int) -> None:
         if isinstance(exc, AMQPException):
             code, text = exc.code, exc.text
         else:
@@ -380,7 +306,7 @@ class AMQPSession:
         self.bridge.pump()  # what the channel did before the error still goes out
         self.channels.pop(ch.number, None)
         self.conn.close_channel(ch.number, code, text, class_id, method_id)
-        self._release(ch, f"channel error {code}")
+        self.release(ch, f"channel error {code}")
         log.info("amqp channel error", extra={"fields": {"channel": ch.number, "code": code, "text": text[:200]}})
 
     def fail_later(self, ch: AMQPChannel, code: int, text: str) -> None:
@@ -394,11 +320,11 @@ class AMQPSession:
             if self.channels.get(ch.number) is ch:
                 self.channels.pop(ch.number)
                 self.conn.close_channel(ch.number, code, text)
-                self._release(ch, f"channel error {code}")
+                self.release(ch, f"channel error {code}")
 
     # -- login and channels ---------------------------------------------------------
 
-    async def _authenticate(self, event: Login) -> None:
+    async def authenticate(self, event: Login) -> None:
         self.user_agent = str(event.client_properties.get("product", ""))[:128] or None
         caps = event.client_properties.get("capabilities")
         self.cancel_notify = isinstance(caps, dict) and bool(caps.get("consumer_cancel_notify"))
@@ -421,7 +347,7 @@ class AMQPSession:
         self.access = self.principal.access
         self.conn.accept_login(event.username)
 
-    async def _open_channel(self, number: int) -> None:
+    async def open_channel(self, number: int) -> None:
         ch = AMQPChannel(self, number)
         try:
             ch.core_id = self.bridge.open_channel(ch, self.principal)
@@ -436,7 +362,7 @@ class AMQPSession:
         self.channels[number] = ch
         self.conn.channel_open_ok(number)
 
-    def _release(self, ch: AMQPChannel, reason: str) -> None:
+    def release(self, ch: AMQPChannel, reason: str) -> None:
         if ch.closed:
             return
         ch.closed = True
@@ -447,7 +373,7 @@ class AMQPSession:
         """The connection is over: close every core channel once."""
         channels, self.channels = self.channels, {}
         for ch in channels.values():
-            self._release(ch, reason)
+            self.release(ch, reason)
         if self.release_user is not None:
             self.release_user()
             self.release_user = None
@@ -499,11 +425,11 @@ class AMQPSession:
 
     # -- the per-message methods ----------------------------------------------------
 
-    def _publish(self, ch: AMQPChannel, event: Content) -> None:
+    def publish(self, ch: AMQPChannel, event: Content) -> None:
         publish = event.publish
         if publish.immediate:
             raise AMQPException(NOT_IMPLEMENTED, "NOT_IMPLEMENTED - immediate=true", 60, 40)
-        exchange = _exchange(publish.exchange)
+        exchange = exchange_alias(publish.exchange)
         self.access.require("publish", exchange or DEFAULT_EXCHANGE_ALIAS)
         core = self.core
         ex = core.exchanges.get(exchange)
@@ -539,26 +465,26 @@ class AMQPSession:
             )
         return check_properties(props)
 
-    def _ack(self, ch: AMQPChannel, m: Ack) -> None:
+    def ack(self, ch: AMQPChannel, m: Ack) -> None:
         tag = m.delivery_tag
         if tag == 0 and m.multiple:
-            tag = self._last_tag(ch)
+            tag = self.last_tag(ch)
             if not tag:
                 return
         self.core.ack(ch.core_id, tag, m.multiple)
 
-    def _nack(self, ch: AMQPChannel, m: Nack) -> None:
+    def nack(self, ch: AMQPChannel, m: Nack) -> None:
         tag = m.delivery_tag
         if tag == 0 and m.multiple:
-            tag = self._last_tag(ch)
+            tag = self.last_tag(ch)
             if not tag:
                 return
         self.core.nack(ch.core_id, tag, m.multiple, m.requeue)
 
-    def _reject(self, ch: AMQPChannel, m: Reject) -> None:
+    def reject(self, ch: AMQPChannel, m: Reject) -> None:
         self.core.reject(ch.core_id, m.delivery_tag, m.requeue)
 
-    def _last_tag(self, ch: AMQPChannel) -> int:
+    def last_tag(self, ch: AMQPChannel) -> int:
         state = self.core.channels.get(ch.core_id)
         return max(state.deliveries, default=0) if state is not None else 0
 
@@ -572,245 +498,3 @@ class AMQPSession:
         """A reply the session encoded itself (one that carries a name)."""
         if ch.number in self.conn.channels:
             self.conn.send_raw(data)
-
-
-async def _exchange_declare(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
-    name = _exchange(m.exchange or "")
-    if not m.passive:
-        s.access.require("declare_exchange", name or DEFAULT_EXCHANGE_ALIAS)
-    if name == "" and not m.passive:
-        raise AMQPException(ACCESS_REFUSED, "ACCESS_REFUSED - operation not permitted on the default exchange")
-    if not m.passive and m.exchange_type not in EXCHANGE_TYPES:
-        # RabbitMQ: a connection exception
-        raise AMQPException(COMMAND_INVALID, f"COMMAND_INVALID - invalid exchange type '{m.exchange_type}'")
-    exchange, created = s.core.declare_exchange(
-        name, m.exchange_type or "direct", durable=bool(m.durable), auto_delete=bool(m.auto_delete),
-        internal=bool(m.internal), arguments=_plain(m.arguments or {}), passive=bool(m.passive),
-    )
-    if created and exchange.durable:
-        await s.bridge.wait_durable()
-    s.reply(ch, commands.Exchange.DeclareOk(), m.nowait)
-
-
-async def _exchange_delete(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
-    name = _exchange(m.exchange or "")
-    s.access.require("delete_exchange", name or DEFAULT_EXCHANGE_ALIAS)
-    if name == "":
-        raise AMQPException(ACCESS_REFUSED, "ACCESS_REFUSED - operation not permitted on the default exchange")
-    if name not in s.core.exchanges:
-        # RabbitMQ 3.x: deleting an exchange that does not exist succeeds.
-        s.reply(ch, commands.Exchange.DeleteOk(), m.nowait)
-        return
-    s.core.delete_exchange(name, if_unused=bool(m.if_unused))
-    await s.bridge.wait_durable()
-    s.reply(ch, commands.Exchange.DeleteOk(), m.nowait)
-
-
-async def _exchange_bind(s: AMQPSession, ch: AMQPChannel, m: Any, unbind: bool = False) -> None:
-    source, dest = _exchange(m.source or ""), _exchange(m.destination or "")
-    op = "unbind" if unbind else "bind"
-    s.access.require(op, dest or DEFAULT_EXCHANGE_ALIAS, source=source or DEFAULT_EXCHANGE_ALIAS)
-    args = _plain(m.arguments or {})
-    if unbind:
-        s.core.unbind(source, dest, m.routing_key or "", args, to_exchange=True, channel_id=ch.core_id)
-    else:
-        s.core.bind(source, dest, m.routing_key or "", args, to_exchange=True, channel_id=ch.core_id)
-    await s.bridge.wait_durable()
-    s.reply(ch, commands.Exchange.UnbindOk() if unbind else commands.Exchange.BindOk(), m.nowait)
-
-
-async def _exchange_unbind(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
-    await _exchange_bind(s, ch, m, unbind=True)
-
-
-async def _queue_declare(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
-    name = m.queue or ""
-    if not m.passive:
-        s.access.require("declare_queue", name or "amq.gen-")
-    elif not name:
-        name = ch.last_queue
-    queue, created = s.core.declare_queue(
-        name, durable=bool(m.durable), exclusive=bool(m.exclusive), auto_delete=bool(m.auto_delete),
-        arguments=_plain(m.arguments or {}), passive=bool(m.passive), channel_id=ch.core_id,
-    )
-    if created and queue.persistent_log:
-        await s.bridge.wait_durable()
-    ch.last_queue = queue.name
-    if not m.nowait:
-        s.reply_raw(ch, encode_declare_ok(ch.number, queue.name, queue.ready_count(), len(queue.consumers)))
-
-
-def _queue_name(ch: AMQPChannel, name: str | None) -> str:
-    return name or ch.last_queue
-
-
-async def _queue_bind(s: AMQPSession, ch: AMQPChannel, m: Any, unbind: bool = False) -> None:
-    queue = _queue_name(ch, m.queue)
-    source = _exchange(m.exchange or "")
-    op = "unbind" if unbind else "bind"
-    s.access.require(op, queue, source=source or DEFAULT_EXCHANGE_ALIAS)
-    args = _plain(m.arguments or {})
-    if unbind:
-        s.core.unbind(source, queue, m.routing_key or "", args, to_exchange=False, channel_id=ch.core_id)
-        await s.bridge.wait_durable()
-        s.reply(ch, commands.Queue.UnbindOk())
-        return
-    s.core.bind(source, queue, m.routing_key or "", args, to_exchange=False, channel_id=ch.core_id)
-    await s.bridge.wait_durable()
-    s.reply(ch, commands.Queue.BindOk(), m.nowait)
-
-
-async def _queue_unbind(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
-    await _queue_bind(s, ch, m, unbind=True)
-
-
-async def _queue_purge(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
-    queue = _queue_name(ch, m.queue)
-    s.access.require("purge", queue)
-    count = s.core.purge_queue(queue, channel_id=ch.core_id)
-    s.reply(ch, commands.Queue.PurgeOk(message_count=count), m.nowait)
-
-
-async def _queue_delete(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
-    queue = _queue_name(ch, m.queue)
-    s.access.require("delete_queue", queue)
-    if queue not in s.core.queues:
-        # RabbitMQ 3.x: deleting a queue that does not exist succeeds with 0.
-        s.reply(ch, commands.Queue.DeleteOk(message_count=0), m.nowait)
-        return
-    count = s.core.delete_queue(queue, if_unused=bool(m.if_unused), if_empty=bool(m.if_empty), channel_id=ch.core_id)
-    s.bridge.pump()
-    await s.bridge.wait_durable()
-    s.reply(ch, commands.Queue.DeleteOk(message_count=count), m.nowait)
-
-
-async def _basic_qos(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
-    if m.prefetch_size:
-        raise AMQPException(NOT_IMPLEMENTED, f"NOT_IMPLEMENTED - prefetch_size!=0 ({m.prefetch_size})")
-    s.core.qos(ch.core_id, m.prefetch_count or 0, bool(m.global_))
-    s.reply(ch, commands.Basic.QosOk())
-
-
-async def _basic_consume(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
-    queue = _queue_name(ch, m.queue)
-    s.access.require("consume", queue)
-    if s.principal is not None:
-        s.principal.check_consumer(s.core)
-    tag = m.consumer_tag or s.next_tag("amq.ctag-")
-    s.core.consume(ch.core_id, queue, consumer_tag=tag, no_ack=bool(m.no_ack), exclusive=bool(m.exclusive))
-    # Deliveries leave at the next pump: the consume-ok goes out first.
-    if not m.nowait:
-        s.reply_raw(ch, encode_consume_ok(ch.number, tag))
-
-
-async def _basic_cancel(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
-    state = s.core.channels.get(ch.core_id)
-    if state is not None and m.consumer_tag in state.consumers:
-        s.core.cancel(ch.core_id, m.consumer_tag)
-        s.bridge.pump()
-    if not m.nowait:
-        s.reply_raw(ch, encode_cancel_ok(ch.number, m.consumer_tag))
-
-
-async def _basic_get(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
-    """A get is a consumer of one message that lives for one pump: the delivery is the
-    channel's own (its tag, acks and requeue on close), as RabbitMQ's get is."""
-    queue = _queue_name(ch, m.queue)
-    s.access.require("get", queue)
-    core = s.core
-    tag = s.next_tag("amq.get-")
-    ch.get_tag = tag
-    ch.got = None
-    try:
-        # Always in ack mode: a no-ack consumer ignores its prefetch and would take
-        # every ready message; a no-ack get is acked below instead.
-        core.consume(ch.core_id, queue, consumer_tag=tag, prefetch=1)
-        s.bridge.pump()
-        state = core.channels.get(ch.core_id)
-        if state is not None and tag in state.consumers:
-            core.cancel(ch.core_id, tag)
-    finally:
-        ch.get_tag = None
-    got, ch.got = ch.got, None
-    if got is None:
-        s.reply(ch, commands.Basic.GetEmpty())
-        return
-    if m.no_ack:
-        core.ack(ch.core_id, got.delivery_tag)
-    q = core.queues.get(queue)
-    msg = got.message
-    s.conn.send_raw(
-        encode_get_ok(
-            ch.number, got.delivery_tag, got.redelivered, msg.exchange, msg.routing_key,
-            q.ready_count() if q is not None else 0, encode_properties(msg.properties), msg.body, s.conn.frame_max,
-        )
-    )
-    ch.credit += delivery_cost(msg.body)
-    s.credit_pending = True
-
-
-async def _basic_recover(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
-    if not m.requeue:
-        raise AMQPException(NOT_IMPLEMENTED, "NOT_IMPLEMENTED - requeue=false")
-    tag = s._last_tag(ch)
-    if tag:
-        s.core.nack(ch.core_id, tag, True, True)
-    if isinstance(m, commands.Basic.Recover):
-        s.reply(ch, commands.Basic.RecoverOk())
-
-
-async def _confirm_select(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
-    if ch.tx:
-        raise AMQPException(PRECONDITION_FAILED, "PRECONDITION_FAILED - cannot switch from tx to confirm mode")
-    if not ch.confirm:
-        ch.confirm = True
-        ch.confirm_offset = ch.published
-    s.reply(ch, commands.Confirm.SelectOk(), m.nowait)
-
-
-async def _tx_select(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
-    if ch.confirm:
-        raise AMQPException(PRECONDITION_FAILED, "PRECONDITION_FAILED - cannot switch from confirm to tx mode")
-    if not ch.tx:
-        s.core.tx_select(ch.core_id)
-        ch.tx = True
-    s.reply(ch, commands.Tx.SelectOk())
-
-
-async def _tx_commit(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
-    if not ch.tx:
-        raise AMQPException(PRECONDITION_FAILED, "PRECONDITION_FAILED - channel is not transactional")
-    s.core.tx_commit(ch.core_id)
-    s.bridge.pump()
-    await s.bridge.wait_durable()
-    s.reply(ch, commands.Tx.CommitOk())
-
-
-async def _tx_rollback(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
-    if not ch.tx:
-        raise AMQPException(PRECONDITION_FAILED, "PRECONDITION_FAILED - channel is not transactional")
-    s.core.tx_rollback(ch.core_id)
-    s.reply(ch, commands.Tx.RollbackOk())
-
-
-_HANDLERS: dict[type, Callable[[AMQPSession, AMQPChannel, Any], Any]] = {
-    commands.Exchange.Declare: _exchange_declare,
-    commands.Exchange.Delete: _exchange_delete,
-    commands.Exchange.Bind: _exchange_bind,
-    commands.Exchange.Unbind: _exchange_unbind,
-    commands.Queue.Declare: _queue_declare,
-    commands.Queue.Bind: _queue_bind,
-    commands.Queue.Unbind: _queue_unbind,
-    commands.Queue.Purge: _queue_purge,
-    commands.Queue.Delete: _queue_delete,
-    commands.Basic.Qos: _basic_qos,
-    commands.Basic.Consume: _basic_consume,
-    commands.Basic.Cancel: _basic_cancel,
-    commands.Basic.Get: _basic_get,
-    commands.Basic.Recover: _basic_recover,
-    commands.Basic.RecoverAsync: _basic_recover,
-    commands.Confirm.Select: _confirm_select,
-    commands.Tx.Select: _tx_select,
-    commands.Tx.Commit: _tx_commit,
-    commands.Tx.Rollback: _tx_rollback,
-}

@@ -2,7 +2,8 @@
 
 REST resources, the channel and stream protocols, the NDJSON codec and the metrics
 endpoint. It sits on the generic HTTP server (:mod:`broker.http`) and the runtime
-(:mod:`broker.runtime`).
+(:mod:`broker.runtime`), whose command gateway is its one way to change the core;
+it reads the core through the core's views.
 """
 
 from broker.api.auth import Authenticator, hash_password, new_token
@@ -10,6 +11,7 @@ from broker.api.csrf import protect
 from broker.api.errors import http_error
 from broker.api.metrics import BrokerMetrics
 from broker.api.permissions import ALLOW_ALL, Access
+from broker.api.rest.cluster import cluster_routes, dispatch_cluster_first
 from broker.api.routes import PUBLIC_ROUTES, build_router
 
 __all__ = [
@@ -19,6 +21,8 @@ __all__ = [
     "BrokerMetrics",
     "PUBLIC_ROUTES",
     "build_router",
+    "cluster_routes",
+    "dispatch_cluster_first",
     "hash_password",
     "http_error",
     "new_token",

@@ -24,11 +24,23 @@ Rules (docs/security.md):
   and 32 random bytes of secret. The secret is shown once, at creation; only its
   SHA-256 is kept (a fast hash is enough for 256 random bits, as for GitHub's and
   Stripe's tokens). Digests are compared with ``hmac.compare_digest``.
-* **Failed logins** are counted per client address over ``auth_failure_window_s``;
-  past ``auth_failure_limit`` of them, that address's attempts with credentials not
-  already verified are answered ``429 too_many_failures`` with ``Retry-After`` without
-  checking them, until the oldest failure leaves the window. Each failure is logged
-  with the address and the user name, never the secret.
+* **Failed logins** are counted over ``auth_failure_window_s`` per client address and
+  login name (the user name of Basic credentials, the id of a token), and per client
+  address alone. Past ``auth_failure_limit`` failures for one address and name, that
+  address's attempts with that name, not already verified, are answered ``429
+  too_many_failures`` with ``Retry-After`` without checking them, until the oldest
+  failure leaves the window; other names from the same address (everyone behind one
+  proxy or NAT) are still checked, until the address itself has
+  ``ADDRESS_FAILURE_FACTOR`` times that many failures. Each failure is logged with
+  the address and the user name, never the secret.
+* **Revocation.** Every open channel, streaming consume and long-poll get registers
+  with its user's :class:`Principal` (with the token it authenticated with, if any).
+  After every change of users or tokens, :meth:`Authenticator.enforce_revocations`
+  ends those of a deleted user or a revoked token at once (``401
+  credentials_revoked``), and cancels each consumer, stream or long poll whose queue
+  the user may no longer read (``access_refused``). Every other operation asks the
+  permissions at its own time (``broker.api.permissions``), so a change applies from
+  the next operation of every open channel, with no new login.
 * **Per-user caps.** The guard counts each user's requests in progress (an HTTP/1.1
   connection serves one at a time, so this is the user's busy connections) against
   ``max_connections_per_user``; channels and consumers are counted by their handlers
@@ -47,7 +59,7 @@ import logging
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import trio
 
@@ -58,8 +70,10 @@ from broker.runtime import RuntimeOptions
 
 __all__ = [
     "Authenticator",
+    "CredentialsRevoked",
     "Principal",
     "ResourceLimit",
+    "Revocable",
     "Usage",
     "hash_password",
     "new_token",
@@ -81,6 +95,9 @@ HASH_THREADS: Final = 2
 CACHE_TTL_S: Final = 60.0
 _CACHE_MAX: Final = 10_000
 _ADDRESSES_MAX: Final = 65_536
+#: The failed logins one address may make, all names together, are this many times
+#: ``auth_failure_limit`` (the cap for one address and one name).
+ADDRESS_FAILURE_FACTOR: Final = 10
 TOKEN_PREFIX: Final = "ackbus_"
 MAX_PASSWORD_BYTES: Final = 4096
 _CHALLENGE: Final = (
@@ -94,6 +111,25 @@ class ResourceLimit(BrokerError):
 
     code = "resource_limit"
     status = 429
+
+
+class CredentialsRevoked(BrokerError):
+    """The credentials an open channel, stream or long poll authenticated with are gone
+    (the user was deleted, the token revoked)."""
+
+    code = "credentials_revoked"
+    status = 401
+
+
+class Revocable(Protocol):
+    """Something a user holds open past its request head: a channel, a streaming
+    consume, a parked long-poll get."""
+
+    def revoke(self, error: BrokerError) -> None:
+        """The user's credentials are gone: end it now, saying ``error``."""
+
+    def recheck(self, access: Access) -> None:
+        """The user's permissions changed: stop what it may no longer read."""
 
 
 # -- passwords and tokens -------------------------------------------------------------
@@ -169,18 +205,36 @@ class Usage:
     requests: int = 0
     #: The core channel ids of the user's open channels and streaming consumes.
     channels: set[int] = field(default_factory=set)
+    #: Its channels, streams and long polls -> the token id each authenticated with
+    #: (None: a password), for :meth:`Authenticator.enforce_revocations`.
+    sessions: dict[Revocable, str | None] = field(default_factory=dict)
 
 
 class Principal:
-    """An authenticated user: its name, what it may do, and what it holds open."""
+    """An authenticated user: its name, what it may do, and what it holds open; and, for
+    one request, the token it authenticated with (``token_id``; None: a password)."""
 
-    __slots__ = ("access", "limits", "usage", "username")
+    __slots__ = ("access", "limits", "token_id", "usage", "username")
 
-    def __init__(self, access: Access, limits: RuntimeOptions) -> None:
+    def __init__(self, access: Access, limits: RuntimeOptions, usage: Usage | None = None) -> None:
         self.username = access.username
         self.access = access
         self.limits = limits
-        self.usage = Usage()
+        self.usage = usage if usage is not None else Usage()
+        self.token_id: str | None = None
+
+    def with_token(self, token_id: str) -> Principal:
+        """The same user (same access and usage), authenticated with the token ``token_id``."""
+        principal = Principal(self.access, self.limits, self.usage)
+        principal.token_id = token_id
+        return principal
+
+    def open_session(self, session: Revocable) -> None:
+        """Register a channel, stream or long poll, to be ended if the credentials go."""
+        self.usage.sessions[session] = self.token_id
+
+    def close_session(self, session: Revocable) -> None:
+        self.usage.sessions.pop(session, None)
 
     def open_channel(self, channel_id: int) -> None:
         """Count a channel. Raises ResourceLimit past ``max_channels_per_user``."""
@@ -210,8 +264,8 @@ class Principal:
 
 
 class FailureLimiter:
-    """Failed authentications per client address in a sliding window (times are
-    arguments, so tests drive it synchronously)."""
+    """Failed authentications per key (a client address, or an address and a login
+    name) in a sliding window (times are arguments, so tests drive it synchronously)."""
 
     def __init__(self, limit: int, window_s: float) -> None:
         self.limit = limit
@@ -268,7 +322,12 @@ class Authenticator:
         self.core = core
         self.limits = limits
         self.open_without_users = open_without_users
+        #: Failed logins per (address, login name): a user name, or a token's id.
         self.failures = FailureLimiter(limits.auth_failure_limit, limits.auth_failure_window_s)
+        #: Failed logins per address, whatever the name (one client trying many names).
+        self.address_failures = FailureLimiter(
+            limits.auth_failure_limit * ADDRESS_FAILURE_FACTOR, limits.auth_failure_window_s
+        )
         self.hashing = trio.CapacityLimiter(HASH_THREADS)
         # sha256(Authorization value) -> (user name, store generation, valid until)
         self._cache: dict[bytes, tuple[str, int, float]] = {}
@@ -284,10 +343,30 @@ class Authenticator:
             if len(self._principals) > 2 * max(len(self.core.users), 64):
                 # forget principals of deleted users that hold nothing open
                 for name, p in list(self._principals.items()):
-                    if self.core.users.get(name) is None and not p.usage.requests and not p.usage.channels:
+                    if self.core.users.get(name) is None and not (p.usage.requests or p.usage.channels or p.usage.sessions):
                         del self._principals[name]
             principal = self._principals[username] = Principal(Access(self.core.users, username), self.limits)
         return principal
+
+    def enforce_revocations(self) -> None:
+        """Apply a change of users or tokens to what users hold open: end every channel,
+        stream and long poll of a deleted user or a revoked token
+        (:class:`CredentialsRevoked`), and let the others stop reading the queues their
+        user may no longer read. Called after each change (``broker/api/rest/users.py``),
+        in the same step, so no delivery falls between the change and this."""
+        store = self.core.users
+        for username, principal in list(self._principals.items()):
+            sessions = principal.usage.sessions
+            if not sessions:
+                continue
+            user_gone = store.get(username) is None
+            for session, token_id in list(sessions.items()):
+                if user_gone:
+                    session.revoke(CredentialsRevoked(f"user {username!r} was deleted"))
+                elif token_id is not None and token_id not in store.tokens:
+                    session.revoke(CredentialsRevoked(f"token {token_id} of user {username!r} was revoked"))
+                else:
+                    session.recheck(principal.access)
 
     async def guard(self, request: Any) -> Callable[[], None] | None:
         """Authenticate ``request`` (sets ``request.principal``); returns what to call
@@ -308,11 +387,14 @@ class Authenticator:
         key = hashlib.sha256(header.encode("utf-8", "surrogateescape")).digest()
         now = trio.current_time()
         hit = self._cache.get(key)
+        token_id: str | None = None
         if hit is not None and hit[1] == store.generation and hit[2] > now:
             username = hit[0]
         else:
-            username = await self._verify(request, header, key, now)
+            username, token_id = await self._verify(request, header, key, now)
         principal = self.principal(username)
+        if token_id is not None:
+            principal = principal.with_token(token_id)
         usage = principal.usage
         if usage.requests >= self.limits.max_connections_per_user:
             raise HTTPError(
@@ -332,21 +414,29 @@ class Authenticator:
         self, username: str, password: str, remote: str | None
     ) -> tuple[Principal, Callable[[], None]] | str | None:
         """Check a user name and password for a listener other than HTTP (AMQP's PLAIN
-        and AMQPLAIN), with the guard's failure limiter and per-user connection cap:
+        and AMQPLAIN), with the guard's failure limiters and per-user connection cap:
         (the principal, what to call when the connection ends), a refusal's reason
-        (the cap, the limiter), or None for wrong credentials."""
+        (a cap, a limiter), or None for wrong credentials."""
         address = _address(remote)
         now = trio.current_time()
-        if self.failures.retry_after_s(address, now) is not None:
+        login_key = f"{address} {username}"
+        if (
+            self.failures.retry_after_s(login_key, now) is not None
+            or self.address_failures.retry_after_s(address, now) is not None
+        ):
             self.refused += 1
-            return "too many failed authentications from this address; try again later"
+            return "too many failed authentications for this user name, or from this address; try again later"
         found = await self._check_password(username, password) if username else None
         if found is None:
             self.failed += 1
-            count = self.failures.record(address, now)
+            count = self.failures.record(login_key, now)
+            from_address = self.address_failures.record(address, now)
             log.warning(
                 "authentication failed",
-                extra={"fields": {"remote": address, "scheme": "amqp", "user": username[:64], "failures": count}},
+                extra={"fields": {
+                    "remote": address, "scheme": "amqp", "user": username[:64],
+                    "failures": count, "address_failures": from_address,
+                }},
             )
             return None
         principal = self.principal(found)
@@ -360,40 +450,60 @@ class Authenticator:
 
         return principal, release
 
-    async def _verify(self, request: Any, header: str, key: bytes, now: float) -> str:
+    async def _verify(self, request: Any, header: str, key: bytes, now: float) -> tuple[str, str | None]:
+        """Check credentials not verified recently: (user name, token id or None).
+        Raises HTTPError 401, or 429 while this address and login name, or this
+        address, are over their failure limits (checked before any hash is spent)."""
         address = _address(request.remote)
-        wait_s = self.failures.retry_after_s(address, now)
-        if wait_s is not None:
-            self.refused += 1
-            raise HTTPError(
-                "too many failed authentications from this address; try again later",
-                code="too_many_failures", status=429, headers=(("retry-after", str(max(1, round(wait_s + 0.5)))),),
-            )
         scheme, _sep, value = header.strip().partition(" ")
         scheme = scheme.lower()
         value = value.strip()
-        username: str | None = None
-        claimed = ""
+        name: str | None = None
+        password = ""
+        parsed: tuple[str, str] | None = None
         if scheme == "basic":
             name, password = _basic(value)
-            if name is not None:
-                claimed = name
-                username = await self._check_password(name, password)
+            login = name or ""
         elif scheme == "bearer":
-            username = self._check_token(value)
+            parsed = _parse_token(value)
+            login = f"token {parsed[0]}" if parsed is not None else "token"
+        else:
+            login = ""
+        login_key = f"{address} {login}"
+        waits = [
+            w for w in (self.failures.retry_after_s(login_key, now), self.address_failures.retry_after_s(address, now))
+            if w is not None
+        ]
+        if waits:
+            self.refused += 1
+            raise HTTPError(
+                "too many failed authentications for this user name, or from this address; try again later",
+                code="too_many_failures", status=429, headers=(("retry-after", str(max(1, round(max(waits) + 0.5)))),),
+            )
+        username: str | None = None
+        token_id: str | None = None
+        if name is not None:
+            username = await self._check_password(name, password)
+        elif parsed is not None:
+            username = self._check_token(*parsed)
+            token_id = parsed[0]
         if username is None:
             self.failed += 1
-            count = self.failures.record(address, now)
+            count = self.failures.record(login_key, now)
+            from_address = self.address_failures.record(address, now)
             log.warning(
                 "authentication failed",
-                extra={"fields": {"remote": address, "scheme": scheme[:16], "user": claimed[:64], "failures": count}},
+                extra={"fields": {
+                    "remote": address, "scheme": scheme[:16], "user": (name or "")[:64],
+                    "failures": count, "address_failures": from_address,
+                }},
             )
             raise HTTPError("invalid credentials", code="unauthorized", status=401, headers=_CHALLENGE)
-        if scheme == "basic":  # tokens are cheap to check and may expire: not cached
+        if token_id is None:  # tokens are cheap to check and may expire: not cached
             if len(self._cache) >= _CACHE_MAX:
                 self._cache.clear()
             self._cache[key] = (username, self.core.users.generation, now + CACHE_TTL_S)
-        return username
+        return username, token_id
 
     async def _check_password(self, username: str, password: str) -> str | None:
         user = self.core.users.get(username)
@@ -413,11 +523,7 @@ class Authenticator:
             return None
         return username
 
-    def _check_token(self, text: str) -> str | None:
-        parsed = _parse_token(text)
-        if parsed is None:
-            return None
-        token_id, secret = parsed
+    def _check_token(self, token_id: str, secret: str) -> str | None:
         token = self.core.users.tokens.get(token_id)
         digest = token_digest(secret)
         if token is None:

@@ -33,7 +33,7 @@ from __future__ import annotations
 from typing import Any, Final
 from urllib.parse import urlsplit
 
-from broker.http import Handler, HTTPError
+from broker.http import Handler, HTTPError, Request, Response
 
 __all__ = ["CrossSiteRequest", "SAFE_METHODS", "cross_site_reason", "protect"]
 
@@ -88,7 +88,7 @@ def protect(app: Handler) -> Handler:
     """``app`` behind the cross-site check: a refused request raises
     :class:`CrossSiteRequest` before ``app`` sees it."""
 
-    async def checked(request: Any, response: Any) -> None:
+    async def checked(request: Request, response: Response) -> None:
         if request.method not in SAFE_METHODS:
             reason = cross_site_reason(request.method, request.headers)
             if reason is not None:

@@ -4,7 +4,8 @@ Numbers the core already keeps (queue depths, per-queue counters, connection cou
 are read at scrape time through ``collect=`` functions, so the hot path pays nothing
 for them; only latencies are observed as they happen, by whoever measures them
 (``observe_fsync`` from the WAL callback, ``observe_checkpoint`` after a checkpoint,
-``observe_confirm`` from the channel that sends a confirm). The metrics reference in
+``observe_confirm`` from the runtime's book of pending publishes). The core is read
+through its views (``broker.core.BrokerViews``), never its live state. The metrics reference in
 docs/operations.md lists every family; a system test checks that it matches.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from broker.http import Request, Response
 from broker.metrics import CONTENT_TYPE, Registry, process_rss_bytes
 
 __all__ = ["BrokerMetrics"]
@@ -38,8 +40,11 @@ class BrokerMetrics:
         def server_stat(name: str) -> Any:
             return lambda: getattr(self._server.statistics(), name) if self._server else None
 
+        def views() -> Any:
+            return self._runtime.core.views
+
         def core_stat(name: str) -> Any:
-            return lambda: self._runtime.core.stats[name] if self._runtime else None
+            return lambda: views().stat(name) if self._runtime else None
 
         def wal_stat(name: str) -> Any:
             def read() -> Any:
@@ -48,11 +53,11 @@ class BrokerMetrics:
 
             return read
 
-        def per_queue(fn: Any) -> Any:
+        def per_queue(counter: str) -> Any:
             def read() -> Any:
                 if self._runtime is None:
                     return {}
-                return {(q.name,): fn(q) for q in self._runtime.core.queues.values()}
+                return {(name,): n for name, n in views().queue_counters(counter).items()}
 
             return read
 
@@ -79,24 +84,22 @@ class BrokerMetrics:
         r.gauge(
             "ackbus_consumers",
             "Consumers.",
-            collect=lambda: self._runtime.core.totals()["consumers"] if self._runtime else None,
+            collect=lambda: views().totals()["consumers"] if self._runtime else None,
         )
-        r.gauge("ackbus_queues", "Queues.", collect=lambda: len(self._runtime.core.queues) if self._runtime else None)
-        r.gauge("ackbus_queue_messages_ready", "Messages ready for delivery.", ["queue"], collect=per_queue(lambda q: q.ready_count()))
-        r.gauge("ackbus_queue_messages_unacked", "Messages delivered and not yet acked.", ["queue"], collect=per_queue(lambda q: q.unacked))
-        r.gauge("ackbus_queue_consumers", "Consumers per queue.", ["queue"], collect=per_queue(lambda q: len(q.consumers)))
-        r.counter("ackbus_queue_published_total", "Messages enqueued.", ["queue"], collect=per_queue(lambda q: q.published))
-        r.counter("ackbus_queue_delivered_total", "Messages delivered (incl. redeliveries).", ["queue"], collect=per_queue(lambda q: q.delivered))
-        r.counter("ackbus_queue_acked_total", "Deliveries acked.", ["queue"], collect=per_queue(lambda q: q.acked))
-        r.counter("ackbus_queue_redelivered_total", "Redeliveries.", ["queue"], collect=per_queue(lambda q: q.redelivered))
-        r.gauge("ackbus_queue_messages_delayed", "Messages held back by a delay.", ["queue"], collect=per_queue(lambda q: len(q.delayed)))
+        r.gauge("ackbus_queues", "Queues.", collect=lambda: views().queue_count() if self._runtime else None)
+        r.gauge("ackbus_queue_messages_ready", "Messages ready for delivery.", ["queue"], collect=per_queue("messages_ready"))
+        r.gauge("ackbus_queue_messages_unacked", "Messages delivered and not yet acked.", ["queue"], collect=per_queue("messages_unacked"))
+        r.gauge("ackbus_queue_consumers", "Consumers per queue.", ["queue"], collect=per_queue("consumers"))
+        r.counter("ackbus_queue_published_total", "Messages enqueued.", ["queue"], collect=per_queue("published"))
+        r.counter("ackbus_queue_delivered_total", "Messages delivered (incl. redeliveries).", ["queue"], collect=per_queue("delivered"))
+        r.counter("ackbus_queue_acked_total", "Deliveries acked.", ["queue"], collect=per_queue("acked"))
+        r.counter("ackbus_queue_redelivered_total", "Redeliveries.", ["queue"], collect=per_queue("redelivered"))
+        r.gauge("ackbus_queue_messages_delayed", "Messages held back by a delay.", ["queue"], collect=per_queue("messages_delayed"))
 
         def dead_lettered() -> Any:
             if self._runtime is None:
                 return {}
-            return {
-                (q.name, reason): n for q in self._runtime.core.queues.values() for reason, n in q.dead_lettered.items()
-            }
+            return views().dead_lettered()
 
         r.counter(
             "ackbus_messages_dead_lettered_total",
@@ -109,7 +112,7 @@ class BrokerMetrics:
             "ackbus_dead_letters_dropped_total",
             "Dead letters dropped: their dead-letter exchange was missing or routed nowhere, or a cycle.",
             ["reason"],
-            collect=lambda: {(k,): v for k, v in self._runtime.core.dead_letter_drops.items()} if self._runtime else {},
+            collect=lambda: {(k,): v for k, v in views().dead_letter_drops().items()} if self._runtime else {},
         )
         r.counter("ackbus_published_total", "Publishes received.", collect=core_stat("published"))
         r.counter("ackbus_confirms_nacked_total", "Publishes nacked.", collect=core_stat("nacked"))
@@ -122,7 +125,7 @@ class BrokerMetrics:
         r.gauge(
             "ackbus_storage_ok",
             "1 when the log accepts writes, 0 while writes fail.",
-            collect=lambda: int(self._runtime.core.storage_ok) if self._runtime else None,
+            collect=lambda: int(views().storage_ok()) if self._runtime else None,
         )
         r.counter(
             "ackbus_checkpoints_total",
@@ -132,12 +135,18 @@ class BrokerMetrics:
         r.gauge(
             "ackbus_messages_paged_out",
             "Queued messages whose body is only in the WAL segments.",
-            collect=lambda: sum(q.paged_count() for q in self._runtime.core.queues.values()) if self._runtime else None,
+            collect=lambda: views().paged_out_total() if self._runtime else None,
         )
         r.counter(
             "ackbus_messages_lost_total",
             "Paged-out messages given up because their record is unreadable (only with --repair).",
             collect=lambda: self._runtime.messages_lost if self._runtime else None,
+        )
+        r.counter(
+            "ackbus_unconfirmed_dropped_total",
+            "Queued-message references dropped at recovery because their records are not on disk "
+            "(publishes that were never confirmed).",
+            collect=lambda: self._runtime.unconfirmed_dropped if self._runtime else None,
         )
         r.counter(
             "ackbus_log_read_failures_total",
@@ -155,36 +164,28 @@ class BrokerMetrics:
             collect=server_stat("rejected_connections"),
         )
         # Coordination: locks and schedules (docs/coordination.md)
-        def coord() -> Any:
-            return self._runtime.core.coord
+        def coord(name: str) -> Any:
+            return lambda: views().coordination_counts()[name] if self._runtime else None
 
-        r.gauge(
-            "ackbus_locks_held",
-            "Locks held right now.",
-            collect=lambda: sum(1 for x in coord().locks.values() if x.owner) if self._runtime else None,
-        )
-        r.gauge(
-            "ackbus_lock_waiters",
-            "Acquires waiting in line for a held lock.",
-            collect=lambda: len(coord().waiters) if self._runtime else None,
-        )
+        r.gauge("ackbus_locks_held", "Locks held right now.", collect=coord("locks_held"))
+        r.gauge("ackbus_lock_waiters", "Acquires waiting in line for a held lock.", collect=coord("lock_waiters"))
         r.counter(
             "ackbus_lock_acquisitions_total",
             "Locks granted (each took a new fencing token).",
-            collect=lambda: coord().locks_acquired if self._runtime else None,
+            collect=coord("lock_acquisitions"),
         )
         r.counter(
             "ackbus_lock_expiries_total",
             "Locks freed by their expiry (their holder neither refreshed nor released them).",
-            collect=lambda: coord().lock_expiries if self._runtime else None,
+            collect=coord("lock_expiries"),
         )
-        r.gauge("ackbus_schedules", "Schedules.", collect=lambda: len(coord().schedules) if self._runtime else None)
+        r.gauge("ackbus_schedules", "Schedules.", collect=coord("schedules"))
 
         def per_schedule(attr: str) -> Any:
             def read() -> Any:
                 if self._runtime is None:
                     return {}
-                return {(s.name,): getattr(s, attr) for s in coord().schedules.values()}
+                return {(name,): n for name, n in views().schedule_counters(attr).items()}
 
             return read
 
@@ -225,7 +226,7 @@ class BrokerMetrics:
         self.tick_lateness.observe(lateness_s)
 
     def handler(self, runtime: Any) -> Any:
-        async def metrics(request: Any, response: Any) -> None:
+        async def metrics(request: Request, response: Response) -> None:
             body = self.registry.render().encode()
             await response.send_bytes(200, body, content_type=CONTENT_TYPE)
 

@@ -8,18 +8,26 @@ nothing. The rules are RabbitMQ's (its "how permissions work" table):
 * declaring or deleting an exchange or a queue needs ``configure`` on it;
 * publishing needs ``write`` on the exchange (the default exchange is ``amq.default``);
 * binding or unbinding needs ``write`` on the destination (queue or exchange) and
-  ``read`` on the source exchange;
+  ``read`` on the source exchange (any exchange type, ``x-consistent-hash`` included);
+* an argument that makes the broker publish on the declarer's behalf needs ``write``
+  on the exchange it names and ``read`` on the entity declared, in addition to
+  ``configure`` (RabbitMQ's ``rabbit_channel`` checks): ``x-dead-letter-exchange`` on a
+  queue, ``alternate-exchange`` on an exchange (``PUBLISHING_ARGUMENTS``);
 * getting, consuming, purging, settling leases and browsing need ``read`` on the queue;
 * taking, refreshing or releasing a lock needs ``write`` on the lock's name;
 * putting a schedule needs ``configure`` on its name and ``write`` on the exchange its
   ticks publish to; deleting, pausing or resuming one needs ``configure`` on it;
-* operator calls (users, tokens, metrics, redrive) need the ``administrator`` tag.
+* operator calls (users, tokens, metrics, redrive) need the ``administrator`` tag; a
+  redrive also needs ``read`` on the queue it empties and ``write`` on the exchange it
+  publishes to (the default exchange when it returns messages to their queues).
 
 A refusal is :class:`~broker.core.AccessRefused` (``403 access_refused``; an ``error``
 event with that code on a channel). An access caches its answers per name until the
 user store changes (its ``generation``), so the check on a channel's publish path is a
 dict lookup; a change of permissions takes effect on open channels at their next
-operation, and a deleted user's channels are refused everything.
+operation, and a deleted user's channels are refused everything (``broker.api.auth``
+also ends them, and the consumers whose ``read`` was revoked: see ``Authenticator.
+enforce_revocations``).
 """
 
 from __future__ import annotations
@@ -28,10 +36,16 @@ from typing import Final
 
 from broker.core import AccessRefused, User, UserStore
 
-__all__ = ["ALLOW_ALL", "Access", "OPERATIONS", "access_for"]
+__all__ = ["ALLOW_ALL", "DEFAULT_EXCHANGE_NAME", "PUBLISHING_ARGUMENTS", "Access", "OPERATIONS", "access_for"]
+
+#: The name the default exchange ("") is checked as (RabbitMQ's ``amq.default``; the
+#: same name REST paths give it, ``broker.api.rest.DEFAULT_EXCHANGE_ALIAS``).
+DEFAULT_EXCHANGE_NAME: Final = "amq.default"
 
 #: operation -> ((permission, which resource), ...); "name" is the operation's main
-#: resource, "source" the source exchange of a binding.
+#: resource, "source" the source exchange of a binding (and the exchange a schedule
+#: publishes to), "target" the exchange the broker publishes to on the user's behalf
+#: (a dead-letter or alternate exchange, a redrive's destination).
 OPERATIONS: Final[dict[str, tuple[tuple[str, str], ...]]] = {
     "declare_exchange": (("configure", "name"),),
     "delete_exchange": (("configure", "name"),),
@@ -45,7 +59,10 @@ OPERATIONS: Final[dict[str, tuple[tuple[str, str], ...]]] = {
     "purge": (("read", "name"),),
     "settle": (("read", "name"),),
     "browse": (("read", "name"),),
-    "redrive": (("administrator", ""), ("read", "name")),
+    "redrive": (("administrator", ""), ("read", "name"), ("write", "target")),
+    # declaring with an argument of PUBLISHING_ARGUMENTS is also one of these
+    "dead_letter_exchange": (("read", "name"), ("write", "target")),
+    "alternate_exchange": (("read", "name"), ("write", "target")),
     # locks and schedules (docs/coordination.md) are names in the same space: taking,
     # refreshing or releasing a lock writes it; a schedule is configured like a queue
     # and publishes to its exchange, so it needs write there as a publish does
@@ -53,6 +70,12 @@ OPERATIONS: Final[dict[str, tuple[tuple[str, str], ...]]] = {
     "declare_schedule": (("configure", "name"), ("write", "source")),
     "delete_schedule": (("configure", "name"),),
     "administer": (("administrator", ""),),
+}
+#: declare operation -> ((argument, the operation declaring with it also is), ...):
+#: the arguments naming an exchange the broker will publish to for the declarer.
+PUBLISHING_ARGUMENTS: Final[dict[str, tuple[tuple[str, str], ...]]] = {
+    "declare_queue": (("x-dead-letter-exchange", "dead_letter_exchange"),),
+    "declare_exchange": (("alternate-exchange", "alternate_exchange"),),
 }
 #: Answers cached per access and permission before the cache starts over (a client
 #: naming endless distinct queues must not grow it without bound).
@@ -101,17 +124,31 @@ class Access:
             answer = cache[name] = user.allows(permission, name)
         return answer
 
-    def require(self, operation: str, name: str = "", *, source: str = "") -> None:
+    def require(self, operation: str, name: str = "", *, source: str = "", target: str = "") -> None:
         """Raises AccessRefused unless the user may do ``operation`` on ``name`` (and
-        ``source``, for a binding). An unknown operation is a bug: KeyError."""
+        ``source``, for a binding; ``target``, the exchange it makes the broker publish
+        to). An unknown operation is a bug: KeyError."""
         for permission, which in OPERATIONS[operation]:
-            resource = source if which == "source" else name
+            resource = name if which == "name" else source if which == "source" else target
             if not self.allows(permission, resource):
                 if permission == "administrator":
                     raise AccessRefused(f"{operation} needs the administrator tag; user {self.username!r} has not")
                 raise AccessRefused(
                     f"{operation} refused: user {self.username!r} has no {permission} permission on {resource!r}"
                 )
+
+    def require_declare(self, operation: str, name: str, arguments: object) -> None:
+        """``require(operation, name)`` for a declare, and for each argument of
+        ``PUBLISHING_ARGUMENTS`` it carries, the operation that argument implies on the
+        exchange it names ("" is the default exchange, ``amq.default``). Arguments of
+        the wrong type are left to the core to refuse."""
+        self.require(operation, name)
+        if not isinstance(arguments, dict):
+            return
+        for argument, implied in PUBLISHING_ARGUMENTS.get(operation, ()):
+            exchange = arguments.get(argument)
+            if isinstance(exchange, str):
+                self.require(implied, name, target=exchange or DEFAULT_EXCHANGE_NAME)
 
 
 class _AllowAll(Access):
@@ -129,7 +166,7 @@ class _AllowAll(Access):
     def allows(self, permission: str, name: str) -> bool:
         return True
 
-    def require(self, operation: str, name: str = "", *, source: str = "") -> None:
+    def require(self, operation: str, name: str = "", *, source: str = "", target: str = "") -> None:
         OPERATIONS[operation]  # noqa: B018 - an unknown operation is a bug everywhere
 
 

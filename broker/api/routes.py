@@ -19,8 +19,8 @@ from broker.api.permissions import access_for
 from broker.api.rest import add_rest_routes
 from broker.api.stream import handle_stream
 from broker.api.ui import add_ui_routes
-from broker.http import Router
-from broker.runtime import BrokerRuntime
+from broker.http import Request, Response, Router
+from broker.runtime import BrokerRuntime, CommandGateway
 
 __all__ = ["PUBLIC_ROUTES", "build_router"]
 
@@ -40,17 +40,19 @@ def build_router(
     if auth is None:
         auth = Authenticator(runtime.core, runtime.options, open_without_users=lambda: True)
     router = Router(guard=auth.guard)
-    add_rest_routes(router, runtime, auth)
-    router.add("POST", "/channel", partial(handle_channel, runtime))
+    # The one door to the core for every route (stateless: the runtime holds the state).
+    gateway = CommandGateway(runtime)
+    add_rest_routes(router, runtime, auth, gateway)
+    router.add("POST", "/channel", partial(handle_channel, runtime, gateway=gateway))
     # A streaming consume hands out (and may auto-ack) messages: never for a HEAD,
     # whose response would carry none of them.
-    router.add("GET", "/queues/{name}/stream", partial(handle_stream, runtime), head=False)
+    router.add("GET", "/queues/{name}/stream", partial(handle_stream, gateway), head=False)
     if metrics_handler is not None:
         router.add("GET", "/metrics", partial(_administrators_only, metrics_handler))
     add_ui_routes(router)  # the management UI's files (docs/ui.md): public, the page asks for a login
     return router
 
 
-async def _administrators_only(handler: Any, request: Any, response: Any) -> None:
+async def _administrators_only(handler: Any, request: Request, response: Response) -> None:
     access_for(request).require("administer")
     await handler(request, response)

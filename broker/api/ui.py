@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import hashlib
 from importlib import resources
-from typing import Any, Final
+from typing import Final
 
-from broker.http import NoSuchEndpoint, Router
+from broker.http import NoSuchEndpoint, Request, Response, Router
 
 __all__ = ["UI_PREFIX", "add_ui_routes", "load_ui_files"]
 
@@ -73,7 +73,7 @@ def add_ui_routes(router: Router) -> None:
     """Register ``GET /``, ``GET /ui``, ``GET /ui/`` and ``GET /ui/{file}``."""
     files = load_ui_files()
 
-    async def send(request: Any, response: Any, name: str) -> None:
+    async def send(request: Request, response: Response, name: str) -> None:
         f = files.get(name)
         if f is None:
             raise NoSuchEndpoint(f"no such UI file: {name[:100]}")
@@ -85,13 +85,13 @@ def add_ui_routes(router: Router) -> None:
             return
         await response.send_bytes(200, f.body, content_type=f.content_type, headers=headers)
 
-    async def to_ui(request: Any, response: Any) -> None:
+    async def to_ui(request: Request, response: Response) -> None:
         await response.send_empty(302, headers=[("location", UI_PREFIX), ("cache-control", "no-cache")])
 
-    async def index(request: Any, response: Any) -> None:
+    async def index(request: Request, response: Response) -> None:
         await send(request, response, "index.html")
 
-    async def asset(request: Any, response: Any) -> None:
+    async def asset(request: Request, response: Response) -> None:
         await send(request, response, request.path_params["file"])
 
     # public: the files hold no data, and the page asks for a login when the API

@@ -64,6 +64,16 @@ class _Str(_Kind):
         return self.parse(value)
 
 
+class _OptionalStr(_Str):
+    """Text that may be empty (an empty value means "not set")."""
+
+    def parse(self, text: str) -> Any:
+        return text
+
+    def show(self, value: Any) -> str:
+        return value if value else "none"
+
+
 class _Choice(_Str):
     def __init__(self, *choices: str) -> None:
         self.choices = choices
@@ -293,6 +303,7 @@ _NON_NEGATIVE: Final = _at_least(0)
 
 
 _STR = _Str()
+_OPTIONAL_STR = _OptionalStr()
 _PATH = _Path()
 _INT = _Int()
 _SIZE = _Size()

@@ -41,6 +41,7 @@ _GROUP_TITLES: Final = {
     "messaging": "messaging",
     "security": "security (users, TLS, abuse limits)",
     "logging": "logging",
+    "cluster": "cluster (etcd; docs/cluster.md)",
 }
 
 _EPILOG: Final = f"""\

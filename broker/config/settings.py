@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
+import re
 from collections.abc import Callable, Mapping
 from typing import Any, Final, Literal, TypeVar
 
@@ -43,6 +44,7 @@ from broker.config.kinds import (
     _BOOL,
     _INT,
     _NON_NEGATIVE,
+    _OPTIONAL_STR,
     _PATH,
     _SECONDS,
     _SIZE,
@@ -191,8 +193,9 @@ class Settings:
     )
     auth_failure_limit: int = _setting(
         _default(RuntimeOptions, "auth_failure_limit"), _INT, "security",
-        "Failed authentications from one address within auth_failure_window_s before its "
-        "further attempts are answered 429.", _at_least(1),
+        "Failed authentications from one address for one user name within auth_failure_window_s "
+        "before further attempts with that name from there are answered 429 (ten times as many, "
+        "all names together, before every new login from the address is).", _at_least(1),
     )
     auth_failure_window_s: float = _setting(
         _default(RuntimeOptions, "auth_failure_window_s"), _SECONDS, "security",
@@ -316,6 +319,17 @@ class Settings:
         None, _OptionalPath(), "logging", "Append logs to this file (reopened on SIGHUP); empty: stderr."
     )
 
+    # cluster (docs/cluster.md): without etcd, none of this runs.
+    etcd: str = _setting(
+        "", _OPTIONAL_STR, "cluster", "etcd endpoints http://HOST:PORT[,...]: join a cluster; empty: a single node."
+    )
+    node_name: str = _setting("", _OPTIONAL_STR, "cluster", "This node's name in the cluster, stable across restarts.")
+    advertise_url: str = _setting("", _OPTIONAL_STR, "cluster", "The URL other nodes and clients reach this node at.")
+    cluster_name: str = _setting("ackbus", _STR, "cluster", "Prefix of every etcd key of this cluster.")
+    cluster_lease_ttl_s: int = _setting(
+        10, _INT, "cluster", "TTL of a node's membership lease: a node silent this long is shown dead.", _between(2, 3600)
+    )
+
     def __post_init__(self) -> None:
         values: dict[str, Any] = {}
         for info in _INFOS:
@@ -391,6 +405,25 @@ def _check_together(values: Mapping[str, Any], sources: Mapping[str, str]) -> No
         raise ConfigError(
             f"tls_client_ca (from {sources['tls_client_ca']}) needs tls_cert and tls_key",
             setting="tls_client_ca", source=sources["tls_client_ca"],
+        )
+    if values["etcd"]:
+        for url in values["etcd"].split(","):
+            if not re.fullmatch(r"\s*http://[^/\s:,]+(:\d{1,5})?/?\s*", url):
+                raise ConfigError(
+                    f"etcd = {values['etcd']!r} from {sources['etcd']}: each endpoint must look like "
+                    f"http://HOST:PORT, not {url.strip()!r}", setting="etcd", source=sources["etcd"],
+                )
+        for name in ("node_name", "advertise_url"):
+            if not values[name]:
+                raise ConfigError(
+                    f"etcd (from {sources['etcd']}) needs {name} too: a node joins a cluster under a "
+                    "stable name, at a URL the other nodes can reach",
+                    setting=name, source=sources["etcd"],
+                )
+    if values["cluster_name"] and not all(c.isalnum() or c in "-_." for c in values["cluster_name"]):
+        raise ConfigError(
+            f"cluster_name = {values['cluster_name']!r} (from {sources['cluster_name']}): "
+            "letters, digits, '-', '_' and '.' only", setting="cluster_name", source=sources["cluster_name"],
         )
     if values["default_lease_s"] > values["max_lease_s"]:
         raise ConfigError(

@@ -15,6 +15,7 @@ from .broker import (
 )
 from .browsing import MAX_BROWSE
 from .config import CoreConfig
+from .constants import delivery_cost
 from .coordstate import MISSED_POLICIES, LockGranted, LockWaitEnded, TickFired
 from .deadletter import MAX_REDRIVE
 from .delays import MAX_DELAY_S, check_delay
@@ -68,7 +69,6 @@ from .names import check_name, check_routing_key
 from .records import RecordType, ref_lsns
 from .routing import EXCHANGE_TYPES, headers_match, topic_matches
 from .schedules import LIVE_GRACE_S, MAX_MISSED
-from .state import delivery_cost
 from .timing import TIMING_FIELDS, iso_utc
 from .userstore import (
     ADMINISTRATOR,
@@ -78,9 +78,12 @@ from .userstore import (
     UserStore,
     check_username,
 )
+from .views import QUEUE_COUNTERS, BrokerViews
 
 __all__ = [
     "Broker",
+    "BrokerViews",
+    "QUEUE_COUNTERS",
     "CoreConfig",
     "DELIVERY_OVERHEAD_BYTES",
     "delivery_cost",

@@ -35,38 +35,76 @@ buffer without bound.
 
 Channel 0 always exists: it is the REST API's channel, owner of the leases handed out
 by ``POST /queues/{name}/get`` and of one-shot REST publishes.
+
+Components
+----------
+
+``Broker`` is the facade over a few components, each owning its data and taking its
+collaborators in its constructor (built here, in dependency order):
+
+* ``log`` (:class:`MessageLog`, log.py): records and LSNs, lazy marks, storage state,
+  the deduplication window, confirm release;
+* ``store`` (:class:`QueueStore`, queues.py): queues, their lanes, paging (``pager``,
+  pager.py), delays and queue timers (``delays``, delays.py), expiry;
+* ``topology`` (:class:`Topology`, topology.py): exchanges, bindings, routing;
+* ``dead_letters`` (deadletter.py): dead letters and redrive;
+* ``deliveries`` (:class:`Deliveries`, delivery.py): channels, consumers, unacked
+  deliveries, settling and ack deadlines; ``leases`` (leases.py) and ``publishing``
+  (publishing.py) and ``transactions`` (transactions.py) work through it;
+* ``coordination`` (coordlog.py): locks (locks.py) and schedules (schedules.py);
+* ``accounts`` (:class:`Users`, users.py): users and tokens (``Broker.users`` is
+  their store, read by the API to authenticate);
+* ``recovery`` (replay.py) and ``snapshots`` (snapshot.py), which work through the
+  others; ``compaction`` (compaction.py) and ``browser`` (browsing.py).
+
+What they truly share is passed in as small objects (shared.py): the ``Outbox`` of
+effects, the ``Wakeups`` (queues to dispatch, long-polls to wake), the counters
+(``stats``), the ``TimerHeap`` (timers.py), and the two clocks. The queue store calls
+back three components built after it (dead letters, deliveries, topology), named once
+with ``QueueStore.connect``.
+
+The commands are the components' own methods, bound here once (``self.publish =
+publishing.publish``): a command costs no extra call through the facade.
 """
 
 from __future__ import annotations
 
-from . import records as rec
-from .browsing import BrowsingMixin
-from .compaction import CompactionMixin
-from .coordlog import CoordLogMixin
-from .deadletter import DeadLetterMixin
-from .delays import DelaysMixin
-from .delivery import DeliveryMixin
-from .effects import (
-    AppendRecords,
-    Effect,
-    QueueReady,
-)
-from .leases import LeasesMixin
-from .publishing import PublishingMixin
-from .replay import ReplayMixin
-from .settling import SettlingMixin
-from .snapshot import SnapshotMixin
-from .state import (
+import heapq
+from collections.abc import Callable
+
+from .browsing import Browser
+from .compaction import Compaction
+from .config import CoreConfig
+from .constants import (
     BUILTIN_EXCHANGES,
     DELIVERY_OVERHEAD_BYTES,
     REST_CHANNEL,
-    BrokerState,
     PublishResult,
 )
-from .timers import TimersMixin
-from .topology import TopologyMixin
-from .transactions import TransactionsMixin
-from .users import UsersMixin
+from .coordlog import Coordination
+from .coordstate import CoordState
+from .deadletter import DeadLetters
+from .dedup import DedupWindow
+from .delays import Delays
+from .delivery import Deliveries
+from .effects import Effect
+from .entities import Channel, Exchange, Queue
+from .leases import Leases
+from .locks import CoordTimer, Locks
+from .log import MessageLog, ReadLog
+from .pager import Pager
+from .publishing import Publishing
+from .queues import QueueStore
+from .replay import Recovery
+from .schedules import Schedules
+from .shared import Outbox, Wakeups, new_stats
+from .snapshot import Snapshots
+from .timers import COORD_TIMER, QUEUE_TIMER, TimerHeap
+from .topology import Topology
+from .transactions import Transactions
+from .users import Users
+from .userstore import UserStore
+from .views import BrokerViews
 
 __all__ = [
     "Broker",
@@ -77,118 +115,264 @@ __all__ = [
 ]
 
 
-class Broker(
-    TopologyMixin,
-    PublishingMixin,
-    CompactionMixin,
-    DeliveryMixin,
-    SettlingMixin,
-    LeasesMixin,
-    DeadLetterMixin,
-    DelaysMixin,
-    BrowsingMixin,
-    TransactionsMixin,
-    UsersMixin,
-    CoordLogMixin,
-    TimersMixin,
-    ReplayMixin,
-    SnapshotMixin,
-    BrokerState,
-):
-    """Every entity of one broker and the rules that tie them together.
+class Broker:
+    """Every entity of one broker and the rules that tie them together: the one
+    facade over the core's components (see the module docstring)."""
 
-    The commands are spread over the mixins by job (see :mod:`broker.core.state`);
-    this class adds the outbox of effects and the log's feedback.
-    """
+    def __init__(
+        self,
+        *,
+        clock: Callable[[], float],
+        wall_clock: Callable[[], float],
+        boot_id: str = "0",
+        config: CoreConfig = CoreConfig(),
+        read_log: ReadLog | None = None,
+    ) -> None:
+        """``clock``: monotonic seconds (ack timeouts, leases); ``wall_clock``: epoch
+        seconds (timestamps, TTLs, the deduplication window); ``boot_id`` makes lease
+        ids and generated names unique across restarts; ``read_log``: how to read
+        logged records back (without it nothing is paged out and every message stays
+        in memory)."""
+        self.clock = clock
+        self.wall_clock = wall_clock
+        self.boot_id = boot_id
+        self.config = config
+        clocks = {"clock": clock, "wall_clock": wall_clock}
+        self._outbox = outbox = Outbox()
+        self._wakeups = wakeups = Wakeups()
+        #: broker-wide message counters (published, delivered, acked, confirmed, ...)
+        self.stats = stats = new_stats()
+        self._timers = timers = TimerHeap()
+
+        self.log = log = MessageLog(outbox, stats, dedup_window_s=config.dedup_window_s, read_log=read_log)
+        self.delays = delays = Delays(log, timers, **clocks)
+        self.pager = pager = Pager(log, delays, outbox, **clocks, repair=config.repair)
+        self.store = store = QueueStore(
+            log, delays, pager, outbox, wakeups, **clocks, boot_id=boot_id,
+            max_queues=config.max_queues, memory_messages_per_queue=config.queue_memory_messages,
+        )
+        self.topology = topology = Topology(store, log, max_exchanges=config.max_exchanges)
+        self.dead_letters = dead_letters = DeadLetters(store, topology, log, outbox, wakeups, wall_clock=wall_clock)
+        self.deliveries = deliveries = Deliveries(
+            store, delays, dead_letters, log, timers, outbox, wakeups, stats, **clocks, boot_id=boot_id, config=config
+        )
+        store.connect(
+            dead_letter=dead_letters.dead_letter,
+            cancel_consumers=deliveries.queue_deleted,
+            drop_bindings=topology.queue_deleted,
+            channel=deliveries.channel,
+        )
+        self.publishing = publishing = Publishing(
+            deliveries, topology, store, dead_letters, log, outbox, stats, wall_clock=wall_clock
+        )
+        self.transactions = transactions = Transactions(deliveries, publishing, log)
+        self.leases = leases = Leases(
+            deliveries, store, delays, dead_letters, log, stats, clock=clock, boot_id=boot_id, config=config
+        )
+        self.accounts = users = Users(append=log.append, wall_clock=wall_clock)
+        coord = CoordState()
+        coord_timer = CoordTimer(coord, timers)
+        locks = Locks(coord, coord_timer, deliveries, outbox, append=log.append, **clocks)
+        schedules = Schedules(coord, coord_timer, log, topology, store, outbox, stats, **clocks)
+        self.coordination = coordination = Coordination(
+            coord, coord_timer, locks, schedules, outbox, log, wall_clock=wall_clock
+        )
+        self.compaction = compaction = Compaction(store, deliveries, log)
+        self.browser = browser = Browser(store, deliveries, pager, log)
+        self.recovery = recovery = Recovery(
+            log, store, topology, pager, delays, coordination, users, wall_clock=wall_clock
+        )
+        self.snapshots = snapshots = Snapshots(
+            log, store, topology, deliveries, users.store, coordination, wall_clock=wall_clock
+        )
+
+        # ---- the commands: the components' methods, bound once
+        # topology
+        self.declare_exchange = topology.declare_exchange
+        self.delete_exchange = topology.delete_exchange
+        self.bind = topology.bind
+        self.unbind = topology.unbind
+        self.list_bindings = topology.list_bindings
+        self.route = topology.route
+        # queues
+        self.declare_queue = store.declare_queue
+        self.delete_queue = store.delete_queue
+        self.purge_queue = store.purge_queue
+        self.queue_info = store.queue_info
+        self.park_getter = store.park_getter
+        self.unpark_getter = store.unpark_getter
+        self.browse = browser.browse
+        self.redrive = dead_letters.redrive
+        # publishing and deliveries
+        self.publish = publishing.publish
+        self.open_channel = deliveries.open_channel
+        self.close_channel = deliveries.close_channel
+        self.grant_credit = deliveries.grant_credit
+        self.consume = deliveries.consume
+        self.cancel = deliveries.cancel
+        self.consumer_active = deliveries.consumer_active
+        self.qos = deliveries.qos
+        self.ack = deliveries.ack
+        self.nack = deliveries.nack
+        self.reject = deliveries.reject
+        self.touch = deliveries.touch
+        self.tx_select = transactions.tx_select
+        self.tx_commit = transactions.tx_commit
+        self.tx_rollback = transactions.tx_rollback
+        # leases (REST gets)
+        self.get = leases.get
+        self.get_any = leases.get_any
+        self.ack_leases = leases.ack_leases
+        self.nack_leases = leases.nack_leases
+        self.extend_leases = leases.extend_leases
+        # users
+        self.put_user = users.put_user
+        self.set_permissions = users.set_permissions
+        self.delete_user = users.delete_user
+        self.add_token = users.add_token
+        self.revoke_token = users.revoke_token
+        # locks and schedules
+        self.lock_acquire = locks.lock_acquire
+        self.lock_cancel_wait = locks.lock_cancel_wait
+        self.lock_forget_channel = locks.lock_forget_channel
+        self.lock_refresh = locks.lock_refresh
+        self.lock_release = locks.lock_release
+        self.lock_info = locks.lock_info
+        self.lock_list = locks.lock_list
+        self.put_schedule = schedules.put_schedule
+        self.delete_schedule = schedules.delete_schedule
+        self.pause_schedule = schedules.pause_schedule
+        self.schedule_info = schedules.schedule_info
+        self.schedule_list = schedules.schedule_list
+        self.schedule_body = schedules.schedule_body
+        # recovery, checkpoints, compaction
+        self.begin_recovery = recovery.begin_recovery
+        self.replay = recovery.replay
+        self.finish_recovery = recovery.finish_recovery
+        self.snapshot = snapshots.snapshot
+        self.relocate = compaction.relocate
+
+    # ------------------------------------------------------------ read-only views
+
+    @property
+    def exchanges(self) -> dict[str, Exchange]:
+        """Every exchange, by name (the topology's)."""
+        return self.topology.exchanges
+
+    @property
+    def queues(self) -> dict[str, Queue]:
+        """Every queue, by name (the queue store's)."""
+        return self.store.queues
+
+    @property
+    def channels(self) -> dict[int, Channel]:
+        """Every open channel, by id (the deliveries')."""
+        return self.deliveries.channels
+
+    @property
+    def users(self) -> UserStore:
+        """Users and tokens, for authentication."""
+        return self.accounts.store
+
+    @property
+    def coord(self) -> CoordState:
+        """Locks and schedules, for metrics."""
+        return self.coordination.coord
+
+    @property
+    def dedup(self) -> DedupWindow:
+        return self.log.dedup
+
+    @property
+    def dead_letter_drops(self) -> dict[str, int]:
+        return self.dead_letters.drops
+
+    @property
+    def durable_lsn(self) -> int:
+        return self.log.durable_lsn
+
+    @property
+    def storage_ok(self) -> bool:
+        return self.log.storage_ok
+
+    @property
+    def storage_reason(self) -> str:
+        return self.log.storage_reason
+
+    @property
+    def publish_refusal(self) -> str | None:
+        return self.log.publish_refusal
+
+    @property
+    def dropped_references(self) -> list[tuple[str, int, int]]:
+        """``(queue, count, lowest LSN)`` of queued-message references recovery dropped
+        because their records are not on disk (see ``Recovery.finish_recovery``)."""
+        return self.recovery.dropped_references
+
+    # ----------------------------------------------- settable by the IO layer
+
+    @property
+    def last_lsn(self) -> int:
+        """LSN of the last record produced (set by recovery to the checkpoint's)."""
+        return self.log.last_lsn
+
+    @last_lsn.setter
+    def last_lsn(self, lsn: int) -> None:
+        self.log.last_lsn = lsn
+
+    @property
+    def read_log(self) -> ReadLog | None:
+        """How logged records are read back (set by recovery once the log is open)."""
+        return self.log.read_log
+
+    @read_log.setter
+    def read_log(self, read_log: ReadLog | None) -> None:
+        self.log.read_log = read_log
+
+    @property
+    def delivering(self) -> bool:
+        """False while the broker shuts down: nothing more is handed to consumers."""
+        return self.deliveries.delivering
+
+    @delivering.setter
+    def delivering(self, on: bool) -> None:
+        self.deliveries.delivering = on
+
+    # ---------------------------------------------------------------- effects
+
+    @property
+    def views(self) -> BrokerViews:
+        """Read-only queries for the edges (:mod:`broker.core.views`): the API reads
+        the core through these, never through its live dicts."""
+        return BrokerViews(self)
 
     def take_effects(self) -> list[Effect]:
         """Settle pending work (dispatch, confirms, log records) and hand over the effects."""
-        if self._queues_to_schedule:
-            self._start_recovered_timers()
-        if self._coord_pending:  # (may publish ticks: before dispatch)
-            self._coord_take_effects()
-        if self._dirty_queues:
-            self._dispatch_dirty()
-        if self._getter_checks:
-            for queue in self._getter_checks.values():
-                if queue.getters and queue.has_ready() and not queue.deleted:
-                    self._effects.append(QueueReady(queue.name))
-            self._getter_checks.clear()
+        self.store.start_recovered_timers()
+        if self.coordination.coord.pending:  # (may publish ticks: before dispatch)
+            self.coordination.take_effects()
+        if self._wakeups.dispatch:
+            self.deliveries.dispatch_due()
+        self.store.ready_getters()
         # Records logged before the marks (publishes, declares...) have waiters.
-        lazy = not self._records
-        if self._settles or self._delivered_marks or self._count_marks or self._delay_marks:
-            self._flush_marks()
-        if self._records:
-            records = self._records
-            self._records = []
-            self._effects.append(
-                AppendRecords(records, self._first_pending_lsn, self.last_lsn, lazy, self._keep_together)
-            )
-            self._keep_together = False
-            self._first_pending_lsn = self.last_lsn + 1
-        if self._confirm_dirty:
-            self._release_confirms()
-        effects = self._effects
-        self._effects = []
-        return effects
+        self.log.take_records()
+        if self.log.has_confirms_due():
+            self.log.release_confirms()
+        return self._outbox.take()
 
-    def _start_recovered_timers(self) -> None:
-        """Recovered queues' timers start now: due delays, expiries, and x-expires
-        (whose unused time starts over at a restart)."""
-        for queue in self._queues_to_schedule:
-            if not queue.deleted:
-                queue.unused_since = self.clock()
-                self._schedule_queue(queue)
-        self._queues_to_schedule = []
-
-    def _append(self, rtype: int, payload: bytes) -> int:
-        if self._replay is not None:
-            return 0
-        self._records.append((rtype, payload))
-        self.last_lsn += 1
-        return self.last_lsn
-
-    def _flush_marks(self) -> None:
-        if self._replay is not None:
-            self._settles.clear()
-            self._delivered_marks.clear()
-            self._count_marks.clear()
-            self._delay_marks.clear()
-            return
-        for qid, seqs in self._delivered_marks.items():
-            self._append(rec.RecordType.DELIVERED, rec.encode_seqs(qid, seqs))
-        self._delivered_marks.clear()
-        for qid, pairs in self._count_marks.items():
-            self._append(rec.RecordType.DELIVERY_COUNTS, rec.encode_counts(qid, pairs))
-        self._count_marks.clear()
-        # before the settles: a message delayed and then settled in one step stays settled
-        for qid, pairs in self._delay_marks.items():
-            self._append(rec.RecordType.DELAY, rec.encode_counts(qid, pairs))
-        self._delay_marks.clear()
-        for qid, seqs in self._settles.items():
-            self._append(rec.RecordType.SETTLE, rec.encode_seqs(qid, seqs))
-        self._settles.clear()
+    # ------------------------------------------------------------- the log
 
     def durable(self, lsn: int) -> None:
         """Records up to ``lsn`` are on disk: release the confirms that waited on them."""
-        if lsn <= self.durable_lsn:
+        log = self.log
+        if not log.durable(lsn):
             return
-        self.durable_lsn = lsn
-        unsynced = self._unsynced
-        if unsynced:
-            i = 0
-            while i < len(unsynced) and unsynced[i][0] <= lsn:
-                i += 1
-            del unsynced[:i]
-        for ch in self.channels.values():
+        for ch in self.deliveries.channels.values():
             if len(ch.confirms):
-                self._confirm_dirty[ch.id] = ch
-        if self._relocations and self._relocations[0][0] <= lsn:
-            self._apply_relocations(lsn)
-        if self._page_out_due:
-            self._page_out()
-        if self._delays_to_page_out:
-            self._page_out_delays()
+                log.confirms_due(ch)
+        self.compaction.durable(lsn)
+        self.store.page_out()
+        self.delays.page_out()
 
     def storage_failed(self, first_lsn: int, last_lsn: int, reason: str) -> None:
         """Records ``first_lsn``..``last_lsn`` could not be written.
@@ -198,26 +382,17 @@ class Broker(
         is taken again), and persistent publishes are refused until
         :meth:`storage_recovered`.
         """
-        self.storage_ok = False
-        self.storage_reason = reason
-        if self._relocations:  # copies never written: the messages stay where they were
-            self._relocations = [r for r in self._relocations if not first_lsn <= r[0] <= last_lsn]
-        for ch in self.channels.values():
+        failed = self.log.fail(first_lsn, last_lsn, reason)
+        self.compaction.failed(first_lsn, last_lsn)
+        for ch in self.deliveries.channels.values():
             if ch.confirms.fail_lsns(first_lsn, last_lsn, f"storage failure: {reason}"):
-                self._confirm_dirty[ch.id] = ch
-        failed = [item for item in self._unsynced if first_lsn <= item[0] <= last_lsn]
-        if not failed:
-            return
-        self._unsynced = [item for item in self._unsynced if not first_lsn <= item[0] <= last_lsn]
+                self.log.confirms_due(ch)
         by_queue: dict[str, set[int]] = {}
         for _lsn, message, queues in failed:
-            mid = message.message_id
-            if mid is not None:
-                self.dedup.forget(message.exchange, mid)
             for routed in queues:
                 by_queue.setdefault(routed.name, set()).add(message.seq)
         for qname, seqs in by_queue.items():
-            queue = self.queues.get(qname)
+            queue = self.store.queues.get(qname)
             if queue is not None:
                 queue.remove_entries(seqs)
 
@@ -225,26 +400,75 @@ class Broker(
         """Refuse persistent publishes to durable queues (nacked with ``reason``) while
         settles still go through: the disk is nearly full, and what space is left is
         kept for the acks and checkpoints that free it."""
-        self.publish_refusal = reason
+        self.log.publish_refusal = reason
 
     def accept_publishes(self) -> None:
-        self.publish_refusal = None
+        self.log.publish_refusal = None
 
     def storage_recovered(self) -> None:
         """Writes succeed again: accept persistent publishes again."""
-        self.storage_ok = True
-        self.storage_reason = ""
+        self.log.storage_ok = True
+        self.log.storage_reason = ""
+
+    # ------------------------------------------------------------------ time
+
+    def next_deadline(self) -> float | None:
+        """When :meth:`advance` next has work to do (None: no timer pending)."""
+        heap = self._timers.heap
+        by_id = self.store.by_id
+        coord = self.coordination.coord
+        live = self.deliveries.deadline_live
+        while heap:
+            deadline, owner, key = heap[0]
+            if owner == QUEUE_TIMER:
+                queue = by_id.get(key)
+                stale = queue is None or queue.wake_at != deadline
+            elif owner == COORD_TIMER:
+                stale = coord.wake_at != deadline
+            else:
+                stale = not live(owner, key, deadline)
+            if not stale:
+                return deadline
+            heapq.heappop(heap)
+        return None
+
+    def earliest_timer(self) -> float | None:
+        """The earliest scheduled deadline, possibly stale (cheap; for wake-ups)."""
+        return self._timers.earliest()
+
+    def advance(self) -> None:
+        """Time passed: deliveries and leases past their deadline go back to their
+        queue, queues' timers (delays, expiries, read retries) and coordination's
+        (locks, schedules) fire."""
+        now = self.clock()
+        heap = self._timers.heap
+        by_id = self.store.by_id
+        coord = self.coordination.coord
+        while heap and heap[0][0] <= now:
+            deadline, owner, key = heapq.heappop(heap)
+            if owner == QUEUE_TIMER:
+                queue = by_id.get(key)
+                if queue is not None and queue.wake_at == deadline and not queue.deleted:
+                    self.store.wake_queue(queue, now)
+            elif owner == COORD_TIMER:
+                if coord.wake_at == deadline:
+                    self.coordination.wake(now)
+            else:
+                self.deliveries.deadline_passed(owner, key, deadline)
+
+    # ----------------------------------------------------------------- totals
 
     def totals(self) -> dict[str, int]:
         ready = unacked = 0
-        for q in self.queues.values():
+        for q in self.store.queues.values():
             ready += q.ready_count()
             unacked += q.unacked
+        channels = self.deliveries.channels
         return {
-            "exchanges": len(self.exchanges),
-            "queues": len(self.queues),
-            "channels": len(self.channels) - 1,
-            "consumers": sum(len(ch.consumers) for ch in self.channels.values()),
+            "exchanges": len(self.topology.exchanges),
+            "queues": len(self.store.queues),
+            "channels": len(channels) - 1,
+            "consumers": sum(len(ch.consumers) for ch in channels.values()),
             "messages_ready": ready,
             "messages_unacked": unacked,
         }

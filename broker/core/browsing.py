@@ -6,8 +6,8 @@ priority queue merged), each with its state,
 delivery count and properties, reading paged-out bodies back from the log. Nothing
 changes: no delivery is counted, no message moves.
 
-The methods here belong to :class:`~broker.core.broker.Broker`; they share its state
-(:class:`~broker.core.state.BrokerState`).
+:class:`Browser` reads the queue store, the deliveries' unacked messages and, through
+the pager, the log.
 """
 
 from __future__ import annotations
@@ -16,12 +16,14 @@ import heapq
 from itertools import islice
 from typing import Any
 
+from .delivery import Deliveries
 from .errors import InvalidArgument
+from .log import MessageLog
 from .message import Entry
-from .publishing import _logged_message
-from .state import BrokerState
+from .pager import Pager, logged_message
+from .queues import QueueStore
 
-__all__ = ["BrowsingMixin", "MAX_BROWSE", "BrowsedMessage"]
+__all__ = ["Browser", "MAX_BROWSE", "BrowsedMessage"]
 
 #: Most messages one browse returns.
 MAX_BROWSE = 1000
@@ -30,8 +32,14 @@ MAX_BROWSE = 1000
 BrowsedMessage = tuple[int, str, "Entry | None", "str | None", "float | None"]
 
 
-class BrowsingMixin(BrokerState):
+class Browser:
     """Browsing (see the module docstring)."""
+
+    def __init__(self, queues: QueueStore, deliveries: Deliveries, pager: Pager, log: MessageLog) -> None:
+        self._store = queues
+        self._deliveries = deliveries
+        self._pager = pager
+        self._log = log
 
     def browse(self, queue_name: str, limit: int = 100, after: int = 0) -> list[BrowsedMessage]:
         """Up to ``limit`` messages of ``queue_name`` with a sequence number above
@@ -40,7 +48,7 @@ class BrowsingMixin(BrokerState):
         ``unreadable`` says why) when a paged-out body cannot be read now; ``due``
         is a delayed message's wall-clock due time. Raises NotFound, ResourceLocked,
         InvalidArgument."""
-        queue = self._queue(queue_name)
+        queue = self._store.queue(queue_name)
         if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_BROWSE:
             raise InvalidArgument(f"limit must be an integer 1..{MAX_BROWSE}")
         if not isinstance(after, int) or isinstance(after, bool) or after < 0:
@@ -61,7 +69,7 @@ class BrowsingMixin(BrokerState):
                 key=lambda item: item[0],
             )
         )
-        for ch in self.channels.values():
+        for ch in self._deliveries.channels.values():
             for d in ch.deliveries.values():
                 if d.queue is queue and d.entry.message.seq > after:
                     in_memory.append((d.entry.message.seq, "unacked", d.entry))
@@ -76,12 +84,12 @@ class BrowsingMixin(BrokerState):
         ]
         read: dict[int, Entry | str] = {}
         if to_read:
-            read_log = self.read_log
+            read_log = self._log.read_log
             assert read_log is not None
             results = read_log([loc >> 1 for _i, _seq, loc in to_read])
             for (i, seq, loc), result in zip(to_read, results):
-                r = _logged_message(result, seq, loc >> 1)
-                read[i] = r if isinstance(r, str) else self._entry_of(queue, loc, r)
+                r = logged_message(result, seq, loc >> 1)
+                read[i] = r if isinstance(r, str) else self._pager.entry_of(queue, loc, r)
         out: list[BrowsedMessage] = []
         for i, (seq, state, item) in enumerate(chosen):
             due = None

@@ -4,8 +4,8 @@ After a checkpoint the runtime may ask to relocate records of sparse segments: t
 live messages are logged again, and once the copies are durable the queues point at
 the new LSNs, so the next checkpoint can delete the old segments.
 
-The methods here belong to :class:`~broker.core.broker.Broker`; they share its state
-(:class:`~broker.core.state.BrokerState`).
+:class:`Compaction` finds the messages in the queue store and the deliveries, logs the
+copies with the log, and owns the relocations waiting for their copy to be durable.
 """
 
 from __future__ import annotations
@@ -14,17 +14,27 @@ from bisect import bisect_right
 from collections.abc import Sequence
 
 from . import records as rec
+from .delivery import Deliveries
 from .entities import Queue
+from .log import MessageLog
 from .message import Entry
+from .pager import logged_message
 from .paging import PagedRefs
-from .publishing import _logged_message
-from .state import BrokerState
+from .queues import QueueStore
 
-__all__ = ["CompactionMixin"]
+__all__ = ["Compaction"]
 
 
-class CompactionMixin(BrokerState):
+class Compaction:
     """Compaction (see the module docstring)."""
+
+    def __init__(self, queues: QueueStore, deliveries: Deliveries, log: MessageLog) -> None:
+        self._store = queues
+        self._deliveries = deliveries
+        self._log = log
+        # (new LSN, seq, [(queue, in-memory entry or paged-out index)]) of records
+        # logged again, applied to the queues once the new copy is written
+        self._relocations: list[tuple[int, int, list[tuple[Queue, Entry | PagedRefs]]]] = []
 
     def relocate(self, ranges: Sequence[tuple[int, int]]) -> int:
         """Log again every queued message whose ENQUEUE record's LSN is in one of
@@ -37,8 +47,8 @@ class CompactionMixin(BrokerState):
         alone). Queues are pointed at a copy only once it is written (:meth:`durable`):
         until then, and for good if writing it fails, they keep the original.
         """
-        read_log = self.read_log
-        if read_log is None or not ranges or self._replay is not None:
+        read_log = self._log.read_log
+        if read_log is None or not ranges or self._log.replaying:
             return 0
         starts = [lo for lo, _hi in ranges]
         lo_all, hi_all = ranges[0][0], ranges[-1][1]
@@ -52,10 +62,10 @@ class CompactionMixin(BrokerState):
         holders: dict[int, list[tuple[Queue, Entry | PagedRefs]]] = {}
         old_lsn: dict[int, int] = {}
         unacked: dict[int, list[Entry]] = {}
-        for ch in self.channels.values():
+        for ch in self._deliveries.channels.values():
             for d in ch.deliveries.values():
                 unacked.setdefault(d.queue.qid, []).append(d.entry)
-        for queue in self.queues.values():
+        for queue in self._store.queues.values():
             if not queue.persistent_log or queue.deleted:
                 continue
             for lane in queue.lanes:
@@ -82,20 +92,23 @@ class CompactionMixin(BrokerState):
         results = read_log([old_lsn[seq] for seq in seqs])
         logged = 0
         for seq, result in zip(seqs, results):
-            r = _logged_message(result, seq, old_lsn[seq])
+            r = logged_message(result, seq, old_lsn[seq])
             if isinstance(r, str):
                 continue  # unreadable: left where it is, reported when its turn comes
             qids = sorted({q.qid for q, _e in holders[seq]})
             payload = rec.encode_enqueue(
                 seq, r.wall_s, r.expires_at, qids, r.exchange, r.routing_key, None, r.properties, r.body
             )
-            new_lsn = self._append(rec.RecordType.ENQUEUE, payload)
+            new_lsn = self._log.append(rec.RecordType.ENQUEUE, payload)
             self._relocations.append((new_lsn, seq, holders[seq]))
             logged += 1
         return logged
 
-    def _apply_relocations(self, durable: int) -> None:
+    def durable(self, durable: int) -> None:
+        """Records up to ``durable`` are on disk: queues now point at those copies."""
         relocations = self._relocations
+        if not relocations or relocations[0][0] > durable:
+            return
         i = 0
         while i < len(relocations) and relocations[i][0] <= durable:
             new_lsn, seq, holders = relocations[i]
@@ -107,3 +120,8 @@ class CompactionMixin(BrokerState):
             i += 1
         del relocations[:i]
 
+    def failed(self, first_lsn: int, last_lsn: int) -> None:
+        """Records ``first_lsn``..``last_lsn`` could not be written: their copies never
+        will be, and the messages stay where they were."""
+        if self._relocations:
+            self._relocations = [r for r in self._relocations if not first_lsn <= r[0] <= last_lsn]

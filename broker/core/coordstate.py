@@ -2,7 +2,7 @@
 
 Plain data, no rules: the rules are in ``locks.py`` (locks), ``schedules.py``
 (schedules) and ``coordlog.py`` (their records, replay and checkpoint). One
-:class:`CoordState` hangs off the broker (``Broker.coord``).
+:class:`CoordState` is shared by those three components (``Broker.coord`` shows it).
 
 Two clocks, as everywhere in the core: a lock's expiry and a schedule's ticks are
 wall-clock times (they must mean the same thing after a restart); the timer that wakes
@@ -29,13 +29,10 @@ __all__ = [
     "LockWaitEnded",
     "TickFired",
     "MISSED_POLICIES",
-    "COORD_TIMER",
 ]
 
 #: What a schedule does with ticks that came due while the broker was down.
 MISSED_POLICIES = ("latest", "skip", "all")
-#: The channel id of the broker timer entry that wakes coordination (see timers.py).
-COORD_TIMER = -2
 
 
 @dataclass(slots=True)
@@ -174,6 +171,9 @@ class CoordState:
         self.grants: list[tuple[int, LockGranted]] = []
         #: replayed state whose timers are not yet set (they start at the next take_effects)
         self.needs_start = False
+        #: take_effects() has coordination work: grants waiting for the log, or
+        #: timers to start after recovery
+        self.pending = False
         self.next_stamp = 1
         # metrics
         self.locks_acquired = 0

@@ -9,49 +9,75 @@ properties and gains RabbitMQ's ``x-death`` history. Leaving the queue and enter
 the new ones is one MOVE record in the log: after a crash the message is in one place
 or the other. ``redrive`` moves messages out of a dead-letter queue the same way.
 
-The methods here belong to :class:`~broker.core.broker.Broker`; they share its state
-(:class:`~broker.core.state.BrokerState`).
+:class:`DeadLetters` routes through the topology into the queue store; the store calls
+it back when a message leaves a queue for one of the reasons above.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from . import records as rec
+from .constants import DEFAULT_EXCHANGE
 from .effects import DeadLetterDropped
 from .entities import Queue
 from .errors import InvalidArgument, NotFound
+from .log import MessageLog
 from .message import Entry, Message
-from .state import DEFAULT_EXCHANGE, BrokerState
+from .queues import QueueStore
+from .shared import Outbox, Wakeups
+from .topology import Topology
 
-__all__ = ["DeadLetterMixin", "DEAD_LETTER_REASONS", "MAX_REDRIVE"]
+__all__ = ["DeadLetters", "DEAD_LETTER_REASONS", "MAX_REDRIVE"]
 
 DEAD_LETTER_REASONS = ("rejected", "expired", "maxlen", "delivery_limit")
 #: Most messages one redrive call moves.
 MAX_REDRIVE = 100_000
 
 
-class DeadLetterMixin(BrokerState):
-    """Dead letters (see the module docstring)."""
+class DeadLetters:
+    """Dead letters and redrive (see the module docstring). Owns the counts of dead
+    letters dropped, by reason (``drops``)."""
 
-    def _dead_letter(self, queue: Queue, entry: Entry, reason: str) -> None:
+    def __init__(
+        self,
+        queues: QueueStore,
+        topology: Topology,
+        log: MessageLog,
+        outbox: Outbox,
+        wakeups: Wakeups,
+        *,
+        wall_clock: Callable[[], float],
+    ) -> None:
+        self._store = queues
+        self._topology = topology
+        self._exchanges = topology.exchanges
+        self._log = log
+        self._outbox = outbox
+        self._getters = wakeups.getters
+        self._wall_clock = wall_clock
+        #: dead letters dropped (no exchange, no route, storage failing), by reason
+        self.drops: dict[str, int] = {}
+
+    def dead_letter(self, queue: Queue, entry: Entry, reason: str) -> None:
         """``entry`` has left ``queue`` for ``reason``: settle it there and, when the
         queue has a dead-letter exchange, publish its copy there in the same step."""
         queue.dead_lettered[reason] = queue.dead_lettered.get(reason, 0) + 1
         dlx_name = queue.dead_letter_exchange
         if dlx_name is None or queue.deleted:
-            self._settle_entry(queue, entry)
+            self._log.settle_entry(queue, entry)
             return
         message = entry.message
-        exchange = self.exchanges.get(dlx_name)
+        exchange = self._exchanges.get(dlx_name)
         if exchange is None:
             self._drop_dead_letter(queue, entry, reason, f"dead-letter exchange {dlx_name!r} does not exist")
             return
-        wall = self.wall_clock()
+        wall = self._wall_clock()
         routing_key = queue.dead_letter_routing_key or message.routing_key
         properties = _with_death(message, queue.name, reason, wall)
         headers = properties["headers"]
-        targets = self.route(exchange, routing_key, headers)
+        targets = self._topology.route(exchange, routing_key, headers)
         if not any(d.get("reason") == "rejected" for d in headers["x-death"]):
             # A cycle without any rejection would go round for ever (RabbitMQ drops it).
             dead_from = {d.get("queue") for d in headers["x-death"]}
@@ -59,17 +85,17 @@ class DeadLetterMixin(BrokerState):
         if not targets:
             self._drop_dead_letter(queue, entry, reason, f"routes to no queue from {dlx_name!r}")
             return
-        if message.persistent and not self.storage_ok and any(q.persistent_log for q in targets):
-            self._drop_dead_letter(queue, entry, reason, f"storage is failing: {self.storage_reason}")
+        if message.persistent and not self._log.storage_ok and any(q.persistent_log for q in targets):
+            self._drop_dead_letter(queue, entry, reason, f"storage is failing: {self._log.storage_reason}")
             return
-        self._move(queue, entry, exchange.name, routing_key, properties, message.body, targets, wall)
+        self.move(queue, entry, exchange.name, routing_key, properties, message.body, targets, wall)
 
     def _drop_dead_letter(self, queue: Queue, entry: Entry, reason: str, why: str) -> None:
-        self._settle_entry(queue, entry)
-        self.dead_letter_drops[reason] = self.dead_letter_drops.get(reason, 0) + 1
-        self._effects.append(DeadLetterDropped(queue.name, entry.message.seq, reason, why))
+        self._log.settle_entry(queue, entry)
+        self.drops[reason] = self.drops.get(reason, 0) + 1
+        self._outbox.emit(DeadLetterDropped(queue.name, entry.message.seq, reason, why))
 
-    def _move(
+    def move(
         self,
         origin: Queue | None,
         entry: Entry | None,
@@ -86,8 +112,7 @@ class DeadLetterMixin(BrokerState):
         """A new message into ``targets`` (held back until ``due`` if given) and, with
         ``origin``, ``entry`` settled in its origin queue: one MOVE record when both
         sides are logged. Returns the LSN of the record that carries it (0: none)."""
-        seq = self._next_seq
-        self._next_seq += 1
+        seq = self._store.take_seq()
         start = due if due is not None else wall
         expires = None
         if properties is not None and "expiration" in properties:
@@ -108,7 +133,7 @@ class DeadLetterMixin(BrokerState):
             )
             if origin_logged or due is not None:
                 assert origin is None or entry is not None
-                lsn = self._append(
+                lsn = self._log.append_message(
                     rec.RecordType.MOVE,
                     rec.encode_move(
                         origin.qid if origin_logged and origin is not None else 0,
@@ -116,16 +141,17 @@ class DeadLetterMixin(BrokerState):
                         due,
                         payload,
                     ),
+                    message,
+                    list(targets),
                 )
             else:
-                lsn = self._append(rec.RecordType.ENQUEUE, payload)
-            message.lsn = lsn
-            self._unsynced.append((lsn, message, list(targets)))
+                lsn = self._log.append_message(rec.RecordType.ENQUEUE, payload, message, list(targets))
         elif origin_logged:
             assert origin is not None and entry is not None
-            self._settle_entry(origin, entry)
+            self._log.settle_entry(origin, entry)
+        enqueue = self._store.enqueue
         for target in targets:
-            self._enqueue(target, message, start, due=due)
+            enqueue(target, message, start, due=due)
         return lsn
 
     def redrive(
@@ -145,20 +171,20 @@ class DeadLetterMixin(BrokerState):
         cannot place (no origin, or routed nowhere), which stays where it was.
         Raises NotFound, ResourceLocked, InvalidArgument, Unavailable (storage failing).
         """
-        queue = self._queue(queue_name)
+        queue = self._store.queue(queue_name)
         if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= MAX_REDRIVE:
             raise InvalidArgument(f"count must be an integer 1..{MAX_REDRIVE}")
         target_exchange = None
         if exchange is not None:
-            target_exchange = self.exchanges.get(exchange)
+            target_exchange = self._exchanges.get(exchange)
             if target_exchange is None:
                 raise NotFound(f"no exchange {exchange!r}")
-        self._check_settles_writable(queue, "redrive")
+        self._log.check_settles_writable(queue, "redrive")
         moved = 0
         stopped: str | None = None
-        wall = self.wall_clock()
+        wall = self._wall_clock()
         while moved < count:
-            entry = self._pop_live(queue)
+            entry = self._store.pop_live(queue)
             if entry is None:
                 break
             message = entry.message
@@ -168,21 +194,21 @@ class DeadLetterMixin(BrokerState):
                 key = routing_key if routing_key is not None else message.routing_key
             else:
                 origin = headers.get("x-last-death-queue") or headers.get("x-first-death-queue")
-                if not isinstance(origin, str) or origin not in self.queues:
+                if not isinstance(origin, str) or origin not in self._store.queues:
                     queue.requeue(entry)
                     stopped = f"message {message.seq} has no origin queue to return to: name an exchange"
                     break
-                ex = self.exchanges[DEFAULT_EXCHANGE]
+                ex = self._exchanges[DEFAULT_EXCHANGE]
                 key = origin
-            targets = self.route(ex, key, headers)
+            targets = self._topology.route(ex, key, headers)
             if not targets:
                 queue.requeue(entry)
                 stopped = f"message {message.seq} routes to no queue from {ex.name or '(default)'!r} with key {key!r}"
                 break
-            self._move(queue, entry, ex.name, key, message.properties, message.body, targets, wall)
+            self.move(queue, entry, ex.name, key, message.properties, message.body, targets, wall)
             moved += 1
         if moved and queue.getters:
-            self._getter_checks[queue.name] = queue
+            self._getters[queue.name] = queue
         return moved, stopped
 
 

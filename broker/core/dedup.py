@@ -187,6 +187,12 @@ class DedupWindow:
     def window_s(self) -> float:
         return self._window_s
 
+    def clear(self) -> None:
+        """Forget every entry (recovery, when it cannot tell which ids to trust)."""
+        max_lsn = self._max_lsn
+        self.__init__(self._window_s)  # type: ignore[misc]
+        self._max_lsn = max_lsn
+
     def __len__(self) -> int:
         """Entries held: live ones, and expired ones not yet pruned."""
         return self._count

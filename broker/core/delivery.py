@@ -1,34 +1,38 @@
-"""Delivery: channels, consumers, prefetch and credit, and handing messages out.
+"""Deliveries: channels, consumers, handing messages out, and settling them.
 
 Opens and closes channels (a closed channel's unacked deliveries return to their
 queues), registers and cancels consumers, and dispatches ready messages to consumers
-within their prefetch and the channel's byte credit.
-
-The methods here belong to :class:`~broker.core.broker.Broker`; they share its state
-(:class:`~broker.core.state.BrokerState`).
+within their prefetch and the channel's byte credit. A delivery is settled by tag (or
+every tag up to one with ``multiple``): acked, or nacked back to its original place in
+its queue (marked redelivered) or to the dead letters. Each unacked delivery has a
+deadline on the broker's timer heap (its ack timeout or lease); a transactional
+channel's settles are held until its commit (transactions.py).
 """
 
 from __future__ import annotations
 
-from .effects import (
-    ConsumerActive,
-    Deliver,
-)
-from .entities import Channel, Consumer, Delivery, Queue
+import heapq
+from collections.abc import Callable
+
+from .config import CoreConfig
+from .constants import _EXPIRED_MEMORY, REST_CHANNEL, delivery_cost
+from .deadletter import DeadLetters
+from .delays import Delays
+from .effects import ConsumerActive, ConsumerCancelled, Deliver, DeliveryExpired
+from .entities import MAX_TX_OPS, Channel, Consumer, Delivery, Queue
 from .errors import (
     AccessRefused,
     ChannelError,
     InvalidArgument,
     NotFound,
 )
+from .log import MessageLog
 from .message import Entry
-from .state import (
-    REST_CHANNEL,
-    BrokerState,
-    delivery_cost,
-)
+from .queues import QueueStore
+from .shared import Outbox, Wakeups
+from .timers import TimerHeap
 
-__all__ = ["DeliveryMixin"]
+__all__ = ["Deliveries", "lease_id", "MAX_ACK_TIMEOUT_S"]
 
 
 #: Longest ack timeout a consume may ask for (RabbitMQ's consumer_timeout is a
@@ -36,14 +40,67 @@ __all__ = ["DeliveryMixin"]
 MAX_ACK_TIMEOUT_S = ((1 << 31) - 1) / 1000.0
 
 
-class DeliveryMixin(BrokerState):
-    """Delivery (see the module docstring)."""
+def check_prefetch(prefetch: object, maximum: int) -> None:
+    """The one prefetch rule (a consume's and a ``qos``'s): an integer 0..``maximum``
+    (0: no limit). Raises InvalidArgument."""
+    if not isinstance(prefetch, int) or isinstance(prefetch, bool) or not 0 <= prefetch <= maximum:
+        raise InvalidArgument(f"prefetch must be an integer 0..{maximum}")
+
+
+def lease_id(boot_id: str, channel_id: int, tag: int) -> str:
+    """The id of the lease that delivery ``tag`` of ``channel_id`` is (see leases.py)."""
+    return f"{boot_id}-{channel_id}-{tag}"
+
+
+class Deliveries:
+    """Channels, consumers, unacked deliveries and their deadlines (see the module
+    docstring). Owns ``channels`` (channel 0 is the REST API's, always open)."""
+
+    def __init__(
+        self,
+        queues: QueueStore,
+        delays: Delays,
+        dead_letters: DeadLetters,
+        log: MessageLog,
+        timers: TimerHeap,
+        outbox: Outbox,
+        wakeups: Wakeups,
+        stats: dict[str, int],
+        *,
+        clock: Callable[[], float],
+        wall_clock: Callable[[], float],
+        boot_id: str,
+        config: CoreConfig,
+    ) -> None:
+        self._store = queues
+        self._delays = delays
+        self._dead_letter = dead_letters.dead_letter
+        self._log = log
+        self._settle_entry = log.settle_entry
+        self._timers = timers
+        self._heap = timers.heap
+        self._emit = outbox.emit
+        self._dispatch_due = wakeups.dispatch
+        self._getters = wakeups.getters
+        self._stats = stats
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self._boot_id = boot_id
+        self._credit_bytes = config.channel_buffer_bytes
+        self._max_prefetch = config.max_prefetch
+        self._consumer_timeout_s = config.consumer_timeout_s
+        self._default_lease_s = config.default_lease_s
+        self.channels: dict[int, Channel] = {REST_CHANNEL: Channel(REST_CHANNEL, credit=1 << 62)}
+        self._next_channel = 1
+        self._next_consumer = 1
+        #: False while the broker shuts down: nothing more is handed to consumers.
+        self.delivering = True
 
     def open_channel(self) -> int:
         """Open a channel; return its id."""
         channel_id = self._next_channel
         self._next_channel += 1
-        self.channels[channel_id] = Channel(channel_id, self.channel_credit_bytes)
+        self.channels[channel_id] = Channel(channel_id, self._credit_bytes)
         return channel_id
 
     def close_channel(self, channel_id: int, reason: str = "channel closed") -> None:
@@ -56,14 +113,14 @@ class DeliveryMixin(BrokerState):
             return
         ch.closed = True
         for consumer in list(ch.consumers.values()):
-            self._remove_consumer(consumer)
-        self._requeue_deliveries(ch, list(ch.deliveries.values()))
+            self.remove_consumer(consumer)
+        self.requeue_deliveries(ch, list(ch.deliveries.values()))
         for qname in list(ch.exclusive_queues):
-            queue = self.queues.get(qname)
+            queue = self._store.queues.get(qname)
             if queue is not None:
-                self._delete_queue(queue, "exclusive queue owner closed")
+                self._store.remove_queue(queue, "exclusive queue owner closed")
         del self.channels[channel_id]
-        self._confirm_dirty.pop(channel_id, None)
+        self._log.forget_channel(channel_id)
 
     def grant_credit(self, channel_id: int, nbytes: int) -> None:
         """The IO layer drained ``nbytes`` of this channel's output: deliveries may resume."""
@@ -71,12 +128,12 @@ class DeliveryMixin(BrokerState):
         if ch is None:
             return
         was_blocked = ch.credit <= 0
-        ch.credit = min(ch.credit + nbytes, self.channel_credit_bytes)
+        ch.credit = min(ch.credit + nbytes, self._credit_bytes)
         if was_blocked and ch.credit > 0:
             for consumer in ch.consumers.values():
-                self._dirty_queues[consumer.queue.name] = consumer.queue
+                self._dispatch_due[consumer.queue.name] = consumer.queue
 
-    def _channel(self, channel_id: int) -> Channel:
+    def channel(self, channel_id: int) -> Channel:
         ch = self.channels.get(channel_id)
         if ch is None:
             raise ChannelError(f"channel {channel_id} is not open")
@@ -102,14 +159,13 @@ class DeliveryMixin(BrokerState):
         Raises NotFound, ResourceLocked, AccessRefused (exclusivity), ChannelError
         (tag in use), InvalidArgument.
         """
-        ch = self._channel(channel_id)
-        queue = self._queue(queue_name, channel_id)
+        ch = self.channel(channel_id)
+        queue = self._store.queue(queue_name, channel_id)
         if prefetch is None:
             prefetch = ch.default_prefetch
-        if not isinstance(prefetch, int) or isinstance(prefetch, bool) or not 0 <= prefetch <= self.max_prefetch:
-            raise InvalidArgument(f"prefetch must be an integer 0..{self.max_prefetch}")
+        check_prefetch(prefetch, self._max_prefetch)
         if not consumer_tag:
-            consumer_tag = f"ctag-{self.boot_id}-{self._next_consumer}"
+            consumer_tag = f"ctag-{self._boot_id}-{self._next_consumer}"
             self._next_consumer += 1
         if consumer_tag in ch.consumers:
             raise ChannelError(f"consumer tag {consumer_tag!r} is already in use on this channel", code="not_allowed")
@@ -123,7 +179,7 @@ class DeliveryMixin(BrokerState):
                 f"ack timeout must be more than 0 and at most {MAX_ACK_TIMEOUT_S:g} s"
             )
         if ack_timeout_s is None:
-            ack_timeout_s = queue.consumer_timeout_s or self.consumer_timeout_s
+            ack_timeout_s = queue.consumer_timeout_s or self._consumer_timeout_s
         if lease_s is not None:
             ack_timeout_s = lease_s
         consumer = Consumer(consumer_tag, ch, queue, no_ack, prefetch, exclusive, ack_timeout_s, lease_s)
@@ -131,29 +187,29 @@ class DeliveryMixin(BrokerState):
         queue.consumers.append(consumer)
         queue.had_consumer = True
         queue.exclusive_consumer = exclusive
-        self._dirty_queues[queue.name] = queue
-        self._touch_queue(queue)
+        self._dispatch_due[queue.name] = queue
+        self._delays.touch_queue(queue)
         return consumer_tag
 
     def cancel(self, channel_id: int, consumer_tag: str) -> None:
         """Stop a consumer. Its unacked deliveries stay with the channel until settled.
         Raises NotFound if the tag is unknown, ChannelError if the channel is not open."""
-        ch = self._channel(channel_id)
+        ch = self.channel(channel_id)
         consumer = ch.consumers.get(consumer_tag)
         if consumer is None:
             raise NotFound(f"no consumer {consumer_tag!r} on this channel")
-        self._remove_consumer(consumer)
+        self.remove_consumer(consumer)
 
     def consumer_active(self, channel_id: int, consumer_tag: str) -> bool:
         """Whether this consumer receives deliveries (false: a standby of a
         single-active-consumer queue). Raises ChannelError, NotFound."""
-        consumer = self._channel(channel_id).consumers.get(consumer_tag)
+        consumer = self.channel(channel_id).consumers.get(consumer_tag)
         if consumer is None:
             raise NotFound(f"no consumer {consumer_tag!r} on this channel")
         queue = consumer.queue
         return not queue.single_active or (queue.consumers[0] is consumer and queue.handing_over is None)
 
-    def _remove_consumer(self, consumer: Consumer, *, auto_delete: bool = True) -> None:
+    def remove_consumer(self, consumer: Consumer, *, auto_delete: bool = True) -> None:
         ch = consumer.channel
         ch.consumers.pop(consumer.tag, None)
         queue = consumer.queue
@@ -170,11 +226,11 @@ class DeliveryMixin(BrokerState):
             if queue.rr >= len(queue.consumers):
                 queue.rr = 0
         if auto_delete and queue.auto_delete and queue.had_consumer and not queue.consumers and not queue.deleted:
-            self._delete_queue(queue, "auto-delete queue lost its last consumer")
+            self._store.remove_queue(queue, "auto-delete queue lost its last consumer")
         elif queue.consumers:
-            self._dirty_queues[queue.name] = queue
+            self._dispatch_due[queue.name] = queue
         elif not queue.deleted:
-            self._touch_queue(queue)  # unused from now on
+            self._delays.touch_queue(queue)  # unused from now on
 
     def _hand_over(self, queue: Queue) -> None:
         """A single-active-consumer queue's active consumer is gone and its deliveries
@@ -182,23 +238,23 @@ class DeliveryMixin(BrokerState):
         queue.handing_over = None
         if queue.consumers:
             successor = queue.consumers[0]
-            self._effects.append(ConsumerActive(successor.channel.id, successor.tag))
-            self._dirty_queues[queue.name] = queue
+            self._emit(ConsumerActive(successor.channel.id, successor.tag))
+            self._dispatch_due[queue.name] = queue
 
     def qos(self, channel_id: int, prefetch: int, global_: bool = False) -> None:
         """basic.qos: a channel-wide limit (``global_``) or the default per-consumer one."""
-        ch = self._channel(channel_id)
-        if not isinstance(prefetch, int) or isinstance(prefetch, bool) or not 0 <= prefetch <= self.max_prefetch:
-            raise InvalidArgument(f"prefetch must be an integer 0..{self.max_prefetch}")
+        ch = self.channel(channel_id)
+        check_prefetch(prefetch, self._max_prefetch)
         if global_:
             ch.prefetch = prefetch
             for consumer in ch.consumers.values():
-                self._dirty_queues[consumer.queue.name] = consumer.queue
+                self._dispatch_due[consumer.queue.name] = consumer.queue
         else:
             ch.default_prefetch = prefetch
 
-    def _dispatch_dirty(self) -> None:
-        dirty = self._dirty_queues
+    def dispatch_due(self) -> None:
+        """Hand ready messages to the consumers of every queue marked for dispatch."""
+        dirty = self._dispatch_due
         while dirty:
             _name, queue = dirty.popitem()
             self._dispatch(queue)
@@ -224,7 +280,7 @@ class DeliveryMixin(BrokerState):
                         break
             if chosen is None:
                 return
-            entry = self._pop_live(queue)
+            entry = self._store.pop_live(queue)
             if entry is None:
                 return
             self._deliver(chosen, queue, entry)
@@ -236,27 +292,27 @@ class DeliveryMixin(BrokerState):
         message = entry.message
         count = entry.deliveries
         queue.delivered += 1
-        self.stats["delivered"] += 1
+        self._stats["delivered"] += 1
         if count:
             queue.redelivered += 1
         ch.credit -= delivery_cost(message.body)
-        lease_id = None
+        lease = None
         if consumer.no_ack:
             queue.acked += 1
             self._settle_entry(queue, entry)
         else:
-            self._count_delivery(queue, entry)
-            deadline = self.clock() + consumer.ack_timeout_s
+            self.count_delivery(queue, entry)
+            deadline = self._clock() + consumer.ack_timeout_s
             ch.deliveries[tag] = Delivery(tag, entry, queue, consumer, deadline)
-            self._push_timer(deadline, ch.id, tag)
+            self.push_deadline(deadline, ch.id, tag)
             consumer.unacked += 1
             ch.unacked += 1
             queue.unacked += 1
             if consumer.lease_s is not None:
-                lease_id = self._lease_id(ch.id, tag)
-        self._effects.append(Deliver(ch.id, consumer.tag, tag, count > 0, message, lease_id, count))
+                lease = lease_id(self._boot_id, ch.id, tag)
+        self._emit(Deliver(ch.id, consumer.tag, tag, count > 0, message, lease, count))
 
-    def _count_delivery(self, queue: Queue, entry: Entry) -> None:
+    def count_delivery(self, queue: Queue, entry: Entry) -> None:
         """One more delivery of ``entry`` that may come back: count it, and log the
         count (lazily: a delivery does not wait for its mark to be written). The first
         delivery is a DELIVERED mark; later ones, rarer, log the count itself."""
@@ -264,7 +320,209 @@ class DeliveryMixin(BrokerState):
         message = entry.message
         if queue.persistent_log and message.persistent:
             if entry.deliveries == 1:
-                self._delivered_marks.setdefault(queue.qid, []).append(message.seq)
+                self._log.mark_delivered(queue.qid, message.seq)
             else:
-                self._count_marks.setdefault(queue.qid, []).append((message.seq, entry.deliveries))
+                self._log.mark_count(queue.qid, message.seq, entry.deliveries)
 
+    def queue_deleted(self, queue: Queue, reason: str) -> None:
+        """``queue`` is being deleted: its consumers are cancelled (``ConsumerCancelled``
+        with ``reason``) and its exclusive owner forgets it. Its unacked deliveries
+        stay with their channels and are simply forgotten when settled."""
+        for consumer in list(queue.consumers):
+            self.remove_consumer(consumer, auto_delete=False)
+            self._emit(ConsumerCancelled(consumer.channel.id, consumer.tag, reason))
+        if queue.exclusive_owner is not None:
+            owner = self.channels.get(queue.exclusive_owner)
+            if owner is not None:
+                owner.exclusive_queues.discard(queue.name)
+
+    # ------------------------------------------------------------- deadlines
+
+    def deadline_live(self, channel_id: int, tag: int, deadline: float) -> bool:
+        """Whether a timer entry still is the deadline of delivery ``tag``."""
+        ch = self.channels.get(channel_id)
+        d = ch.deliveries.get(tag) if ch is not None else None
+        return d is not None and d.deadline == deadline
+
+    def deadline_passed(self, channel_id: int, tag: int, deadline: float) -> None:
+        """A timer entry came due: if it still is delivery ``tag``'s deadline, the
+        delivery (or lease) expired and goes back to its queue."""
+        ch = self.channels.get(channel_id)
+        d = ch.deliveries.get(tag) if ch is not None else None
+        if ch is None or d is None or d.deadline != deadline:
+            return
+        self.requeue_deliveries(ch, [d])
+        consumer = d.consumer
+        if consumer is not None:
+            ch.expired[tag] = None
+            if len(ch.expired) > _EXPIRED_MEMORY:
+                del ch.expired[next(iter(ch.expired))]
+            if consumer.lease_s is None:
+                self._emit(DeliveryExpired(ch.id, consumer.tag, tag))
+
+    # ------------------------------------------------------------- settling
+
+    def ack(self, channel_id: int, delivery_tag: int, multiple: bool = False) -> int:
+        """Acknowledge one delivery (or every one up to the tag); return how many.
+        Raises ChannelError for an unknown or expired tag (the channel must close)."""
+        ch = self.channel(channel_id)
+        if ch.tx is not None:
+            self._hold_settle(ch, "ack", delivery_tag, multiple, False, None)
+            return 0
+        deliveries = self._take_deliveries(ch, delivery_tag, multiple)
+        for d in deliveries:
+            self.finish_delivery(ch, d)
+            d.queue.acked += 1
+            self._settle_entry(d.queue, d.entry)
+        self._stats["acked"] += len(deliveries)
+        return len(deliveries)
+
+    def nack(
+        self,
+        channel_id: int,
+        delivery_tag: int,
+        multiple: bool = False,
+        requeue: bool = True,
+        *,
+        delay_s: float | None = None,
+    ) -> int:
+        """Reject one delivery (or every one up to the tag): requeue it in its original
+        position (after ``delay_s``, if given: validated with ``check_delay``), or
+        dead-letter it (reason ``rejected``; dropped without a dead-letter exchange).
+        A requeued message past its queue's ``x-delivery-limit`` is dead-lettered
+        instead. Raises ChannelError for an unknown or expired tag, InvalidArgument for
+        a delay without requeue (nothing is settled then)."""
+        ch = self.channel(channel_id)
+        if delay_s is not None and not requeue:
+            raise InvalidArgument("a delay needs requeue: a message not requeued does not come back")
+        if ch.tx is not None:
+            self._hold_settle(ch, "nack", delivery_tag, multiple, requeue, delay_s)
+            return 0
+        deliveries = self._take_deliveries(ch, delivery_tag, multiple)
+        if requeue:
+            self.requeue_deliveries(ch, deliveries, taken=True, delay_s=delay_s)
+        else:
+            for d in deliveries:
+                self.finish_delivery(ch, d)
+                self._dead_letter(d.queue, d.entry, "rejected")
+        return len(deliveries)
+
+    def reject(self, channel_id: int, delivery_tag: int, requeue: bool = True, *, delay_s: float | None = None) -> int:
+        return self.nack(channel_id, delivery_tag, False, requeue, delay_s=delay_s)
+
+    def touch(self, channel_id: int, delivery_tag: int) -> None:
+        """Reset the ack timeout of a delivery still being worked on.
+        Raises ChannelError for an unknown or expired tag."""
+        ch = self.channel(channel_id)
+        d = self.lookup_delivery(ch, delivery_tag)
+        assert d.consumer is not None or ch.id == REST_CHANNEL
+        timeout = d.consumer.ack_timeout_s if d.consumer is not None else self._default_lease_s
+        self.reset_deadline(ch, d, self._clock() + timeout)
+
+    def reset_deadline(self, ch: Channel, d: Delivery, deadline: float) -> None:
+        d.deadline = deadline
+        self.push_deadline(deadline, ch.id, d.tag)
+
+    def push_deadline(self, deadline: float, channel_id: int, tag: int) -> None:
+        """Schedule a deadline. Settled or touched deliveries leave stale entries
+        behind (skipped when popped); once stale ones could dominate, the heap is
+        rebuilt from the live deliveries, so its size follows the unacked count
+        rather than delivery rate x ack timeout (amortised O(1) per push)."""
+        heap = self._heap
+        heapq.heappush(heap, (deadline, channel_id, tag))
+        if len(heap) >= self._timers.compact_at:
+            self._timers.rebuild(
+                (d.deadline, ch.id, d.tag)
+                for ch in self.channels.values()
+                for d in ch.deliveries.values()
+                if d.deadline is not None
+            )
+
+    def lookup_delivery(self, ch: Channel, tag: int) -> Delivery:
+        if not isinstance(tag, int) or isinstance(tag, bool):
+            raise ChannelError("delivery_tag must be an integer", code="invalid_argument")
+        d = ch.deliveries.get(tag)
+        if d is None:
+            if tag in ch.expired:
+                raise ChannelError(
+                    f"delivery tag {tag} expired (not acked within its ack timeout) and went back to its queue",
+                    code="delivery_expired",
+                )
+            raise ChannelError(f"unknown delivery tag {tag}", code="unknown_delivery_tag")
+        return d
+
+    def _take_deliveries(self, ch: Channel, tag: int, multiple: bool) -> list[Delivery]:
+        """Remove and return the deliveries an ack/nack names (validated first, so a bad
+        tag changes nothing)."""
+        if multiple:
+            if not isinstance(tag, int) or isinstance(tag, bool):
+                raise ChannelError("delivery_tag must be an integer", code="invalid_argument")
+            if tag != 0:
+                self.lookup_delivery(ch, tag)
+            taken = []
+            for t in ch.deliveries:
+                if tag and t > tag:
+                    break
+                taken.append(t)
+            return [ch.deliveries.pop(t) for t in taken]
+        d = self.lookup_delivery(ch, tag)
+        del ch.deliveries[tag]
+        return [d]
+
+    def finish_delivery(self, ch: Channel, d: Delivery) -> None:
+        """Bookkeeping common to every end of a delivery (already removed from ch)."""
+        ch.unacked -= 1
+        queue = d.queue
+        if not queue.deleted:
+            queue.unacked -= 1
+        consumer = d.consumer
+        if consumer is not None:
+            consumer.unacked -= 1
+            if consumer is queue.handing_over and not consumer.unacked:
+                self._hand_over(queue)
+            if not queue.deleted and consumer.channel.consumers.get(consumer.tag) is consumer:
+                self._dispatch_due[queue.name] = queue
+        if ch.prefetch:
+            for c in ch.consumers.values():
+                self._dispatch_due[c.queue.name] = c.queue
+
+    def requeue_deliveries(
+        self, ch: Channel, deliveries: list[Delivery], *, taken: bool = False, delay_s: float | None = None
+    ) -> None:
+        """Deliveries that failed (nack, expiry, their channel ended) go back to their
+        queue's original place, after ``delay_s`` if given; a message delivered more
+        often than its queue's ``x-delivery-limit`` is dead-lettered instead."""
+        due = self._wall_clock() + delay_s if delay_s else None
+        for d in deliveries:
+            if not taken:
+                ch.deliveries.pop(d.tag, None)
+            self.finish_delivery(ch, d)
+            queue = d.queue
+            if queue.deleted:
+                continue
+            entry = d.entry
+            if queue.delivery_limit is not None and entry.deliveries > queue.delivery_limit:
+                self._dead_letter(queue, entry, "delivery_limit")
+                continue
+            if due is not None:
+                self._delays.delay_return(queue, entry, due)
+                continue
+            queue.requeue(entry)
+            if queue.consumers:
+                self._dispatch_due[queue.name] = queue
+            if queue.getters:
+                self._getters[queue.name] = queue
+
+    def _hold_settle(
+        self, ch: Channel, kind: str, tag: int, multiple: bool, requeue: bool, delay_s: float | None
+    ) -> None:
+        """Hold an ack or nack for the commit (its tag is checked now, and again then)."""
+        tx = ch.tx
+        assert tx is not None
+        if not isinstance(tag, int) or isinstance(tag, bool):
+            raise ChannelError("delivery_tag must be an integer", code="invalid_argument")
+        if not (multiple and tag == 0):
+            self.lookup_delivery(ch, tag)
+        if len(tx.publishes) + len(tx.settles) >= MAX_TX_OPS:
+            raise InvalidArgument(f"transaction too large (at most {MAX_TX_OPS} operations)", code="payload_too_large")
+        tx.settles.append((kind, tag, multiple, requeue, delay_s))

@@ -15,7 +15,7 @@ from .lanes import Lane
 from .message import Entry, Message
 from .routing import ConsistentHashTable, RoutingTable, make_table
 
-__all__ = ["Exchange", "Queue", "Consumer", "Channel", "Delivery", "Transaction"]
+__all__ = ["Exchange", "Queue", "Consumer", "Channel", "Delivery", "Transaction", "MAX_TX_BYTES", "MAX_TX_OPS"]
 
 
 class Exchange:
@@ -170,12 +170,12 @@ class Queue:
         #: Delivery counts above one of paged-out messages (the index keeps only
         #: whether a message was delivered): ``seq -> count``. Rare: recovery only.
         self.paged_counts: dict[int, int] = {}
-        #: When a timer wakes this queue next (monotonic clock; see TimersMixin).
+        #: When a timer wakes this queue next (monotonic clock; see delays.py).
         self.wake_at: float | None = None
         #: Messages dead-lettered from this queue, by reason.
         self.dead_lettered: dict[str, int] = {}
         #: ``x-expires``: the queue is deleted once unused this long (seconds), and
-        #: since when (monotonic) it has been unused (see DelaysMixin._touch_queue).
+        #: since when (monotonic) it has been unused (see Delays.touch_queue).
         exp = arguments.get("x-expires")
         self.expires_s: float | None = exp / 1000.0 if exp is not None else None
         self.unused_since = 0.0
@@ -362,8 +362,14 @@ class Delivery:
         self.deadline = deadline
 
 
+#: Most message bytes and operations one transaction may hold (a commit is one write).
+MAX_TX_BYTES = 8 * 1024 * 1024
+MAX_TX_OPS = 100_000
+
+
 class Transaction:
-    """The publishes and settles a transactional channel holds until its commit."""
+    """The publishes and settles a transactional channel holds until its commit (at
+    most ``MAX_TX_OPS`` operations and ``MAX_TX_BYTES`` of messages)."""
 
     __slots__ = ("publishes", "settles", "bytes")
 

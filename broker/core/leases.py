@@ -4,36 +4,67 @@
 (boot id, tag) so that one from an earlier run of the broker is recognised as gone.
 Long-polls park on a queue and are woken by ``QueueReady``.
 
-The methods here belong to :class:`~broker.core.broker.Broker`; they share its state
-(:class:`~broker.core.state.BrokerState`).
+A lease is a delivery of the REST channel (or of a lease-mode consumer):
+:class:`Leases` works through the deliveries' channels and settling.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+from .config import CoreConfig
+from .constants import REST_CHANNEL
+from .deadletter import DeadLetters
+from .delays import Delays
+from .delivery import Deliveries, lease_id
 from .entities import Channel, Delivery
 from .errors import (
     InvalidArgument,
     NotFound,
 )
-from .state import (
-    REST_CHANNEL,
-    BrokerState,
-)
+from .log import MessageLog
+from .queues import QueueStore
 
-__all__ = ["LeasesMixin", "MAX_GET_QUEUES"]
+__all__ = ["Leases", "MAX_GET_QUEUES"]
 
 #: Most queues one get may wait on, and the largest weight of one.
 MAX_GET_QUEUES = 32
 MAX_GET_WEIGHT = 1000
 
 
-class LeasesMixin(BrokerState):
-    """Leases (see the module docstring)."""
+class Leases:
+    """Leases (see the module docstring). Owns the state of weighted multi-queue gets."""
+
+    def __init__(
+        self,
+        deliveries: Deliveries,
+        queues: QueueStore,
+        delays: Delays,
+        dead_letters: DeadLetters,
+        log: MessageLog,
+        stats: dict[str, int],
+        *,
+        clock: Callable[[], float],
+        boot_id: str,
+        config: CoreConfig,
+    ) -> None:
+        self._deliveries = deliveries
+        self._channels = deliveries.channels
+        self._store = queues
+        self._delays = delays
+        self._dead_letter = dead_letters.dead_letter
+        self._log = log
+        self._stats = stats
+        self._clock = clock
+        self._boot_id = boot_id
+        self._default_lease_s = config.default_lease_s
+        self._max_lease_s = config.max_lease_s
+        # smooth weighted round-robin state of weighted multi-queue gets, by (names, weights)
+        self._get_weights: dict[tuple[tuple[str, ...], tuple[int, ...]], list[int]] = {}
 
     def _lease_id(self, channel_id: int, tag: int) -> str:
-        return f"{self.boot_id}-{channel_id}-{tag}"
+        return lease_id(self._boot_id, channel_id, tag)
 
     def _parse_lease(self, lease_id: Any) -> tuple[Channel, Delivery]:
         if not isinstance(lease_id, str):
@@ -44,12 +75,12 @@ class LeasesMixin(BrokerState):
         # non-ASCII digits would otherwise alias (or crash int()) and let one
         # request settle the same delivery twice.
         if (
-            boot != self.boot_id
+            boot != self._boot_id
             or not (chan.isascii() and chan.isdigit() and rest.isascii() and rest.isdigit())
             or lease_id != self._lease_id(int(chan), int(rest))
         ):
             raise NotFound(f"unknown lease {lease_id!r} (expired, settled, or from before a restart)")
-        ch = self.channels.get(int(chan))
+        ch = self._channels.get(int(chan))
         d = ch.deliveries.get(int(rest)) if ch is not None else None
         if ch is None or d is None:
             raise NotFound(f"unknown lease {lease_id!r} (expired, settled, or from before a restart)")
@@ -67,32 +98,32 @@ class LeasesMixin(BrokerState):
         if none ready.
         Raises NotFound, ResourceLocked, InvalidArgument.
         """
-        queue = self._queue(queue_name)
+        queue = self._store.queue(queue_name)
         if lease_s is None:
-            lease_s = self.default_lease_s
-        if not 0 < lease_s <= self.max_lease_s:
-            raise InvalidArgument(f"lease must be between 0 and {self.max_lease_s:g} seconds")
-        ch = self.channels[REST_CHANNEL]
-        self._touch_queue(queue)
+            lease_s = self._default_lease_s
+        if not 0 < lease_s <= self._max_lease_s:
+            raise InvalidArgument(f"lease must be between 0 and {self._max_lease_s:g} seconds")
+        ch = self._channels[REST_CHANNEL]
+        self._delays.touch_queue(queue)
         out: list[tuple[str, Delivery, bool]] = []
-        deadline = self.clock() + lease_s
+        deadline = self._clock() + lease_s
         while len(out) < max_count:
-            entry = self._pop_live(queue)
+            entry = self._store.pop_live(queue)
             if entry is None:
                 break
             tag = ch.next_tag
             ch.next_tag += 1
             redelivered = entry.deliveries > 0
             queue.delivered += 1
-            self.stats["delivered"] += 1
+            self._stats["delivered"] += 1
             if redelivered:
                 queue.redelivered += 1
-            self._count_delivery(queue, entry)
+            self._deliveries.count_delivery(queue, entry)
             d = Delivery(tag, entry, queue, None, deadline)
             ch.deliveries[tag] = d
             ch.unacked += 1
             queue.unacked += 1
-            self._push_timer(deadline, REST_CHANNEL, tag)
+            self._deliveries.push_deadline(deadline, REST_CHANNEL, tag)
             out.append((self._lease_id(REST_CHANNEL, tag), d, redelivered))
         return out
 
@@ -117,9 +148,9 @@ class LeasesMixin(BrokerState):
         for name in queue_names:
             if not isinstance(name, str):
                 raise InvalidArgument("queues must be a list of queue names")
-            self._queue(name)
-        if lease_s is not None and not 0 < lease_s <= self.max_lease_s:
-            raise InvalidArgument(f"lease must be between 0 and {self.max_lease_s:g} seconds")
+            self._store.queue(name)
+        if lease_s is not None and not 0 < lease_s <= self._max_lease_s:
+            raise InvalidArgument(f"lease must be between 0 and {self._max_lease_s:g} seconds")
         order: list[str] = queue_names
         if weights is not None:
             if (
@@ -138,7 +169,7 @@ class LeasesMixin(BrokerState):
     def _weighted_order(self, names: list[str], weights: list[int]) -> list[str]:
         """``names`` with the one whose turn it is first: smooth weighted round-robin
         (nginx's) among the queues that have messages, its state kept per list."""
-        ready = [i for i, name in enumerate(names) if self.queues[name].has_ready()]
+        ready = [i for i, name in enumerate(names) if self._store.queues[name].has_ready()]
         if not ready:
             return names
         key = (tuple(names), tuple(weights))
@@ -163,13 +194,13 @@ class LeasesMixin(BrokerState):
         ``purge_queue``): nothing is acked then."""
         pairs = self._leases(lease_ids, queue)
         for _ch, d in pairs:
-            self._check_settles_writable(d.queue, "ack")
+            self._log.check_settles_writable(d.queue, "ack")
         for ch, d in pairs:
             del ch.deliveries[d.tag]
-            self._finish_delivery(ch, d)
+            self._deliveries.finish_delivery(ch, d)
             d.queue.acked += 1
-            self.stats["acked"] += 1
-            self._settle_entry(d.queue, d.entry)
+            self._stats["acked"] += 1
+            self._log.settle_entry(d.queue, d.entry)
         return len(pairs)
 
     def nack_leases(
@@ -189,24 +220,24 @@ class LeasesMixin(BrokerState):
         pairs = self._leases(lease_ids, queue)
         if not requeue:
             for _ch, d in pairs:
-                self._check_settles_writable(d.queue, "drop a message")
+                self._log.check_settles_writable(d.queue, "drop a message")
         for ch, d in pairs:
             del ch.deliveries[d.tag]
             if requeue:
-                self._requeue_deliveries(ch, [d], taken=True, delay_s=delay_s)
+                self._deliveries.requeue_deliveries(ch, [d], taken=True, delay_s=delay_s)
             else:
-                self._finish_delivery(ch, d)
+                self._deliveries.finish_delivery(ch, d)
                 self._dead_letter(d.queue, d.entry, "rejected")
         return len(pairs)
 
     def extend_leases(self, lease_ids: list[Any], lease_s: float, queue: str | None = None) -> int:
         """Give leases ``lease_s`` more seconds from now. Raises NotFound, InvalidArgument."""
-        if not 0 < lease_s <= self.max_lease_s:
-            raise InvalidArgument(f"lease must be between 0 and {self.max_lease_s:g} seconds")
+        if not 0 < lease_s <= self._max_lease_s:
+            raise InvalidArgument(f"lease must be between 0 and {self._max_lease_s:g} seconds")
         pairs = self._leases(lease_ids, queue)
-        deadline = self.clock() + lease_s
+        deadline = self._clock() + lease_s
         for ch, d in pairs:
-            self._reset_deadline(ch, d, deadline)
+            self._deliveries.reset_deadline(ch, d, deadline)
         return len(pairs)
 
     def _leases(self, lease_ids: list[Any], queue: str | None = None) -> list[tuple[Channel, Delivery]]:
@@ -223,13 +254,3 @@ class LeasesMixin(BrokerState):
             seen.add(lid)
             pairs.append(pair)
         return pairs
-
-    def park_getter(self, queue_name: str) -> None:
-        """A long-poll waits for messages on this queue (wake it with ``QueueReady``)."""
-        self._queue(queue_name).getters += 1
-
-    def unpark_getter(self, queue_name: str) -> None:
-        queue = self.queues.get(queue_name)
-        if queue is not None and queue.getters:
-            queue.getters -= 1
-

@@ -28,24 +28,27 @@ a waiter is sent only then too (``CoordState.grants``), so a token seen by a cli
 is never handed out again after a crash. Expiry writes nothing: replay compares the
 logged expiry with the clock.
 
-The methods here belong to :class:`~broker.core.broker.Broker`; they share its state
-(:class:`~broker.core.state.BrokerState`).
+:class:`Locks` holds the commands; :class:`CoordTimer` is the one entry on the broker's
+timer heap that wakes coordination (locks and schedules) for the earliest deadline of
+its own heap; ``coordlog.Coordination`` handles the wake-up.
 """
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Callable
 from typing import Any
 
 from . import records as rec
-from .coordstate import COORD_TIMER, Lock, LockGranted, LockWaitEnded, LockWaiter
+from .coordstate import CoordState, Lock, LockGranted, LockWaitEnded, LockWaiter
+from .delivery import Deliveries
 from .errors import InvalidArgument, PreconditionFailed, ResourceLocked, Unavailable
 from .names import check_name
-from .state import BrokerState
+from .shared import Outbox
+from .timers import COORD_TIMER, TimerHeap
 
 __all__ = [
-    "LocksMixin",
+    "Locks",
+    "CoordTimer",
     "LockBusy",
     "NotLockHolder",
     "MIN_LOCK_TTL_S",
@@ -65,7 +68,6 @@ MAX_LOCK_WAIT_S = 3600.0
 MAX_LOCKS = 100_000
 MAX_LOCK_WAITERS = 10_000
 
-
 class LockBusy(ResourceLocked):
     """The lock is held by another owner (and the wait, if any, ran out): 409 with
     the lock as it is (``info``: holder, expiry)."""
@@ -75,7 +77,6 @@ class LockBusy(ResourceLocked):
     def __init__(self, message: str, info: dict[str, Any]) -> None:
         super().__init__(message)
         self.info = info
-
 
 class NotLockHolder(PreconditionFailed):
     """A refresh or release by an owner and token that do not hold the lock (it
@@ -87,32 +88,70 @@ class NotLockHolder(PreconditionFailed):
         super().__init__(message)
         self.info = info
 
-
 def check_owner(owner: object) -> str:
     """A lock owner: a string of 1..255 bytes without control characters."""
     return check_name("lock owner", owner, allow_reserved=True)
-
 
 def check_lock_ttl(ttl_s: object) -> float:
     if isinstance(ttl_s, bool) or not isinstance(ttl_s, (int, float)) or not MIN_LOCK_TTL_S <= ttl_s <= MAX_LOCK_TTL_S:
         raise InvalidArgument(f"ttl_s must be a number of seconds {MIN_LOCK_TTL_S:g}..{MAX_LOCK_TTL_S:g}")
     return float(ttl_s)
 
-
 def check_lock_wait(wait_s: object) -> float:
     if isinstance(wait_s, bool) or not isinstance(wait_s, (int, float)) or not 0 <= wait_s <= MAX_LOCK_WAIT_S:
         raise InvalidArgument(f"wait_s must be a number of seconds 0..{MAX_LOCK_WAIT_S:g}")
     return float(wait_s)
-
 
 def check_token(token: object) -> int:
     if isinstance(token, bool) or not isinstance(token, int) or token < 1:
         raise InvalidArgument("token must be a positive integer (the fencing token of the acquire)")
     return token
 
+class CoordTimer:
+    """The coordination heap (``CoordState.heap``) and the one entry on the broker's
+    timer heap that wakes it, for its earliest deadline."""
 
-class LocksMixin(BrokerState):
-    """Locks and the coordination timer (see the module docstring)."""
+    def __init__(self, coord: CoordState, timers: TimerHeap) -> None:
+        self._coord = coord
+        self._timers = timers
+
+    def at(self, deadline: float, kind: str, key: Any, stamp: int = 0) -> None:
+        """Wake coordination at monotonic ``deadline`` for ``(kind, key, stamp)``."""
+        coord = self._coord
+        coord.push(deadline, kind, key, stamp)
+        if coord.wake_at is None or deadline < coord.wake_at:
+            coord.wake_at = deadline
+            self._timers.push(deadline, COORD_TIMER, 0)
+
+    def rearm(self) -> None:
+        """After a wake-up: the broker timer entry for the earliest deadline left."""
+        coord = self._coord
+        if coord.heap:
+            coord.wake_at = coord.heap[0][0]
+            self._timers.push(coord.wake_at, COORD_TIMER, 0)
+
+class Locks:
+    """Named locks (see the module docstring). Locks live in the shared
+    :class:`CoordState`; a waiter belongs to a channel of ``deliveries``."""
+
+    def __init__(
+        self,
+        coord: CoordState,
+        timer: CoordTimer,
+        deliveries: Deliveries,
+        outbox: Outbox,
+        *,
+        append: Callable[[int, bytes], int],
+        clock: Callable[[], float],
+        wall_clock: Callable[[], float],
+    ) -> None:
+        self.coord = coord
+        self._timer = timer
+        self._deliveries = deliveries
+        self._outbox = outbox
+        self._append = append
+        self._clock = clock
+        self._wall_clock = wall_clock
 
     # ------------------------------------------------------------- commands
 
@@ -130,29 +169,29 @@ class LocksMixin(BrokerState):
         who = check_owner(owner)
         ttl = check_lock_ttl(ttl_s)
         wait = check_lock_wait(wait_s)
-        self._channel(channel_id)
+        self._deliveries.channel(channel_id)
         coord = self.coord
         lock = coord.locks.get(name)
         if lock is None:
             if len(coord.locks) >= MAX_LOCKS:
                 raise Unavailable(f"too many locks (at most {MAX_LOCKS})", code="limit_reached")
             lock = coord.locks[name] = Lock(name)
-        now = self.clock()
+        now = self._clock()
         if lock.owner is not None and lock.deadline <= now:
             self._expire_lock(lock)  # (its timer has not fired yet)
             lock = coord.locks.setdefault(name, lock)
         if lock.owner is None or lock.owner == who:
             self._hold(lock, who, ttl, new_token=lock.owner is None)
-            return lock.info(self.wall_clock()), 0
+            return lock.info(self._wall_clock()), 0
         if wait <= 0:
-            raise LockBusy(f"lock {name!r} is held by {lock.owner!r}", lock.info(self.wall_clock()))
+            raise LockBusy(f"lock {name!r} is held by {lock.owner!r}", lock.info(self._wall_clock()))
         if len(lock.waiters) >= MAX_LOCK_WAITERS:
             raise Unavailable(f"too many waiters for lock {name!r}", code="limit_reached")
-        waiter = LockWaiter(coord.next_waiter, channel_id, who, ttl, now + wait, self.wall_clock(), ref)
+        waiter = LockWaiter(coord.next_waiter, channel_id, who, ttl, now + wait, self._wall_clock(), ref)
         coord.next_waiter += 1
         lock.waiters.append(waiter)
         coord.waiters[waiter.id] = (name, waiter)
-        self._coord_at(waiter.deadline, "wait", waiter.id)
+        self._timer.at(waiter.deadline, "wait", waiter.id)
         return None, waiter.id
 
     def lock_cancel_wait(self, waiter_id: int) -> None:
@@ -198,7 +237,7 @@ class LocksMixin(BrokerState):
         lock = self._held_by(name, owner, token, "refresh")
         assert lock.owner is not None
         self._hold(lock, lock.owner, lock.ttl_s if ttl_s is None else check_lock_ttl(ttl_s), new_token=False)
-        return lock.info(self.wall_clock())
+        return lock.info(self._wall_clock())
 
     def lock_release(self, name: str, owner: object, token: object) -> dict[str, Any]:
         """Release the lock ``owner`` holds with ``token``; the first waiter gets it.
@@ -216,11 +255,11 @@ class LocksMixin(BrokerState):
         lock = self.coord.locks.get(name)
         if lock is None:
             lock = Lock(name)
-        return lock.info(self.wall_clock())
+        return lock.info(self._wall_clock())
 
     def lock_list(self) -> list[dict[str, Any]]:
         """Every held (or waited for) lock, by name."""
-        wall = self.wall_clock()
+        wall = self._wall_clock()
         return [self.coord.locks[name].info(wall) for name in sorted(self.coord.locks)]
 
     # -------------------------------------------------------------- inside
@@ -230,11 +269,11 @@ class LocksMixin(BrokerState):
         check_owner(owner)
         check_token(token)
         lock = self.coord.locks.get(name)
-        if lock is not None and lock.owner is not None and lock.deadline <= self.clock():
+        if lock is not None and lock.owner is not None and lock.deadline <= self._clock():
             self._expire_lock(lock)
         lock = self.coord.locks.get(name)
         if lock is None or lock.owner != owner or lock.token != token:
-            info = (lock or Lock(name)).info(self.wall_clock())
+            info = (lock or Lock(name)).info(self._wall_clock())
             held = f"held by {lock.owner!r} with token {lock.token}" if lock is not None and lock.owner else "not held"
             raise NotLockHolder(
                 f"cannot {what} lock {name!r}: {owner!r} with token {token} does not hold it (it is {held})", info
@@ -245,7 +284,7 @@ class LocksMixin(BrokerState):
         """``owner`` holds ``lock`` for ``ttl_s`` from now (a new acquisition takes a
         new token); logs LOCK_HELD and returns its LSN."""
         coord = self.coord
-        now, wall = self.clock(), self.wall_clock()
+        now, wall = self._clock(), self._wall_clock()
         if new_token:
             lock.token = coord.next_token
             coord.next_token += 1
@@ -255,7 +294,7 @@ class LocksMixin(BrokerState):
         lock.ttl_s = ttl_s
         lock.expires = wall + ttl_s
         lock.deadline = now + ttl_s
-        self._coord_at(lock.deadline, "lock", lock.name, lock.token)
+        self._timer.at(lock.deadline, "lock", lock.name, lock.token)
         return self._append(rec.RecordType.LOCK_HELD, rec.encode_json(lock_record(lock)))
 
     def _expire_lock(self, lock: Lock) -> None:
@@ -270,83 +309,44 @@ class LocksMixin(BrokerState):
         while lock.waiters:
             waiter = lock.waiters.popleft()
             coord.waiters.pop(waiter.id, None)
-            if waiter.channel_id not in self.channels:
+            if waiter.channel_id not in self._deliveries.channels:
                 continue
             lsn = self._hold(lock, waiter.owner, waiter.ttl_s, new_token=True)
             coord.grants.append(
-                (lsn, LockGranted(waiter.channel_id, waiter.id, waiter.ref, lock.info(self.wall_clock())))
+                (lsn, LockGranted(waiter.channel_id, waiter.id, waiter.ref, lock.info(self._wall_clock())))
             )
-            self._coord_pending = True
+            coord.pending = True
             return
         del coord.locks[lock.name]
 
     # ------------------------------------------------------ coordination timer
 
-    def _coord_at(self, deadline: float, kind: str, key: Any, stamp: int = 0) -> None:
-        """Wake coordination at monotonic ``deadline`` for ``(kind, key, stamp)``."""
+    def timer_fired(self, kind: str, key: Any, stamp: int, deadline: float, wall: float) -> None:
+        """A coordination timer entry of kind ``lock`` (expiry) or ``wait`` (a waiter
+        giving up) came due; stale ones are ignored."""
         coord = self.coord
-        coord.push(deadline, kind, key, stamp)
-        if coord.wake_at is None or deadline < coord.wake_at:
-            coord.wake_at = deadline
-            heapq.heappush(self._timers, (deadline, COORD_TIMER, 0))
+        if kind == "lock":
+            lock = coord.locks.get(key)
+            if lock is not None and lock.owner is not None and lock.token == stamp and lock.deadline == deadline:
+                self._expire_lock(lock)
+            return
+        entry = coord.waiters.get(key)
+        if entry is not None and entry[1].deadline == deadline:
+            name, waiter = entry
+            self.lock_cancel_wait(waiter.id)
+            if waiter.channel_id in self._deliveries.channels:
+                lock = coord.locks.get(name) or Lock(name)
+                self._outbox.emit(LockWaitEnded(waiter.channel_id, waiter.id, waiter.ref, lock.info(wall)))
 
-    def _wake_coordination(self, now: float) -> None:
-        """The coordination timer fired (``now``: monotonic): expire locks, end waits,
-        fire schedules that are due; then set the next wake-up."""
-        coord = self.coord
-        coord.wake_at = None
-        heap = coord.heap
-        wall = self.wall_clock()
-        while heap and heap[0][0] <= now:
-            deadline, kind, key, stamp = heapq.heappop(heap)
-            if kind == "lock":
-                lock = coord.locks.get(key)
-                if lock is not None and lock.owner is not None and lock.token == stamp and lock.deadline == deadline:
-                    self._expire_lock(lock)
-            elif kind == "wait":
-                entry = coord.waiters.get(key)
-                if entry is not None and entry[1].deadline == deadline:
-                    name, waiter = entry
-                    self.lock_cancel_wait(waiter.id)
-                    if waiter.channel_id in self.channels:
-                        lock = coord.locks.get(name) or Lock(name)
-                        self._effects.append(LockWaitEnded(waiter.channel_id, waiter.id, waiter.ref, lock.info(wall)))
-            else:
-                self._schedule_due(key, stamp)
-        if heap:
-            coord.wake_at = heap[0][0]
-            heapq.heappush(self._timers, (coord.wake_at, COORD_TIMER, 0))
-
-    def _coord_take_effects(self) -> None:
-        """From ``take_effects``: start the timers of replayed locks and schedules, and
-        send the grants whose record is durable."""
-        coord = self.coord
-        if coord.needs_start:
-            coord.needs_start = False
-            self._start_coordination()
-        if coord.grants:
-            durable = self.durable_lsn
-            i = 0
-            while i < len(coord.grants) and coord.grants[i][0] <= durable:
-                self._effects.append(coord.grants[i][1])
-                i += 1
-            del coord.grants[:i]
-        self._coord_pending = bool(coord.grants)
-
-    def _start_coordination(self) -> None:
-        """After recovery: locks expired meanwhile are free, the others get their
-        timer; schedules fire what came due while the broker was down (by their
-        policy) and plan their next tick."""
-        now, wall = self.clock(), self.wall_clock()
+    def start(self) -> None:
+        """After recovery: locks expired meanwhile are free, the others get their timer."""
+        now, wall = self._clock(), self._wall_clock()
         for name, lock in list(self.coord.locks.items()):
             if lock.owner is None or lock.expires <= wall:
                 del self.coord.locks[name]
                 continue
             lock.deadline = now + (lock.expires - wall)
-            self._coord_at(lock.deadline, "lock", name, lock.token)
-        for name in list(self.coord.schedules):
-            self._schedule_due(name, None)
-
+            self._timer.at(lock.deadline, "lock", name, lock.token)
 
 def lock_record(lock: Lock) -> dict[str, Any]:
     """A LOCK_HELD record's payload."""

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import sys
 from array import array
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from itertools import compress
 from typing import Any
 
@@ -182,6 +182,26 @@ def find_pair(chunks: "deque[array[int]]", head: int, seq: int) -> tuple[array[i
                     hi = m - 1
             return None
     return None
+
+
+def on_disk_mask(locators: array[int], spans: Sequence[tuple[int, int]]) -> bytes | None:
+    """Which of ``locators`` point at a record on disk, ``spans`` being the LSN ranges
+    ``[first, end)`` the log holds (in order): None when all of them do (the common
+    case, found without a loop per message), else a mask, 1 for a record on disk."""
+    if not locators:
+        return None
+    lo, hi = min(locators) >> 1, max(locators) >> 1
+    for first, end in spans:
+        if first <= lo and hi < end:
+            return None
+    firsts = [first for first, _end in spans]
+    mask = bytearray(len(locators))
+    for i, loc in enumerate(locators):
+        lsn = loc >> 1
+        j = bisect_right(firsts, lsn) - 1
+        if j >= 0 and lsn < spans[j][1]:
+            mask[i] = 1
+    return None if 0 not in mask else bytes(mask)
 
 
 class ReplayIndex:

@@ -24,24 +24,30 @@ once"), ``skip`` (fire none), ``all`` (fire each, oldest first, at most ``max_mi
 of the newest). Ticks on time always fire, each once. A paused schedule fires nothing;
 on resume it starts from then (ticks missed while paused are skipped).
 
-The methods here belong to :class:`~broker.core.broker.Broker`; they share its state
-(:class:`~broker.core.state.BrokerState`).
+:class:`Schedules` holds the commands and the firing of ticks; schedules live in the
+shared :class:`~broker.core.coordstate.CoordState`, their timer is the coordination
+timer (``locks.CoordTimer``).
 """
 
 from __future__ import annotations
 
 import base64
+from collections.abc import Callable
 from typing import Any
 
 from . import records as rec
-from .coordstate import MISSED_POLICIES, Schedule, TickFired
+from .coordstate import MISSED_POLICIES, CoordState, Schedule, TickFired
 from .errors import InvalidArgument, NotFound, Unavailable
-from .locks import LocksMixin
+from .locks import CoordTimer
+from .log import MessageLog
 from .message import Message
 from .names import check_name, check_routing_key
+from .queues import QueueStore
+from .shared import Outbox
 from .timing import TIMING_FIELDS, Timing, iso_utc, parse_timing
+from .topology import Topology
 
-__all__ = ["SchedulesMixin", "LIVE_GRACE_S", "MAX_SCHEDULES", "MAX_MISSED", "schedule_record"]
+__all__ = ["Schedules", "LIVE_GRACE_S", "MAX_SCHEDULES", "MAX_MISSED", "schedule_record"]
 
 #: A tick reached later than this while the broker runs counts as missed.
 LIVE_GRACE_S = 60.0
@@ -54,8 +60,32 @@ _EARLY_S = 0.005
 _DUE_LIMIT = 1000
 
 
-class SchedulesMixin(LocksMixin):
-    """Schedules (see the module docstring)."""
+class Schedules:
+    """Schedules (see the module docstring). A tick publishes through ``topology``
+    into the ``queues`` and logs one record with ``log``."""
+
+    def __init__(
+        self,
+        coord: CoordState,
+        timer: CoordTimer,
+        log: MessageLog,
+        topology: Topology,
+        queues: QueueStore,
+        outbox: Outbox,
+        stats: dict[str, int],
+        *,
+        clock: Callable[[], float],
+        wall_clock: Callable[[], float],
+    ) -> None:
+        self.coord = coord
+        self._timer = timer
+        self._log = log
+        self._topology = topology
+        self._queues = queues
+        self._outbox = outbox
+        self._stats = stats
+        self._clock = clock
+        self._wall_clock = wall_clock
 
     def put_schedule(
         self,
@@ -80,7 +110,7 @@ class SchedulesMixin(LocksMixin):
         exchange), Unavailable (too many schedules)."""
         check_name("schedule", name)
         check_routing_key(routing_key)
-        if exchange not in self.exchanges:
+        if exchange not in self._topology.exchanges:
             raise NotFound(f"no exchange {exchange!r}")
         if missed not in MISSED_POLICIES:
             raise InvalidArgument(f"missed must be one of {', '.join(MISSED_POLICIES)}")
@@ -91,7 +121,7 @@ class SchedulesMixin(LocksMixin):
         unknown = set(timing) - TIMING_FIELDS
         if unknown:
             raise InvalidArgument(f"unknown timing field(s): {', '.join(sorted(unknown))}")
-        wall = self.wall_clock()
+        wall = self._wall_clock()
         parsed = parse_timing(timing, wall)
         spec = {k: v for k, v in sorted(timing.items()) if v is not None}
         if parsed.cron is not None:
@@ -128,7 +158,7 @@ class SchedulesMixin(LocksMixin):
         s = self._schedule(name)
         s.deleted = True
         del self.coord.schedules[name]
-        self._append(rec.RecordType.SCHEDULE_DELETE, rec.encode_json({"name": name}))
+        self._log.append(rec.RecordType.SCHEDULE_DELETE, rec.encode_json({"name": name}))
 
     def pause_schedule(self, name: str, paused: bool) -> dict[str, Any]:
         """Pause (or resume: ticks missed meanwhile are skipped) ``name``. Raises NotFound."""
@@ -185,13 +215,13 @@ class SchedulesMixin(LocksMixin):
     def _pause(self, s: Schedule, paused: bool) -> None:
         s.paused = paused
         if not paused:
-            s.fired_up_to = max(s.fired_up_to, self.wall_clock())
+            s.fired_up_to = max(s.fired_up_to, self._wall_clock())
             s.recovering = False
         self._log_schedule(s)
         self._plan(s)
 
     def _log_schedule(self, s: Schedule) -> None:
-        self._append(rec.RecordType.SCHEDULE_PUT, rec.encode_json(schedule_record(s)))
+        self._log.append(rec.RecordType.SCHEDULE_PUT, rec.encode_json(schedule_record(s)))
 
     def _plan(self, s: Schedule) -> None:
         """Set the timer for ``s``'s next tick (none when paused or finished)."""
@@ -200,9 +230,9 @@ class SchedulesMixin(LocksMixin):
         coord.next_stamp += 1
         s.next_fire = None if s.paused else s.timing.next_after(s.fired_up_to)
         if s.next_fire is not None:
-            self._coord_at(self.clock() + max(0.0, s.next_fire - self.wall_clock()), "sched", s.name, s.stamp)
+            self._timer.at(self._clock() + max(0.0, s.next_fire - self._wall_clock()), "sched", s.name, s.stamp)
 
-    def _schedule_due(self, name: str, stamp: int | None) -> None:
+    def due(self, name: str, stamp: int | None) -> None:
         """The timer of schedule ``name`` fired (``stamp`` None: the start after a
         recovery): fire what is due by the policy, then plan the next tick."""
         s = self.coord.schedules.get(name)
@@ -211,7 +241,7 @@ class SchedulesMixin(LocksMixin):
         if s.paused:
             s.next_fire = None
             return
-        wall = self.wall_clock()
+        wall = self._wall_clock()
         # The timer is set on the monotonic clock from a wall-clock distance: it may
         # fire a hair before the tick by the wall clock (rounding, slewing). A tick
         # that close is due, or the timer would be set again and again for it.
@@ -247,39 +277,40 @@ class SchedulesMixin(LocksMixin):
         properties["headers"] = headers
         properties["message_id"] = f"{s.name}@{stamp}"
         properties.setdefault("timestamp", int(tick))
-        exchange = self.exchanges.get(s.exchange)
+        exchange = self._topology.exchanges.get(s.exchange)
         queues = []
         if exchange is None:
             s.last_error = f"exchange {s.exchange!r} does not exist: the tick of {stamp} published nothing"
         else:
             queues = [
-                q for q in self.route(exchange, s.routing_key, headers)
+                q for q in self._topology.route(exchange, s.routing_key, headers)
                 if q.overflow == "drop-head" or not q.is_full(len(s.body))
             ]
             s.last_error = None if queues else f"the tick of {stamp} routed to no queue"
         persistent = properties.get("delivery_mode", 2) == 2
         durable_qids = [q.qid for q in queues if q.persistent_log] if persistent else []
-        seq = self._next_seq
-        self._next_seq += 1
+        seq = self._queues.take_seq()
         expires = wall + properties["expiration"] / 1000.0 if "expiration" in properties else None
         message = Message(seq, s.exchange, s.routing_key, s.body, properties, expires, enqueued_at=wall)
         payload = rec.encode_enqueue(
             seq, wall, expires, durable_qids, s.exchange, s.routing_key, None, properties, s.body
         )
-        lsn = self._append(rec.RecordType.SCHEDULE_TICK, rec.encode_tick(s.name, tick, payload))
+        tick_payload = rec.encode_tick(s.name, tick, payload)
         if durable_qids:
-            message.lsn = lsn
-            self._unsynced.append((lsn, message, list(queues)))
+            self._log.append_message(rec.RecordType.SCHEDULE_TICK, tick_payload, message, list(queues))
+        else:
+            self._log.append(rec.RecordType.SCHEDULE_TICK, tick_payload)
+        enqueue = self._queues.enqueue
         for queue in queues:
-            self._enqueue(queue, message, wall)
+            enqueue(queue, message, wall)
         late = max(0.0, wall - tick)
         s.ticks_fired += 1
         s.last_tick = tick
         s.last_fired_at = wall
         s.last_lateness_s = late
         self.coord.ticks_fired += 1
-        self._effects.append(TickFired(s.name, late))
-        self.stats["published"] += 1
+        self._outbox.emit(TickFired(s.name, late))
+        self._stats["published"] += 1
 
 
 def schedule_record(s: Schedule) -> dict[str, Any]:

@@ -4,30 +4,52 @@ Produced in chunks, so that the runtime can write a checkpoint while serving: th
 entities, each queue's message references (QUEUE_REFS, by LSN), the deduplication
 window and the counters.
 
-The methods here belong to :class:`~broker.core.broker.Broker`; they share its state
-(:class:`~broker.core.state.BrokerState`).
+:class:`Snapshots` reads every component that holds durable state: the topology, the
+queue store (and the deliveries' unacked messages), the log's deduplication window,
+users and coordination.
 """
 
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from . import records as rec
+from .constants import DEDUP_BATCH_ENTRIES
+from .coordlog import Coordination
+from .delivery import Deliveries
 from .entities import Queue
+from .log import MessageLog
 from .message import Entry
 from .paging import locator
-from .state import (
-    DEDUP_BATCH_ENTRIES,
-    BrokerState,
-)
-from .topology import _binding_record, _queue_record
+from .queues import QueueStore, queue_record
+from .topology import Topology, binding_record
+from .userstore import UserStore
 
-__all__ = ["SnapshotMixin"]
+__all__ = ["Snapshots"]
 
 
-class SnapshotMixin(BrokerState):
+class Snapshots:
     """Snapshots (see the module docstring)."""
+
+    def __init__(
+        self,
+        log: MessageLog,
+        queues: QueueStore,
+        topology: Topology,
+        deliveries: Deliveries,
+        users: UserStore,
+        coordination: Coordination,
+        *,
+        wall_clock: Callable[[], float],
+    ) -> None:
+        self._log = log
+        self._store = queues
+        self._topology = topology
+        self._deliveries = deliveries
+        self._users = users
+        self._coordination = coordination
+        self._wall_clock = wall_clock
 
     def snapshot(self, chunk_entries: int = 4096) -> tuple[int, Iterator[list[tuple[int, bytes]]]]:
         """A checkpoint of the durable state, as (LSN covered, chunks of records).
@@ -38,27 +60,27 @@ class SnapshotMixin(BrokerState):
         possibly some later ones, which replaying the log after the LSN re-applies
         harmlessly. Call ``take_effects()`` first so the LSN covers every record.
         """
-        covered = self.last_lsn
+        covered = self._log.last_lsn
         # The window is pruned as publishes arrive; an idle broker would otherwise
         # carry expired entries into every checkpoint (and keep them in memory).
-        self.dedup.prune(self.wall_clock())
+        self._log.dedup.prune(self._wall_clock())
         return covered, self._snapshot_chunks(chunk_entries)
 
     def _snapshot_chunks(self, chunk_entries: int) -> Iterator[list[tuple[int, bytes]]]:
         T = rec.RecordType
         head: list[tuple[int, bytes]] = []
-        for ex in list(self.exchanges.values()):
+        for ex in list(self._topology.exchanges.values()):
             if ex.durable and not ex.builtin:
                 head.append((T.DECLARE_EXCHANGE, rec.encode_json(ex.info())))
-        queues = [q for q in self.queues.values() if q.persistent_log]
+        queues = [q for q in self._store.queues.values() if q.persistent_log]
         for q in queues:
-            head.append((T.DECLARE_QUEUE, rec.encode_json(_queue_record(q))))
-        for ex in list(self.exchanges.values()):
+            head.append((T.DECLARE_QUEUE, rec.encode_json(queue_record(q))))
+        for ex in list(self._topology.exchanges.values()):
             if not ex.durable:
                 continue
             for (dest, key, _f), args in ex.table.bindings.items():
-                if self._binding_durable(ex, dest):
-                    head.append((T.BIND, rec.encode_json(_binding_record(ex.name, dest, key, args))))
+                if self._topology.binding_durable(ex, dest):
+                    head.append((T.BIND, rec.encode_json(binding_record(ex.name, dest, key, args))))
         # One consistent cut of every queue's messages (ready, requeued and unacked),
         # taken in the same step as the head. Looking at the unacked deliveries and
         # at each queue at different times would lose a message delivered in
@@ -66,7 +88,7 @@ class SnapshotMixin(BrokerState):
         # checkpoint can carry it. Only references are copied here; records are
         # encoded lazily, chunk by chunk.
         unacked: dict[int, list[Entry]] = {}
-        for ch in list(self.channels.values()):
+        for ch in list(self._deliveries.channels.values()):
             for d in ch.deliveries.values():
                 if d.queue.persistent_log:
                     unacked.setdefault(d.queue.qid, []).append(d.entry)
@@ -88,7 +110,7 @@ class SnapshotMixin(BrokerState):
                 paged_cut.append((0, (delayed_refs, 0, len(delayed_refs))))
             cut.append((q, entries, paged_cut, dict(q.paged_counts), q.delayed.due_times()))
         del unacked
-        head.extend(self.users.snapshot_records(self.wall_clock()))
+        head.extend(self._users.snapshot_records(self._wall_clock()))
         yield head
         per_record = 2 * chunk_entries
         for q, entries, paged_cut, paged_counts, delays in cut:
@@ -144,12 +166,11 @@ class SnapshotMixin(BrokerState):
             for lo in range(0, len(delays), chunk_entries):
                 yield [(T.DELAY, rec.encode_counts(qid, delays[lo : lo + chunk_entries]))]
         tail = [
-            (T.DEDUP_DIGESTS, payload) for payload in self.dedup.checkpoint_payloads(DEDUP_BATCH_ENTRIES)
+            (T.DEDUP_DIGESTS, payload) for payload in self._log.dedup.checkpoint_payloads(DEDUP_BATCH_ENTRIES)
         ]
-        tail.extend(self._coordination_records())  # locks, schedules, next token
-        tail.append(
-            (T.META, rec.encode_json({"next_seq": self._next_seq, "next_qid": self._next_qid}))
-        )
+        tail.extend(self._coordination.checkpoint_records())  # locks, schedules, next token
+        next_seq, next_qid = self._store.counters()
+        tail.append((T.META, rec.encode_json({"next_seq": next_seq, "next_qid": next_qid})))
         yield tail
 
 

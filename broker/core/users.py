@@ -7,13 +7,12 @@ live change and its replay run the same code.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from . import records as rec
 from .errors import InvalidArgument, NotFound
 from .records import RecordType
-from .state import BrokerState
 from .userstore import (
     _TOKEN_ID_RE,
     MAX_DESCRIPTION_CHARS,
@@ -21,21 +20,35 @@ from .userstore import (
     MAX_USERS,
     Token,
     User,
+    UserStore,
     _check_tags,
     _permissions,
     check_username,
 )
 
-__all__ = ["UsersMixin", "replay_user_record"]
+__all__ = ["Users"]
 
 
-class UsersMixin(BrokerState):
+class Users:
     """The broker's user and token commands (see the module docstring). Each validates
-    everything before it changes anything, then applies and logs one record."""
+    everything before it changes anything, then applies and logs one record.
+
+    Owns the :class:`UserStore` (``store``), which the API reads to authenticate."""
+
+    def __init__(
+        self, *, append: Callable[[int, bytes], int], wall_clock: Callable[[], float]
+    ) -> None:
+        self.store = UserStore()
+        self._append = append
+        self._wall_clock = wall_clock
 
     def _user_change(self, rtype: int, obj: dict[str, Any]) -> None:
-        self.users.apply(rtype, obj)
+        self.store.apply(rtype, obj)
         self._append(rtype, rec.encode_json(obj))
+
+    def replay(self, rtype: int, payload: bytes) -> None:
+        """Apply one user or token record during recovery."""
+        self.store.apply(rtype, rec.decode_json(payload))
 
     def put_user(
         self,
@@ -55,8 +68,8 @@ class UsersMixin(BrokerState):
         check_username(name)
         tag_tuple = _check_tags(list(tags))
         texts, _compiled = _permissions(permissions)
-        existing = self.users.get(name)
-        if existing is None and len(self.users) >= MAX_USERS:
+        existing = self.store.get(name)
+        if existing is None and len(self.store) >= MAX_USERS:
             raise InvalidArgument(f"too many users (at most {MAX_USERS})", code="resource_limit")
         if password is None and keep_password and existing is not None:
             password = existing.password
@@ -84,35 +97,31 @@ class UsersMixin(BrokerState):
         Raises NotFound (no such user), InvalidArgument (a bad id, expiry or
         description, an id in use, or past ``MAX_TOKENS_PER_USER``)."""
         self._user(user)
-        if not isinstance(token_id, str) or _TOKEN_ID_RE.fullmatch(token_id) is None or token_id in self.users.tokens:
+        if not isinstance(token_id, str) or _TOKEN_ID_RE.fullmatch(token_id) is None or token_id in self.store.tokens:
             raise InvalidArgument("token id must be 16 hex digits, not in use")
         if not isinstance(description, str) or len(description) > MAX_DESCRIPTION_CHARS:
             raise InvalidArgument(f"description must be a string of at most {MAX_DESCRIPTION_CHARS} characters")
-        now = self.wall_clock()
+        now = self._wall_clock()
         if expires_s is not None and not expires_s > now:
             raise InvalidArgument("a token's expiry must be in the future")
-        if len(self.users.tokens_of(user)) >= MAX_TOKENS_PER_USER:
+        if len(self.store.tokens_of(user)) >= MAX_TOKENS_PER_USER:
             raise InvalidArgument(f"user {user!r} has {MAX_TOKENS_PER_USER} tokens already", code="resource_limit")
         token = Token(token_id, user, digest, now, expires_s, description)
         self._user_change(RecordType.TOKEN, token.record())
-        return self.users.tokens[token_id]
+        return self.store.tokens[token_id]
 
     def revoke_token(self, token_id: str) -> Token:
         """Forget a token at once. Raises NotFound."""
-        token = self.users.tokens.get(token_id)
+        token = self.store.tokens.get(token_id)
         if token is None:
             raise NotFound(f"no token {token_id[:32]!r}")
         self._user_change(RecordType.TOKEN_DELETE, {"id": token_id})
         return token
 
     def _user(self, name: str) -> User:
-        user = self.users.get(name)
+        user = self.store.get(name)
         if user is None:
             raise NotFound(f"no user {name[:64]!r}")
         return user
 
 
-
-def replay_user_record(broker: BrokerState, state: Any, payload: bytes, lsn: int, rtype: int) -> None:
-    """The replay handler of every user record type (``REPLAY_HANDLERS``)."""
-    broker.users.apply(rtype, rec.decode_json(payload))

@@ -9,7 +9,7 @@ Theory of operation
 API token (id, owner, digest of its secret, expiry). It never hashes or compares a
 secret: the API layer does that (``broker.api.auth``) and hands the store only the
 opaque hash strings to keep. Each change is a command on the broker
-(:class:`UsersMixin`: ``put_user``, ``delete_user``, ``add_token``, ``revoke_token``)
+(:class:`~broker.core.users.Users`: ``put_user``, ``delete_user``, ``add_token``, ``revoke_token``)
 that validates everything first, then applies one JSON record to the store and logs
 the same record, so that replay (:meth:`UserStore.apply`) and the live change are one
 code path. Replay is idempotent: a put overwrites, a delete of something absent does

@@ -3,18 +3,29 @@
 It owns the sans-IO core, the write-ahead log, the timers and the checkpoint schedule
 (``checkpoints.py``), and glues recovery together at start (``recovery.py``). It talks
 to the log, the channels and metrics through typed ports (``ports.py``). It imports the
-core and storage, never the HTTP server or the API layer: those call into it.
+core and storage, never the HTTP server or the API layer: those call into it, through
+one door, the :class:`CommandGateway` (``gateway.py``), which runs a core command,
+carries out its effects and waits for durability where asked. ``confirms.py`` is the
+one book of publishes waiting for their confirm.
 """
 
 from broker.runtime.checkpoints import Checkpointer
+from broker.runtime.confirms import PendingConfirms, PublishWaiter
+from broker.runtime.gateway import CommandBatch, CommandGateway, PublishOutcome
 from broker.runtime.options import RuntimeOptions
 from broker.runtime.ports import ChannelSink, Flushable, LogPort, MetricsPort
-from broker.runtime.runtime import BrokerRuntime
+from broker.runtime.runtime import BrokerRuntime, LockWait
 
 __all__ = [
     "BrokerRuntime",
     "ChannelSink",
     "Checkpointer",
+    "CommandBatch",
+    "CommandGateway",
+    "LockWait",
+    "PendingConfirms",
+    "PublishOutcome",
+    "PublishWaiter",
     "Flushable",
     "LogPort",
     "MetricsPort",

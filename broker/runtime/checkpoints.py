@@ -11,6 +11,7 @@ checkpoint can delete those segments too.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
@@ -23,13 +24,16 @@ from broker import storage
 from broker.core import Broker, RecordType, ref_lsns
 from broker.runtime.ports import LogPort, MetricsPort
 
-__all__ = ["COMPACT_LIVE_DIVISOR", "Checkpointer"]
+__all__ = ["CHECK_INTERVAL_S", "COMPACT_LIVE_DIVISOR", "Checkpointer"]
 
 # A segment a checkpoint keeps only for its queued messages is compacted (those few
 # messages logged again, so the next checkpoint can delete it) once at most one record
 # in this many is a queued message: rewriting a segment's records costs at most a
 # quarter of the space it frees.
 COMPACT_LIVE_DIVISOR = 4
+
+#: How often the triggers are looked at (seconds).
+CHECK_INTERVAL_S = 1.0
 
 log = logging.getLogger("ackbus.runtime")
 
@@ -47,9 +51,15 @@ class Checkpointer:
         metrics: MetricsPort | None,
         pump: Callable[[], None],
         on_reserve_used: Callable[[], None] | None = None,
+        fs: storage.FileSystem | None = None,
+        space_wanted: Callable[[], bool] | None = None,
     ) -> None:
         """``on_reserve_used``: called when a checkpoint had to use the space reserve
-        (the disk is full) - None when the broker keeps none."""
+        (the disk is full) - None when the broker keeps none. ``fs``: the file system
+        (a test's simulated disk; the real one by default). ``space_wanted``: whether
+        the broker is refusing publishes for want of disk space; while it is, a
+        checkpoint is written as soon as the log has grown (settles of consumed
+        messages), since only a checkpoint lets their segments go."""
         self.core = core
         self.data_dir = data_dir
         self.interval_s = interval_s or math.inf  # 0 disables
@@ -57,6 +67,8 @@ class Checkpointer:
         self.metrics = metrics
         self._pump = pump
         self._on_reserve_used = on_reserve_used
+        self._space_wanted = space_wanted
+        self.fs = fs
         self.wal: LogPort | None = None
         self._lock = trio.Lock()
         self._wal_bytes_at_checkpoint = 0
@@ -86,11 +98,14 @@ class Checkpointer:
         """Write a checkpoint whenever one is due, until cancelled."""
         assert self.wal is not None
         while True:
-            await trio.sleep(min(1.0, self.interval_s))
+            await trio.sleep(min(CHECK_INTERVAL_S, self.interval_s))
             stats = self.wal.statistics()
             grown = stats.bytes_written - self._wal_bytes_at_checkpoint
             due_by_time = trio.current_time() - self._last_time >= self.interval_s
-            if grown >= self.wal_bytes or (due_by_time and grown > 0) or self._requested:
+            # On a full disk, consumption frees space only through a checkpoint: one
+            # runs at once (each second while consumers keep settling).
+            due_for_space = grown > 0 and self._space_wanted is not None and self._space_wanted()
+            if grown >= self.wal_bytes or (due_by_time and grown > 0) or due_for_space or self._requested:
                 self._requested = False
                 try:
                     await self.checkpoint()
@@ -135,23 +150,37 @@ class Checkpointer:
                             keep.add(ref_lsns(rtype, payload))
                     yield from chunk
 
-            await trio.to_thread.run_sync(storage.write_checkpoint, self.data_dir, lsn, records())
-            if self._on_reserve_used is not None and not storage.reserve_present(self.data_dir):
-                self._on_reserve_used()
-            # The checkpoint refers to records by LSN: they must be on disk before the
-            # segments it no longer needs go (under fsync=always they already are).
+            def log_durable_before_rename() -> None:
+                # In the writer thread, between the file's fsync and its rename.
+                trio.from_thread.run(self._sync_log_for_checkpoint, wal)
+
             try:
-                await wal.sync()
+                await trio.to_thread.run_sync(
+                    functools.partial(
+                        storage.write_checkpoint,
+                        self.data_dir,
+                        lsn,
+                        records(),
+                        fs=self.fs,
+                        before_rename=log_durable_before_rename,
+                    )
+                )
             except storage.WALFailed as exc:
                 log.warning(
-                    "checkpoint written, but the log cannot be synced: no segment deleted",
+                    "checkpoint not written: the log cannot be synced through the records it refers to",
                     extra={"fields": {"lsn": lsn, "error": str(exc)}},
                 )
-            else:
-                wal.release_through(keep.release_limit(lsn), keep.counts)
-                self.segments_kept = len(keep.counts)
-                if compact:
-                    self._compact(wal, keep.counts, lsn)
+                self._last_time = trio.current_time()
+                return
+            if self._on_reserve_used is not None and not storage.reserve_present(self.data_dir):
+                self._on_reserve_used()
+            # Every record the checkpoint refers to is durable (log_durable_before_rename):
+            # the segments it covers and no longer needs can go.
+            wal.release_through(keep.release_limit(lsn), keep.counts)
+            self.segments_kept = len(keep.counts)
+            storage.faults.hit("checkpoint.after_release")
+            if compact:
+                self._compact(wal, keep.counts, lsn)
             self._wal_bytes_at_checkpoint = bytes_before
             self._last_time = trio.current_time()
             self.count += 1
@@ -164,6 +193,18 @@ class Checkpointer:
                 "checkpoint written",
                 extra={"fields": {"lsn": lsn, "duration_s": round(self.last_duration_s, 3)}},
             )
+
+    async def _sync_log_for_checkpoint(self, wal: LogPort) -> None:
+        """Make the log durable through every record the checkpoint being written can
+        refer to. Its cut of the queues was taken after the snapshot's LSN, while
+        serving went on, so it may refer to later records than that LSN: everything
+        the core has produced so far is handed to the log, and ``sync`` returns once
+        each of those records is on disk or was reported failed (and nacked; recovery
+        drops a reference to such a record, see docs/durability.md).
+
+        Raises: ``storage.WALFailed`` when the log cannot be synced."""
+        self._pump()
+        await wal.sync()
 
     def _compact(self, wal: LogPort, kept: dict[int, int], covered: int) -> None:
         """Log again the few queued messages of mostly consumed segments the checkpoint

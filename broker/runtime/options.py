@@ -41,7 +41,9 @@ class RuntimeOptions(CoreConfig):
     max_channels_per_user: int = 500
     #: Consumers per user (channel consumers and streaming consumes).
     max_consumers_per_user: int = 2000
-    #: Failed authentications per client address within ``auth_failure_window_s``
-    #: before that address is answered 429 (fail2ban's default is 5 in 10 minutes).
+    #: Failed authentications per client address and user name within
+    #: ``auth_failure_window_s`` before that name from that address is answered 429
+    #: (fail2ban's default is 5 in 10 minutes); ten times as many per address, all names
+    #: together (``broker.api.auth.ADDRESS_FAILURE_FACTOR``).
     auth_failure_limit: int = 10
     auth_failure_window_s: float = 60.0

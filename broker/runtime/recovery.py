@@ -9,6 +9,7 @@ recovery has finished. The append phase opens the write-ahead log on what was re
 from __future__ import annotations
 
 import gc
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -22,6 +23,8 @@ from broker import storage
 from broker.core import Broker
 
 __all__ = ["GC_FREEZE_MIN_RECORDS", "Recovered", "WALCallbacks", "WAL_INLINE_MAX_RECORDS", "recover_broker"]
+
+log = logging.getLogger("ackbus.runtime")
 
 # Batches of at most this many WAL records are written and fsynced on the event loop
 # thread instead of a worker thread: the thread hand-off costs about as much as the
@@ -43,6 +46,9 @@ class Recovered:
     wal: storage.WriteAheadLog
     checkpoint_lsn: int
     info: dict[str, Any]
+    #: queued-message references dropped because their records are not on disk
+    #: (unconfirmed publishes; see Broker.finish_recovery)
+    unconfirmed_dropped: int = 0
 
 
 @dataclass
@@ -68,6 +74,7 @@ async def recover_broker(
     segment_max_bytes: int,
     reserve_bytes: int,
     callbacks: WALCallbacks,
+    fs: storage.FileSystem | None = None,
 ) -> Recovered:
     """Replay ``data_dir``'s checkpoint and log into ``core`` and open the log.
 
@@ -78,7 +85,7 @@ async def recover_broker(
 
     def recover_sync() -> tuple[storage.Recovery, int, int]:
         os.makedirs(data_dir, exist_ok=True)
-        recovery = storage.recover(data_dir, repair=repair)
+        recovery = storage.recover(data_dir, repair=repair, fs=fs)
         # Recovered messages stay in the log segments (paged out) and are read back
         # from them by LSN when their turn comes.
         core.read_log = recovery.reader.read
@@ -93,7 +100,13 @@ async def recover_broker(
             n_wal += 1
         # Records after the checkpoint mean the broker did not stop cleanly (a clean
         # stop ends with a checkpoint covering everything).
-        core.finish_recovery(recovery.last_lsn, assume_delivered=n_wal > 0)
+        # With repair, a damaged segment is indexed only up to the damage: what lies
+        # beyond was confirmed, and is given up when its turn comes (MessageLost).
+        core.finish_recovery(
+            recovery.last_lsn,
+            assume_delivered=n_wal > 0,
+            log_spans=None if repair else recovery.reader.spans(),
+        )
         return recovery, n_ckpt, n_wal
 
     # Recovery builds millions of long-lived objects and no garbage cycles: the cyclic
@@ -123,6 +136,20 @@ async def recover_broker(
         on_fsync=callbacks.on_fsync,
         on_reserve=callbacks.on_reserve,
     )
+    dropped = 0
+    for queue, count, lowest in core.dropped_references:
+        dropped += count
+        log.warning(
+            "recovery dropped references to records that are not on disk (unconfirmed "
+            "publishes); the queue keeps serving",
+            extra={"fields": {"queue": queue, "messages": count, "lowest_lsn": lowest}},
+        )
+    if dropped:
+        log.warning(
+            "the deduplication window read from the checkpoint was emptied: a resend of a "
+            "dropped publish is taken again",
+            extra={"fields": {"unconfirmed_dropped": dropped}},
+        )
     totals = core.totals()
     info: dict[str, Any] = {
         "checkpoint_records": n_ckpt,
@@ -137,4 +164,6 @@ async def recover_broker(
         info["truncated"] = [str(t) for t in report.truncated]
     if report.voided:
         info["voided"] = [str(v) for v in report.voided]
-    return Recovered(wal, recovery.checkpoint_lsn, info)
+    if dropped:
+        info["unconfirmed_dropped"] = dropped
+    return Recovered(wal, recovery.checkpoint_lsn, info, dropped)

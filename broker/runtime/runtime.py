@@ -1,12 +1,16 @@
 """The broker's IO loop: carries out the core's effects with trio.
 
 :class:`BrokerRuntime` owns the sans-IO :class:`~broker.core.Broker`, the write-ahead
-log, the timers and the checkpoint schedule. Handlers call core commands through it
-and then :meth:`BrokerRuntime.pump`, which takes the core's effects and acts on them
-through a table from effect type to handler: channel events go to the outbox of the
-channel they address, log records to the WAL (whose durability reports come back as
-:meth:`Broker.durable`), long-poll wake-ups to parked getters. Every state change of the
-core happens on the trio thread.
+log, the timers and the checkpoint schedule. The API does not call it directly: it
+goes through the :class:`~broker.runtime.gateway.CommandGateway`, which runs a core
+command and then :meth:`BrokerRuntime.pump`, which takes the core's effects and acts on
+them through a table from effect type to handler: channel events go to the outbox of
+the channel they address (confirms and returns first through the one book of pending
+publishes, :class:`~broker.runtime.confirms.PendingConfirms`), log records to the WAL
+(whose durability reports come back as :meth:`Broker.durable`), long-poll wake-ups to
+parked getters. Every state change of the core happens on the trio thread.
+
+Over 500 lines: the effect table, WAL callbacks, timers and lifecycle share one state.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from broker.core import (
     Unavailable,
 )
 from broker.runtime.checkpoints import Checkpointer
+from broker.runtime.confirms import PendingConfirms
 from broker.runtime.options import RuntimeOptions
 from broker.runtime.ports import ChannelSink, Flushable, LogPort, MetricsPort
 from broker.runtime.recovery import WALCallbacks, recover_broker
@@ -69,14 +74,6 @@ class LockWait:
     answer: LockGranted | LockWaitEnded | None = None
 
 
-@dataclass
-class _RestPublish:
-    event: trio.Event = field(default_factory=trio.Event)
-    ack: bool = False
-    reason: str | None = None
-    returned: bool = False
-
-
 class BrokerRuntime:
     """The trio side of one broker: core + log + timers + checkpoints."""
 
@@ -87,8 +84,12 @@ class BrokerRuntime:
         clock: Callable[[], float] = trio.current_time,
         wall_clock: Callable[[], float] = time.time,
         metrics: MetricsPort | None = None,
+        fs: storage.FileSystem | None = None,
     ) -> None:
+        """``fs``: the file system under the data directory (a test's simulated
+        disk; the real one by default)."""
         self.options = options
+        self._fs = fs
         self.boot_id = secrets.token_hex(4)
         self.core = Broker(clock=clock, wall_clock=wall_clock, boot_id=self.boot_id, config=options)
         self.metrics = metrics
@@ -101,7 +102,8 @@ class BrokerRuntime:
         self._sink_removed = trio.Event()
         # Sinks that queued events since the last pump: it tries to send them at once.
         self._to_flush: list[Flushable] = []
-        self._rest_publishes: dict[int, _RestPublish] = {}
+        #: Every publish waiting for its confirm, channels' and REST's alike.
+        self.confirms = PendingConfirms(metrics)
         self._queue_events: dict[str, trio.Event] = {}
         self._lock_waits: dict[int, LockWait] = {}
         self._timer_wakeup = trio.Event()
@@ -116,9 +118,13 @@ class BrokerRuntime:
                 metrics=metrics,
                 pump=self.pump,
                 on_reserve_used=self._on_reserve_used if options.reserve_bytes else None,
+                fs=fs,
+                space_wanted=self._space_wanted,
             )
         self.messages_lost = 0  # paged-out messages given up (only with --repair)
         self.log_read_failures = 0  # failed reads of paged-out messages (kept, retried)
+        #: references to records not on disk dropped by recovery (unconfirmed publishes)
+        self.unconfirmed_dropped = 0
         self.recovery_info: dict[str, Any] = {}
         self.last_fsync_s: float | None = None  # the latest fsync's duration (GET /overview)
         self._durable_waiters: list[_DurableWaiter] = []
@@ -130,8 +136,8 @@ class BrokerRuntime:
         #: How each kind of effect is carried out (see _carry_out).
         self._effect_handlers: dict[type[Effect], Callable[[Any], None]] = {
             Deliver: self._deliver,
-            Confirm: self._to_channel,
-            Return: self._to_channel,
+            Confirm: self._confirm,
+            Return: self._return,
             ConsumerCancelled: self._to_channel,
             ConsumerActive: self._to_channel,
             DeliveryExpired: self._to_channel,
@@ -183,7 +189,9 @@ class BrokerRuntime:
                     on_reserve=self._on_reserve,
                     inline_allowed=self._inline_allowed,
                 ),
+                fs=self._fs,
             )
+            self.unconfirmed_dropped = recovered.unconfirmed_dropped
             self.wal = recovered.wal
             self.recovery_info = recovered.info
             self.checkpointer.started(recovered.wal, recovered.checkpoint_lsn)
@@ -213,6 +221,7 @@ class BrokerRuntime:
 
     def remove_sink(self, channel_id: int) -> None:
         """The channel or stream of ``channel_id`` has ended."""
+        self.confirms.forget(channel_id)
         if self.sinks.pop(channel_id, None) is not None:
             self._sink_removed.set()
             self._sink_removed = trio.Event()
@@ -269,13 +278,21 @@ class BrokerRuntime:
         return not delivered
 
     def _to_channel(self, effect: Deliver | Confirm | Return | ConsumerCancelled | DeliveryExpired) -> None:
-        channel_id = effect.channel_id
-        if channel_id == REST_CHANNEL:
-            self._rest_effect(effect)
-            return
-        sink = self.sinks.get(channel_id)
+        sink = self.sinks.get(effect.channel_id)
         if sink is not None:
             sink.push(effect)
+
+    def _confirm(self, effect: Confirm) -> None:
+        """Settle the publishes it covers in the book (REST waiters wake), then tell
+        the channel."""
+        self.confirms.confirmed(effect)
+        if effect.channel_id != REST_CHANNEL:
+            self._to_channel(effect)
+
+    def _return(self, effect: Return) -> None:
+        self.confirms.returned(effect)
+        if effect.channel_id != REST_CHANNEL:
+            self._to_channel(effect)
 
     def _append_records(self, effect: AppendRecords) -> None:
         if self.wal is None:
@@ -347,24 +364,7 @@ class BrokerRuntime:
     def read_blocked_queues(self) -> dict[str, str]:
         """Queues waiting to read their next message back from the log, and why (for
         ``/healthz``: an operator must see it)."""
-        return {q.name: q.read_failure for q in self.core.queues.values() if q.read_failure is not None}
-
-    def _rest_effect(self, effect: Effect) -> None:
-        if isinstance(effect, Confirm):
-            waiters = self._rest_publishes
-            if effect.multiple:
-                done = [tag for tag in waiters if tag <= effect.delivery_tag]
-            else:
-                done = [effect.delivery_tag] if effect.delivery_tag in waiters else []
-            for tag in done:
-                waiter = waiters.pop(tag)
-                waiter.ack = effect.ack
-                waiter.reason = effect.reason
-                waiter.event.set()
-        elif isinstance(effect, Return):
-            returned = self._rest_publishes.get(effect.delivery_tag)
-            if returned is not None:
-                returned.returned = True
+        return self.core.views.read_blocked_queues()
 
     # ------------------------------------------------------------ REST helpers
 
@@ -375,34 +375,13 @@ class BrokerRuntime:
         if self.shutting_down:
             raise Unavailable("the broker is shutting down", code="shutting_down")
 
-    async def publish_and_confirm(
-        self,
-        exchange: str,
-        routing_key: str,
-        body: bytes,
-        properties: dict[str, Any] | None,
-        mandatory: bool,
-        delay_s: float | None = None,
-    ) -> tuple[bool, str | None, int, bool]:
-        """One REST publish: (acked, nack reason, queues routed to, returned)."""
-        tag, routed = self.core.publish(
-            REST_CHANNEL, exchange, routing_key, body, properties, mandatory=mandatory, delay_s=delay_s
-        )
-        waiter = _RestPublish()
-        self._rest_publishes[tag] = waiter
-        published_at = time.perf_counter()
-        self.pump()
-        await waiter.event.wait()
-        if self.metrics is not None:
-            self.metrics.observe_confirm(time.perf_counter() - published_at)
-        return waiter.ack, waiter.reason, routed, waiter.returned
-
-    async def wait_durable(self) -> None:
-        """Wait until every record produced so far is durable (for durable declares).
+    async def wait_durable(self, target: int | None = None) -> None:
+        """Wait until every record produced so far (or up to LSN ``target``) is durable.
 
         Raises Unavailable if those records could not be written."""
         self.pump()
-        target = self.core.last_lsn
+        if target is None:
+            target = self.core.last_lsn
         if self.core.durable_lsn >= target:
             return
         waiter = _DurableWaiter(target)
@@ -470,6 +449,13 @@ class BrokerRuntime:
         if self.wal is not None:
             self.wal.want_reserve()
         self.pump()
+
+    def _space_wanted(self) -> bool:
+        """Publishes are refused for want of disk space (the reserve used up, or the
+        log's writes failing with ENOSPC)."""
+        if self.core.publish_refusal is not None:
+            return True
+        return not self.core.storage_ok and "No space left" in self.core.storage_reason
 
     def _refuse_for_space(self) -> None:
         if self.core.publish_refusal is None:
@@ -593,7 +579,7 @@ class BrokerRuntime:
                 "last_checkpoint_lsn": self.last_checkpoint_lsn,
                 "fsync": self.options.fsync,
                 # messages whose bodies are only in the WAL segments (see docs/durability.md)
-                "messages_paged_out": sum(q.paged_count() for q in self.core.queues.values()),
+                "messages_paged_out": self.core.views.paged_out_total(),
                 "segments_kept": ckpt.segments_kept if ckpt is not None else 0,
                 "segments_compacted": ckpt.compacted_segments if ckpt is not None else 0,
                 "last_fsync_s": self.last_fsync_s,

@@ -39,7 +39,7 @@ import os
 import re
 import struct
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Final, NamedTuple
 
@@ -157,8 +157,15 @@ def write_checkpoint(
     *,
     fs: FileSystem | None = None,
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+    before_rename: Callable[[], None] | None = None,
 ) -> CheckpointInfo:
     """Write a checkpoint of ``records`` covering every WAL record up to ``lsn``.
+
+    ``before_rename`` is called once the temporary file is written and fsynced, before
+    it is renamed into place: the caller makes the log durable through ``lsn`` there
+    (a checkpoint must never refer to a record a power loss can still take; see
+    docs/durability.md). If it raises, the temporary file is removed and the exception
+    propagates; the previous checkpoint stays in place.
 
     Blocking; run it in a worker thread. Records are streamed to disk in ~1 MiB writes,
     so ``records`` may be a generator over a large state. After it returns, the WAL may
@@ -233,6 +240,9 @@ def write_checkpoint(
                 raise
         finally:
             file.close()
+        faults.hit("checkpoint.before_log_sync")
+        if before_rename is not None:
+            before_rename()
     except Exception:
         try:
             fs.remove(tmp)
@@ -264,6 +274,7 @@ def write_checkpoint(
         # not retried either (as a file's fsync); the older checkpoints stay
         reserve.freed_for(exc)
         raise
+    faults.hit("checkpoint.after_dir_fsync")
     deleted = []
     for old in existing:
         if old >= lsn:

@@ -2,8 +2,8 @@
 
 One job: given the bytes of a segment from the first place that does not decode to its
 end, decide whether a crash can have left them (a *torn tail*: cut off, nothing lost
-that was acknowledged) or not (*corruption*: recovery stops). ``recovery.py`` reads the
-bytes, applies the verdict and talks to the operator; damage in a segment that is not
+that was acknowledged) or not (*corruption*: recovery stops). ``recovery_tail.py`` reads
+the bytes, applies the verdict and talks to the operator; damage in a segment that is not
 the last one is always corruption (every segment is fsynced before the WAL writes to the
 next) and never reaches this module.
 

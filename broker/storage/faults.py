@@ -22,8 +22,11 @@ that step (for subprocess crash tests):
 ``wal.after_fsync``       fsynced, ``on_durable`` not yet called
 ``wal.after_segment_create``  a new segment file exists, the directory is not yet fsynced
 ``checkpoint.after_tmp_write``  the temporary checkpoint is written, not yet fsynced
-``checkpoint.before_rename``    fsynced, not yet renamed into place
+``checkpoint.before_log_sync``  fsynced, the log not yet synced through its LSN
+``checkpoint.before_rename``    fsynced and the log synced, not yet renamed into place
 ``checkpoint.after_rename``     renamed, directory not yet fsynced, old ones not deleted
+``checkpoint.after_dir_fsync``  in place and durable, the segments it covers not yet deleted
+``checkpoint.after_release``    the segments it covers deleted, compaction not yet done
 
 Error points raise ``OSError`` so that the failure paths can be tested; the suffix
 names the error (``_error``: ``EIO``, ``_enospc``: ``ENOSPC``, ``_emfile``: ``EMFILE``):
@@ -90,8 +93,11 @@ KILL_POINTS: Final = frozenset(
         "wal.after_fsync",
         "wal.after_segment_create",
         "checkpoint.after_tmp_write",
+        "checkpoint.before_log_sync",
         "checkpoint.before_rename",
         "checkpoint.after_rename",
+        "checkpoint.after_dir_fsync",
+        "checkpoint.after_release",
     }
 )
 #: Error points and the ``errno`` each raises.

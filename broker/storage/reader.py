@@ -246,6 +246,22 @@ class LogReader:
             found[lo] = found.get(lo, 0) + n
         return found, unindexed
 
+    def spans(self) -> list[tuple[int, int]]:
+        """The LSN ranges ``[first, end)`` of the records on disk, adjacent segments
+        merged, in order: what a reference to a record may point at."""
+        with self._lock:
+            segments = [self._segments[first] for first in self._firsts]
+        spans: list[tuple[int, int]] = []
+        for seg in segments:
+            first, end = seg.first_lsn, seg.first_lsn + len(seg.offsets)
+            if first == end:
+                continue
+            if spans and spans[-1][1] == first:
+                spans[-1] = (spans[-1][0], end)
+            else:
+                spans.append((first, end))
+        return spans
+
     def record_count(self, first_lsn: int) -> int:
         """Records indexed in the segment starting at ``first_lsn`` (0 if unknown)."""
         seg = self._segments.get(first_lsn)

@@ -33,7 +33,7 @@ Rules (etcd's, extended with write groups):
   reported durable; they are dropped (and truncated away) with a warning, not replayed.
   LSN gaps explained by a void marker are expected.
 * **Preallocated tails.** Zero bytes from a frame boundary to the end of a segment are
-  space the writer reserved and had not used (``wal.py``), not damage: they are cut off
+  space the writer reserved and had not used (``wal_segments.py``), not damage: they are cut off
   (logged at INFO) and are not listed as torn. This holds in any segment, since whether
   a retired segment's cut reached the disk before a power loss is up to the file system;
   a record lost under such zeros would show as missing LSNs before the next segment.
@@ -43,14 +43,11 @@ Rules (etcd's, extended with write groups):
   in the page cache is then on disk, as the WAL that continues the log assumes (its
   groups record everything before them as fsynced).
 
-The module is long because reading, voiding, truncating and repairing share the state
-of one pass over the segments; what damage means is decided in ``damage.py``, how a
-segment decodes in ``framing.py`` and ``group.py``.
-
-Why one module of ~700 lines: the read phase is one sequence (checkpoint, segments in
-order, the judgement of damage, truncation, the report) whose steps pass state along;
-the judgement itself lives in ``damage.py`` and the codecs in ``framing.py`` and
-``group.py``.
+Where each part lives: this module lists the segments (:func:`recover`) and reads them
+in order, yielding records (:class:`Recovery`); ``recovery_tail.py`` acts on damage
+(void batches, torn and preallocated tails, repair); ``recovery_report.py`` keeps the
+account. What damage means is decided in ``damage.py``, how a segment decodes in
+``framing.py`` and ``group.py``.
 """
 
 from __future__ import annotations
@@ -59,35 +56,25 @@ import logging
 import os
 from array import array
 from collections.abc import Generator, Iterator
-from dataclasses import dataclass
-from typing import BinaryIO, Final, NamedTuple, NoReturn
+from typing import BinaryIO, Final, NamedTuple
 
 from .checkpoint import LoadedCheckpoint, read_latest_checkpoint
-from .damage import count_frames, judge_frames, judge_groups
 from .errors import CorruptLog, RecoveryNotFinished
 from .framing import (
     DEFAULT_MAX_RECORD_BYTES,
     FRAME_OVERHEAD_BYTES,
     FrameProblem,
-    ProblemKind,
     RecordDecoder,
-    ScanGaveUp,
-    find_valid_frame,
 )
 from .fs import OS_FILE_SYSTEM, FileSystem
 from .group import GROUP_HEADER_BYTES, GroupDecoder
 from .reader import LogReader
+from .recovery_report import Findings, RecoveryReport, TruncatedTail, VoidedRecords
+from .recovery_tail import SegmentInfo, StopLog, TailRepair, list_segments
 from .segment import (
-    DROPPED_SUFFIX,
     LEGACY_SEGMENT_VERSION,
     SEGMENT_HEADER_BYTES,
-    TMP_SUFFIX,
     WAL_DIRNAME,
-    BadSegmentHeader,
-    SegmentHeader,
-    decode_segment_header,
-    parse_segment_name,
-    zero_filled,
 )
 
 __all__ = ["recover", "Recovery", "RecoveryReport", "TruncatedTail", "VoidedRecords"]
@@ -98,63 +85,6 @@ _CHUNK_BYTES: Final = 4 * 1024 * 1024
 _NO_CUTOFF: Final = 1 << 64  # above every LSN
 
 WalRecord = tuple[int, int, bytes]
-
-
-@dataclass(frozen=True, slots=True)
-class TruncatedTail:
-    """Bytes cut from the end of a segment: a torn tail, or (``repaired``) a salvage."""
-
-    path: str
-    offset: int
-    bytes_dropped: int
-    #: records (partial or whole) in the dropped bytes, as far as can be told: for a torn
-    #: tail 0 (zeros), 1 (a segment of the previous format), or the records the intact
-    #: group headers in it announce (at least 1)
-    records_dropped: int
-    reason: str
-    repaired: bool = False
-    #: where a repair saved the dropped bytes
-    saved_to: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class VoidedRecords:
-    """Leftovers of a failed batch discarded because a later segment marks them void."""
-
-    path: str
-    offset: int
-    first_lsn: int
-    bytes_dropped: int
-
-
-@dataclass(frozen=True, slots=True)
-class RecoveryReport:
-    """What recovery found and did; available once the WAL records were all read."""
-
-    checkpoint_lsn: int
-    checkpoint_path: str | None
-    segments_read: int
-    records_replayed: int
-    last_lsn: int
-    next_lsn: int
-    truncated: tuple[TruncatedTail, ...]
-    voided: tuple[VoidedRecords, ...]
-    #: leftover temporary files and empty torn segments removed
-    removed_files: tuple[str, ...]
-    #: files a repair moved aside (``*.dropped``)
-    dropped_files: tuple[str, ...]
-
-
-@dataclass(slots=True)
-class _SegmentInfo:
-    first_lsn: int
-    path: str
-    header: SegmentHeader | None
-    header_error: str | None
-
-
-class _StopLog(Exception):
-    """Internal: a repair ended the log at this point."""
 
 
 class _SegmentEnd(NamedTuple):
@@ -188,47 +118,7 @@ def recover(
     root = os.fspath(data_dir)
     checkpoint = read_latest_checkpoint(root, fs=fs, max_record_bytes=max_record_bytes)
     wal_dir = os.path.join(root, WAL_DIRNAME)
-    removed: list[str] = []
-    segments: list[_SegmentInfo] = []
-    for name in sorted(fs.listdir(wal_dir)):
-        path = os.path.join(wal_dir, name)
-        if name.endswith(TMP_SUFFIX):
-            logger.info("removing leftover temporary WAL file %s", path)
-            fs.remove(path)
-            removed.append(path)
-            continue
-        first = parse_segment_name(name)
-        if first is None:
-            continue
-        with fs.open_read(path) as file:
-            raw = file.read(SEGMENT_HEADER_BYTES)
-        try:
-            header: SegmentHeader | None = decode_segment_header(raw)
-            error = None
-        except BadSegmentHeader as exc:
-            header, error = None, str(exc)
-        segments.append(_SegmentInfo(first, path, header, error))
-    # Segments are created temp -> fsync -> rename, so a bad header is damage, not a torn
-    # write; still, a last segment holding nothing valid at all cannot hold a record
-    # anyone was told about, so it is treated like a torn tail and removed.
-    while segments and segments[-1].header_error is not None:
-        last = segments[-1]
-        with fs.open_read(last.path) as file:
-            content = file.read()
-        try:
-            if find_valid_frame(content, 0, max_record_bytes=max_record_bytes) is not None:
-                break
-        except ScanGaveUp:
-            break
-        logger.warning(
-            "removing the last WAL segment %s: unreadable header (%s) and no records",
-            last.path,
-            last.header_error,
-        )
-        fs.remove(last.path)
-        fs.sync_dir(wal_dir)
-        removed.append(last.path)
-        segments.pop()
+    segments, removed = list_segments(wal_dir, fs, max_record_bytes)
     return Recovery(
         root,
         checkpoint=checkpoint,
@@ -254,7 +144,7 @@ class Recovery:
         data_dir: str,
         *,
         checkpoint: LoadedCheckpoint | None,
-        segments: list[_SegmentInfo],
+        segments: list[SegmentInfo],
         removed: list[str],
         repair: bool,
         fs: FileSystem,
@@ -271,14 +161,18 @@ class Recovery:
         )
         self._wal_dir = os.path.join(data_dir, WAL_DIRNAME)
         self._segments = segments
-        self._removed = removed
-        self._truncated: list[TruncatedTail] = []
-        self._voided: list[VoidedRecords] = []
-        self._dropped: list[str] = []
+        self._findings = Findings(removed)
+        self._tail = TailRepair(
+            self._wal_dir,
+            segments,
+            self._findings,
+            repair=repair,
+            fs=fs,
+            max_record_bytes=max_record_bytes,
+        )
         self._segments_read = 0
         self._replayed = 0
         self._last_lsn = self.checkpoint_lsn
-        self._moved_aside: set[str] = set()
         self._read_paths: set[str] = set()
         #: Where every record of the log is, for reading message bodies back by LSN:
         #: filled while the segments are read, and handed on to the WAL.
@@ -341,7 +235,7 @@ class Recovery:
                         segment.path,
                         segment.first_lsn,
                     )
-                    self._voided.append(
+                    self._findings.voided.append(
                         VoidedRecords(
                             segment.path, 0, segment.first_lsn, self.fs.getsize(segment.path)
                         )
@@ -352,16 +246,16 @@ class Recovery:
                     continue
                 header = segment.header
                 if header is None:
-                    self._corrupt(index, 0, f"bad segment header: {segment.header_error}")
+                    self._tail.corrupt(index, 0, f"bad segment header: {segment.header_error}")
                 if header.first_lsn != segment.first_lsn:
-                    self._corrupt(
+                    self._tail.corrupt(
                         index,
                         0,
                         f"header says first LSN {header.first_lsn}, "
                         f"file name says {segment.first_lsn}",
                     )
                 if expected is not None and segment.first_lsn < expected:
-                    self._corrupt(
+                    self._tail.corrupt(
                         index,
                         0,
                         f"segment starts at LSN {segment.first_lsn} but the previous segment "
@@ -371,7 +265,7 @@ class Recovery:
                 if segment.first_lsn > need and not (
                     header.void_from_lsn and header.void_from_lsn <= need
                 ):
-                    self._corrupt(
+                    self._tail.corrupt(
                         index,
                         0,
                         f"records with LSN {need}..{segment.first_lsn - 1} are missing before "
@@ -379,7 +273,7 @@ class Recovery:
                     )
                 self._segments_read += 1
                 expected = yield from self._read_segment(index, is_last, cutoffs[index])
-        except _StopLog:
+        except StopLog:
             pass
         self._finish()
 
@@ -401,9 +295,9 @@ class Recovery:
         # (before handling damage, which may stop the log here: what was read stands)
         self.reader.note_segment(segment.first_lsn, path, offsets, end)
         if void_offset is not None:
-            self._void_tail(path, void_offset, lsn)
+            self._tail.void_tail(path, void_offset, lsn)
         elif problem is not None:
-            self._handle_problem(index, is_last, problem, lsn, grouped)
+            self._tail.handle_problem(index, is_last, problem, lsn, grouped)
         if lsn > segment.first_lsn:
             self._last_lsn = max(self._last_lsn, lsn - 1)
         return lsn
@@ -487,155 +381,12 @@ class Recovery:
             if not chunk:
                 return _SegmentEnd(lsn, pos, None, None)
 
-    # ------------------------------------------------------------------ damage
-
-    def _void_tail(self, path: str, offset: int, first_lsn: int) -> None:
-        size = self.fs.getsize(path)
-        logger.warning(
-            "discarding %d bytes at offset %d of %s: a failed batch (LSN >= %d) that was "
-            "never reported durable",
-            size - offset,
-            offset,
-            path,
-            first_lsn,
-        )
-        self.fs.truncate(path, offset)
-        self._voided.append(VoidedRecords(path, offset, first_lsn, size - offset))
-
-    def _zero_filled(self, path: str, offset: int) -> bool:
-        with self.fs.open_read(path) as file:
-            return zero_filled(file, offset)
-
-    def _read_from(self, path: str, offset: int) -> bytes:
-        with self.fs.open_read(path) as file:
-            file.seek(offset)
-            return file.read()
-
-    def _handle_problem(
-        self, index: int, is_last: bool, problem: FrameProblem, lsn: int, grouped: bool
-    ) -> None:
-        """Damage at ``problem.offset``, where the record with LSN ``lsn`` would start."""
-        path = self._segments[index].path
-        offset = problem.offset
-        if problem.kind is ProblemKind.ZEROED and self._zero_filled(path, offset):
-            size = self.fs.getsize(path)
-            logger.info(
-                "WAL segment %s ends at offset %d: cutting off %d bytes of unused "
-                "preallocated space",
-                path,
-                offset,
-                size - offset,
-            )
-            self.fs.truncate(path, offset)
-            return
-        rest = self._read_from(path, offset)
-        what = "group" if grouped else "record"
-        if not is_last:
-            self._corrupt(
-                index,
-                offset,
-                f"{problem.kind.value} {what} ({problem.detail}) in a segment that is not "
-                "the last one",
-                rest,
-            )
-        if grouped:
-            verdict = judge_groups(problem, rest, offset, lsn)
-        else:
-            verdict = judge_frames(problem, rest, offset, self.max_record_bytes)
-        if verdict.corruption is not None:
-            self._corrupt(index, offset, verdict.corruption, rest)
-        if verdict.fallback is not None:
-            logger.warning(
-                "could not rule out valid records after the damaged %s at %s offset %d "
-                "(the scan gave up); treating it as a torn tail because %s",
-                what,
-                path,
-                offset,
-                verdict.fallback,
-            )
-        if rest.count(0) == len(rest):
-            dropped = 0  # nothing was written there
-        elif grouped:
-            dropped = max(1, count_frames(rest, self.max_record_bytes, grouped=True))
-        else:
-            dropped = 1  # the partial record
-        logger.warning(
-            "WAL torn tail: truncating %s at offset %d, dropping %d bytes "
-            "(%s%d record%s): %s",
-            path,
-            offset,
-            len(rest),
-            "about " if grouped and dropped else "",
-            dropped,
-            "" if dropped == 1 else "s",
-            problem,
-        )
-        self.fs.truncate(path, offset)
-        self._truncated.append(TruncatedTail(path, offset, len(rest), dropped, str(problem)))
-
-    def _corrupt(self, index: int, offset: int, reason: str, rest: bytes | None = None) -> NoReturn:
-        """Raise CorruptLog, or under repair end the log here (then raise _StopLog)."""
-        segment = self._segments[index]
-        if not self.repair:
-            raise CorruptLog(segment.path, offset, reason)
-        fs = self.fs
-        logger.error(
-            "REPAIR: %s is corrupt at offset %d (%s); keeping the records before it and "
-            "dropping everything after it",
-            segment.path,
-            offset,
-            reason,
-        )
-        later = self._segments[index + 1 :]
-        if offset <= SEGMENT_HEADER_BYTES and rest is None:
-            # Nothing of this segment is usable: move the whole file aside.
-            later = self._segments[index:]
-        else:
-            if rest is None:
-                rest = self._read_from(segment.path, offset)
-            saved = f"{segment.path}.at-{offset}{DROPPED_SUFFIX}"
-            out = fs.create(saved)
-            try:
-                out.write(rest)
-                out.sync()
-            finally:
-                out.close()
-            header = segment.header
-            grouped = header is not None and header.version != LEGACY_SEGMENT_VERSION
-            records = count_frames(rest, self.max_record_bytes, grouped=grouped)
-            fs.truncate(segment.path, offset)
-            logger.error(
-                "REPAIR: truncated %s at offset %d: %d bytes (about %d records) dropped, "
-                "saved to %s",
-                segment.path,
-                offset,
-                len(rest),
-                records,
-                saved,
-            )
-            self._truncated.append(
-                TruncatedTail(segment.path, offset, len(rest), records, reason, True, saved)
-            )
-            self._dropped.append(saved)
-        for victim in later:
-            aside = victim.path + DROPPED_SUFFIX
-            fs.rename(victim.path, aside)
-            self._moved_aside.add(victim.path)
-            logger.error(
-                "REPAIR: moved later WAL segment %s aside to %s (its records are lost)",
-                victim.path,
-                aside,
-            )
-            self._dropped.append(aside)
-        fs.sync_dir(self._wal_dir)
-        raise _StopLog
-
     def _sync_last_segment(self, last_lsn: int) -> None:
         """fsync the last segment holding records: a crashed process (not a power loss)
         leaves its last writes in the page cache, unsynced, and the WAL continues the
         log claiming everything before it was fsynced (``group.py``)."""
         for segment in reversed(self._segments):
-            if segment.first_lsn > last_lsn or segment.path in self._moved_aside:
+            if segment.first_lsn > last_lsn or segment.path in self._findings.moved_aside:
                 continue
             if self.fs.exists(segment.path):
                 file = self.fs.open_append(segment.path)
@@ -653,10 +404,10 @@ class Recovery:
         last = self._last_lsn
         emptied = False
         for segment in self._segments:
-            if segment.first_lsn > last and segment.path not in self._moved_aside:
+            if segment.first_lsn > last and segment.path not in self._findings.moved_aside:
                 logger.info("removing WAL segment %s: it holds no records to keep", segment.path)
                 self.fs.remove(segment.path)
-                self._removed.append(segment.path)
+                self._findings.removed.append(segment.path)
                 emptied = True
         if emptied:
             self.fs.sync_dir(self._wal_dir)
@@ -666,7 +417,7 @@ class Recovery:
         for segment in self._segments:
             if (
                 segment.path not in self._read_paths
-                and segment.path not in self._moved_aside
+                and segment.path not in self._findings.moved_aside
                 and segment.first_lsn <= last
                 and segment.header is not None
                 and self.fs.exists(segment.path)
@@ -684,18 +435,12 @@ class Recovery:
                     problem.offset,
                     reason,
                 )
-        next_lsn = last + 1
-        self._report = RecoveryReport(
+        self._report = report = self._findings.report(
             checkpoint_lsn=self.checkpoint_lsn,
             checkpoint_path=self.checkpoint.path if self.checkpoint is not None else None,
             segments_read=self._segments_read,
             records_replayed=self._replayed,
             last_lsn=self._last_lsn,
-            next_lsn=next_lsn,
-            truncated=tuple(self._truncated),
-            voided=tuple(self._voided),
-            removed_files=tuple(self._removed),
-            dropped_files=tuple(self._dropped),
         )
         logger.info(
             "recovery finished: checkpoint LSN %d, %d WAL records replayed from %d segment(s), "
@@ -703,6 +448,6 @@ class Recovery:
             self.checkpoint_lsn,
             self._replayed,
             self._segments_read,
-            next_lsn,
-            f", {len(self._truncated)} tail(s) truncated" if self._truncated else "",
+            report.next_lsn,
+            f", {len(report.truncated)} tail(s) truncated" if report.truncated else "",
         )

@@ -7,7 +7,7 @@ a reserve the broker would be wedged until an operator freed some.
 
 * :func:`write_checkpoint` (``checkpoint.py``) calls :func:`release_reserve` when a step
   of writing the checkpoint fails with ``ENOSPC``, and tries that step once more.
-* The WAL (``wal.py``, ``reserve_bytes``) makes the reserve with :func:`ensure_reserve`
+* The WAL (``wal_segments.py``, ``reserve_bytes``) makes it with :func:`ensure_reserve`
   when it starts and again after it released segments, in its IO thread; when the disk
   has no room for it, it tries again after the next release.
 * Its size: :func:`wanted_reserve_bytes`, twice the newest checkpoint (a checkpoint is

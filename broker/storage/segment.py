@@ -1,7 +1,7 @@
 """WAL segment files: names and headers.
 
-One job: the on-disk identity of a segment, shared by the writer (``wal.py``) and the
-readers (``recovery.py``, ``reader.py``).
+One job: the on-disk identity of a segment, shared by the writer (``wal_segments.py``) and
+the readers (``recovery.py``, ``reader.py``).
 
 A segment is ``<data_dir>/wal/<first LSN, 16 lowercase hex digits>.wal``, so a directory
 listing sorted by name is log order (etcd's scheme). It starts with a 32-byte header::

@@ -1,6 +1,6 @@
 """Authentication: every route but the public ones needs credentials once a user
-exists; Basic and Bearer; 401 with challenges; failed logins limited per address;
-per-user caps; users and tokens over REST."""
+exists; Basic and Bearer; 401 with challenges; failed logins limited per address and
+user name, and per address; per-user caps; users and tokens over REST."""
 
 from __future__ import annotations
 
@@ -188,6 +188,38 @@ async def test_failed_logins_are_limited_per_address_while_a_verified_client_is_
     for record in failures:
         assert "guess" not in str(record.__dict__)  # the secret is never logged
         assert record.__dict__["fields"]["user"] == "admin"
+
+
+async def test_one_name_locked_out_from_an_address_leaves_other_users_from_it_served(
+    secured: BrokerApp, client: HTTPClient
+) -> None:
+    """Behind a proxy or NAT every user shares one address: an attacker guessing
+    admin's password locks out admin from there, not everyone."""
+    add_user(secured.runtime.core, "svc", "svc-password")
+    await secured.runtime.wait_durable()
+    for _ in range(3):
+        assert_error(await client.get("/queues", headers=basic("admin", "guess")), 401, "unauthorized")
+    assert_error(await client.get("/queues", headers=basic("admin", "secret")), 429, "too_many_failures")
+    # another user's first (never verified) login from the same address still succeeds
+    assert (await client.get("/whoami", headers=basic("svc", "svc-password"))).json()["name"] == "svc"
+    # and so does a wrong one for it, counted for svc alone
+    assert_error(await client.get("/queues", headers=basic("svc", "guess")), 401, "unauthorized")
+    assert secured.auth.failed == 4 and secured.auth.refused == 1
+
+
+async def test_many_names_from_one_address_hit_the_higher_address_cap(secured: BrokerApp, client: HTTPClient) -> None:
+    """One address trying many names is stopped by the per-address cap, 10 times the
+    per-name one (tokens of made-up ids: failures that cost no password hash)."""
+    add_user(secured.runtime.core, "svc", "svc-password")
+    await secured.runtime.wait_durable()
+    cap = 3 * 10
+    for i in range(cap):
+        reply = await client.get("/queues", headers=bearer(f"ackbus_{i:016x}_not-a-secret"))
+        assert_error(reply, 401, "unauthorized")
+    refused = await client.get("/whoami", headers=basic("svc", "svc-password"))
+    assert_error(refused, 429, "too_many_failures")
+    assert 1 <= int(refused.headers["retry-after"]) <= 60
+    assert secured.auth.failed == cap and secured.auth.refused == 1
 
 
 async def test_the_failure_window_slides() -> None:

@@ -30,7 +30,7 @@ from broker.api.channel import (
 from broker.app import BrokerApp
 from broker.core import REST_CHANNEL, Deliver, Return
 from broker.core.broker import DELIVERY_OVERHEAD_BYTES
-from broker.http.connection import _Connection
+from broker.http.writing import ResponseWriter
 from broker.runtime import BrokerRuntime, RuntimeOptions
 from tests.support.app import open_tcp_broker
 from tests.support.channel import (
@@ -163,14 +163,14 @@ async def test_deliveries_the_socket_takes_only_in_part_arrive_whole_and_in_orde
     (``Response.send_nowait``); against a full socket buffer part of a chunk stays
     behind, and must go out before anything else, with its credit held until then."""
     left_over: list[bool] = []
-    write_nowait = _Connection.write_nowait
+    write_nowait = ResponseWriter.write_nowait
 
-    def spy(self: _Connection, framed: bytes) -> bool:
+    def spy(self: ResponseWriter, framed: bytes) -> bool:
         left = write_nowait(self, framed)
         left_over.append(left)
         return left
 
-    monkeypatch.setattr(_Connection, "write_nowait", spy)
+    monkeypatch.setattr(ResponseWriter, "write_nowait", spy)
     n = 300
     await publish_backlog(clients, "part", n)
     queue = app.runtime.core.queues["part"]

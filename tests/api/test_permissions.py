@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 
+from broker.api.permissions import DEFAULT_EXCHANGE_NAME
+from broker.api.rest import DEFAULT_EXCHANGE_ALIAS
 from broker.app import BrokerApp
 from tests.support.channel import Clients, wait_until
 from tests.support.http import open_tcp_client
@@ -30,6 +32,8 @@ class Case:
     stream: str | None = None  # a queue to stream
 
 
+_DLX_TO_DEFAULT = {"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "q", "x-message-ttl": 1}
+
 CASES = [
     Case("declare exchange", (("configure", "nx"),), rest=("PUT", "/exchanges/nx", {}),
          op={"op": "declare_exchange", "exchange": "nx"}),
@@ -37,6 +41,25 @@ CASES = [
          op={"op": "delete_exchange", "exchange": "x"}),
     Case("declare queue", (("configure", "nq"),), rest=("PUT", "/queues/nq", {}),
          op={"op": "declare_queue", "queue": "nq"}),
+    # an argument that makes the broker publish for the declarer: write on that exchange
+    # and read on the entity declared, as RabbitMQ
+    Case("declare queue with a dead-letter exchange", (("configure", "nq"), ("read", "nq"), ("write", "x")),
+         rest=("PUT", "/queues/nq", {"arguments": {"x-dead-letter-exchange": "x"}}),
+         op={"op": "declare_queue", "queue": "nq", "arguments": {"x-dead-letter-exchange": "x"}}),
+    Case("declare queue dead-lettering to the default exchange",
+         (("configure", "nq"), ("read", "nq"), ("write", "amq.default")),
+         rest=("PUT", "/queues/nq", {"arguments": _DLX_TO_DEFAULT}),
+         op={"op": "declare_queue", "queue": "nq", "arguments": _DLX_TO_DEFAULT}),
+    Case("declare server-named queue with a dead-letter exchange",
+         (("configure", "amq.gen-"), ("read", "amq.gen-"), ("write", "x")),
+         op={"op": "declare_queue", "queue": "", "arguments": {"x-dead-letter-exchange": "x"}}),
+    Case("declare exchange with an alternate exchange", (("configure", "nx"), ("read", "nx"), ("write", "x")),
+         rest=("PUT", "/exchanges/nx", {"arguments": {"alternate-exchange": "x"}}),
+         op={"op": "declare_exchange", "exchange": "nx", "arguments": {"alternate-exchange": "x"}}),
+    Case("declare exchange with the default exchange as its alternate",
+         (("configure", "nx"), ("read", "nx"), ("write", "amq.default")),
+         rest=("PUT", "/exchanges/nx", {"arguments": {"alternate-exchange": ""}}),
+         op={"op": "declare_exchange", "exchange": "nx", "arguments": {"alternate-exchange": ""}}),
     Case("declare server-named queue", (("configure", "amq.gen-"),), op={"op": "declare_queue", "queue": ""}),
     Case("delete queue", (("configure", "q"),), rest=("DELETE", "/queues/q", None),
          op={"op": "delete_queue", "queue": "q"}),
@@ -50,6 +73,15 @@ CASES = [
     Case("bind exchange to exchange", (("write", "y"), ("read", "x")),
          rest=("POST", "/bindings", {"exchange": "x", "to_exchange": "y", "routing_key": "n"}),
          op={"op": "bind", "exchange": "x", "to_exchange": "y", "routing_key": "n"}),
+    Case("bind to a consistent-hash exchange", (("write", "q"), ("read", "h")),
+         rest=("POST", "/bindings", {"exchange": "h", "queue": "q", "routing_key": "1"}),
+         op={"op": "bind", "exchange": "h", "queue": "q", "routing_key": "1"}),
+    Case("bind an exchange to a consistent-hash exchange", (("write", "h"), ("read", "x")),
+         rest=("POST", "/bindings", {"exchange": "x", "to_exchange": "h", "routing_key": "n"}),
+         op={"op": "bind", "exchange": "x", "to_exchange": "h", "routing_key": "n"}),
+    Case("bind a consistent-hash exchange to an exchange", (("write", "y"), ("read", "h")),
+         rest=("POST", "/bindings", {"exchange": "h", "to_exchange": "y", "routing_key": "1"}),
+         op={"op": "bind", "exchange": "h", "to_exchange": "y", "routing_key": "1"}),
     Case("unbind", (("write", "q"), ("read", "x")), rest=("DELETE", "/bindings", {"exchange": "x", "queue": "q", "routing_key": "k"}),
          op={"op": "unbind", "exchange": "x", "queue": "q", "routing_key": "k"}),
     Case("get", (("read", "q"),), rest=("POST", "/queues/q/get", None)),
@@ -60,7 +92,10 @@ CASES = [
     Case("nack leases", (("read", "q"),), rest=("POST", "/queues/q/nack", {"lease_ids": ["nope"]})),
     Case("extend leases", (("read", "q"),), rest=("POST", "/queues/q/extend", {"lease_ids": ["nope"]})),
     Case("browse", (("read", "q"),), rest=("GET", "/queues/q/messages", None)),
-    Case("redrive", (("administrator", ""), ("read", "q")), rest=("POST", "/queues/q/redrive", {})),
+    Case("redrive", (("administrator", ""), ("read", "q"), ("write", "amq.default")),
+         rest=("POST", "/queues/q/redrive", {})),
+    Case("redrive to an exchange", (("administrator", ""), ("read", "q"), ("write", "x")),
+         rest=("POST", "/queues/q/redrive", {"exchange": "x", "routing_key": "k"})),
     Case("acquire a lock", (("write", "nightly"),), rest=("POST", "/locks/nightly/acquire", {"owner": "o"}),
          op={"op": "lock_acquire", "lock": "nightly", "owner": "o"}),
     Case("refresh a lock", (("write", "held"),), rest=("POST", "/locks/held/refresh", {"owner": "h", "token": 1}),
@@ -103,6 +138,7 @@ async def setup(app: BrokerApp) -> None:
     add_user(core, "admin", tags=("administrator",))
     core.declare_exchange("x", "direct")
     core.declare_exchange("y", "fanout")
+    core.declare_exchange("h", "x-consistent-hash")
     core.declare_queue("q")
     core.declare_queue("q2")
     core.bind("x", "q", "k", {})
@@ -225,3 +261,46 @@ async def test_a_deleted_users_open_channel_is_refused_everything(broker_app: Br
         error = await ch.expect("error")
         assert error["error"] == "access_refused" and error["id"] == "late"
     assert core.queues["q"].ready_count() == 2  # "ready" and "1"
+
+
+async def test_dead_letter_and_alternate_exchanges_do_not_bypass_write(broker_app: BrokerApp) -> None:
+    """The reported attack: a user confined to ``^a\\.`` puts messages into
+    ``secret.q`` through a dead-letter exchange or an alternate exchange. Each declare
+    is refused and changes nothing; with a user allowed to write there, both work."""
+    core = broker_app.runtime.core
+    add_user(core, "admin", tags=("administrator",))
+    core.declare_queue("secret.q")
+    core.declare_exchange("secret.x", "fanout")
+    core.bind("secret.x", "secret.q", "", {})
+    confined = add_user(core, "mallory", permissions={"configure": r"^a\.", "write": r"^a\.", "read": r"^a\."})
+    await broker_app.runtime.wait_durable()
+    dlx = {"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "secret.q", "x-message-ttl": 1}
+    async with open_tcp_client(broker_app.port) as client:
+        reply = await client.request("POST", "/exchanges/amq.default/publish?routing_key=secret.q", body=b"m",
+                                     headers=confined)
+        assert reply.status == 403
+        reply = await client.request("PUT", "/queues/a.q", json={"arguments": dlx}, headers=confined)
+        assert reply.status == 403 and reply.error == "access_refused", reply.body
+        assert "amq.default" in reply.json()["message"]
+        reply = await client.request("PUT", "/exchanges/a.x", json={"type": "fanout", "arguments": {"alternate-exchange": "secret.x"}},
+                                     headers=confined)
+        assert reply.status == 403 and reply.error == "access_refused", reply.body
+        assert "secret.x" in reply.json()["message"]
+        async with Clients(broker_app.port) as clients:
+            ch = await clients.channel(headers=confined)
+            await ch.send({"op": "declare_queue", "queue": "a.q", "arguments": dlx, "id": 1})
+            error = await ch.expect("error")
+            assert error["error"] == "access_refused" and error["id"] == 1
+        assert "a.q" not in core.queues and "a.x" not in core.exchanges
+        # what the arguments are for still works for a user allowed to write there
+        trusted = add_user(core, "svc", permissions={"configure": r"^a\.", "write": r"^(a\.|amq\.default$)", "read": r"^a\."})
+        await broker_app.runtime.wait_durable()
+        assert (await client.request("PUT", "/queues/a.q", json={"arguments": dlx}, headers=trusted)).status == 201
+        assert core.queues["secret.q"].ready_count() == 0  # mallory got nothing in
+        reply = await client.request("POST", "/exchanges/amq.default/publish?routing_key=a.q", body=b"m", headers=trusted)
+        assert reply.status == 200
+    await wait_until(lambda: core.queues["secret.q"].ready_count() == 1)  # expired into it
+
+
+def test_the_default_exchange_has_one_name_in_paths_and_permissions() -> None:
+    assert DEFAULT_EXCHANGE_NAME == DEFAULT_EXCHANGE_ALIAS == "amq.default"

@@ -11,6 +11,7 @@ import trio
 from broker.api.rest import listing
 from broker.api.rest.listing import MAX_PAGE_SIZE
 from broker.app import BrokerApp
+from broker.core import QUEUE_COUNTERS
 from broker.http import QueryParams
 from tests.support.http import HTTPClient, assert_error
 
@@ -122,7 +123,7 @@ async def test_a_sort_lets_other_tasks_run_and_leaves_out_queues_deleted_meanwhi
 
     monkeypatch.setattr(listing, "KEYS_PER_SLICE", 1)
     monkeypatch.setattr(listing, "checkpoint", counted)
-    monkeypatch.setitem(listing.SORT_KEYS, "consumers", consumers_deleting_c)
-    body = await listing.list_page(core, QueryParams("sort=consumers"))
+    monkeypatch.setitem(QUEUE_COUNTERS, "consumers", consumers_deleting_c)
+    body = await listing.list_page(core.views, QueryParams("sort=consumers"))
     assert checkpoints == 3
     assert [q["name"] for q in body["queues"]] == ["a", "b", "d"]

@@ -12,7 +12,7 @@ from bench.profile import BROKER_HOPS, attribute
 
 RAW = [
     "<module> (broker/__main__.py:1);ChannelSession.serve_reader (a.py:1);ChannelSession._publish (a.py:2);"
-    "PublishingMixin.publish (p.py:3);DedupWindow.lookup (d.py:4) 30",
+    "Publishing.publish (p.py:3);DedupWindow.lookup (d.py:4) 30",
     "<module> (broker/__main__.py:1);ChannelSession.serve_reader (a.py:1);parse_op_line (c.py:5) 10",
     "Thread._bootstrap (t.py:1);WorkerThread._work (trio/_core/_thread_cache.py:211) 50",
     "Thread._bootstrap (t.py:1);WriteAheadLog._io_write (w.py:1);_OsFile.sync (fs.py:2) 5",

@@ -89,8 +89,9 @@ async def test_consume_prints_then_acks(
     assert (r.status, r.out) == (0, "a\nb\nc\n")
     assert "consumed 3 (" in r.err
     assert fake.bodies("q") == [b"d"] and fake.acked_ids and len(fake.acked_ids) == 3
-    # -n 3 bounds the prefetch (a 4th delivered meanwhile went back to the queue)
+    # -n 3 bounds the prefetch, and the acks wait so that no 4th is delivered
     assert [op["prefetch"] for op in fake.ops_seen if op["op"] == "consume"] == [3]
+    assert [m.redelivered for m in fake.queues["q"].ready] == [False]
     r = await cli("consume", "q", "--count", "5", "--wait", "5", "--format", "json")
     assert r.status == 5
     assert [orjson.loads(line)["body"] for line in r.out.splitlines()] == ["d"]

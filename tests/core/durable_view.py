@@ -24,7 +24,7 @@ def live_entries(b: Broker, queue_name: str) -> list[Any]:
     entries.extend(q.delayed.whole())
     paged_delayed = [(seq, loc) for _due, seq, loc in q.delayed.paged_items()]
     if paged_delayed:
-        entries.extend(b._read_entries(q, paged_delayed))
+        entries.extend(b.pager.read_entries(q, paged_delayed))
     return sorted(entries, key=lambda e: e.message.seq)
 
 

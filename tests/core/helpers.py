@@ -201,7 +201,7 @@ def ready_entries(b: Broker, queue: str) -> list[Any]:
     q = b.queues[queue]
     out: list[Any] = []
     for lane in reversed(q.lanes):  # highest priority first
-        paged = b._read_entries(q, list(lane.paged)) if lane.paged else []
+        paged = b.pager.read_entries(q, list(lane.paged)) if lane.paged else []
         out += [e for _s, e in sorted(lane.requeued, key=lambda p: p[0])] + list(lane.ready) + paged + list(lane.tail)
     return out
 

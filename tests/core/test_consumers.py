@@ -661,3 +661,27 @@ def test_settled_deliveries_do_not_pile_up_timers() -> None:
     h.mono.now = MONO_START + 1800
     h.b.advance()
     assert h.of_type(DeliveryExpired, h.step()) == [DeliveryExpired(slow, "held-c", 1)]
+
+
+def test_rebuilding_the_timer_heap_keeps_queue_and_lock_timers() -> None:
+    """The rebuild above starts from the live deliveries; the heap also holds the
+    entries of queues (a delayed message here) and of coordination (a lock's
+    expiry), which must survive it and still fire on time."""
+    h = Harness(channel_credit_bytes=1 << 40)
+    h.queue("q", durable=False)
+    h.queue("later", durable=False)
+    ch = h.channel()
+    h.b.consume(ch, "q", prefetch=1)
+    h.b.publish(ch, "", "later", b"held", delay_s=60)
+    info, _ = h.b.lock_acquire(ch, "lk", "me", 60, 0)
+    assert info is not None and info["held"]
+    h.step()
+    for _ in range(5000):  # several rebuilds (each at twice the live size, 1024 at least)
+        h.publish(ch, "", "q")
+        for e in h.b.take_effects():
+            if isinstance(e, Deliver):
+                h.b.ack(ch, e.delivery_tag)
+    assert h.info("later")["messages_delayed"] == 1
+    h.sleep(61)
+    assert h.info("later")["messages_ready"] == 1
+    assert h.b.lock_info("lk")["held"] is False

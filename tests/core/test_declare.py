@@ -227,7 +227,7 @@ def test_server_named_queue_skips_names_in_use() -> None:
     # After a restart with the same boot id, recovered server-named queues exist.
     h = Harness()
     first, _ = h.b.declare_queue("")
-    h.b._next_name = 1  # as after a restart that reuses the boot id
+    h.b.store._next_name = 1  # as after a restart that reuses the boot id
     second, created = h.b.declare_queue("", durable=False)
     assert created and second is not first and second.name != first.name
 

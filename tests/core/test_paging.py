@@ -8,7 +8,7 @@ from array import array
 import pytest
 
 from broker.core import MessageLost
-from broker.core.paging import CHUNK_MESSAGES, PagedRefs, locator
+from broker.core.paging import CHUNK_MESSAGES, PagedRefs, locator, on_disk_mask
 from broker.core.records import (
     RecordType,
     decode_enqueue,
@@ -355,3 +355,15 @@ def test_without_repair_a_record_of_another_message_keeps_the_queue_waiting() ->
     assert h.bodies(effects) == [b"m0", b"m1"]  # m3 waits behind m2: order is kept
     assert not h.of_type(MessageLost, effects)
     assert list(q.lanes[0].paged) == [(seq_a, loc_a), (seq_b, loc_b)] and q.read_failure is not None
+
+
+def test_on_disk_mask_tells_references_outside_the_logs_ranges() -> None:
+    spans = [(1, 11), (21, 31)]  # LSNs 11..20 are in a deleted segment, 31.. never written
+    inside = array("q", [locator(lsn, False) for lsn in (1, 5, 10)])
+    assert on_disk_mask(inside, spans) is None
+    across_the_gap = array("q", [locator(lsn, True) for lsn in (3, 25, 30)])
+    assert on_disk_mask(across_the_gap, spans) is None  # every one is on disk
+    mixed = array("q", [locator(lsn, False) for lsn in (3, 15, 25, 31, 40)])
+    assert on_disk_mask(mixed, spans) == bytes([1, 0, 1, 0, 0])
+    assert on_disk_mask(mixed, []) == bytes(5)
+    assert on_disk_mask(array("q"), spans) is None

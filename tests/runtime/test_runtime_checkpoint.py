@@ -105,13 +105,13 @@ async def test_small_batches_leave_the_event_loop_while_consumers_are_served(tmp
         await runtime.ready_event.wait()
         wal = runtime.wal
         on_loop: list[bool] = []
-        io_write = wal._io_write
+        io_write = wal._committer._io_write
 
         def recording_io_write(*args: Any) -> Any:
             on_loop.append(threading.current_thread() is threading.main_thread())
             return io_write(*args)
 
-        wal._io_write = recording_io_write  # type: ignore[method-assign]
+        wal._committer._io_write = recording_io_write  # type: ignore[method-assign]
         core = runtime.core
         core.declare_queue("q", durable=True)
         ch = core.open_channel()

@@ -15,7 +15,7 @@ import pytest
 
 from broker.storage import WriteAheadLog, recover
 from broker.storage import group as group_module
-from broker.storage import wal as wal_module
+from broker.storage import wal_commit as wal_module
 from broker.storage.framing import NEED_DATA, ProblemKind, encode_records
 from broker.storage.group import (
     GROUP_HEADER_BYTES,

@@ -102,13 +102,13 @@ async def test_inline_allowed_decides_whether_a_small_batch_stays_on_the_event_l
     events = Events()
     wal = WriteAheadLog(tmp_path, inline_max_records=8, inline_allowed=inline_allowed, **events.callbacks())
     threads: list[threading.Thread] = []
-    io_write = wal._io_write
+    io_write = wal._committer._io_write
 
     def recording_io_write(*args: Any) -> Any:
         threads.append(threading.current_thread())
         return io_write(*args)
 
-    wal._io_write = recording_io_write  # type: ignore[method-assign]
+    wal._committer._io_write = recording_io_write  # type: ignore[method-assign]
     async with serving(wal):
         for lsn, payload in enumerate([b"a", b"b", b"c"], start=1):
             wal.append_nowait([(1, payload)])
@@ -169,7 +169,7 @@ async def test_cancelled_writer_loses_nothing(tmp_path: Path, recover_all: Recov
         await trio.testing.wait_all_tasks_blocked()
         # Hold the WAL's IO slot so the writer takes the batch, then blocks before its
         # worker thread starts: the cancellation lands exactly there.
-        async with wal._limiter:
+        async with wal._committer.limiter:
             wal.append_nowait([(1, b"a"), (1, b"b")])
             await trio.testing.wait_all_tasks_blocked()
             scope.cancel()
@@ -788,13 +788,15 @@ async def test_tasks_woken_with_the_writer_run_before_its_write(
     point this fails about half the time (checked by removing it)."""
     order: list[str] = []
 
-    class RecordingWAL(WriteAheadLog):
-        def _io_write(self, *args: Any) -> Any:
-            order.append("write")
-            return super()._io_write(*args)
-
     events = Events()
-    wal = RecordingWAL(tmp_path, inline_max_records=inline_max_records, **events.callbacks())
+    wal = WriteAheadLog(tmp_path, inline_max_records=inline_max_records, **events.callbacks())
+    io_write = wal._committer._io_write
+
+    def recording_io_write(*args: Any) -> Any:
+        order.append("write")
+        return io_write(*args)
+
+    wal._committer._io_write = recording_io_write  # type: ignore[method-assign]
     async with serving(wal), trio.open_nursery() as nursery:
         await append_numbered(wal, 1)  # the first batch creates the segment
         await events.wait_durable(1)
@@ -822,13 +824,15 @@ async def test_small_batches_are_written_on_the_loop_thread_and_large_ones_in_a_
     the active segment skips the worker thread; bigger batches still use it."""
     writer_threads: list[bool] = []
 
-    class RecordingWAL(WriteAheadLog):
-        def _io_write(self, *args: Any) -> Any:
-            writer_threads.append(threading.current_thread() is threading.main_thread())
-            return super()._io_write(*args)
-
     events = Events()
-    wal = RecordingWAL(tmp_path, inline_max_records=8, **events.callbacks())
+    wal = WriteAheadLog(tmp_path, inline_max_records=8, **events.callbacks())
+    io_write = wal._committer._io_write
+
+    def recording_io_write(*args: Any) -> Any:
+        writer_threads.append(threading.current_thread() is threading.main_thread())
+        return io_write(*args)
+
+    wal._committer._io_write = recording_io_write  # type: ignore[method-assign]
     async with serving(wal):
         last = await append_numbered(wal, 1)  # creates the segment: always a worker
         await events.wait_durable(last)

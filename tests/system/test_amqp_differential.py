@@ -6,6 +6,7 @@ installed; RabbitMQ is started by PID as the bench does (bench/servers.py)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -133,7 +134,11 @@ def script(port: int) -> Log:
     ch.basic_publish("", "d.work", b"dead")
     method, _p, _b = ch.basic_get("d.work")
     ch.basic_reject(method.delivery_tag, requeue=False)
+    deadline = time.monotonic() + 10  # dead-lettering is asynchronous in RabbitMQ
     method, props, body = ch.basic_get("d.dlq", auto_ack=True)
+    while method is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+        method, props, body = ch.basic_get("d.dlq", auto_ack=True)
     log.append(("dead-lettered", body, props.headers["x-death"][0]["reason"], props.headers["x-death"][0]["queue"]))
 
     # purge and delete counts

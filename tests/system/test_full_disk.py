@@ -119,3 +119,26 @@ def test_fill_refuse_drain_accept_without_and_after_a_restart(small_disk: Path) 
         publish_again(broker)
     finally:
         broker.stop()
+
+
+def test_a_drained_full_disk_takes_publishes_again_within_seconds_without_a_timed_checkpoint(
+    small_disk: Path,
+) -> None:
+    """With the default checkpoint schedule (every 300 s, or 256 MiB of log), a full
+    disk drained by its consumers is freed at once: while the reserve is used up, a
+    checkpoint runs as soon as settles were logged, so publishes are taken again
+    within 10 s of the drain, not at the next timed checkpoint."""
+    args = (
+        "--segment-max-bytes", str(256 * 1024),
+        "--reserve-bytes", str(RESERVE_BYTES),
+    )
+    broker = BrokerProcess(small_disk / "data", args=args)
+    broker.start()
+    try:
+        assert broker.request("PUT", "/queues/q", {})[0] == 201
+        confirmed, refusal = fill(broker)
+        assert confirmed > 100, refusal
+        assert drain(broker) == confirmed
+        publish_again(broker, within_s=10.0)
+    finally:
+        broker.stop()

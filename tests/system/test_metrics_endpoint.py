@@ -68,6 +68,7 @@ EXPECTED_FAMILIES = {
     "ackbus_messages_paged_out": "gauge",
     "ackbus_messages_lost": "counter",
     "ackbus_log_read_failures": "counter",
+    "ackbus_unconfirmed_dropped": "counter",
     "ackbus_queues_waiting_for_log_reads": "gauge",
     "process_resident_memory_bytes": "gauge",
     "process_start_time_seconds": "gauge",

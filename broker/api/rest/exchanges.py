@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from broker.api.codec import properties_from_headers
+from broker.api.fields import EXCHANGE_DECLARE_FIELDS, decode_exchange_declare
 from broker.api.permissions import access_for
 from broker.api.rest.fields import (
     DEFAULT_EXCHANGE_ALIAS,
@@ -13,113 +14,95 @@ from broker.api.rest.fields import (
     body_fields,
     exchange_name,
 )
-from broker.core import (
-    EXCHANGE_TYPES,
-    MAX_DELAY_S,
-    AccessRefused,
-    InvalidArgument,
-    NotFound,
-    PayloadTooLarge,
-)
+from broker.core import MAX_DELAY_S, InvalidArgument, NotFound, PayloadTooLarge
+from broker.http import Request, Response
 
 
 def add_routes(ctx: RestContext) -> None:
     """Register this family's endpoints."""
-    runtime, core, opts = ctx.runtime, ctx.core, ctx.options
+    ctx.add("PUT", "/exchanges/{name}", put_exchange)
+    ctx.add("DELETE", "/exchanges/{name}", delete_exchange, query=frozenset({"if_unused"}))
+    ctx.add("GET", "/exchanges", list_exchanges)
+    ctx.add("GET", "/exchanges/{name}", get_exchange)
+    ctx.add("POST", "/exchanges/{name}/publish", publish, query=frozenset({"routing_key", "mandatory", "delay"}))
 
-    @ctx.route("PUT", "/exchanges/{name}")
-    async def put_exchange(request: Any, response: Any) -> None:
-        runtime.check_ready()
-        name = exchange_name(request.path_params["name"])
-        f = await body_fields(request, {"type", "durable", "auto_delete", "internal", "arguments", "passive"})
-        if not f.bool("passive", False):
-            access_for(request).require("declare_exchange", name or DEFAULT_EXCHANGE_ALIAS)
-        etype = f.str("type", "direct")
-        if etype not in EXCHANGE_TYPES:
-            raise InvalidArgument(f"type must be one of {', '.join(EXCHANGE_TYPES)}")
-        exchange, created = core.declare_exchange(
-            name,
-            etype,
-            durable=f.bool("durable", True),
-            auto_delete=f.bool("auto_delete", False),
-            internal=f.bool("internal", False),
-            arguments=f.dict("arguments"),
-            passive=f.bool("passive", False),
+
+async def put_exchange(ctx: RestContext, request: Request, response: Response) -> None:
+    ctx.gateway.check_ready()
+    name = exchange_name(request.path_params["name"])
+    d = decode_exchange_declare(await body_fields(request, EXCHANGE_DECLARE_FIELDS))
+    if not d.passive:
+        access_for(request).require_declare("declare_exchange", name or DEFAULT_EXCHANGE_ALIAS, d.arguments)
+    exchange, created = await ctx.gateway.run_durable(
+        lambda core: core.declare_exchange(
+            name, d.type, durable=d.durable, auto_delete=d.auto_delete, internal=d.internal,
+            arguments=d.arguments, passive=d.passive,
         )
-        if created and exchange.durable:
-            await runtime.wait_durable()
-        await response.send_json(201 if created else 200, _exchange_info(exchange))
+    )
+    await response.send_json(201 if created else 200, _exchange_json(exchange.info()))
 
-    @ctx.route("DELETE", "/exchanges/{name}", query=frozenset({"if_unused"}))
-    async def delete_exchange(request: Any, response: Any) -> None:
-        runtime.check_ready()
-        name = exchange_name(request.path_params["name"])
-        access_for(request).require("delete_exchange", name or DEFAULT_EXCHANGE_ALIAS)
-        core.delete_exchange(name, if_unused=request.query.get_bool("if_unused", False))
-        await runtime.wait_durable()
-        await response.send_json(200, {"deleted": name or DEFAULT_EXCHANGE_ALIAS})
 
-    @ctx.route("GET", "/exchanges")
-    async def list_exchanges(request: Any, response: Any) -> None:
+async def delete_exchange(ctx: RestContext, request: Request, response: Response) -> None:
+    ctx.gateway.check_ready()
+    name = exchange_name(request.path_params["name"])
+    access_for(request).require("delete_exchange", name or DEFAULT_EXCHANGE_ALIAS)
+    if_unused = request.query.get_bool("if_unused", False)
+    await ctx.gateway.run_durable(lambda core: core.delete_exchange(name, if_unused=if_unused))
+    await response.send_json(200, {"deleted": name or DEFAULT_EXCHANGE_ALIAS})
+
+
+async def list_exchanges(ctx: RestContext, request: Request, response: Response) -> None:
+    await response.send_json(200, {"exchanges": [_exchange_json(x) for x in ctx.views.exchange_infos()]})
+
+
+async def get_exchange(ctx: RestContext, request: Request, response: Response) -> None:
+    name = exchange_name(request.path_params["name"])
+    info = ctx.views.exchange_info(name)
+    if info is None:
+        raise NotFound(f"no exchange {name!r}")
+    await response.send_json(200, _exchange_json(info))
+
+
+async def publish(ctx: RestContext, request: Request, response: Response) -> None:
+    ctx.gateway.check_ready()
+    opts = ctx.options
+    name = exchange_name(request.path_params["name"])
+    access_for(request).require("publish", name or DEFAULT_EXCHANGE_ALIAS)
+    routing_key = request.query.get_str("routing_key", "")  # the core checks it
+    mandatory = request.query.get_bool("mandatory", False)
+    delay_s = request.query.get_float("delay", 0.0, min_value=0.0, max_value=MAX_DELAY_S) or None
+    properties = properties_from_headers(_utf8_headers(request.headers.items()))
+    body = await request.read_body()
+    if len(body) > opts.max_body_bytes:  # pragma: no cover - the server enforces it first
+        raise PayloadTooLarge(f"message body over {opts.max_body_bytes} bytes")
+    outcome = await ctx.gateway.publish_and_confirm(
+        name, routing_key, body, properties, mandatory=mandatory, delay_s=delay_s
+    )
+    refusal = outcome.refusal()
+    if refusal is not None:
+        # A missing or internal exchange: no retry can succeed, a client error (the
+        # same code a channel's nack carries), not 503.
+        raise refusal
+    if not outcome.ack:
+        reason = outcome.reason
         await response.send_json(
-            200, {"exchanges": [_exchange_info(x) for x in core.exchanges.values()]}
+            503,
+            {"error": "nack", "message": f"message not taken: {reason}", "confirm": "nack", "reason": reason or ""},
         )
-
-    @ctx.route("GET", "/exchanges/{name}")
-    async def get_exchange(request: Any, response: Any) -> None:
-        name = exchange_name(request.path_params["name"])
-        exchange = core.exchanges.get(name)
-        if exchange is None:
-            raise NotFound(f"no exchange {name!r}")
-        info = _exchange_info(exchange)
-        info["bindings"] = [b for b in core.list_bindings() if b["exchange"] == name]
-        await response.send_json(200, info)
-
-    @ctx.route("POST", "/exchanges/{name}/publish", query=frozenset({"routing_key", "mandatory", "delay"}))
-    async def publish(request: Any, response: Any) -> None:
-        runtime.check_ready()
-        name = exchange_name(request.path_params["name"])
-        access_for(request).require("publish", name or DEFAULT_EXCHANGE_ALIAS)
-        routing_key = request.query.get_str("routing_key", "")  # the core checks it
-        mandatory = request.query.get_bool("mandatory", False)
-        delay_s = request.query.get_float("delay", 0.0, min_value=0.0, max_value=MAX_DELAY_S) or None
-        properties = properties_from_headers(_utf8_headers(request.headers.items()))
-        body = await request.read_body()
-        if len(body) > opts.max_body_bytes:  # pragma: no cover - the server enforces it first
-            raise PayloadTooLarge(f"message body over {opts.max_body_bytes} bytes")
-        exchange = core.exchanges.get(name)
-        if exchange is None:
-            raise NotFound(f"no exchange {name!r}")
-        if exchange.internal:
-            # The core would nack it, but no retry can succeed: a client error, not 503.
-            raise AccessRefused(f"exchange {name!r} is internal: publish to it is refused")
-        ack, reason, routed, returned = await runtime.publish_and_confirm(
-            name, routing_key, body, properties, mandatory, delay_s
+        return
+    if outcome.returned:
+        await response.send_json(
+            404,
+            {
+                "error": "no_route",
+                "message": f"mandatory message is unroutable: no queue is bound to "
+                f"exchange {name or DEFAULT_EXCHANGE_ALIAS!r} for routing key {routing_key!r}",
+                "confirm": "ack",
+                "routed": 0,
+            },
         )
-        if not ack:
-            await response.send_json(
-                503,
-                {
-                    "error": "nack",
-                    "message": f"message not taken: {reason}",
-                    "confirm": "nack",
-                    "reason": reason or "",
-                },
-            )
-            return
-        if returned:
-            await response.send_json(
-                404,
-                {
-                    "error": "no_route",
-                    "message": f"mandatory message is unroutable: no queue is bound to "
-                    f"exchange {name or DEFAULT_EXCHANGE_ALIAS!r} for routing key {routing_key!r}",
-                    "confirm": "ack",
-                    "routed": 0,
-                },
-            )
-            return
-        await response.send_json(200, {"confirm": "ack", "routed": routed})
+        return
+    await response.send_json(200, {"confirm": "ack", "routed": outcome.routed})
 
 
 def _utf8_headers(items: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
@@ -138,8 +121,8 @@ def _utf8_headers(items: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
     return out
 
 
-def _exchange_info(exchange: Any) -> dict[str, Any]:
-    info: dict[str, Any] = exchange.info()
+def _exchange_json(info: dict[str, Any]) -> dict[str, Any]:
+    """An exchange's info with the default exchange under its path name."""
     if info["name"] == "":
         info["name"] = DEFAULT_EXCHANGE_ALIAS
     return info

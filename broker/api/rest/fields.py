@@ -1,5 +1,7 @@
-"""What every REST resource shares: typed JSON request fields, refusal of unknown
-query parameters, and route registration.
+"""What every REST resource shares: the request body as typed fields
+(:class:`~broker.api.fields.Fields`, shared with the channel's ops), refusal of
+unknown query parameters, and route registration (:class:`RestContext`: what a
+handler needs).
 
 Unknown JSON fields and unknown query parameters are errors: a typo (``?routing-key=``)
 must not silently mean something else.
@@ -7,90 +9,19 @@ must not silently mean something else.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Set
 from typing import Any
 
 import orjson
 
-from broker.core import InvalidArgument
-from broker.http import Handler, Router
-from broker.runtime import BrokerRuntime
+from broker.api.fields import DEFAULT_EXCHANGE_ALIAS, Fields, exchange_name
+from broker.core import BrokerViews, InvalidArgument
+from broker.http import Request, Response, Router
+from broker.runtime import BrokerRuntime, CommandGateway, RuntimeOptions
 
-__all__ = ["DEFAULT_EXCHANGE_ALIAS", "Fields", "RestContext", "body_fields", "exchange_name"]
+__all__ = ["DEFAULT_EXCHANGE_ALIAS", "Fields", "RestContext", "RestHandler", "body_fields", "exchange_name"]
 
-DEFAULT_EXCHANGE_ALIAS = "amq.default"
-
-
-def exchange_name(name: str) -> str:
-    """``amq.default`` names the default exchange ("") in paths and bodies."""
-    return "" if name == DEFAULT_EXCHANGE_ALIAS else name
-
-
-# Fields has methods named str, bool, dict and list, which hide the builtins inside its
-# body: its annotations use these aliases.
-_Text = str
-_Bool = bool
-_Dict = dict
-_List = list
-
-
-class Fields:
-    """Typed access to a JSON request object; unknown fields are an error (catches typos)."""
-
-    def __init__(self, obj: Any, allowed: set[_Text], what: _Text = "request body") -> None:
-        if not isinstance(obj, dict):
-            raise InvalidArgument(f"{what} must be a JSON object")
-        unknown = set(obj) - allowed
-        if unknown:
-            raise InvalidArgument(f"unknown field(s) in {what}: {', '.join(sorted(unknown))}")
-        self.obj = obj
-
-    def str(self, name: _Text, default: _Text | None = None) -> _Text:
-        value = self.obj.get(name, default)
-        if value is None:
-            raise InvalidArgument(f"field {name} is required")
-        if not isinstance(value, str):
-            raise InvalidArgument(f"field {name} must be a string")
-        return value
-
-    def opt_str(self, name: _Text) -> _Text | None:
-        value = self.obj.get(name)
-        if value is not None and not isinstance(value, str):
-            raise InvalidArgument(f"field {name} must be a string")
-        return value
-
-    def bool(self, name: _Text, default: _Bool) -> _Bool:
-        value = self.obj.get(name, default)
-        if not isinstance(value, bool):
-            raise InvalidArgument(f"field {name} must be true or false")
-        return value
-
-    def dict(self, name: _Text) -> _Dict[_Text, Any]:
-        value = self.obj.get(name, {})
-        if value is None:
-            return {}
-        if not isinstance(value, dict):
-            raise InvalidArgument(f"field {name} must be an object")
-        return value
-
-    def number(self, name: _Text, default: float | None, *, minimum: float = 0) -> float | None:
-        value = self.obj.get(name)
-        if value is None:  # absent or null: the default
-            value = default
-        if value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < minimum:
-            raise InvalidArgument(f"field {name} must be a number >= {minimum:g}")
-        return float(value)
-
-    def list(self, name: _Text) -> _List[Any]:
-        value = self.obj.get(name)
-        if not isinstance(value, list) or not value:
-            raise InvalidArgument(f"field {name} must be a non-empty list")
-        return value
-
-
-def check_query(request: Any, allowed: frozenset[str] = frozenset()) -> None:
+def check_query(request: Request, allowed: frozenset[str] = frozenset()) -> None:
     """Refuse query parameters the endpoint does not know (400)."""
     unknown = set(request.query) - allowed
     if unknown:
@@ -100,7 +31,7 @@ def check_query(request: Any, allowed: frozenset[str] = frozenset()) -> None:
         )
 
 
-async def body_fields(request: Any, allowed: set[str]) -> Fields:
+async def body_fields(request: Request, allowed: Set[str]) -> Fields:
     """The request body as :class:`Fields` (an empty body: no fields)."""
     body = await request.read_body()
     if not body.strip():
@@ -112,30 +43,41 @@ async def body_fields(request: Any, allowed: set[str]) -> Fields:
     return Fields(obj, allowed)
 
 
-class RestContext:
-    """What a resource family's routes are registered with: the router, the runtime,
-    and :meth:`route`, which refuses query parameters a route does not know."""
+#: A REST handler: a module-level function of what it needs and the exchange.
+RestHandler = Callable[["RestContext", Request, Response], Awaitable[None]]
 
-    def __init__(self, router: Router, runtime: BrokerRuntime, auth: Any = None) -> None:
+
+class RestContext:
+    """What a REST handler needs: the command gateway (every core command goes through
+    it), the core's read-only views, the runtime's options, the authenticator (for the
+    users family's hashing threads); and :meth:`add`, which registers a handler,
+    refusing query parameters the route does not know."""
+
+    def __init__(
+        self, router: Router, runtime: BrokerRuntime, auth: Any = None, gateway: CommandGateway | None = None
+    ) -> None:
         self.router = router
-        self.runtime = runtime
+        self.gateway = gateway if gateway is not None else CommandGateway(runtime)
+        self.views: BrokerViews = self.gateway.views
+        self.options: RuntimeOptions = runtime.options
         #: The authenticator (``broker.api.auth.Authenticator``), for the users family.
         self.auth = auth
-        self.core = runtime.core
-        self.options = runtime.options
 
-    def route(
-        self, method: str, pattern: str, *, query: frozenset[str] = frozenset(), public: bool = False
-    ) -> Callable[[Handler], Handler]:
-        """``router.route`` that first refuses query parameters outside ``query``. A
-        ``public`` route is served without credentials (docs/security.md lists them)."""
+    def add(
+        self,
+        method: str,
+        pattern: str,
+        handler: RestHandler,
+        *,
+        query: frozenset[str] = frozenset(),
+        public: bool = False,
+    ) -> None:
+        """Serve ``METHOD pattern`` with ``handler(self, request, response)``, after
+        refusing query parameters outside ``query``. A ``public`` route is served
+        without credentials (docs/security.md lists them)."""
 
-        def register(handler: Handler) -> Handler:
-            async def checked(request: Any, response: Any) -> None:
-                check_query(request, query)
-                await handler(request, response)
+        async def checked(request: Request, response: Response) -> None:
+            check_query(request, query)
+            await handler(self, request, response)
 
-            self.router.add(method, pattern, checked, public=public)
-            return handler
-
-        return register
+        self.router.add(method, pattern, checked, public=public)

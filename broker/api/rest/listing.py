@@ -15,12 +15,12 @@ deleted meanwhile is left out of the page.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from trio.lowlevel import checkpoint
 
-from broker.core import InvalidArgument
+from broker.core import BrokerViews, InvalidArgument
+from broker.http import QueryParams
 
 __all__ = ["LIST_QUERY", "MAX_PAGE_SIZE", "SORT_KEYS", "list_page"]
 
@@ -34,61 +34,54 @@ MAX_FILTER_CHARS = 255
 
 LIST_QUERY = frozenset({"page", "page_size", "name", "sort", "order"})
 
-#: ``sort`` value -> the key of one queue (ties are broken by name).
-SORT_KEYS: dict[str, Callable[[Any], Any]] = {
-    "name": lambda q: q.name,
-    "messages": lambda q: q.ready_count() + q.unacked,
-    "messages_ready": lambda q: q.ready_count(),
-    "messages_unacked": lambda q: q.unacked,
-    "consumers": lambda q: len(q.consumers),
-    "published": lambda q: q.published,
-    "delivered": lambda q: q.delivered,
-}
+#: The ``sort`` values: the name, or one of the core's queue counters
+#: (``broker.core.QUEUE_COUNTERS``; ties are broken by name).
+SORT_KEYS = ("name", "messages", "messages_ready", "messages_unacked", "consumers", "published", "delivered")
 
 
-async def list_page(core: Any, query: Any) -> dict[str, Any]:
+async def list_page(views: BrokerViews, query: QueryParams) -> dict[str, Any]:
     """The answer of ``GET /queues`` for ``query``.
 
     Raises: ``InvalidArgument`` for a bad ``page``, ``page_size``, ``sort`` or ``order``
     (``InvalidRequest`` from the query parser for a non-number).
     """
     if not any(name in query for name in LIST_QUERY):
-        return {"queues": [core.queue_info(q) for q in core.queues.values()]}
+        return {"queues": views.queue_infos()}
     page = query.get_int("page", 1, min_value=1, max_value=1 << 31)
     page_size = query.get_int("page_size", DEFAULT_PAGE_SIZE, min_value=1, max_value=MAX_PAGE_SIZE)
     needle = query.get_str("name", "")
     if len(needle) > MAX_FILTER_CHARS:
         raise InvalidArgument(f"name filter longer than {MAX_FILTER_CHARS} characters")
     sort = query.get_str("sort", "name")
-    key = SORT_KEYS.get(sort)
-    if key is None:
+    if sort not in SORT_KEYS:
         raise InvalidArgument(f"sort must be one of {', '.join(SORT_KEYS)}")
     order = query.get_str("order", "asc")
     if order not in ("asc", "desc"):
         raise InvalidArgument("order must be asc or desc")
-    queues = list(core.queues.values())
-    total = len(queues)
+    names = views.queue_names()
+    total = len(names)
     if needle:
         # a case-insensitive substring, like the filter box of RabbitMQ's queue list
         folded = needle.casefold()
-        queues = [q for q in queues if folded in q.name.casefold()]
-    queues.sort(key=lambda q: q.name)  # the tie-break: stable sorts keep it
+        names = [name for name in names if folded in name.casefold()]
+    names.sort()  # the tie-break: stable sorts keep it
     if sort != "name":
-        keys: list[Any] = []
-        for start in range(0, len(queues), KEYS_PER_SLICE):
+        keys: list[int] = []
+        for start in range(0, len(names), KEYS_PER_SLICE):
             if start:
                 await checkpoint()
-            keys.extend(key(q) for q in queues[start : start + KEYS_PER_SLICE])
-        order_of = sorted(range(len(queues)), key=keys.__getitem__)
-        queues = [queues[i] for i in order_of]
+            # a queue deleted meanwhile sorts first; it is left out of the page below
+            keys.extend(views.queue_counter(sort, name) or 0 for name in names[start : start + KEYS_PER_SLICE])
+        order_of = sorted(range(len(names)), key=keys.__getitem__)
+        names = [names[i] for i in order_of]
     if order == "desc":
-        queues.reverse()
-    filtered = len(queues)
+        names.reverse()
+    filtered = len(names)
     pages = max(1, -(-filtered // page_size))
     start = (page - 1) * page_size
-    live = core.queues
+    infos = (views.queue_info(name) for name in names[start : start + page_size])
     return {
-        "queues": [core.queue_info(q) for q in queues[start : start + page_size] if live.get(q.name) is q],
+        "queues": [info for info in infos if info is not None],
         "total": total,
         "filtered": filtered,
         "page": page,

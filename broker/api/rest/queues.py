@@ -2,67 +2,68 @@
 
 from __future__ import annotations
 
-from typing import Any
-
+from broker.api.fields import QUEUE_DECLARE_FIELDS, decode_queue_declare
 from broker.api.permissions import access_for
 from broker.api.rest.fields import RestContext, body_fields
 from broker.api.rest.listing import LIST_QUERY, list_page
 from broker.core import NotFound
+from broker.http import Request, Response
 
 
 def add_routes(ctx: RestContext) -> None:
     """Register this family's endpoints."""
-    runtime, core = ctx.runtime, ctx.core
+    ctx.add("PUT", "/queues/{name}", put_queue)
+    ctx.add("DELETE", "/queues/{name}", delete_queue, query=frozenset({"if_unused", "if_empty"}))
+    ctx.add("GET", "/queues", list_queues, query=LIST_QUERY)
+    ctx.add("GET", "/queues/{name}", get_queue)
+    ctx.add("POST", "/queues/{name}/purge", purge)
 
-    @ctx.route("PUT", "/queues/{name}")
-    async def put_queue(request: Any, response: Any) -> None:
-        runtime.check_ready()
-        name = request.path_params["name"]
-        f = await body_fields(request, {"durable", "exclusive", "auto_delete", "arguments", "passive"})
-        if not f.bool("passive", False):
-            access_for(request).require("declare_queue", name)
-        queue, created = core.declare_queue(
-            name,
-            durable=f.bool("durable", True),
-            exclusive=f.bool("exclusive", False),
-            auto_delete=f.bool("auto_delete", False),
-            arguments=f.dict("arguments"),
-            passive=f.bool("passive", False),
+
+async def put_queue(ctx: RestContext, request: Request, response: Response) -> None:
+    ctx.gateway.check_ready()
+    name = request.path_params["name"]
+    d = decode_queue_declare(await body_fields(request, QUEUE_DECLARE_FIELDS))
+    if not d.passive:
+        access_for(request).require_declare("declare_queue", name, d.arguments)
+    queue, created = await ctx.gateway.run_durable(
+        lambda core: core.declare_queue(
+            name, durable=d.durable, exclusive=d.exclusive, auto_delete=d.auto_delete,
+            arguments=d.arguments, passive=d.passive,
         )
-        if created and queue.durable:
-            await runtime.wait_durable()
-        await response.send_json(201 if created else 200, core.queue_info(queue))
+    )
+    info = ctx.views.queue_info(queue.name)
+    if info is None:  # pragma: no cover - an exclusive queue deleted before the answer
+        raise NotFound(f"no queue {name!r}")
+    await response.send_json(201 if created else 200, info)
 
-    @ctx.route("DELETE", "/queues/{name}", query=frozenset({"if_unused", "if_empty"}))
-    async def delete_queue(request: Any, response: Any) -> None:
-        runtime.check_ready()
-        name = request.path_params["name"]
-        access_for(request).require("delete_queue", name)
-        count = core.delete_queue(
-            name,
-            if_unused=request.query.get_bool("if_unused", False),
-            if_empty=request.query.get_bool("if_empty", False),
-        )
-        runtime.pump()
-        await runtime.wait_durable()
-        await response.send_json(200, {"deleted": name, "messages": count})
 
-    @ctx.route("GET", "/queues", query=LIST_QUERY)
-    async def list_queues(request: Any, response: Any) -> None:
-        await response.send_json(200, await list_page(core, request.query))
+async def delete_queue(ctx: RestContext, request: Request, response: Response) -> None:
+    ctx.gateway.check_ready()
+    name = request.path_params["name"]
+    access_for(request).require("delete_queue", name)
+    if_unused = request.query.get_bool("if_unused", False)
+    if_empty = request.query.get_bool("if_empty", False)
+    count = await ctx.gateway.run_durable(
+        lambda core: core.delete_queue(name, if_unused=if_unused, if_empty=if_empty)
+    )
+    await response.send_json(200, {"deleted": name, "messages": count})
 
-    @ctx.route("GET", "/queues/{name}")
-    async def get_queue(request: Any, response: Any) -> None:
-        name = request.path_params["name"]
-        queue = core.queues.get(name)
-        if queue is None:
-            raise NotFound(f"no queue {name!r}")
-        await response.send_json(200, core.queue_info(queue))
 
-    @ctx.route("POST", "/queues/{name}/purge")
-    async def purge(request: Any, response: Any) -> None:
-        runtime.check_ready()
-        access_for(request).require("purge", request.path_params["name"])
-        count = core.purge_queue(request.path_params["name"])
-        runtime.pump()
-        await response.send_json(200, {"purged": count})
+async def list_queues(ctx: RestContext, request: Request, response: Response) -> None:
+    await response.send_json(200, await list_page(ctx.views, request.query))
+
+
+async def get_queue(ctx: RestContext, request: Request, response: Response) -> None:
+    name = request.path_params["name"]
+    info = ctx.views.queue_info(name)
+    if info is None:
+        raise NotFound(f"no queue {name!r}")
+    await response.send_json(200, info)
+
+
+async def purge(ctx: RestContext, request: Request, response: Response) -> None:
+    ctx.gateway.check_ready()
+    name = request.path_params["name"]
+    access_for(request).require("purge", name)
+    count = ctx.gateway.run(lambda core: core.purge_queue(name))
+    await response.send_json(200, {"purged": count})

@@ -16,121 +16,162 @@ import trio
 from broker.api.auth import hash_password, new_token
 from broker.api.permissions import access_for
 from broker.api.rest.fields import RestContext, body_fields
-from broker.core import MAX_DELAY_S, InvalidArgument, NotFound, check_username
+from broker.core import MAX_DELAY_S, Broker, InvalidArgument, NotFound, check_username
+from broker.http import Request, Response
 
 #: Longest token lifetime a request may ask for (``expires_in_s``); longer-lived
 #: credentials are users' passwords. The delay ceiling is as long as the broker plans.
 MAX_TOKEN_LIFETIME_S = MAX_DELAY_S
-_MAX_PASSWORD_CHARS = 1024
+MAX_PASSWORD_CHARS = 1024
 
 
 def add_routes(ctx: RestContext) -> None:
     """Register this family's endpoints."""
-    runtime, core, auth = ctx.runtime, ctx.core, ctx.auth
-    limiter = auth.hashing if auth is not None else None
+    ctx.add("GET", "/whoami", whoami)
+    ctx.add("GET", "/users", list_users)
+    ctx.add("GET", "/users/{name}", get_user)
+    ctx.add("PUT", "/users/{name}", put_user)
+    ctx.add("PUT", "/users/{name}/permissions", put_permissions)
+    ctx.add("DELETE", "/users/{name}", delete_user)
+    ctx.add("POST", "/users/{name}/tokens", create_token)
+    ctx.add("GET", "/users/{name}/tokens", list_tokens)
+    ctx.add("DELETE", "/tokens/{id}", revoke_token)
 
-    def self_or_admin(request: Any, name: str) -> None:
-        access = access_for(request)
-        if access.username != name or not access.username:
-            access.require("administer")
 
-    async def hashed(password: Any) -> str:
-        if not isinstance(password, str) or not password or len(password) > _MAX_PASSWORD_CHARS:
-            raise InvalidArgument(f"password must be a non-empty string of at most {_MAX_PASSWORD_CHARS} characters")
-        return await trio.to_thread.run_sync(hash_password, password, limiter=limiter)
+def _self_or_admin(request: Request, name: str) -> None:
+    access = access_for(request)
+    if access.username != name or not access.username:
+        access.require("administer")
 
-    @ctx.route("GET", "/whoami")
-    async def whoami(request: Any, response: Any) -> None:
-        access = access_for(request)
-        user = core.users.get(access.username) if access.username else None
-        if user is None:  # no users exist: nobody had to authenticate
-            await response.send_json(200, {"name": None, "tags": [], "authenticated": False})
-            return
-        await response.send_json(200, {**user.info(), "authenticated": True})
 
-    @ctx.route("GET", "/users")
-    async def list_users(request: Any, response: Any) -> None:
-        access_for(request).require("administer")
-        await response.send_json(200, {"users": [u.info() for u in core.users.users.values()]})
+async def _hashed(ctx: RestContext, password: Any) -> str:
+    if not isinstance(password, str) or not password or len(password) > MAX_PASSWORD_CHARS:
+        raise InvalidArgument(f"password must be a non-empty string of at most {MAX_PASSWORD_CHARS} characters")
+    limiter = ctx.auth.hashing if ctx.auth is not None else None
+    return await trio.to_thread.run_sync(hash_password, password, limiter=limiter)
 
-    @ctx.route("GET", "/users/{name}")
-    async def get_user(request: Any, response: Any) -> None:
-        name = request.path_params["name"]
-        self_or_admin(request, name)
-        user = core.users.get(name)
-        if user is None:
-            raise NotFound(f"no user {name!r}")
-        await response.send_json(200, user.info())
 
-    @ctx.route("PUT", "/users/{name}")
-    async def put_user(request: Any, response: Any) -> None:
-        runtime.check_ready()
-        access_for(request).require("administer")
-        name = check_username(request.path_params["name"])
-        f = await body_fields(request, {"password", "tags", "permissions"})
-        tags = f.obj.get("tags", [])
-        permissions = f.dict("permissions") if "permissions" in f.obj else None
-        exists = core.users.get(name) is not None
-        if "password" not in f.obj and not exists:
-            raise InvalidArgument("a new user needs a password (tokens can be added later)")
-        if permissions is None and exists:
-            permissions = dict(core.users.users[name].permissions)
-        password = await hashed(f.obj["password"]) if "password" in f.obj else None
+def _enforce(ctx: RestContext) -> None:
+    """Apply the change just made to what users hold open, in the same step as the
+    command (inside it, before the gateway carries out its effects), so no delivery
+    falls between the change and this (``Authenticator.enforce_revocations``)."""
+    if ctx.auth is not None:
+        ctx.auth.enforce_revocations()
+
+
+def _user_json(ctx: RestContext, name: str) -> dict[str, Any]:
+    info = ctx.views.user_info(name)
+    if info is None:
+        raise NotFound(f"no user {name!r}")
+    return info
+
+
+async def whoami(ctx: RestContext, request: Request, response: Response) -> None:
+    access = access_for(request)
+    info = ctx.views.user_info(access.username) if access.username else None
+    if info is None:  # no users exist: nobody had to authenticate
+        await response.send_json(200, {"name": None, "tags": [], "authenticated": False})
+        return
+    await response.send_json(200, {**info, "authenticated": True})
+
+
+async def list_users(ctx: RestContext, request: Request, response: Response) -> None:
+    access_for(request).require("administer")
+    await response.send_json(200, {"users": ctx.views.user_infos()})
+
+
+async def get_user(ctx: RestContext, request: Request, response: Response) -> None:
+    name = request.path_params["name"]
+    _self_or_admin(request, name)
+    await response.send_json(200, _user_json(ctx, name))
+
+
+async def put_user(ctx: RestContext, request: Request, response: Response) -> None:
+    ctx.gateway.check_ready()
+    access_for(request).require("administer")
+    name = check_username(request.path_params["name"])
+    f = await body_fields(request, {"password", "tags", "permissions"})
+    tags = f.obj.get("tags", [])
+    permissions = f.dict("permissions") if "permissions" in f.obj else None
+    existing = ctx.views.user_permissions(name)
+    if "password" not in f.obj and existing is None:
+        raise InvalidArgument("a new user needs a password (tokens can be added later)")
+    if permissions is None and existing is not None:
+        permissions = existing
+    password = await _hashed(ctx, f.obj["password"]) if "password" in f.obj else None
+    def put(core: Broker) -> bool:
         created = core.put_user(name, password=password, tags=tags, permissions=permissions, keep_password=True)
-        await runtime.wait_durable()
-        await response.send_json(201 if created else 200, core.users.users[name].info())
+        _enforce(ctx)
+        return created
 
-    @ctx.route("PUT", "/users/{name}/permissions")
-    async def put_permissions(request: Any, response: Any) -> None:
-        runtime.check_ready()
-        access_for(request).require("administer")
-        name = request.path_params["name"]
-        f = await body_fields(request, {"configure", "write", "read"})
-        core.set_permissions(name, dict(f.obj))
-        await runtime.wait_durable()
-        await response.send_json(200, core.users.users[name].info())
+    created = await ctx.gateway.run_durable(put)
+    await response.send_json(201 if created else 200, _user_json(ctx, name))
 
-    @ctx.route("DELETE", "/users/{name}")
-    async def delete_user(request: Any, response: Any) -> None:
-        runtime.check_ready()
-        access_for(request).require("administer")
-        name = request.path_params["name"]
+
+async def put_permissions(ctx: RestContext, request: Request, response: Response) -> None:
+    ctx.gateway.check_ready()
+    access_for(request).require("administer")
+    name = request.path_params["name"]
+    f = await body_fields(request, {"configure", "write", "read"})
+    permissions = dict(f.obj)
+    def set_permissions(core: Broker) -> None:
+        core.set_permissions(name, permissions)
+        _enforce(ctx)
+
+    await ctx.gateway.run_durable(set_permissions)
+    await response.send_json(200, _user_json(ctx, name))
+
+
+async def delete_user(ctx: RestContext, request: Request, response: Response) -> None:
+    ctx.gateway.check_ready()
+    access_for(request).require("administer")
+    name = request.path_params["name"]
+    def delete(core: Broker) -> None:
         core.delete_user(name)
-        await runtime.wait_durable()
-        await response.send_json(200, {"deleted": name})
+        _enforce(ctx)
 
-    @ctx.route("POST", "/users/{name}/tokens")
-    async def create_token(request: Any, response: Any) -> None:
-        runtime.check_ready()
-        name = request.path_params["name"]
-        self_or_admin(request, name)
-        f = await body_fields(request, {"expires_in_s", "description"})
-        lifetime = f.number("expires_in_s", None, minimum=1)
-        if lifetime is not None and lifetime > MAX_TOKEN_LIFETIME_S:
-            raise InvalidArgument(f"expires_in_s must be at most {MAX_TOKEN_LIFETIME_S:g}")
-        token_id, digest, text = new_token()
-        expires_s = core.wall_clock() + lifetime if lifetime is not None else None
-        token = core.add_token(token_id, name, digest, expires_s=expires_s, description=f.str("description", ""))
-        await runtime.wait_durable()
-        await response.send_json(201, {**token.info(), "token": text})
+    await ctx.gateway.run_durable(delete)
+    await response.send_json(200, {"deleted": name})
 
-    @ctx.route("GET", "/users/{name}/tokens")
-    async def list_tokens(request: Any, response: Any) -> None:
-        name = request.path_params["name"]
-        self_or_admin(request, name)
-        if core.users.get(name) is None:
-            raise NotFound(f"no user {name!r}")
-        await response.send_json(200, {"tokens": [t.info() for t in core.users.tokens_of(name)]})
 
-    @ctx.route("DELETE", "/tokens/{id}")
-    async def revoke_token(request: Any, response: Any) -> None:
-        runtime.check_ready()
-        token_id = request.path_params["id"]
-        token = core.users.tokens.get(token_id)
-        if token is None:
-            access_for(request).require("administer")  # no hint to others of what exists
-            raise NotFound(f"no token {token_id[:32]!r}")
-        self_or_admin(request, token.user)
+async def create_token(ctx: RestContext, request: Request, response: Response) -> None:
+    ctx.gateway.check_ready()
+    name = request.path_params["name"]
+    _self_or_admin(request, name)
+    f = await body_fields(request, {"expires_in_s", "description"})
+    lifetime = f.number("expires_in_s", None, minimum=1)
+    if lifetime is not None and lifetime > MAX_TOKEN_LIFETIME_S:
+        raise InvalidArgument(f"expires_in_s must be at most {MAX_TOKEN_LIFETIME_S:g}")
+    description = f.str("description", "")
+    token_id, digest, text = new_token()
+    token = await ctx.gateway.run_durable(
+        lambda core: core.add_token(
+            token_id, name, digest,
+            expires_s=core.wall_clock() + lifetime if lifetime is not None else None,
+            description=description,
+        )
+    )
+    await response.send_json(201, {**token.info(), "token": text})
+
+
+async def list_tokens(ctx: RestContext, request: Request, response: Response) -> None:
+    name = request.path_params["name"]
+    _self_or_admin(request, name)
+    _user_json(ctx, name)  # (raises NotFound)
+    await response.send_json(200, {"tokens": ctx.views.token_infos(name)})
+
+
+async def revoke_token(ctx: RestContext, request: Request, response: Response) -> None:
+    ctx.gateway.check_ready()
+    token_id = request.path_params["id"]
+    owner = ctx.views.token_owner(token_id)
+    if owner is None:
+        access_for(request).require("administer")  # no hint to others of what exists
+        raise NotFound(f"no token {token_id[:32]!r}")
+    _self_or_admin(request, owner)
+    def revoke(core: Broker) -> None:
         core.revoke_token(token_id)
-        await runtime.wait_durable()
-        await response.send_json(200, {"revoked": token_id})
+        _enforce(ctx)
+
+    await ctx.gateway.run_durable(revoke)
+    await response.send_json(200, {"revoked": token_id})

@@ -1,0 +1,18 @@
+"""Cluster mode (``--etcd``): several nodes agree on membership and metadata through
+etcd. See docs/cluster.md. The core never knows it is clustered: this package mirrors
+etcd into each node's core through its public commands."""
+
+from broker.cluster.etcd import Endpoint, EtcdClient, parse_endpoints
+from broker.cluster.etcdproto import EtcdError, EtcdUnavailable
+from broker.cluster.node import ClusterConfig, ClusterNode, NodeNameTaken
+
+__all__ = [
+    "ClusterConfig",
+    "ClusterNode",
+    "Endpoint",
+    "EtcdClient",
+    "EtcdError",
+    "EtcdUnavailable",
+    "NodeNameTaken",
+    "parse_endpoints",
+]

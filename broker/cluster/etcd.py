@@ -1,0 +1,403 @@
+"""An etcd client on trio and h11: the JSON gateway's kv, lease and watch calls, over
+several endpoints with failover.
+
+Each unary call (range, put, txn, delete, lease) is one POST on a kept-alive
+connection to the endpoint that answered last; when it cannot connect there, it moves
+on to the next endpoint. A call that was sent but got no answer is not repeated
+elsewhere (a txn may have been applied): it raises :class:`EtcdUnavailable` and the
+caller decides. A watch holds a connection of its own and yields the stream's
+messages as they arrive. Requests and answers are built and read by the pure
+functions of ``broker.cluster.etcdproto``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, Final
+from urllib.parse import urlsplit
+
+import h11
+import orjson
+import trio
+
+from broker.cluster.etcdproto import (
+    Compare,
+    EtcdError,
+    EtcdUnavailable,
+    KeyValue,
+    Op,
+    TxnResult,
+    WatchBatch,
+    b64,
+    decode_json_line,
+    header_revision,
+    parse_error,
+    parse_keepalive,
+    parse_kvs,
+    parse_txn,
+    parse_watch,
+    prefix_end,
+    range_body,
+    txn_body,
+)
+
+__all__ = ["Endpoint", "EtcdClient", "WatchStream", "parse_endpoints"]
+
+#: The largest answer accepted from etcd (a range over all of a cluster's metadata).
+MAX_ANSWER_BYTES: Final = 64 * 1024 * 1024
+_READ_BYTES: Final = 65536
+
+
+@dataclass
+class Endpoint:
+    """One etcd URL and what the last call to it found."""
+
+    url: str
+    host: str
+    port: int
+    healthy: bool | None = None  # None: not tried yet
+    error: str | None = None
+    checked_at: float | None = None  # wall-clock seconds
+
+    def mark(self, error: str | None) -> None:
+        self.healthy = error is None
+        self.error = error
+        self.checked_at = time.time()
+
+    def info(self) -> dict[str, Any]:
+        return {"url": self.url, "healthy": self.healthy, "error": self.error, "checked_at": self.checked_at}
+
+
+def parse_endpoints(text: str) -> list[Endpoint]:
+    """``http://h:p[,http://h:p...]`` as endpoints. Raises ValueError naming a bad one
+    (only plain ``http://host:port`` is supported)."""
+    found = []
+    for raw in text.split(","):
+        url = raw.strip().rstrip("/")
+        if not url:
+            continue
+        parts = urlsplit(url)
+        if parts.scheme != "http" or not parts.hostname or parts.path:
+            raise ValueError(f"etcd endpoint {url!r} must look like http://HOST:PORT")
+        try:
+            port = parts.port or 2379
+        except ValueError:
+            raise ValueError(f"etcd endpoint {url!r} has an invalid port") from None
+        found.append(Endpoint(url, parts.hostname, port))
+    if not found:
+        raise ValueError("no etcd endpoint given")
+    return found
+
+
+class _Conn:
+    """One HTTP/1.1 connection to an endpoint, driven by h11."""
+
+    def __init__(self, endpoint: Endpoint, stream: trio.SocketStream) -> None:
+        self.endpoint = endpoint
+        self.stream = stream
+        self.h11 = h11.Connection(h11.CLIENT)
+
+    async def send_request(self, method: str, path: str, body: bytes) -> None:
+        headers = [
+            ("Host", f"{self.endpoint.host}:{self.endpoint.port}"),
+            ("Content-Type", "application/json"),
+            ("Content-Length", str(len(body))),
+        ]
+        data = self.h11.send(h11.Request(method=method, target=path, headers=headers))
+        data += self.h11.send(h11.Data(data=body)) or b""
+        data += self.h11.send(h11.EndOfMessage()) or b""
+        await self.stream.send_all(data)
+
+    async def next_event(self) -> Any:
+        while True:
+            event = self.h11.next_event()
+            if event is h11.NEED_DATA:
+                chunk = await self.stream.receive_some(_READ_BYTES)
+                self.h11.receive_data(chunk)
+                continue
+            return event
+
+    def reusable(self) -> bool:
+        if self.h11.our_state is h11.DONE and self.h11.their_state is h11.DONE:
+            self.h11.start_next_cycle()
+            return True
+        return False
+
+    async def aclose(self) -> None:
+        with trio.move_on_after(1) as scope:
+            scope.shield = True
+            await self.stream.aclose()
+
+
+async def _connect(endpoint: Endpoint) -> _Conn:
+    stream = await trio.open_tcp_stream(endpoint.host, endpoint.port)
+    return _Conn(endpoint, stream)
+
+
+class EtcdClient:
+    """kv, lease and watch calls to an etcd cluster (see the module docstring).
+
+    Every method raises :class:`EtcdUnavailable` when no endpoint answered within
+    ``timeout_s`` and :class:`EtcdError` when etcd refused the request.
+    """
+
+    def __init__(self, endpoints: list[Endpoint], *, timeout_s: float = 5.0) -> None:
+        self.endpoints = endpoints
+        self.timeout_s = timeout_s
+        self._preferred = 0
+        self._idle: dict[str, _Conn] = {}
+
+    # ----------------------------------------------------------------- unary calls
+
+    async def call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """POST ``body`` to ``path`` on the first endpoint that takes it."""
+        payload = orjson.dumps(body)
+        failures = []
+        count = len(self.endpoints)
+        for step in range(count):
+            index = (self._preferred + step) % count
+            endpoint = self.endpoints[index]
+            try:
+                answer = await self._call_one(endpoint, path, payload)
+            except _NotSent as exc:
+                endpoint.mark(str(exc))
+                failures.append(f"{endpoint.url}: {exc}")
+                continue
+            except EtcdUnavailable as exc:
+                endpoint.mark(exc.message)
+                raise EtcdUnavailable(f"{endpoint.url}: {exc.message}", code=exc.code) from None
+            endpoint.mark(None)
+            self._preferred = index
+            return answer
+        raise EtcdUnavailable("etcd unreachable: " + "; ".join(failures))
+
+    async def _call_one(self, endpoint: Endpoint, path: str, payload: bytes) -> dict[str, Any]:
+        conn = self._idle.pop(endpoint.url, None)
+        if conn is not None:
+            try:
+                return await self._call_on(endpoint, conn, path, payload)
+            except _Stale:
+                pass  # the kept-alive connection had died (etcd restarted): a new one
+        return await self._call_on(endpoint, None, path, payload)
+
+    async def _call_on(self, endpoint: Endpoint, conn: _Conn | None, path: str, payload: bytes) -> dict[str, Any]:
+        reused = conn is not None
+        sent = False
+        try:
+            with trio.fail_after(self.timeout_s):
+                if conn is None:
+                    try:
+                        conn = await _connect(endpoint)
+                    except OSError as exc:
+                        raise _NotSent(f"cannot connect: {exc.strerror or exc}") from None
+                try:
+                    await conn.send_request("POST", path, payload)
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                    # A kept-alive connection the server closed meanwhile: nothing
+                    # reached it, so another try is safe.
+                    raise _NotSent(f"connection lost before sending: {exc}") from None
+                sent = True
+                try:
+                    status, body = await _read_answer(conn)
+                except (_NoResponse, trio.BrokenResourceError, trio.ClosedResourceError, OSError, h11.ProtocolError):
+                    if not reused:
+                        raise EtcdUnavailable("connection lost before an answer") from None
+                    # Nothing came back on a connection that had been idle: it was
+                    # dead before the request (a live server answers or times out).
+                    await conn.aclose()
+                    raise _Stale() from None
+        except trio.TooSlowError:
+            if conn is not None:
+                await conn.aclose()
+            if not sent:
+                raise _NotSent(f"no connection within {self.timeout_s:g} s") from None
+            raise EtcdUnavailable(f"no answer within {self.timeout_s:g} s", code=4) from None
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError, h11.ProtocolError) as exc:
+            if conn is not None:
+                await conn.aclose()
+            raise EtcdUnavailable(f"connection lost: {exc}") from None
+        except BaseException:
+            if conn is not None:
+                await conn.aclose()
+            raise
+        if conn.reusable():
+            old = self._idle.pop(endpoint.url, None)
+            self._idle[endpoint.url] = conn
+            if old is not None:
+                await old.aclose()
+        else:
+            await conn.aclose()
+        answer = decode_json_line(body) if body.strip() else {}
+        if status >= 400:
+            raise parse_error(answer)
+        return answer
+
+    async def aclose(self) -> None:
+        conns, self._idle = list(self._idle.values()), {}
+        for conn in conns:
+            await conn.aclose()
+
+    # ------------------------------------------------------------------------- kv
+
+    async def get(self, key: bytes) -> tuple[int, KeyValue | None]:
+        """The store's revision and ``key`` (None when absent)."""
+        revision, kvs = parse_kvs(await self.call("/v3/kv/range", range_body(key)))
+        return revision, (kvs[0] if kvs else None)
+
+    async def get_prefix(self, prefix: bytes) -> tuple[int, list[KeyValue]]:
+        """The store's revision and every key under ``prefix``, read at that revision."""
+        return parse_kvs(await self.call("/v3/kv/range", range_body(prefix, prefix=True)))
+
+    async def put(self, key: bytes, value: bytes, *, lease: int = 0) -> int:
+        body: dict[str, Any] = {"key": b64(key), "value": b64(value)}
+        if lease:
+            body["lease"] = str(lease)
+        return header_revision(await self.call("/v3/kv/put", body))
+
+    async def delete(self, key: bytes, *, prefix: bool = False) -> int:
+        body: dict[str, Any] = {"key": b64(key)}
+        if prefix:
+            body["range_end"] = b64(prefix_end(key))
+        return header_revision(await self.call("/v3/kv/deleterange", body))
+
+    async def txn(self, compare: list[Compare], success: list[Op], failure: list[Op] | None = None) -> TxnResult:
+        return parse_txn(await self.call("/v3/kv/txn", txn_body(compare, success, failure or [])))
+
+    # --------------------------------------------------------------------- leases
+
+    async def lease_grant(self, ttl_s: int) -> int:
+        """A new lease of ``ttl_s`` seconds; its id."""
+        answer = await self.call("/v3/lease/grant", {"TTL": str(ttl_s)})
+        if answer.get("error"):
+            raise EtcdError(f"etcd: lease not granted: {answer['error']}")
+        return int(answer["ID"])
+
+    async def lease_keepalive(self, lease: int) -> int:
+        """Renew ``lease``; the TTL it now has, 0 when it no longer exists."""
+        return parse_keepalive(await self.call("/v3/lease/keepalive", {"ID": str(lease)}))
+
+    async def lease_revoke(self, lease: int) -> None:
+        try:
+            await self.call("/v3/lease/revoke", {"ID": str(lease)})
+        except EtcdError as exc:
+            if isinstance(exc, EtcdUnavailable) or "not found" not in exc.message:
+                raise
+
+    # ---------------------------------------------------------------------- watch
+
+    @asynccontextmanager
+    async def watch(self, prefix: bytes, start_revision: int) -> AsyncIterator[WatchStream]:
+        """Watch every key under ``prefix`` from ``start_revision``; yields an iterator
+        of the stream's messages. The stream ends with EtcdUnavailable when the
+        connection does; a message with ``compacted`` set means the history asked for
+        is gone (the caller reads afresh and watches again)."""
+        request = {
+            "create_request": {
+                **range_body(prefix, prefix=True),
+                "start_revision": str(start_revision),
+                "progress_notify": True,
+            }
+        }
+        conn = await self._open_watch(orjson.dumps(request))
+        try:
+            yield WatchStream(conn)
+        finally:
+            await conn.aclose()
+
+    async def _open_watch(self, payload: bytes) -> _Conn:
+        failures = []
+        count = len(self.endpoints)
+        for step in range(count):
+            index = (self._preferred + step) % count
+            endpoint = self.endpoints[index]
+            conn = None
+            try:
+                with trio.fail_after(self.timeout_s):
+                    conn = await _connect(endpoint)
+                    await conn.send_request("POST", "/v3/watch", payload)
+                    event = await conn.next_event()
+            except (OSError, trio.TooSlowError, trio.BrokenResourceError, h11.ProtocolError) as exc:
+                if conn is not None:
+                    await conn.aclose()
+                reason = str(exc) or type(exc).__name__
+                endpoint.mark(reason)
+                failures.append(f"{endpoint.url}: {reason}")
+                continue
+            if not isinstance(event, h11.Response) or event.status_code != 200:
+                await conn.aclose()
+                status = getattr(event, "status_code", "?")
+                endpoint.mark(f"watch answered {status}")
+                failures.append(f"{endpoint.url}: watch answered {status}")
+                continue
+            endpoint.mark(None)
+            return conn
+        raise EtcdUnavailable("etcd unreachable for a watch: " + "; ".join(failures))
+
+
+class _NotSent(Exception):
+    """The request never reached the endpoint: safe to try the next one."""
+
+
+class _Stale(Exception):
+    """A kept-alive connection turned out dead before any answer: try a new one."""
+
+
+class _NoResponse(Exception):
+    """The connection ended before the answer's status line."""
+
+
+async def _read_answer(conn: _Conn) -> tuple[int, bytes]:
+    event = await conn.next_event()
+    if isinstance(event, h11.ConnectionClosed):
+        raise _NoResponse()
+    if not isinstance(event, h11.Response):
+        raise EtcdUnavailable(f"unexpected {type(event).__name__} from etcd")
+    parts = []
+    size = 0
+    while True:
+        item = await conn.next_event()
+        if isinstance(item, h11.Data):
+            size += len(item.data)
+            if size > MAX_ANSWER_BYTES:
+                raise EtcdError(f"etcd answer over {MAX_ANSWER_BYTES} bytes")
+            parts.append(bytes(item.data))
+        elif isinstance(item, h11.EndOfMessage):
+            return event.status_code, b"".join(parts)
+        elif isinstance(item, h11.ConnectionClosed):
+            raise EtcdUnavailable("etcd closed the connection mid-answer")
+
+
+class WatchStream:
+    """The watch stream's messages (newline-separated JSON objects, in chunks) as an
+    async iterator. A class rather than an async generator, so that leaving a loop
+    early leaves nothing to finalize."""
+
+    def __init__(self, conn: _Conn) -> None:
+        self._conn = conn
+        self._buffer = b""
+        self._ready: list[WatchBatch] = []
+
+    def __aiter__(self) -> WatchStream:
+        return self
+
+    async def __anext__(self) -> WatchBatch:
+        conn = self._conn
+        while not self._ready:
+            try:
+                event = await conn.next_event()
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError, h11.ProtocolError) as exc:
+                conn.endpoint.mark(f"watch lost: {exc}")
+                raise EtcdUnavailable(f"{conn.endpoint.url}: watch lost: {exc}") from None
+            if isinstance(event, h11.Data):
+                self._buffer += bytes(event.data)
+                if len(self._buffer) > MAX_ANSWER_BYTES:
+                    raise EtcdError(f"etcd watch message over {MAX_ANSWER_BYTES} bytes")
+                *lines, self._buffer = self._buffer.split(b"\n")
+                self._ready.extend(parse_watch(decode_json_line(line)) for line in lines if line.strip())
+            elif isinstance(event, (h11.EndOfMessage, h11.ConnectionClosed)):
+                conn.endpoint.mark("watch stream ended")
+                raise EtcdUnavailable(f"{conn.endpoint.url}: the watch stream ended")
+        return self._ready.pop(0)

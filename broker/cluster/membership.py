@@ -1,0 +1,149 @@
+"""A node's membership: its key under ``nodes/``, held by an etcd lease kept alive.
+
+The lease is etcd's clock, not ours: when keepalives stop getting through, etcd may
+expire the lease (and another process may take the name) before this node hears of
+it. So the node counts itself out at ``last acknowledged keepalive + TTL - margin``
+by its own monotonic clock, measured from when the acknowledged keepalive was *sent*
+(etcd renewed it later than that, never earlier). Past that instant it reports its
+membership as lost and registers afresh as soon as etcd answers; if by then another
+process holds the name, this one must not serve: :class:`NodeNameTaken` ends it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import time
+from typing import Any
+
+import orjson
+import trio
+
+from broker.cluster.etcd import EtcdClient
+from broker.cluster.etcdproto import (
+    CompareCreate,
+    EtcdError,
+    EtcdUnavailable,
+    OpGet,
+    OpPut,
+)
+from broker.cluster.view import ClusterKeys
+
+__all__ = ["Membership", "NodeNameTaken"]
+
+log = logging.getLogger("ackbus.cluster")
+
+
+class NodeNameTaken(Exception):
+    """Another live process is registered under this node name."""
+
+
+class Membership:
+    """Registers node ``name`` at ``url`` and keeps its lease alive (see the module
+    docstring). ``alive_until`` is the monotonic instant past which the node must
+    consider its lease lost."""
+
+    def __init__(self, client: EtcdClient, keys: ClusterKeys, name: str, url: str, ttl_s: int) -> None:
+        self.client = client
+        self.keys = keys
+        self.name = name
+        self.url = url
+        self.ttl_s = ttl_s
+        self.margin_s = max(0.5, ttl_s * 0.2)
+        self.lease = 0
+        self.since = time.time()
+        self.alive_until = 0.0
+        self.registrations = 0
+        #: tells this process's own stale key (an old lease it counted lost) from
+        #: another process's
+        self.incarnation = secrets.token_hex(8)
+
+    @property
+    def registered(self) -> bool:
+        return self.lease != 0 and trio.current_time() < self.alive_until
+
+    def record(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "url": self.url,
+            "since": self.since,
+            "pid": os.getpid(),
+            "incarnation": self.incarnation,
+        }
+
+    async def register(self) -> None:
+        """Take the name with a fresh lease. Raises NodeNameTaken when a live process
+        holds it; EtcdUnavailable when etcd cannot be reached."""
+        for _attempt in range(2):
+            if await self._try_register():
+                return
+
+    async def _try_register(self) -> bool:
+        sent = trio.current_time()
+        lease = await self.client.lease_grant(self.ttl_s)
+        key = self.keys.node(self.name)
+        self.since = time.time()
+        result = await self.client.txn(
+            [CompareCreate(key)],
+            [OpPut(key, orjson.dumps(self.record()), lease=lease), OpPut(self.keys.known(self.name), orjson.dumps({"name": self.name, "url": self.url}))],
+            [OpGet(key)],
+        )
+        if not result.succeeded:
+            await self.client.lease_revoke(lease)
+            found = result.ranges[0][0] if result.ranges and result.ranges[0] else None
+            other = found.json() if found is not None else {}
+            if found is not None and other.get("incarnation") == self.incarnation:
+                await self.client.lease_revoke(found.lease)  # our own stale key: drop it
+                return False
+            raise NodeNameTaken(
+                f"node name {self.name!r} is already in use by a live process (url {other.get('url')}, "
+                f"pid {other.get('pid')}); a node whose process is gone frees its name within "
+                f"cluster_lease_ttl_s ({self.ttl_s} s)"
+            )
+        self.lease = lease
+        self.alive_until = sent + self.ttl_s - self.margin_s
+        self.registrations += 1
+        log.info("joined the cluster", extra={"fields": {"node": self.name, "url": self.url, "lease": lease}})
+        return True
+
+    async def keep_alive(self, on_change: Any) -> None:
+        """Renew the lease every third of its TTL, forever; re-register after a loss.
+        ``on_change(error or None)`` reports whether etcd answered."""
+        interval = max(0.2, self.ttl_s / 3)
+        while True:
+            await trio.sleep(interval)
+            sent = trio.current_time()
+            try:
+                if self.lease == 0 or sent >= self.alive_until:
+                    await self._rejoin()
+                else:
+                    ttl = await self.client.lease_keepalive(self.lease)
+                    if ttl <= 0:
+                        log.warning("membership lease expired in etcd", extra={"fields": {"node": self.name}})
+                        await self._rejoin()
+                    else:
+                        self.alive_until = sent + ttl - self.margin_s
+            except EtcdUnavailable as exc:
+                on_change(exc.message)
+                if trio.current_time() >= self.alive_until and self.lease:
+                    log.warning("membership lease counted lost", extra={"fields": {"node": self.name}})
+                    self.lease = 0
+                continue
+            except EtcdError as exc:
+                on_change(exc.message)
+                continue
+            on_change(None)
+
+    async def _rejoin(self) -> None:
+        self.lease = 0
+        await self.register()
+
+    async def leave(self) -> None:
+        """Revoke the lease (the node key goes with it): shown dead at once."""
+        if self.lease:
+            lease, self.lease = self.lease, 0
+            try:
+                await self.client.lease_revoke(lease)
+            except EtcdError:
+                pass  # it lapses by itself within the TTL

@@ -1,0 +1,213 @@
+"""Carries the cluster's metadata into the local core, through its public commands.
+
+What a node's core holds in cluster mode:
+
+- every exchange of the cluster (exchanges hold no messages);
+- the queues this node owns, and only those: a queue's messages live on its owner;
+  on the other nodes a queue is metadata only (``ClusterView``), which
+  :func:`owner_of` answers from;
+- the bindings whose source and destination are both in the core (to its own queues,
+  and between exchanges); a binding to a queue owned elsewhere is metadata only;
+- every user and token (``broker.cluster.users``).
+
+``apply`` carries one watch batch's changes; ``reconcile`` makes the core match the
+whole view (at start and after a gap in the watch), deleting what etcd no longer has.
+A change the core refuses is logged and counted, never fatal: etcd is the source of
+truth and the next change may repair it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from broker.cluster.users import UserMirror
+from broker.cluster.view import LEADER_LOCATOR, Change, ClusterView
+from broker.core import Broker, BrokerError
+
+__all__ = ["CoreMirror", "core_arguments"]
+
+log = logging.getLogger("ackbus.cluster")
+
+
+def core_arguments(arguments: dict[str, Any]) -> dict[str, Any]:
+    """A queue's arguments as the core takes them: placement is the cluster's business."""
+    return {k: v for k, v in arguments.items() if k != LEADER_LOCATOR}
+
+
+class CoreMirror:
+    """Applies cluster metadata to ``core`` for the node called ``node_name``."""
+
+    def __init__(self, core: Broker, node_name: str) -> None:
+        self.core = core
+        self.node_name = node_name
+        #: the last refusals (time-ordered), shown on /cluster
+        self.errors: deque[str] = deque(maxlen=20)
+        self.applied = 0
+        self.users = UserMirror(core, self.errors)
+        #: called after users or tokens changed in the core (the authenticator's
+        #: enforcement of revocations on what users hold open)
+        self.on_users_changed: Callable[[], None] = lambda: None
+
+    # ------------------------------------------------------------------ entry points
+
+    def apply(self, changes: list[Change], view: ClusterView) -> None:
+        self._apply(changes, view)
+        if any(change.kind in ("users", "tokens") for change in changes):
+            self.on_users_changed()
+
+    def _apply(self, changes: list[Change], view: ClusterView) -> None:
+        for change in changes:
+            if change.kind == "exchanges":
+                if change.new is None:
+                    self._remove_exchange(change.name)
+                else:
+                    self._ensure_exchange(change.name, change.new, view)
+            elif change.kind == "queues":
+                if change.new is None or change.new.get("owner") != self.node_name:
+                    self._remove_queue(change.name)
+                else:
+                    self._ensure_queue(change.name, change.new, view)
+            elif change.kind == "bindings":
+                if change.new is None:
+                    if change.old is not None:
+                        self._unbind(change.old)
+                else:
+                    self._bind(change.new)
+            elif change.kind == "users":
+                if change.new is None:
+                    self.users.delete_user(change.name)
+                else:
+                    self.users.put_user(change.new)
+            elif change.kind == "tokens":
+                if change.new is None:
+                    self.users.revoke_token(change.name)
+                else:
+                    self.users.put_token(change.new)
+
+    def reconcile(self, view: ClusterView) -> None:
+        """Make the core match ``view`` entirely."""
+        core = self.core
+        wanted_x = {name for name in view.entries["exchanges"]}
+        for name in [n for n, x in core.exchanges.items() if not x.builtin and n not in wanted_x]:
+            self._remove_exchange(name)
+        wanted_q = {n for n, (q, _r) in view.entries["queues"].items() if q.get("owner") == self.node_name}
+        for name in [n for n, q in core.queues.items() if q.exclusive_owner is None and n not in wanted_q]:
+            self._remove_queue(name)
+        for name, (value, _rev) in view.entries["exchanges"].items():
+            self._ensure_exchange(name, value, view, rebind=False)
+        for name in wanted_q:
+            self._ensure_queue(name, view.entries["queues"][name][0], view, rebind=False)
+        wanted_b = {_binding_tuple(b) for b in view.values("bindings")}
+        for item in core.list_bindings():
+            b = {
+                "source": item["exchange"],
+                "destination": item.get("queue", item.get("to_exchange")),
+                "to_exchange": "to_exchange" in item,
+                "routing_key": item["routing_key"],
+                "arguments": item["arguments"],
+            }
+            if _binding_tuple(b) not in wanted_b:
+                self._unbind(b)
+        for b in view.values("bindings"):
+            self._bind(b)
+        self.users.reconcile(view)
+        self.on_users_changed()
+
+    # ---------------------------------------------------------------------- steps
+
+    def _attempt(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            result = fn(*args, **kwargs)
+        except BrokerError as exc:
+            message = f"{what}: {exc.message}"
+            self.errors.append(message)
+            log.warning("cluster metadata not applied", extra={"fields": {"what": what, "error": exc.message}})
+            return None
+        self.applied += 1
+        return result
+
+    def _ensure_exchange(self, name: str, d: dict[str, Any], view: ClusterView, *, rebind: bool = True) -> None:
+        settings = (d["type"], d["durable"], d["auto_delete"], d["internal"], d["arguments"])
+        existing = self.core.exchanges.get(name)
+        if existing is not None and existing.settings() == settings:
+            return
+        if existing is not None:
+            self._remove_exchange(name)
+        self._attempt(
+            f"declare exchange {name!r}",
+            self.core.declare_exchange,
+            name,
+            d["type"],
+            durable=d["durable"],
+            auto_delete=d["auto_delete"],
+            internal=d["internal"],
+            arguments=d["arguments"],
+        )
+        if rebind:
+            for b in view.bindings_touching("exchanges", name).values():
+                self._bind(b)
+
+    def _ensure_queue(self, name: str, d: dict[str, Any], view: ClusterView, *, rebind: bool = True) -> None:
+        arguments = core_arguments(d["arguments"])
+        existing = self.core.queues.get(name)
+        if existing is not None and existing.settings() == (d["durable"], False, d["auto_delete"], arguments):
+            return
+        if existing is not None:
+            self._remove_queue(name)
+        self._attempt(
+            f"declare queue {name!r}",
+            self.core.declare_queue,
+            name,
+            durable=d["durable"],
+            auto_delete=d["auto_delete"],
+            arguments=arguments,
+        )
+        if rebind:
+            for b in view.bindings_touching("queues", name).values():
+                self._bind(b)
+
+    def _remove_exchange(self, name: str) -> None:
+        exchange = self.core.exchanges.get(name)
+        if exchange is not None and not exchange.builtin:
+            self._attempt(f"delete exchange {name!r}", self.core.delete_exchange, name)
+
+    def _remove_queue(self, name: str) -> None:
+        queue = self.core.queues.get(name)
+        if queue is not None and queue.exclusive_owner is None:
+            self._attempt(f"delete queue {name!r}", self.core.delete_queue, name)
+
+    def _local(self, b: dict[str, Any]) -> bool:
+        """Whether both ends of binding ``b`` are in this node's core."""
+        if b["source"] not in self.core.exchanges:
+            return False
+        if b["to_exchange"]:
+            return b["destination"] in self.core.exchanges
+        queue = self.core.queues.get(b["destination"])
+        return queue is not None and queue.exclusive_owner is None
+
+    def _bind(self, b: dict[str, Any]) -> None:
+        if self._local(b):
+            self._attempt(
+                f"bind {b['source']!r} -> {b['destination']!r}",
+                self.core.bind,
+                b["source"],
+                b["destination"],
+                b["routing_key"],
+                b["arguments"],
+                to_exchange=b["to_exchange"],
+            )
+
+    def _unbind(self, b: dict[str, Any]) -> None:
+        if not self._local(b):
+            return
+        try:
+            self.core.unbind(b["source"], b["destination"], b["routing_key"], b["arguments"], to_exchange=b["to_exchange"])
+        except BrokerError:
+            pass  # not bound here: nothing to undo
+
+
+def _binding_tuple(b: dict[str, Any]) -> tuple[Any, ...]:
+    return (b["source"], b["destination"], bool(b["to_exchange"]), b["routing_key"], repr(sorted(b["arguments"].items())))

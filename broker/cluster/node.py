@@ -1,0 +1,239 @@
+"""One node of a cluster: membership, the view of etcd, the mirror into the core, and
+the writer of metadata changes, run together.
+
+``serve`` registers the node (refusing to start when its name is taken or etcd cannot
+be reached), then, once the runtime has recovered, reads the whole cluster prefix,
+reconciles the core with it, and follows a watch from that revision + 1. A watch that
+breaks is reopened from the last revision applied; one whose history was compacted
+away is replaced by a fresh range read (a resync). While etcd cannot be reached the
+node keeps serving what it has and refuses metadata changes (:meth:`check_writable`:
+``503``), and it recovers by itself when etcd answers again.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import trio
+
+from broker.cluster.etcd import EtcdClient, parse_endpoints
+from broker.cluster.etcdproto import EtcdError, EtcdUnavailable
+from broker.cluster.membership import Membership, NodeNameTaken
+from broker.cluster.mirror import CoreMirror
+from broker.cluster.users import UserWriter, seed_users
+from broker.cluster.view import ClusterKeys, ClusterView
+from broker.cluster.writes import MetadataWriter
+from broker.core import Unavailable
+from broker.runtime import BrokerRuntime
+
+__all__ = ["ClusterConfig", "ClusterNode", "NodeNameTaken"]
+
+log = logging.getLogger("ackbus.cluster")
+
+#: How long a change waits for this node's view to catch up with it before answering.
+SEEN_TIMEOUT_S = 10.0
+RETRY_MIN_S, RETRY_MAX_S = 0.1, 2.0
+
+
+class ClusterConfig:
+    """The cluster settings of one node."""
+
+    def __init__(self, etcd: str, node_name: str, advertise_url: str, cluster_name: str, lease_ttl_s: int) -> None:
+        self.endpoints = parse_endpoints(etcd)
+        self.node_name = node_name
+        self.advertise_url = advertise_url.rstrip("/")
+        self.cluster_name = cluster_name
+        self.lease_ttl_s = lease_ttl_s
+
+
+class ClusterNode:
+    """This node's part in the cluster (see the module docstring)."""
+
+    def __init__(self, config: ClusterConfig, runtime: BrokerRuntime) -> None:
+        self.config = config
+        self.runtime = runtime
+        self.name = config.node_name
+        self.client = EtcdClient(config.endpoints, timeout_s=max(1.0, min(5.0, config.lease_ttl_s / 3)))
+        self.keys = ClusterKeys(config.cluster_name)
+        self.view = ClusterView(self.keys)
+        self.mirror = CoreMirror(runtime.core, self.name)
+        self.membership = Membership(self.client, self.keys, self.name, config.advertise_url, config.lease_ttl_s)
+        self.writer = MetadataWriter(self.client, self.keys, self.view, self.name, self.wait_seen)
+        self.user_writer = UserWriter(self.client, self.keys, self.view, self.wait_seen)
+        #: None while etcd answers; else why it does not
+        self.etcd_error: str | None = None
+        self.synced = False
+        self.resyncs = 0
+        #: name -> wall-clock time this node saw the node's key vanish
+        self.died_at: dict[str, float] = {}
+        self._seen = trio.Condition()
+
+    # ---------------------------------------------------------------------- running
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Register (raising NodeNameTaken or EtcdUnavailable), report started, then
+        keep the lease and the view current until cancelled; leaves on the way out."""
+        await self.membership.register()
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self.membership.keep_alive, self.note_etcd)
+                task_status.started()
+                await self.runtime.ready_event.wait()
+                await self._follow()
+        finally:
+            with trio.move_on_after(2) as scope:
+                scope.shield = True
+                await self.membership.leave()
+                await self.client.aclose()
+
+    def note_etcd(self, error: str | None) -> None:
+        """Record whether etcd answered the last call (None) or why not."""
+        if error != self.etcd_error:
+            if error is None:
+                log.info("etcd reachable again", extra={"fields": {"node": self.name}})
+            else:
+                log.warning("etcd unreachable", extra={"fields": {"node": self.name, "error": error}})
+        self.etcd_error = error
+
+    async def _follow(self) -> None:
+        """Resync, then watch; after any failure, wait (backing off) and go again."""
+        delay = RETRY_MIN_S
+        needs_resync = True
+        while True:
+            try:
+                if needs_resync:
+                    await self._resync()
+                    needs_resync = False
+                needs_resync = await self._watch()
+                delay = RETRY_MIN_S
+            except EtcdError as exc:
+                self.note_etcd(exc.message)
+                await trio.sleep(delay)
+                delay = min(RETRY_MAX_S, delay * 2)
+
+    async def _resync(self) -> None:
+        revision, kvs = await self.client.get_prefix(self.keys.root)
+        changes = self.view.reset(revision, kvs)
+        if await seed_users(self.client, self.keys, self.view, self.runtime.core):
+            revision, kvs = await self.client.get_prefix(self.keys.root)
+            changes = self.view.reset(revision, kvs)
+        self._note_deaths(changes)
+        self.mirror.reconcile(self.view)
+        self.runtime.pump()
+        self.resyncs += 1
+        self.synced = True
+        self.note_etcd(None)
+        await self._notify_seen()
+
+    async def _watch(self) -> bool:
+        """Follow the watch until it fails (raises) or its history is gone (returns
+        True: resync)."""
+        async with self.client.watch(self.keys.root, self.view.revision + 1) as stream:
+            async for batch in stream:
+                if batch.compacted:
+                    log.info("watch history compacted: resyncing", extra={"fields": {"revision": batch.compacted}})
+                    return True
+                if batch.canceled:
+                    raise EtcdUnavailable(f"etcd cancelled the watch: {batch.reason or 'no reason given'}")
+                self.note_etcd(None)
+                changes = self.view.apply(batch)
+                self._note_deaths(changes)
+                if changes:
+                    self.mirror.apply(changes, self.view)
+                    self.runtime.pump()
+                await self._notify_seen()
+        return False
+
+    def _note_deaths(self, changes: list[Any]) -> None:
+        for change in changes:
+            if change.kind == "nodes":
+                if change.new is None:
+                    self.died_at[change.name] = time.time()
+                else:
+                    self.died_at.pop(change.name, None)
+
+    async def _notify_seen(self) -> None:
+        async with self._seen:
+            self._seen.notify_all()
+
+    async def wait_seen(self, revision: int) -> None:
+        """Return once the view has applied ``revision`` (read-your-writes)."""
+        with trio.move_on_after(SEEN_TIMEOUT_S):
+            async with self._seen:
+                while self.view.revision < revision:
+                    await self._seen.wait()
+                return
+        raise Unavailable(
+            f"etcd accepted the change (revision {revision}) but this node has not seen it within "
+            f"{SEEN_TIMEOUT_S:g} s; it will apply it when its watch catches up",
+            code="cluster_lagging",
+        )
+
+    # --------------------------------------------------------------------- questions
+
+    def check_writable(self) -> None:
+        """Raise ``Unavailable`` (503) while metadata cannot be changed."""
+        if self.etcd_error is not None:
+            raise Unavailable(f"etcd is unreachable, so metadata cannot change now: {self.etcd_error}", code="etcd_unavailable")
+        if not self.synced:
+            raise Unavailable("this node has not read the cluster's metadata yet", code="etcd_unavailable")
+
+    def owner_of(self, queue: str) -> tuple[str, str | None] | None:
+        """The seam for forwarding: (owner node, its URL, None when it is not alive)
+        of ``queue``, or None when the cluster has no such queue."""
+        d = self.view.get("queues", queue)
+        if d is None:
+            return None
+        owner = str(d.get("owner"))
+        live = self.view.live_nodes().get(owner)
+        return owner, (str(live["url"]) if live else None)
+
+    def health(self) -> dict[str, Any]:
+        """This node's cluster state, for /healthz."""
+        return {
+            "node": self.name,
+            "etcd": "ok" if self.etcd_error is None else "unavailable",
+            **({"etcd_error": self.etcd_error} if self.etcd_error else {}),
+            "member": self.membership.registered,
+            "synced": self.synced,
+        }
+
+    def status(self) -> dict[str, Any]:
+        """``GET /cluster``."""
+        live = self.view.live_nodes()
+        owned: dict[str, list[str]] = {}
+        for name, (d, _rev) in sorted(self.view.entries["queues"].items()):
+            owned.setdefault(str(d.get("owner")), []).append(name)
+        names = sorted(set(self.view.entries["known"]) | set(live))
+        nodes = []
+        for name in names:
+            record = live.get(name) or self.view.get("known", name) or {}
+            nodes.append(
+                {
+                    "name": name,
+                    "url": record.get("url"),
+                    "alive": name in live,
+                    "since": record.get("since") if name in live else self.died_at.get(name),
+                    "queues": owned.get(name, []),
+                    "this_node": name == self.name,
+                }
+            )
+        return {
+            "enabled": True,
+            "cluster_name": self.config.cluster_name,
+            "node": self.name,
+            "url": self.config.advertise_url,
+            "revision": self.view.revision,
+            "synced": self.synced,
+            "member": self.membership.registered,
+            "lease_ttl_s": self.config.lease_ttl_s,
+            "etcd": {
+                "ok": self.etcd_error is None,
+                "error": self.etcd_error,
+                "endpoints": [e.info() for e in self.client.endpoints],
+            },
+            "nodes": nodes,
+            "apply_errors": list(self.mirror.errors),
+        }

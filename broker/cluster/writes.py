@@ -1,0 +1,268 @@
+"""Metadata changes made on this node: validated here, decided by an etcd transaction,
+applied everywhere by the watch.
+
+Every change is one txn that compares before it writes (``create_revision == 0`` for
+"absent", ``mod_revision == seen`` for "unchanged since read"), so two nodes racing
+to declare one queue differently cannot both win: the loser's txn fails and returns
+the winner's definition, and the error it reports is built from that definition alone
+(the same text on every node). Before answering, the writer waits until this node's
+view has reached the txn's revision (read-your-writes). Input is validated first
+against a scratch core, so etcd never holds a definition the cores would refuse.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from broker.cluster.etcd import EtcdClient
+from broker.cluster.etcdproto import CompareCreate, CompareMod, OpDelete, OpGet, OpPut
+from broker.cluster.mirror import core_arguments
+from broker.cluster.view import (
+    LEADER_LOCATOR,
+    ClusterKeys,
+    ClusterView,
+    binding_digest,
+    canonical,
+)
+from broker.core import (
+    BUILTIN_EXCHANGES,
+    AccessRefused,
+    Broker,
+    InvalidArgument,
+    NotFound,
+    PreconditionFailed,
+)
+
+__all__ = ["LOCATORS", "MetadataWriter", "queue_settings_message"]
+
+LOCATORS = ("client-local", "balanced")
+
+
+def _scratch() -> Broker:
+    """A throw-away core, for validating a change exactly as the cores will."""
+    return Broker(clock=lambda: 0.0, wall_clock=lambda: 0.0)
+
+
+def queue_settings_message(name: str, d: dict[str, Any]) -> str:
+    return (
+        f"queue {name!r} exists with other settings (durable={d['durable']}, "
+        f"auto_delete={d['auto_delete']}, arguments={core_arguments(d['arguments'])})"
+    )
+
+
+def _exchange_settings_message(name: str, d: dict[str, Any]) -> str:
+    return (
+        f"exchange {name!r} exists with other settings (type={d['type']}, durable={d['durable']}, "
+        f"auto_delete={d['auto_delete']}, internal={d['internal']}, arguments={d['arguments']})"
+    )
+
+
+class MetadataWriter:
+    """Declares, deletes and binds through etcd for the node ``node_name``.
+
+    ``wait_seen(revision)`` returns once this node's view has applied ``revision``
+    (raising ``Unavailable`` when it cannot in time). Every method raises the core's
+    errors (``PreconditionFailed``, ``NotFound``, ``InvalidArgument``,
+    ``AccessRefused``) and ``EtcdUnavailable``.
+    """
+
+    def __init__(
+        self,
+        client: EtcdClient,
+        keys: ClusterKeys,
+        view: ClusterView,
+        node_name: str,
+        wait_seen: Callable[[int], Awaitable[None]],
+    ) -> None:
+        self.client = client
+        self.keys = keys
+        self.view = view
+        self.node_name = node_name
+        self.wait_seen = wait_seen
+
+    # ------------------------------------------------------------------- placement
+
+    def place(self, locator: str) -> str:
+        """The owner of a new queue: this node (``client-local``) or the live node
+        owning the fewest queues (``balanced``; ties by name)."""
+        live = sorted(self.view.live_nodes())
+        if locator == "client-local" or not live:
+            return self.node_name
+        counts = self.view.queue_counts()
+        return min(live, key=lambda node: (counts.get(node, 0), node))
+
+    # ---------------------------------------------------------------------- queues
+
+    async def declare_queue(
+        self, name: str, *, durable: bool, auto_delete: bool, arguments: dict[str, Any], passive: bool = False
+    ) -> tuple[dict[str, Any], bool]:
+        """The queue's definition and whether this call created it."""
+        key = self.keys.meta("queues", name)
+        if passive:
+            _revision, found = await self.client.get(key)
+            if found is None:
+                raise NotFound(f"no queue {name!r}")
+            await self.wait_seen(found.mod_revision)
+            return dict(found.json()), False
+        locator = arguments.get(LEADER_LOCATOR, "balanced")
+        if locator not in LOCATORS:
+            raise InvalidArgument(f"{LEADER_LOCATOR} must be one of {', '.join(LOCATORS)}, not {locator!r}")
+        _scratch().declare_queue(name, durable=durable, auto_delete=auto_delete, arguments=core_arguments(arguments))
+        d = {"durable": durable, "auto_delete": auto_delete, "arguments": arguments, "owner": self.place(locator)}
+        result = await self.client.txn([CompareCreate(key)], [OpPut(key, canonical(d))], [OpGet(key)])
+        if result.succeeded:
+            await self.wait_seen(result.revision)
+            return d, True
+        # Read-your-writes of what the txn found: the revision it was last written at
+        # (the txn's own revision may belong to a key this node does not watch).
+        found = result.ranges[0][0]
+        await self.wait_seen(found.mod_revision)
+        existing = dict(found.json())
+        if (existing["durable"], existing["auto_delete"], core_arguments(existing["arguments"])) != (
+            durable,
+            auto_delete,
+            core_arguments(arguments),
+        ):
+            raise PreconditionFailed(queue_settings_message(name, existing))
+        return existing, False
+
+    async def delete_queue(self, name: str, *, local_check: Callable[[], None] | None = None) -> dict[str, Any]:
+        """Delete queue ``name`` and its bindings; returns its last definition.
+        ``local_check`` runs after the read and may refuse (if_unused / if_empty on
+        the owner)."""
+        key = self.keys.meta("queues", name)
+        _revision, found = await self.client.get(key)
+        if found is None:
+            raise NotFound(f"no queue {name!r}")
+        if local_check is not None:
+            local_check()
+        deletes = [OpDelete(key)] + [
+            OpDelete(self.keys.meta("bindings", digest)) for digest in self.view.bindings_touching("queues", name)
+        ]
+        result = await self.client.txn([CompareMod(key, found.mod_revision)], list(deletes), [])
+        if not result.succeeded:
+            raise PreconditionFailed(f"queue {name!r} changed while it was being deleted: try again")
+        await self.wait_seen(result.revision)
+        return dict(found.json())
+
+    # ------------------------------------------------------------------- exchanges
+
+    async def declare_exchange(
+        self,
+        name: str,
+        type: str,
+        *,
+        durable: bool,
+        auto_delete: bool,
+        internal: bool,
+        arguments: dict[str, Any],
+        passive: bool = False,
+    ) -> tuple[dict[str, Any], bool]:
+        """The exchange's definition and whether this call created it."""
+        if name in BUILTIN_EXCHANGES:
+            raise AccessRefused(f"exchange {name or 'amq.default'!r} is built in on every node")
+        key = self.keys.meta("exchanges", name)
+        if passive:
+            _revision, found = await self.client.get(key)
+            if found is None:
+                raise NotFound(f"no exchange {name!r}")
+            await self.wait_seen(found.mod_revision)
+            return dict(found.json()), False
+        _scratch().declare_exchange(
+            name, type, durable=durable, auto_delete=auto_delete, internal=internal, arguments=arguments
+        )
+        d = {"type": type, "durable": durable, "auto_delete": auto_delete, "internal": internal, "arguments": arguments}
+        result = await self.client.txn([CompareCreate(key)], [OpPut(key, canonical(d))], [OpGet(key)])
+        if result.succeeded:
+            await self.wait_seen(result.revision)
+            return d, True
+        # Read-your-writes of what the txn found: the revision it was last written at
+        # (the txn's own revision may belong to a key this node does not watch).
+        found = result.ranges[0][0]
+        await self.wait_seen(found.mod_revision)
+        existing = dict(found.json())
+        if existing != d:
+            raise PreconditionFailed(_exchange_settings_message(name, existing))
+        return existing, False
+
+    async def delete_exchange(self, name: str, *, if_unused: bool = False) -> None:
+        if name in BUILTIN_EXCHANGES:
+            raise AccessRefused(f"exchange {name or 'amq.default'!r} is built in and cannot be deleted")
+        key = self.keys.meta("exchanges", name)
+        _revision, found = await self.client.get(key)
+        if found is None:
+            raise NotFound(f"no exchange {name!r}")
+        touching = self.view.bindings_touching("exchanges", name)
+        if if_unused and any(b["source"] == name for b in touching.values()):
+            raise PreconditionFailed(f"exchange {name!r} has bindings")
+        deletes = [OpDelete(key)] + [OpDelete(self.keys.meta("bindings", digest)) for digest in touching]
+        result = await self.client.txn([CompareMod(key, found.mod_revision)], list(deletes), [])
+        if not result.succeeded:
+            raise PreconditionFailed(f"exchange {name!r} changed while it was being deleted: try again")
+        await self.wait_seen(result.revision)
+
+    # -------------------------------------------------------------------- bindings
+
+    async def bind(
+        self, source: str, destination: str, routing_key: str, arguments: dict[str, Any], *, to_exchange: bool
+    ) -> bool:
+        """Bind; returns False when the binding existed already."""
+        compares, scratch = await self._binding_ends(source, destination, to_exchange)
+        scratch.bind(source, destination, routing_key, arguments, to_exchange=to_exchange)
+        b = {
+            "source": source,
+            "destination": destination,
+            "to_exchange": to_exchange,
+            "routing_key": routing_key,
+            "arguments": arguments,
+        }
+        key = self.keys.meta("bindings", binding_digest(b))
+        result = await self.client.txn(list(compares), [OpGet(key), OpPut(key, canonical(b))], [])
+        if not result.succeeded:
+            raise PreconditionFailed("the exchange or destination changed while binding: try again")
+        await self.wait_seen(result.revision)
+        return not result.ranges[0]
+
+    async def unbind(
+        self, source: str, destination: str, routing_key: str, arguments: dict[str, Any], *, to_exchange: bool
+    ) -> None:
+        if source == "":
+            raise AccessRefused("the default exchange cannot be bound or unbound")
+        b = {
+            "source": source,
+            "destination": destination,
+            "to_exchange": to_exchange,
+            "routing_key": routing_key,
+            "arguments": arguments,
+        }
+        key = self.keys.meta("bindings", binding_digest(b))
+        result = await self.client.txn([CompareCreate(key)], [], [OpDelete(key)])
+        if result.succeeded:  # create_revision 0: absent
+            raise NotFound("no such binding")
+        await self.wait_seen(result.revision)
+
+    async def _binding_ends(
+        self, source: str, destination: str, to_exchange: bool
+    ) -> tuple[list[CompareMod], Broker]:
+        """The compares that keep both ends of a binding in place, and a scratch core
+        holding them (to validate the binding as the cores will)."""
+        scratch = _scratch()
+        compares = []
+        ends = [("exchanges", source), ("exchanges" if to_exchange else "queues", destination)]
+        for kind, name in ends:
+            if kind == "exchanges" and name in BUILTIN_EXCHANGES:
+                continue
+            _revision, found = await self.client.get(self.keys.meta(kind, name))
+            if found is None:
+                raise NotFound(f"no {kind[:-1]} {name!r}")
+            compares.append(CompareMod(found.key, found.mod_revision))
+            d = found.json()
+            if kind == "exchanges":
+                if name not in scratch.exchanges:
+                    scratch.declare_exchange(
+                        name, d["type"], durable=d["durable"], internal=d["internal"], arguments=d["arguments"]
+                    )
+            else:
+                scratch.declare_queue(name, durable=d["durable"], arguments=core_arguments(d["arguments"]))
+        return compares, scratch

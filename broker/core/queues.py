@@ -1,0 +1,554 @@
+"""The queue store: every queue, its messages in memory, paged out and delayed.
+
+Declares, looks up, deletes and purges queues; takes messages in (:meth:`enqueue`:
+lanes by priority, ``x-max-length`` overflow, page-out of a durable queue's tail once
+its records are written) and hands them out (:meth:`pop_live`, paging in and expiring
+on the way); acts when a queue's timer fires (delays due, expiry at the head, read
+retries, ``x-expires``). Numbers messages (``take_seq``) and queues.
+
+Leaving a queue for a reason (expiry, overflow) dead-letters the message, and deleting
+a queue cancels its consumers and drops its bindings: those belong to the components
+above the store, which :meth:`QueueStore.connect` names once (they are built after it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from . import records as rec
+from .constants import (
+    QUEUE_ARGUMENTS,
+    REST_CHANNEL,
+    check_arguments,
+    check_entity_arguments,
+)
+from .delays import Delays
+from .effects import LogReadFailed, QueueReady
+from .entities import Channel, Queue
+from .errors import (
+    InvalidArgument,
+    NotFound,
+    PreconditionFailed,
+    ResourceLocked,
+    Unavailable,
+)
+from .lanes import Lane
+from .log import MessageLog
+from .message import Entry, Message
+from .names import check_name
+from .pager import Pager, logged_message, retry_delay
+from .shared import Outbox, Wakeups
+
+__all__ = ["QueueStore", "queue_record"]
+
+
+def _unconnected(*args: Any) -> None:
+    raise RuntimeError("QueueStore.connect() was not called")
+
+
+class QueueStore:
+    """Queues and their messages (see the module docstring). Owns ``queues`` (by name),
+    the queues by id, and the counters that number messages, queues and generated
+    names."""
+
+    def __init__(
+        self,
+        log: MessageLog,
+        delays: Delays,
+        pager: Pager,
+        outbox: Outbox,
+        wakeups: Wakeups,
+        *,
+        clock: Callable[[], float],
+        wall_clock: Callable[[], float],
+        boot_id: str,
+        max_queues: int,
+        memory_messages_per_queue: int,
+    ) -> None:
+        self._log = log
+        self._delays = delays
+        self._pager = pager
+        self._outbox = outbox
+        self._dispatch = wakeups.dispatch
+        self._getters = wakeups.getters
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self._boot_id = boot_id
+        self._max_queues = max_queues
+        self.memory_messages_per_queue = memory_messages_per_queue
+        self.queues: dict[str, Queue] = {}
+        self.by_id: dict[int, Queue] = {}
+        self._next_seq = 1
+        self._next_qid = 1
+        self._next_name = 1
+        # queues whose tail may hold messages to page out once their records are written
+        self._page_out_due: dict[str, Queue] = {}
+        # recovered queues whose timers (delays, expiries, x-expires) are not yet set
+        self._to_schedule: list[Queue] = []
+        # the components above the store (see connect())
+        self._dead_letter: Callable[[Queue, Entry, str], None] = _unconnected
+        self._cancel_consumers: Callable[[Queue, str], None] = _unconnected
+        self._drop_bindings: Callable[[Queue], None] = _unconnected
+        self._channel_open: Callable[[int], Channel] = _unconnected  # type: ignore[assignment]
+
+    def connect(
+        self,
+        *,
+        dead_letter: Callable[[Queue, Entry, str], None],
+        cancel_consumers: Callable[[Queue, str], None],
+        drop_bindings: Callable[[Queue], None],
+        channel: Callable[[int], Channel],
+    ) -> None:
+        """Name the components above the store that it calls back: ``dead_letter`` (a
+        message leaves a queue for a reason), ``cancel_consumers`` and
+        ``drop_bindings`` (a queue is deleted), ``channel`` (an open channel by id, or
+        ChannelError: the owner of an exclusive queue). Called once, by ``Broker``."""
+        self._dead_letter = dead_letter
+        self._cancel_consumers = cancel_consumers
+        self._drop_bindings = drop_bindings
+        self._channel_open = channel
+
+    # ------------------------------------------------------------- numbering
+
+    def take_seq(self) -> int:
+        """The sequence number of a new message."""
+        seq = self._next_seq
+        self._next_seq = seq + 1
+        return seq
+
+    def recovered_counters(self, next_seq: int, next_qid: int) -> None:
+        """Recovery saw messages and queues numbered below these."""
+        self._next_seq = max(self._next_seq, next_seq)
+        self._next_qid = max(self._next_qid, next_qid)
+
+    def add_recovered(self, queue: Queue) -> None:
+        """A queue declared by a replayed record (recovery)."""
+        self.queues[queue.name] = queue
+        self.by_id[queue.qid] = queue
+        self._next_qid = max(self._next_qid, queue.qid + 1)
+
+    def drop_recovered(self, queue: Queue) -> None:
+        """A replayed queue deleted or replaced by a later record (recovery)."""
+        del self.queues[queue.name]
+        del self.by_id[queue.qid]
+
+    def counters(self) -> tuple[int, int]:
+        """(next message seq, next qid), for a checkpoint's META record."""
+        return self._next_seq, self._next_qid
+
+    # ------------------------------------------------------------- queues
+
+    def declare_queue(
+        self,
+        name: str,
+        *,
+        durable: bool = True,
+        exclusive: bool = False,
+        auto_delete: bool = False,
+        arguments: dict[str, Any] | None = None,
+        passive: bool = False,
+        channel_id: int = REST_CHANNEL,
+    ) -> tuple[Queue, bool]:
+        """Declare a queue; return it and whether it was created.
+
+        An empty name asks for a server-generated one. Raises NotFound (passive,
+        missing), PreconditionFailed (exists with other settings), ResourceLocked
+        (exclusive to another channel), AccessRefused, InvalidArgument, Unavailable,
+        ChannelError (exclusive on a channel that is not open).
+        """
+        arguments = check_arguments(arguments)
+        generated = name == ""
+        if generated:
+            if passive:
+                raise NotFound("no queue ''")
+            # Skip names already taken (a durable server-named queue recovered
+            # from a run that used the same boot id).
+            while True:
+                name = f"amq.gen-{self._boot_id}-{self._next_name}"
+                self._next_name += 1
+                if name not in self.queues:
+                    break
+        else:
+            check_name("queue", name, allow_reserved=True)
+        if not passive:
+            # Validated before comparing with an existing queue: an invalid declaration
+            # is the same error (InvalidArgument) whether or not the queue exists.
+            check_entity_arguments("queue", arguments, QUEUE_ARGUMENTS)
+            if "x-dead-letter-routing-key" in arguments and "x-dead-letter-exchange" not in arguments:
+                raise InvalidArgument("x-dead-letter-routing-key needs x-dead-letter-exchange")
+            if exclusive and channel_id == REST_CHANNEL:
+                raise InvalidArgument("exclusive queues belong to a channel: declare them on one")
+        existing = self.queues.get(name)
+        if existing is not None:
+            if existing.exclusive_owner is not None and existing.exclusive_owner != channel_id:
+                raise ResourceLocked(f"queue {name!r} is exclusive to another channel")
+            if not passive and existing.settings() != (durable, exclusive, auto_delete, arguments):
+                raise PreconditionFailed(
+                    f"queue {name!r} exists with other settings (durable={existing.durable}, "
+                    f"exclusive={existing.exclusive_owner is not None}, "
+                    f"auto_delete={existing.auto_delete}, arguments={existing.arguments})"
+                )
+            self._delays.touch_queue(existing)
+            return existing, False
+        if passive:
+            raise NotFound(f"no queue {name!r}")
+        if not generated:
+            # only the broker may create amq.* queues (amq.gen-* included)
+            check_name("queue", name)
+        if exclusive:
+            self._channel_open(channel_id)  # ChannelError before anything changes
+        if len(self.queues) >= self._max_queues:
+            raise Unavailable(f"queue limit reached ({self._max_queues})", code="limit_reached")
+        if durable and not exclusive and not self._log.storage_ok:
+            raise Unavailable(f"storage is failing: {self._log.storage_reason}", code="storage_failed")
+        queue = Queue(
+            self._next_qid, name, durable, channel_id if exclusive else None, auto_delete, arguments
+        )
+        self._next_qid += 1
+        self.queues[name] = queue
+        self.by_id[queue.qid] = queue
+        if exclusive:
+            self._channel_open(channel_id).exclusive_queues.add(name)
+        if queue.persistent_log:
+            self._log.append(rec.RecordType.DECLARE_QUEUE, rec.encode_json(queue_record(queue)))
+        self._delays.touch_queue(queue)
+        # every queue is bound to the default exchange by its name (implicitly)
+        return queue, True
+
+    def queue(self, name: str, channel_id: int = REST_CHANNEL) -> Queue:
+        queue = self.queues.get(name)
+        if queue is None:
+            raise NotFound(f"no queue {name!r}")
+        if queue.exclusive_owner is not None and queue.exclusive_owner != channel_id:
+            raise ResourceLocked(f"queue {name!r} is exclusive to another channel")
+        return queue
+
+    def delete_queue(
+        self,
+        name: str,
+        *,
+        if_unused: bool = False,
+        if_empty: bool = False,
+        channel_id: int = REST_CHANNEL,
+    ) -> int:
+        """Delete a queue; return how many ready messages it held.
+
+        Its consumers are cancelled (``ConsumerCancelled``); its unacked deliveries
+        stay with their channels and are simply forgotten when settled.
+        Raises NotFound, ResourceLocked, PreconditionFailed (if_unused / if_empty).
+        """
+        queue = self.queue(name, channel_id)
+        if if_unused and queue.consumers:
+            raise PreconditionFailed(f"queue {name!r} has consumers")
+        if if_empty and queue.ready_count():
+            raise PreconditionFailed(f"queue {name!r} is not empty")
+        return self.remove_queue(queue, "queue deleted")
+
+    def remove_queue(self, queue: Queue, reason: str) -> int:
+        """Delete ``queue`` (consumers cancelled with ``reason``, bindings dropped);
+        return how many ready messages it held."""
+        count = queue.ready_count()
+        queue.deleted = True
+        if queue.getters:
+            self._outbox.emit(QueueReady(queue.name))  # parked gets answer 404 now
+        self._cancel_consumers(queue, reason)
+        queue.clear_ready()
+        self._page_out_due.pop(queue.name, None)
+        self._drop_bindings(queue)
+        del self.queues[queue.name]
+        del self.by_id[queue.qid]
+        self._dispatch.pop(queue.name, None)
+        if queue.persistent_log:
+            self._log.forget_queue(queue.qid)
+            self._log.append(rec.RecordType.DELETE_QUEUE, rec.encode_json({"qid": queue.qid}))
+        return count
+
+    def purge_queue(self, name: str, *, channel_id: int = REST_CHANNEL) -> int:
+        """Drop every ready or delayed message of a queue (not the unacked ones); return
+        the count.
+
+        Raises: NotFound; Unavailable (``storage_failed``) while the log cannot be
+        written and the queue logs its messages: a purge whose records cannot be
+        written would come undone at the next start, so it is not reported done."""
+        queue = self.queue(name, channel_id)
+        self._log.check_settles_writable(queue, "purge")
+        entries, paged_seqs = queue.clear_ready()
+        self._page_out_due.pop(queue.name, None)
+        if queue.persistent_log:
+            seqs = [e.message.seq for e in entries if e.message.persistent]
+            seqs.extend(paged_seqs)
+            if seqs:
+                self._log.settle_seqs(queue.qid, seqs)
+        return len(entries) + len(paged_seqs)
+
+    def queue_info(self, queue: Queue) -> dict[str, Any]:
+        ready = queue.ready_count()
+        info = {
+            "name": queue.name,
+            "durable": queue.durable,
+            "exclusive": queue.exclusive_owner is not None,
+            "auto_delete": queue.auto_delete,
+            "arguments": queue.arguments,
+            "messages": ready + queue.unacked,
+            "messages_ready": ready,
+            "messages_unacked": queue.unacked,
+            "messages_delayed": len(queue.delayed),
+            "consumers": len(queue.consumers),
+            "message_stats": {
+                "published": queue.published,
+                "delivered": queue.delivered,
+                "acked": queue.acked,
+                "redelivered": queue.redelivered,
+                "dead_lettered": dict(queue.dead_lettered),
+            },
+        }
+        if queue.max_priority is not None:
+            # a priority queue's ready messages by priority level (levels holding any)
+            info["messages_ready_by_priority"] = {
+                str(level): len(lane) for level, lane in enumerate(queue.lanes) if lane
+            }
+        return info
+
+    # ------------------------------------------------------------- messages
+
+    def enqueue(self, queue: Queue, message: Message, wall: float, *, due: float | None = None) -> None:
+        """Add ``message`` to ``queue`` at ``wall`` (its TTL counts from then), or hold
+        it back until ``due``."""
+        expires = message.expires_at
+        if queue.message_ttl_s is not None:
+            q_exp = wall + queue.message_ttl_s
+            expires = q_exp if expires is None else min(expires, q_exp)
+        entry = Entry(message, 0, expires)
+        if due is not None:
+            queue.published += 1
+            self._delays.hold_back(queue, entry, due)
+            return
+        # an expiry must wake the queue in time (scheduled once it is in place)
+        schedule = expires is not None and queue.wake_at is None
+        lane = queue.lanes[0] if queue.max_priority is None else queue.lane_for(message)
+        if lane.tail or lane.paged:
+            lane.tail.append(entry)
+            self._page_out_due[queue.name] = queue
+        elif (
+            len(lane.ready) < (self.memory_messages_per_queue if queue.max_priority is None else self._lane_memory(queue))
+            or self._log.read_log is None
+            or not queue.persistent_log
+            or queue.max_length_bytes is not None  # (bounded by it: see Queue.ready_bytes)
+        ):
+            lane.ready.append(entry)
+        else:
+            lane.tail.append(entry)
+            self._page_out_due[queue.name] = queue
+        queue.published += 1
+        if queue.max_length_bytes is not None:
+            queue.ready_bytes += len(message.body)
+        if schedule:
+            self._delays.schedule_queue(queue)
+        if (queue.max_length is not None or queue.max_length_bytes is not None) and queue.overflow == "drop-head":
+            while queue.over_limit():
+                self._drop_head(queue)
+        if queue.consumers:
+            self._dispatch[queue.name] = queue
+        if queue.getters:
+            self._getters[queue.name] = queue
+
+    def _lane_memory(self, queue: Queue) -> int:
+        """How many ready messages each lane of a priority queue keeps in memory: the
+        queue's share, divided among its lanes."""
+        return max(1, self.memory_messages_per_queue // len(queue.lanes))
+
+    def _drop_head(self, queue: Queue) -> None:
+        """Drop the oldest ready message (x-overflow drop-head): dead-letter it
+        (reason ``maxlen``), reading it back first only when there is somewhere to
+        dead-letter it to."""
+        entry = queue.pop()
+        if entry is None and queue.dead_letter_exchange is not None:
+            self._pager.page_in(queue)
+            entry = queue.pop()
+        if entry is not None:
+            self._dead_letter(queue, entry, "maxlen")
+            return
+        lane = queue.next_lane()
+        for seq, _loc in lane.paged.take(1) if lane is not None else ():
+            queue.dead_lettered["maxlen"] = queue.dead_lettered.get("maxlen", 0) + 1
+            queue.paged_counts.pop(seq, None)
+            self._log.settle_seqs(queue.qid, [seq])
+
+    def page_out(self) -> None:
+        """Records are durable up to the log's ``durable_lsn``: move the messages at the front of each due queue's tails whose records are
+        written into its paged-out index, dropping their bodies from memory."""
+        if not self._page_out_due:
+            return
+        durable = self._log.durable_lsn
+        for name, queue in list(self._page_out_due.items()):
+            if queue.deleted:
+                del self._page_out_due[name]
+                continue
+            waiting = False
+            for lane in queue.lanes:
+                if lane.tail and self._page_out_lane(queue, lane, durable):
+                    waiting = True
+            if not waiting:
+                del self._page_out_due[name]
+
+    @staticmethod
+    def _page_out_lane(queue: Queue, lane: Lane, durable: int) -> bool:
+        """Page out the front of ``lane``'s tail up to LSN ``durable``; whether some of
+        it waits for a later ``durable()`` (not when a message that was never logged
+        stops it: that one stays in memory, and so does everything after it)."""
+        tail = lane.tail
+        paged = lane.paged
+        while tail:
+            message = tail[0].message
+            lsn = message.lsn
+            if lsn == 0 or not message.persistent:
+                return False
+            if lsn > durable:
+                return True
+            entry = tail.popleft()
+            paged.append(message.seq, (lsn << 1) | (entry.deliveries > 0))
+            if entry.deliveries > 1:
+                queue.paged_counts[message.seq] = entry.deliveries
+        return False
+
+    def pop(self, queue: Queue) -> Entry | None:
+        entry = queue.pop()
+        if entry is None:
+            lane = queue.next_lane()
+            if lane is not None and lane.paged:
+                self._pager.page_in(queue)
+                entry = queue.pop()
+        return entry
+
+    def pop_live(self, queue: Queue) -> Entry | None:
+        """The next ready entry, dropping expired ones on the way."""
+        while True:
+            entry = self.pop(queue)
+            if entry is None:
+                return None
+            if entry.expires_at is not None and entry.expires_at <= self._wall_clock():
+                self._dead_letter(queue, entry, "expired")
+                continue
+            return entry
+
+    # ------------------------------------------------------------- timers
+
+    def wake_queue(self, queue: Queue, now: float) -> None:
+        """``queue``'s timer fired (``now``: monotonic): retry a failed read, release
+        due delays, expire messages at the head; then schedule the next wake-up."""
+        queue.wake_at = None
+        expire_at = self._delays.expire_at(queue)
+        if expire_at is not None and expire_at <= now:
+            self.remove_queue(queue, "queue expired (unused for its x-expires)")
+            return
+        woke = False
+        if queue.read_blocked_until is not None and queue.read_blocked_until <= now:
+            queue.read_blocked_until = None
+            woke = True
+        if queue.delayed:
+            woke = self._release_due(queue) or woke
+        self._expire_head(queue)
+        if woke:
+            self._dispatch[queue.name] = queue
+            if queue.getters:
+                self._getters[queue.name] = queue
+        self._delays.schedule_queue(queue)
+
+    def _release_due(self, queue: Queue) -> bool:
+        """Delayed messages now due go back to their place in ``queue``; paged-out ones
+        are read back first. One whose read fails stays delayed and is tried again
+        with the backoff of any failed read (the queue's alarm shows it). Returns
+        whether any came back."""
+        wall = self._wall_clock()
+        entries, paged = queue.delayed.pop_due(wall)
+        for entry in entries:
+            queue.requeue(entry)
+        if paged:
+            read_log = self._log.read_log
+            assert read_log is not None
+            results = read_log([loc >> 1 for _due, _seq, loc in paged])
+            failed = False
+            for (due_ms, seq, loc), result in zip(paged, results):
+                r = logged_message(result, seq, loc >> 1)
+                if isinstance(r, str):
+                    failed = True
+                    failure = result if isinstance(result, str) else r
+                    queue.read_attempts += 1
+                    delay = retry_delay(queue.read_attempts)
+                    queue.read_failure = str(failure)
+                    queue.delayed.push_paged(max(due_ms, round((wall + delay) * 1000.0)), seq, loc)
+                    self._outbox.emit(
+                        LogReadFailed(queue.name, loc >> 1, str(failure), bool(getattr(failure, "transient", False)), delay)
+                    )
+                    continue
+                entry = self._pager.entry_of(queue, loc, r)
+                queue.paged_counts.pop(seq, None)
+                queue.requeue(entry)
+                entries.append(entry)
+            if not failed and queue.read_failure is not None and queue.read_blocked_until is None:
+                queue.read_failure = None  # (a failed read of the queue's head keeps its alarm)
+                queue.read_attempts = 0
+        return bool(entries)
+
+    def _expire_head(self, queue: Queue) -> None:
+        """Remove the expired messages at the head of ``queue``'s memory (dead-letter
+        them, reason ``expired``), so they stop counting as ready when they expire."""
+        wall = self._wall_clock()
+        while True:
+            head = queue.memory_head()
+            if head is None and queue.message_ttl_s is not None and queue.read_blocked_until is None:
+                self._pager.page_in(queue)  # the oldest paged-out messages may have expired
+                head = queue.memory_head()
+            if head is None or head.expires_at is None or head.expires_at > wall:
+                return
+            entry = queue.pop()
+            assert entry is head
+            self._dead_letter(queue, entry, "expired")
+
+    def start_recovered_timers(self) -> None:
+        """Recovered queues' timers start now: due delays, expiries, and x-expires
+        (whose unused time starts over at a restart)."""
+        if not self._to_schedule:
+            return
+        for queue in self._to_schedule:
+            if not queue.deleted:
+                queue.unused_since = self._clock()
+                self._delays.schedule_queue(queue)
+        self._to_schedule = []
+
+    def schedule_when_started(self, queue: Queue) -> None:
+        """A recovered queue's timers start with the next ``take_effects()`` (recovery
+        may run where the clock cannot be read)."""
+        self._to_schedule.append(queue)
+
+    # ------------------------------------------------------------- long-polls
+
+    def park_getter(self, queue_name: str) -> None:
+        """A long-poll waits for messages on this queue (wake it with ``QueueReady``)."""
+        self.queue(queue_name).getters += 1
+
+    def unpark_getter(self, queue_name: str) -> None:
+        queue = self.queues.get(queue_name)
+        if queue is not None and queue.getters:
+            queue.getters -= 1
+
+    def ready_getters(self) -> None:
+        """Wake the parked long-polls of queues that received messages and still hold
+        ready ones after dispatch (consumers may have taken them all)."""
+        getters = self._getters
+        if getters:
+            for queue in getters.values():
+                if queue.getters and queue.has_ready() and not queue.deleted:
+                    self._outbox.emit(QueueReady(queue.name))
+            getters.clear()
+
+
+def queue_record(queue: Queue) -> dict[str, Any]:
+    """A DECLARE_QUEUE record's payload."""
+    return {
+        "qid": queue.qid,
+        "name": queue.name,
+        "auto_delete": queue.auto_delete,
+        "arguments": queue.arguments,
+    }

@@ -1,0 +1,307 @@
+"""The one door from the protocols into the core: :class:`CommandGateway`.
+
+Every protocol adapter (the REST resources, the channel and stream protocols in
+``broker.api``, and any other front end, such as an AMQP listener) changes the core
+only through a gateway, so the command path is the same whoever asks::
+
+    socket -> adapter (decode, authorize) -> gateway.run(command)
+           -> core command -> core effects -> runtime pump -> WAL / channels
+           -> (durable) wait for the records the command logged -> answer
+
+The interface, in full:
+
+* ``gateway.views``: read-only queries of the core (:class:`~broker.core.BrokerViews`);
+  an adapter never reads the core's state any other way.
+* ``gateway.check_ready()``: raises ``Unavailable`` while recovering or shutting down.
+* ``gateway.run(command)``: ``command`` is a function of the :class:`~broker.core.Broker`
+  (``lambda core: core.purge_queue(name)``); runs it, carries out its effects, returns
+  its result.
+* ``await gateway.run_durable(command)``: the same, then waits until the records the
+  command logged (if any) are durable; this is the one durability rule of every
+  declare, delete, bind and coordination change, over every protocol.
+* ``gateway.batch()``: a :class:`CommandBatch` for an adapter that applies many
+  operations in a row (a channel applies a received chunk of ops): its commands run
+  without carrying out their effects, which its ``flush()`` does once.
+* ``gateway.publish(...)`` / ``await gateway.publish_and_confirm(...)``: a publish
+  from a channel (its confirm arrives as a ``Confirm`` effect on that channel), or a
+  one-shot REST publish, which waits for its confirm (:class:`PublishOutcome`).
+* ``gateway.open_channel()``, ``attach(channel_id, sink)``, ``close_channel(...)``:
+  a long-lived session's channel in the core and the sink its events go to.
+* Long-poll gets (``park_getters``/``unpark_getters``) and REST lock waits
+  (``acquire_lock``/``end_lock_wait``).
+
+Errors: a command's ``BrokerError`` (code, HTTP status hint, message) propagates
+unchanged; each adapter renders it in one place (``broker.api.errors.http_error`` for
+REST, an ``error`` event on a channel). A nack whose reason names a refusal of the
+publish's target (``not_found: ...``, ``access_refused: ...``, the core's wording) is
+turned into that same error by :meth:`PublishOutcome.refusal`, so a REST publish and a
+channel publish to a missing or internal exchange are refused with the same code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import trio
+
+from broker.core import (
+    REST_CHANNEL,
+    AccessRefused,
+    Broker,
+    BrokerError,
+    BrokerViews,
+    LockGranted,
+    NotFound,
+    NotLockHolder,
+)
+from broker.runtime.confirms import PublishWaiter
+from broker.runtime.ports import ChannelSink
+from broker.runtime.runtime import BrokerRuntime, LockWait
+
+__all__ = ["CommandBatch", "CommandGateway", "PublishOutcome"]
+
+T = TypeVar("T")
+
+#: Nack reasons (``code: message``) that refuse the publish's target, as errors.
+_REFUSALS: dict[str, type[BrokerError]] = {"not_found": NotFound, "access_refused": AccessRefused}
+
+
+@dataclass
+class PublishOutcome:
+    """How a REST publish ended: acked or nacked (with the core's ``reason``), the
+    number of queues it reached, and whether it was returned (mandatory, unroutable)."""
+
+    ack: bool
+    reason: str | None
+    routed: int
+    returned: bool
+
+    def refusal(self) -> BrokerError | None:
+        """The error a nack means when it refused the target exchange (missing,
+        internal); None for any other outcome (a full queue, a failing disk)."""
+        if self.ack or not self.reason:
+            return None
+        code, sep, message = self.reason.partition(": ")
+        error = _REFUSALS.get(code) if sep else None
+        return error(message) if error is not None else None
+
+
+class CommandGateway:
+    """The one place that runs core commands for the protocols (see the module
+    docstring). Holds no state of its own: any number of gateways over one runtime
+    behave as one."""
+
+    def __init__(self, runtime: BrokerRuntime) -> None:
+        self.runtime = runtime
+        self._core = runtime.core
+        self.views: BrokerViews = runtime.core.views
+
+    # ------------------------------------------------------------ state
+
+    def check_ready(self) -> None:
+        """Raises ``Unavailable`` while recovering or shutting down."""
+        self.runtime.check_ready()
+
+    @property
+    def shutting_down(self) -> bool:
+        return self.runtime.shutting_down
+
+    # --------------------------------------------------------- commands
+
+    def run(self, command: Callable[[Broker], T]) -> T:
+        """Run ``command`` on the core and carry out its effects; its result."""
+        try:
+            return command(self._core)
+        finally:
+            self.runtime.pump()
+
+    async def run_durable(self, command: Callable[[Broker], T]) -> T:
+        """Run ``command``, carry out its effects, and wait until the records it
+        logged are durable (at once if it logged none). Raises ``Unavailable`` if the
+        log could not write them."""
+        core = self._core
+        before = core.last_lsn
+        try:
+            result = command(core)
+        finally:
+            self.runtime.pump()
+        await self.wait_logged_since(before)
+        return result
+
+    async def wait_logged_since(self, lsn: int) -> None:
+        """Wait until every record logged after LSN ``lsn`` is durable."""
+        self.runtime.pump()
+        last = self._core.last_lsn
+        if last > lsn:
+            await self.runtime.wait_durable(last)
+
+    def batch(self) -> CommandBatch:
+        """Commands whose effects are carried out together (see :class:`CommandBatch`)."""
+        return CommandBatch(self)
+
+    def flush(self) -> None:
+        """Carry out every effect the core has produced so far."""
+        self.runtime.pump()
+
+    # ---------------------------------------------------------- publish
+
+    def publish(
+        self,
+        channel_id: int,
+        exchange: str,
+        routing_key: str,
+        body: bytes,
+        properties: dict[str, Any] | None,
+        *,
+        mandatory: bool = False,
+        delay_s: float | None = None,
+        charge: int = 0,
+    ) -> int:
+        """Publish on an open channel without carrying out the effects (a channel
+        batches its publishes; see :meth:`CommandBatch.flush`). Its confirm arrives as
+        a ``Confirm`` effect on the channel; until then it charges ``charge`` bytes
+        (``runtime.confirms.unconfirmed_bytes``). Returns the publish tag."""
+        tag, _routed = self._core.publish(
+            channel_id, exchange, routing_key, body, properties, mandatory=mandatory, delay_s=delay_s
+        )
+        self.runtime.confirms.track(channel_id, tag, charge)
+        return tag
+
+    async def publish_and_confirm(
+        self,
+        exchange: str,
+        routing_key: str,
+        body: bytes,
+        properties: dict[str, Any] | None,
+        *,
+        mandatory: bool = False,
+        delay_s: float | None = None,
+    ) -> PublishOutcome:
+        """One REST publish, answered once its confirm is released."""
+        tag, routed = self._core.publish(
+            REST_CHANNEL, exchange, routing_key, body, properties, mandatory=mandatory, delay_s=delay_s
+        )
+        waiter = PublishWaiter()
+        self.runtime.confirms.track(REST_CHANNEL, tag, 0, waiter)
+        self.runtime.pump()
+        await waiter.event.wait()
+        return PublishOutcome(waiter.ack, waiter.reason, routed, waiter.returned)
+
+    # --------------------------------------------------------- channels
+
+    def open_channel(self) -> int:
+        """A new channel in the core (refused past ``max_channels``); attach its sink
+        with :meth:`attach`, end it with :meth:`close_channel`."""
+        self.runtime.check_channel_room()
+        return self._core.open_channel()
+
+    def attach(self, channel_id: int, sink: ChannelSink) -> None:
+        """Send the events of ``channel_id`` to ``sink`` from now on."""
+        self.runtime.add_sink(channel_id, sink)
+
+    def detach(self, channel_id: int) -> None:
+        """Send no more events of ``channel_id`` anywhere (its final event is queued)."""
+        self.runtime.remove_sink(channel_id)
+
+    def close_channel(self, channel_id: int, reason: str) -> None:
+        """End a channel: detach it, close it in the core (its unacked deliveries go
+        back to their queues, its consumers are cancelled, its waiting lock acquires
+        leave their lines) and carry out the effects."""
+        self.runtime.remove_sink(channel_id)
+        core = self._core
+        try:
+            core.close_channel(channel_id, reason)
+            core.lock_forget_channel(channel_id)
+        finally:
+            self.runtime.pump()
+
+    def sink(self, channel_id: int) -> ChannelSink | None:
+        """The sink of an open channel or stream."""
+        return self.runtime.sinks.get(channel_id)
+
+    def sinks(self) -> list[tuple[int, ChannelSink]]:
+        """Every open channel and stream, with its sink."""
+        return list(self.runtime.sinks.items())
+
+    def close_sink(self, channel_id: int, reason: str) -> None:
+        """An operator closes a channel or stream: the shutdown path, for one."""
+        sink = self.runtime.sinks.get(channel_id)
+        if sink is not None:
+            sink.closing(reason)
+            sink.shutdown()
+            self.runtime.pump()
+
+    # -------------------------------------------------------- long polls
+
+    def park_getters(self, queues: list[str]) -> list[trio.Event]:
+        """Park a long-poll on ``queues``: events set when one gets ready messages."""
+        events = [self.runtime.queue_event(name) for name in queues]
+        for name in queues:
+            self._core.park_getter(name)
+        return events
+
+    def unpark_getters(self, queues: list[str]) -> None:
+        for name in queues:
+            self._core.unpark_getter(name)
+
+    # ---------------------------------------------------- REST lock waits
+
+    async def acquire_lock(
+        self, name: str, owner: Any, ttl_s: Any, wait_s: Any
+    ) -> tuple[dict[str, Any] | None, tuple[int, LockWait] | None]:
+        """A REST acquire: ``(lock info, None)`` once granted and durable, or
+        ``(None, (waiter id, wait))`` when it waits in line; end the wait with
+        :meth:`end_lock_wait`. Raises ``LockBusy`` (held, no waiting asked)."""
+        core = self._core
+        before = core.last_lsn
+        try:
+            info, waiter_id = core.lock_acquire(REST_CHANNEL, name, owner, ttl_s, wait_s)
+            if info is None:
+                return None, (waiter_id, self.runtime.lock_wait(waiter_id))
+        finally:
+            self.runtime.pump()
+        await self.wait_logged_since(before)
+        return info, None
+
+    def end_lock_wait(self, waiter_id: int, wait: LockWait, *, caller_left: bool) -> None:
+        """The parked acquire ends (answered, timed out, or its caller left): it leaves
+        the line, and a grant its caller will never see is released for the next."""
+        core = self._core
+        self.runtime.forget_lock_wait(waiter_id)
+        try:
+            core.lock_cancel_wait(waiter_id)
+            answer = wait.answer
+            if caller_left and isinstance(answer, LockGranted):
+                try:
+                    core.lock_release(answer.info["name"], answer.info["owner"], answer.info["token"])
+                except NotLockHolder:
+                    pass
+        finally:
+            self.runtime.pump()
+
+
+class CommandBatch:
+    """Commands of one adapter whose effects are carried out together, at
+    :meth:`flush` (a channel flushes after each received chunk of ops, and before an
+    op whose reply must follow what earlier ops caused). Durable commands still wait
+    for their records."""
+
+    __slots__ = ("_gateway", "_core")
+
+    def __init__(self, gateway: CommandGateway) -> None:
+        self._gateway = gateway
+        self._core = gateway.runtime.core
+
+    def run(self, command: Callable[[Broker], T]) -> T:
+        """Run ``command``; its effects wait for :meth:`flush`."""
+        return command(self._core)
+
+    async def run_durable(self, command: Callable[[Broker], T]) -> T:
+        """:meth:`CommandGateway.run_durable` (it flushes)."""
+        return await self._gateway.run_durable(command)
+
+    def flush(self) -> None:
+        """Carry out the effects of the commands so far."""
+        self._gateway.runtime.pump()

@@ -1,0 +1,78 @@
+"""A private etcd and cluster nodes in subprocesses, all on loopback, all stopped by
+PID at the end of each test (tests/support/etcd.py, tests/support/broker.py)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.broker import BrokerProcess, free_port
+from tests.support.etcd import EtcdProcess, require_etcd
+
+#: A short lease, so that a lapse is seen within a test's patience.
+TTL_S = 2
+
+
+def node_process(tmp: Path, etcd: EtcdProcess, name: str, *, ttl_s: int = TTL_S) -> BrokerProcess:
+    port = free_port()
+    return BrokerProcess(
+        tmp / name,
+        port=port,
+        args=(
+            "--etcd", etcd.url,
+            "--node-name", name,
+            "--advertise-url", f"http://127.0.0.1:{port}",
+            "--cluster-lease-ttl-s", str(ttl_s),
+        ),
+    )
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout_s: float = 15.0) -> Any:
+    """Poll ``check`` until it returns something true; fail naming ``what``."""
+    deadline = time.monotonic() + timeout_s
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(0.05)
+    raise AssertionError(f"{what}: not within {timeout_s} s (last: {last!r})")
+
+
+def cluster_nodes(node: BrokerProcess) -> dict[str, dict[str, Any]]:
+    status, body = node.request("GET", "/cluster")
+    assert status == 200, body
+    return {n["name"]: n for n in body["nodes"]}
+
+
+@pytest.fixture
+def etcd(tmp_path: Path) -> Iterator[EtcdProcess]:
+    require_etcd()
+    proc = EtcdProcess(tmp_path / "etcd")
+    try:
+        proc.start()
+        yield proc
+    finally:
+        proc.stop()
+
+
+@pytest.fixture
+def nodes(tmp_path: Path, etcd: EtcdProcess) -> Iterator[Callable[[str], BrokerProcess]]:
+    """``nodes("a")``: a node named ``a``, started; every one is stopped at the end."""
+    started: list[BrokerProcess] = []
+
+    def start(name: str) -> BrokerProcess:
+        proc = node_process(tmp_path, etcd, name)
+        started.append(proc)
+        proc.start()
+        return proc
+
+    try:
+        yield start
+    finally:
+        for proc in started:
+            proc.stop()
