@@ -1,19 +1,24 @@
-"""Where the AMQP listener meets the runtime: the one module that opens and closes core
-channels, registers their sinks, pumps effects and waits for durability.
+"""Where the AMQP listener meets the runtime: the one module that holds the runtime's
+command gateway (``broker.runtime.CommandGateway``), through which every AMQP session
+opens and closes core channels, registers their sinks, runs core commands, carries out
+their effects and waits for durability, and reads the core (its views).
 
-Every AMQP session goes through :class:`RuntimeBridge` for these steps (and calls the
-``Broker`` facade's commands for the rest), so moving them onto another entry point
-of the runtime is a change to this file only.
+Per-message commands (a publish, an ack) run without carrying out their effects
+(:meth:`RuntimeBridge.now`); the connection carries them out once per received chunk
+(:meth:`RuntimeBridge.flush`), as the HTTP channel does with its batches.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
-from broker.core import Broker
-from broker.runtime import BrokerRuntime, ChannelSink
+from broker.core import Broker, BrokerViews
+from broker.runtime import BrokerRuntime, ChannelSink, CommandGateway
 
 __all__ = ["RuntimeBridge"]
+
+T = TypeVar("T")
 
 
 class RuntimeBridge:
@@ -21,10 +26,12 @@ class RuntimeBridge:
 
     def __init__(self, runtime: BrokerRuntime) -> None:
         self.runtime = runtime
+        self.gateway = CommandGateway(runtime)
+        self._batch = self.gateway.batch()
 
     @property
-    def core(self) -> Broker:
-        return self.runtime.core
+    def views(self) -> BrokerViews:
+        return self.gateway.views
 
     @property
     def max_body_bytes(self) -> int:
@@ -32,53 +39,58 @@ class RuntimeBridge:
 
     @property
     def shutting_down(self) -> bool:
-        return self.runtime.shutting_down
+        return self.gateway.shutting_down
 
-    @property
-    def metrics(self) -> Any:
-        return self.runtime.metrics
+    def core_for_limits(self) -> Broker:
+        """The core, for ``Principal.check_consumer`` (the API layer's per-user cap
+        counts consumers from it, as the HTTP channel's consume does)."""
+        return self.runtime.core
 
     def open_channel(self, sink: ChannelSink, principal: Any) -> int:
         """A core channel whose events go to ``sink``; counted against the broker's
         and the user's channel limits. Raises Unavailable, ResourceLimit."""
-        runtime = self.runtime
-        runtime.check_ready()
-        runtime.check_channel_room()
-        core = runtime.core
-        channel_id = core.open_channel()
+        gateway = self.gateway
+        gateway.check_ready()
+        channel_id = gateway.open_channel()
         try:
             if principal is not None:
                 principal.open_channel(channel_id)
         except BaseException:
-            core.close_channel(channel_id, "refused")
+            gateway.close_channel(channel_id, "refused")
             raise
-        runtime.add_sink(channel_id, sink)
+        gateway.attach(channel_id, sink)
         return channel_id
 
     def close_channel(self, channel_id: int, principal: Any, reason: str) -> None:
         """End the core channel (its unacked deliveries go back to their queues)."""
         if principal is not None:
             principal.close_channel(channel_id)
-        runtime = self.runtime
-        runtime.remove_sink(channel_id)
-        runtime.core.close_channel(channel_id, reason)
-        runtime.pump()
+        self.gateway.close_channel(channel_id, reason)
 
-    def detach(self, channel_id: int) -> None:
-        """No more events for this channel (it is closing)."""
-        self.runtime.remove_sink(channel_id)
+    def now(self, command: Callable[[Broker], T]) -> T:
+        """Run a per-message command; its effects wait for :meth:`flush`."""
+        return self._batch.run(command)
 
-    def pump(self) -> None:
-        self.runtime.pump()
+    def run(self, command: Callable[[Broker], T]) -> T:
+        """Run a command and carry out its effects."""
+        return self.gateway.run(command)
+
+    async def run_durable(self, command: Callable[[Broker], T]) -> T:
+        """Run a command, carry out its effects, wait until what it logged is durable."""
+        return await self.gateway.run_durable(command)
+
+    def publish(
+        self, channel_id: int, exchange: str, routing_key: str, body: bytes, properties: dict[str, Any] | None,
+        mandatory: bool, charge: int,
+    ) -> int:
+        """A publish on a channel (effects at :meth:`flush`); its publish tag."""
+        return self.gateway.publish(channel_id, exchange, routing_key, body, properties, mandatory=mandatory,
+                                    charge=charge)
+
+    def flush(self) -> None:
+        """Carry out every effect the core has produced (deliveries, confirms, log)."""
+        self.gateway.flush()
 
     def grant_credit(self, channel_id: int, nbytes: int) -> None:
         """The socket took ``nbytes`` of this channel's deliveries: more may come."""
-        self.runtime.core.grant_credit(channel_id, nbytes)
-
-    async def wait_durable(self) -> None:
-        await self.runtime.wait_durable()
-
-    def observe_confirm(self, seconds: float) -> None:
-        metrics = self.runtime.metrics
-        if metrics is not None:
-            metrics.observe_confirm(seconds)
+        self._batch.run(lambda core: core.grant_credit(channel_id, nbytes))

@@ -81,7 +81,10 @@ async def handle(s: AMQPSession, event: Any) -> None:
         try:
             if handler is None:
                 raise AMQPException(NOT_IMPLEMENTED, f"NOT_IMPLEMENTED - {method.name} is not supported")
-            s.bridge.pump()  # earlier ops' deliveries and confirms first
+            s.bridge.flush()  # earlier ops' deliveries and confirms first
+            s.run_failures()  # (a publish before it may have closed the channel)
+            if s.channels.get(event.channel) is not ch:
+                return
             await handler(s, ch, method)
         except (AMQPException, BrokerError) as exc:
             s.raise_on(ch, exc, index >> 16, index & 0xFFFF)
@@ -117,12 +120,10 @@ async def _exchange_declare(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
     if not m.passive and m.exchange_type not in EXCHANGE_TYPES:
         # RabbitMQ: a connection exception
         raise AMQPException(COMMAND_INVALID, f"COMMAND_INVALID - invalid exchange type '{m.exchange_type}'")
-    exchange, created = s.core.declare_exchange(
+    await s.bridge.run_durable(lambda core: core.declare_exchange(
         name, m.exchange_type or "direct", durable=bool(m.durable), auto_delete=bool(m.auto_delete),
         internal=bool(m.internal), arguments=_plain(m.arguments or {}), passive=bool(m.passive),
-    )
-    if created and exchange.durable:
-        await s.bridge.wait_durable()
+    ))
     s.reply(ch, commands.Exchange.DeclareOk(), m.nowait)
 
 
@@ -131,12 +132,11 @@ async def _exchange_delete(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
     s.access.require("delete_exchange", name or DEFAULT_EXCHANGE_ALIAS)
     if name == "":
         raise AMQPException(ACCESS_REFUSED, "ACCESS_REFUSED - operation not permitted on the default exchange")
-    if name not in s.core.exchanges:
+    if not s.views.exchange_exists(name):
         # RabbitMQ 3.x: deleting an exchange that does not exist succeeds.
         s.reply(ch, commands.Exchange.DeleteOk(), m.nowait)
         return
-    s.core.delete_exchange(name, if_unused=bool(m.if_unused))
-    await s.bridge.wait_durable()
+    await s.bridge.run_durable(lambda core: core.delete_exchange(name, if_unused=bool(m.if_unused)))
     s.reply(ch, commands.Exchange.DeleteOk(), m.nowait)
 
 
@@ -145,11 +145,11 @@ async def _exchange_bind(s: AMQPSession, ch: AMQPChannel, m: Any, unbind: bool =
     op = "unbind" if unbind else "bind"
     s.access.require(op, dest or DEFAULT_EXCHANGE_ALIAS, source=source or DEFAULT_EXCHANGE_ALIAS)
     args = _plain(m.arguments or {})
+    key = m.routing_key or ""
     if unbind:
-        s.core.unbind(source, dest, m.routing_key or "", args, to_exchange=True, channel_id=ch.core_id)
+        await s.bridge.run_durable(lambda core: core.unbind(source, dest, key, args, to_exchange=True, channel_id=ch.core_id))
     else:
-        s.core.bind(source, dest, m.routing_key or "", args, to_exchange=True, channel_id=ch.core_id)
-    await s.bridge.wait_durable()
+        await s.bridge.run_durable(lambda core: core.bind(source, dest, key, args, to_exchange=True, channel_id=ch.core_id))
     s.reply(ch, commands.Exchange.UnbindOk() if unbind else commands.Exchange.BindOk(), m.nowait)
 
 
@@ -163,15 +163,15 @@ async def _queue_declare(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
         s.access.require("declare_queue", name or "amq.gen-")
     elif not name:
         name = ch.last_queue
-    queue, created = s.core.declare_queue(
+    queue, _created = await s.bridge.run_durable(lambda core: core.declare_queue(
         name, durable=bool(m.durable), exclusive=bool(m.exclusive), auto_delete=bool(m.auto_delete),
         arguments=_plain(m.arguments or {}), passive=bool(m.passive), channel_id=ch.core_id,
-    )
-    if created and queue.persistent_log:
-        await s.bridge.wait_durable()
+    ))
     ch.last_queue = queue.name
     if not m.nowait:
-        s.reply_raw(ch, encode_declare_ok(ch.number, queue.name, queue.ready_count(), len(queue.consumers)))
+        views = s.views
+        ready = views.queue_counter("messages_ready", queue.name) or 0
+        s.reply_raw(ch, encode_declare_ok(ch.number, queue.name, ready, views.queue_counter("consumers", queue.name) or 0))
 
 
 def _queue_name(ch: AMQPChannel, name: str | None) -> str:
@@ -184,13 +184,12 @@ async def _queue_bind(s: AMQPSession, ch: AMQPChannel, m: Any, unbind: bool = Fa
     op = "unbind" if unbind else "bind"
     s.access.require(op, queue, source=source or DEFAULT_EXCHANGE_ALIAS)
     args = _plain(m.arguments or {})
+    key = m.routing_key or ""
     if unbind:
-        s.core.unbind(source, queue, m.routing_key or "", args, to_exchange=False, channel_id=ch.core_id)
-        await s.bridge.wait_durable()
+        await s.bridge.run_durable(lambda core: core.unbind(source, queue, key, args, to_exchange=False, channel_id=ch.core_id))
         s.reply(ch, commands.Queue.UnbindOk())
         return
-    s.core.bind(source, queue, m.routing_key or "", args, to_exchange=False, channel_id=ch.core_id)
-    await s.bridge.wait_durable()
+    await s.bridge.run_durable(lambda core: core.bind(source, queue, key, args, to_exchange=False, channel_id=ch.core_id))
     s.reply(ch, commands.Queue.BindOk(), m.nowait)
 
 
@@ -201,27 +200,26 @@ async def _queue_unbind(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
 async def _queue_purge(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
     queue = _queue_name(ch, m.queue)
     s.access.require("purge", queue)
-    count = s.core.purge_queue(queue, channel_id=ch.core_id)
+    count = await s.bridge.run_durable(lambda core: core.purge_queue(queue, channel_id=ch.core_id))
     s.reply(ch, commands.Queue.PurgeOk(message_count=count), m.nowait)
 
 
 async def _queue_delete(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
     queue = _queue_name(ch, m.queue)
     s.access.require("delete_queue", queue)
-    if queue not in s.core.queues:
+    if not s.views.queue_exists(queue):
         # RabbitMQ 3.x: deleting a queue that does not exist succeeds with 0.
         s.reply(ch, commands.Queue.DeleteOk(message_count=0), m.nowait)
         return
-    count = s.core.delete_queue(queue, if_unused=bool(m.if_unused), if_empty=bool(m.if_empty), channel_id=ch.core_id)
-    s.bridge.pump()
-    await s.bridge.wait_durable()
+    count = await s.bridge.run_durable(lambda core: core.delete_queue(
+        queue, if_unused=bool(m.if_unused), if_empty=bool(m.if_empty), channel_id=ch.core_id))
     s.reply(ch, commands.Queue.DeleteOk(message_count=count), m.nowait)
 
 
 async def _basic_qos(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
     if m.prefetch_size:
         raise AMQPException(NOT_IMPLEMENTED, f"NOT_IMPLEMENTED - prefetch_size!=0 ({m.prefetch_size})")
-    s.core.qos(ch.core_id, m.prefetch_count or 0, bool(m.global_))
+    s.bridge.run(lambda core: core.qos(ch.core_id, m.prefetch_count or 0, bool(m.global_)))
     s.reply(ch, commands.Basic.QosOk())
 
 
@@ -229,19 +227,18 @@ async def _basic_consume(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
     queue = _queue_name(ch, m.queue)
     s.access.require("consume", queue)
     if s.principal is not None:
-        s.principal.check_consumer(s.core)
+        s.principal.check_consumer(s.bridge.core_for_limits())
     tag = m.consumer_tag or s.next_tag("amq.ctag-")
-    s.core.consume(ch.core_id, queue, consumer_tag=tag, no_ack=bool(m.no_ack), exclusive=bool(m.exclusive))
+    s.bridge.now(lambda core: core.consume(ch.core_id, queue, consumer_tag=tag, no_ack=bool(m.no_ack),
+                                           exclusive=bool(m.exclusive)))
     # Deliveries leave at the next pump: the consume-ok goes out first.
     if not m.nowait:
         s.reply_raw(ch, encode_consume_ok(ch.number, tag))
 
 
 async def _basic_cancel(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
-    state = s.core.channels.get(ch.core_id)
-    if state is not None and m.consumer_tag in state.consumers:
-        s.core.cancel(ch.core_id, m.consumer_tag)
-        s.bridge.pump()
+    if s.views.has_consumer(ch.core_id, m.consumer_tag):
+        s.bridge.run(lambda core: core.cancel(ch.core_id, m.consumer_tag))
     if not m.nowait:
         s.reply_raw(ch, encode_cancel_ok(ch.number, m.consumer_tag))
 
@@ -251,18 +248,16 @@ async def _basic_get(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
     channel's own (its tag, acks and requeue on close), as RabbitMQ's get is."""
     queue = _queue_name(ch, m.queue)
     s.access.require("get", queue)
-    core = s.core
+    bridge = s.bridge
     tag = s.next_tag("amq.get-")
     ch.get_tag = tag
     ch.got = None
     try:
         # Always in ack mode: a no-ack consumer ignores its prefetch and would take
         # every ready message; a no-ack get is acked below instead.
-        core.consume(ch.core_id, queue, consumer_tag=tag, prefetch=1)
-        s.bridge.pump()
-        state = core.channels.get(ch.core_id)
-        if state is not None and tag in state.consumers:
-            core.cancel(ch.core_id, tag)
+        bridge.run(lambda core: core.consume(ch.core_id, queue, consumer_tag=tag, prefetch=1))
+        if s.views.has_consumer(ch.core_id, tag):
+            bridge.now(lambda core: core.cancel(ch.core_id, tag))
     finally:
         ch.get_tag = None
     got, ch.got = ch.got, None
@@ -270,13 +265,13 @@ async def _basic_get(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
         s.reply(ch, commands.Basic.GetEmpty())
         return
     if m.no_ack:
-        core.ack(ch.core_id, got.delivery_tag)
-    q = core.queues.get(queue)
+        bridge.now(lambda core: core.ack(ch.core_id, got.delivery_tag))
+    remaining = s.views.queue_counter("messages_ready", queue) or 0
     msg = got.message
     s.conn.send_raw(
         encode_get_ok(
             ch.number, got.delivery_tag, got.redelivered, msg.exchange, msg.routing_key,
-            q.ready_count() if q is not None else 0, encode_properties(msg.properties), msg.body, s.conn.frame_max,
+            remaining, encode_properties(msg.properties), msg.body, s.conn.frame_max,
         )
     )
     ch.credit += delivery_cost(msg.body)
@@ -288,7 +283,7 @@ async def _basic_recover(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
         raise AMQPException(NOT_IMPLEMENTED, "NOT_IMPLEMENTED - requeue=false")
     tag = s.last_tag(ch)
     if tag:
-        s.core.nack(ch.core_id, tag, True, True)
+        s.bridge.now(lambda core: core.nack(ch.core_id, tag, True, True))  # redelivered after recover-ok
     if isinstance(m, commands.Basic.Recover):
         s.reply(ch, commands.Basic.RecoverOk())
 
@@ -306,7 +301,7 @@ async def _tx_select(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
     if ch.confirm:
         raise AMQPException(PRECONDITION_FAILED, "PRECONDITION_FAILED - cannot switch from confirm to tx mode")
     if not ch.tx:
-        s.core.tx_select(ch.core_id)
+        s.bridge.run(lambda core: core.tx_select(ch.core_id))
         ch.tx = True
     s.reply(ch, commands.Tx.SelectOk())
 
@@ -314,16 +309,14 @@ async def _tx_select(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
 async def _tx_commit(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
     if not ch.tx:
         raise AMQPException(PRECONDITION_FAILED, "PRECONDITION_FAILED - channel is not transactional")
-    s.core.tx_commit(ch.core_id)
-    s.bridge.pump()
-    await s.bridge.wait_durable()
+    await s.bridge.run_durable(lambda core: core.tx_commit(ch.core_id))
     s.reply(ch, commands.Tx.CommitOk())
 
 
 async def _tx_rollback(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
     if not ch.tx:
         raise AMQPException(PRECONDITION_FAILED, "PRECONDITION_FAILED - channel is not transactional")
-    s.core.tx_rollback(ch.core_id)
+    s.bridge.run(lambda core: core.tx_rollback(ch.core_id))
     s.reply(ch, commands.Tx.RollbackOk())
 
 

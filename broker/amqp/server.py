@@ -132,10 +132,10 @@ class AMQPServer:
             state["wakeup"].set()
             state["room"].set()
 
-        core = self.runtime.core
+        views = self.bridge.views
         session = AMQPSession(
             conn, self.bridge, remote=remote_text, loopback=_is_loopback(remote) or remote is None,
-            login=self.login, has_users=lambda: bool(len(core.users)), wake=wake,
+            login=self.login, has_users=lambda: bool(views.user_infos()), wake=wake,
         )
         self.connections += 1
         try:
@@ -188,7 +188,7 @@ class AMQPServer:
             conn.receive_data(data, trio.current_time())
             await _drain_events(conn, session)
             session.run_failures()
-            bridge.pump()
+            bridge.flush()
             session.update_blocked()
             wake()
             # Back-pressure: stop reading while confirms or output are over their bounds
@@ -204,7 +204,7 @@ class AMQPServer:
         with trio.move_on_after(DRAIN_S):
             while session.unconfirmed_bytes > 0:
                 confirmed = session.confirmed = trio.Event()
-                self.bridge.pump()
+                self.bridge.flush()
                 wake()
                 await confirmed.wait()
         conn.close(CONNECTION_FORCED, f"broker forced connection closure with reason '{session.closing_reason}'")

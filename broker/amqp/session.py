@@ -20,6 +20,7 @@ import logging
 import secrets
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from pamqp import commands
@@ -94,6 +95,22 @@ def exchange_alias(name: str) -> str:
     return "" if name == DEFAULT_EXCHANGE_ALIAS else name
 
 
+def _cancel(channel_id: int, consumer_tag: str, core: Any) -> None:
+    core.cancel(channel_id, consumer_tag)
+
+
+#: Nack reasons that refuse the publish's target (the core's wording).
+_REFUSED_TARGETS = ("not_found: ", "access_refused: ")
+
+
+def _refusal_text(code: str, text: str) -> str:
+    """RabbitMQ's text for a publish to a missing or internal exchange."""
+    name = text.split("'")[1] if text.count("'") >= 2 else text
+    if code == "not_found":
+        return f"NOT_FOUND - no exchange '{name}' in vhost '/'"
+    return f"ACCESS_REFUSED - cannot publish to internal exchange '{name}' in vhost '/'"
+
+
 class _NoEvent:
     """Stands in for the IO layer's event until it sets its own."""
 
@@ -120,8 +137,8 @@ class AMQPChannel:
         self.tx = False
         self.published = 0
         self.last_queue = ""
-        #: (publish tag, charged bytes, perf_counter at publish), in tag order.
-        self.unconfirmed: collections.deque[tuple[int, int, float]] = collections.deque()
+        #: (publish tag, charged bytes) of publishes not yet confirmed, in tag order.
+        self.unconfirmed: collections.deque[tuple[int, int]] = collections.deque()
         self.unconfirmed_bytes = 0
         #: Delivery credit of deliveries queued for the socket, granted once sent.
         self.credit = 0
@@ -129,6 +146,8 @@ class AMQPChannel:
         self.get_tag: str | None = None
         self.got: Deliver | None = None
         self.closed = False
+        #: The newest delivery tag handed out on this channel.
+        self.max_tag = 0
         self.close_reason = "closed by an operator"
         #: The last delivered message's properties and their encoding (see push).
         self._last_properties: Any = None
@@ -141,6 +160,7 @@ class AMQPChannel:
         conn = s.conn
         kind = type(effect)
         if kind is Deliver:
+            self.max_tag = effect.delivery_tag
             if effect.consumer_tag == self.get_tag:
                 self.got = effect
                 return
@@ -169,6 +189,12 @@ class AMQPChannel:
         elif kind is Confirm:
             self._settle_unconfirmed(effect.delivery_tag)
             s.confirmed.set()
+            reason = effect.reason
+            if reason is not None and not effect.ack and reason.startswith(_REFUSED_TARGETS):
+                # a publish to a missing or internal exchange: RabbitMQ's channel error
+                code, _sep, text = reason.partition(": ")
+                s.fail_later(self, NOT_FOUND if code == "not_found" else ACCESS_REFUSED, _refusal_text(code, text))
+                return
             if self.confirm:
                 tag = effect.delivery_tag - self.confirm_offset
                 if tag > 0:
@@ -196,13 +222,10 @@ class AMQPChannel:
 
     def _settle_unconfirmed(self, tag: int) -> None:
         unconfirmed = self.unconfirmed
-        bridge = self.session.bridge
-        now = time.perf_counter()
         while unconfirmed and unconfirmed[0][0] <= tag:
-            _tag, charge, at = unconfirmed.popleft()
+            _tag, charge = unconfirmed.popleft()
             self.unconfirmed_bytes -= charge
             self.session.unconfirmed_bytes -= charge
-            bridge.observe_confirm(now - at)
 
     def closing(self, reason: str) -> None:
         """The broker shuts down (the whole connection closes: :meth:`AMQPSession.closing`),
@@ -238,7 +261,7 @@ class AMQPSession:
     ) -> None:
         self.conn = conn
         self.bridge = bridge
-        self.core = bridge.core
+        self.views = bridge.views
         self.remote = remote
         self.loopback = loopback
         self._login = login
@@ -303,7 +326,7 @@ class AMQPSession:
             self.conn.close(code, text, class_id, method_id)
             self.release_all(f"connection error {code}")
             return
-        self.bridge.pump()  # what the channel did before the error still goes out
+        self.bridge.flush()  # what the channel did before the error still goes out
         self.channels.pop(ch.number, None)
         self.conn.close_channel(ch.number, code, text, class_id, method_id)
         self.release(ch, f"channel error {code}")
@@ -343,7 +366,15 @@ class AMQPSession:
         if isinstance(result, str):  # a refusal with a reason (a per-user cap)
             self.conn.refuse_login(event.mechanism, f"ACCESS_REFUSED - {result}")
             return
-        self.principal, self.release_user = result
+        self.principal, release = result
+        self.principal.open_session(self)
+        principal = self.principal
+
+        def release_user() -> None:
+            principal.close_session(self)
+            release()
+
+        self.release_user = release_user
         self.access = self.principal.access
         self.conn.accept_login(event.username)
 
@@ -378,6 +409,28 @@ class AMQPSession:
             self.release_user()
             self.release_user = None
 
+    # Revocable (broker/api/auth.py) ----------------------------------------------
+
+    def revoke(self, error: BrokerError) -> None:
+        """The user was deleted (or its credentials otherwise revoked): close the
+        connection with 320, as RabbitMQ closes a deleted user's connections."""
+        self.conn.close(CONNECTION_FORCED, f"CONNECTION_FORCED - {error.message}")
+        self.release_all("credentials revoked")
+        self.stop_reading()
+        self.wake()
+
+    def recheck(self, access: Access) -> None:
+        """The user's permissions changed: cancel its consumers of queues it may no
+        longer read (telling clients that asked, with ``basic.cancel``)."""
+        for ch in list(self.channels.values()):
+            for tag, queue in self.views.consumer_queues(ch.core_id):
+                if access.allows("read", queue):
+                    continue
+                self.bridge.now(partial(_cancel, ch.core_id, tag))
+                if self.cancel_notify:
+                    self.conn.send_raw(encode_cancel(ch.number, tag))
+        self.wake()
+
     def closing(self, reason: str) -> None:
         """The broker shuts down: the IO layer stops reading, lets confirms out, then
         closes the connection with 320."""
@@ -396,7 +449,7 @@ class AMQPSession:
             if ch.credit:
                 bridge.grant_credit(ch.core_id, ch.credit)
                 ch.credit = 0
-        bridge.pump()
+        bridge.flush()
 
     def must_pause(self) -> bool:
         return self.unconfirmed_bytes > UNCONFIRMED_MAX_BYTES or self.conn.pending_output() > OUTPUT_MAX_BYTES
@@ -405,7 +458,7 @@ class AMQPSession:
         """``connection.blocked`` while the broker refuses publishes (its disk reserve
         is used up) or this connection's unconfirmed publishes are over their bound;
         ``unblocked`` when that ends (RabbitMQ's alarms, for clients that asked)."""
-        refusal = self.core.publish_refusal
+        refusal = self.views.publish_refusal()
         blocked = refusal is not None or self.unconfirmed_bytes > UNCONFIRMED_MAX_BYTES
         if blocked == self.blocked:
             return
@@ -431,20 +484,14 @@ class AMQPSession:
             raise AMQPException(NOT_IMPLEMENTED, "NOT_IMPLEMENTED - immediate=true", 60, 40)
         exchange = exchange_alias(publish.exchange)
         self.access.require("publish", exchange or DEFAULT_EXCHANGE_ALIAS)
-        core = self.core
-        ex = core.exchanges.get(exchange)
-        if ex is None:
-            raise AMQPException(NOT_FOUND, f"NOT_FOUND - no exchange '{exchange}' in vhost '/'")
-        if ex.internal:
-            raise AMQPException(ACCESS_REFUSED, f"ACCESS_REFUSED - cannot publish to internal exchange '{exchange}' in vhost '/'")
         props = event.properties
         if props:
             props = self._properties(props)
-        tag, _routed = core.publish(ch.core_id, exchange, publish.routing_key, event.body, props, mandatory=publish.mandatory)
+        charge = delivery_cost(event.body)
+        tag = self.bridge.publish(ch.core_id, exchange, publish.routing_key, event.body, props, publish.mandatory, charge)
         ch.published += 1
         if tag:
-            charge = delivery_cost(event.body)
-            ch.unconfirmed.append((tag, charge, time.perf_counter()))
+            ch.unconfirmed.append((tag, charge))
             ch.unconfirmed_bytes += charge
             self.unconfirmed_bytes += charge
 
@@ -471,7 +518,7 @@ class AMQPSession:
             tag = self.last_tag(ch)
             if not tag:
                 return
-        self.core.ack(ch.core_id, tag, m.multiple)
+        self.bridge.now(lambda core: core.ack(ch.core_id, tag, m.multiple))
 
     def nack(self, ch: AMQPChannel, m: Nack) -> None:
         tag = m.delivery_tag
@@ -479,14 +526,16 @@ class AMQPSession:
             tag = self.last_tag(ch)
             if not tag:
                 return
-        self.core.nack(ch.core_id, tag, m.multiple, m.requeue)
+        self.bridge.now(lambda core: core.nack(ch.core_id, tag, m.multiple, m.requeue))
 
     def reject(self, ch: AMQPChannel, m: Reject) -> None:
-        self.core.reject(ch.core_id, m.delivery_tag, m.requeue)
+        self.bridge.now(lambda core: core.reject(ch.core_id, m.delivery_tag, m.requeue))
 
     def last_tag(self, ch: AMQPChannel) -> int:
-        state = self.core.channels.get(ch.core_id)
-        return max(state.deliveries, default=0) if state is not None else 0
+        """The channel's newest unacked delivery tag (0: none), for ``ack``/``nack``
+        of tag 0 with ``multiple`` and ``recover``."""
+        unacked = self.views.unacked_tags(ch.core_id, list(range(1, ch.max_tag + 1)))
+        return unacked[-1] if unacked else 0
 
     # -- replies ------------------------------------------------------------------
 

@@ -4,6 +4,7 @@ operation with 403."""
 
 from __future__ import annotations
 
+import base64
 import ssl
 from pathlib import Path
 
@@ -51,8 +52,8 @@ def test_users_and_permissions(tmp_path: Path) -> None:
     from tests.support.broker import ROOT
 
     data = tmp_path / "data"
-    for name, allowed in (("alice", ".*"), ("bob", "^bob\\.")):
-        subprocess.run([sys.executable, "-m", "broker", "users", "--data-dir", str(data), "add", name,
+    for name, allowed, tags in (("alice", ".*", "administrator"), ("bob", "^bob\\.", "")):
+        subprocess.run([sys.executable, "-m", "broker", "users", "--data-dir", str(data), "add", name, "--tags", tags,
                         "--password-stdin", "--configure", allowed, "--write", allowed, "--read", allowed],
                        input=b"pw-123456\n", cwd=ROOT, check=True, capture_output=True)
     port = free_port()
@@ -88,6 +89,12 @@ def test_users_and_permissions(tmp_path: Path) -> None:
         with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
             ch.basic_get("alice.q")
         assert err.value.reply_code == 403
-        bob.close()
+        # deleting the user closes its connections (RabbitMQ's 320)
+        auth = {"authorization": "Basic " + base64.b64encode(b"alice:pw-123456").decode()}
+        assert broker.request("DELETE", "/users/bob", headers=auth)[0] in (200, 204)
+        with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as closed:
+            for _ in range(100):
+                bob.process_data_events(time_limit=0.1)
+        assert closed.value.reply_code == 320
     finally:
         broker.stop()
