@@ -111,6 +111,7 @@ class BrokerApp:
             error_translator=http_error,
         )
         self.tls = tls
+        self.limits = limits
         self._scope: trio.CancelScope | None = None
         self.amqp_port = amqp_port
         self.amqps_port = amqps_port if tls is not None else 0
@@ -186,6 +187,8 @@ class BrokerApp:
             self.runtime,
             login=self.auth.login,
             ssl_context=(lambda: self._ssl_context) if secure else (lambda: None),
+            max_connections=self.limits.max_connections,
+            max_connections_per_address=self.limits.max_connections_per_address,
         )
         await nursery.start(amqp.serve, host, port)
         self.amqp_servers.append(amqp)

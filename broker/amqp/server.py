@@ -80,6 +80,8 @@ class AMQPServer:
         login: Callable[[str, str, str | None], Awaitable[Any]],
         limits: TuneLimits | None = None,
         ssl_context: Callable[[], ssl.SSLContext | None] = lambda: None,
+        max_connections: int = 10000,
+        max_connections_per_address: int = 1000,
     ) -> None:
         self.bridge = RuntimeBridge(runtime)
         self.runtime = runtime
@@ -90,6 +92,11 @@ class AMQPServer:
         self.connections = 0
         self._properties = server_properties()
         self._accepting = trio.CancelScope()
+        self.max_connections = max_connections
+        self.max_per_address = max_connections_per_address
+        self._per_address: dict[str, int] = {}
+        #: Connections closed at once for being over a cap.
+        self.refused = 0
 
     async def serve(self, host: str, port: int, *, task_status: trio.TaskStatus[list[int]] = trio.TASK_STATUS_IGNORED) -> None:
         """Listen on ``host:port`` until cancelled. Raises OSError naming the address."""
@@ -115,6 +122,24 @@ class AMQPServer:
             remote = stream.socket.getpeername()
         except OSError:
             pass
+        address = remote[0] if isinstance(remote, tuple) and remote else ""
+        if self.connections >= self.max_connections or self._per_address.get(address, 0) >= self.max_per_address:
+            # over the HTTP server's caps (max_connections, max_connections_per_address):
+            # closed before the protocol header is read, as RabbitMQ past connection_max
+            self.refused += 1
+            log.warning("amqp connection refused: too many connections", extra={"fields": {"remote": address}})
+            with trio.CancelScope(shield=True), trio.move_on_after(1):
+                await stream.aclose()
+            return
+        self._per_address[address] = self._per_address.get(address, 0) + 1
+        try:
+            await self._serve_accepted(stream, remote)
+        finally:
+            left = self._per_address.pop(address, 1) - 1
+            if left:
+                self._per_address[address] = left
+
+    async def _serve_accepted(self, stream: trio.SocketStream, remote: Any) -> None:
         context = self.ssl_context()
         wrapped: trio.abc.Stream = stream
         if context is not None:

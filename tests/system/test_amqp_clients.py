@@ -235,3 +235,29 @@ def test_graceful_shutdown_closes_amqp_connections_with_320(tmp_path: Path) -> N
         conn.close()
     finally:
         proc.stop()
+
+
+def test_connections_over_the_per_address_cap_are_closed(tmp_path: Path) -> None:
+    port = free_port()
+    proc = BrokerProcess(tmp_path / "data", env={"ACKBUS_AMQP_PORT": str(port)},
+                         args=("--max-connections-per-address", "2"))
+    proc.start()
+    try:
+        kept = [pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port)) for _ in range(2)]
+        with pytest.raises(pika.exceptions.AMQPConnectionError):
+            pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port, connection_attempts=1))
+        kept[0].close()
+        third = None
+        for _ in range(50):  # the broker counts the closed one out once it has seen the close
+            try:
+                third = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port, connection_attempts=1))
+                break
+            except pika.exceptions.AMQPConnectionError:
+                import time
+
+                time.sleep(0.05)
+        assert third is not None
+        third.close()
+        kept[1].close()
+    finally:
+        proc.stop()
