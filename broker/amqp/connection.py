@@ -106,6 +106,9 @@ class TuneLimits:
     heartbeat_s: int = 60
     #: Largest message body a publish may carry (RabbitMQ's max_message_size).
     max_body_bytes: int = 128 << 20
+    #: How long a client may take between two frames of the handshake, and to open
+    #: the connection (RabbitMQ's handshake_timeout).
+    handshake_timeout_s: float = 10.0
 
 
 _NEED_DATA = None
@@ -464,11 +467,13 @@ class AMQPConnection:
     def check_timers(self, now: float) -> None:
         """Send a heartbeat if nothing was sent for half the interval; end the
         connection when the client sent nothing for two intervals (RabbitMQ's rule).
-        Before the handshake ends, a client has ``heartbeat_s`` (or 60 s) to finish it."""
+        Before the handshake ends, a client that stays silent for
+        ``handshake_timeout_s`` is dropped (a connection that never logs in holds
+        nothing for long)."""
         if self.state is State.CLOSED:
             return
         if self.state in (State.AWAIT_HEADER, State.AWAIT_START_OK, State.AWAIT_TUNE_OK, State.AWAIT_OPEN):
-            if now - self.last_received > (self.limits.heartbeat_s or 60):
+            if now - self.last_received > self.limits.handshake_timeout_s:
                 self._end(0, "handshake timed out", False)
             return
         interval = self.heartbeat_s
@@ -485,7 +490,7 @@ class AMQPConnection:
         if self.state is State.CLOSED:
             return None
         if self.state is not State.OPEN and self.state is not State.CLOSING:
-            return self.last_received + (self.limits.heartbeat_s or 60) + 0.01
+            return self.last_received + self.limits.handshake_timeout_s + 0.01
         interval = self.heartbeat_s
         if not interval:
             return None

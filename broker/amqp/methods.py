@@ -105,8 +105,11 @@ async def handle(s: AMQPSession, event: Any) -> None:
     elif kind is Opened:
         log.info("amqp connection opened", extra={"fields": {"remote": s.remote, "user": s.conn.username}})
     elif kind is ConnectionEnded:
+        fields = {"remote": s.remote, "code": event.code, "text": event.text[:200], "by_client": event.by_peer}
         if event.code >= 500 or event.code == 403:
-            log.warning("amqp connection closed on error", extra={"fields": {"remote": s.remote, "code": event.code, "text": event.text}})
+            log.warning("amqp connection closed on error", extra={"fields": fields})
+        else:
+            log.info("amqp connection closed", extra={"fields": fields})
         s.release_all("connection closed")
     s.wake()
 

@@ -241,3 +241,13 @@ def test_garbage_after_the_handshake_closes_with_a_5xx(garbage: bytes) -> None:
     conn.receive_data(garbage)
     name, _channel, code = closed_with(conn)
     assert name == "Connection.Close" and 500 <= code < 600
+
+
+def test_a_silent_client_is_dropped_during_the_handshake() -> None:
+    conn = AMQPConnection(TuneLimits(handshake_timeout_s=10), {}, now=100.0)
+    conn.receive_data(HEADER, now=100.0)
+    conn.check_timers(109.0)
+    assert not conn.closed
+    assert conn.next_timer() == pytest.approx(110.01)
+    conn.check_timers(111.0)
+    assert conn.closed

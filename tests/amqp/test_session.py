@@ -354,3 +354,14 @@ async def test_heartbeats_both_ways(app, autojump_clock) -> None:
         # ...and drops a client silent for two intervals
         assert await c.at_eof()
         assert 7 <= trio.current_time() - start <= 12
+
+
+async def test_a_body_larger_than_frame_max_travels_in_many_frames(app) -> None:
+    async with open_amqp(app, frame_max=4096) as c:
+        await c.open_channel(1)
+        await c.declare(1, "big")
+        body = bytes(range(256)) * 1200  # 300 KiB: 75+ body frames each way
+        await c.publish(1, "", "big", body)
+        await c.send(1, Basic.Get(queue="big", no_ack=True))
+        _m, _p, got = await c.message()
+        assert got == body
