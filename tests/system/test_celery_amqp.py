@@ -95,3 +95,38 @@ def test_every_task_runs_across_a_broker_kill(tmp_path: Path) -> None:
     ran = _journal(journal)
     assert set(ran) == expected
     assert len(ran) <= len(expected) + 60
+
+
+def test_a_worker_with_celerys_defaults_answers_control_and_runs_tasks(tmp_path: Path) -> None:
+    """Mingle, gossip, heartbeats and remote control on (Celery's defaults): their
+    fanout and topic exchanges, auto-delete and expiring queues all work."""
+    amqp_port = free_port()
+    url = f"amqp://guest:guest@127.0.0.1:{amqp_port}//"
+    broker = BrokerProcess(tmp_path / "data", env={"ACKBUS_AMQP_PORT": str(amqp_port)})
+    broker.start()
+    journal = tmp_path / "journal.txt"
+    environ = dict(os.environ, PYTHONPATH=str(ROOT), ACKBUS_AMQP_URL=url, CELERY_JOURNAL=str(journal))
+    log = tmp_path / "worker.log"
+    app = _producer(url)
+    worker = None
+    try:
+        with log.open("wb") as out:
+            worker = subprocess.Popen(
+                [sys.executable, "-m", "celery", "-A", "tests.system.celery_amqp_app", "worker", "--pool", "threads",
+                 "--concurrency", "2", "--loglevel", "INFO"],
+                env=environ, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+            )
+        replies: list[object] = []
+        _wait_for(lambda: bool(replies.extend(app.control.ping(timeout=1)) or replies), 60,
+                  lambda: "a ping answer; " + log.read_text()[-2000:])
+        assert "pong" in str(replies)
+        for i in range(10):
+            app.send_task("record", (i,))
+        _wait_for(lambda: len(_journal(journal)) >= 10, 60, lambda: "the tasks to run; " + log.read_text()[-2000:])
+    finally:
+        code = _stop_worker(worker) if worker is not None else 0
+        app.close()
+        broker.stop()
+    assert code == 0, log.read_text()[-3000:]
+    assert sorted(_journal(journal), key=int) == [str(i) for i in range(10)]
+    assert "Traceback" not in broker.log_path.read_text()
