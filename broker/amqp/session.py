@@ -156,6 +156,15 @@ class AMQPChannel:
     # ChannelSink ----------------------------------------------------------------
 
     def push(self, effect: Any) -> None:
+        """Called by the runtime's pump, which may run in another connection's task:
+        a failure here must end this channel only, never that task."""
+        try:
+            self._push(effect)
+        except Exception:
+            log.exception("amqp channel failed on an event", extra={"fields": {"channel": self.number}})
+            self.session.fail_later(self, 541, "INTERNAL_ERROR - the broker could not send an event")
+
+    def _push(self, effect: Any) -> None:
         s = self.session
         conn = s.conn
         kind = type(effect)

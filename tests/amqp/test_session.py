@@ -365,3 +365,29 @@ async def test_a_body_larger_than_frame_max_travels_in_many_frames(app) -> None:
         await c.send(1, Basic.Get(queue="big", no_ack=True))
         _m, _p, got = await c.message()
         assert got == body
+
+
+async def test_a_failure_sending_an_event_ends_that_channel_only(app, monkeypatch) -> None:
+    import broker.amqp.session as session_module
+
+    def broken(*args: object, **kwargs: object) -> bytes:
+        raise RuntimeError("bug")
+
+    async with open_amqp(app) as consumer, open_amqp(app) as publisher:
+        await consumer.open_channel(1)
+        await consumer.declare(1, "fragile")
+        await consumer.send(1, Basic.Consume(queue="fragile", consumer_tag="c"))
+        await consumer.expect(Basic.ConsumeOk, 1)
+        monkeypatch.setattr(session_module, "encode_deliver", broken)
+        await publisher.open_channel(1)
+        await publisher.send(1, commands.Confirm.Select())
+        await publisher.expect(commands.Confirm.SelectOk, 1)
+        await publisher.publish(1, "", "fragile", b"x")  # delivered in the publisher's task
+        await publisher.expect(Basic.Ack, 1)
+        code, _text = await consumer.closed_with(1)
+        assert code == 541
+        monkeypatch.undo()
+        await consumer.open_channel(1)  # the connection goes on
+        await consumer.send(1, Basic.Get(queue="fragile"))
+        method, _p, body = await consumer.message()
+        assert body == b"x" and method.redelivered
