@@ -141,6 +141,33 @@ def script(port: int) -> Log:
         method, props, body = ch.basic_get("d.dlq", auto_ack=True)
     log.append(("dead-lettered", body, props.headers["x-death"][0]["reason"], props.headers["x-death"][0]["queue"]))
 
+    # alternate exchange, channel close requeue, recover, counts with a consumer
+    ch.exchange_declare("d.ae", "fanout")
+    ch.queue_declare("d.aeq")
+    ch.queue_bind("d.aeq", "d.ae")
+    ch.exchange_declare("d.withae", "direct", arguments={"alternate-exchange": "d.ae"})
+    ch.basic_publish("d.withae", "nobody", b"to-ae")
+    log.append(("alternate exchange", _get_all(ch, "d.aeq")))
+    ch.basic_publish("", "d.q1", b"unacked")
+    holder = conn.channel()
+    method, _p, body = holder.basic_get("d.q1")
+    log.append(("held", body, method.redelivered))
+    holder.close()
+    method, _p, body = ch.basic_get("d.q1", auto_ack=True)
+    log.append(("after channel close", body, method.redelivered))
+    rc = conn.channel()
+    rc.basic_publish("", "d.q1", b"recovered")
+    method, _p, body = rc.basic_get("d.q1")
+    rc.basic_recover(requeue=True)
+    method, _p, body = rc.basic_get("d.q1", auto_ack=True)
+    log.append(("after recover", body, method.redelivered))
+    rc.basic_consume("d.q1", lambda *a: None, consumer_tag="counted")
+    ok = ch.queue_declare("d.q1", passive=True).method
+    log.append(("declare-ok counts", ok.message_count, ok.consumer_count))
+    _refused(log, conn, "delete if-unused with a consumer", lambda c: c.queue_delete("d.q1", if_unused=True))
+    _refused(log, conn, "delete exchange if-unused with a binding", lambda c: c.exchange_delete("d.ae", if_unused=True))
+    rc.close()
+
     # purge and delete counts
     for i in range(3):
         ch.basic_publish("", "d.q2", b"x")
@@ -185,9 +212,9 @@ def script(port: int) -> Log:
         conn = _connect(port)
     # cleanup (so a rerun starts clean)
     ch = conn.channel()
-    for q in ("d.q1", "d.prio", "d.short", "d.dlq", "d.work"):
+    for q in ("d.q1", "d.prio", "d.short", "d.dlq", "d.work", "d.aeq"):
         ch.queue_delete(q)
-    for x in ("d.direct", "d.topic", "d.headers", "d.fanout"):
+    for x in ("d.direct", "d.topic", "d.headers", "d.fanout", "d.withae", "d.ae"):
         ch.exchange_delete(x)
     conn.close()
     return log
