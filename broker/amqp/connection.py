@@ -514,6 +514,12 @@ class AMQPConnection:
         self.ended = ConnectionEnded(code, _text(code, text), False)
         self._events.append(self.ended)
 
+    def abandon(self) -> None:
+        """The IO layer gives up on the connection (its close-ok never came, or its
+        socket ended): it is closed, whatever state it was in."""
+        if self.state is not State.CLOSED:
+            self._end(self.ended.code if self.ended else 0, self.ended.text if self.ended else "abandoned", False)
+
     def _end(self, code: int, text: str, by_peer: bool) -> None:
         already = self.ended is not None
         self.state = State.CLOSED

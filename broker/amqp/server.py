@@ -181,10 +181,13 @@ class AMQPServer:
                             break
                         conn.receive_data(data, trio.current_time())
                         await _drain_events(conn, session)
+                # over (no close-ok came, or the client left): the writer sends what is
+                # queued, then cancels this nursery; a client that does not read
+                # cannot hold it past CLOSE_WAIT_S
+                conn.abandon()
                 wake()
                 with trio.move_on_after(CLOSE_WAIT_S):
-                    while conn.pending_output():
-                        await trio.sleep(0.01)
+                    await trio.sleep_forever()
                 nursery.cancel_scope.cancel()
         except Exception:
             log.exception("amqp connection failed", extra={"fields": {"remote": remote_text}})
