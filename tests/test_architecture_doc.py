@@ -28,8 +28,6 @@ TOLERANCE = 0.10
 OVER_LIMIT_FOR_NOW = frozenset(
     {
         "broker/core/dedup.py",
-        "client/channel.py",
-        "client/transport.py",
     }
 )
 

@@ -13,7 +13,8 @@ import anyio.abc
 import pytest
 import trio
 
-from client.transport import Endpoint, receive_some
+from client.endpoint import Endpoint
+from client.transport import receive_some
 from tests.client.fakebroker import open_fake_broker
 from tests.support.app import open_memory_broker
 from tests.support.channel import ChannelClient, open_channel

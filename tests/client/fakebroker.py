@@ -33,7 +33,8 @@ import h11
 import orjson
 from sortedcontainers import SortedList
 
-from client.transport import Endpoint, receive_some
+from client.endpoint import Endpoint
+from client.transport import receive_some
 from tests.support.memstream import memory_stream_pair
 
 
