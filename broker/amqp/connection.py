@@ -13,7 +13,7 @@ What a method means for the broker (declares, consumes, publishes, acks) is not 
 business: those arrive as :class:`Method` and :class:`Content` events for the session
 (``session.py``).
 
-Why one module of ~540 lines: the handshake, tune, channel table and content assembly
+Why one module of ~560 lines: the handshake, tune, channel table and content assembly
 read and write one state, and every framing rule is a branch of the one frame
 dispatch; the events are in ``events.py``, the codec in ``frames.py``.
 """

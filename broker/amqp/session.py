@@ -11,6 +11,10 @@ connection exception (5xx) closes the connection.
 
 It never touches sockets: it writes into the connection's output buffer and tells the
 IO layer (``server.py``) through ``wake``.
+
+Why one module of ~560 lines: the channels (the runtime's sinks), the login, the
+back-pressure and the per-message methods all read and write one connection's state;
+the other methods are in ``methods.py``.
 """
 
 from __future__ import annotations
