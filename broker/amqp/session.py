@@ -389,7 +389,7 @@ class AMQPSession:
 
         self.release_user = release_user
         self.access = self.principal.access
-        self.conn.accept_login(event.username)
+        self.conn.accept_login(self.principal.username)
 
     async def open_channel(self, number: int) -> None:
         ch = AMQPChannel(self, number)

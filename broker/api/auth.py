@@ -414,7 +414,8 @@ class Authenticator:
         self, username: str, password: str, remote: str | None
     ) -> tuple[Principal, Callable[[], None]] | str | None:
         """Check a user name and password for a listener other than HTTP (AMQP's PLAIN
-        and AMQPLAIN), with the guard's failure limiters and per-user connection cap:
+        and AMQPLAIN; the password may be one of the user's API tokens, and the name
+        then may be empty), with the guard's failure limiters and per-user connection cap:
         (the principal, what to call when the connection ends), a refusal's reason
         (a cap, a limiter), or None for wrong credentials."""
         address = _address(remote)
@@ -426,7 +427,15 @@ class Authenticator:
         ):
             self.refused += 1
             return "too many failed authentications for this user name, or from this address; try again later"
-        found = await self._check_password(username, password) if username else None
+        token_id: str | None = None
+        parsed = _parse_token(password)
+        if parsed is not None:  # an API token in the password field (RabbitMQ's OAuth style)
+            found = self._check_token(*parsed)
+            token_id = parsed[0]
+            if found is not None and username and username != found:
+                found = None
+        else:
+            found = await self._check_password(username, password) if username else None
         if found is None:
             self.failed += 1
             count = self.failures.record(login_key, now)
@@ -440,6 +449,8 @@ class Authenticator:
             )
             return None
         principal = self.principal(found)
+        if token_id is not None:
+            principal = principal.with_token(token_id)
         usage = principal.usage
         if usage.requests >= self.limits.max_connections_per_user:
             return f"user {found!r} has {self.limits.max_connections_per_user} connections (max_connections_per_user)"

@@ -73,6 +73,18 @@ def test_users_and_permissions(tmp_path: Path) -> None:
                 time.sleep(0.1)
         conn.channel().queue_declare("alice.q")
         conn.close()
+        auth = {"authorization": "Basic " + base64.b64encode(b"alice:pw-123456").decode()}
+        # an API token as the password; revoking it closes the connection
+        status, made = broker.request("POST", "/users/alice/tokens", {}, headers=auth)
+        assert status in (200, 201), made
+        by_token = pika.BlockingConnection(pika.ConnectionParameters(
+            "127.0.0.1", port, credentials=pika.PlainCredentials("alice", made["token"])))
+        by_token.channel().queue_declare("alice.q", passive=True)
+        assert broker.request("DELETE", f"/tokens/{made['id']}", headers=auth)[0] in (200, 204)
+        with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as revoked:
+            for _ in range(100):
+                by_token.process_data_events(time_limit=0.1)
+        assert revoked.value.reply_code == 320
         with pytest.raises(pika.exceptions.ProbableAuthenticationError):
             pika.BlockingConnection(pika.ConnectionParameters(
                 "127.0.0.1", port, credentials=pika.PlainCredentials("alice", "wrong")))
@@ -90,7 +102,6 @@ def test_users_and_permissions(tmp_path: Path) -> None:
             ch.basic_get("alice.q")
         assert err.value.reply_code == 403
         # deleting the user closes its connections (RabbitMQ's 320)
-        auth = {"authorization": "Basic " + base64.b64encode(b"alice:pw-123456").decode()}
         assert broker.request("DELETE", "/users/bob", headers=auth)[0] in (200, 204)
         with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as closed:
             for _ in range(100):
