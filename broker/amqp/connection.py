@@ -62,6 +62,7 @@ from broker.amqp.replies import (
     NOT_ALLOWED,
     NOT_IMPLEMENTED,
     PRECONDITION_FAILED,
+    RESOURCE_ERROR,
     UNEXPECTED_FRAME,
     reply_text,
 )
@@ -82,6 +83,8 @@ __all__ = [
 ]
 
 FRAME_MIN_SIZE = 4096
+#: Unfinished message bodies one connection may hold, in units of max_body_bytes.
+ASSEMBLING_FACTOR = 4
 CLASS_CONNECTION = 10
 CLASS_CHANNEL = 20
 
@@ -142,6 +145,8 @@ class AMQPConnection:
         self.channels: set[int] = set()
         self._closing: set[int] = set()
         self._assembly: dict[int, _Assembly] = {}
+        #: Bytes of the bodies being assembled, all channels together.
+        self._assembling = 0
         self.last_received = now
         self.last_sent = now
         self.ended: ConnectionEnded | None = None
@@ -355,8 +360,13 @@ class AMQPConnection:
             assembly.received += len(payload)
             if assembly.received > assembly.header.body_size:
                 raise FrameError(FRAME_ERROR, f"FRAME_ERROR - content body longer than its header's {assembly.header.body_size} bytes")
+            self._assembling += len(payload)
+            if self._assembling > ASSEMBLING_FACTOR * self.limits.max_body_bytes:
+                # unfinished bodies interleaved on many channels: bounded per connection
+                raise FrameError(RESOURCE_ERROR, "RESOURCE_ERROR - too many unfinished message bodies on this connection")
             assembly.parts.append(payload)
             if assembly.received == assembly.header.body_size:
+                self._assembling -= assembly.received
                 del self._assembly[channel]
                 body = assembly.parts[0] if len(assembly.parts) == 1 else b"".join(assembly.parts)
                 self._events.append(Content(channel, assembly.publish, assembly.header.properties, body))
@@ -425,7 +435,9 @@ class AMQPConnection:
         if channel not in self.channels or self.state is not State.OPEN:
             return
         self.channels.discard(channel)
-        self._assembly.pop(channel, None)
+        dropped = self._assembly.pop(channel, None)
+        if dropped is not None:
+            self._assembling -= dropped.received
         self._closing.add(channel)
         self._send_method(channel, commands.Channel.Close(
             reply_code=code, reply_text=_text(code, text), class_id=class_id, method_id=method_id
@@ -508,6 +520,7 @@ class AMQPConnection:
             return
         self.state = State.CLOSING
         self._assembly.clear()
+        self._assembling = 0
         self._send_method(0, commands.Connection.Close(
             reply_code=code, reply_text=_text(code, text), class_id=class_id, method_id=method_id
         ))
@@ -525,6 +538,7 @@ class AMQPConnection:
         self.state = State.CLOSED
         self.channels.clear()
         self._assembly.clear()
+        self._assembling = 0
         if not already:
             self.ended = ConnectionEnded(code, text, by_peer)
             self._events.append(self.ended)

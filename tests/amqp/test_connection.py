@@ -251,3 +251,18 @@ def test_a_silent_client_is_dropped_during_the_handshake() -> None:
     assert conn.next_timer() == pytest.approx(110.01)
     conn.check_timers(111.0)
     assert conn.closed
+
+
+def test_unfinished_bodies_on_many_channels_are_bounded() -> None:
+    conn = opened(TuneLimits(max_body_bytes=1000))
+    for channel in range(1, 7):
+        if channel > 1:
+            conn.receive_data(m(channel, commands.Channel.Open()))
+            conn.channel_open_ok(channel)
+        conn.receive_data(m(channel, commands.Basic.Publish(exchange="", routing_key="q")))
+        conn.receive_data(pframe.marshal(pheader.ContentHeader(0, 1000, commands.Basic.Properties()), channel))
+        conn.receive_data(pframe.marshal(pbody.ContentBody(b"x" * 999), channel))  # one byte short each
+        if conn.state is not State.OPEN:
+            break
+    assert closed_with(conn)[2] == 506
+    assert channel == 5  # the fifth unfinished body passed 4 x max_body_bytes
