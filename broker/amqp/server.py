@@ -84,9 +84,8 @@ class AMQPServer:
         max_connections_per_address: int = 1000,
     ) -> None:
         self.bridge = RuntimeBridge(runtime)
-        self.runtime = runtime
         self.login = login
-        self.limits = limits or TuneLimits(max_body_bytes=runtime.options.max_body_bytes)
+        self.limits = limits or TuneLimits(max_body_bytes=self.bridge.max_body_bytes)
         self.ssl_context = ssl_context
         self.ports: list[int] = []
         self.connections = 0
