@@ -14,6 +14,7 @@ Errors are :class:`FrameError` with the AMQP reply code the connection closes wi
 
 from __future__ import annotations
 
+import functools
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -376,6 +377,10 @@ def _content(channel: int, props: bytes, body: bytes, frame_max: int) -> list[by
     return parts
 
 
+_shortstr_cached = functools.lru_cache(maxsize=4096)(_pack_shortstr)
+_HEADER_FRAME = struct.Struct(">BHIHHQ")
+
+
 def encode_deliver(
     channel: int,
     consumer_tag: str,
@@ -388,18 +393,33 @@ def encode_deliver(
     frame_max: int,
 ) -> bytes:
     """``basic.deliver`` with its content header and body frames (``props`` from
-    :func:`encode_properties`)."""
-    args = b"".join(
-        (
-            _pack_shortstr(consumer_tag),
-            _U64.pack(delivery_tag),
-            b"\x01" if redelivered else b"\x00",
-            _pack_shortstr(exchange),
-            _pack_shortstr(routing_key),
-        )
-    )
-    method = _DELIVER_HEAD.pack(FRAME_METHOD, channel, len(args) + 4, 60, 60) + args + b"\xce"
-    return method + b"".join(_content(channel, props, body, frame_max))
+    :func:`encode_properties`), in one join: it runs once per delivery."""
+    tag = _shortstr_cached(consumer_tag)
+    ex = _shortstr_cached(exchange)
+    rk = _shortstr_cached(routing_key)
+    size = len(body)
+    parts: list[bytes | memoryview] = [
+        _DELIVER_HEAD.pack(FRAME_METHOD, channel, len(tag) + len(ex) + len(rk) + 13, 60, 60),
+        tag,
+        _U64.pack(delivery_tag),
+        b"\x01" if redelivered else b"\x00",
+        ex,
+        rk,
+        b"\xce",
+        _HEADER_FRAME.pack(FRAME_HEADER, channel, 12 + len(props), 60, 0, size),
+        props,
+        b"\xce",
+    ]
+    if size:
+        chunk = frame_max - FRAME_OVERHEAD
+        if size <= chunk:
+            parts += (_FRAME_HEAD.pack(FRAME_BODY, channel, size), body, b"\xce")
+        else:
+            view = memoryview(body)
+            for start in range(0, size, chunk):
+                piece = view[start : start + chunk]
+                parts += (_FRAME_HEAD.pack(FRAME_BODY, channel, len(piece)), piece, b"\xce")
+    return b"".join(parts)
 
 
 def encode_get_ok(
