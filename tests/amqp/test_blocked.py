@@ -42,3 +42,35 @@ async def test_a_publish_during_the_refusal_is_blocked_at_once_and_nacked_if_per
                 seen.append(type(value).__name__)
         assert set(seen) == {"Blocked", "Nack"}
         core.accept_publishes()
+
+
+async def test_a_publisher_far_ahead_of_the_disk_is_blocked_until_its_confirms_catch_up(app) -> None:
+    """Over UNCONFIRMED_MAX_BYTES of publishes waiting for the disk: connection.blocked
+    (and the connection is not read); unblocked once the log reports them durable."""
+    from broker.amqp.session import UNCONFIRMED_MAX_BYTES
+    from tests.support.fakewal import FakeWAL
+
+    wal = FakeWAL()
+    app.runtime.wal = wal
+    async with open_amqp(app) as c:
+        await c.open_channel(1)
+        await c.send(1, commands.Queue.Declare(queue="slow-disk", durable=True))
+        with trio.fail_after(5):
+            while not wal.appends:
+                await trio.sleep(0.01)
+        app.runtime._on_durable(wal.last_lsn)  # the declare's record
+        await c.expect(commands.Queue.DeclareOk, 1)
+        await c.send(1, commands.Confirm.Select())
+        await c.expect(commands.Confirm.SelectOk, 1)
+        body = b"x" * (1 << 20)
+        for _ in range(UNCONFIRMED_MAX_BYTES // len(body) + 2):
+            await c.publish(1, "", "slow-disk", body, properties=commands.Basic.Properties(delivery_mode=2))
+        with trio.fail_after(5):
+            blocked = await c.expect(commands.Connection.Blocked, 0)
+        assert "unconfirmed" in blocked.reason
+        app.runtime._on_durable(wal.last_lsn)
+        with trio.fail_after(5):
+            while True:
+                _ch, frame = await c.recv()
+                if isinstance(frame, commands.Connection.Unblocked):
+                    break
