@@ -49,6 +49,7 @@ from broker.config.kinds import (
     _SECONDS,
     _SIZE,
     _STR,
+    _WATERMARK,
     _at_least,
     _between,
     _Check,
@@ -223,6 +224,16 @@ class Settings:
     max_channels: int = _setting(_default(RuntimeOptions, "max_channels"), _INT, "limits", "Open channels, broker-wide.", _at_least(1))
     max_queues: int = _setting(_default(RuntimeOptions, "max_queues"), _INT, "limits", "Declared queues.", _at_least(1))
     max_exchanges: int = _setting(_default(RuntimeOptions, "max_exchanges"), _INT, "limits", "Declared exchanges.", _at_least(1))
+    memory_high_watermark: float = _setting(
+        _default(RuntimeOptions, "memory_high_watermark"), _WATERMARK, "limits",
+        "Memory alarm: above this resident size publishes wait, then are refused (503, a channel's nack) "
+        "until it falls; a fraction (0.4, 40%) of the cgroup's or machine's memory, a size (1GiB), or 0: off.",
+    )
+    blocked_publish_wait_s: float = _setting(
+        _default(RuntimeOptions, "blocked_publish_wait_s"), _SECONDS, "limits",
+        "How long a publish waits while publishing is blocked (memory or disk alarm) before it is refused.",
+        _NON_NEGATIVE,
+    )
     # storage
     data_dir: pathlib.Path = _setting(
         pathlib.Path("data"), _PATH, "storage", "Directory of the WAL segments and checkpoints."
@@ -281,6 +292,14 @@ class Settings:
         _default(RuntimeOptions, "default_lease_s"), _SECONDS, "messaging", "Lease of a REST get when the request names none.", _positive
     )
     max_lease_s: float = _setting(_default(RuntimeOptions, "max_lease_s"), _SECONDS, "messaging", "Longest lease a client may ask for.", _positive)
+    auto_delete_grace_s: float = _setting(
+        _default(RuntimeOptions, "auto_delete_grace_s"),
+        _SECONDS,
+        "messaging",
+        "An auto-delete queue read with REST gets (no consumer) is deleted once it has had no get, "
+        "no long-poll, no lease out and no message this long.",
+        _NON_NEGATIVE,
+    )
     consumer_timeout_s: float = _setting(
         _default(RuntimeOptions, "consumer_timeout_s"),
         _SECONDS,

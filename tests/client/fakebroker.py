@@ -440,7 +440,7 @@ class FakeBroker:
         else:
             tags = [dtag] if dtag in ch.unacked else []
         if not tags:
-            self.error(ch, op, "precondition_failed", f"unknown delivery tag {dtag}")
+            self.error(ch, op, "unknown_delivery_tag", f"unknown delivery tag {dtag}")  # as the broker
             return
         touched = set()
         for t in tags:
