@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import trio
+
 from broker.core import Broker, BrokerViews
 from broker.runtime import BrokerRuntime, ChannelSink, CommandGateway
 
@@ -90,6 +92,35 @@ class RuntimeBridge:
     def flush(self) -> None:
         """Carry out every effect the core has produced (deliveries, confirms, log)."""
         self.gateway.flush()
+
+    # publishing blocked (the runtime's flow signal: a memory or disk alarm) ---------
+
+    def clock(self) -> float:
+        """The runtime's clock (trio's), for when a wait began."""
+        return trio.current_time()
+
+    @property
+    def flow_blocked(self) -> bool:
+        return self.runtime.flow.blocked
+
+    @property
+    def flow_reason(self) -> str | None:
+        return self.runtime.flow.reason
+
+    def subscribe_flow(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback()`` whenever publishing is blocked or resumes; returns the
+        function that ends the subscription."""
+        return self.runtime.flow.subscribe(lambda _flow: callback())
+
+    async def wait_publishable(self, since: float | None) -> str | None:
+        """Wait while publishing is blocked: None once a publish may go, else the
+        reason it is refused (``blocked_publish_wait_s`` passed since ``since``)."""
+        return await self.gateway.wait_publishable(since=since)
+
+    def refuse_publish(self, channel_id: int, reason: str) -> int | None:
+        """Number and nack a publish the wait refused; None on a transactional channel
+        (then publish it as usual)."""
+        return self.gateway.refuse_publish(channel_id, reason)
 
     def grant_credit(self, channel_id: int, nbytes: int) -> None:
         """The socket took ``nbytes`` of this channel's deliveries: more may come."""

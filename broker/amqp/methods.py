@@ -18,6 +18,7 @@ from broker.amqp.events import (
     ChannelFailed,
     ChannelOpened,
     ConnectionEnded,
+    Content,
     Login,
     Method,
     Opened,
@@ -71,7 +72,9 @@ async def handle(s: AMQPSession, event: Any) -> None:
         s.wake()
         return
     kind = type(event)
-    if kind is Method:
+    if kind is Content:  # a publish while publishing is blocked
+        await s.publish_when_allowed(event)
+    elif kind is Method:
         method = event.method
         ch = s.channels.get(event.channel)
         if ch is None:

@@ -162,6 +162,7 @@ class AMQPServer:
             login=self.login, has_users=lambda: bool(views.user_infos()), wake=wake,
         )
         self.connections += 1
+        stop_flow_events = self.bridge.subscribe_flow(session.flow_changed)
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._writer, stream, conn, session, state, nursery.cancel_scope)
@@ -191,6 +192,7 @@ class AMQPServer:
         except Exception:
             log.exception("amqp connection failed", extra={"fields": {"remote": remote_text}})
         finally:
+            stop_flow_events()
             self.connections -= 1
             session.release_all("connection closed")
             with trio.CancelScope(shield=True), trio.move_on_after(1):

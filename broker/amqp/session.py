@@ -290,6 +290,8 @@ class AMQPSession:
         self.cancel_notify = False
         self.closing_reason: str | None = None
         self.blocked = False
+        #: When this connection's publishes started waiting in the current alarm.
+        self.blocked_since: float | None = None
         #: Channels to close at the next step (errors found while pumping).
         self._failures: list[tuple[AMQPChannel, int, str]] = []
         self._counter = 0
@@ -306,6 +308,8 @@ class AMQPSession:
         ``methods.handle``)."""
         kind = type(event)
         if kind is Content:
+            if self.bridge.flow_blocked:
+                return False  # it waits (methods.handle: publish_when_allowed)
             self.guard(event.channel, self.publish, event, 60, 40)
             return True
         if kind is Method:
@@ -467,11 +471,39 @@ class AMQPSession:
     def must_pause(self) -> bool:
         return self.unconfirmed_bytes > UNCONFIRMED_MAX_BYTES or self.conn.pending_output() > OUTPUT_MAX_BYTES
 
+    async def publish_when_allowed(self, event: Content) -> None:
+        """A publish while publishing is blocked (a memory or disk alarm): what came
+        before it leaves, then the connection reads nothing more until publishing
+        resumes, or the publish is refused with a ``basic.nack`` once the connection
+        has waited ``blocked_publish_wait_s`` in this alarm (as the HTTP channel does)."""
+        ch = self.channels.get(event.channel)
+        if ch is None:
+            return
+        self.bridge.flush()
+        self.update_blocked()
+        self.wake()
+        if self.blocked_since is None:
+            self.blocked_since = self.bridge.clock()
+        refusal = await self.bridge.wait_publishable(self.blocked_since)
+        if self.channels.get(event.channel) is not ch:
+            return
+        if refusal is not None and self.bridge.refuse_publish(ch.core_id, refusal) is not None:
+            ch.published += 1  # numbered (its confirm is a nack) though not taken
+            return
+        self.guard(event.channel, self.publish, event, 60, 40)
+
+    def flow_changed(self) -> None:
+        """Publishing was blocked or resumed: tell the client (``update_blocked``)."""
+        if not self.bridge.flow_blocked:
+            self.blocked_since = None
+        self.update_blocked()
+        self.wake()
+
     def update_blocked(self) -> None:
         """``connection.blocked`` while the broker refuses publishes (its disk reserve
         is used up) or this connection's unconfirmed publishes are over their bound;
         ``unblocked`` when that ends (RabbitMQ's alarms, for clients that asked)."""
-        refusal = self.views.publish_refusal()
+        refusal = self.bridge.flow_reason if self.bridge.flow_blocked else self.views.publish_refusal()
         blocked = refusal is not None or self.unconfirmed_bytes > UNCONFIRMED_MAX_BYTES
         if blocked == self.blocked:
             return
@@ -479,7 +511,7 @@ class AMQPSession:
         if not self.conn.wants_blocked:
             return
         if blocked:
-            reason = "low on disk space" if refusal is not None else "too many unconfirmed publishes"
+            reason = refusal[:255] if refusal is not None else "too many unconfirmed publishes"
             self.conn.send_connection_method(commands.Connection.Blocked(reason=reason))
         else:
             self.conn.send_connection_method(commands.Connection.Unblocked())

@@ -74,3 +74,58 @@ async def test_a_publisher_far_ahead_of_the_disk_is_blocked_until_its_confirms_c
                 _ch, frame = await c.recv()
                 if isinstance(frame, commands.Connection.Unblocked):
                     break
+
+
+async def test_a_memory_alarm_blocks_publishers_and_their_publishes_wait(app) -> None:
+    """The runtime's flow signal (a memory or disk alarm): connection.blocked at once,
+    a publish waits (the connection is not read) and goes through when it clears."""
+    from broker.runtime import ALARM_MEMORY
+
+    flow = app.runtime.flow
+    async with open_amqp(app) as c:
+        await c.open_channel(1)
+        await c.declare(1, "waits")
+        await c.send(1, commands.Confirm.Select())
+        await c.expect(commands.Confirm.SelectOk, 1)
+        flow.raise_alarm(ALARM_MEMORY, "memory above the high watermark")
+        with trio.fail_after(5):
+            blocked = await c.expect(commands.Connection.Blocked, 0)
+        assert "memory" in blocked.reason
+        await c.publish(1, "", "waits", b"patient")
+        await c.send(1, commands.Queue.Declare(queue="waits", passive=True))
+        with trio.move_on_after(0.3):
+            await c.recv()
+            raise AssertionError("nothing may be answered while the publish waits")
+        assert app.runtime.core.views.queue_counter("messages_ready", "waits") == 0
+        flow.clear_alarm(ALARM_MEMORY)
+        seen = []
+        with trio.fail_after(5):
+            while len(seen) < 3:
+                _ch, frame = await c.recv()
+                seen.append(type(frame).__name__)
+        assert seen[0] == "Unblocked" and set(seen[1:]) == {"Ack", "DeclareOk"}
+
+
+async def test_a_publish_blocked_too_long_is_nacked(app) -> None:
+    import dataclasses
+
+    from broker.runtime import ALARM_MEMORY
+
+    app.runtime.options = dataclasses.replace(app.runtime.options, blocked_publish_wait_s=0.2)
+    flow = app.runtime.flow
+    async with open_amqp(app) as c:
+        await c.open_channel(1)
+        await c.declare(1, "refused")
+        await c.send(1, commands.Confirm.Select())
+        await c.expect(commands.Confirm.SelectOk, 1)
+        flow.raise_alarm(ALARM_MEMORY, "memory above the high watermark")
+        try:
+            await c.publish(1, "", "refused", b"x")
+            with trio.fail_after(5):
+                while True:
+                    _ch, frame = await c.recv()
+                    if isinstance(frame, (commands.Basic.Ack, commands.Basic.Nack)):
+                        break
+            assert isinstance(frame, commands.Basic.Nack) and frame.delivery_tag == 1
+        finally:
+            flow.clear_alarm(ALARM_MEMORY)
