@@ -30,6 +30,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 EXPECTED_DEFAULTS: dict[str, Any] = {
     "host": "127.0.0.1",
     "port": 8080,
+    "amqp_port": 5672,
+    "amqps_port": 5671,
     "data_dir": pathlib.Path("./data"),
     "max_body_bytes": 16 * MiB,
     "max_header_bytes": 65536,

@@ -158,6 +158,14 @@ class Settings:
     # network
     host: str = _setting("127.0.0.1", _STR, "network", "Address to listen on.")
     port: int = _setting(8080, _INT, "network", "TCP port to listen on; 0 picks a free port.", _between(0, 65535))
+    amqp_port: int = _setting(
+        5672, _INT, "network", "AMQP 0-9-1 port on host (docs/amqp.md); 0 turns the AMQP listener off.",
+        _between(0, 65535),
+    )
+    amqps_port: int = _setting(
+        5671, _INT, "network", "AMQP over TLS port, served only when tls_cert is set; 0 turns it off.",
+        _between(0, 65535),
+    )
     max_connections: int = _setting(
         _default(Limits, "max_connections"), _INT, "network", "Open TCP connections beyond this are refused.", _at_least(1)
     )
