@@ -212,6 +212,7 @@ class Broker:
         self.redrive = dead_letters.redrive
         # publishing and deliveries
         self.publish = publishing.publish
+        self.refuse_publish = publishing.refuse_publish
         self.open_channel = deliveries.open_channel
         self.close_channel = deliveries.close_channel
         self.grant_credit = deliveries.grant_credit

@@ -128,7 +128,7 @@ _property_names = st.sampled_from([
 _properties = st.one_of(_json, st.dictionaries(_property_names, _json, max_size=4))
 _publish_fields = {
     "exchange": _json, "routing_key": _json, "body": _json, "body_b64": _json, "properties": _properties,
-    "mandatory": _json, "delay_s": _json, "id": _json, "multiple": _json, "routng_key": _json,
+    "mandatory": _json, "delay_s": _json, "id": _json, "multiple": _json, "routng_key": _json, "deadline_ms": _json,
 }
 _tag_lists = st.lists(st.one_of(st.integers(min_value=-5, max_value=2**64 + 1), _scalars), max_size=4)
 _ack_fields = {

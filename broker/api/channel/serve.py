@@ -50,6 +50,7 @@ async def handle_channel(
     if principal is not None:
         principal.open_session(session)  # ended at once if its credentials are revoked
     gateway.attach(channel_id, session)
+    stop_flow_events = runtime.flow.subscribe(session.flow_changed)
     log.info("channel opened", extra={"fields": {"channel": channel_id}})
     reason = "channel closed"
     disconnected = False
@@ -59,6 +60,8 @@ async def handle_channel(
         if features:
             opened["features"] = features
         session.send_event(opened)
+        if runtime.flow.blocked:
+            session.flow_changed(runtime.flow)
         async with trio.open_nursery() as nursery:
 
             async def write() -> None:
@@ -106,6 +109,7 @@ async def handle_channel(
     except ClientDisconnected:
         reason = "client disconnected"
     finally:
+        stop_flow_events()
         if principal is not None:
             principal.close_channel(channel_id)
             principal.close_session(session)

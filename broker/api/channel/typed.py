@@ -5,7 +5,7 @@ This is a fast path only: it never decides an error of its own. A line the decod
 refuses (an unknown field, a wrong type, a value out of range, any other op, bad
 JSON), or that it cannot judge exactly as the general path would (a line with
 non-ASCII text or a ``\\u`` escape, whose property lengths count UTF-8 bytes;
-message headers, which need the full JSON checks), gets ``None`` from
+message headers, which need the full JSON checks; a ``deadline_ms``), gets ``None`` from
 :func:`decode_hot`, and the reader applies it through the general path
 (``parse_op_line`` and the op's own checks), which answers exactly as before. So
 every error a client can see keeps its code and message. What the decoder accepts,
@@ -64,6 +64,8 @@ class PublishOp(Struct, tag="publish", tag_field="op", forbid_unknown_fields=Tru
     properties: PublishProperties | None = None
     mandatory: bool = False
     delay_s: _Int64 | float | None = None
+    # Present: the general path takes the line (it checks the deadline's forms).
+    deadline_ms: Raw | UnsetType = UNSET
     # A publish's id is not checked by the general path either; other JSON values
     # (objects, lists, floats) take the general path.
     id: str | _Int64 | None = None
