@@ -46,7 +46,7 @@ __all__ = [
     "Nack",
     "Return",
     "Deliver",
-    "Deliveries",
+    "DeliverBatch",
     "delivery_fields",
     "ConsumeOk",
     "ConsumerActive",
@@ -372,7 +372,7 @@ class Deliver:
 
 
 @dataclass(frozen=True, slots=True)
-class Deliveries:
+class DeliverBatch:
     """Many deliveries in one event (docs/protocol.md, "Batched deliveries"): its rows
     as received, each read by :func:`delivery_fields` when it is handed out."""
 
@@ -472,7 +472,7 @@ class UnknownEvent:
 
 
 Event = Union[
-    Open, Ack, Nack, Return, Deliver, Deliveries, ConsumeOk, ConsumerActive, CancelOk, BrokerCancel, Expired, Ok,
+    Open, Ack, Nack, Return, Deliver, DeliverBatch, ConsumeOk, ConsumerActive, CancelOk, BrokerCancel, Expired, Ok,
     Error, CloseOk, Closing, UnknownEvent,
 ]
 
@@ -538,7 +538,7 @@ def decode_event(line: bytes) -> Event:
         rows = obj.get("d")
         if not isinstance(rows, list):
             raise ProtocolError("'deliveries' event: 'd' must be a list")
-        return Deliveries(rows)
+        return DeliverBatch(rows)
     if ev == "deliver":
         message = obj.get("message")
         if not isinstance(message, dict):

@@ -23,7 +23,7 @@ from .codec import (
     ConsumeOk,
     ConsumerActive,
     Deliver,
-    Deliveries,
+    DeliverBatch,
     Error,
     Event,
     Expired,
@@ -70,7 +70,7 @@ class EventDispatcher:
             if isinstance(event, Ack):
                 self._on_ack(event.delivery_tag, event.multiple)
                 self.unattributed_errors = 0
-            elif type(event) is Deliveries:
+            elif type(event) is DeliverBatch:
                 self._on_deliveries(session, event.rows)
             elif isinstance(event, Deliver):
                 self._on_deliver(session, event)

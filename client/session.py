@@ -51,7 +51,7 @@ import anyio.lowlevel
 from ._backend import tasks_runnable
 from .codec import (
     Deliver,
-    Deliveries,
+    DeliverBatch,
     Error,
     Event,
     LineSplitter,
@@ -272,7 +272,7 @@ class SessionLink:
             for line in self._splitter.feed(data):
                 event = decode_event(line)
                 on_event(self, event)
-                delivered = delivered or type(event) is Deliver or type(event) is Deliveries
+                delivered = delivered or type(event) is Deliver or type(event) is DeliverBatch
             if delivered and tasks_runnable():
                 await _let_consumers_run()
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from broker.core import (
     AccessRefused,
-    BrokerError,
+    ErrorReply,
     ChannelError,
     InvalidArgument,
     NotFound,
@@ -88,7 +88,7 @@ def is_connection_error(code: int) -> bool:
     return code >= 500
 
 
-def reply_for(exc: BrokerError) -> int:
+def reply_for(exc: ErrorReply) -> int:
     """The AMQP reply code of a core error (RabbitMQ's choice for the same refusal)."""
     if isinstance(exc, NotFound):
         return NOT_FOUND

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from broker.api.channel.session import BATCH_MAX_BYTES, ChannelSession
+from broker.api.channel.session import BATCH_MAX_BYTES, ServedChannel
 from broker.app import BrokerApp
 from broker.core import Deliver
-from broker.core.message import Message
+from broker.core.message import StoredMessage as Message
 from tests.support.channel import ChannelClient, Clients, wait_until
 
 BATCHES = [("Ackbus-Features", "batches")]
@@ -86,13 +86,13 @@ async def test_a_delivery_tags_ack_with_delivery_tag_is_refused(app: BrokerApp, 
 
 
 class _Outbox:
-    """What ``ChannelSession._take_outbox`` reads of a session."""
+    """What ``ServedChannel._take_outbox`` reads of a session."""
 
     def __init__(self, items: list[Any]) -> None:
         self.outbox, self.outbox_bytes, self.batch_deliveries = items, 0, True
 
     def _encode_batched(self, batch: list[Any]) -> tuple[bytes, int]:
-        return ChannelSession._encode_batched(self, batch)  # type: ignore[arg-type]
+        return ServedChannel._encode_batched(self, batch)  # type: ignore[arg-type]
 
 
 def test_a_run_of_deliveries_is_split_and_keeps_its_place() -> None:
@@ -102,7 +102,7 @@ def test_a_run_of_deliveries_is_split_and_keeps_its_place() -> None:
         return Deliver(1, "c", tag, False, Message(tag, "", "q", b"x" * 60_000, None))
 
     items: list[Any] = [{"ev": "ok", "id": 1}, *[deliver(t) for t in range(1, 11)], {"ev": "ok", "id": 2}, deliver(11)]
-    data, credit = ChannelSession._take_outbox(_Outbox(items))  # type: ignore[arg-type]
+    data, credit = ServedChannel._take_outbox(_Outbox(items))  # type: ignore[arg-type]
     events = [orjson.loads(line) for line in data.splitlines()]
     assert [e["ev"] for e in events][0] == "ok" and events[-2] == {"ev": "ok", "id": 2}
     runs = [[row[1] for row in e["d"]] for e in events if e["ev"] == "deliveries"]

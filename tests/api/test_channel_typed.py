@@ -19,7 +19,7 @@ from broker.api.channel import reader
 from broker.api.channel.ops import echo_id
 from broker.api.channel.typed import AckOp, PublishOp, decode_hot
 from broker.api.codec import parse_op_line
-from broker.core import AccessRefused, BrokerError
+from broker.core import AccessRefused, ErrorReply
 
 
 class _Access:
@@ -38,7 +38,7 @@ class _Core:
 
 @dataclass
 class _Session:
-    """What the reader's publish and ack touch of a ChannelSession, recorded."""
+    """What the reader's publish and ack touch of a ServedChannel, recorded."""
 
     calls: list[Any] = field(default_factory=list)
     channel_id: int = 7
@@ -98,7 +98,7 @@ def _outcome(path: Any, line: bytes) -> tuple[Any, ...]:
     s.current_op = {"op": "consume", "id": "previous"}
     try:
         path(s, line)
-    except BrokerError as exc:
+    except ErrorReply as exc:
         return ("error", exc.code, str(exc), _echoed(s), s.calls)
     # what a later error outside any op (a line too long) would echo
     return ("ok", s.calls, _echoed(s))

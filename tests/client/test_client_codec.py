@@ -185,13 +185,13 @@ def test_malformed_events_are_protocol_errors(line: bytes) -> None:
 
 
 def test_a_deliveries_event_and_its_rows() -> None:
-    from client.codec import Deliveries, delivery_fields
+    from client.codec import DeliverBatch, delivery_fields
 
     event = decode_event(
         b'{"ev":"deliveries","d":[["c",1,false,0,"","q",{"message_id":"m"},"hi"],'
         b'["c",2,true,1,"x","k",null,{"b64":"/w=="}]]}'
     )
-    assert isinstance(event, Deliveries) and len(event.rows) == 2
+    assert isinstance(event, DeliverBatch) and len(event.rows) == 2
     tag, dtag, redelivered, count, exchange, routing_key, props, body = delivery_fields(event.rows[0])
     assert (tag, dtag, redelivered, count, exchange, routing_key, props.message_id, body) == (
         "c", 1, False, 0, "", "q", "m", b"hi"

@@ -25,7 +25,7 @@ from broker.api.channel.ops import (
     check_id,
     op_delay,
 )
-from broker.api.channel.session import ChannelSession
+from broker.api.channel.session import ServedChannel
 from broker.api.channel.typed import (
     UNSET,
     AckOp,
@@ -41,8 +41,8 @@ from broker.api.fields import (
     unknown_fields,
 )
 from broker.core import (
-    BrokerError,
     ChannelError,
+    ErrorReply,
     InvalidArgument,
     check_delay,
     check_properties,
@@ -56,10 +56,10 @@ _PUBLISH_ALLOWED = OP_FIELDS["publish"]
 assert _PUBLISH_ALLOWED >= PUBLISH_FIELDS
 
 
-async def serve_reader(s: ChannelSession, request: Request) -> None:
+async def serve_reader(s: ServedChannel, request: Request) -> None:
     """Apply operations from the request body until close, end of body or error.
 
-    Raises: ``BrokerError`` (a channel error: the caller reports it in-band),
+    Raises: ``ErrorReply`` (a channel error: the caller reports it in-band),
     ``ClientDisconnected``.
     """
     # Bytes of an unfinished line. Only the newly received chunk is searched for
@@ -122,7 +122,7 @@ async def serve_reader(s: ChannelSession, request: Request) -> None:
         pass
 
 
-async def _until_closing_or_gone(s: ChannelSession, request: Request) -> None:
+async def _until_closing_or_gone(s: ServedChannel, request: Request) -> None:
     """Keep a consuming channel whose input ended until the broker closes it; raises
     ClientDisconnected if the client leaves first."""
     disconnected = False
@@ -141,8 +141,8 @@ async def _until_closing_or_gone(s: ChannelSession, request: Request) -> None:
         raise ClientDisconnected("client closed the connection")
 
 
-async def apply(s: ChannelSession, op: dict[str, Any]) -> None:
-    """Apply one operation. Raises ``BrokerError`` (a channel error)."""
+async def apply(s: ServedChannel, op: dict[str, Any]) -> None:
+    """Apply one operation. Raises ``ErrorReply`` (a channel error)."""
     s.current_op = op
     name = op.get("op")
     if name == "publish":
@@ -164,7 +164,7 @@ async def apply(s: ChannelSession, op: dict[str, Any]) -> None:
     await handler(s, op)
 
 
-def publish(s: ChannelSession, op: dict[str, Any]) -> None:
+def publish(s: ServedChannel, op: dict[str, Any]) -> None:
     """A publish op: decoded, authorized, handed to the core (its effects leave with
     the chunk's; its confirm arrives later as an ``ack``/``nack`` event)."""
     exchange, routing_key, body, properties, mandatory = _decode_publish(s, op)
@@ -174,7 +174,7 @@ def publish(s: ChannelSession, op: dict[str, Any]) -> None:
     )
 
 
-async def publish_when_allowed(s: ChannelSession, op: dict[str, Any]) -> None:
+async def publish_when_allowed(s: ServedChannel, op: dict[str, Any]) -> None:
     """A publish while publishing is blocked (a memory or disk alarm): what came
     before it leaves, then it waits (and the channel reads nothing more meanwhile)
     until publishing resumes, or is refused with a ``nack``: once the channel has
@@ -193,9 +193,9 @@ async def publish_when_allowed(s: ChannelSession, op: dict[str, Any]) -> None:
         publish(s, op)
 
 
-def _decode_publish(s: ChannelSession, op: dict[str, Any]) -> tuple[str, str, bytes, dict[str, Any] | None, bool]:
+def _decode_publish(s: ServedChannel, op: dict[str, Any]) -> tuple[str, str, bytes, dict[str, Any] | None, bool]:
     """A publish op's exchange, routing key, body, properties and mandatory flag,
-    checked and authorized. Raises ``BrokerError`` (a channel error)."""
+    checked and authorized. Raises ``ErrorReply`` (a channel error)."""
     if not _PUBLISH_ALLOWED.issuperset(op):
         raise unknown_fields(op, _PUBLISH_ALLOWED, "publish op")
     exchange = op.get("exchange", "")
@@ -216,7 +216,7 @@ def _decode_publish(s: ChannelSession, op: dict[str, Any]) -> tuple[str, str, by
     return exchange_name(exchange), routing_key, body, properties, mandatory
 
 
-def _apply_typed(s: ChannelSession, op: PublishOp | AckOp, line: bytes) -> bool:
+def _apply_typed(s: ServedChannel, op: PublishOp | AckOp, line: bytes) -> bool:
     """Apply a typed ``publish`` or ``ack`` (``broker.api.channel.typed``) as
     :func:`publish` and the ``ack`` handler would, in the same order of checks; False
     (nothing done) when the general path must take the line. An error raised here
@@ -254,6 +254,6 @@ def _apply_typed(s: ChannelSession, op: PublishOp | AckOp, line: bytes) -> bool:
         )
         s.current_op = None
         return True
-    except BrokerError:
+    except ErrorReply:
         s.current_op = parse_op_line(line)
         raise
