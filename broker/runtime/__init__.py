@@ -12,6 +12,7 @@ publishing is blocked (the memory alarm of ``memory.py``, the disk alarm of
 rates and depths for the management UI.
 """
 
+from broker.runtime.build import build_name
 from broker.runtime.checkpoints import Checkpointer
 from broker.runtime.confirms import PendingConfirms, PublishWaiter
 from broker.runtime.flow import ALARM_DISK, ALARM_MEMORY, FlowControl
@@ -29,6 +30,7 @@ from broker.runtime.resources import disk_info, fd_info
 from broker.runtime.runtime import BrokerRuntime, LockWait
 
 __all__ = [
+    "build_name",
     "ALARM_DISK",
     "ALARM_MEMORY",
     "FlowControl",
