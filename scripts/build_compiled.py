@@ -27,7 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 #: The per-message path: publish -> route -> dedup -> record -> index; deliveries and
-#: settling (docs/architecture.md, "The compiled build"). Data modules they share
+#: settling; the client's publish handle, pending window, confirms and event decoding
+#: (docs/architecture.md, "The compiled build"). Data modules they share
 #: classes with are compiled with them (a compiled class cannot be subclassed by an
 #: interpreted one).
 COMPILED = [
@@ -48,10 +49,15 @@ COMPILED = [
     "broker/core/paging.py",
     "broker/core/shared.py",
     "broker/core/broker.py",
+    # the client's publish handle, pending window and confirm handling; its events
+    "client/pending.py",
+    "client/publisher.py",
+    "client/codec.py",
+    "client/events.py",
 ]
 
 #: What is copied into the tree (the rest of the checkout is not needed to run it).
-COPIED = ["broker", "client", "tests", "bench", "pyproject.toml"]
+COPIED = ["broker", "client", "tests", "bench", "scripts", "pyproject.toml"]
 
 
 def _fail(why: str) -> None:
@@ -80,7 +86,7 @@ def _copy_sources(tree: Path) -> None:
             continue
         shutil.copytree(
             source, tree / name, dirs_exist_ok=True,
-            ignore=shutil.ignore_patterns("__pycache__", "*.so", ".pytest_cache", ".hypothesis"),
+            ignore=shutil.ignore_patterns("__pycache__", "*.so", ".pytest_cache", ".hypothesis", ".build"),
         )
 
 

@@ -50,6 +50,17 @@ def roots() -> tuple[Path, Path]:
     return source, tree
 
 
+def test_version_names_the_build(roots: tuple[Path, Path]) -> None:
+    """``--version`` (and ``GET /overview``'s ``build``, from the same function) says
+    which build runs."""
+    for root, name in zip(roots, ("interpreted", "compiled")):
+        result = subprocess.run(
+            [sys.executable, "-P", "-m", "broker", "--version"], cwd=root,
+            env={**os.environ, "PYTHONPATH": str(root)}, stdout=subprocess.PIPE, text=True, timeout=60,
+        )
+        assert result.stdout.strip().endswith(f"({name} build)"), result.stdout
+
+
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_the_core_does_the_same_in_both_builds(roots: tuple[Path, Path], seed: int) -> None:
     source, tree = roots
