@@ -63,6 +63,7 @@ EXPECTED_DEFAULTS: dict[str, Any] = {
     "advertise_url": "",
     "cluster_name": "ackbus",
     "cluster_lease_ttl_s": 10,
+    "cluster_secret": "",
     "max_connections_per_address": 1000,
     "tls_cert": None,
     "tls_key": None,

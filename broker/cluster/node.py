@@ -20,6 +20,7 @@ import trio
 
 from broker.cluster.etcd import EtcdClient, parse_endpoints
 from broker.cluster.etcdproto import EtcdError, EtcdUnavailable
+from broker.cluster.forward import Forwarder
 from broker.cluster.membership import Membership, NodeNameTaken
 from broker.cluster.mirror import CoreMirror
 from broker.cluster.users import UserWriter, seed_users
@@ -40,8 +41,12 @@ RETRY_MIN_S, RETRY_MAX_S = 0.1, 2.0
 class ClusterConfig:
     """The cluster settings of one node."""
 
-    def __init__(self, etcd: str, node_name: str, advertise_url: str, cluster_name: str, lease_ttl_s: int) -> None:
+    def __init__(
+        self, etcd: str, node_name: str, advertise_url: str, cluster_name: str, lease_ttl_s: int, secret: str | None = None
+    ) -> None:
         self.endpoints = parse_endpoints(etcd)
+        #: authenticates the nodes to one another (``--cluster-secret``)
+        self.secret = secret or None
         self.node_name = node_name
         self.advertise_url = advertise_url.rstrip("/")
         self.cluster_name = cluster_name
@@ -62,6 +67,8 @@ class ClusterNode:
         self.membership = Membership(self.client, self.keys, self.name, config.advertise_url, config.lease_ttl_s)
         self.writer = MetadataWriter(self.client, self.keys, self.view, self.name, self.wait_seen)
         self.user_writer = UserWriter(self.client, self.keys, self.view, self.wait_seen)
+        self.forwarder = Forwarder(self.name, self.view, secret=config.secret)
+        runtime.confirms.forwarder = self.forwarder
         #: None while etcd answers; else why it does not
         self.etcd_error: str | None = None
         self.synced = False
@@ -79,10 +86,12 @@ class ClusterNode:
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self.membership.keep_alive, self.note_etcd)
+                nursery.start_soon(self.forwarder.serve)
                 task_status.started()
                 await self.runtime.ready_event.wait()
                 await self._follow()
         finally:
+            self.runtime.confirms.forwarder = None
             with trio.move_on_after(2) as scope:
                 scope.shield = True
                 await self.membership.leave()
@@ -121,6 +130,7 @@ class ClusterNode:
             changes = self.view.reset(revision, kvs)
         self._note_deaths(changes)
         self.mirror.reconcile(self.view)
+        self.forwarder.routes.reconcile(self.view)
         self.runtime.pump()
         self.resyncs += 1
         self.synced = True
@@ -142,6 +152,7 @@ class ClusterNode:
                 self._note_deaths(changes)
                 if changes:
                     self.mirror.apply(changes, self.view)
+                    self.forwarder.routes.apply(changes, self.view)
                     self.runtime.pump()
                 await self._notify_seen()
         return False

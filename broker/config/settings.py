@@ -321,6 +321,10 @@ class Settings:
     cluster_lease_ttl_s: int = _setting(
         10, _INT, "cluster", "TTL of a node's membership lease: a node silent this long is shown dead.", _between(2, 3600)
     )
+    cluster_secret: str = _setting(
+        "", _OPTIONAL_STR, "cluster",
+        "Shared by every node: authenticates the channels and requests nodes forward to one another.",
+    )
 
     def __post_init__(self) -> None:
         values: dict[str, Any] = {}

@@ -205,6 +205,8 @@ class Broker:
         self.redrive = dead_letters.redrive
         # publishing and deliveries
         self.publish = publishing.publish
+        self.hold_confirm = publishing.hold_confirm
+        self.settle_held_confirm = publishing.settle_held_confirm
         self.open_channel = deliveries.open_channel
         self.close_channel = deliveries.close_channel
         self.grant_credit = deliveries.grant_credit

@@ -13,7 +13,14 @@ from broker.runtime.checkpoints import Checkpointer
 from broker.runtime.confirms import PendingConfirms, PublishWaiter
 from broker.runtime.gateway import CommandBatch, CommandGateway, PublishOutcome
 from broker.runtime.options import RuntimeOptions
-from broker.runtime.ports import ChannelSink, Flushable, LogPort, MetricsPort
+from broker.runtime.ports import (
+    ChannelSink,
+    Flushable,
+    ForwardPlan,
+    LogPort,
+    MetricsPort,
+    PublishForwarder,
+)
 from broker.runtime.runtime import BrokerRuntime, LockWait
 
 __all__ = [
@@ -27,6 +34,8 @@ __all__ = [
     "PublishOutcome",
     "PublishWaiter",
     "Flushable",
+    "ForwardPlan",
+    "PublishForwarder",
     "LogPort",
     "MetricsPort",
     "RuntimeOptions",

@@ -25,6 +25,9 @@ The interface, in full:
 * ``gateway.publish(...)`` / ``await gateway.publish_and_confirm(...)``: a publish
   from a channel (its confirm arrives as a ``Confirm`` effect on that channel), or a
   one-shot REST publish, which waits for its confirm (:class:`PublishOutcome`).
+  In cluster mode (``runtime.confirms.forwarder``), a publish whose queues other
+  nodes own is also forwarded to each owner, and its confirm waits for theirs (the
+  core's ``hold_confirm``): acked once all of them acked, a nack if any refused.
 * ``gateway.open_channel()``, ``attach(channel_id, sink)``, ``close_channel(...)``:
   a long-lived session's channel in the core and the sink its events go to.
 * Long-poll gets (``park_getters``/``unpark_getters``) and REST lock waits
@@ -57,7 +60,7 @@ from broker.core import (
     NotLockHolder,
 )
 from broker.runtime.confirms import PublishWaiter
-from broker.runtime.ports import ChannelSink
+from broker.runtime.ports import ChannelSink, ForwardPlan
 from broker.runtime.runtime import BrokerRuntime, LockWait
 
 __all__ = ["CommandBatch", "CommandGateway", "PublishOutcome"]
@@ -163,11 +166,55 @@ class CommandGateway:
         batches its publishes; see :meth:`CommandBatch.flush`). Its confirm arrives as
         a ``Confirm`` effect on the channel; until then it charges ``charge`` bytes
         (``runtime.confirms.unconfirmed_bytes``). Returns the publish tag."""
+        forwarder = self.runtime.confirms.forwarder
+        if forwarder is not None:
+            plan = forwarder.plan(channel_id, exchange, routing_key, properties.get("headers") if properties else None)
+            if plan is not None:
+                tag, _routed = self._forward(channel_id, plan, exchange, routing_key, body, properties, mandatory, delay_s)
+                self.runtime.confirms.track(channel_id, tag, charge)
+                return tag
         tag, _routed = self._core.publish(
             channel_id, exchange, routing_key, body, properties, mandatory=mandatory, delay_s=delay_s
         )
         self.runtime.confirms.track(channel_id, tag, charge)
         return tag
+
+    def _forward(
+        self,
+        channel_id: int,
+        plan: ForwardPlan,
+        exchange: str,
+        routing_key: str,
+        body: bytes,
+        properties: dict[str, Any] | None,
+        mandatory: bool,
+        delay_s: float | None,
+    ) -> tuple[int, int]:
+        """Publish the part of ``plan`` on this node (if any), forward the rest to the
+        owners, and hold the confirm for their answers: (publish tag, queues routed)."""
+        core = self._core
+        tag: int | None = None
+        if plan.local:
+            tag, _routed = core.publish(channel_id, exchange, routing_key, body, properties, mandatory=mandatory, delay_s=delay_s)
+        answers = len(plan.owners) + (1 if plan.refused else 0)
+        held = core.hold_confirm(channel_id, tag, answers)
+        if held is None:  # a transaction: its publishes reach this node's queues only
+            assert tag is not None
+            return tag, 0
+        forwarder = self.runtime.confirms.forwarder
+        assert forwarder is not None
+
+        def settle(ack: bool, reason: str | None) -> None:
+            try:
+                core.settle_held_confirm(channel_id, held, ack, reason)
+            finally:
+                self.runtime.pump()
+
+        for owner in plan.owners:
+            forwarder.send(owner, exchange, routing_key, body, properties, delay_s, settle)
+        if plan.refused:
+            core.settle_held_confirm(channel_id, held, False, plan.refused)
+        return held, plan.routed
 
     async def publish_and_confirm(
         self,
@@ -180,9 +227,16 @@ class CommandGateway:
         delay_s: float | None = None,
     ) -> PublishOutcome:
         """One REST publish, answered once its confirm is released."""
-        tag, routed = self._core.publish(
-            REST_CHANNEL, exchange, routing_key, body, properties, mandatory=mandatory, delay_s=delay_s
-        )
+        forwarder = self.runtime.confirms.forwarder
+        plan = None
+        if forwarder is not None:
+            plan = forwarder.plan(REST_CHANNEL, exchange, routing_key, properties.get("headers") if properties else None)
+        if plan is not None:
+            tag, routed = self._forward(REST_CHANNEL, plan, exchange, routing_key, body, properties, mandatory, delay_s)
+        else:
+            tag, routed = self._core.publish(
+                REST_CHANNEL, exchange, routing_key, body, properties, mandatory=mandatory, delay_s=delay_s
+            )
         waiter = PublishWaiter()
         self.runtime.confirms.track(REST_CHANNEL, tag, 0, waiter)
         self.runtime.pump()
@@ -191,11 +245,17 @@ class CommandGateway:
 
     # --------------------------------------------------------- channels
 
-    def open_channel(self) -> int:
+    def open_channel(self, *, forwarded: bool = False) -> int:
         """A new channel in the core (refused past ``max_channels``); attach its sink
-        with :meth:`attach`, end it with :meth:`close_channel`."""
+        with :meth:`attach`, end it with :meth:`close_channel`. ``forwarded``: a
+        channel another node of the cluster forwards publishes over (they reach this
+        node's queues only)."""
         self.runtime.check_channel_room()
-        return self._core.open_channel()
+        channel_id = self._core.open_channel()
+        forwarder = self.runtime.confirms.forwarder
+        if forwarded and forwarder is not None:
+            forwarder.peer_channel(channel_id, True)
+        return channel_id
 
     def attach(self, channel_id: int, sink: ChannelSink) -> None:
         """Send the events of ``channel_id`` to ``sink`` from now on."""
@@ -210,6 +270,9 @@ class CommandGateway:
         back to their queues, its consumers are cancelled, its waiting lock acquires
         leave their lines) and carry out the effects."""
         self.runtime.remove_sink(channel_id)
+        forwarder = self.runtime.confirms.forwarder
+        if forwarder is not None:
+            forwarder.peer_channel(channel_id, False)
         core = self._core
         try:
             core.close_channel(channel_id, reason)

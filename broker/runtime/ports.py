@@ -9,15 +9,57 @@ instead of ``Any``.
 
 from __future__ import annotations
 
-from collections.abc import Container, Sequence
-from typing import Protocol
+from collections.abc import Callable, Container, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import trio
 
 from broker.core import Effect
 from broker.storage import LogReader, WALStatistics
 
-__all__ = ["ChannelSink", "Flushable", "LogPort", "MetricsPort"]
+__all__ = ["ChannelSink", "Flushable", "ForwardPlan", "LogPort", "MetricsPort", "PublishForwarder"]
+
+
+@dataclass
+class ForwardPlan:
+    """Where a publish goes in a cluster: whether it reaches queues of this node
+    (``local``: publish it here too), the live owners it must be forwarded to
+    (``owners``), the nack reason when some of its queues' owners are down
+    (``refused``), and how many queues it reaches in all (``routed``)."""
+
+    local: bool
+    owners: list[str]
+    refused: str | None
+    routed: int
+
+
+class PublishForwarder(Protocol):
+    """Cluster mode's forwarding of publishes to the nodes owning their queues
+    (``broker.cluster``); the gateway asks it about every publish."""
+
+    def plan(self, channel_id: int, exchange: str, routing_key: str, headers: Any) -> ForwardPlan | None:
+        """None: every queue the publish reaches is on this node (or it reaches none,
+        or ``channel_id`` is a peer's channel, whose publishes are already forwarded):
+        publish it here as on a single node."""
+
+    def peer_channel(self, channel_id: int, opened: bool) -> None:
+        """Channel ``channel_id``, opened (or now closed) by another node, carries
+        publishes that node forwards: :meth:`plan` answers None for them."""
+
+    def send(
+        self,
+        owner: str,
+        exchange: str,
+        routing_key: str,
+        body: bytes,
+        properties: dict[str, Any] | None,
+        delay_s: float | None,
+        settle: Callable[[bool, str | None], None],
+    ) -> None:
+        """Forward a publish to ``owner``; ``settle(ack, reason)`` is called once, later
+        (never from within ``send``), with the owner's confirm (or a nack when it
+        cannot be reached)."""
 
 
 class ChannelSink(Protocol):

@@ -19,6 +19,7 @@ import trio
 
 from broker.api.auth import hash_password, new_token
 from broker.api.permissions import access_for
+from broker.api.rest.cluster_relay import relay_to_owner, relayed_queue
 from broker.api.rest.fields import (
     DEFAULT_EXCHANGE_ALIAS,
     RestContext,
@@ -74,11 +75,17 @@ def _route(
     router.add(method, pattern, checked, public=public)
 
 
-def dispatch_cluster_first(cluster: Router, node_router: Router) -> Handler:
+def dispatch_cluster_first(cluster: Router, node_router: Router, node: ClusterNode | None = None, auth: Any = None) -> Handler:
     """A handler that serves a request from ``cluster`` when it has the route, else
-    from ``node_router``."""
+    from ``node_router``; a request about a queue another node owns goes to that
+    node (``cluster_relay.py``)."""
 
     async def dispatch(request: Request, response: Response) -> None:
+        if node is not None:
+            queue = relayed_queue(node, request)
+            if queue is not None:
+                await relay_to_owner(node, auth, queue, request, response)
+                return
         try:
             cluster.match(request.method, request.path)
         except (NoSuchEndpoint, MethodNotAllowed):

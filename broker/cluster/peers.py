@@ -1,0 +1,253 @@
+"""HTTP/1.1 between nodes, on trio and h11: the persistent channel a node forwards
+publishes over (:class:`PeerChannel`), and one relayed request (:func:`relay`).
+
+A :class:`PeerChannel` is an ordinary channel (``POST /channel``, docs/protocol.md)
+opened by this node on a peer, marked ``X-Ackbus-Forwarded`` (the peer publishes what
+arrives there to its own queues only, never forwards it again) and authenticated
+with the cluster secret (``X-Ackbus-Cluster-Secret``). Publishes queued while a
+write is in progress leave together as one chunk; the peer's ``ack``/``nack`` events
+settle them in tag order (its confirms never skip). When the connection fails, every
+publish still waiting is settled as a nack (``queue_unavailable``): the client's
+resend with the same ``message_id`` is deduplicated by the owner.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any, Final
+from urllib.parse import urlsplit
+
+import h11
+import orjson
+import trio
+
+__all__ = ["FORWARDED_HEADER", "SECRET_HEADER", "PeerChannel", "PeerUnreachable", "RelayedResponse", "relay", "peer_address"]
+
+log = logging.getLogger("ackbus.cluster")
+
+#: Marks a request a node sends another for a client (never forwarded again).
+FORWARDED_HEADER: Final = "x-ackbus-forwarded"
+#: Carries the cluster secret (``--cluster-secret``) between nodes.
+SECRET_HEADER: Final = "x-ackbus-cluster-secret"
+_READ_BYTES: Final = 65536
+CONNECT_TIMEOUT_S: Final = 3.0
+#: The most publishes one write carries.
+MAX_BATCH: Final = 512
+
+Settle = Callable[[bool, str | None], None]
+
+
+class PeerUnreachable(Exception):
+    """A peer could not be reached, or its answer was cut short."""
+
+
+def peer_address(url: str) -> tuple[str, int]:
+    """(host, port) of a node's advertised ``http://`` URL; ValueError otherwise."""
+    parts = urlsplit(url)
+    if parts.scheme != "http" or not parts.hostname:
+        raise ValueError(f"node URL {url!r}: only http:// is forwarded to")
+    return parts.hostname, parts.port or 80
+
+
+def _publish_line(exchange: str, routing_key: str, body: bytes, properties: dict[str, Any] | None, delay_s: float | None) -> bytes:
+    op: dict[str, Any] = {"op": "publish", "exchange": exchange, "routing_key": routing_key}
+    try:
+        op["body"] = body.decode("utf-8")
+    except UnicodeDecodeError:
+        import base64
+
+        op["body_b64"] = base64.b64encode(body).decode("ascii")
+    if properties:
+        op["properties"] = properties
+    if delay_s:
+        op["delay_s"] = delay_s
+    return orjson.dumps(op) + b"\n"
+
+
+class PeerChannel:
+    """One persistent channel to the node ``name`` (see the module docstring).
+    :meth:`send` queues a publish; :meth:`serve` connects and carries them until the
+    connection fails (then every waiting publish is nacked) or it is cancelled."""
+
+    def __init__(self, name: str, url: str, *, origin: str, secret: str | None) -> None:
+        self.name = name
+        self.url = url
+        self.origin = origin
+        self.secret = secret
+        self._outbox: list[tuple[bytes, Settle]] = []
+        self._waiting: collections.deque[Settle] = collections.deque()
+        self._wakeup = trio.Event()
+        self.closed = False
+        self.sent = 0
+
+    def send(self, line: bytes, settle: Settle) -> None:
+        self._outbox.append((line, settle))
+        self._wakeup.set()
+
+    def queue_publish(
+        self, exchange: str, routing_key: str, body: bytes, properties: dict[str, Any] | None, delay_s: float | None, settle: Settle
+    ) -> None:
+        self.send(_publish_line(exchange, routing_key, body, properties, delay_s), settle)
+
+    def fail_all(self, reason: str) -> None:
+        """Nack every publish queued or waiting for its confirm."""
+        self.closed = True
+        pending = list(self._waiting) + [settle for _line, settle in self._outbox]
+        self._waiting.clear()
+        self._outbox.clear()
+        for settle in pending:
+            settle(False, reason)
+
+    async def serve(self) -> None:
+        try:
+            host, port = peer_address(self.url)
+            with trio.fail_after(CONNECT_TIMEOUT_S):
+                stream = await trio.open_tcp_stream(host, port)
+        except (OSError, ValueError, trio.TooSlowError) as exc:
+            self.fail_all(f"queue_unavailable: node {self.name!r} cannot be reached: {exc or 'timed out'}")
+            return
+        conn = h11.Connection(h11.CLIENT)
+        headers = [
+            ("Host", f"{host}:{port}"),
+            ("Content-Type", "application/x-ndjson"),
+            ("Transfer-Encoding", "chunked"),
+            (FORWARDED_HEADER, self.origin),
+        ]
+        if self.secret:
+            headers.append((SECRET_HEADER, self.secret))
+        reason = f"queue_unavailable: the channel to node {self.name!r} was lost"
+        try:
+            async with stream:
+                await stream.send_all(conn.send(h11.Request(method="POST", target="/channel", headers=headers)) or b"")
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._write, conn, stream)
+                    reason = await self._read(conn, stream) or reason
+                    nursery.cancel_scope.cancel()
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError, h11.ProtocolError) as exc:
+            reason = f"queue_unavailable: the channel to node {self.name!r} failed: {exc}"
+        finally:
+            self.fail_all(reason)
+
+    async def _write(self, conn: h11.Connection, stream: trio.SocketStream) -> None:
+        while True:
+            await self._wakeup.wait()
+            self._wakeup = trio.Event()
+            while self._outbox:
+                batch, self._outbox = self._outbox[:MAX_BATCH], self._outbox[MAX_BATCH:]
+                self._waiting.extend(settle for _line, settle in batch)
+                self.sent += len(batch)
+                await stream.send_all(conn.send(h11.Data(data=b"".join(line for line, _s in batch))) or b"")
+
+    async def _read(self, conn: h11.Connection, stream: trio.SocketStream) -> str | None:
+        """Settle confirms as they come; returns why the channel ended."""
+        buffer = b""
+        settled = 0  # the last publish tag settled
+        while True:
+            event = conn.next_event()
+            if event is h11.NEED_DATA:
+                data = await stream.receive_some(_READ_BYTES)
+                if not data:
+                    return None
+                conn.receive_data(data)
+                continue
+            if isinstance(event, h11.Response):
+                if event.status_code != 200:
+                    return f"queue_unavailable: node {self.name!r} refused the forwarding channel ({event.status_code})"
+                continue
+            if isinstance(event, h11.Data):
+                buffer += bytes(event.data)
+                *lines, buffer = buffer.split(b"\n")
+                for line in lines:
+                    if not line.strip():
+                        continue
+                    ev = orjson.loads(line)
+                    kind = ev.get("ev")
+                    if kind in ("ack", "nack"):
+                        tag = int(ev["delivery_tag"])
+                        ack = kind == "ack"
+                        while settled < tag and self._waiting:
+                            settled += 1
+                            self._waiting.popleft()(ack, None if ack else str(ev.get("reason") or "nacked by the owner"))
+                    elif kind == "error":
+                        return f"queue_unavailable: node {self.name!r} ended the forwarding channel: {ev.get('message')}"
+                continue
+            if isinstance(event, (h11.EndOfMessage, h11.ConnectionClosed)):
+                return None
+
+
+class RelayedResponse:
+    """The head of an answer from a peer; its body with :meth:`chunks`."""
+
+    def __init__(self, status: int, headers: list[tuple[str, str]], conn: h11.Connection, stream: trio.SocketStream) -> None:
+        self.status = status
+        self.headers = headers
+        self._conn = conn
+        self._stream = stream
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        while True:
+            event = self._conn.next_event()
+            if event is h11.NEED_DATA:
+                data = await self._stream.receive_some(_READ_BYTES)
+                if not data:
+                    raise PeerUnreachable("the peer closed the connection mid-answer")
+                self._conn.receive_data(data)
+                continue
+            if isinstance(event, h11.Data):
+                yield bytes(event.data)
+            elif isinstance(event, (h11.EndOfMessage, h11.ConnectionClosed)):
+                return
+
+
+#: Request headers a relayed request carries on (the rest are the hop's own).
+_RELAYED_REQUEST_HEADERS: Final = ("authorization", "content-type", "accept", "last-event-id")
+#: Answer headers carried back to the client.
+RELAYED_RESPONSE_HEADERS: Final = ("content-type", "retry-after", "www-authenticate", "location")
+
+
+@asynccontextmanager
+async def relay(
+    url: str, method: str, target: str, headers: list[tuple[str, str]], body: bytes, *, origin: str
+) -> AsyncIterator[RelayedResponse]:
+    """Send one request to the node at ``url`` (a connection of its own, closed after
+    the answer) and yield its answer. Raises :class:`PeerUnreachable` when the peer
+    cannot be reached or answers nothing."""
+    try:
+        host, port = peer_address(url)
+        with trio.fail_after(CONNECT_TIMEOUT_S):
+            stream = await trio.open_tcp_stream(host, port)
+    except (OSError, ValueError, trio.TooSlowError) as exc:
+        raise PeerUnreachable(str(exc) or "timed out") from None
+    async with stream:
+        conn = h11.Connection(h11.CLIENT)
+        fields = [("Host", f"{host}:{port}"), ("Content-Length", str(len(body))), ("Connection", "close"), (FORWARDED_HEADER, origin)]
+        fields += [(name, value) for name, value in headers if name.lower() in _RELAYED_REQUEST_HEADERS]
+        try:
+            data = conn.send(h11.Request(method=method, target=target, headers=fields)) or b""
+            data += conn.send(h11.Data(data=body)) or b"" if body else b""
+            data += conn.send(h11.EndOfMessage()) or b""
+            await stream.send_all(data)
+            while True:
+                event = conn.next_event()
+                if event is h11.NEED_DATA:
+                    chunk = await stream.receive_some(_READ_BYTES)
+                    if not chunk:
+                        raise PeerUnreachable("the peer closed the connection without an answer")
+                    conn.receive_data(chunk)
+                    continue
+                if isinstance(event, h11.InformationalResponse):
+                    continue
+                if isinstance(event, h11.Response):
+                    answer_headers = [
+                        (k.decode("latin-1"), v.decode("latin-1"))
+                        for k, v in event.headers
+                        if k.decode("latin-1").lower() in RELAYED_RESPONSE_HEADERS
+                    ]
+                    break
+                raise PeerUnreachable(f"unexpected answer from the peer: {event!r}")
+        except (OSError, trio.BrokenResourceError, h11.ProtocolError) as exc:
+            raise PeerUnreachable(str(exc)) from None
+        yield RelayedResponse(event.status_code, answer_headers, conn, stream)

@@ -1,0 +1,147 @@
+"""Any node serves any queue: publishes forwarded to the queues' owners over channels
+between nodes, REST calls about a queue relayed to its owner, and a dead owner's
+queues answering 503 while every other queue keeps working (real etcd, real broker
+subprocesses on loopback)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from tests.cluster.conftest import TTL_S, cluster_nodes, wait_for
+from tests.support.broker import BrokerProcess
+from tests.support.rawchannel import RawChannel
+
+pytestmark = pytest.mark.slow
+
+Nodes = Callable[[str], BrokerProcess]
+
+
+def _three(nodes: Nodes) -> tuple[BrokerProcess, BrokerProcess, BrokerProcess]:
+    a, b, c = nodes("a"), nodes("b"), nodes("c")
+    wait_for("three alive on each", lambda: all(
+        sum(v["alive"] for v in cluster_nodes(n).values()) == 3 for n in (a, b, c)
+    ))
+    return a, b, c
+
+
+def _declare_on(node: BrokerProcess, name: str, owner_node: BrokerProcess, **body: Any) -> None:
+    """Declare ``name`` owned by ``owner_node`` (client-local there), from ``node``'s
+    view: wait until ``node`` sees it."""
+    args = dict(body.pop("arguments", {}))
+    args["x-queue-leader-locator"] = "client-local"
+    status, answer = owner_node.request("PUT", f"/queues/{name}", {"arguments": args, **body})
+    assert status in (200, 201), answer
+    wait_for(f"{name} seen on {node.url}", lambda: node.request("GET", f"/queues/{name}")[0] == 200)
+
+
+def _channel_publish(node: BrokerProcess, ops: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Publish ``ops`` on one channel of ``node``; the confirms (and returns), in order."""
+    ch = RawChannel(node.port)
+    try:
+        ch.send(*[{"op": "publish", **op} for op in ops])
+        events: list[dict[str, Any]] = []
+        settled = 0
+        while settled < len(ops):
+            ev = ch.next_event()
+            events.append(ev)
+            if ev["ev"] in ("ack", "nack"):
+                settled = ev["delivery_tag"]
+            assert ev["ev"] in ("ack", "nack", "return"), ev
+        return events
+    finally:
+        ch.close()
+
+
+def _bodies(node: BrokerProcess, queue: str) -> list[str]:
+    return [m["body"] for m in node.drain(queue)]
+
+
+def test_declare_on_one_publish_on_a_second_consume_on_a_third(nodes: Nodes) -> None:
+    a, b, c = _three(nodes)
+    assert a.request("PUT", "/exchanges/fan", {"type": "fanout"})[0] == 201
+    # one queue on each node, all bound to one fanout exchange
+    for name, owner in (("qa", a), ("qb", b), ("qc", c)):
+        _declare_on(a, name, owner)
+        assert a.request("POST", "/bindings", {"exchange": "fan", "queue": name})[0] == 201
+    wait_for("bindings seen on b", lambda: b.request("GET", "/queues/qc")[0] == 200)
+    # REST publish on b reaches every owner once; the confirm waits for all of them
+    status, answer = b.request("POST", "/exchanges/fan/publish", b"rest-1")
+    assert status == 200 and answer["confirm"] == "ack" and answer["routed"] == 3, answer
+    # channel publishes on b, batched over the node-to-node channels
+    events = _channel_publish(b, [{"exchange": "fan", "body": f"ch-{i}"} for i in range(50)])
+    assert all(e["ev"] == "ack" for e in events), events
+    # the default exchange, to a queue owned elsewhere
+    events = _channel_publish(c, [{"routing_key": "qa", "body": "direct-1"}])
+    assert events[-1]["ev"] == "ack"
+    expected = ["rest-1"] + [f"ch-{i}" for i in range(50)]
+    # consumed through a third node: gets relayed to each owner
+    assert _bodies(c, "qa") == expected + ["direct-1"]
+    assert _bodies(c, "qb") == expected  # no duplicate: each owner routes to its own queues only
+    assert _bodies(a, "qc") == expected
+
+
+def test_gets_acks_and_purges_reach_the_owner_from_any_node(nodes: Nodes) -> None:
+    a, b, c = _three(nodes)
+    _declare_on(c, "jobs", a)
+    for i in range(3):
+        assert c.request("POST", "/exchanges/amq.default/publish?routing_key=jobs", f"j{i}".encode())[1]["confirm"] == "ack"
+    status, got = b.request("POST", "/queues/jobs/get?max=2&lease=60")
+    assert status == 200 and [m["body"] for m in got["messages"]] == ["j0", "j1"], got
+    lease_ids = [m["lease_id"] for m in got["messages"]]
+    status, acked = c.request("POST", "/queues/jobs/ack", {"lease_ids": lease_ids})
+    assert status == 200, acked
+    status, info = b.request("GET", "/queues/jobs")
+    assert status == 200 and info["messages_ready"] == 1, info
+    assert c.request("POST", "/queues/jobs/purge")[0] == 200
+    assert a.request("GET", "/queues/jobs")[1]["messages_ready"] == 0
+    # a queue nobody has is still a 404
+    assert b.request("POST", "/queues/nowhere/get")[0] == 404
+
+
+def test_mandatory_return_and_alternate_exchange_across_owners(nodes: Nodes) -> None:
+    a, b, c = _three(nodes)
+    assert a.request("PUT", "/exchanges/alt", {"type": "fanout"})[0] == 201
+    assert a.request("PUT", "/exchanges/main", {"type": "direct", "arguments": {"alternate-exchange": "alt"}})[0] == 201
+    _declare_on(a, "routed", b)
+    _declare_on(a, "unrouted", c)
+    assert a.request("POST", "/bindings", {"exchange": "main", "queue": "routed", "routing_key": "k"})[0] == 201
+    assert a.request("POST", "/bindings", {"exchange": "alt", "queue": "unrouted"})[0] == 201
+    assert a.request("PUT", "/exchanges/lonely", {"type": "direct"})[0] == 201
+    wait_for("bindings on a", lambda: len(a.request("GET", "/bindings")[1]["bindings"]) >= 0)
+    events = _channel_publish(a, [
+        {"exchange": "main", "routing_key": "k", "body": "to-b"},
+        {"exchange": "main", "routing_key": "other", "body": "to-alt"},
+        {"exchange": "lonely", "routing_key": "x", "body": "back", "mandatory": True},
+    ])
+    kinds = [e["ev"] for e in events]
+    assert kinds.count("return") == 1 and kinds[-1] == "ack", events
+    assert _bodies(a, "routed") == ["to-b"]
+    assert _bodies(b, "unrouted") == ["to-alt"]
+
+
+def test_a_dead_owner_gives_503_for_its_queues_only_and_keeps_what_it_confirmed(nodes: Nodes) -> None:
+    a, b, c = _three(nodes)
+    assert a.request("PUT", "/exchanges/fan", {"type": "fanout"})[0] == 201
+    _declare_on(a, "on-b", b)
+    _declare_on(a, "on-c", c)
+    for q in ("on-b", "on-c"):
+        assert a.request("POST", "/bindings", {"exchange": "fan", "queue": q})[0] == 201
+    events = _channel_publish(a, [{"exchange": "fan", "body": f"m{i}"} for i in range(20)])
+    assert all(e["ev"] == "ack" for e in events)
+    c.kill()
+    wait_for("c dead on a", lambda: not cluster_nodes(a)["c"]["alive"], timeout_s=TTL_S + 8)
+    status, err = a.request("POST", "/queues/on-c/get")
+    assert status == 503 and err["error"] == "queue_unavailable", err
+    # the other queue keeps working
+    status, answer = a.request("POST", "/exchanges/fan/publish", b"while-down")
+    assert status == 503 and answer["confirm"] == "nack" and answer["reason"].startswith("queue_unavailable"), answer
+    events = _channel_publish(b, [{"exchange": "fan", "body": "ch-while-down"}])
+    assert events[-1]["ev"] == "nack" and events[-1]["reason"].startswith("queue_unavailable"), events
+    assert _bodies(b, "on-b") == [f"m{i}" for i in range(20)] + ["while-down", "ch-while-down"]
+    c.start()
+    wait_for("c alive on a", lambda: cluster_nodes(a)["c"]["alive"])
+    # everything c confirmed before it died is there
+    assert _bodies(a, "on-c") == [f"m{i}" for i in range(20)]
