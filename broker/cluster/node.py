@@ -23,6 +23,7 @@ from broker.cluster.etcdproto import EtcdError, EtcdUnavailable
 from broker.cluster.forward import Forwarder
 from broker.cluster.membership import Membership, NodeNameTaken
 from broker.cluster.mirror import CoreMirror
+from broker.cluster.port import ClusterGatewayPort
 from broker.cluster.users import UserWriter, seed_users
 from broker.cluster.view import ClusterKeys, ClusterView
 from broker.cluster.writes import MetadataWriter
@@ -68,7 +69,9 @@ class ClusterNode:
         self.writer = MetadataWriter(self.client, self.keys, self.view, self.name, self.wait_seen)
         self.user_writer = UserWriter(self.client, self.keys, self.view, self.wait_seen)
         self.forwarder = Forwarder(self.name, self.view, secret=config.secret)
-        runtime.confirms.forwarder = self.forwarder
+        runtime.cluster = ClusterGatewayPort(
+            self.forwarder, self.writer, runtime.core.views, self.name, self.check_writable, self.note_etcd, self.owner_of
+        )
         #: None while etcd answers; else why it does not
         self.etcd_error: str | None = None
         self.synced = False
@@ -91,7 +94,7 @@ class ClusterNode:
                 await self.runtime.ready_event.wait()
                 await self._follow()
         finally:
-            self.runtime.confirms.forwarder = None
+            self.runtime.cluster = None
             with trio.move_on_after(2) as scope:
                 scope.shield = True
                 await self.membership.leave()

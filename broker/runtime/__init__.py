@@ -26,6 +26,7 @@ from broker.runtime.runtime import BrokerRuntime, LockWait
 __all__ = [
     "BrokerRuntime",
     "ChannelSink",
+    "ClusterPort",
     "Checkpointer",
     "CommandBatch",
     "CommandGateway",

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import trio
 
 from broker.core import Confirm, Return
-from broker.runtime.ports import MetricsPort, PublishForwarder
+from broker.runtime.ports import MetricsPort
 
 __all__ = ["PendingConfirms", "PublishWaiter"]
 
@@ -54,9 +54,6 @@ class PendingConfirms:
     def __init__(self, metrics: MetricsPort | None = None) -> None:
         self.metrics = metrics
         self._books: dict[int, _ChannelBook] = {}
-        #: cluster mode: forwards publishes whose queues other nodes own (the
-        #: gateway holds their confirms until the owners answer)
-        self.forwarder: PublishForwarder | None = None
 
     def track(self, channel_id: int, tag: int, charge: int, waiter: PublishWaiter | None = None) -> None:
         """Publish ``tag`` of ``channel_id`` waits for its confirm; it charges

@@ -25,11 +25,16 @@ The interface, in full:
 * ``gateway.publish(...)`` / ``await gateway.publish_and_confirm(...)``: a publish
   from a channel (its confirm arrives as a ``Confirm`` effect on that channel), or a
   one-shot REST publish, which waits for its confirm (:class:`PublishOutcome`).
-  In cluster mode (``runtime.confirms.forwarder``), a publish whose queues other
+  In cluster mode (``runtime.cluster``), a publish whose queues other
   nodes own is also forwarded to each owner, and its confirm waits for theirs (the
   core's ``hold_confirm``): acked once all of them acked, a nack if any refused.
 * ``gateway.open_channel()``, ``attach(channel_id, sink)``, ``close_channel(...)``:
   a long-lived session's channel in the core and the sink its events go to.
+* ``await gateway.declare_queue(...)``, ``delete_queue``, ``declare_exchange``,
+  ``delete_exchange``, ``bind``, ``unbind``: the metadata changes of every protocol;
+  on a single node the core's commands (durable), in cluster mode decided through
+  etcd (``runtime.cluster``) and applied to this core before they return. Exclusive
+  and server-named queues, and bindings to them, stay the channel's node's own.
 * Long-poll gets (``park_getters``/``unpark_getters``) and REST lock waits
   (``acquire_lock``/``end_lock_wait``).
 
@@ -166,7 +171,7 @@ class CommandGateway:
         batches its publishes; see :meth:`CommandBatch.flush`). Its confirm arrives as
         a ``Confirm`` effect on the channel; until then it charges ``charge`` bytes
         (``runtime.confirms.unconfirmed_bytes``). Returns the publish tag."""
-        forwarder = self.runtime.confirms.forwarder
+        forwarder = self.runtime.cluster
         if forwarder is not None:
             plan = forwarder.plan(channel_id, exchange, routing_key, properties.get("headers") if properties else None)
             if plan is not None:
@@ -201,7 +206,7 @@ class CommandGateway:
         if held is None:  # a transaction: its publishes reach this node's queues only
             assert tag is not None
             return tag, 0
-        forwarder = self.runtime.confirms.forwarder
+        forwarder = self.runtime.cluster
         assert forwarder is not None
 
         def settle(ack: bool, reason: str | None) -> None:
@@ -227,7 +232,7 @@ class CommandGateway:
         delay_s: float | None = None,
     ) -> PublishOutcome:
         """One REST publish, answered once its confirm is released."""
-        forwarder = self.runtime.confirms.forwarder
+        forwarder = self.runtime.cluster
         plan = None
         if forwarder is not None:
             plan = forwarder.plan(REST_CHANNEL, exchange, routing_key, properties.get("headers") if properties else None)
@@ -243,6 +248,92 @@ class CommandGateway:
         await waiter.event.wait()
         return PublishOutcome(waiter.ack, waiter.reason, routed, waiter.returned)
 
+    # --------------------------------------------------------- metadata
+
+    async def declare_queue(
+        self,
+        channel_id: int,
+        name: str,
+        *,
+        durable: bool,
+        exclusive: bool,
+        auto_delete: bool,
+        arguments: dict[str, Any],
+        passive: bool,
+    ) -> tuple[str, bool]:
+        """Declare a queue (see the module docstring): (its name, whether created)."""
+        cluster = self.runtime.cluster
+        if cluster is None or exclusive or not name or (passive and self.views.queue_exists(name)):
+            queue, created = await self.run_durable(
+                lambda core: core.declare_queue(
+                    name, durable=durable, exclusive=exclusive, auto_delete=auto_delete,
+                    arguments=arguments, passive=passive, channel_id=channel_id,
+                )
+            )
+            return queue.name, created
+        created = await cluster.declare_queue(name, durable=durable, auto_delete=auto_delete, arguments=arguments, passive=passive)
+        await self.runtime.wait_durable()
+        return name, created
+
+    def _clustered_queue(self, name: str) -> bool:
+        cluster = self.runtime.cluster
+        return cluster is not None and cluster.owner_of(name) is not None
+
+    async def delete_queue(self, channel_id: int, name: str, *, if_unused: bool, if_empty: bool) -> int:
+        """Delete a queue: the ready messages it dropped."""
+        cluster = self.runtime.cluster
+        if cluster is None or not self._clustered_queue(name):
+            return await self.run_durable(
+                lambda core: core.delete_queue(name, if_unused=if_unused, if_empty=if_empty, channel_id=channel_id)
+            )
+        count = await cluster.delete_queue(name, if_unused=if_unused, if_empty=if_empty)
+        await self.runtime.wait_durable()
+        return count
+
+    async def declare_exchange(
+        self, name: str, type: str, *, durable: bool, auto_delete: bool, internal: bool, arguments: dict[str, Any], passive: bool
+    ) -> tuple[str, bool]:
+        """Declare an exchange: (its name, whether created)."""
+        cluster = self.runtime.cluster
+        if cluster is None or (passive and self.views.exchange_info(name) is not None):
+            exchange, created = await self.run_durable(
+                lambda core: core.declare_exchange(
+                    name, type, durable=durable, auto_delete=auto_delete, internal=internal,
+                    arguments=arguments, passive=passive,
+                )
+            )
+            return exchange.name, created
+        created = await cluster.declare_exchange(
+            name, type, durable=durable, auto_delete=auto_delete, internal=internal, arguments=arguments, passive=passive
+        )
+        await self.runtime.wait_durable()
+        return name, created
+
+    async def delete_exchange(self, name: str, *, if_unused: bool) -> None:
+        cluster = self.runtime.cluster
+        if cluster is None:
+            await self.run_durable(lambda core: core.delete_exchange(name, if_unused=if_unused))
+            return
+        await cluster.delete_exchange(name, if_unused=if_unused)
+        await self.runtime.wait_durable()
+
+    async def bind(
+        self, channel_id: int, source: str, destination: str, routing_key: str, arguments: dict[str, Any],
+        *, to_exchange: bool, unbind: bool = False,
+    ) -> None:
+        """Bind (or, with ``unbind``, unbind) ``destination`` to ``source``."""
+        cluster = self.runtime.cluster
+        if cluster is None or (not to_exchange and not self._clustered_queue(destination)):
+            await self.run_durable(
+                lambda core: (core.unbind if unbind else core.bind)(
+                    source, destination, routing_key, arguments, to_exchange=to_exchange, channel_id=channel_id
+                )
+            )
+            return
+        change = cluster.unbind if unbind else cluster.bind
+        await change(source, destination, routing_key, arguments, to_exchange=to_exchange)
+        await self.runtime.wait_durable()
+
     # --------------------------------------------------------- channels
 
     def open_channel(self, *, forwarded: bool = False) -> int:
@@ -252,7 +343,7 @@ class CommandGateway:
         node's queues only)."""
         self.runtime.check_channel_room()
         channel_id = self._core.open_channel()
-        forwarder = self.runtime.confirms.forwarder
+        forwarder = self.runtime.cluster
         if forwarded and forwarder is not None:
             forwarder.peer_channel(channel_id, True)
         return channel_id
@@ -270,7 +361,7 @@ class CommandGateway:
         back to their queues, its consumers are cancelled, its waiting lock acquires
         leave their lines) and carry out the effects."""
         self.runtime.remove_sink(channel_id)
-        forwarder = self.runtime.confirms.forwarder
+        forwarder = self.runtime.cluster
         if forwarder is not None:
             forwarder.peer_channel(channel_id, False)
         core = self._core

@@ -18,7 +18,7 @@ import trio
 from broker.core import Effect
 from broker.storage import LogReader, WALStatistics
 
-__all__ = ["ChannelSink", "Flushable", "ForwardPlan", "LogPort", "MetricsPort", "PublishForwarder"]
+__all__ = ["ChannelSink", "ClusterPort", "Flushable", "ForwardPlan", "LogPort", "MetricsPort", "PublishForwarder"]
 
 
 @dataclass
@@ -131,3 +131,33 @@ class MetricsPort(Protocol):
     def observe_tick_lateness(self, lateness_s: float) -> None: ...
 
 
+
+
+class ClusterPort(PublishForwarder, Protocol):
+    """Cluster mode (``broker.cluster``), as the gateway sees it: forwarding of
+    publishes, and the metadata changes decided through etcd (applied to this core by
+    the node's watch before they return: read-your-writes). Each raises the core's
+    errors, and ``Unavailable`` (503) while etcd cannot be reached."""
+
+    def owner_of(self, queue: str) -> tuple[str, str | None] | None:
+        """(owner node, its URL or None while it is down) of a queue of the cluster;
+        None for a queue etcd does not have (an exclusive one is this node's own)."""
+
+    async def declare_queue(
+        self, name: str, *, durable: bool, auto_delete: bool, arguments: dict[str, Any], passive: bool
+    ) -> bool:
+        """Whether this call created it."""
+
+    async def delete_queue(self, name: str, *, if_unused: bool, if_empty: bool) -> int:
+        """The ready messages dropped (as far as this node knows)."""
+
+    async def declare_exchange(
+        self, name: str, type: str, *, durable: bool, auto_delete: bool, internal: bool, arguments: dict[str, Any], passive: bool
+    ) -> bool:
+        """Whether this call created it."""
+
+    async def delete_exchange(self, name: str, *, if_unused: bool) -> None: ...
+
+    async def bind(self, source: str, destination: str, routing_key: str, arguments: dict[str, Any], *, to_exchange: bool) -> None: ...
+
+    async def unbind(self, source: str, destination: str, routing_key: str, arguments: dict[str, Any], *, to_exchange: bool) -> None: ...

@@ -50,7 +50,13 @@ from broker.core import (
 from broker.runtime.checkpoints import Checkpointer
 from broker.runtime.confirms import PendingConfirms
 from broker.runtime.options import RuntimeOptions
-from broker.runtime.ports import ChannelSink, Flushable, LogPort, MetricsPort
+from broker.runtime.ports import (
+    ChannelSink,
+    ClusterPort,
+    Flushable,
+    LogPort,
+    MetricsPort,
+)
 from broker.runtime.recovery import WALCallbacks, recover_broker
 
 __all__ = ["BrokerRuntime"]
@@ -86,8 +92,7 @@ class BrokerRuntime:
         metrics: MetricsPort | None = None,
         fs: storage.FileSystem | None = None,
     ) -> None:
-        """``fs``: the file system under the data directory (a test's simulated
-        disk; the real one by default)."""
+        """``fs``: the file system under the data directory (a test's simulated disk; the real one by default)."""
         self.options = options
         self._fs = fs
         self.boot_id = secrets.token_hex(4)
@@ -104,6 +109,7 @@ class BrokerRuntime:
         self._to_flush: list[Flushable] = []
         #: Every publish waiting for its confirm, channels' and REST's alike.
         self.confirms = PendingConfirms(metrics)
+        self.cluster: ClusterPort | None = None  # cluster mode: forwarding, metadata through etcd (broker.cluster)
         self._queue_events: dict[str, trio.Event] = {}
         self._lock_waits: dict[int, LockWait] = {}
         self._timer_wakeup = trio.Event()

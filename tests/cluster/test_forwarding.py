@@ -145,3 +145,58 @@ def test_a_dead_owner_gives_503_for_its_queues_only_and_keeps_what_it_confirmed(
     wait_for("c alive on a", lambda: cluster_nodes(a)["c"]["alive"])
     # everything c confirmed before it died is there
     assert _bodies(a, "on-c") == [f"m{i}" for i in range(20)]
+
+
+def _channel_ops(node: BrokerProcess, ops: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Send ``ops`` (each with an ``id``) on one channel; their replies, in order."""
+    ch = RawChannel(node.port)
+    try:
+        ch.send(*[{**op, "id": i} for i, op in enumerate(ops)])
+        replies: list[dict[str, Any]] = []
+        while len(replies) < len(ops):
+            ev = ch.next_event()
+            assert ev["ev"] != "error", ev
+            if "id" in ev:
+                replies.append(ev)
+        return replies
+    finally:
+        ch.close()
+
+
+def test_channel_declares_and_binds_go_through_etcd(nodes: Nodes) -> None:
+    a, b, c = _three(nodes)
+    replies = _channel_ops(b, [
+        {"op": "declare_exchange", "exchange": "events", "type": "topic"},
+        {"op": "declare_queue", "queue": "audit", "arguments": {"x-queue-leader-locator": "client-local"}},
+        {"op": "declare_queue", "queue": "mail"},
+        {"op": "bind", "exchange": "events", "queue": "audit", "routing_key": "#"},
+        {"op": "bind", "exchange": "events", "queue": "mail", "routing_key": "user.*"},
+    ])
+    assert [r["ev"] for r in replies] == ["ok"] * 5 and replies[1]["created"] is True, replies
+    owners = {q: n["name"] for n in cluster_nodes(a).values() for q in n["queues"]}
+    assert owners["audit"] == "b" and "mail" in owners
+    # the same declare on another node's channel is not a conflict; another one is, everywhere
+    again = _channel_ops(c, [{"op": "declare_queue", "queue": "audit"}])
+    assert again[0]["ev"] == "ok" and again[0]["created"] is False
+    ch = RawChannel(a.port)
+    try:
+        ch.send({"op": "declare_queue", "queue": "audit", "arguments": {"x-message-ttl": 5}, "id": 1})
+        ev = ch.next_event()
+        assert ev["ev"] == "error" and ev["error"] == "precondition_failed", ev
+    finally:
+        ch.close()
+    wait_for("bindings on c", lambda: a.request("GET", "/queues/mail")[0] == 200)
+    events = _channel_publish(c, [{"exchange": "events", "routing_key": "user.new", "body": "u1"},
+                                  {"exchange": "events", "routing_key": "disk.full", "body": "d1"}])
+    assert all(e["ev"] == "ack" for e in events)
+    assert _bodies(a, "audit") == ["u1", "d1"]
+    assert _bodies(a, "mail") == ["u1"]
+    # a restart keeps them: they are in etcd, not only in b's core
+    b.terminate()
+    b.start()
+    wait_for("b back", lambda: cluster_nodes(a)["b"]["alive"])
+    assert b.request("GET", "/exchanges/events")[0] == 200
+    replies = _channel_ops(b, [{"op": "unbind", "exchange": "events", "queue": "mail", "routing_key": "user.*"},
+                               {"op": "delete_queue", "queue": "audit"}])
+    assert [r["ev"] for r in replies] == ["ok", "ok"], replies
+    wait_for("audit gone everywhere", lambda: "audit" not in {q for n in cluster_nodes(c).values() for q in n["queues"]})

@@ -238,20 +238,20 @@ async def _op_declare_exchange(s: ChannelSession, op: dict[str, Any]) -> None:
     d = decode_exchange_declare(_fields(op))
     if not d.passive:
         s.access.require_declare("declare_exchange", name or DEFAULT_EXCHANGE_ALIAS, d.arguments)
-    exchange, created = await s.batch.run_durable(
-        lambda core: core.declare_exchange(
-            name, d.type, durable=d.durable, auto_delete=d.auto_delete, internal=d.internal,
-            arguments=d.arguments, passive=d.passive,
-        )
+    s.batch.flush()
+    exchange, created = await s.gateway.declare_exchange(
+        name, d.type, durable=d.durable, auto_delete=d.auto_delete, internal=d.internal,
+        arguments=d.arguments, passive=d.passive,
     )
-    s.send_event(reply(op, "ok", op="declare_exchange", exchange=exchange.name, created=created))
+    s.send_event(reply(op, "ok", op="declare_exchange", exchange=exchange, created=created))
 
 
 async def _op_delete_exchange(s: ChannelSession, op: dict[str, Any]) -> None:
     name = exchange_name(_get(op, "exchange", str, None) or "")
     s.access.require("delete_exchange", name or DEFAULT_EXCHANGE_ALIAS)
     if_unused = _get(op, "if_unused", bool, False)
-    await s.batch.run_durable(lambda core: core.delete_exchange(name, if_unused=if_unused))
+    s.batch.flush()
+    await s.gateway.delete_exchange(name, if_unused=if_unused)
     s.send_event(reply(op, "ok", op="delete_exchange"))
 
 
@@ -261,17 +261,15 @@ async def _op_declare_queue(s: ChannelSession, op: dict[str, Any]) -> None:
     if not d.passive:
         # A server-named queue is checked as "amq.gen-" (RabbitMQ names them amq.gen-*).
         s.access.require_declare("declare_queue", name or SERVER_NAMED_QUEUE, d.arguments)
-    cid = s.channel_id
-    queue, created = await s.batch.run_durable(
-        lambda core: core.declare_queue(
-            name, durable=d.durable, exclusive=d.exclusive, auto_delete=d.auto_delete,
-            arguments=d.arguments, passive=d.passive, channel_id=cid,
-        )
+    s.batch.flush()
+    queue, created = await s.gateway.declare_queue(
+        s.channel_id, name, durable=d.durable, exclusive=d.exclusive, auto_delete=d.auto_delete,
+        arguments=d.arguments, passive=d.passive,
     )
-    info = s.views.queue_info(queue.name) or {"messages_ready": 0, "consumers": 0}
+    info = s.views.queue_info(queue) or {"messages_ready": 0, "consumers": 0}
     s.send_event(
         reply(
-            op, "ok", op="declare_queue", queue=queue.name, created=created,
+            op, "ok", op="declare_queue", queue=queue, created=created,
             messages=info["messages_ready"], consumers=info["consumers"],
         )
     )
@@ -281,10 +279,8 @@ async def _op_delete_queue(s: ChannelSession, op: dict[str, Any]) -> None:
     name = _get(op, "queue", str, None) or ""
     s.access.require("delete_queue", name)
     if_unused, if_empty = _get(op, "if_unused", bool, False), _get(op, "if_empty", bool, False)
-    cid = s.channel_id
-    count = await s.batch.run_durable(
-        lambda core: core.delete_queue(name, if_unused=if_unused, if_empty=if_empty, channel_id=cid)
-    )
+    s.batch.flush()
+    count = await s.gateway.delete_queue(s.channel_id, name, if_unused=if_unused, if_empty=if_empty)
     s.send_event(reply(op, "ok", op="delete_queue", messages=count))
 
 
@@ -308,23 +304,17 @@ def _authorize_binding(s: ChannelSession, operation: str, b: Binding) -> None:
 async def _op_bind(s: ChannelSession, op: dict[str, Any]) -> None:
     b = decode_binding(_fields(op))
     _authorize_binding(s, "bind", b)
-    cid = s.channel_id
-    await s.batch.run_durable(
-        lambda core: core.bind(
-            b.source, b.destination, b.routing_key, b.arguments, to_exchange=b.to_exchange, channel_id=cid
-        )
-    )
+    s.batch.flush()
+    await s.gateway.bind(s.channel_id, b.source, b.destination, b.routing_key, b.arguments, to_exchange=b.to_exchange)
     s.send_event(reply(op, "ok", op="bind"))
 
 
 async def _op_unbind(s: ChannelSession, op: dict[str, Any]) -> None:
     b = decode_binding(_fields(op))
     _authorize_binding(s, "unbind", b)
-    cid = s.channel_id
-    await s.batch.run_durable(
-        lambda core: core.unbind(
-            b.source, b.destination, b.routing_key, b.arguments, to_exchange=b.to_exchange, channel_id=cid
-        )
+    s.batch.flush()
+    await s.gateway.bind(
+        s.channel_id, b.source, b.destination, b.routing_key, b.arguments, to_exchange=b.to_exchange, unbind=True
     )
     s.send_event(reply(op, "ok", op="unbind"))
 
