@@ -70,7 +70,8 @@ class ClusterNode:
         self.user_writer = UserWriter(self.client, self.keys, self.view, self.wait_seen)
         self.forwarder = Forwarder(self.name, self.view, secret=config.secret)
         runtime.cluster = ClusterGatewayPort(
-            self.forwarder, self.writer, runtime.core.views, self.name, self.check_writable, self.note_etcd, self.owner_of
+            self.forwarder, self.writer, runtime.core.views, self.name, self.check_writable, self.note_etcd, self.owner_of,
+            config.secret,
         )
         #: None while etcd answers; else why it does not
         self.etcd_error: str | None = None

@@ -24,7 +24,16 @@ import h11
 import orjson
 import trio
 
-__all__ = ["FORWARDED_HEADER", "SECRET_HEADER", "PeerChannel", "PeerUnreachable", "RelayedResponse", "relay", "peer_address"]
+__all__ = [
+    "FORWARDED_HEADER",
+    "SECRET_HEADER",
+    "PeerChannel",
+    "PeerStream",
+    "PeerUnreachable",
+    "RelayedResponse",
+    "peer_address",
+    "relay",
+]
 
 log = logging.getLogger("ackbus.cluster")
 
@@ -251,3 +260,87 @@ async def relay(
         except (OSError, trio.BrokenResourceError, h11.ProtocolError) as exc:
             raise PeerUnreachable(str(exc)) from None
         yield RelayedResponse(event.status_code, answer_headers, conn, stream)
+
+
+class PeerStream:
+    """A plain channel to another node, for one relayed consumer: ops sent as lines
+    (:meth:`send`), events read as dicts (:meth:`events`). Opened by :meth:`connect`
+    (raising :class:`PeerUnreachable`); closing it ends the channel on the peer, which
+    requeues what it delivered and was not acked."""
+
+    def __init__(self, url: str, *, origin: str, secret: str | None) -> None:
+        self.url = url
+        self.origin = origin
+        self.secret = secret
+        self._stream: trio.SocketStream | None = None
+        self._conn = h11.Connection(h11.CLIENT)
+        self._send_lock = trio.Lock()
+
+    async def connect(self) -> None:
+        try:
+            host, port = peer_address(self.url)
+            with trio.fail_after(CONNECT_TIMEOUT_S):
+                self._stream = await trio.open_tcp_stream(host, port)
+            headers = [
+                ("Host", f"{host}:{port}"),
+                ("Content-Type", "application/x-ndjson"),
+                ("Transfer-Encoding", "chunked"),
+                (FORWARDED_HEADER, self.origin),
+            ]
+            if self.secret:
+                headers.append((SECRET_HEADER, self.secret))
+            await self._stream.send_all(self._conn.send(h11.Request(method="POST", target="/channel", headers=headers)) or b"")
+        except (OSError, ValueError, trio.TooSlowError, trio.BrokenResourceError) as exc:
+            await self.aclose()
+            raise PeerUnreachable(str(exc) or "timed out") from None
+
+    async def send(self, *ops: dict[str, Any]) -> None:
+        """Send ops (raises :class:`PeerUnreachable` once the connection is gone)."""
+        if self._stream is None:
+            raise PeerUnreachable("not connected")
+        data = b"".join(orjson.dumps(op) + b"\n" for op in ops)
+        try:
+            async with self._send_lock:
+                await self._stream.send_all(self._conn.send(h11.Data(data=data)) or b"")
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError, h11.ProtocolError) as exc:
+            raise PeerUnreachable(str(exc)) from None
+
+    async def events(self) -> AsyncIterator[dict[str, Any]]:
+        """The peer's events until its answer ends (then returns) or the connection
+        fails (raises :class:`PeerUnreachable`); a refused channel raises too."""
+        stream = self._stream
+        if stream is None:
+            raise PeerUnreachable("not connected")
+        buffer = b""
+        conn = self._conn
+        try:
+            while True:
+                event = conn.next_event()
+                if event is h11.NEED_DATA:
+                    data = await stream.receive_some(_READ_BYTES)
+                    if not data:
+                        raise PeerUnreachable("the peer closed the connection")
+                    conn.receive_data(data)
+                    continue
+                if isinstance(event, h11.Response):
+                    if event.status_code != 200:
+                        raise PeerUnreachable(f"the peer refused the channel ({event.status_code})")
+                    continue
+                if isinstance(event, h11.Data):
+                    buffer += bytes(event.data)
+                    *lines, buffer = buffer.split(b"\n")
+                    for line in lines:
+                        if line.strip():
+                            yield orjson.loads(line)
+                    continue
+                if isinstance(event, (h11.EndOfMessage, h11.ConnectionClosed)):
+                    return
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError, h11.ProtocolError) as exc:
+            raise PeerUnreachable(str(exc)) from None
+
+    async def aclose(self) -> None:
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            with trio.move_on_after(1) as scope:
+                scope.shield = True
+                await stream.aclose()

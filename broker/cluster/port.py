@@ -35,7 +35,9 @@ class ClusterGatewayPort:
         check_writable: Callable[[], None],
         note_etcd: Callable[[str | None], None],
         owner_of: Callable[[str], tuple[str, str | None] | None],
+        secret: str | None = None,
     ) -> None:
+        self.secret = secret
         self.forwarder = forwarder
         self.writer = writer
         self.views = views

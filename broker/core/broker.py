@@ -218,6 +218,7 @@ class Broker:
         self.nack = deliveries.nack
         self.reject = deliveries.reject
         self.touch = deliveries.touch
+        self.reserve_delivery_tag = deliveries.reserve_tag
         self.tx_select = transactions.tx_select
         self.tx_commit = transactions.tx_commit
         self.tx_rollback = transactions.tx_rollback

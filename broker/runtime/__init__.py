@@ -15,6 +15,7 @@ from broker.runtime.gateway import CommandBatch, CommandGateway, PublishOutcome
 from broker.runtime.options import RuntimeOptions
 from broker.runtime.ports import (
     ChannelSink,
+    ClusterPort,
     Flushable,
     ForwardPlan,
     LogPort,

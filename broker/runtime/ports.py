@@ -139,6 +139,10 @@ class ClusterPort(PublishForwarder, Protocol):
     the node's watch before they return: read-your-writes). Each raises the core's
     errors, and ``Unavailable`` (503) while etcd cannot be reached."""
 
+    #: this node's name, and the secret nodes authenticate to one another with
+    node_name: str
+    secret: str | None
+
     def owner_of(self, queue: str) -> tuple[str, str | None] | None:
         """(owner node, its URL or None while it is down) of a queue of the cluster;
         None for a queue etcd does not have (an exclusive one is this node's own)."""

@@ -200,3 +200,62 @@ def test_channel_declares_and_binds_go_through_etcd(nodes: Nodes) -> None:
                                {"op": "delete_queue", "queue": "audit"}])
     assert [r["ev"] for r in replies] == ["ok", "ok"], replies
     wait_for("audit gone everywhere", lambda: "audit" not in {q for n in cluster_nodes(c).values() for q in n["queues"]})
+
+
+def test_a_channel_consumer_on_one_node_consumes_a_queue_owned_by_another(nodes: Nodes) -> None:
+    a, b, c = _three(nodes)
+    _declare_on(b, "work", a)
+    _declare_on(b, "local", b)
+    events = _channel_publish(c, [{"routing_key": "work", "body": f"w{i}"} for i in range(5)]
+                              + [{"routing_key": "local", "body": "l0"}])
+    assert all(e["ev"] == "ack" for e in events)
+    ch = RawChannel(b.port)
+    try:
+        ch.send({"op": "consume", "queue": "work", "prefetch": 2, "id": 1},
+                {"op": "consume", "queue": "local", "id": 2})
+        got: list[dict[str, Any]] = []
+        oks = 0
+        while len(got) < 3 or oks < 2:
+            ev = ch.next_event()
+            assert ev["ev"] in ("consume_ok", "deliver"), ev
+            if ev["ev"] == "consume_ok":
+                oks += 1
+            else:
+                got.append(ev)
+        # prefetch 2 holds on the owner; the tags are this channel's, all distinct
+        assert sorted(m["message"]["body"] for m in got) == ["l0", "w0", "w1"]
+        assert len({m["delivery_tag"] for m in got}) == 3
+        for m in got:
+            ch.send({"op": "ack", "delivery_tag": m["delivery_tag"]})
+        seen = [m["message"]["body"] for m in got]
+        while len(seen) < 6:
+            ev = ch.next_event()
+            assert ev["ev"] == "deliver", ev
+            seen.append(ev["message"]["body"])
+            ch.send({"op": "ack", "delivery_tag": ev["delivery_tag"]})
+        assert sorted(seen) == ["l0"] + [f"w{i}" for i in range(5)]
+        ch.send({"op": "declare_exchange", "exchange": "amq.direct", "passive": True, "id": 3})  # a barrier
+        assert ch.next_event()["ev"] == "ok"
+    finally:
+        ch.close()
+    wait_for("acks reached the owner", lambda: a.request("GET", "/queues/work")[1]["messages_unacked"] == 0)
+    assert a.request("GET", "/queues/work")[1]["messages_ready"] == 0
+    # unacked relayed deliveries go back to the owner's queue when the channel ends
+    _channel_publish(c, [{"routing_key": "work", "body": "again"}])
+    ch = RawChannel(c.port)
+    try:
+        ch.send({"op": "consume", "queue": "work", "id": 1})
+        evs = [ch.next_event(), ch.next_event()]
+        assert [e["ev"] for e in evs] == ["consume_ok", "deliver"], evs
+        a.kill()
+        ev = ch.next_event()
+        assert ev["ev"] == "cancel" and ev["reason"].startswith("queue_unavailable"), ev
+        wait_for("a dead on c", lambda: not cluster_nodes(c)["a"]["alive"], timeout_s=TTL_S + 8)
+        ch.send({"op": "consume", "queue": "work", "id": 2})
+        ev = ch.next_event()
+        assert ev["ev"] == "error" and ev["error"] == "queue_unavailable", ev
+    finally:
+        ch.close()
+    a.start()
+    wait_for("a back on b", lambda: cluster_nodes(b)["a"]["alive"])
+    assert _bodies(b, "work") == ["again"]

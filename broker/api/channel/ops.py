@@ -181,6 +181,14 @@ async def _op_consume(s: ChannelSession, op: dict[str, Any]) -> None:
         )
         return tag, core.consumer_active(cid, tag)
 
+    relayed = s.relayed_consumers()
+    located = relayed.remote_owner(queue) if relayed is not None and queue else None
+    if relayed is not None and located is not None:
+        s.batch.flush()
+        tag, active = await relayed.consume(queue, located[0], located[1], op)
+        s.send_event(reply(op, "consume_ok", consumer_tag=tag, active=active))
+        relayed.started(tag)
+        return
     tag, active = s.batch.run(consume)
     s.send_event(reply(op, "consume_ok", consumer_tag=tag, active=active))
 
@@ -195,6 +203,8 @@ async def _op_cancel(s: ChannelSession, op: dict[str, Any]) -> None:
     cid = s.channel_id
     if s.views.has_consumer(cid, tag):
         s.batch.run(lambda core: core.cancel(cid, tag))
+    elif s.relayed is not None:
+        await s.relayed.cancel(tag)
     s.send_event(reply(op, "cancel_ok", consumer_tag=tag))
 
 
@@ -205,29 +215,48 @@ async def _op_qos(s: ChannelSession, op: dict[str, Any]) -> None:
     s.send_event(reply(op, "ok", op="qos"))
 
 
+async def _relayed_settle(s: ChannelSession, op: dict[str, Any], tag: Any, multiple: bool) -> bool:
+    """Cluster mode: settle the relayed deliveries ``op`` names on their owners;
+    True when ``tag`` is a relayed one (this core has nothing to settle then)."""
+    relayed = s.relayed
+    if relayed is None:
+        return False
+    remote_fields = {k: v for k, v in op.items() if k in ("op", "requeue", "delay_s")}
+    if relayed.owns(tag):
+        await relayed.settle(remote_fields, tag, multiple)
+        return True
+    if multiple:
+        await relayed.settle(remote_fields, tag, True)
+    return False
+
+
 async def _op_ack(s: ChannelSession, op: dict[str, Any]) -> None:
     cid = s.channel_id
     tag, multiple = _get(op, "delivery_tag", int, None), _get(op, "multiple", bool, False)
-    s.batch.run(lambda core: core.ack(cid, tag, multiple))
+    if not await _relayed_settle(s, op, tag, multiple):
+        s.batch.run(lambda core: core.ack(cid, tag, multiple))
 
 
 async def _op_nack(s: ChannelSession, op: dict[str, Any]) -> None:
     cid = s.channel_id
     tag, multiple = _get(op, "delivery_tag", int, None), _get(op, "multiple", bool, False)
     requeue, delay_s = _get(op, "requeue", bool, True), op_delay(op)
-    s.batch.run(lambda core: core.nack(cid, tag, multiple, requeue, delay_s=delay_s))
+    if not await _relayed_settle(s, op, tag, multiple):
+        s.batch.run(lambda core: core.nack(cid, tag, multiple, requeue, delay_s=delay_s))
 
 
 async def _op_reject(s: ChannelSession, op: dict[str, Any]) -> None:
     cid = s.channel_id
     tag, requeue, delay_s = _get(op, "delivery_tag", int, None), _get(op, "requeue", bool, True), op_delay(op)
-    s.batch.run(lambda core: core.reject(cid, tag, requeue, delay_s=delay_s))
+    if not await _relayed_settle(s, op, tag, False):
+        s.batch.run(lambda core: core.reject(cid, tag, requeue, delay_s=delay_s))
 
 
 async def _op_touch(s: ChannelSession, op: dict[str, Any]) -> None:
     cid = s.channel_id
     tag = _get(op, "delivery_tag", int, None)
-    s.batch.run(lambda core: core.touch(cid, tag))
+    if not await _relayed_settle(s, op, tag, False):
+        s.batch.run(lambda core: core.touch(cid, tag))
 
 
 # -- topology --------------------------------------------------------------------------

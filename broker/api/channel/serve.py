@@ -55,6 +55,7 @@ async def handle_channel(
         await response.start(200, headers=NDJSON_HEADERS)
         session.send_event({"ev": "open", "channel": channel_id, "server": f"ackbus/{__version__}"})
         async with trio.open_nursery() as nursery:
+            session.tasks = nursery
 
             async def write() -> None:
                 nonlocal disconnected
