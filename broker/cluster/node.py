@@ -20,6 +20,7 @@ import trio
 
 from broker.cluster.etcd import EtcdClient, parse_endpoints
 from broker.cluster.etcdproto import EtcdError, EtcdUnavailable
+from broker.cluster.forget import forget_node, report_depths
 from broker.cluster.forward import Forwarder
 from broker.cluster.membership import Membership, NodeNameTaken
 from broker.cluster.mirror import CoreMirror
@@ -93,6 +94,7 @@ class ClusterNode:
                 nursery.start_soon(self.forwarder.serve)
                 task_status.started()
                 await self.runtime.ready_event.wait()
+                nursery.start_soon(report_depths, self.client, self.keys, self.name, self.runtime.core.views)
                 await self._follow()
         finally:
             self.runtime.cluster = None
@@ -185,6 +187,11 @@ class ClusterNode:
             f"{SEEN_TIMEOUT_S:g} s; it will apply it when its watch catches up",
             code="cluster_lagging",
         )
+
+    async def forget(self, name: str, *, rehome: bool) -> dict[str, Any]:
+        """``DELETE /cluster/nodes/{name}`` (``broker.cluster.forget``)."""
+        self.check_writable()
+        return await forget_node(self.client, self.keys, self.view, name, rehome=rehome, wait_seen=self.wait_seen)
 
     # --------------------------------------------------------------------- questions
 

@@ -46,14 +46,21 @@ Handler = Callable[[Request, Response], Awaitable[None]]
 
 
 def add_routes(ctx: RestContext) -> None:
-    """A single node: ``GET /cluster`` says cluster mode is off."""
+    """A single node: ``GET /cluster`` says cluster mode is off; there is no node to
+    forget."""
     ctx.add("GET", "/cluster", no_cluster)
+    ctx.add("DELETE", "/cluster/nodes/{name}", no_node_to_forget, query=frozenset({"rehome"}))
 
 
 async def no_cluster(ctx: RestContext, request: Request, response: Response) -> None:
     await response.send_json(
         200, {"enabled": False, "reason": "this broker is a single node: start it with --etcd to join a cluster"}
     )
+
+
+async def no_node_to_forget(ctx: RestContext, request: Request, response: Response) -> None:
+    access_for(request).require("administer")
+    raise PreconditionFailed("this broker is a single node: there is no other node to forget", code="not_clustered")
 
 
 def _route(
@@ -249,7 +256,14 @@ def cluster_routes(runtime: BrokerRuntime, node: ClusterNode, auth: Any) -> Rout
         await runtime.wait_durable()
         await response.send_json(200, {"unbound": True})
 
+    async def forget_node(request: Request, response: Response) -> None:
+        access_for(request).require("administer")
+        answer = await node.forget(request.path_params["name"], rehome=request.query.get_bool("rehome", False))
+        await runtime.wait_durable()
+        await response.send_json(200, answer)
+
     _route(router, "GET", "/cluster", status)
+    _route(router, "DELETE", "/cluster/nodes/{name}", _etcd_errors(node, forget_node), query=frozenset({"rehome"}))
     _route(router, "GET", "/healthz", healthz, public=True)
     _route(router, "PUT", "/queues/{name}", _etcd_errors(node, put_queue))
     _route(router, "DELETE", "/queues/{name}", _etcd_errors(node, delete_queue), query=frozenset({"if_unused", "if_empty"}))
