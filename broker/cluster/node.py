@@ -22,6 +22,7 @@ from broker.cluster.etcd import EtcdClient, parse_endpoints
 from broker.cluster.etcdproto import EtcdError, EtcdUnavailable
 from broker.cluster.forget import forget_node, report_depths
 from broker.cluster.forward import Forwarder
+from broker.cluster.locks import ClusterLocks
 from broker.cluster.membership import Membership, NodeNameTaken
 from broker.cluster.mirror import CoreMirror
 from broker.cluster.port import ClusterGatewayPort
@@ -70,9 +71,10 @@ class ClusterNode:
         self.writer = MetadataWriter(self.client, self.keys, self.view, self.name, self.wait_seen)
         self.user_writer = UserWriter(self.client, self.keys, self.view, self.wait_seen)
         self.forwarder = Forwarder(self.name, self.view, secret=config.secret)
+        self.locks = ClusterLocks(self.client, self.keys)
         runtime.cluster = ClusterGatewayPort(
             self.forwarder, self.writer, runtime.core.views, self.name, self.check_writable, self.note_etcd, self.owner_of,
-            config.secret,
+            self.locks, config.secret,
         )
         #: None while etcd answers; else why it does not
         self.etcd_error: str | None = None

@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 
 from broker.cluster.etcdproto import EtcdUnavailable
 from broker.cluster.forward import Forwarder
+from broker.cluster.locks import ClusterLocks
 from broker.cluster.writes import MetadataWriter
 from broker.core import BrokerViews, PreconditionFailed, Unavailable
 from broker.runtime import ForwardPlan
@@ -35,8 +36,10 @@ class ClusterGatewayPort:
         check_writable: Callable[[], None],
         note_etcd: Callable[[str | None], None],
         owner_of: Callable[[str], tuple[str, str | None] | None],
+        locks: ClusterLocks,
         secret: str | None = None,
     ) -> None:
+        self.locks = locks
         self.secret = secret
         self.forwarder = forwarder
         self.writer = writer

@@ -15,6 +15,7 @@ from broker.runtime.gateway import CommandBatch, CommandGateway, PublishOutcome
 from broker.runtime.options import RuntimeOptions
 from broker.runtime.ports import (
     ChannelSink,
+    ClusterLocksPort,
     ClusterPort,
     Flushable,
     ForwardPlan,
@@ -27,6 +28,7 @@ from broker.runtime.runtime import BrokerRuntime, LockWait
 __all__ = [
     "BrokerRuntime",
     "ChannelSink",
+    "ClusterLocksPort",
     "ClusterPort",
     "Checkpointer",
     "CommandBatch",

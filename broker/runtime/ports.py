@@ -18,7 +18,7 @@ import trio
 from broker.core import Effect
 from broker.storage import LogReader, WALStatistics
 
-__all__ = ["ChannelSink", "ClusterPort", "Flushable", "ForwardPlan", "LogPort", "MetricsPort", "PublishForwarder"]
+__all__ = ["ChannelSink", "ClusterLocksPort", "ClusterPort", "Flushable", "ForwardPlan", "LogPort", "MetricsPort", "PublishForwarder"]
 
 
 @dataclass
@@ -133,6 +133,21 @@ class MetricsPort(Protocol):
 
 
 
+class ClusterLocksPort(Protocol):
+    """Cluster mode's locks, held in etcd for the whole cluster (``broker.cluster``):
+    the single node's answers and errors (``LockBusy``, ``NotLockHolder``)."""
+
+    async def acquire(self, name: str, owner: object, ttl_s: object, wait_s: object) -> dict[str, Any]: ...
+
+    async def refresh(self, name: str, owner: object, token: object, ttl_s: object) -> dict[str, Any]: ...
+
+    async def release(self, name: str, owner: object, token: object) -> dict[str, Any]: ...
+
+    async def info(self, name: str) -> dict[str, Any]: ...
+
+    async def infos(self) -> list[dict[str, Any]]: ...
+
+
 class ClusterPort(PublishForwarder, Protocol):
     """Cluster mode (``broker.cluster``), as the gateway sees it: forwarding of
     publishes, and the metadata changes decided through etcd (applied to this core by
@@ -142,6 +157,9 @@ class ClusterPort(PublishForwarder, Protocol):
     #: this node's name, and the secret nodes authenticate to one another with
     node_name: str
     secret: str | None
+    @property
+    def locks(self) -> ClusterLocksPort:
+        """The cluster's locks."""
 
     def owner_of(self, queue: str) -> tuple[str, str | None] | None:
         """(owner node, its URL or None while it is down) of a queue of the cluster;

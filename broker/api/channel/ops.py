@@ -388,6 +388,16 @@ async def _op_lock_acquire(s: ChannelSession, op: dict[str, Any]) -> None:
     cid = s.channel_id
     owner, ttl_s, wait_s = op.get("owner"), op.get("ttl_s", 30), op.get("wait_s", 0)
     ref = {"id": op_id} if echo else {}
+    cluster = s.runtime.cluster
+    if cluster is not None:  # held in etcd for the whole cluster (a wait holds up this channel's ops)
+        s.batch.flush()
+        try:
+            granted = await cluster.locks.acquire(name, owner, ttl_s, wait_s)
+        except LockBusy as exc:
+            s.send_event(_refused(op, exc))
+            return
+        s.send_event(reply(op, "ok", op="lock_acquire", lock=granted))
+        return
     try:
         info, _waiter = await s.batch.run_durable(
             lambda core: core.lock_acquire(cid, name, owner, ttl_s, wait_s, ref=ref)
@@ -403,8 +413,12 @@ async def _op_lock_refresh(s: ChannelSession, op: dict[str, Any]) -> None:
     name = _get(op, "lock", str, None) or ""
     s.access.require("lock", name)
     owner, token, ttl_s = op.get("owner"), op.get("token"), op.get("ttl_s")
+    cluster = s.runtime.cluster
     try:
-        info = await s.batch.run_durable(lambda core: core.lock_refresh(name, owner, token, ttl_s))
+        if cluster is not None:
+            info = await cluster.locks.refresh(name, owner, token, ttl_s)
+        else:
+            info = await s.batch.run_durable(lambda core: core.lock_refresh(name, owner, token, ttl_s))
     except NotLockHolder as exc:
         s.send_event(_refused(op, exc))
         return
@@ -415,8 +429,12 @@ async def _op_lock_release(s: ChannelSession, op: dict[str, Any]) -> None:
     name = _get(op, "lock", str, None) or ""
     s.access.require("lock", name)
     owner, token = op.get("owner"), op.get("token")
+    cluster = s.runtime.cluster
     try:
-        info = await s.batch.run_durable(lambda core: core.lock_release(name, owner, token))
+        if cluster is not None:
+            info = await cluster.locks.release(name, owner, token)
+        else:
+            info = await s.batch.run_durable(lambda core: core.lock_release(name, owner, token))
     except NotLockHolder as exc:
         s.send_event(_refused(op, exc))
         return
@@ -424,7 +442,10 @@ async def _op_lock_release(s: ChannelSession, op: dict[str, Any]) -> None:
 
 
 async def _op_lock_info(s: ChannelSession, op: dict[str, Any]) -> None:
-    s.send_event(reply(op, "ok", op="lock_info", lock=s.views.lock_info(_get(op, "lock", str, None) or "")))
+    name = _get(op, "lock", str, None) or ""
+    cluster = s.runtime.cluster
+    info = await cluster.locks.info(name) if cluster is not None else s.views.lock_info(name)
+    s.send_event(reply(op, "ok", op="lock_info", lock=info))
 
 
 # -- the end ---------------------------------------------------------------------------

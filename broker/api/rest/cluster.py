@@ -18,6 +18,11 @@ from typing import Any
 import trio
 
 from broker.api.auth import hash_password, new_token
+from broker.api.fields import (
+    LOCK_ACQUIRE_FIELDS,
+    LOCK_REFRESH_FIELDS,
+    LOCK_RELEASE_FIELDS,
+)
 from broker.api.permissions import access_for
 from broker.api.rest.cluster_relay import relay_to_owner, relayed_queue
 from broker.api.rest.fields import (
@@ -32,7 +37,9 @@ from broker.cluster import ClusterNode, EtcdUnavailable
 from broker.core import (
     EXCHANGE_TYPES,
     InvalidArgument,
+    LockBusy,
     NotFound,
+    NotLockHolder,
     PreconditionFailed,
     Unavailable,
     check_username,
@@ -262,6 +269,7 @@ def cluster_routes(runtime: BrokerRuntime, node: ClusterNode, auth: Any) -> Rout
         await runtime.wait_durable()
         await response.send_json(200, answer)
 
+    _add_lock_routes(router, runtime, node)
     _route(router, "GET", "/cluster", status)
     _route(router, "DELETE", "/cluster/nodes/{name}", _etcd_errors(node, forget_node), query=frozenset({"rehome"}))
     _route(router, "GET", "/healthz", healthz, public=True)
@@ -272,6 +280,60 @@ def cluster_routes(runtime: BrokerRuntime, node: ClusterNode, auth: Any) -> Rout
     _route(router, "POST", "/bindings", _etcd_errors(node, bind))
     _route(router, "DELETE", "/bindings", _etcd_errors(node, unbind))
     return router
+
+
+def _add_lock_routes(router: Router, runtime: BrokerRuntime, node: ClusterNode) -> None:
+    """Locks held in etcd for the whole cluster (``broker.cluster.locks``), with the
+    single node's answers: a refusal is a 409 carrying the lock as it is."""
+    locks = node.locks
+
+    async def refused(response: Response, exc: LockBusy | NotLockHolder) -> None:
+        await response.send_json(exc.status, {**exc.to_json(), "lock": exc.info})
+
+    def guarded(handler: Handler) -> Handler:
+        async def run(request: Request, response: Response) -> None:
+            runtime.check_ready()
+            access_for(request).require("lock", request.path_params["name"])
+            try:
+                await handler(request, response)
+            except (LockBusy, NotLockHolder) as exc:
+                await refused(response, exc)
+            except EtcdUnavailable as exc:
+                node.note_etcd(exc.message)
+                raise Unavailable(f"etcd is unreachable, so locks cannot change now: {exc.message}", code="etcd_unavailable") from None
+
+        return run
+
+    async def acquire(request: Request, response: Response) -> None:
+        f = await body_fields(request, LOCK_ACQUIRE_FIELDS)
+        info = await locks.acquire(request.path_params["name"], f.obj.get("owner"), f.obj.get("ttl_s", 30), f.obj.get("wait_s", 0))
+        await response.send_json(200, info)
+
+    async def refresh(request: Request, response: Response) -> None:
+        f = await body_fields(request, LOCK_REFRESH_FIELDS)
+        info = await locks.refresh(request.path_params["name"], f.obj.get("owner"), f.obj.get("token"), f.obj.get("ttl_s"))
+        await response.send_json(200, info)
+
+    async def release(request: Request, response: Response) -> None:
+        f = await body_fields(request, LOCK_RELEASE_FIELDS)
+        info = await locks.release(request.path_params["name"], f.obj.get("owner"), f.obj.get("token"))
+        await response.send_json(200, info)
+
+    async def get_lock(request: Request, response: Response) -> None:
+        await response.send_json(200, await locks.info(request.path_params["name"]))
+
+    async def list_locks(request: Request, response: Response) -> None:
+        try:
+            infos = await locks.infos()
+        except EtcdUnavailable as exc:
+            raise Unavailable(f"etcd is unreachable: {exc.message}", code="etcd_unavailable") from None
+        await response.send_json(200, {"locks": infos})
+
+    _route(router, "POST", "/locks/{name}/acquire", guarded(acquire))
+    _route(router, "POST", "/locks/{name}/refresh", guarded(refresh))
+    _route(router, "POST", "/locks/{name}/release", guarded(release))
+    _route(router, "GET", "/locks/{name}", guarded(get_lock))
+    _route(router, "GET", "/locks", list_locks)
 
 
 def _add_user_routes(router: Router, runtime: BrokerRuntime, auth: Any, node: ClusterNode) -> None:
