@@ -50,6 +50,7 @@ EXPECTED_DEFAULTS: dict[str, Any] = {
     "dedup_window_s": 120.0,
     "default_lease_s": 30.0,
     "max_lease_s": 43200.0,
+    "auto_delete_grace_s": 5.0,
     "consumer_timeout_s": 1800.0,
     "max_wait_s": 60.0,
     "channel_buffer_bytes": 1 * MiB,

@@ -273,6 +273,14 @@ class Settings:
         _default(RuntimeOptions, "default_lease_s"), _SECONDS, "messaging", "Lease of a REST get when the request names none.", _positive
     )
     max_lease_s: float = _setting(_default(RuntimeOptions, "max_lease_s"), _SECONDS, "messaging", "Longest lease a client may ask for.", _positive)
+    auto_delete_grace_s: float = _setting(
+        _default(RuntimeOptions, "auto_delete_grace_s"),
+        _SECONDS,
+        "messaging",
+        "An auto-delete queue read with REST gets (no consumer) is deleted once it has had no get, "
+        "no long-poll, no lease out and no message this long.",
+        _NON_NEGATIVE,
+    )
     consumer_timeout_s: float = _setting(
         _default(RuntimeOptions, "consumer_timeout_s"),
         _SECONDS,

@@ -180,14 +180,7 @@ class BrokerRuntime:
                 fsync=self.options.fsync,
                 segment_max_bytes=self.options.segment_max_bytes,
                 reserve_bytes=self.options.reserve_bytes,
-                callbacks=WALCallbacks(
-                    on_durable=self._on_durable,
-                    on_failure=self._on_failure,
-                    on_recovered=self._on_recovered,
-                    on_fsync=self._on_fsync,
-                    on_reserve=self._on_reserve,
-                    inline_allowed=self._inline_allowed,
-                ),
+                callbacks=self.log_callbacks(),
                 fs=self._fs,
             )
             self.unconfirmed_dropped = recovered.unconfirmed_dropped
@@ -397,6 +390,13 @@ class BrokerRuntime:
         return event
 
     # ------------------------------------------------------------ WAL callbacks
+
+    def log_callbacks(self) -> WALCallbacks:
+        """How a log reports back: recovery's log, or a stand-in set as :attr:`wal`."""
+        return WALCallbacks(
+            on_durable=self._on_durable, on_failure=self._on_failure, on_recovered=self._on_recovered,
+            on_fsync=self._on_fsync, on_reserve=self._on_reserve, inline_allowed=self._inline_allowed,
+        )
 
     def _on_durable(self, lsn: int) -> None:
         self.core.durable(lsn)
