@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import anyio.abc
 
-from .transport import Endpoint, StreamOpener
+from .endpoint import Endpoint, StreamOpener
 
 __all__ = ["FailoverOpener", "split_urls"]
 

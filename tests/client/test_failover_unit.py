@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from client.failover import FailoverOpener, split_urls
-from client.transport import Endpoint
+from client.endpoint import Endpoint
 
 
 def test_urls_come_as_a_comma_list_or_a_list() -> None:
