@@ -26,11 +26,12 @@ from broker.cluster.locks import ClusterLocks
 from broker.cluster.membership import Membership, NodeNameTaken
 from broker.cluster.mirror import CoreMirror
 from broker.cluster.port import ClusterGatewayPort
+from broker.cluster.schedules import ClusterSchedules
 from broker.cluster.users import UserWriter, seed_users
 from broker.cluster.view import ClusterKeys, ClusterView
 from broker.cluster.writes import MetadataWriter
-from broker.core import Unavailable
-from broker.runtime import BrokerRuntime
+from broker.core import BrokerError, Unavailable
+from broker.runtime import BrokerRuntime, CommandGateway
 
 __all__ = ["ClusterConfig", "ClusterNode", "NodeNameTaken"]
 
@@ -72,6 +73,7 @@ class ClusterNode:
         self.user_writer = UserWriter(self.client, self.keys, self.view, self.wait_seen)
         self.forwarder = Forwarder(self.name, self.view, secret=config.secret)
         self.locks = ClusterLocks(self.client, self.keys)
+        self.schedules = ClusterSchedules(self.client, self.keys, self.view, self.name)
         runtime.cluster = ClusterGatewayPort(
             self.forwarder, self.writer, runtime.core.views, self.name, self.check_writable, self.note_etcd, self.owner_of,
             self.locks, config.secret,
@@ -97,6 +99,7 @@ class ClusterNode:
                 task_status.started()
                 await self.runtime.ready_event.wait()
                 nursery.start_soon(report_depths, self.client, self.keys, self.name, self.runtime.core.views)
+                nursery.start_soon(self.schedules.run, self._lease, self._publish_tick)
                 await self._follow()
         finally:
             self.runtime.cluster = None
@@ -189,6 +192,19 @@ class ClusterNode:
             f"{SEEN_TIMEOUT_S:g} s; it will apply it when its watch catches up",
             code="cluster_lagging",
         )
+
+    def _lease(self) -> int:
+        """This node's membership lease while it holds one (0: not a member now)."""
+        return self.membership.lease if self.membership.registered and self.synced else 0
+
+    async def _publish_tick(self, exchange: str, routing_key: str, body: bytes, properties: dict[str, Any]) -> str | None:
+        """A schedule's tick, published through the gateway (forwarded to the queues'
+        owners); None once acked, else why not."""
+        try:
+            outcome = await CommandGateway(self.runtime).publish_and_confirm(exchange, routing_key, body, properties)
+        except BrokerError as exc:
+            return f"{exc.code}: {exc.message}"
+        return None if outcome.ack else outcome.reason or "nacked"
 
     async def forget(self, name: str, *, rehome: bool) -> dict[str, Any]:
         """``DELETE /cluster/nodes/{name}`` (``broker.cluster.forget``)."""

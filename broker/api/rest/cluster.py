@@ -25,6 +25,7 @@ from broker.api.fields import (
 )
 from broker.api.permissions import access_for
 from broker.api.rest.cluster_relay import relay_to_owner, relayed_queue
+from broker.api.rest.cluster_schedules import add_cluster_schedule_routes
 from broker.api.rest.fields import (
     DEFAULT_EXCHANGE_ALIAS,
     RestContext,
@@ -270,6 +271,7 @@ def cluster_routes(runtime: BrokerRuntime, node: ClusterNode, auth: Any) -> Rout
         await response.send_json(200, answer)
 
     _add_lock_routes(router, runtime, node)
+    add_cluster_schedule_routes(_route, router, runtime, node)
     _route(router, "GET", "/cluster", status)
     _route(router, "DELETE", "/cluster/nodes/{name}", _etcd_errors(node, forget_node), query=frozenset({"rehome"}))
     _route(router, "GET", "/healthz", healthz, public=True)
