@@ -259,3 +259,20 @@ def test_a_channel_consumer_on_one_node_consumes_a_queue_owned_by_another(nodes:
     a.start()
     wait_for("a back on b", lambda: cluster_nodes(b)["a"]["alive"])
     assert _bodies(b, "work") == ["again"]
+
+
+def test_delays_and_priorities_cross_owners(nodes: Nodes) -> None:
+    a, b, c = _three(nodes)
+    _declare_on(a, "prio", b, arguments={"x-max-priority": 9})
+    _declare_on(a, "later", c)
+    events = _channel_publish(a, [
+        {"routing_key": "prio", "body": "low", "properties": {"priority": 1}},
+        {"routing_key": "prio", "body": "high", "properties": {"priority": 8}},
+        {"routing_key": "later", "body": "delayed", "delay_s": 1.5},
+    ])
+    assert all(e["ev"] == "ack" for e in events)
+    assert _bodies(c, "prio") == ["high", "low"]
+    status, now = a.request("POST", "/queues/later/get")
+    assert status == 200 and now["messages"] == []  # held back on its owner
+    wait_for("the delayed message", lambda: a.request("GET", "/queues/later")[1]["messages_ready"] == 1, timeout_s=10)
+    assert _bodies(a, "later") == ["delayed"]
