@@ -206,6 +206,8 @@ class Publishing:
         :meth:`settle_held_confirm`. Returns the tag, or None when it cannot be held
         (a transaction holds the publish itself until its commit)."""
         ch = self._channel(channel_id)
+        if ch.tx is not None:
+            return None
         if tag is None:
             ch.publish_seq += 1
             tag = ch.publish_seq

@@ -204,7 +204,8 @@ class CommandGateway:
         answers = len(plan.owners) + (1 if plan.refused else 0)
         held = core.hold_confirm(channel_id, tag, answers)
         if held is None:  # a transaction: its publishes reach this node's queues only
-            assert tag is not None
+            if tag is None:
+                tag, _routed = core.publish(channel_id, exchange, routing_key, body, properties, mandatory=mandatory, delay_s=delay_s)
             return tag, 0
         forwarder = self.runtime.cluster
         assert forwarder is not None

@@ -526,3 +526,14 @@ def test_a_held_confirm_of_a_closed_channel_is_forgotten() -> None:
     h.step()
     h.b.settle_held_confirm(ch, 1, True, None)  # no error: the channel is gone
     assert confirm_effects(h.step(), ch) == []
+
+
+def test_a_transaction_holds_no_forwarded_confirm() -> None:
+    """A transactional channel's publishes are the transaction's: nothing is held for
+    answers from elsewhere (a cluster does not forward them)."""
+    h = Harness()
+    ch = h.channel()
+    h.b.tx_select(ch)
+    assert h.b.hold_confirm(ch, None, 1) is None
+    tag, _routed = h.b.publish(ch, "", "q", b"x")
+    assert h.b.hold_confirm(ch, tag, 1) is None

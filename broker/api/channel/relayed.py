@@ -49,6 +49,8 @@ class _Relay:
         #: this channel's delivery tag -> the owner's, in delivery order
         self.tags: dict[int, int] = {}
         self.ended = False
+        #: deliveries need no settling: their tags are not remembered
+        self.no_ack = False
         #: deliveries that came before the client saw ``consume_ok`` (None: it has)
         self.held: list[dict[str, Any]] | None = []
 
@@ -102,6 +104,7 @@ class RelayedConsumers:
         except PeerUnreachable as exc:
             raise Unavailable(f"queue {queue!r}: its node {owner!r} cannot be reached: {exc}", code="queue_unavailable") from None
         relay = _Relay(owner, queue, consumer_tag, stream)
+        relay.no_ack = bool(op.get("no_ack"))
         remote_op = {k: v for k, v in op.items() if k in ("prefetch", "no_ack", "exclusive", "ack_timeout_ms", "arguments")}
         self._by_consumer[consumer_tag] = relay
         self.nursery.start_soon(self._serve, relay)
@@ -174,8 +177,9 @@ class RelayedConsumers:
             return
         channel_id = self.channel_id
         tag = self.gateway.run(lambda core: core.reserve_delivery_tag(channel_id))
-        relay.tags[tag] = int(ev["delivery_tag"])
-        self._by_tag[tag] = relay
+        if not relay.no_ack:
+            relay.tags[tag] = int(ev["delivery_tag"])
+            self._by_tag[tag] = relay
         self.send_event({**ev, "delivery_tag": tag})
 
     @staticmethod
@@ -214,6 +218,7 @@ class RelayedConsumers:
         else:
             relay_or_none = self._by_tag.get(delivery_tag)
             if relay_or_none is None:
+                self._gone.discard(delivery_tag)
                 return  # its relay ended: the owner requeued it
             targets.append((relay_or_none, relay_or_none.tags[delivery_tag]))
             if op["op"] != "touch":

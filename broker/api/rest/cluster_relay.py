@@ -32,7 +32,7 @@ Handler = Callable[[Request, Response], Awaitable[None]]
 def relayed_queue(node: ClusterNode, request: Request) -> str | None:
     """The name of the queue ``request`` is about when another node owns it and the
     request must go there; None otherwise."""
-    if FORWARDED_HEADER in request.headers:
+    if not request.path.startswith("/queues/") or FORWARDED_HEADER in request.headers:
         return None
     try:
         segments = split_path(request.path)
