@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from client.failover import FailoverOpener, split_urls
 from client.endpoint import Endpoint
+from client.failover import FailoverOpener, split_urls
 
 
 def test_urls_come_as_a_comma_list_or_a_list() -> None:
