@@ -133,6 +133,40 @@ class Forwarder:
             refused = "queue_unavailable: the owners of queue " + ", ".join(down) + " are down"
         return ForwardPlan(local=local, owners=owners, refused=refused, routed=len(names))
 
+    def forward_dead_letter(self, exchange: str, routing_key: str, body: bytes, properties: dict[str, Any]) -> bool:
+        """A dead letter that reached no queue of this node, forwarded to the owners
+        of the queues it reaches in the cluster (the same cycle rule as the core's:
+        not back to a queue it died in, unless it was rejected). At most once: the
+        source queue has already let it go, so a refusal or an owner down is logged
+        and the dead letter is gone. False when it reaches no queue anywhere."""
+        if not self.routes.synced or self._nursery is None:
+            return False
+        headers = properties.get("headers")
+        deaths = headers.get("x-death", []) if isinstance(headers, dict) else []
+        names = self.routes.route(exchange, routing_key, headers) or []
+        if not any(isinstance(d, dict) and d.get("reason") == "rejected" for d in deaths):
+            dead_from = {d.get("queue") for d in deaths if isinstance(d, dict)}
+            names = [n for n in names if n not in dead_from]
+        owners: list[str] = []
+        for name in names:
+            d = self.view.get("queues", name)
+            owner = str(d.get("owner")) if d is not None else self.node_name
+            if owner != self.node_name and owner not in owners:
+                owners.append(owner)
+        if not owners:
+            return False
+        for owner in owners:
+
+            def settle(ack: bool, reason: str | None, owner: str = owner) -> None:
+                if not ack:
+                    log.warning(
+                        "dead letter not taken by the node owning its queue: dropped",
+                        extra={"fields": {"node": owner, "exchange": exchange, "reason": reason}},
+                    )
+
+            self.send(owner, exchange, routing_key, body, properties, None, settle)
+        return True
+
     def peer_channel(self, channel_id: int, opened: bool) -> None:
         if opened:
             self.peer_channels.add(channel_id)

@@ -54,6 +54,9 @@ class ClusterGatewayPort:
     def plan(self, channel_id: int, exchange: str, routing_key: str, headers: Any) -> ForwardPlan | None:
         return self.forwarder.plan(channel_id, exchange, routing_key, headers)
 
+    def forward_dead_letter(self, exchange: str, routing_key: str, body: bytes, properties: dict[str, Any]) -> bool:
+        return self.forwarder.forward_dead_letter(exchange, routing_key, body, properties)
+
     def peer_channel(self, channel_id: int, opened: bool) -> None:
         self.forwarder.peer_channel(channel_id, opened)
 

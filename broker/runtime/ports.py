@@ -43,6 +43,11 @@ class PublishForwarder(Protocol):
         or ``channel_id`` is a peer's channel, whose publishes are already forwarded):
         publish it here as on a single node."""
 
+    def forward_dead_letter(self, exchange: str, routing_key: str, body: bytes, properties: dict[str, Any]) -> bool:
+        """A dead letter that reached no queue of this node: forward it to the nodes
+        owning the queues it reaches (at most once: a failure is logged); False when
+        it reaches none (it is dropped)."""
+
     def peer_channel(self, channel_id: int, opened: bool) -> None:
         """Channel ``channel_id``, opened (or now closed) by another node, carries
         publishes that node forwards: :meth:`plan` answers None for them."""

@@ -332,10 +332,10 @@ class BrokerRuntime:
         )
 
     def _dead_letter_dropped(self, effect: DeadLetterDropped) -> None:
-        log.warning(
-            "message dropped instead of dead-lettered",
-            extra={"fields": {"queue": effect.queue, "seq": effect.seq, "reason": effect.reason, "why": effect.why}},
-        )
+        if effect.forward is not None and self.cluster is not None and self.cluster.forward_dead_letter(*effect.forward):
+            return  # cluster mode: forwarded to the nodes owning its dead-letter queues
+        fields = {"queue": effect.queue, "seq": effect.seq, "reason": effect.reason, "why": effect.why}
+        log.warning("message dropped instead of dead-lettered", extra={"fields": fields})
 
     def _log_read_failed(self, effect: LogReadFailed) -> None:
         self.log_read_failures += 1

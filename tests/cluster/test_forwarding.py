@@ -276,3 +276,22 @@ def test_delays_and_priorities_cross_owners(nodes: Nodes) -> None:
     assert status == 200 and now["messages"] == []  # held back on its owner
     wait_for("the delayed message", lambda: a.request("GET", "/queues/later")[1]["messages_ready"] == 1, timeout_s=10)
     assert _bodies(a, "later") == ["delayed"]
+
+
+def test_a_dead_letter_reaches_a_queue_on_another_node(nodes: Nodes) -> None:
+    a, b, c = _three(nodes)
+    assert a.request("PUT", "/exchanges/dlx", {"type": "fanout"})[0] == 201
+    _declare_on(c, "dead", b)
+    assert a.request("POST", "/bindings", {"exchange": "dlx", "queue": "dead"})[0] == 201
+    _declare_on(c, "work", a, arguments={"x-dead-letter-exchange": "dlx"})
+    wait_for("the binding on a", lambda: a.request("GET", "/queues/dead")[0] == 200)
+    events = _channel_publish(c, [{"routing_key": "work", "body": "doomed"}])
+    assert events[-1]["ev"] == "ack"
+    status, got = c.request("POST", "/queues/work/get?lease=60")
+    assert status == 200 and len(got["messages"]) == 1, got
+    status, _ = c.request("POST", "/queues/work/nack", {"lease_ids": [got["messages"][0]["lease_id"]], "requeue": False})
+    assert status == 200
+    dead = wait_for("the dead letter on b", lambda: c.request("POST", "/queues/dead/get?lease=60")[1]["messages"])
+    assert dead[0]["body"] == "doomed"
+    death = dead[0]["properties"]["headers"]["x-death"][0]
+    assert death["queue"] == "work" and death["reason"] == "rejected"
