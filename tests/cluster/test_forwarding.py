@@ -295,3 +295,33 @@ def test_a_dead_letter_reaches_a_queue_on_another_node(nodes: Nodes) -> None:
     assert dead[0]["body"] == "doomed"
     death = dead[0]["properties"]["headers"]["x-death"][0]
     assert death["queue"] == "work" and death["reason"] == "rejected"
+
+
+def test_exchange_to_exchange_bindings_and_a_stream_across_owners(nodes: Nodes) -> None:
+    import http.client
+    import json
+
+    a, b, c = _three(nodes)
+    assert a.request("PUT", "/exchanges/front", {"type": "direct"})[0] == 201
+    assert a.request("PUT", "/exchanges/back", {"type": "fanout"})[0] == 201
+    assert a.request("POST", "/bindings", {"exchange": "front", "to_exchange": "back", "routing_key": "k"})[0] == 201
+    _declare_on(c, "q1", a)
+    _declare_on(c, "q2", b)
+    for q in ("q1", "q2"):
+        assert a.request("POST", "/bindings", {"exchange": "back", "queue": q})[0] == 201
+    wait_for("the bindings on c", lambda: c.request("GET", "/exchanges/back")[0] == 200)
+    events = _channel_publish(c, [{"exchange": "front", "routing_key": "k", "body": f"e{i}"} for i in range(3)]
+                              + [{"exchange": "front", "routing_key": "other", "body": "nowhere"}])
+    assert all(e["ev"] == "ack" for e in events)
+    assert _bodies(b, "q1") == ["e0", "e1", "e2"]
+    # a streaming consume through a node that does not own the queue
+    conn = http.client.HTTPConnection("127.0.0.1", c.port, timeout=20)
+    try:
+        conn.request("GET", "/queues/q2/stream?prefetch=10")
+        answer = conn.getresponse()
+        assert answer.status == 200
+        lines = [json.loads(answer.readline()) for _ in range(3)]
+        bodies = [line.get("body") or line.get("message", {}).get("body") for line in lines]
+        assert bodies == ["e0", "e1", "e2"], lines
+    finally:
+        conn.close()
