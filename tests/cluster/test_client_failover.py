@@ -58,3 +58,19 @@ def test_the_client_moves_to_another_node_without_losing_or_duplicating(nodes: N
     assert c.drain("orders") == []
     stats = c.request("GET", "/overview")[1]["stats"]
     assert stats["acked"] == COUNT, stats  # each message taken once: resends were deduplicated
+
+
+def test_the_cli_takes_several_nodes_and_skips_a_dead_one(nodes: Nodes) -> None:
+    import subprocess
+    import sys
+
+    from tests.support.broker import ROOT, free_port
+
+    a = nodes("a")
+    dead = f"127.0.0.1:{free_port()}"  # nothing listens there
+    done = subprocess.run(
+        [sys.executable, "-m", "client", "--url", f"{dead},{a.url}", "cluster"],
+        capture_output=True, text=True, timeout=60, cwd=str(ROOT),
+    )
+    assert done.returncode == 0, done.stderr
+    assert "a *" in done.stdout
