@@ -13,6 +13,7 @@ resend with the same ``message_id`` is deduplicated by the owner.
 
 from __future__ import annotations
 
+import base64
 import collections
 import logging
 from collections.abc import AsyncIterator, Callable
@@ -66,8 +67,6 @@ def _publish_line(exchange: str, routing_key: str, body: bytes, properties: dict
     try:
         op["body"] = body.decode("utf-8")
     except UnicodeDecodeError:
-        import base64
-
         op["body_b64"] = base64.b64encode(body).decode("ascii")
     if properties:
         op["properties"] = properties
