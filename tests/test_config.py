@@ -30,6 +30,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 EXPECTED_DEFAULTS: dict[str, Any] = {
     "host": "127.0.0.1",
     "port": 8080,
+    "amqp_port": 5672,
+    "amqps_port": 5671,
     "data_dir": pathlib.Path("./data"),
     "max_body_bytes": 16 * MiB,
     "max_header_bytes": 65536,
@@ -40,6 +42,8 @@ EXPECTED_DEFAULTS: dict[str, Any] = {
     "max_channels": 2048,
     "max_queues": 10000,
     "max_exchanges": 10000,
+    "memory_high_watermark": 0.4,
+    "blocked_publish_wait_s": 5.0,
     "fsync": "always",
     "segment_max_bytes": 64 * MiB,
     "checkpoint_interval_s": 300.0,

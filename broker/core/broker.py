@@ -214,6 +214,7 @@ class Broker:
         self.publish = publishing.publish
         self.hold_confirm = publishing.hold_confirm
         self.settle_held_confirm = publishing.settle_held_confirm
+        self.refuse_publish = publishing.refuse_publish
         self.open_channel = deliveries.open_channel
         self.close_channel = deliveries.close_channel
         self.grant_credit = deliveries.grant_credit

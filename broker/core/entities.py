@@ -21,7 +21,10 @@ __all__ = ["Exchange", "Queue", "Consumer", "Channel", "Delivery", "Transaction"
 
 
 class Exchange:
-    __slots__ = ("name", "type", "durable", "auto_delete", "internal", "arguments", "table", "bound_from", "builtin")
+    __slots__ = (
+        "name", "type", "durable", "auto_delete", "internal", "arguments", "table", "bound_from", "builtin",
+        "messages_in", "messages_out",
+    )
 
     def __init__(
         self,
@@ -45,6 +48,10 @@ class Exchange:
         # names of exchanges holding a binding whose destination is this exchange
         self.bound_from: set[str] = set()
         self.builtin = builtin
+        #: messages published to it (dead letters included), and those of them it
+        #: routed to at least one queue; since the start (counters, not state)
+        self.messages_in = 0
+        self.messages_out = 0
 
     def settings(self) -> tuple[Any, ...]:
         return (self.type, self.durable, self.auto_delete, self.internal, self.arguments)

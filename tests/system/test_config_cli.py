@@ -37,6 +37,7 @@ def broker_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ACKBUS_")}
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     env.update(extra or {})
+    env.setdefault("ACKBUS_AMQP_PORT", "0")  # no AMQP listener on the shared default port
     return env
 
 
