@@ -49,3 +49,22 @@ def test_one_holder_for_the_cluster_and_tokens_that_only_grow(nodes: Nodes) -> N
     # the holder acquiring again keeps its token
     status, again = b.request("POST", "/locks/job/acquire", {"owner": "z", "ttl_s": 5})
     assert status == 200 and again["token"] == granted["token"]
+
+
+def test_a_channel_waiting_for_a_cluster_lock_goes_on_with_its_other_ops(nodes: Nodes) -> None:
+    a, b = nodes("a"), nodes("b")
+    wait_for("two alive", lambda: sum(n["alive"] for n in cluster_nodes(a).values()) == 2)
+    status, held = a.request("POST", "/locks/l/acquire", {"owner": "x", "ttl_s": 30})
+    assert status == 200
+    ch = RawChannel(b.port)
+    try:
+        ch.send({"op": "lock_acquire", "lock": "l", "owner": "y", "wait_s": 20, "id": "wait"},
+                {"op": "declare_exchange", "exchange": "amq.direct", "passive": True, "id": "barrier"})
+        first = ch.next_event()
+        assert first["ev"] == "ok" and first["id"] == "barrier", first  # not held up by the wait
+        assert a.request("POST", "/locks/l/release", {"owner": "x", "token": held["token"]})[0] == 200
+        granted = ch.next_event()
+        assert granted["ev"] == "ok" and granted["id"] == "wait" and granted["lock"]["owner"] == "y", granted
+        assert granted["lock"]["token"] > held["token"]
+    finally:
+        ch.close()

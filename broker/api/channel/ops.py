@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import trio
+
 from broker.api.channel.session import ChannelSession
 from broker.api.fields import (
     BINDING_FIELDS,
@@ -37,12 +39,14 @@ from broker.api.fields import (
 )
 from broker.core import (
     Broker,
+    BrokerError,
     InvalidArgument,
     LockBusy,
     NotLockHolder,
     check_delay,
     check_json_value,
 )
+from broker.runtime import ClusterLocksPort
 
 __all__ = [
     "ENVELOPE",
@@ -391,8 +395,11 @@ async def _op_lock_acquire(s: ChannelSession, op: dict[str, Any]) -> None:
     owner, ttl_s, wait_s = op.get("owner"), op.get("ttl_s", 30), op.get("wait_s", 0)
     ref = {"id": op_id} if echo else {}
     cluster = s.runtime.cluster
-    if cluster is not None:  # held in etcd for the whole cluster (a wait holds up this channel's ops)
+    if cluster is not None:  # held in etcd for the whole cluster
         s.batch.flush()
+        if isinstance(wait_s, (int, float)) and not isinstance(wait_s, bool) and wait_s > 0 and s.tasks is not None:
+            s.tasks.start_soon(_cluster_lock_wait, s, op, cluster.locks, (name, owner, ttl_s, wait_s))
+            return  # other ops go on meanwhile, as on a single node
         try:
             granted = await cluster.locks.acquire(name, owner, ttl_s, wait_s)
         except LockBusy as exc:
@@ -409,6 +416,30 @@ async def _op_lock_acquire(s: ChannelSession, op: dict[str, Any]) -> None:
         return
     if info is not None:
         s.send_event(reply(op, "ok", op="lock_acquire", lock=info))
+
+
+async def _cluster_lock_wait(s: ChannelSession, op: dict[str, Any], locks: ClusterLocksPort, args: tuple[Any, ...]) -> None:
+    """A cluster lock acquire that may wait, answered when it ends (its ``id`` echoed);
+    a grant the channel can no longer be told of is released."""
+    name, owner = args[0], args[1]
+    try:
+        granted = await locks.acquire(*args)
+    except LockBusy as exc:
+        if not s.finished:
+            s.send_event(_refused(op, exc))
+        return
+    except BrokerError as exc:  # etcd unreachable, a bad field: refused, the channel goes on
+        if not s.finished:
+            s.send_event(reply(op, "refused", op="lock_acquire", error=exc.code, message=exc.message, lock=None))
+        return
+    if s.finished:
+        with trio.CancelScope(shield=True), trio.move_on_after(5):
+            try:
+                await locks.release(name, owner, granted["token"])
+            except BrokerError:
+                pass  # it lapses with its TTL
+        return
+    s.send_event(reply(op, "ok", op="lock_acquire", lock=granted))
 
 
 async def _op_lock_refresh(s: ChannelSession, op: dict[str, Any]) -> None:
