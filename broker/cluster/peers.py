@@ -218,11 +218,13 @@ RELAYED_RESPONSE_HEADERS: Final = ("content-type", "retry-after", "www-authentic
 
 @asynccontextmanager
 async def relay(
-    url: str, method: str, target: str, headers: list[tuple[str, str]], body: bytes, *, origin: str
+    url: str, method: str, target: str, headers: list[tuple[str, str]], body: bytes, *, origin: str,
+    secret: str | None = None,
 ) -> AsyncIterator[RelayedResponse]:
     """Send one request to the node at ``url`` (a connection of its own, closed after
-    the answer) and yield its answer. Raises :class:`PeerUnreachable` when the peer
-    cannot be reached or answers nothing."""
+    the answer) and yield its answer; with ``secret``, as a node (the cluster secret),
+    else with the client's own credentials among ``headers``. Raises
+    :class:`PeerUnreachable` when the peer cannot be reached or answers nothing."""
     try:
         host, port = peer_address(url)
         with trio.fail_after(CONNECT_TIMEOUT_S):
@@ -233,6 +235,8 @@ async def relay(
         conn = h11.Connection(h11.CLIENT)
         fields = [("Host", f"{host}:{port}"), ("Content-Length", str(len(body))), ("Connection", "close"), (FORWARDED_HEADER, origin)]
         fields += [(name, value) for name, value in headers if name.lower() in _RELAYED_REQUEST_HEADERS]
+        if secret:
+            fields.append((SECRET_HEADER, secret))
         try:
             data = conn.send(h11.Request(method=method, target=target, headers=fields)) or b""
             data += conn.send(h11.Data(data=body)) or b"" if body else b""

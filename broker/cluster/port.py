@@ -7,12 +7,16 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
+from urllib.parse import quote
+
+import orjson
 
 from broker.cluster.etcdproto import EtcdUnavailable
 from broker.cluster.forward import Forwarder
 from broker.cluster.locks import ClusterLocks
+from broker.cluster.peers import PeerUnreachable, relay
 from broker.cluster.writes import MetadataWriter
-from broker.core import BrokerViews, PreconditionFailed, Unavailable
+from broker.core import BrokerViews, NotFound, PreconditionFailed, Unavailable
 from broker.runtime import ForwardPlan
 
 __all__ = ["ClusterGatewayPort"]
@@ -71,6 +75,28 @@ class ClusterGatewayPort:
         settle: Callable[[bool, str | None], None],
     ) -> None:
         self.forwarder.send(owner, exchange, routing_key, body, properties, delay_s, settle)
+
+    async def purge_remote(self, queue: str) -> int:
+        located = self.owner_of(queue)
+        if located is None:
+            raise NotFound(f"no queue {queue!r}")
+        owner, url = located
+        if url is None:
+            raise Unavailable(f"queue {queue!r} is on node {owner!r}, which is down; retry later", code="queue_unavailable")
+        try:
+            async with relay(
+                url, "POST", f"/queues/{quote(queue, safe='')}/purge", [], b"", origin=self.node_name, secret=self.secret
+            ) as answer:
+                body = b"".join([chunk async for chunk in answer.chunks()])
+        except PeerUnreachable as exc:
+            raise Unavailable(f"queue {queue!r}: its node {owner!r} cannot be reached: {exc}", code="queue_unavailable") from None
+        data = orjson.loads(body) if body else {}
+        if answer.status == 404:
+            raise NotFound(str(data.get("message", f"no queue {queue!r}")))
+        if answer.status != 200:
+            reason = data.get("message", f"the owner answered {answer.status}")
+            raise Unavailable(f"queue {queue!r}: its node {owner!r} did not purge it: {reason}", code="queue_unavailable")
+        return int(data.get("purged", 0))
 
     # -------------------------------------------------------------- metadata
 

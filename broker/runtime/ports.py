@@ -170,6 +170,11 @@ class ClusterPort(PublishForwarder, Protocol):
         """(owner node, its URL or None while it is down) of a queue of the cluster;
         None for a queue etcd does not have (an exclusive one is this node's own)."""
 
+    async def purge_remote(self, queue: str) -> int:
+        """Purge a queue another node owns, on its owner: the ready messages dropped.
+        Raises ``Unavailable`` (``queue_unavailable``) while it cannot be reached, and
+        the owner's refusal."""
+
     async def declare_queue(
         self, name: str, *, durable: bool, auto_delete: bool, arguments: dict[str, Any], passive: bool
     ) -> bool:

@@ -325,3 +325,12 @@ def test_exchange_to_exchange_bindings_and_a_stream_across_owners(nodes: Nodes) 
         assert bodies == ["e0", "e1", "e2"], lines
     finally:
         conn.close()
+
+
+def test_a_channel_purges_a_queue_another_node_owns(nodes: Nodes) -> None:
+    a, b, c = _three(nodes)
+    _declare_on(c, "full", a)
+    assert all(e["ev"] == "ack" for e in _channel_publish(c, [{"routing_key": "full", "body": f"m{i}"} for i in range(4)]))
+    replies = _channel_ops(b, [{"op": "purge_queue", "queue": "full"}])
+    assert replies[0]["ev"] == "ok" and replies[0]["messages"] == 4, replies
+    assert a.request("GET", "/queues/full")[1]["messages_ready"] == 0

@@ -323,7 +323,13 @@ async def _op_purge_queue(s: ChannelSession, op: dict[str, Any]) -> None:
     name = _get(op, "queue", str, None) or ""
     s.access.require("purge", name)
     cid = s.channel_id
-    count = s.batch.run(lambda core: core.purge_queue(name, channel_id=cid))
+    cluster = s.runtime.cluster
+    located = cluster.owner_of(name) if cluster is not None else None
+    if cluster is not None and located is not None and located[0] != cluster.node_name:
+        s.batch.flush()
+        count = await cluster.purge_remote(name)  # on its owner
+    else:
+        count = s.batch.run(lambda core: core.purge_queue(name, channel_id=cid))
     s.send_event(reply(op, "ok", op="purge_queue", messages=count))
 
 
