@@ -83,8 +83,10 @@ class Forwarder:
     """The gateway's :class:`~broker.runtime.PublishForwarder` for one node (see the
     module docstring). ``serve`` runs the peer channels."""
 
-    def __init__(self, node_name: str, view: ClusterView, *, secret: str | None) -> None:
+    def __init__(self, node_name: str, view: ClusterView, *, secret: str | None, answer_timeout_s: float = 10.0) -> None:
         self.node_name = node_name
+        #: how long an owner may leave a forwarded publish unanswered (then it is nacked)
+        self.answer_timeout_s = answer_timeout_s
         self.view = view
         self.secret = secret
         self.routes = ClusterRoutes()
@@ -200,7 +202,9 @@ class Forwarder:
         url = str(record.get("url"))
         peer = self._peers.get(owner)
         if peer is None or peer.closed or peer.url != url:
-            peer = self._peers[owner] = PeerChannel(owner, url, origin=self.node_name, secret=self.secret)
+            peer = self._peers[owner] = PeerChannel(
+                owner, url, origin=self.node_name, secret=self.secret, answer_timeout_s=self.answer_timeout_s
+            )
             nursery.start_soon(peer.serve)
         return peer
 

@@ -71,7 +71,7 @@ class ClusterNode:
         self.membership = Membership(self.client, self.keys, self.name, config.advertise_url, config.lease_ttl_s)
         self.writer = MetadataWriter(self.client, self.keys, self.view, self.name, self.wait_seen)
         self.user_writer = UserWriter(self.client, self.keys, self.view, self.wait_seen)
-        self.forwarder = Forwarder(self.name, self.view, secret=config.secret)
+        self.forwarder = Forwarder(self.name, self.view, secret=config.secret, answer_timeout_s=max(2.0, float(config.lease_ttl_s)))
         self.locks = ClusterLocks(self.client, self.keys)
         self.schedules = ClusterSchedules(self.client, self.keys, self.view, self.name)
         runtime.cluster = ClusterGatewayPort(

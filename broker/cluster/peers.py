@@ -80,13 +80,19 @@ class PeerChannel:
     :meth:`send` queues a publish; :meth:`serve` connects and carries them until the
     connection fails (then every waiting publish is nacked) or it is cancelled."""
 
-    def __init__(self, name: str, url: str, *, origin: str, secret: str | None) -> None:
+    def __init__(self, name: str, url: str, *, origin: str, secret: str | None, answer_timeout_s: float = 10.0) -> None:
         self.name = name
         self.url = url
         self.origin = origin
         self.secret = secret
+        #: a publish sent (or a write begun) this long ago without an answer ends the
+        #: channel: a node that hangs must not hold its peers' confirms for ever
+        self.answer_timeout_s = answer_timeout_s
         self._outbox: list[tuple[bytes, Settle]] = []
         self._waiting: collections.deque[Settle] = collections.deque()
+        #: trio time the oldest unanswered publish (or the write in progress) began
+        self._waiting_since: collections.deque[float] = collections.deque()
+        self._writing_since: float | None = None
         self._wakeup = trio.Event()
         self.closed = False
         self.sent = 0
@@ -105,6 +111,7 @@ class PeerChannel:
         self.closed = True
         pending = list(self._waiting) + [settle for _line, settle in self._outbox]
         self._waiting.clear()
+        self._waiting_since.clear()
         self._outbox.clear()
         for settle in pending:
             settle(False, reason)
@@ -132,7 +139,13 @@ class PeerChannel:
                 await stream.send_all(conn.send(h11.Request(method="POST", target="/channel", headers=headers)) or b"")
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._write, conn, stream)
-                    reason = await self._read(conn, stream) or reason
+                    stuck = trio.Event()
+                    nursery.start_soon(self._watch, stuck)
+                    with trio.CancelScope() as reading:
+                        nursery.start_soon(_cancel_when, stuck, reading)
+                        reason = await self._read(conn, stream) or reason
+                    if stuck.is_set():
+                        reason = f"queue_unavailable: node {self.name!r} did not answer within {self.answer_timeout_s:g} s"
                     nursery.cancel_scope.cancel()
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError, h11.ProtocolError) as exc:
             reason = f"queue_unavailable: the channel to node {self.name!r} failed: {exc}"
@@ -145,9 +158,24 @@ class PeerChannel:
             self._wakeup = trio.Event()
             while self._outbox:
                 batch, self._outbox = self._outbox[:MAX_BATCH], self._outbox[MAX_BATCH:]
+                now = trio.current_time()
                 self._waiting.extend(settle for _line, settle in batch)
+                self._waiting_since.extend(now for _ in batch)
                 self.sent += len(batch)
+                self._writing_since = now
                 await stream.send_all(conn.send(h11.Data(data=b"".join(line for line, _s in batch))) or b"")
+                self._writing_since = None
+
+    async def _watch(self, stuck: trio.Event) -> None:
+        """Set ``stuck`` once the oldest unanswered publish, or the write in
+        progress, is older than ``answer_timeout_s``."""
+        while True:
+            await trio.sleep(min(0.25, self.answer_timeout_s / 4))
+            now = trio.current_time()
+            oldest = [t for t in (self._waiting_since[0] if self._waiting_since else None, self._writing_since) if t is not None]
+            if oldest and now - min(oldest) > self.answer_timeout_s:
+                stuck.set()
+                return
 
     async def _read(self, conn: h11.Connection, stream: trio.SocketStream) -> str | None:
         """Settle confirms as they come; returns why the channel ended."""
@@ -178,12 +206,18 @@ class PeerChannel:
                         ack = kind == "ack"
                         while settled < tag and self._waiting:
                             settled += 1
+                            self._waiting_since.popleft()
                             self._waiting.popleft()(ack, None if ack else str(ev.get("reason") or "nacked by the owner"))
                     elif kind == "error":
                         return f"queue_unavailable: node {self.name!r} ended the forwarding channel: {ev.get('message')}"
                 continue
             if isinstance(event, (h11.EndOfMessage, h11.ConnectionClosed)):
                 return None
+
+
+async def _cancel_when(event: trio.Event, scope: trio.CancelScope) -> None:
+    await event.wait()
+    scope.cancel()
 
 
 class RelayedResponse:

@@ -334,3 +334,30 @@ def test_a_channel_purges_a_queue_another_node_owns(nodes: Nodes) -> None:
     replies = _channel_ops(b, [{"op": "purge_queue", "queue": "full"}])
     assert replies[0]["ev"] == "ok" and replies[0]["messages"] == 4, replies
     assert a.request("GET", "/queues/full")[1]["messages_ready"] == 0
+
+
+def test_a_hung_owner_does_not_hold_confirms_for_ever(nodes: Nodes) -> None:
+    import os
+    import signal
+    import time
+
+    a, b, c = _three(nodes)
+    assert a.request("PUT", "/exchanges/both", {"type": "fanout"})[0] == 201
+    _declare_on(c, "qa", a)
+    _declare_on(c, "qb", b)
+    for q in ("qa", "qb"):
+        assert a.request("POST", "/bindings", {"exchange": "both", "queue": q})[0] == 201
+    assert all(e["ev"] == "ack" for e in _channel_publish(a, [{"exchange": "both", "body": "warm"}]))
+    assert b.proc is not None
+    os.kill(b.proc.pid, signal.SIGSTOP)  # hung: its connections stay open, it answers nothing
+    try:
+        started = time.monotonic()
+        events = _channel_publish(a, [{"exchange": "both", "body": "stuck"}])
+        waited = time.monotonic() - started
+        assert events[-1]["ev"] == "nack" and events[-1]["reason"].startswith("queue_unavailable"), events
+        assert waited < TTL_S + 10, waited
+        # a publish to this node's own queue is not held behind it
+        assert _channel_publish(a, [{"routing_key": "qa", "body": "fine"}])[-1]["ev"] == "ack"
+        assert [m["body"] for m in a.drain("qa")] == ["warm", "stuck", "fine"]
+    finally:
+        os.kill(b.proc.pid, signal.SIGCONT)
