@@ -26,6 +26,7 @@ once all acked, else the first nack's reason.
 from __future__ import annotations
 
 import logging
+import ssl
 from collections.abc import Callable
 from typing import Any
 
@@ -83,8 +84,12 @@ class Forwarder:
     """The gateway's :class:`~broker.runtime.PublishForwarder` for one node (see the
     module docstring). ``serve`` runs the peer channels."""
 
-    def __init__(self, node_name: str, view: ClusterView, *, secret: str | None, answer_timeout_s: float = 10.0) -> None:
+    def __init__(
+        self, node_name: str, view: ClusterView, *, secret: str | None, answer_timeout_s: float = 10.0,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
         self.node_name = node_name
+        self.ssl_context = ssl_context
         #: how long an owner may leave a forwarded publish unanswered (then it is nacked)
         self.answer_timeout_s = answer_timeout_s
         self.view = view
@@ -203,7 +208,8 @@ class Forwarder:
         peer = self._peers.get(owner)
         if peer is None or peer.closed or peer.url != url:
             peer = self._peers[owner] = PeerChannel(
-                owner, url, origin=self.node_name, secret=self.secret, answer_timeout_s=self.answer_timeout_s
+                owner, url, origin=self.node_name, secret=self.secret, answer_timeout_s=self.answer_timeout_s,
+                ssl_context=self.ssl_context,
             )
             nursery.start_soon(peer.serve)
         return peer

@@ -13,7 +13,9 @@ node keeps serving what it has and refuses metadata changes (:meth:`check_writab
 from __future__ import annotations
 
 import logging
+import ssl
 import time
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -46,9 +48,18 @@ class ClusterConfig:
     """The cluster settings of one node."""
 
     def __init__(
-        self, etcd: str, node_name: str, advertise_url: str, cluster_name: str, lease_ttl_s: int, secret: str | None = None
+        self,
+        etcd: str,
+        node_name: str,
+        advertise_url: str,
+        cluster_name: str,
+        lease_ttl_s: int,
+        secret: str | None = None,
+        ca_file: Path | None = None,
     ) -> None:
         self.endpoints = parse_endpoints(etcd)
+        #: how nodes verify one another's https certificates (None: the system's CAs)
+        self.peer_ssl = ssl.create_default_context(cafile=str(ca_file)) if ca_file is not None else None
         #: authenticates the nodes to one another (``--cluster-secret``)
         self.secret = secret or None
         self.node_name = node_name
@@ -71,12 +82,15 @@ class ClusterNode:
         self.membership = Membership(self.client, self.keys, self.name, config.advertise_url, config.lease_ttl_s)
         self.writer = MetadataWriter(self.client, self.keys, self.view, self.name, self.wait_seen)
         self.user_writer = UserWriter(self.client, self.keys, self.view, self.wait_seen)
-        self.forwarder = Forwarder(self.name, self.view, secret=config.secret, answer_timeout_s=max(2.0, float(config.lease_ttl_s)))
+        self.forwarder = Forwarder(
+            self.name, self.view, secret=config.secret, answer_timeout_s=max(2.0, float(config.lease_ttl_s)),
+            ssl_context=config.peer_ssl,
+        )
         self.locks = ClusterLocks(self.client, self.keys)
         self.schedules = ClusterSchedules(self.client, self.keys, self.view, self.name)
         runtime.cluster = ClusterGatewayPort(
             self.forwarder, self.writer, runtime.core.views, self.name, self.check_writable, self.note_etcd, self.owner_of,
-            self.locks, config.secret,
+            self.locks, config.secret, config.peer_ssl,
         )
         #: None while etcd answers; else why it does not
         self.etcd_error: str | None = None

@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import collections
 import logging
+import ssl
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any, Final
@@ -54,12 +55,35 @@ class PeerUnreachable(Exception):
     """A peer could not be reached, or its answer was cut short."""
 
 
-def peer_address(url: str) -> tuple[str, int]:
-    """(host, port) of a node's advertised ``http://`` URL; ValueError otherwise."""
+def peer_address(url: str) -> tuple[str, str, int]:
+    """(scheme, host, port) of a node's advertised URL; ValueError unless it is
+    ``http://`` or ``https://`` with a host."""
     parts = urlsplit(url)
-    if parts.scheme != "http" or not parts.hostname:
-        raise ValueError(f"node URL {url!r}: only http:// is forwarded to")
-    return parts.hostname, parts.port or 80
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"node URL {url!r}: only http:// and https:// are forwarded to")
+    return parts.scheme, parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
+
+
+#: What makes connecting to a peer fail (and a refused TLS handshake).
+CONNECT_ERRORS = (OSError, ValueError, trio.TooSlowError, trio.BrokenResourceError)
+
+
+async def open_peer(url: str, ssl_context: ssl.SSLContext | None) -> tuple[trio.abc.Stream, str]:
+    """A stream to the node at ``url`` and the ``Host`` to name it by: TLS for
+    ``https://``, the peer's certificate verified against ``ssl_context`` (the
+    cluster's CA bundle) or the system's CAs. Raises one of :data:`CONNECT_ERRORS`."""
+    scheme, host, port = peer_address(url)
+    with trio.fail_after(CONNECT_TIMEOUT_S):
+        tcp = await trio.open_tcp_stream(host, port)
+        if scheme == "http":
+            return tcp, f"{host}:{port}"
+        tls = trio.SSLStream(tcp, ssl_context or ssl.create_default_context(), server_hostname=host)
+        try:
+            await tls.do_handshake()
+        except BaseException:
+            await tcp.aclose()
+            raise
+        return tls, f"{host}:{port}"
 
 
 def _publish_line(exchange: str, routing_key: str, body: bytes, properties: dict[str, Any] | None, delay_s: float | None) -> bytes:
@@ -80,9 +104,13 @@ class PeerChannel:
     :meth:`send` queues a publish; :meth:`serve` connects and carries them until the
     connection fails (then every waiting publish is nacked) or it is cancelled."""
 
-    def __init__(self, name: str, url: str, *, origin: str, secret: str | None, answer_timeout_s: float = 10.0) -> None:
+    def __init__(
+        self, name: str, url: str, *, origin: str, secret: str | None, answer_timeout_s: float = 10.0,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
         self.name = name
         self.url = url
+        self.ssl_context = ssl_context
         self.origin = origin
         self.secret = secret
         #: a publish sent (or a write begun) this long ago without an answer ends the
@@ -118,15 +146,13 @@ class PeerChannel:
 
     async def serve(self) -> None:
         try:
-            host, port = peer_address(self.url)
-            with trio.fail_after(CONNECT_TIMEOUT_S):
-                stream = await trio.open_tcp_stream(host, port)
-        except (OSError, ValueError, trio.TooSlowError) as exc:
+            stream, host = await open_peer(self.url, self.ssl_context)
+        except CONNECT_ERRORS as exc:
             self.fail_all(f"queue_unavailable: node {self.name!r} cannot be reached: {exc or 'timed out'}")
             return
         conn = h11.Connection(h11.CLIENT)
         headers = [
-            ("Host", f"{host}:{port}"),
+            ("Host", host),
             ("Content-Type", "application/x-ndjson"),
             ("Transfer-Encoding", "chunked"),
             (FORWARDED_HEADER, self.origin),
@@ -152,7 +178,7 @@ class PeerChannel:
         finally:
             self.fail_all(reason)
 
-    async def _write(self, conn: h11.Connection, stream: trio.SocketStream) -> None:
+    async def _write(self, conn: h11.Connection, stream: trio.abc.Stream) -> None:
         while True:
             await self._wakeup.wait()
             self._wakeup = trio.Event()
@@ -177,7 +203,7 @@ class PeerChannel:
                 stuck.set()
                 return
 
-    async def _read(self, conn: h11.Connection, stream: trio.SocketStream) -> str | None:
+    async def _read(self, conn: h11.Connection, stream: trio.abc.Stream) -> str | None:
         """Settle confirms as they come; returns why the channel ended."""
         buffer = b""
         settled = 0  # the last publish tag settled
@@ -187,7 +213,7 @@ class PeerChannel:
                 data = await stream.receive_some(_READ_BYTES)
                 if not data:
                     return None
-                conn.receive_data(data)
+                conn.receive_data(bytes(data))
                 continue
             if isinstance(event, h11.Response):
                 if event.status_code != 200:
@@ -223,7 +249,7 @@ async def _cancel_when(event: trio.Event, scope: trio.CancelScope) -> None:
 class RelayedResponse:
     """The head of an answer from a peer; its body with :meth:`chunks`."""
 
-    def __init__(self, status: int, headers: list[tuple[str, str]], conn: h11.Connection, stream: trio.SocketStream) -> None:
+    def __init__(self, status: int, headers: list[tuple[str, str]], conn: h11.Connection, stream: trio.abc.Stream) -> None:
         self.status = status
         self.headers = headers
         self._conn = conn
@@ -236,7 +262,7 @@ class RelayedResponse:
                 data = await self._stream.receive_some(_READ_BYTES)
                 if not data:
                     raise PeerUnreachable("the peer closed the connection mid-answer")
-                self._conn.receive_data(data)
+                self._conn.receive_data(bytes(data))
                 continue
             if isinstance(event, h11.Data):
                 yield bytes(event.data)
@@ -253,21 +279,19 @@ RELAYED_RESPONSE_HEADERS: Final = ("content-type", "retry-after", "www-authentic
 @asynccontextmanager
 async def relay(
     url: str, method: str, target: str, headers: list[tuple[str, str]], body: bytes, *, origin: str,
-    secret: str | None = None,
+    secret: str | None = None, ssl_context: ssl.SSLContext | None = None,
 ) -> AsyncIterator[RelayedResponse]:
     """Send one request to the node at ``url`` (a connection of its own, closed after
     the answer) and yield its answer; with ``secret``, as a node (the cluster secret),
     else with the client's own credentials among ``headers``. Raises
     :class:`PeerUnreachable` when the peer cannot be reached or answers nothing."""
     try:
-        host, port = peer_address(url)
-        with trio.fail_after(CONNECT_TIMEOUT_S):
-            stream = await trio.open_tcp_stream(host, port)
-    except (OSError, ValueError, trio.TooSlowError) as exc:
+        stream, host = await open_peer(url, ssl_context)
+    except CONNECT_ERRORS as exc:
         raise PeerUnreachable(str(exc) or "timed out") from None
     async with stream:
         conn = h11.Connection(h11.CLIENT)
-        fields = [("Host", f"{host}:{port}"), ("Content-Length", str(len(body))), ("Connection", "close"), (FORWARDED_HEADER, origin)]
+        fields = [("Host", host), ("Content-Length", str(len(body))), ("Connection", "close"), (FORWARDED_HEADER, origin)]
         fields += [(name, value) for name, value in headers if name.lower() in _RELAYED_REQUEST_HEADERS]
         if secret:
             fields.append((SECRET_HEADER, secret))
@@ -282,7 +306,7 @@ async def relay(
                     chunk = await stream.receive_some(_READ_BYTES)
                     if not chunk:
                         raise PeerUnreachable("the peer closed the connection without an answer")
-                    conn.receive_data(chunk)
+                    conn.receive_data(bytes(chunk))
                     continue
                 if isinstance(event, h11.InformationalResponse):
                     continue
@@ -305,21 +329,20 @@ class PeerStream:
     (raising :class:`PeerUnreachable`); closing it ends the channel on the peer, which
     requeues what it delivered and was not acked."""
 
-    def __init__(self, url: str, *, origin: str, secret: str | None) -> None:
+    def __init__(self, url: str, *, origin: str, secret: str | None, ssl_context: ssl.SSLContext | None = None) -> None:
         self.url = url
         self.origin = origin
         self.secret = secret
-        self._stream: trio.SocketStream | None = None
+        self.ssl_context = ssl_context
+        self._stream: trio.abc.Stream | None = None
         self._conn = h11.Connection(h11.CLIENT)
         self._send_lock = trio.Lock()
 
     async def connect(self) -> None:
         try:
-            host, port = peer_address(self.url)
-            with trio.fail_after(CONNECT_TIMEOUT_S):
-                self._stream = await trio.open_tcp_stream(host, port)
+            self._stream, host = await open_peer(self.url, self.ssl_context)
             headers = [
-                ("Host", f"{host}:{port}"),
+                ("Host", host),
                 ("Content-Type", "application/x-ndjson"),
                 ("Transfer-Encoding", "chunked"),
                 (FORWARDED_HEADER, self.origin),
@@ -327,7 +350,7 @@ class PeerStream:
             if self.secret:
                 headers.append((SECRET_HEADER, self.secret))
             await self._stream.send_all(self._conn.send(h11.Request(method="POST", target="/channel", headers=headers)) or b"")
-        except (OSError, ValueError, trio.TooSlowError, trio.BrokenResourceError) as exc:
+        except CONNECT_ERRORS as exc:
             await self.aclose()
             raise PeerUnreachable(str(exc) or "timed out") from None
 
@@ -357,7 +380,7 @@ class PeerStream:
                     data = await stream.receive_some(_READ_BYTES)
                     if not data:
                         raise PeerUnreachable("the peer closed the connection")
-                    conn.receive_data(data)
+                    conn.receive_data(bytes(data))
                     continue
                 if isinstance(event, h11.Response):
                     if event.status_code != 200:

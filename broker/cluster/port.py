@@ -5,6 +5,7 @@ same etcd transactions as their REST twins, whatever protocol asks."""
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 from urllib.parse import quote
@@ -42,9 +43,11 @@ class ClusterGatewayPort:
         owner_of: Callable[[str], tuple[str, str | None] | None],
         locks: ClusterLocks,
         secret: str | None = None,
+        peer_ssl: ssl.SSLContext | None = None,
     ) -> None:
         self.locks = locks
         self.secret = secret
+        self.peer_ssl = peer_ssl
         self.forwarder = forwarder
         self.writer = writer
         self.views = views
@@ -85,7 +88,8 @@ class ClusterGatewayPort:
             raise Unavailable(f"queue {queue!r} is on node {owner!r}, which is down; retry later", code="queue_unavailable")
         try:
             async with relay(
-                url, "POST", f"/queues/{quote(queue, safe='')}/purge", [], b"", origin=self.node_name, secret=self.secret
+                url, "POST", f"/queues/{quote(queue, safe='')}/purge", [], b"", origin=self.node_name, secret=self.secret,
+                ssl_context=self.peer_ssl,
             ) as answer:
                 body = b"".join([chunk async for chunk in answer.chunks()])
         except PeerUnreachable as exc:

@@ -9,6 +9,7 @@ instead of ``Any``.
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -159,9 +160,11 @@ class ClusterPort(PublishForwarder, Protocol):
     the node's watch before they return: read-your-writes). Each raises the core's
     errors, and ``Unavailable`` (503) while etcd cannot be reached."""
 
-    #: this node's name, and the secret nodes authenticate to one another with
+    #: this node's name, the secret nodes authenticate to one another with, and
+    #: how they verify one another's https certificates (None: the system's CAs)
     node_name: str
     secret: str | None
+    peer_ssl: ssl.SSLContext | None
     @property
     def locks(self) -> ClusterLocksPort:
         """The cluster's locks."""

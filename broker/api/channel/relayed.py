@@ -98,7 +98,7 @@ class RelayedConsumers:
         consumer_tag = op.get("consumer_tag") or f"amq.ctag-relayed-{next(_names)}"
         if consumer_tag in self._by_consumer or self.gateway.views.has_consumer(self.channel_id, consumer_tag):
             raise ChannelError(f"consumer tag {consumer_tag!r} is in use on this channel", code="precondition_failed")
-        stream = PeerStream(url, origin=self.cluster.node_name, secret=self.cluster.secret)
+        stream = PeerStream(url, origin=self.cluster.node_name, secret=self.cluster.secret, ssl_context=self.cluster.peer_ssl)
         try:
             await stream.connect()
         except PeerUnreachable as exc:

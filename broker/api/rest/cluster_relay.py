@@ -71,7 +71,10 @@ async def relay_to_owner(node: ClusterNode, auth: Any, queue: str, request: Requ
         body = await request.read_body(max_bytes=MAX_RELAYED_BODY)
         headers = [(k, v) for k, v in request.headers.items()]
         try:
-            async with relay(url, request.method, request.target, headers, bytes(body), origin=node.name) as answer:
+            async with relay(
+                url, request.method, request.target, headers, bytes(body), origin=node.name,
+                ssl_context=node.config.peer_ssl,
+            ) as answer:
                 content_type = next((v for k, v in answer.headers if k.lower() == "content-type"), None)
                 extra = [(k, v) for k, v in answer.headers if k.lower() != "content-type"]
                 await response.start(answer.status, content_type=content_type, headers=extra)
