@@ -19,6 +19,7 @@ import pytest
 from tests.cluster.conftest import TTL_S, cluster_nodes, node_process, wait_for
 from tests.support.broker import ROOT, BrokerProcess
 from tests.support.etcd import EtcdProcess
+from tests.support.rawchannel import RawChannel
 
 pytestmark = pytest.mark.slow
 
@@ -155,6 +156,17 @@ def test_etcd_stopping_refuses_metadata_changes_and_recovery_is_automatic(etcd: 
     assert status == 503 and body["error"] == "etcd_unavailable", body
     assert a.request("GET", "/queues/kept")[0] == 200  # still serving
     assert a.request("GET", "/cluster")[1]["etcd"]["ok"] is False
+    # a channel's declare is refused the same way; a publish to a queue it owns goes on
+    ch = RawChannel(a.port)
+    try:
+        ch.send({"op": "publish", "routing_key": "kept", "body": "m"}, {"op": "declare_queue", "queue": "refused", "id": 1})
+        events = [ch.next_event(), ch.next_event()]
+        assert events[0]["ev"] == "ack", events
+        assert events[1]["ev"] == "error" and events[1]["error"] == "etcd_unavailable", events
+    finally:
+        ch.close()
+    status, lock = b.request("POST", "/locks/l/acquire", {"owner": "x"})
+    assert status == 503 and lock["error"] == "etcd_unavailable", lock
     etcd.start()
     wait_for("a recovers", lambda: a.request("GET", "/healthz")[1]["cluster"]["etcd"] == "ok")
     wait_for("a accepts changes", lambda: a.request("PUT", "/queues/after", {})[0] in (200, 201))
