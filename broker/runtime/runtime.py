@@ -8,7 +8,9 @@ them through a table from effect type to handler: channel events go to the outbo
 the channel they address (confirms and returns first through the one book of pending
 publishes, :class:`~broker.runtime.confirms.PendingConfirms`), log records to the WAL
 (whose durability reports come back as :meth:`Broker.durable`), long-poll wake-ups to
-parked getters. Every state change of the core happens on the trio thread. Over 500 lines: the effect table, WAL callbacks, timers and lifecycle share one state.
+parked getters. Every state change of the core happens on the trio thread.
+
+Over 500 lines: the effect table, WAL callbacks, timers and lifecycle share one state.
 """
 
 from __future__ import annotations
@@ -45,14 +47,19 @@ from broker.core import (
     TickFired,
     Unavailable,
 )
-from broker.runtime import ports
 from broker.runtime.checkpoints import Checkpointer
 from broker.runtime.confirms import PendingConfirms
 from broker.runtime.flow import FlowControl
 from broker.runtime.history import RateHistory
 from broker.runtime.memory import MemoryMonitor, process_rss_bytes
 from broker.runtime.options import RuntimeOptions
-from broker.runtime.ports import ChannelSink, Flushable, LogPort, MetricsPort
+from broker.runtime.ports import (
+    ChannelSink,
+    ClusterPort,
+    Flushable,
+    LogPort,
+    MetricsPort,
+)
 from broker.runtime.recovery import WALCallbacks, recover_broker
 from broker.runtime.space import DiskSpaceAlarm
 
@@ -109,7 +116,9 @@ class BrokerRuntime:
         self._to_flush: list[Flushable] = []
         #: Every publish waiting for its confirm, channels' and REST's alike.
         self.confirms = PendingConfirms(metrics)
-        self.cluster: ports.ClusterPort | None = None  # cluster mode: forwarding, metadata through etcd (broker.cluster)
+        #: Cluster mode (``broker.cluster``): forwarding, metadata through etcd; None
+        #: on a single node.
+        self.cluster: ClusterPort | None = None
         self._queue_events: dict[str, trio.Event] = {}
         self._lock_waits: dict[int, LockWait] = {}
         self._timer_wakeup = trio.Event()

@@ -11,6 +11,8 @@ A handler is ``handler(session, op)``: it decodes, asks ``s.access.require(...)`
 what it touches, runs its core command through ``s.batch`` (effects carried out at
 the end of the chunk, after the reply is queued) or ``s.batch.run_durable`` (waits
 for the records it logged), and queues its reply.
+
+Over 500 lines: one handler per op, in one table, a few with their cluster-mode path.
 """
 
 from __future__ import annotations
