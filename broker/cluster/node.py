@@ -289,5 +289,7 @@ class ClusterNode:
                 "endpoints": [e.info() for e in self.client.endpoints],
             },
             "nodes": nodes,
+            "forwarding": self.forwarder.info(),
+            "schedules_runner": self.schedules.running,
             "apply_errors": list(self.mirror.errors),
         }

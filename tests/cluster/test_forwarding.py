@@ -76,6 +76,10 @@ def test_declare_on_one_publish_on_a_second_consume_on_a_third(nodes: Nodes) -> 
     # the default exchange, to a queue owned elsewhere
     events = _channel_publish(c, [{"routing_key": "qa", "body": "direct-1"}])
     assert events[-1]["ev"] == "ack"
+    forwarding = b.request("GET", "/cluster")[1]["forwarding"]
+    assert forwarding["forwarded"] >= 2 * 51 and set(forwarding["peers"]) == {"a", "c"}, forwarding
+    # batched: one channel per peer carried them all
+    assert all(p["sent"] >= 51 for p in forwarding["peers"].values())
     expected = ["rest-1"] + [f"ch-{i}" for i in range(50)]
     # consumed through a third node: gets relayed to each owner
     assert _bodies(c, "qa") == expected + ["direct-1"]
