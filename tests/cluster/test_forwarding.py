@@ -365,3 +365,32 @@ def test_a_hung_owner_does_not_hold_confirms_for_ever(nodes: Nodes) -> None:
         assert [m["body"] for m in a.drain("qa")] == ["warm", "stuck", "fine"]
     finally:
         os.kill(b.proc.pid, signal.SIGCONT)
+
+
+def test_a_get_over_queues_on_several_nodes(nodes: Nodes) -> None:
+    """``POST /get`` (the kombu transport's long poll) over queues on several nodes."""
+    import threading
+
+    a, b, c = _three(nodes)
+    for name, owner in (("g-a", a), ("g-b", b), ("g-c", c)):
+        _declare_on(a, name, owner)
+    assert all(e["ev"] == "ack" for e in _channel_publish(a, [{"routing_key": "g-c", "body": "from-c"}]))
+    status, got = a.request("POST", "/get", {"queues": ["g-a", "g-b", "g-c"], "lease": 60})
+    assert status == 200 and [m["body"] for m in got["messages"]] == ["from-c"] and got["queue"] == "g-c", got
+    # preference across nodes: g-b (listed first) before g-a
+    _channel_publish(a, [{"routing_key": "g-a", "body": "from-a"}, {"routing_key": "g-b", "body": "from-b"}])
+    status, got = c.request("POST", "/get", {"queues": ["g-b", "g-a"], "lease": 60})
+    assert status == 200 and [m["body"] for m in got["messages"]] == ["from-b"], got
+    # a long poll over several nodes' queues answers when one of them gets a message
+    result: dict[str, object] = {}
+
+    def poll() -> None:
+        result["answer"] = c.request("POST", "/get", {"queues": ["g-c", "g-b"], "wait": 10, "lease": 60})
+
+    thread = threading.Thread(target=poll)
+    thread.start()
+    _channel_publish(a, [{"routing_key": "g-b", "body": "late"}])
+    thread.join(timeout=20)
+    status, got = result["answer"]  # type: ignore[misc]
+    assert status == 200 and [m["body"] for m in got["messages"]] == ["late"], got
+    assert a.request("POST", "/get", {"queues": ["g-a", "nowhere"]})[0] == 404

@@ -24,6 +24,7 @@ from broker.api.fields import (
     LOCK_RELEASE_FIELDS,
 )
 from broker.api.permissions import access_for
+from broker.api.rest.cluster_get import cluster_get_any
 from broker.api.rest.cluster_relay import relay_to_owner, relayed_queue
 from broker.api.rest.cluster_schedules import add_cluster_schedule_routes
 from broker.api.rest.fields import (
@@ -271,6 +272,11 @@ def cluster_routes(runtime: BrokerRuntime, node: ClusterNode, auth: Any) -> Rout
         await response.send_json(200, answer)
 
     _add_lock_routes(router, runtime, node)
+
+    async def get_any(request: Request, response: Response) -> None:
+        await cluster_get_any(node, runtime, request, response)
+
+    _route(router, "POST", "/get", get_any)
     add_cluster_schedule_routes(_route, router, runtime, node)
     _route(router, "GET", "/cluster", status)
     _route(router, "DELETE", "/cluster/nodes/{name}", _etcd_errors(node, forget_node), query=frozenset({"rehome"}))

@@ -19,7 +19,7 @@ from typing import Any, Final
 from broker.cluster import FORWARDED_HEADER, ClusterNode, PeerUnreachable, relay
 from broker.http import HTTPError, Request, Response, split_path
 
-__all__ = ["relayed_queue", "relay_to_owner"]
+__all__ = ["relay_to_owner", "relayed_queue", "unavailable"]
 
 #: Seconds a client is asked to wait before retrying a queue whose owner is down.
 RETRY_AFTER_S: Final = 2
