@@ -28,7 +28,7 @@ import orjson
 import trio
 
 from broker.api import hash_password, new_token
-from broker.core import Broker, BrokerError
+from broker.core import Broker, ErrorReply
 from broker.runtime import BrokerRuntime, RuntimeOptions
 from broker.storage import StorageError
 
@@ -193,7 +193,7 @@ def _command(args: argparse.Namespace) -> Callable[[Broker], list[Any]]:
 async def run_command(data_dir: Path, command: Callable[[Broker], list[Any]]) -> list[Any]:
     """Recover ``data_dir``, apply ``command`` to the core, make its records durable,
     stop. Raises what recovery raises (``DataDirInUse``, ``StorageError``, ``OSError``)
-    and what the command raises (``BrokerError``, ``ValueError``): nothing is written
+    and what the command raises (``ErrorReply``, ``ValueError``): nothing is written
     then."""
     runtime = BrokerRuntime(RuntimeOptions(data_dir=data_dir, checkpoint_interval_s=0, checkpoint_wal_bytes=0))
     async with trio.open_nursery() as nursery:
@@ -219,8 +219,8 @@ def main(argv: Sequence[str]) -> int:
     try:
         command = _command(args)
         lines = trio.run(run_command, Path(args.data_dir), command)
-    except (BrokerError, ValueError) as exc:
-        message = exc.message if isinstance(exc, BrokerError) else str(exc)
+    except (ErrorReply, ValueError) as exc:
+        message = exc.message if isinstance(exc, ErrorReply) else str(exc)
         print(f"ackbus-broker users: {message}", file=sys.stderr)
         return 2
     except (StorageError, OSError) as exc:
@@ -233,8 +233,8 @@ def main(argv: Sequence[str]) -> int:
         if isinstance(leaf, (StorageError, OSError)):
             print(f"ackbus-broker users: {leaf}", file=sys.stderr)
             return 1
-        if isinstance(leaf, (BrokerError, ValueError)):
-            message = leaf.message if isinstance(leaf, BrokerError) else str(leaf)
+        if isinstance(leaf, (ErrorReply, ValueError)):
+            message = leaf.message if isinstance(leaf, ErrorReply) else str(leaf)
             print(f"ackbus-broker users: {message}", file=sys.stderr)
             return 2
         raise

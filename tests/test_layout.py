@@ -462,3 +462,38 @@ def test_bench_may_import_the_client_but_not_the_broker(fake_root: pathlib.Path)
     path = _write(fake_root, "bench/worker.py", "import client\nfrom broker.storage import fs\n")
     found = layering_violations(list(read_imports(path)))
     assert len(found) == 1 and "bench may not import broker.storage" in found[0]
+
+
+def _class_names(package: str) -> dict[str, list[str]]:
+    """Top-level class names of a package's modules, with where each is defined."""
+    found: dict[str, list[str]] = {}
+    for path in sorted((ROOT / package).rglob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef):
+                found.setdefault(node.name, []).append(str(path.relative_to(ROOT)))
+    return found
+
+
+#: Class names both sides use for the two ends of one thing: the protocol's events
+#: (the broker's effect and the client's decoded event of one line), and each side's
+#: own view of topology, schedules, transactions, settings and pending confirms. The
+#: names that confused readers (``Channel``, ``Message``, ``BrokerError``,
+#: ``ChannelSession``) are not here: the broker's are ``ChannelState``,
+#: ``StoredMessage``, ``ErrorReply`` and ``ServedChannel``. Do not add to this list.
+SHARED_CLASS_NAMES = frozenset(
+    {
+        "Ack", "Nack", "Deliver", "Return", "ConsumerActive", "ConsumerCancelled",
+        "Endpoint", "PendingConfirms", "Response", "Schedules", "Settings", "Topology",
+        "Transactions",
+    }
+)
+
+
+def test_client_and_broker_name_no_new_class_alike() -> None:
+    """A class name means one thing in this repository: grep for ``Channel`` or
+    ``Message`` finds the client's (the documented API), never a broker class too."""
+    broker, client = _class_names("broker"), _class_names("client")
+    clashes = {name: broker[name] + client[name] for name in sorted(set(broker) & set(client))}
+    assert {name: where for name, where in clashes.items() if name not in SHARED_CLASS_NAMES} == {}
+    for name in ("Channel", "Message", "BrokerError", "ChannelSession"):
+        assert name not in broker, f"{name} is the client's name: {broker[name]}"

@@ -43,7 +43,7 @@ from broker.amqp.session import (
     AMQPSession,
     exchange_alias,
 )
-from broker.core import EXCHANGE_TYPES, BrokerError, delivery_cost
+from broker.core import EXCHANGE_TYPES, ErrorReply, delivery_cost
 
 __all__ = ["handle"]
 
@@ -89,7 +89,7 @@ async def handle(s: AMQPSession, event: Any) -> None:
             if s.channels.get(event.channel) is not ch:
                 return
             await handler(s, ch, method)
-        except (AMQPException, BrokerError) as exc:
+        except (AMQPException, ErrorReply) as exc:
             s.raise_on(ch, exc, index >> 16, index & 0xFFFF)
     elif kind is ChannelOpened:
         await s.open_channel(event.channel)

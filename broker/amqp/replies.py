@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from broker.core import (
     AccessRefused,
-    BrokerError,
     ChannelError,
+    ErrorReply,
     InvalidArgument,
     NotFound,
     PayloadTooLarge,
@@ -88,7 +88,7 @@ def is_connection_error(code: int) -> bool:
     return code >= 500
 
 
-def reply_for(exc: BrokerError) -> int:
+def reply_for(exc: ErrorReply) -> int:
     """The AMQP reply code of a core error (RabbitMQ's choice for the same refusal)."""
     if isinstance(exc, NotFound):
         return NOT_FOUND

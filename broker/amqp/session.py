@@ -59,11 +59,11 @@ from broker.amqp.replies import (
 from broker.amqp.tables import TableError
 from broker.api import ALLOW_ALL, Access
 from broker.core import (
-    BrokerError,
     Confirm,
     ConsumerCancelled,
     Deliver,
     DeliveryExpired,
+    ErrorReply,
     PreconditionFailed,
     Return,
     Unavailable,
@@ -331,10 +331,10 @@ class AMQPSession:
             return
         try:
             fn(ch, arg)
-        except (AMQPException, BrokerError) as exc:
+        except (AMQPException, ErrorReply) as exc:
             self.raise_on(ch, exc, class_id, method_id)
 
-    def raise_on(self, ch: AMQPChannel, exc: AMQPException | BrokerError, class_id: int, method_id: int) -> None:
+    def raise_on(self, ch: AMQPChannel, exc: AMQPException | ErrorReply, class_id: int, method_id: int) -> None:
         if isinstance(exc, AMQPException):
             code, text = exc.code, exc.text
         else:
@@ -399,7 +399,7 @@ class AMQPSession:
         ch = AMQPChannel(self, number)
         try:
             ch.core_id = self.bridge.open_channel(ch, self.principal)
-        except BrokerError as exc:
+        except ErrorReply as exc:
             # RabbitMQ refuses a channel past a limit with a connection exception
             if isinstance(exc, Unavailable) and exc.code in ("not_ready", "shutting_down"):
                 self.conn.close(CONNECTION_FORCED, f"CONNECTION_FORCED - {exc.message}", 20, 10)
@@ -428,7 +428,7 @@ class AMQPSession:
 
     # Revocable (broker/api/auth.py) ----------------------------------------------
 
-    def revoke(self, error: BrokerError) -> None:
+    def revoke(self, error: ErrorReply) -> None:
         """The user was deleted (or its credentials otherwise revoked): close the
         connection with 320, as RabbitMQ closes a deleted user's connections."""
         self.conn.close(CONNECTION_FORCED, f"CONNECTION_FORCED - {error.message}")

@@ -64,7 +64,7 @@ from typing import Any, Final, Protocol
 import trio
 
 from broker.api.permissions import Access
-from broker.core import Broker, BrokerError
+from broker.core import Broker, ErrorReply
 from broker.http import HTTPError
 from broker.runtime import RuntimeOptions
 
@@ -106,14 +106,14 @@ _CHALLENGE: Final = (
 )
 
 
-class ResourceLimit(BrokerError):
+class ResourceLimit(ErrorReply):
     """A per-user cap was reached (connections, channels, consumers)."""
 
     code = "resource_limit"
     status = 429
 
 
-class CredentialsRevoked(BrokerError):
+class CredentialsRevoked(ErrorReply):
     """The credentials an open channel, stream or long poll authenticated with are gone
     (the user was deleted, the token revoked)."""
 
@@ -125,7 +125,7 @@ class Revocable(Protocol):
     """Something a user holds open past its request head: a channel, a streaming
     consume, a parked long-poll get."""
 
-    def revoke(self, error: BrokerError) -> None:
+    def revoke(self, error: ErrorReply) -> None:
         """The user's credentials are gone: end it now, saying ``error``."""
 
     def recheck(self, access: Access) -> None:

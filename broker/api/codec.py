@@ -22,8 +22,8 @@ from broker.core import (
     InvalidArgument,
     LockGranted,
     LockWaitEnded,
-    Message,
     Return,
+    StoredMessage,
     check_properties,
 )
 
@@ -37,7 +37,7 @@ __all__ = [
 ]
 
 
-def message_json(message: Message, delivery_count: int | None = None) -> dict[str, Any]:
+def message_json(message: StoredMessage, delivery_count: int | None = None) -> dict[str, Any]:
     """``{"body" | "body_b64": ..., "properties": {...}}`` for a message; for a
     delivery, with ``"delivery_count"``: how many times it was delivered before. A
     redelivered message's headers carry the count as ``x-delivery-count`` too (as

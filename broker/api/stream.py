@@ -22,10 +22,10 @@ from broker.api.codec import dumps_line, message_json
 from broker.api.permissions import Access, access_for
 from broker.core import (
     Broker,
-    BrokerError,
     ConsumerCancelled,
     Deliver,
     Effect,
+    ErrorReply,
     InvalidArgument,
     delivery_cost,
 )
@@ -80,7 +80,7 @@ class _StreamSink:
 
     # Revocable (broker.api.auth) -------------------------------------------
 
-    def revoke(self, error: BrokerError) -> None:
+    def revoke(self, error: ErrorReply) -> None:
         """The user was deleted or its token revoked: stop consuming now, end the
         stream with a ``closing`` line giving the error and why."""
         self._end(error.code, error.message)

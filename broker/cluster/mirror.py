@@ -25,7 +25,7 @@ from typing import Any
 
 from broker.cluster.users import UserMirror
 from broker.cluster.view import LEADER_LOCATOR, Change, ClusterView
-from broker.core import Broker, BrokerError
+from broker.core import Broker, ErrorReply
 
 __all__ = ["CoreMirror", "core_arguments"]
 
@@ -126,7 +126,7 @@ class CoreMirror:
     def _attempt(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         try:
             result = fn(*args, **kwargs)
-        except BrokerError as exc:
+        except ErrorReply as exc:
             message = f"{what}: {exc.message}"
             self.errors.append(message)
             log.warning("cluster metadata not applied", extra={"fields": {"what": what, "error": exc.message}})
@@ -210,7 +210,7 @@ class CoreMirror:
             return
         try:
             self.core.unbind(b["source"], b["destination"], b["routing_key"], b["arguments"], to_exchange=b["to_exchange"])
-        except BrokerError:
+        except ErrorReply:
             pass  # not bound here: nothing to undo
 
 

@@ -32,7 +32,7 @@ from broker.cluster.schedules import ClusterSchedules
 from broker.cluster.users import UserWriter, seed_users
 from broker.cluster.view import ClusterKeys, ClusterView
 from broker.cluster.writes import MetadataWriter
-from broker.core import BrokerError, Unavailable
+from broker.core import ErrorReply, Unavailable
 from broker.runtime import BrokerRuntime, CommandGateway
 
 __all__ = ["ClusterConfig", "ClusterNode", "NodeNameTaken"]
@@ -216,7 +216,7 @@ class ClusterNode:
         owners); None once acked, else why not."""
         try:
             outcome = await CommandGateway(self.runtime).publish_and_confirm(exchange, routing_key, body, properties)
-        except BrokerError as exc:
+        except ErrorReply as exc:
             return f"{exc.code}: {exc.message}"
         return None if outcome.ack else outcome.reason or "nacked"
 

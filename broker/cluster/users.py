@@ -23,7 +23,7 @@ from broker.cluster.etcdproto import CompareCreate, CompareMod, OpDelete, OpPut
 from broker.cluster.view import ClusterKeys, ClusterView, canonical
 from broker.core import (
     Broker,
-    BrokerError,
+    ErrorReply,
     InvalidArgument,
     NotFound,
     PreconditionFailed,
@@ -48,7 +48,7 @@ class UserMirror:
     def _attempt(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
         try:
             fn(*args, **kwargs)
-        except BrokerError as exc:
+        except ErrorReply as exc:
             self.errors.append(f"{what}: {exc.message}")
             log.warning("cluster user change not applied", extra={"fields": {"what": what, "error": exc.message}})
 

@@ -33,11 +33,11 @@ from .effects import (
     QueueReady,
     Return,
 )
-from .entities import Channel, Consumer, Delivery, Exchange, Queue
+from .entities import ChannelState, Consumer, Delivery, Exchange, Queue
 from .errors import (
     AccessRefused,
-    BrokerError,
     ChannelError,
+    ErrorReply,
     InvalidArgument,
     NotFound,
     PayloadTooLarge,
@@ -61,7 +61,7 @@ from .message import (
     MAX_JSON_ITEMS,
     PROPERTY_NAMES,
     Entry,
-    Message,
+    StoredMessage,
     check_json_value,
     check_properties,
 )
@@ -106,12 +106,12 @@ __all__ = [
     "check_delay",
     "QueueReady",
     "Return",
-    "Channel",
+    "ChannelState",
     "Consumer",
     "Delivery",
     "Exchange",
     "Queue",
-    "BrokerError",
+    "ErrorReply",
     "AccessRefused",
     "ChannelError",
     "InvalidArgument",
@@ -121,7 +121,7 @@ __all__ = [
     "ResourceLocked",
     "Unavailable",
     "Entry",
-    "Message",
+    "StoredMessage",
     "PROPERTY_NAMES",
     "check_properties",
     "check_json_value",

@@ -89,7 +89,7 @@ from .dedup import DedupWindow
 from .delays import Delays
 from .delivery import Deliveries
 from .effects import Effect
-from .entities import Channel, Exchange, Queue
+from .entities import ChannelState, Exchange, Queue
 from .expiry import Expiry
 from .leases import Leases
 from .locks import CoordTimer, Locks
@@ -276,7 +276,7 @@ class Broker:
         return self.store.queues
 
     @property
-    def channels(self) -> dict[int, Channel]:
+    def channels(self) -> dict[int, ChannelState]:
         """Every open channel, by id (the deliveries')."""
         return self.deliveries.channels
 

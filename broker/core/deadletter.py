@@ -24,7 +24,7 @@ from .effects import DeadLetterDropped
 from .entities import Queue
 from .errors import InvalidArgument, NotFound
 from .log import MessageLog
-from .message import Entry, Message
+from .message import Entry, StoredMessage
 from .queues import QueueStore
 from .shared import Outbox, Wakeups
 from .topology import Topology
@@ -122,7 +122,7 @@ class DeadLetters:
         expires = None
         if properties is not None and "expiration" in properties:
             expires = start + properties["expiration"] / 1000.0
-        message = Message(seq, exchange_name, routing_key, body, properties, expires, enqueued_at=start)
+        message = StoredMessage(seq, exchange_name, routing_key, body, properties, expires, enqueued_at=start)
         origin_logged = (
             origin is not None
             and entry is not None
@@ -217,7 +217,7 @@ class DeadLetters:
         return moved, stopped
 
 
-def _with_death(message: Message, queue: str, reason: str, wall: float) -> dict[str, Any]:
+def _with_death(message: StoredMessage, queue: str, reason: str, wall: float) -> dict[str, Any]:
     """The dead-lettered copy's properties: the original's, without ``expiration``
     (kept in the history instead, so the copy does not expire again for it), and
     headers with RabbitMQ's ``x-death`` history updated (newest first, one entry per

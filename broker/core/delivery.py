@@ -19,7 +19,7 @@ from .constants import _EXPIRED_MEMORY, REST_CHANNEL, delivery_cost
 from .deadletter import DeadLetters
 from .delays import Delays
 from .effects import ConsumerActive, ConsumerCancelled, Deliver, DeliveryExpired
-from .entities import MAX_TX_OPS, Channel, Consumer, Delivery, Queue
+from .entities import MAX_TX_OPS, ChannelState, Consumer, Delivery, Queue
 from .errors import (
     AccessRefused,
     ChannelError,
@@ -90,7 +90,7 @@ class Deliveries:
         self._max_prefetch = config.max_prefetch
         self._consumer_timeout_s = config.consumer_timeout_s
         self._default_lease_s = config.default_lease_s
-        self.channels: dict[int, Channel] = {REST_CHANNEL: Channel(REST_CHANNEL, credit=1 << 62)}
+        self.channels: dict[int, ChannelState] = {REST_CHANNEL: ChannelState(REST_CHANNEL, credit=1 << 62)}
         self._next_channel = 1
         self._next_consumer = 1
         #: False while the broker shuts down: nothing more is handed to consumers.
@@ -100,7 +100,7 @@ class Deliveries:
         """Open a channel; return its id."""
         channel_id = self._next_channel
         self._next_channel += 1
-        self.channels[channel_id] = Channel(channel_id, self._credit_bytes)
+        self.channels[channel_id] = ChannelState(channel_id, self._credit_bytes)
         return channel_id
 
     def close_channel(self, channel_id: int, reason: str = "channel closed") -> None:
@@ -133,7 +133,7 @@ class Deliveries:
             for consumer in ch.consumers.values():
                 self._dispatch_due[consumer.queue.name] = consumer.queue
 
-    def channel(self, channel_id: int) -> Channel:
+    def channel(self, channel_id: int) -> ChannelState:
         ch = self.channels.get(channel_id)
         if ch is None:
             raise ChannelError(f"channel {channel_id} is not open")
@@ -438,7 +438,7 @@ class Deliveries:
         timeout = d.consumer.ack_timeout_s if d.consumer is not None else self._default_lease_s
         self.reset_deadline(ch, d, self._clock() + timeout)
 
-    def reset_deadline(self, ch: Channel, d: Delivery, deadline: float) -> None:
+    def reset_deadline(self, ch: ChannelState, d: Delivery, deadline: float) -> None:
         d.deadline = deadline
         self.push_deadline(deadline, ch.id, d.tag)
 
@@ -457,7 +457,7 @@ class Deliveries:
                 if d.deadline is not None
             )
 
-    def lookup_delivery(self, ch: Channel, tag: int) -> Delivery:
+    def lookup_delivery(self, ch: ChannelState, tag: int) -> Delivery:
         if not isinstance(tag, int) or isinstance(tag, bool):
             raise ChannelError("delivery_tag must be an integer", code="invalid_argument")
         d = ch.deliveries.get(tag)
@@ -470,7 +470,7 @@ class Deliveries:
             raise ChannelError(f"unknown delivery tag {tag}", code="unknown_delivery_tag")
         return d
 
-    def _take_deliveries(self, ch: Channel, tag: int, multiple: bool) -> list[Delivery]:
+    def _take_deliveries(self, ch: ChannelState, tag: int, multiple: bool) -> list[Delivery]:
         """Remove and return the deliveries an ack/nack names (validated first, so a bad
         tag changes nothing)."""
         if multiple:
@@ -488,7 +488,7 @@ class Deliveries:
         del ch.deliveries[tag]
         return [d]
 
-    def finish_delivery(self, ch: Channel, d: Delivery) -> None:
+    def finish_delivery(self, ch: ChannelState, d: Delivery) -> None:
         """Bookkeeping common to every end of a delivery (already removed from ch)."""
         ch.unacked -= 1
         queue = d.queue
@@ -509,7 +509,7 @@ class Deliveries:
                 self._dispatch_due[c.queue.name] = c.queue
 
     def requeue_deliveries(
-        self, ch: Channel, deliveries: list[Delivery], *, taken: bool = False, delay_s: float | None = None
+        self, ch: ChannelState, deliveries: list[Delivery], *, taken: bool = False, delay_s: float | None = None
     ) -> None:
         """Deliveries that failed (nack, expiry, their channel ended) go back to their
         queue's original place, after ``delay_s`` if given; a message delivered more
@@ -538,7 +538,7 @@ class Deliveries:
                 self._getters[queue.name] = queue
 
     def _hold_settle(
-        self, ch: Channel, kind: str, tag: int, multiple: bool, requeue: bool, delay_s: float | None
+        self, ch: ChannelState, kind: str, tag: int, multiple: bool, requeue: bool, delay_s: float | None
     ) -> None:
         """Hold an ack or nack for the commit (its tag is checked now, and again then)."""
         tx = ch.tx

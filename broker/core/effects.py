@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .message import Message
+from .message import StoredMessage
 
 __all__ = [
     "Effect",
@@ -40,7 +40,7 @@ class Deliver(Effect):
     consumer_tag: str
     delivery_tag: int
     redelivered: bool
-    message: Message
+    message: StoredMessage
     lease_id: str | None = None
     #: How many times the queue delivered the message before this delivery.
     delivery_count: int = 0
@@ -65,7 +65,7 @@ class Return(Effect):
     delivery_tag: int
     reply_code: int
     reason: str
-    message: Message
+    message: StoredMessage
 
 
 @dataclass(slots=True)

@@ -13,11 +13,11 @@ from .confirms import ConfirmTracker
 from .delayed import DelayedMessages
 from .expiring import ExpiringMessages
 from .lanes import Lane
-from .message import Entry, Message
+from .message import Entry, StoredMessage
 from .routing import ConsistentHashTable, RoutingTable, make_table
 from .totals import Totals
 
-__all__ = ["Exchange", "Queue", "Consumer", "Channel", "Delivery", "Transaction", "MAX_TX_BYTES", "MAX_TX_OPS"]
+__all__ = ["Exchange", "Queue", "Consumer", "ChannelState", "Delivery", "Transaction", "MAX_TX_BYTES", "MAX_TX_OPS"]
 
 
 class Exchange:
@@ -213,7 +213,7 @@ class Queue:
         """Whether this queue's contents go to the log (durable and not exclusive)."""
         return self.durable and self.exclusive_owner is None
 
-    def lane_for(self, message: Message) -> Lane:
+    def lane_for(self, message: StoredMessage) -> Lane:
         """The lane ``message`` belongs in: its priority's (at most the maximum)."""
         top = self.max_priority
         if top is None:
@@ -365,7 +365,7 @@ class Consumer:
     def __init__(
         self,
         tag: str,
-        channel: Channel,
+        channel: ChannelState,
         queue: Queue,
         no_ack: bool,
         prefetch: int,
@@ -433,7 +433,7 @@ class Transaction:
         self.bytes = 0
 
 
-class Channel:
+class ChannelState:
     """One channel's state: publish numbering and confirms, consumers, unacked deliveries."""
 
     __slots__ = (

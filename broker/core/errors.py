@@ -1,6 +1,6 @@
 """The broker's error hierarchy.
 
-Every error the core raises is a :class:`BrokerError` carrying a stable machine code
+Every error the core raises is a :class:`ErrorReply` carrying a stable machine code
 (the ``error`` field of JSON error bodies) and an HTTP status hint. Only the HTTP layer
 turns them into responses; the core never knows about HTTP beyond this hint.
 """
@@ -8,7 +8,7 @@ turns them into responses; the core never knows about HTTP beyond this hint.
 from __future__ import annotations
 
 __all__ = [
-    "BrokerError",
+    "ErrorReply",
     "InvalidArgument",
     "NotFound",
     "AccessRefused",
@@ -20,7 +20,7 @@ __all__ = [
 ]
 
 
-class BrokerError(Exception):
+class ErrorReply(Exception):
     """Base of every error the broker reports to a client."""
 
     code: str = "internal_error"
@@ -36,56 +36,56 @@ class BrokerError(Exception):
         return {"error": self.code, "message": self.message}
 
 
-class InvalidArgument(BrokerError):
+class InvalidArgument(ErrorReply):
     """Malformed input: a missing field, a wrong type, a bad name (400)."""
 
     code = "invalid_argument"
     status = 400
 
 
-class NotFound(BrokerError):
+class NotFound(ErrorReply):
     """An exchange, queue, binding, lease or delivery tag that does not exist (404)."""
 
     code = "not_found"
     status = 404
 
 
-class AccessRefused(BrokerError):
+class AccessRefused(ErrorReply):
     """An operation on a reserved entity, such as the default exchange or ``amq.*`` (403)."""
 
     code = "access_refused"
     status = 403
 
 
-class PreconditionFailed(BrokerError):
+class PreconditionFailed(ErrorReply):
     """Redeclare with other settings, delete if-unused of a used queue, and the like (409)."""
 
     code = "precondition_failed"
     status = 409
 
 
-class ResourceLocked(BrokerError):
+class ResourceLocked(ErrorReply):
     """An exclusive queue or consumer owned by another channel (AMQP 405 resource-locked; HTTP 409)."""
 
     code = "resource_locked"
     status = 409
 
 
-class PayloadTooLarge(BrokerError):
+class PayloadTooLarge(ErrorReply):
     """A body or message over the configured maximum (413)."""
 
     code = "payload_too_large"
     status = 413
 
 
-class Unavailable(BrokerError):
+class Unavailable(ErrorReply):
     """The broker cannot take this now: storage failing, a limit reached, shutting down (503)."""
 
     code = "unavailable"
     status = 503
 
 
-class ChannelError(BrokerError):
+class ChannelError(ErrorReply):
     """A protocol violation on a channel (unknown delivery tag, bad op); closes the channel."""
 
     code = "channel_error"

@@ -18,7 +18,7 @@ from .constants import REST_CHANNEL
 from .deadletter import DeadLetters
 from .delays import Delays
 from .delivery import Deliveries, lease_id
-from .entities import Channel, Delivery
+from .entities import ChannelState, Delivery
 from .errors import (
     InvalidArgument,
     NotFound,
@@ -66,7 +66,7 @@ class Leases:
     def _lease_id(self, channel_id: int, tag: int) -> str:
         return lease_id(self._boot_id, channel_id, tag)
 
-    def _parse_lease(self, lease_id: Any) -> tuple[Channel, Delivery]:
+    def _parse_lease(self, lease_id: Any) -> tuple[ChannelState, Delivery]:
         if not isinstance(lease_id, str):
             raise InvalidArgument("lease ids must be strings")
         boot, _, rest = lease_id.rpartition("-")
@@ -243,7 +243,7 @@ class Leases:
             self._deliveries.reset_deadline(ch, d, deadline)
         return len(pairs)
 
-    def _leases(self, lease_ids: list[Any], queue: str | None = None) -> list[tuple[Channel, Delivery]]:
+    def _leases(self, lease_ids: list[Any], queue: str | None = None) -> list[tuple[ChannelState, Delivery]]:
         if not isinstance(lease_ids, list) or not lease_ids:
             raise InvalidArgument("lease_ids must be a non-empty list")
         pairs = []

@@ -21,9 +21,9 @@ from collections.abc import Callable, Sequence
 from . import records as rec
 from .dedup import DedupWindow
 from .effects import AppendRecords, Confirm
-from .entities import Channel, Queue
+from .entities import ChannelState, Queue
 from .errors import Unavailable
-from .message import Entry, Message
+from .message import Entry, StoredMessage
 from .shared import Outbox
 
 __all__ = ["MessageLog", "ReadLog"]
@@ -59,7 +59,7 @@ class MessageLog:
         self._counts: dict[int, list[tuple[int, int]]] = {}
         self._delays: dict[int, list[tuple[int, int]]] = {}
         # (lsn, message, queues routed to) of ENQUEUE records not yet durable
-        self._unsynced: list[tuple[int, Message, list[Queue]]] = []
+        self._unsynced: list[tuple[int, StoredMessage, list[Queue]]] = []
         self.storage_ok = True
         self.storage_reason = ""
         #: why persistent publishes are refused although the log takes writes (the
@@ -67,7 +67,7 @@ class MessageLog:
         self.publish_refusal: str | None = None
         self.dedup = DedupWindow(dedup_window_s)
         # channels with confirms that may be released
-        self._confirm_dirty: dict[int, Channel] = {}
+        self._confirm_dirty: dict[int, ChannelState] = {}
 
     # ------------------------------------------------------------- appending
 
@@ -79,7 +79,7 @@ class MessageLog:
         self.last_lsn += 1
         return self.last_lsn
 
-    def append_message(self, rtype: int, payload: bytes, message: Message, queues: list[Queue]) -> int:
+    def append_message(self, rtype: int, payload: bytes, message: StoredMessage, queues: list[Queue]) -> int:
         """Append the record that carries ``message`` into ``queues`` (ENQUEUE, MOVE or
         SCHEDULE_TICK), number the message with its LSN, and remember it until the
         record is durable (see :meth:`fail`). ``queues`` must be a list of its own."""
@@ -182,7 +182,7 @@ class MessageLog:
             del unsynced[:i]
         return True
 
-    def fail(self, first_lsn: int, last_lsn: int, reason: str) -> list[tuple[int, Message, list[Queue]]]:
+    def fail(self, first_lsn: int, last_lsn: int, reason: str) -> list[tuple[int, StoredMessage, list[Queue]]]:
         """Records ``first_lsn``..``last_lsn`` could not be written: storage is failing
         from now on. Returns the publishes they carried (forgotten by the
         deduplication window here; the caller takes them out of their queues)."""
@@ -207,7 +207,7 @@ class MessageLog:
 
     # -------------------------------------------------------------- confirms
 
-    def confirms_due(self, ch: Channel) -> None:
+    def confirms_due(self, ch: ChannelState) -> None:
         """``ch`` has confirms that may be released at the next ``take_effects()``."""
         self._confirm_dirty[ch.id] = ch
 

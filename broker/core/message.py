@@ -1,6 +1,6 @@
 """Messages and their properties (AMQP 0-9-1 basic properties).
 
-A :class:`Message` is immutable once published and shared by reference between every
+A :class:`StoredMessage` is immutable once published and shared by reference between every
 queue it was routed to, so its body is stored once however many queues hold it. The
 per-queue state of a message (how often was it delivered?) lives in :class:`Entry`.
 """
@@ -15,7 +15,7 @@ __all__ = [
     "MAX_EXPIRATION_MS",
     "MAX_JSON_DEPTH",
     "MAX_JSON_ITEMS",
-    "Message",
+    "StoredMessage",
     "Entry",
     "check_json_value",
     "check_properties",
@@ -163,7 +163,7 @@ def _split_properties(
     return message_id, shared
 
 
-class Message:
+class StoredMessage:
     """One published message. Immutable after publish; shared between queues.
 
     ``properties`` is rebuilt on access from the ``message_id`` and a dict of the other
@@ -220,7 +220,7 @@ class Message:
         return value if type(value) is int else 0
 
     def __repr__(self) -> str:
-        return f"Message(seq={self.seq}, exchange={self.exchange!r}, routing_key={self.routing_key!r})"
+        return f"StoredMessage(seq={self.seq}, exchange={self.exchange!r}, routing_key={self.routing_key!r})"
 
 
 class Entry:
@@ -229,7 +229,7 @@ class Entry:
 
     __slots__ = ("message", "deliveries", "expires_at")
 
-    def __init__(self, message: Message, deliveries: int = 0, expires_at: float | None = None) -> None:
+    def __init__(self, message: StoredMessage, deliveries: int = 0, expires_at: float | None = None) -> None:
         self.message = message
         self.deliveries = int(deliveries)
         self.expires_at = expires_at

@@ -18,7 +18,7 @@ from .delays import Delays
 from .effects import LogReadFailed, MessageLost
 from .entities import Queue
 from .log import MessageLog
-from .message import Entry, Message
+from .message import Entry, StoredMessage
 from .shared import Outbox
 
 __all__ = [
@@ -164,7 +164,7 @@ class Pager:
     def entry_of(self, queue: Queue, loc: int, r: rec.EnqueueRecord) -> Entry:
         """The queue entry of a message read back from its record at ``loc``."""
         lsn = loc >> 1
-        message = Message(
+        message = StoredMessage(
             r.seq, r.exchange, r.routing_key, r.body, r.properties, r.expires_at, owned=True, enqueued_at=r.wall_s
         )
         message.lsn = lsn

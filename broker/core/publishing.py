@@ -19,10 +19,10 @@ from .constants import NO_ROUTE, PublishResult
 from .deadletter import DeadLetters
 from .delivery import Deliveries
 from .effects import Return
-from .entities import MAX_TX_BYTES, MAX_TX_OPS, Channel, Queue
+from .entities import MAX_TX_BYTES, MAX_TX_OPS, ChannelState, Queue
 from .errors import InvalidArgument
 from .log import MessageLog
-from .message import Entry, Message
+from .message import Entry, StoredMessage
 from .names import check_routing_key
 from .queues import QueueStore
 from .shared import Outbox
@@ -112,7 +112,7 @@ class Publishing:
 
     def publish_tagged(
         self,
-        ch: Channel,
+        ch: ChannelState,
         tag: int,
         exchange_name: str,
         routing_key: str,
@@ -148,7 +148,7 @@ class Publishing:
         if not queues:
             if mandatory:
                 self._stats["returned"] += 1
-                message = Message(0, exchange_name, routing_key, body, properties)
+                message = StoredMessage(0, exchange_name, routing_key, body, properties)
                 returned = Return(channel_id, tag, NO_ROUTE, "NO_ROUTE", message)
                 if not ch.confirms.hold_return(tag, returned):
                     self._emit(returned)
@@ -186,7 +186,7 @@ class Publishing:
         msg_expires = None
         if properties is not None and "expiration" in properties:
             msg_expires = (due or wall) + properties["expiration"] / 1000.0
-        message = Message(seq, exchange_name, routing_key, body, properties, msg_expires, enqueued_at=due or wall)
+        message = StoredMessage(seq, exchange_name, routing_key, body, properties, msg_expires, enqueued_at=due or wall)
         # A nacked publish is not remembered for deduplication (neither live nor in
         # its ENQUEUE record): the nack asks the client to resend, and the resend
         # must be taken, not acked as a duplicate of a message that was refused.
@@ -243,7 +243,7 @@ class Publishing:
 
     def _hold_publish(
         self,
-        ch: Channel,
+        ch: ChannelState,
         exchange_name: str,
         routing_key: str,
         body: bytes,

@@ -25,7 +25,7 @@ from .constants import (
 )
 from .delays import Delays
 from .effects import LogReadFailed, QueueReady
-from .entities import Channel, Queue
+from .entities import ChannelState, Queue
 from .errors import (
     InvalidArgument,
     NotFound,
@@ -36,7 +36,7 @@ from .errors import (
 from .expiry import Expiry
 from .lanes import Lane
 from .log import MessageLog
-from .message import Entry, Message
+from .message import Entry, StoredMessage
 from .names import check_name
 from .pager import Pager, logged_message, retry_delay
 from .shared import Outbox, Wakeups
@@ -96,7 +96,7 @@ class QueueStore:
         self._dead_letter: Callable[[Queue, Entry, str], None] = _unconnected
         self._cancel_consumers: Callable[[Queue, str], None] = _unconnected
         self._drop_bindings: Callable[[Queue], None] = _unconnected
-        self._channel_open: Callable[[int], Channel] = _unconnected  # type: ignore[assignment]
+        self._channel_open: Callable[[int], ChannelState] = _unconnected  # type: ignore[assignment]
 
     def connect(
         self,
@@ -104,7 +104,7 @@ class QueueStore:
         dead_letter: Callable[[Queue, Entry, str], None],
         cancel_consumers: Callable[[Queue, str], None],
         drop_bindings: Callable[[Queue], None],
-        channel: Callable[[int], Channel],
+        channel: Callable[[int], ChannelState],
     ) -> None:
         """Name the components above the store that it calls back: ``dead_letter`` (a
         message leaves a queue for a reason), ``cancel_consumers`` and
@@ -325,7 +325,7 @@ class QueueStore:
 
     # ------------------------------------------------------------- messages
 
-    def enqueue(self, queue: Queue, message: Message, wall: float, *, due: float | None = None) -> None:
+    def enqueue(self, queue: Queue, message: StoredMessage, wall: float, *, due: float | None = None) -> None:
         """Add ``message`` to ``queue`` at ``wall`` (its TTL counts from then), or hold
         it back until ``due``."""
         expires = message.expires_at

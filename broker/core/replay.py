@@ -28,7 +28,7 @@ from .delays import Delays
 from .entities import Exchange, Queue
 from .lanes import split_by_level
 from .log import MessageLog
-from .message import Entry, Message
+from .message import Entry, StoredMessage
 from .pager import Pager
 from .paging import ReplayIndex, mark_all_delivered, on_disk_mask
 from .queues import QueueStore
@@ -68,7 +68,7 @@ class Recovery:
         self._wall_clock = wall_clock
         # the messages of each queue by qid; None outside recovery
         self._replay: dict[int, ReplayIndex] | None = None
-        self._replay_messages: dict[int, Message] = {}
+        self._replay_messages: dict[int, StoredMessage] = {}
         # deduplication entries of the logged publishes replayed, in log order
         self._replay_dedup_digests: array[int] = array("Q")
         self._replay_dedup_ms: array[int] = array("q")
@@ -148,7 +148,7 @@ class Recovery:
             if entries is None or r.seq in entries:
                 continue
             if message is None:
-                message = Message(
+                message = StoredMessage(
                     r.seq, r.exchange, r.routing_key, r.body, r.properties, r.expires_at, owned=True
                 )
                 self._replay_messages[r.seq] = message

@@ -40,7 +40,7 @@ from .coordstate import MISSED_POLICIES, CoordState, Schedule, TickFired
 from .errors import InvalidArgument, NotFound, Unavailable
 from .locks import CoordTimer
 from .log import MessageLog
-from .message import Message
+from .message import StoredMessage
 from .names import check_name, check_routing_key
 from .queues import QueueStore
 from .shared import Outbox
@@ -291,7 +291,7 @@ class Schedules:
         durable_qids = [q.qid for q in queues if q.persistent_log] if persistent else []
         seq = self._queues.take_seq()
         expires = wall + properties["expiration"] / 1000.0 if "expiration" in properties else None
-        message = Message(seq, s.exchange, s.routing_key, s.body, properties, expires, enqueued_at=wall)
+        message = StoredMessage(seq, s.exchange, s.routing_key, s.body, properties, expires, enqueued_at=wall)
         payload = rec.encode_enqueue(
             seq, wall, expires, durable_qids, s.exchange, s.routing_key, None, properties, s.body
         )

@@ -20,7 +20,7 @@ through them at the commit.
 from __future__ import annotations
 
 from .delivery import Deliveries
-from .entities import MAX_TX_BYTES, MAX_TX_OPS, Channel, Transaction
+from .entities import MAX_TX_BYTES, MAX_TX_OPS, ChannelState, Transaction
 from .errors import ChannelError
 from .log import MessageLog
 from .publishing import Publishing
@@ -99,7 +99,7 @@ class Transactions:
         ch.tx = Transaction()
         return len(tx.publishes) + len(tx.settles)
 
-    def _transactional(self, channel_id: int) -> Channel:
+    def _transactional(self, channel_id: int) -> ChannelState:
         ch = self._deliveries.channel(channel_id)
         if ch.tx is None:
             raise ChannelError("the channel is not transactional: tx_select first", code="precondition_failed")

@@ -44,7 +44,7 @@ The interface, in full:
 * Long-poll gets (``park_getters``/``unpark_getters``) and REST lock waits
   (``acquire_lock``/``end_lock_wait``).
 
-Errors: a command's ``BrokerError`` (code, HTTP status hint, message) propagates
+Errors: a command's ``ErrorReply`` (code, HTTP status hint, message) propagates
 unchanged; each adapter renders it in one place (``broker.api.errors.http_error`` for
 REST, an ``error`` event on a channel). A nack whose reason names a refusal of the
 publish's target (``not_found: ...``, ``access_refused: ...``, the core's wording) is
@@ -64,8 +64,8 @@ from broker.core import (
     REST_CHANNEL,
     AccessRefused,
     Broker,
-    BrokerError,
     BrokerViews,
+    ErrorReply,
     LockGranted,
     NotFound,
     NotLockHolder,
@@ -79,7 +79,7 @@ __all__ = ["CommandBatch", "CommandGateway", "PublishOutcome"]
 T = TypeVar("T")
 
 #: Nack reasons (``code: message``) that refuse the publish's target, as errors.
-_REFUSALS: dict[str, type[BrokerError]] = {"not_found": NotFound, "access_refused": AccessRefused}
+_REFUSALS: dict[str, type[ErrorReply]] = {"not_found": NotFound, "access_refused": AccessRefused}
 
 
 @dataclass
@@ -95,7 +95,7 @@ class PublishOutcome:
     #: publisher should wait before trying again (HTTP ``Retry-After``).
     retry_after_s: int | None = None
 
-    def refusal(self) -> BrokerError | None:
+    def refusal(self) -> ErrorReply | None:
         """The error a nack means when it refused the target exchange (missing,
         internal); None for any other outcome (a full queue, a failing disk)."""
         if self.ack or not self.reason:

@@ -251,7 +251,7 @@ class BrokerRuntime:
 
     def pump(self) -> None:
         """Carry out every effect the core has produced, then let the sinks that
-        queued events send them now (see ``ChannelSession.flush_nowait``)."""
+        queued events send them now (see ``ServedChannel.flush_nowait``)."""
         effects = self.core.take_effects()
         if effects:
             self._carry_out(effects)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from broker.api.channel import ChannelSession
+from broker.api.channel import ServedChannel
 from broker.core import DeliveryExpired
 from broker.runtime import BrokerRuntime, RuntimeOptions
 
@@ -19,15 +19,15 @@ class _Response:
         return False
 
 
-def _session() -> tuple[BrokerRuntime, ChannelSession]:
+def _session() -> tuple[BrokerRuntime, ServedChannel]:
     runtime = BrokerRuntime(RuntimeOptions(data_dir=None))
     channel_id = runtime.core.open_channel()
-    session = ChannelSession(runtime, channel_id, _Response())
+    session = ServedChannel(runtime, channel_id, _Response())
     runtime.add_sink(channel_id, session)
     return runtime, session
 
 
-def _events(session: ChannelSession) -> list[Any]:
+def _events(session: ServedChannel) -> list[Any]:
     return [e if isinstance(e, dict) else type(e).__name__ for e in session.outbox]
 
 

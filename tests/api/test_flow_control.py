@@ -25,7 +25,7 @@ from broker.api.channel import (
     OUTBOX_MAX_BYTES,
     OUTBOX_MAX_EVENTS,
     UNCONFIRMED_MAX_BYTES,
-    ChannelSession,
+    ServedChannel,
 )
 from broker.app import BrokerApp
 from broker.core import REST_CHANNEL, Deliver, Return
@@ -74,10 +74,10 @@ async def settle(measure: Callable[[], object] = lambda: None) -> None:
     raise AssertionError("the broker never stood still")
 
 
-def session(app: BrokerApp, ch: ChannelClient) -> ChannelSession:
+def session(app: BrokerApp, ch: ChannelClient) -> ServedChannel:
     assert ch.channel_id is not None
     sink = app.runtime.sinks[ch.channel_id]
-    assert isinstance(sink, ChannelSession)
+    assert isinstance(sink, ServedChannel)
     return sink
 
 
@@ -362,7 +362,7 @@ async def test_credit_of_deliveries_left_over_is_given_back_only_once_they_are_s
     core.declare_queue("held", durable=False)
     channel_id = core.open_channel()
     response = PartialSocketResponse()
-    sink = ChannelSession(runtime, channel_id, response)
+    sink = ServedChannel(runtime, channel_id, response)
     runtime.sinks[channel_id] = sink
     core.consume(channel_id, "held", prefetch=0)
     for i in range(3):

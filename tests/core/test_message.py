@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from broker.core.errors import InvalidArgument
-from broker.core.message import Message, check_properties
+from broker.core.message import StoredMessage, check_properties
 
 
 def test_string_properties_are_limited_to_255_utf8_bytes() -> None:
@@ -33,27 +33,27 @@ def test_null_properties_are_dropped_and_empty_becomes_none() -> None:
 
 
 def test_messages_share_their_other_properties_and_keep_their_own_id() -> None:
-    a = Message(1, "", "q", b"", {"message_id": "a", "content_type": "text/plain", "delivery_mode": 2})
-    b = Message(2, "", "q", b"", {"delivery_mode": 2, "message_id": "b", "content_type": "text/plain"})
-    c = Message(3, "", "q", b"", {"content_type": "text/plain", "delivery_mode": 2, "message_id": "c"})
+    a = StoredMessage(1, "", "q", b"", {"message_id": "a", "content_type": "text/plain", "delivery_mode": 2})
+    b = StoredMessage(2, "", "q", b"", {"delivery_mode": 2, "message_id": "b", "content_type": "text/plain"})
+    c = StoredMessage(3, "", "q", b"", {"content_type": "text/plain", "delivery_mode": 2, "message_id": "c"})
     assert (a.message_id, b.message_id, c.message_id) == ("a", "b", "c")
     assert a.properties == {"message_id": "a", "content_type": "text/plain", "delivery_mode": 2}
     assert a._props is c._props  # same items in the same order: one shared dict
     assert a._props == b._props and "message_id" not in a._props
-    only_id = Message(4, "", "q", b"", {"message_id": "d"})
+    only_id = StoredMessage(4, "", "q", b"", {"message_id": "d"})
     assert only_id._props is None and only_id.properties == {"message_id": "d"}
 
 
 def test_a_caller_dict_is_never_changed_and_an_owned_one_may_be() -> None:
     given = {"message_id": "x", "priority": 3}
-    Message(1, "", "q", b"", given)
+    StoredMessage(1, "", "q", b"", given)
     assert given == {"message_id": "x", "priority": 3}
     # unhashable values (headers) are not shared: the message keeps its own copy
     with_headers = {"message_id": "y", "headers": {"k": [1, 2]}}
-    m = Message(2, "", "q", b"", with_headers)
+    m = StoredMessage(2, "", "q", b"", with_headers)
     assert with_headers["message_id"] == "y" and m._props == {"headers": {"k": [1, 2]}}
     owned = {"message_id": "z", "headers": {"k": [1]}}
-    m = Message(3, "", "q", b"", owned, owned=True)
+    m = StoredMessage(3, "", "q", b"", owned, owned=True)
     assert m._props is owned and owned == {"headers": {"k": [1]}} and m.message_id == "z"
     assert m.persistent
-    assert not Message(4, "", "q", b"", {"delivery_mode": 1, "message_id": "t"}).persistent
+    assert not StoredMessage(4, "", "q", b"", {"delivery_mode": 1, "message_id": "t"}).persistent

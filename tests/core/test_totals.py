@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from broker.core import Broker, BrokerError, ChannelError
+from broker.core import Broker, ErrorReply, ChannelError
 
 from .durable_view import restart_from_log
 from .helpers import Harness
@@ -105,7 +105,7 @@ def random_walk(h: Harness, rng: random.Random, steps: int) -> int:
             elif op == "close":
                 b.close_channel(ch)
                 channels[channels.index(ch)] = h.channel()
-        except (BrokerError, ChannelError):
+        except (ErrorReply, ChannelError):
             pass
         h.step()
         assert {**b.totals(), "paged_out": b.views.paged_out_total()} == summed(b), op

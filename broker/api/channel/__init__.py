@@ -16,7 +16,7 @@ Rules (docs/protocol.md):
 * One reader task (ops in) and one writer task (events out). The writer batches every
   queued event into one chunk. When the connection is idle, events queued during a
   pump leave at its end instead, in the pumping task's own step
-  (:meth:`ChannelSession.flush_nowait`): a delivery goes out in the step of the
+  (:meth:`ServedChannel.flush_nowait`): a delivery goes out in the step of the
   publish that caused it, a confirm in the step of the fsync that released it, without
   waiting a pass of trio's run loop for the writer (nor behind the reader's next
   read). While the outbox holds more than ``OUTBOX_MAX_EVENTS`` events, or more than
@@ -51,7 +51,7 @@ from broker.api.channel.session import (
     OUTBOX_MAX_BYTES,
     OUTBOX_MAX_EVENTS,
     UNCONFIRMED_MAX_BYTES,
-    ChannelSession,
+    ServedChannel,
 )
 
 __all__ = [
@@ -61,6 +61,6 @@ __all__ = [
     "OUTBOX_MAX_BYTES",
     "OUTBOX_MAX_EVENTS",
     "UNCONFIRMED_MAX_BYTES",
-    "ChannelSession",
+    "ServedChannel",
     "handle_channel",
 ]

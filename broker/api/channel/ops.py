@@ -22,7 +22,7 @@ from typing import Any
 
 import trio
 
-from broker.api.channel.session import ChannelSession
+from broker.api.channel.session import ServedChannel
 from broker.api.fields import (
     BINDING_FIELDS,
     DEFAULT_EXCHANGE_ALIAS,
@@ -41,7 +41,7 @@ from broker.api.fields import (
 )
 from broker.core import (
     Broker,
-    BrokerError,
+    ErrorReply,
     InvalidArgument,
     LockBusy,
     NotLockHolder,
@@ -169,7 +169,7 @@ def _fields(op: dict[str, Any]) -> Fields:
 # -- consumers and settling ------------------------------------------------------------
 
 
-async def _op_consume(s: ChannelSession, op: dict[str, Any]) -> None:
+async def _op_consume(s: ServedChannel, op: dict[str, Any]) -> None:
     timeout_ms = _get(op, "ack_timeout_ms", (int, float), None)
     queue = _get(op, "queue", str, None) or ""
     _get(op, "arguments", dict, {})
@@ -201,7 +201,7 @@ async def _op_consume(s: ChannelSession, op: dict[str, Any]) -> None:
     s.send_event(reply(op, "consume_ok", consumer_tag=tag, active=active))
 
 
-async def _op_cancel(s: ChannelSession, op: dict[str, Any]) -> None:
+async def _op_cancel(s: ServedChannel, op: dict[str, Any]) -> None:
     tag = _get(op, "consumer_tag", str, None)
     if tag is None:
         raise InvalidArgument("field consumer_tag is required")
@@ -216,14 +216,14 @@ async def _op_cancel(s: ChannelSession, op: dict[str, Any]) -> None:
     s.send_event(reply(op, "cancel_ok", consumer_tag=tag))
 
 
-async def _op_qos(s: ChannelSession, op: dict[str, Any]) -> None:
+async def _op_qos(s: ServedChannel, op: dict[str, Any]) -> None:
     cid = s.channel_id
     prefetch, global_ = _get(op, "prefetch", int, 0), _get(op, "global", bool, False)
     s.batch.run(lambda core: core.qos(cid, prefetch, global_))
     s.send_event(reply(op, "ok", op="qos"))
 
 
-async def _relayed_settle(s: ChannelSession, op: dict[str, Any], tag: Any, multiple: bool) -> bool:
+async def _relayed_settle(s: ServedChannel, op: dict[str, Any], tag: Any, multiple: bool) -> bool:
     """Cluster mode: settle the relayed deliveries ``op`` names on their owners;
     True when ``tag`` is a relayed one (this core has nothing to settle then)."""
     relayed = s.relayed
@@ -238,14 +238,14 @@ async def _relayed_settle(s: ChannelSession, op: dict[str, Any], tag: Any, multi
     return False
 
 
-async def _op_ack(s: ChannelSession, op: dict[str, Any]) -> None:
+async def _op_ack(s: ServedChannel, op: dict[str, Any]) -> None:
     cid = s.channel_id
     tag, multiple = _get(op, "delivery_tag", int, None), _get(op, "multiple", bool, False)
     if not await _relayed_settle(s, op, tag, multiple):
         s.batch.run(lambda core: core.ack(cid, tag, multiple))
 
 
-async def _op_nack(s: ChannelSession, op: dict[str, Any]) -> None:
+async def _op_nack(s: ServedChannel, op: dict[str, Any]) -> None:
     cid = s.channel_id
     tag, multiple = _get(op, "delivery_tag", int, None), _get(op, "multiple", bool, False)
     requeue, delay_s = _get(op, "requeue", bool, True), op_delay(op)
@@ -253,14 +253,14 @@ async def _op_nack(s: ChannelSession, op: dict[str, Any]) -> None:
         s.batch.run(lambda core: core.nack(cid, tag, multiple, requeue, delay_s=delay_s))
 
 
-async def _op_reject(s: ChannelSession, op: dict[str, Any]) -> None:
+async def _op_reject(s: ServedChannel, op: dict[str, Any]) -> None:
     cid = s.channel_id
     tag, requeue, delay_s = _get(op, "delivery_tag", int, None), _get(op, "requeue", bool, True), op_delay(op)
     if not await _relayed_settle(s, op, tag, False):
         s.batch.run(lambda core: core.reject(cid, tag, requeue, delay_s=delay_s))
 
 
-async def _op_touch(s: ChannelSession, op: dict[str, Any]) -> None:
+async def _op_touch(s: ServedChannel, op: dict[str, Any]) -> None:
     cid = s.channel_id
     tag = _get(op, "delivery_tag", int, None)
     if not await _relayed_settle(s, op, tag, False):
@@ -270,7 +270,7 @@ async def _op_touch(s: ChannelSession, op: dict[str, Any]) -> None:
 # -- topology --------------------------------------------------------------------------
 
 
-async def _op_declare_exchange(s: ChannelSession, op: dict[str, Any]) -> None:
+async def _op_declare_exchange(s: ServedChannel, op: dict[str, Any]) -> None:
     name = exchange_name(_get(op, "exchange", str, None) or "")
     d = decode_exchange_declare(_fields(op))
     if not d.passive:
@@ -283,7 +283,7 @@ async def _op_declare_exchange(s: ChannelSession, op: dict[str, Any]) -> None:
     s.send_event(reply(op, "ok", op="declare_exchange", exchange=exchange, created=created))
 
 
-async def _op_delete_exchange(s: ChannelSession, op: dict[str, Any]) -> None:
+async def _op_delete_exchange(s: ServedChannel, op: dict[str, Any]) -> None:
     name = exchange_name(_get(op, "exchange", str, None) or "")
     s.access.require("delete_exchange", name or DEFAULT_EXCHANGE_ALIAS)
     if_unused = _get(op, "if_unused", bool, False)
@@ -292,7 +292,7 @@ async def _op_delete_exchange(s: ChannelSession, op: dict[str, Any]) -> None:
     s.send_event(reply(op, "ok", op="delete_exchange"))
 
 
-async def _op_declare_queue(s: ChannelSession, op: dict[str, Any]) -> None:
+async def _op_declare_queue(s: ServedChannel, op: dict[str, Any]) -> None:
     name = _get(op, "queue", str, "")
     d = decode_queue_declare(_fields(op))
     if not d.passive:
@@ -312,7 +312,7 @@ async def _op_declare_queue(s: ChannelSession, op: dict[str, Any]) -> None:
     )
 
 
-async def _op_delete_queue(s: ChannelSession, op: dict[str, Any]) -> None:
+async def _op_delete_queue(s: ServedChannel, op: dict[str, Any]) -> None:
     name = _get(op, "queue", str, None) or ""
     s.access.require("delete_queue", name)
     if_unused, if_empty = _get(op, "if_unused", bool, False), _get(op, "if_empty", bool, False)
@@ -321,7 +321,7 @@ async def _op_delete_queue(s: ChannelSession, op: dict[str, Any]) -> None:
     s.send_event(reply(op, "ok", op="delete_queue", messages=count))
 
 
-async def _op_purge_queue(s: ChannelSession, op: dict[str, Any]) -> None:
+async def _op_purge_queue(s: ServedChannel, op: dict[str, Any]) -> None:
     name = _get(op, "queue", str, None) or ""
     s.access.require("purge", name)
     cid = s.channel_id
@@ -335,7 +335,7 @@ async def _op_purge_queue(s: ChannelSession, op: dict[str, Any]) -> None:
     s.send_event(reply(op, "ok", op="purge_queue", messages=count))
 
 
-def _authorize_binding(s: ChannelSession, operation: str, b: Binding) -> None:
+def _authorize_binding(s: ServedChannel, operation: str, b: Binding) -> None:
     """Write on the destination, read on the source (exchanges by their path names)."""
     s.access.require(
         operation,
@@ -344,7 +344,7 @@ def _authorize_binding(s: ChannelSession, operation: str, b: Binding) -> None:
     )
 
 
-async def _op_bind(s: ChannelSession, op: dict[str, Any]) -> None:
+async def _op_bind(s: ServedChannel, op: dict[str, Any]) -> None:
     b = decode_binding(_fields(op))
     _authorize_binding(s, "bind", b)
     s.batch.flush()
@@ -352,7 +352,7 @@ async def _op_bind(s: ChannelSession, op: dict[str, Any]) -> None:
     s.send_event(reply(op, "ok", op="bind"))
 
 
-async def _op_unbind(s: ChannelSession, op: dict[str, Any]) -> None:
+async def _op_unbind(s: ServedChannel, op: dict[str, Any]) -> None:
     b = decode_binding(_fields(op))
     _authorize_binding(s, "unbind", b)
     s.batch.flush()
@@ -365,13 +365,13 @@ async def _op_unbind(s: ChannelSession, op: dict[str, Any]) -> None:
 # -- transactions ----------------------------------------------------------------------
 
 
-async def _op_tx_select(s: ChannelSession, op: dict[str, Any]) -> None:
+async def _op_tx_select(s: ServedChannel, op: dict[str, Any]) -> None:
     cid = s.channel_id
     s.batch.run(lambda core: core.tx_select(cid))
     s.send_event(reply(op, "ok", op="tx_select"))
 
 
-async def _op_tx_commit(s: ChannelSession, op: dict[str, Any]) -> None:
+async def _op_tx_commit(s: ServedChannel, op: dict[str, Any]) -> None:
     """Apply the transaction in one step; answer once it is on disk (its publishes'
     confirms come first)."""
     cid = s.channel_id
@@ -379,7 +379,7 @@ async def _op_tx_commit(s: ChannelSession, op: dict[str, Any]) -> None:
     s.send_event(reply(op, "ok", op="tx_commit", operations=count))
 
 
-async def _op_tx_rollback(s: ChannelSession, op: dict[str, Any]) -> None:
+async def _op_tx_rollback(s: ServedChannel, op: dict[str, Any]) -> None:
     cid = s.channel_id
     count = s.batch.run(lambda core: core.tx_rollback(cid))
     s.send_event(reply(op, "ok", op="tx_rollback", operations=count))
@@ -393,7 +393,7 @@ def _refused(op: dict[str, Any], exc: LockBusy | NotLockHolder) -> dict[str, Any
     return reply(op, "refused", op=op.get("op"), error=exc.code, message=exc.message, lock=exc.info)
 
 
-async def _op_lock_acquire(s: ChannelSession, op: dict[str, Any]) -> None:
+async def _op_lock_acquire(s: ServedChannel, op: dict[str, Any]) -> None:
     """Acquire a lock: ``ok`` at once, or once it is granted after waiting in line
     (other ops go on meanwhile; the answer echoes the op's ``id``), or ``refused``."""
     echo, op_id = echo_id(op)
@@ -426,7 +426,7 @@ async def _op_lock_acquire(s: ChannelSession, op: dict[str, Any]) -> None:
         s.send_event(reply(op, "ok", op="lock_acquire", lock=info))
 
 
-async def _cluster_lock_wait(s: ChannelSession, op: dict[str, Any], locks: ClusterLocksPort, args: tuple[Any, ...]) -> None:
+async def _cluster_lock_wait(s: ServedChannel, op: dict[str, Any], locks: ClusterLocksPort, args: tuple[Any, ...]) -> None:
     """A cluster lock acquire that may wait, answered when it ends (its ``id`` echoed);
     a grant the channel can no longer be told of is released."""
     name, owner = args[0], args[1]
@@ -436,7 +436,7 @@ async def _cluster_lock_wait(s: ChannelSession, op: dict[str, Any], locks: Clust
         if not s.finished:
             s.send_event(_refused(op, exc))
         return
-    except BrokerError as exc:  # etcd unreachable, a bad field: refused, the channel goes on
+    except ErrorReply as exc:  # etcd unreachable, a bad field: refused, the channel goes on
         if not s.finished:
             s.send_event(reply(op, "refused", op="lock_acquire", error=exc.code, message=exc.message, lock=None))
         return
@@ -444,13 +444,13 @@ async def _cluster_lock_wait(s: ChannelSession, op: dict[str, Any], locks: Clust
         with trio.CancelScope(shield=True), trio.move_on_after(5):
             try:
                 await locks.release(name, owner, granted["token"])
-            except BrokerError:
+            except ErrorReply:
                 pass  # it lapses with its TTL
         return
     s.send_event(reply(op, "ok", op="lock_acquire", lock=granted))
 
 
-async def _op_lock_refresh(s: ChannelSession, op: dict[str, Any]) -> None:
+async def _op_lock_refresh(s: ServedChannel, op: dict[str, Any]) -> None:
     name = _get(op, "lock", str, None) or ""
     s.access.require("lock", name)
     owner, token, ttl_s = op.get("owner"), op.get("token"), op.get("ttl_s")
@@ -466,7 +466,7 @@ async def _op_lock_refresh(s: ChannelSession, op: dict[str, Any]) -> None:
     s.send_event(reply(op, "ok", op="lock_refresh", lock=info))
 
 
-async def _op_lock_release(s: ChannelSession, op: dict[str, Any]) -> None:
+async def _op_lock_release(s: ServedChannel, op: dict[str, Any]) -> None:
     name = _get(op, "lock", str, None) or ""
     s.access.require("lock", name)
     owner, token = op.get("owner"), op.get("token")
@@ -482,7 +482,7 @@ async def _op_lock_release(s: ChannelSession, op: dict[str, Any]) -> None:
     s.send_event(reply(op, "ok", op="lock_release", lock=info))
 
 
-async def _op_lock_info(s: ChannelSession, op: dict[str, Any]) -> None:
+async def _op_lock_info(s: ServedChannel, op: dict[str, Any]) -> None:
     name = _get(op, "lock", str, None) or ""
     cluster = s.runtime.cluster
     info = await cluster.locks.info(name) if cluster is not None else s.views.lock_info(name)
@@ -492,14 +492,14 @@ async def _op_lock_info(s: ChannelSession, op: dict[str, Any]) -> None:
 # -- the end ---------------------------------------------------------------------------
 
 
-async def _op_close(s: ChannelSession, op: dict[str, Any]) -> None:
+async def _op_close(s: ServedChannel, op: dict[str, Any]) -> None:
     await s.flush_confirms()
     s.stop_consumers()
     s.send_final(reply(op, "close_ok"))
     raise ChannelClosed()
 
 
-Handler = Callable[[ChannelSession, dict[str, Any]], Awaitable[None]]
+Handler = Callable[[ServedChannel, dict[str, Any]], Awaitable[None]]
 
 #: Op name -> its handler (``publish`` is the reader's own fast path).
 OPS: dict[str, Handler] = {

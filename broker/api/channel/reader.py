@@ -24,7 +24,7 @@ from broker.api.channel.ops import (
     check_id,
     op_delay,
 )
-from broker.api.channel.session import ChannelSession
+from broker.api.channel.session import ServedChannel
 from broker.api.codec import body_from_json, parse_op_line
 from broker.api.fields import (
     DEFAULT_EXCHANGE_ALIAS,
@@ -41,10 +41,10 @@ _PUBLISH_ALLOWED = OP_FIELDS["publish"]
 assert _PUBLISH_ALLOWED >= PUBLISH_FIELDS
 
 
-async def serve_reader(s: ChannelSession, request: Request) -> None:
+async def serve_reader(s: ServedChannel, request: Request) -> None:
     """Apply operations from the request body until close, end of body or error.
 
-    Raises: ``BrokerError`` (a channel error: the caller reports it in-band),
+    Raises: ``ErrorReply`` (a channel error: the caller reports it in-band),
     ``ClientDisconnected``.
     """
     # Bytes of an unfinished line. Only the newly received chunk is searched for
@@ -103,7 +103,7 @@ async def serve_reader(s: ChannelSession, request: Request) -> None:
         pass
 
 
-async def _until_closing_or_gone(s: ChannelSession, request: Request) -> None:
+async def _until_closing_or_gone(s: ServedChannel, request: Request) -> None:
     """Keep a consuming channel whose input ended until the broker closes it; raises
     ClientDisconnected if the client leaves first."""
     disconnected = False
@@ -122,8 +122,8 @@ async def _until_closing_or_gone(s: ChannelSession, request: Request) -> None:
         raise ClientDisconnected("client closed the connection")
 
 
-async def apply(s: ChannelSession, op: dict[str, Any]) -> None:
-    """Apply one operation. Raises ``BrokerError`` (a channel error)."""
+async def apply(s: ServedChannel, op: dict[str, Any]) -> None:
+    """Apply one operation. Raises ``ErrorReply`` (a channel error)."""
     s.current_op = op
     name = op.get("op")
     if name == "publish":
@@ -145,7 +145,7 @@ async def apply(s: ChannelSession, op: dict[str, Any]) -> None:
     await handler(s, op)
 
 
-def publish(s: ChannelSession, op: dict[str, Any]) -> None:
+def publish(s: ServedChannel, op: dict[str, Any]) -> None:
     """A publish op: decoded, authorized, handed to the core (its effects leave with
     the chunk's; its confirm arrives later as an ``ack``/``nack`` event)."""
     exchange, routing_key, body, properties, mandatory = _decode_publish(s, op)
@@ -155,7 +155,7 @@ def publish(s: ChannelSession, op: dict[str, Any]) -> None:
     )
 
 
-async def publish_when_allowed(s: ChannelSession, op: dict[str, Any]) -> None:
+async def publish_when_allowed(s: ServedChannel, op: dict[str, Any]) -> None:
     """A publish while publishing is blocked (a memory or disk alarm): what came
     before it leaves, then it waits (and the channel reads nothing more meanwhile)
     until publishing resumes, or is refused with a ``nack``: once the channel has
@@ -174,9 +174,9 @@ async def publish_when_allowed(s: ChannelSession, op: dict[str, Any]) -> None:
         publish(s, op)
 
 
-def _decode_publish(s: ChannelSession, op: dict[str, Any]) -> tuple[str, str, bytes, dict[str, Any] | None, bool]:
+def _decode_publish(s: ServedChannel, op: dict[str, Any]) -> tuple[str, str, bytes, dict[str, Any] | None, bool]:
     """A publish op's exchange, routing key, body, properties and mandatory flag,
-    checked and authorized. Raises ``BrokerError`` (a channel error)."""
+    checked and authorized. Raises ``ErrorReply`` (a channel error)."""
     if not _PUBLISH_ALLOWED.issuperset(op):
         raise unknown_fields(op, _PUBLISH_ALLOWED, "publish op")
     exchange = op.get("exchange", "")

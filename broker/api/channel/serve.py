@@ -10,10 +10,10 @@ import trio
 from broker import __version__
 from broker.api.channel.ops import echo_id
 from broker.api.channel.reader import serve_reader
-from broker.api.channel.session import FLUSH_TIMEOUT_S, ChannelSession
+from broker.api.channel.session import FLUSH_TIMEOUT_S, ServedChannel
 from broker.api.permissions import access_for
 from broker.cluster import FORWARDED_HEADER
-from broker.core import BrokerError
+from broker.core import ErrorReply
 from broker.http import ClientDisconnected, Request, Response
 from broker.runtime import BrokerRuntime, CommandGateway
 
@@ -43,7 +43,7 @@ async def handle_channel(
     except BaseException:
         gateway.close_channel(channel_id, "refused")
         raise
-    session = ChannelSession(runtime, channel_id, response, access_for(request), principal, gateway)
+    session = ServedChannel(runtime, channel_id, response, access_for(request), principal, gateway)
     session.remote, session.user_agent = request.remote, request.headers.get("user-agent")
     if principal is not None:
         principal.open_session(session)  # ended at once if its credentials are revoked
@@ -82,7 +82,7 @@ async def handle_channel(
             except ClientDisconnected:
                 disconnected = True
                 nursery.cancel_scope.cancel()
-            except BrokerError as exc:
+            except ErrorReply as exc:
                 reason = f"channel error: {exc.code}"
                 # Publishes before the failing op still get their confirms.
                 await session.finish_publishes()

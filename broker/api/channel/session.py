@@ -1,11 +1,11 @@
 """One channel's state and its event writer (``POST /channel``; the rules are in
 ``broker.api.channel``).
 
-:class:`ChannelSession` is the runtime's sink for the channel: the core's events
-(deliveries, confirms, returns, cancels) arrive through :meth:`ChannelSession.push`,
-replies and final events through :meth:`ChannelSession.send_event`; the outbox leaves
-either in the pumping task's own step (:meth:`ChannelSession.flush_nowait`) or through
-the writer task (:meth:`ChannelSession.serve_writer`), many events per chunk. It also
+:class:`ServedChannel` is the runtime's sink for the channel: the core's events
+(deliveries, confirms, returns, cancels) arrive through :meth:`ServedChannel.push`,
+replies and final events through :meth:`ServedChannel.send_event`; the outbox leaves
+either in the pumping task's own step (:meth:`ServedChannel.flush_nowait`) or through
+the writer task (:meth:`ServedChannel.serve_writer`), many events per chunk. It also
 holds the bounds that slow down a client which does not read its events or outruns
 the disk (``OUTBOX_MAX_*``, ``UNCONFIRMED_MAX_BYTES``).
 """
@@ -22,10 +22,10 @@ from broker.api.codec import dumps_line, event_json
 from broker.api.permissions import ALLOW_ALL, Access
 from broker.core import (
     Broker,
-    BrokerError,
     Confirm,
     ConsumerCancelled,
     Deliver,
+    ErrorReply,
     Return,
     delivery_cost,
 )
@@ -38,7 +38,7 @@ __all__ = [
     "OUTBOX_MAX_BYTES",
     "OUTBOX_MAX_EVENTS",
     "UNCONFIRMED_MAX_BYTES",
-    "ChannelSession",
+    "ServedChannel",
 ]
 
 OUTBOX_MAX_EVENTS = 8192
@@ -54,7 +54,7 @@ UNCONFIRMED_MAX_BYTES = 16 << 20
 FLUSH_TIMEOUT_S = 10.0
 
 
-class ChannelSession:
+class ServedChannel:
     """The trio side of one open channel: its state, outbox and event writer (the
     ops it applies are ``broker.api.channel.ops``, read by ``reader.serve_reader``)."""
 
@@ -97,7 +97,7 @@ class ChannelSession:
         self.closing_reason: str | None = None
         #: Why the user's credentials no longer hold (see :meth:`revoke`): the
         #: channel's last event.
-        self.revoked: BrokerError | None = None
+        self.revoked: ErrorReply | None = None
         self.closing_event = trio.Event()
         self.reader_scope = trio.CancelScope()
         #: The op being applied (its ``id`` is echoed by an ``error`` it causes).
@@ -191,7 +191,7 @@ class ChannelSession:
 
     # Revocable (broker.api.auth) ---------------------------------------
 
-    def revoke(self, error: BrokerError) -> None:
+    def revoke(self, error: ErrorReply) -> None:
         """The user was deleted or its token revoked: cancel the consumers now (nothing
         more is delivered) and end the channel with ``error`` as its last event; the
         publishes it already took still get their confirms."""

@@ -6,7 +6,7 @@ Each handler is a module-level function ``handler(ctx, request, response)`` of t
 core, so a bad request changes nothing; then it runs core commands through the
 command gateway (``ctx.gateway.run`` / ``run_durable``: effects carried out,
 durability waited for) and reads through ``ctx.views``. Core errors
-(:class:`~broker.core.BrokerError`) propagate to the server, which turns them into
+(:class:`~broker.core.ErrorReply`) propagate to the server, which turns them into
 JSON error responses (``broker.api.errors``).
 """
 

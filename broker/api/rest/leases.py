@@ -15,7 +15,7 @@ from broker.api.rest.fields import RestContext, body_fields
 from broker.core import (
     AccessRefused,
     Broker,
-    BrokerError,
+    ErrorReply,
     InvalidArgument,
     NotFound,
     check_delay,
@@ -161,10 +161,10 @@ class _PollGuard:
 
     def __init__(self, names: list[str]) -> None:
         self.names = names
-        self.error: BrokerError | None = None
+        self.error: ErrorReply | None = None
         self.event = trio.Event()
 
-    def revoke(self, error: BrokerError) -> None:
+    def revoke(self, error: ErrorReply) -> None:
         self.error = error
         self.event.set()
 
