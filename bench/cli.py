@@ -25,6 +25,7 @@ import traceback
 from pathlib import Path
 from typing import Any, TextIO
 
+from bench.cluster import run_cluster_bench
 from bench.params import FULL, QUICK, Params
 from bench.procs import ROOT, abort_workers, snapshot_code
 from bench.server_redis import RedisServer, ensure_redis
@@ -187,6 +188,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="do not run: print (and with --plot, chart) these saved results")
     parser.add_argument("--out", type=Path, default=ROOT / "bench-results", metavar="DIR",
                         help="results directory (default bench-results/)")
+    parser.add_argument("--cluster", type=int, default=0, metavar="N",
+                        help="instead: the cluster benchmark on up to N nodes (forwarding cost, throughput by nodes)")
     parser.add_argument("--client-backend", choices=["trio", "asyncio"], default="trio",
                         help="event loop of ackbus's client in the workers (asyncio: uvloop when installed)")
     args = parser.parse_args(argv)
@@ -233,6 +236,9 @@ def main(argv: list[str] | None = None) -> int:
             _draw(summaries, results, args.plot_file)
         return 0
 
+    if args.cluster:
+        sys.stdout.write(run_cluster_bench(args.cluster, quick=args.quick))
+        return 0
     params = QUICK if args.quick else FULL
     sides = ["ackbus", *args.peers]
     progress = Progress(

@@ -104,7 +104,11 @@ class BrokerApp:
         handler: Any = self.router
         if self.cluster is not None:
             self.cluster.mirror.on_users_changed = self.auth.enforce_revocations
-            handler = dispatch_cluster_first(cluster_routes(runtime, self.cluster, self.auth), self.router)
+            if self.cluster.config.secret:
+                self.auth.cluster_secret = self.cluster.config.secret.encode()
+            handler = dispatch_cluster_first(
+                cluster_routes(runtime, self.cluster, self.auth), self.router, self.cluster, self.auth
+            )
         self.server = HTTPServer(
             protect(handler),
             limits=limits,
@@ -287,7 +291,8 @@ def cluster_config(settings: Settings) -> ClusterConfig | None:
     if not settings.etcd:
         return None
     return ClusterConfig(
-        settings.etcd, settings.node_name, settings.advertise_url, settings.cluster_name, settings.cluster_lease_ttl_s
+        settings.etcd, settings.node_name, settings.advertise_url, settings.cluster_name, settings.cluster_lease_ttl_s,
+        settings.cluster_secret, settings.cluster_ca_file,
     )
 
 

@@ -187,8 +187,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _url(text: str) -> str:
-    """``host:port`` (or a bare host) is taken as ``http://host:port``."""
-    return text if "://" in text else f"http://{text}"
+    """``host:port`` (or a bare host) is taken as ``http://host:port``; several,
+    comma-separated, name nodes of one cluster (any live one serves)."""
+    return ",".join(part if "://" in part else f"http://{part}" for part in (p.strip() for p in text.split(",")) if part)
 
 
 async def run(

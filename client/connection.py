@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
@@ -19,6 +19,7 @@ from .backoff import ReconnectPolicy
 from .channel import Channel
 from .endpoint import Endpoint, StreamOpener, open_tcp
 from .errors import ClientClosed
+from .failover import FailoverOpener, split_urls
 from .locks import HeldLock, hold_lock
 from .rest import BrokerAPI
 from .schedules import Schedules
@@ -141,7 +142,7 @@ class Connection(BrokerAPI):
 
 @asynccontextmanager
 async def connect(
-    url: str = DEFAULT_URL,
+    url: str | Sequence[str] = DEFAULT_URL,
     *,
     settings: Settings | None = None,
     open_stream: StreamOpener | None = None,
@@ -153,6 +154,10 @@ async def connect(
     **overrides: Any,
 ) -> AsyncIterator[Connection]:
     """Connect to the broker at ``url`` for the duration of the block.
+
+    ``url`` may name several nodes of a cluster (``"http://a:8081,http://b:8082"``
+    or a list): each channel and REST connection goes to a live one, and moves to
+    another when its node cannot be reached (``client/failover.py``).
 
     Credentials, first found wins: ``username``/``password`` or ``token``; the URL's
     ``user:password@``; the environment (``ACKBUS_TOKEN``, or ``ACKBUS_USERNAME`` and
@@ -171,7 +176,8 @@ async def connect(
         ValueError: a bad URL or setting, or credentials given twice.
         OSError, ssl.SSLError: ``ca_file`` cannot be read.
     """
-    endpoint = Endpoint.parse(url)
+    urls = split_urls(url)
+    endpoint = Endpoint.parse(urls[0])
     if username is not None or token is not None:
         if endpoint.authorization is not None:
             raise ValueError("credentials given both in the URL and as arguments")
@@ -190,11 +196,19 @@ async def connect(
     if ssl_context is not None:
         endpoint = _with_ssl_context(endpoint, ssl_context)
     settings = (settings or Settings()).replace(**overrides)
-    conn = Connection(endpoint, settings, open_stream or open_tcp)
+    opener = open_stream or open_tcp
+    if len(urls) > 1:  # a cluster's nodes: any live one serves (client/failover.py)
+        opener = FailoverOpener([endpoint] + [_same_credentials(Endpoint.parse(u), endpoint) for u in urls[1:]], opener)
+    conn = Connection(endpoint, settings, opener)
     try:
         yield conn
     finally:
         await conn.aclose()
+
+
+def _same_credentials(node: Endpoint, first: Endpoint) -> Endpoint:
+    """Another node's endpoint, with the first one's credentials and SSL context."""
+    return Endpoint(node.scheme, node.host, node.port, node.prefix, node.authorization or first.authorization, first.ssl_context)
 
 
 def _with_ssl_context(endpoint: Endpoint, context: ssl.SSLContext) -> Endpoint:

@@ -68,6 +68,8 @@ EXPECTED_DEFAULTS: dict[str, Any] = {
     "advertise_url": "",
     "cluster_name": "ackbus",
     "cluster_lease_ttl_s": 10,
+    "cluster_secret": "",
+    "cluster_ca_file": None,
     "max_connections_per_address": 1000,
     "tls_cert": None,
     "tls_key": None,
@@ -452,3 +454,10 @@ def test_cluster_settings_are_checked_together() -> None:
         with pytest.raises(ConfigError) as caught:
             load_settings(argv, {})
         assert caught.value.setting == setting
+
+
+def test_the_cluster_secret_is_never_shown() -> None:
+    """The start-up log line and /overview show settings: a secret only as set."""
+    shown = Settings(etcd="http://127.0.0.1:2379", node_name="a", advertise_url="http://a:1", cluster_secret="s3cret").as_dict()
+    assert shown["cluster_secret"] == "(set)" and "s3cret" not in str(shown)
+    assert Settings().as_dict()["cluster_secret"] == ""

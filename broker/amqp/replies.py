@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from broker.core import (
     AccessRefused,
-    ErrorReply,
     ChannelError,
+    ErrorReply,
     InvalidArgument,
     NotFound,
     PayloadTooLarge,

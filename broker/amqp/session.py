@@ -59,11 +59,11 @@ from broker.amqp.replies import (
 from broker.amqp.tables import TableError
 from broker.api import ALLOW_ALL, Access
 from broker.core import (
-    ErrorReply,
     Confirm,
     ConsumerCancelled,
     Deliver,
     DeliveryExpired,
+    ErrorReply,
     PreconditionFailed,
     Return,
     Unavailable,

@@ -336,6 +336,10 @@ class Authenticator:
         #: Counters for metrics and tests.
         self.failed = 0
         self.refused = 0
+        #: Cluster mode's shared secret (``--cluster-secret``): a request carrying it
+        #: in ``X-Ackbus-Cluster-Secret`` comes from another node, acting for a client
+        #: it has authorized already (docs/cluster.md).
+        self.cluster_secret: bytes | None = None
 
     def principal(self, username: str) -> Principal:
         principal = self._principals.get(username)
@@ -372,6 +376,13 @@ class Authenticator:
         """Authenticate ``request`` (sets ``request.principal``); returns what to call
         when its handler ends. Raises HTTPError: 401, or 429 (failure limit, per-user
         connection cap)."""
+        if self.cluster_secret is not None:
+            given = request.headers.get("x-ackbus-cluster-secret")
+            if given is not None:
+                if hmac.compare_digest(given.encode("utf-8", "surrogateescape"), self.cluster_secret):
+                    return None
+                self.failed += 1
+                raise HTTPError("wrong cluster secret", code="unauthorized", status=401)
         store = self.core.users
         if not len(store):
             if self.open_without_users():

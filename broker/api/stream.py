@@ -22,10 +22,10 @@ from broker.api.codec import dumps_line, message_json
 from broker.api.permissions import Access, access_for
 from broker.core import (
     Broker,
-    ErrorReply,
     ConsumerCancelled,
     Deliver,
     Effect,
+    ErrorReply,
     InvalidArgument,
     delivery_cost,
 )

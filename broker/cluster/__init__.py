@@ -5,14 +5,26 @@ etcd into each node's core through its public commands."""
 from broker.cluster.etcd import Endpoint, EtcdClient, parse_endpoints
 from broker.cluster.etcdproto import EtcdError, EtcdUnavailable
 from broker.cluster.node import ClusterConfig, ClusterNode, NodeNameTaken
+from broker.cluster.peers import (
+    FORWARDED_HEADER,
+    SECRET_HEADER,
+    PeerStream,
+    PeerUnreachable,
+    relay,
+)
 
 __all__ = [
     "ClusterConfig",
+    "FORWARDED_HEADER",
+    "SECRET_HEADER",
     "ClusterNode",
     "Endpoint",
     "EtcdClient",
     "EtcdError",
     "EtcdUnavailable",
     "NodeNameTaken",
+    "PeerStream",
+    "PeerUnreachable",
+    "relay",
     "parse_endpoints",
 ]

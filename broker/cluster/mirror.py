@@ -66,7 +66,7 @@ class CoreMirror:
                 else:
                     self._ensure_exchange(change.name, change.new, view)
             elif change.kind == "queues":
-                if change.new is None or change.new.get("owner") != self.node_name:
+                if change.new is None or not self.holds(change.new):
                     self._remove_queue(change.name)
                 else:
                     self._ensure_queue(change.name, change.new, view)
@@ -93,7 +93,7 @@ class CoreMirror:
         wanted_x = {name for name in view.entries["exchanges"]}
         for name in [n for n, x in core.exchanges.items() if not x.builtin and n not in wanted_x]:
             self._remove_exchange(name)
-        wanted_q = {n for n, (q, _r) in view.entries["queues"].items() if q.get("owner") == self.node_name}
+        wanted_q = {n for n, (q, _r) in view.entries["queues"].items() if self.holds(q)}
         for name in [n for n, q in core.queues.items() if q.exclusive_owner is None and n not in wanted_q]:
             self._remove_queue(name)
         for name, (value, _rev) in view.entries["exchanges"].items():
@@ -115,6 +115,11 @@ class CoreMirror:
             self._bind(b)
         self.users.reconcile(view)
         self.on_users_changed()
+
+    def holds(self, d: dict[str, Any]) -> bool:
+        """Whether the core holds the queue defined by ``d``: its owner's does (the
+        cluster-wide routing table of ``broker.cluster.forward`` holds every queue)."""
+        return d.get("owner") == self.node_name
 
     # ---------------------------------------------------------------------- steps
 

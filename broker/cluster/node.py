@@ -13,20 +13,27 @@ node keeps serving what it has and refuses metadata changes (:meth:`check_writab
 from __future__ import annotations
 
 import logging
+import ssl
 import time
+from pathlib import Path
 from typing import Any
 
 import trio
 
 from broker.cluster.etcd import EtcdClient, parse_endpoints
 from broker.cluster.etcdproto import EtcdError, EtcdUnavailable
+from broker.cluster.forget import forget_node, report_depths
+from broker.cluster.forward import Forwarder
+from broker.cluster.locks import ClusterLocks
 from broker.cluster.membership import Membership, NodeNameTaken
 from broker.cluster.mirror import CoreMirror
+from broker.cluster.port import ClusterGatewayPort
+from broker.cluster.schedules import ClusterSchedules
 from broker.cluster.users import UserWriter, seed_users
 from broker.cluster.view import ClusterKeys, ClusterView
 from broker.cluster.writes import MetadataWriter
-from broker.core import Unavailable
-from broker.runtime import BrokerRuntime
+from broker.core import ErrorReply, Unavailable
+from broker.runtime import BrokerRuntime, CommandGateway
 
 __all__ = ["ClusterConfig", "ClusterNode", "NodeNameTaken"]
 
@@ -40,8 +47,21 @@ RETRY_MIN_S, RETRY_MAX_S = 0.1, 2.0
 class ClusterConfig:
     """The cluster settings of one node."""
 
-    def __init__(self, etcd: str, node_name: str, advertise_url: str, cluster_name: str, lease_ttl_s: int) -> None:
+    def __init__(
+        self,
+        etcd: str,
+        node_name: str,
+        advertise_url: str,
+        cluster_name: str,
+        lease_ttl_s: int,
+        secret: str | None = None,
+        ca_file: Path | None = None,
+    ) -> None:
         self.endpoints = parse_endpoints(etcd)
+        #: how nodes verify one another's https certificates (None: the system's CAs)
+        self.peer_ssl = ssl.create_default_context(cafile=str(ca_file)) if ca_file is not None else None
+        #: authenticates the nodes to one another (``--cluster-secret``)
+        self.secret = secret or None
         self.node_name = node_name
         self.advertise_url = advertise_url.rstrip("/")
         self.cluster_name = cluster_name
@@ -62,6 +82,16 @@ class ClusterNode:
         self.membership = Membership(self.client, self.keys, self.name, config.advertise_url, config.lease_ttl_s)
         self.writer = MetadataWriter(self.client, self.keys, self.view, self.name, self.wait_seen)
         self.user_writer = UserWriter(self.client, self.keys, self.view, self.wait_seen)
+        self.forwarder = Forwarder(
+            self.name, self.view, secret=config.secret, answer_timeout_s=max(2.0, float(config.lease_ttl_s)),
+            ssl_context=config.peer_ssl,
+        )
+        self.locks = ClusterLocks(self.client, self.keys)
+        self.schedules = ClusterSchedules(self.client, self.keys, self.view, self.name)
+        runtime.cluster = ClusterGatewayPort(
+            self.forwarder, self.writer, runtime.core.views, self.name, self.check_writable, self.note_etcd, self.owner_of,
+            self.locks, config.secret, config.peer_ssl,
+        )
         #: None while etcd answers; else why it does not
         self.etcd_error: str | None = None
         self.synced = False
@@ -79,10 +109,14 @@ class ClusterNode:
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self.membership.keep_alive, self.note_etcd)
+                nursery.start_soon(self.forwarder.serve)
                 task_status.started()
                 await self.runtime.ready_event.wait()
+                nursery.start_soon(report_depths, self.client, self.keys, self.name, self.runtime.core.views)
+                nursery.start_soon(self.schedules.run, self._lease, self._publish_tick)
                 await self._follow()
         finally:
+            self.runtime.cluster = None
             with trio.move_on_after(2) as scope:
                 scope.shield = True
                 await self.membership.leave()
@@ -121,6 +155,7 @@ class ClusterNode:
             changes = self.view.reset(revision, kvs)
         self._note_deaths(changes)
         self.mirror.reconcile(self.view)
+        self.forwarder.routes.reconcile(self.view)
         self.runtime.pump()
         self.resyncs += 1
         self.synced = True
@@ -142,6 +177,7 @@ class ClusterNode:
                 self._note_deaths(changes)
                 if changes:
                     self.mirror.apply(changes, self.view)
+                    self.forwarder.routes.apply(changes, self.view)
                     self.runtime.pump()
                 await self._notify_seen()
         return False
@@ -170,6 +206,24 @@ class ClusterNode:
             f"{SEEN_TIMEOUT_S:g} s; it will apply it when its watch catches up",
             code="cluster_lagging",
         )
+
+    def _lease(self) -> int:
+        """This node's membership lease while it holds one (0: not a member now)."""
+        return self.membership.lease if self.membership.registered and self.synced else 0
+
+    async def _publish_tick(self, exchange: str, routing_key: str, body: bytes, properties: dict[str, Any]) -> str | None:
+        """A schedule's tick, published through the gateway (forwarded to the queues'
+        owners); None once acked, else why not."""
+        try:
+            outcome = await CommandGateway(self.runtime).publish_and_confirm(exchange, routing_key, body, properties)
+        except ErrorReply as exc:
+            return f"{exc.code}: {exc.message}"
+        return None if outcome.ack else outcome.reason or "nacked"
+
+    async def forget(self, name: str, *, rehome: bool) -> dict[str, Any]:
+        """``DELETE /cluster/nodes/{name}`` (``broker.cluster.forget``)."""
+        self.check_writable()
+        return await forget_node(self.client, self.keys, self.view, name, rehome=rehome, wait_seen=self.wait_seen)
 
     # --------------------------------------------------------------------- questions
 
@@ -235,5 +289,7 @@ class ClusterNode:
                 "endpoints": [e.info() for e in self.client.endpoints],
             },
             "nodes": nodes,
+            "forwarding": self.forwarder.info(),
+            "schedules_runner": self.schedules.running,
             "apply_errors": list(self.mirror.errors),
         }

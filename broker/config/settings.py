@@ -348,6 +348,14 @@ class Settings:
     cluster_lease_ttl_s: int = _setting(
         10, _INT, "cluster", "TTL of a node's membership lease: a node silent this long is shown dead.", _between(2, 3600)
     )
+    cluster_secret: str = _setting(
+        "", _OPTIONAL_STR, "cluster",
+        "Shared by every node: authenticates the channels and requests nodes forward to one another.",
+    )
+    cluster_ca_file: pathlib.Path | None = _setting(
+        None, _OptionalPath("none"), "cluster",
+        "CA bundle (PEM) nodes verify one another's https certificates with; empty: the system's CAs.",
+    )
 
     def __post_init__(self) -> None:
         values: dict[str, Any] = {}
@@ -373,12 +381,19 @@ class Settings:
         return layer(**{info.name: getattr(self, info.name) for info in _INFOS if info.name in names})
 
     def as_dict(self) -> dict[str, str | int | float | bool | None]:
-        """JSON-friendly view (paths as strings), for the start-up log line and /overview."""
+        """JSON-friendly view (paths as strings), for the start-up log line and /overview;
+        a secret shows only whether it is set."""
         out: dict[str, str | int | float | bool | None] = {}
         for info in _INFOS:
             value = getattr(self, info.name)
+            if info.name in SECRET_SETTINGS and value:
+                value = "(set)"
             out[info.name] = str(value) if isinstance(value, pathlib.PurePath) else value
         return out
+
+
+#: Settings whose value is never shown (logs, /overview): only whether they are set.
+SECRET_SETTINGS: Final = frozenset({"cluster_secret"})
 
 
 def _collect_infos() -> tuple[SettingInfo, ...]:

@@ -36,8 +36,8 @@ from .effects import (
 from .entities import ChannelState, Consumer, Delivery, Exchange, Queue
 from .errors import (
     AccessRefused,
-    ErrorReply,
     ChannelError,
+    ErrorReply,
     InvalidArgument,
     NotFound,
     PayloadTooLarge,
@@ -69,7 +69,7 @@ from .names import check_name, check_routing_key
 from .records import RecordType, ref_lsns
 from .routing import EXCHANGE_TYPES, headers_match, topic_matches
 from .schedules import LIVE_GRACE_S, MAX_MISSED
-from .timing import TIMING_FIELDS, iso_utc
+from .timing import TIMING_FIELDS, Timing, iso_utc, parse_timing
 from .userstore import (
     ADMINISTRATOR,
     PERMISSIONS,
@@ -157,4 +157,6 @@ __all__ = [
     "MAX_MISSED",
     "TIMING_FIELDS",
     "iso_utc",
+    "parse_timing",
+    "Timing",
 ]

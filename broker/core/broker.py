@@ -212,6 +212,8 @@ class Broker:
         self.redrive = dead_letters.redrive
         # publishing and deliveries
         self.publish = publishing.publish
+        self.hold_confirm = publishing.hold_confirm
+        self.settle_held_confirm = publishing.settle_held_confirm
         self.refuse_publish = publishing.refuse_publish
         self.open_channel = deliveries.open_channel
         self.close_channel = deliveries.close_channel
@@ -224,6 +226,7 @@ class Broker:
         self.nack = deliveries.nack
         self.reject = deliveries.reject
         self.touch = deliveries.touch
+        self.reserve_delivery_tag = deliveries.reserve_tag
         self.tx_select = transactions.tx_select
         self.tx_commit = transactions.tx_commit
         self.tx_rollback = transactions.tx_rollback

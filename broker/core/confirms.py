@@ -8,7 +8,10 @@ Rules (the contract of docs/protocol.md "Confirm guarantees"):
   truthful;
 * an ack waits until the log record it depends on is durable (its LSN ≤ the durable
   LSN); tags that depend on nothing use LSN 0;
-* runs of consecutive acks are coalesced into one ``multiple`` confirm.
+* runs of consecutive acks are coalesced into one ``multiple`` confirm;
+* a tag may also wait for answers from elsewhere (``hold``: a publish forwarded to
+  the queues' owners in a cluster); it is released once each is in (``settle_hold``),
+  as a nack if any of them refused.
 """
 
 from __future__ import annotations
@@ -19,9 +22,11 @@ __all__ = ["ConfirmTracker"]
 
 
 class ConfirmTracker:
-    __slots__ = ("_pending", "_returns")
+    __slots__ = ("_pending", "_returns", "_holds")
 
     def __init__(self) -> None:
+        # tag -> [answers still awaited, its pending item]
+        self._holds: dict[int, list[object]] = {}
         # [tag, lsn, ack, reason] in tag order
         self._pending: deque[list[object]] = deque()
         # (tag, return effect) held back behind earlier confirms, in tag order
@@ -52,6 +57,32 @@ class ConfirmTracker:
     def add(self, tag: int, lsn: int, ack: bool = True, reason: str | None = None) -> None:
         self._pending.append([tag, lsn, ack, reason])
 
+    def hold(self, tag: int, count: int) -> bool:
+        """Tag ``tag`` (the last one added) waits for ``count`` more answers; False
+        when it is not pending (a transaction holds the publish itself)."""
+        if not (self._pending and self._pending[-1][0] == tag):
+            return False
+        if count > 0:
+            self._holds[tag] = [count, self._pending[-1]]
+        return True
+
+    def settle_hold(self, tag: int, ack: bool, reason: str | None) -> bool:
+        """One answer awaited by ``tag`` is in (a nack makes the tag a nack); returns
+        whether the tag changed (False: not held, e.g. its channel ended)."""
+        held = self._holds.get(tag)
+        if held is None:
+            return False
+        count, item = held
+        assert isinstance(count, int) and isinstance(item, list)
+        if not ack and item[2]:
+            item[2] = False
+            item[3] = reason
+        if count <= 1:
+            del self._holds[tag]
+        else:
+            held[0] = count - 1
+        return True
+
     def fail_lsns(self, first: int, last: int, reason: str) -> bool:
         """Turn every pending ack waiting on an LSN in [first, last] into a nack."""
         changed = False
@@ -78,7 +109,7 @@ class ConfirmTracker:
         while pending:
             tag, lsn, ack, reason = pending[0]
             assert isinstance(lsn, int) and isinstance(tag, int)
-            if lsn > durable_lsn:
+            if lsn > durable_lsn or (self._holds and tag in self._holds):
                 break
             pending.popleft()
             while next_held is not None and next_held < tag:
@@ -105,4 +136,5 @@ class ConfirmTracker:
         ]
         self._pending.clear()
         self._returns.clear()
+        self._holds.clear()
         return out

@@ -84,7 +84,8 @@ class DeadLetters:
             dead_from = {d.get("queue") for d in headers["x-death"]}
             targets = [q for q in targets if q.name not in dead_from]
         if not targets:
-            self._drop_dead_letter(queue, entry, reason, f"routes to no queue from {dlx_name!r}")
+            forward = (exchange.name, routing_key, message.body, properties)
+            self._drop_dead_letter(queue, entry, reason, f"routes to no queue from {dlx_name!r}", forward)
             return
         if message.persistent and not self._log.storage_ok and any(q.persistent_log for q in targets):
             self._drop_dead_letter(queue, entry, reason, f"storage is failing: {self._log.storage_reason}")
@@ -92,10 +93,12 @@ class DeadLetters:
         exchange.messages_out += 1
         self.move(queue, entry, exchange.name, routing_key, properties, message.body, targets, wall)
 
-    def _drop_dead_letter(self, queue: Queue, entry: Entry, reason: str, why: str) -> None:
+    def _drop_dead_letter(
+        self, queue: Queue, entry: Entry, reason: str, why: str, forward: tuple[str, str, bytes, dict[str, Any]] | None = None
+    ) -> None:
         self._log.settle_entry(queue, entry)
         self.drops[reason] = self.drops.get(reason, 0) + 1
-        self._outbox.emit(DeadLetterDropped(queue.name, entry.message.seq, reason, why))
+        self._outbox.emit(DeadLetterDropped(queue.name, entry.message.seq, reason, why, forward))
 
     def move(
         self,

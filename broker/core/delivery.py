@@ -369,6 +369,15 @@ class Deliveries:
             if consumer.lease_s is None:
                 self._emit(DeliveryExpired(ch.id, consumer.tag, tag))
 
+    def reserve_tag(self, channel_id: int) -> int:
+        """A delivery tag of ``channel_id`` for a delivery made elsewhere (a cluster
+        relays another node's consumer through this channel): numbered with the
+        channel's own deliveries, settled by whoever relays it, never by this core."""
+        ch = self.channel(channel_id)
+        tag = ch.next_tag
+        ch.next_tag += 1
+        return tag
+
     # ------------------------------------------------------------- settling
 
     def ack(self, channel_id: int, delivery_tag: object, multiple: bool = False) -> int:

@@ -8,6 +8,7 @@ to channels, records go to the log, wake-ups go to parked long-polls.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from .message import StoredMessage
 
@@ -138,12 +139,16 @@ class LogReadFailed(Effect):
 class DeadLetterDropped(Effect):
     """A message left ``queue`` for ``reason`` and could not be dead-lettered (its
     dead-letter exchange is missing or routes nowhere, or a dead-letter cycle): it is
-    gone. The IO layer logs it (RabbitMQ does the same)."""
+    gone. The IO layer logs it (RabbitMQ does the same). ``forward``: when it routed
+    to no queue of this core, the dead letter as it would have been published
+    (exchange, routing key, body, properties with ``x-death``): a cluster forwards it
+    to the nodes owning the queues it reaches there."""
 
     queue: str
     seq: int
     reason: str
     why: str
+    forward: tuple[str, str, bytes, dict[str, Any]] | None = None
 
 
 @dataclass(slots=True)

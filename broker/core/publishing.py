@@ -47,6 +47,7 @@ class Publishing:
         wall_clock: Callable[[], float],
     ) -> None:
         self._channel = deliveries.channel
+        self._channels = deliveries.channels
         self._exchanges = topology.exchanges
         self._route = topology.route
         self._take_seq = queues.take_seq
@@ -215,6 +216,30 @@ class Publishing:
         else:
             ch.confirms.add(tag, lsn)
         return len(queues)
+
+    def hold_confirm(self, channel_id: int, tag: int | None, answers: int) -> int | None:
+        """The confirm of publish ``tag`` (the channel's last; None: a new tag for a
+        publish that reaches no queue here) also waits for ``answers`` answers from
+        elsewhere (a cluster forwards it to the queues' owners), given with
+        :meth:`settle_held_confirm`. Returns the tag, or None when it cannot be held
+        (a transaction holds the publish itself until its commit)."""
+        ch = self._channel(channel_id)
+        if ch.tx is not None:
+            return None
+        if tag is None:
+            ch.publish_seq += 1
+            tag = ch.publish_seq
+            self._stats["published"] += 1
+            self._confirms_due(ch)
+            ch.confirms.add(tag, 0)
+        return tag if ch.confirms.hold(tag, answers) else None
+
+    def settle_held_confirm(self, channel_id: int, tag: int, ack: bool, reason: str | None) -> None:
+        """One answer the confirm of ``tag`` waits for (see :meth:`hold_confirm`);
+        ignored when the channel has ended meanwhile."""
+        ch = self._channels.get(channel_id)
+        if ch is not None and ch.confirms.settle_hold(tag, ack, reason):
+            self._confirms_due(ch)
 
     def _hold_publish(
         self,

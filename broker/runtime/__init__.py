@@ -25,7 +25,16 @@ from broker.runtime.memory import (
     resolve_watermark,
 )
 from broker.runtime.options import RuntimeOptions
-from broker.runtime.ports import ChannelSink, Flushable, LogPort, MetricsPort
+from broker.runtime.ports import (
+    ChannelSink,
+    ClusterLocksPort,
+    ClusterPort,
+    Flushable,
+    ForwardPlan,
+    LogPort,
+    MetricsPort,
+    PublishForwarder,
+)
 from broker.runtime.resources import disk_info, fd_info
 from broker.runtime.runtime import BrokerRuntime, LockWait
 
@@ -43,6 +52,8 @@ __all__ = [
     "resolve_watermark",
     "BrokerRuntime",
     "ChannelSink",
+    "ClusterLocksPort",
+    "ClusterPort",
     "Checkpointer",
     "CommandBatch",
     "CommandGateway",
@@ -51,6 +62,8 @@ __all__ = [
     "PublishOutcome",
     "PublishWaiter",
     "Flushable",
+    "ForwardPlan",
+    "PublishForwarder",
     "LogPort",
     "MetricsPort",
     "RuntimeOptions",

@@ -31,8 +31,16 @@ The interface, in full:
   refuses with ``refuse_publish``. A wait ends when publishing resumes, after
   ``blocked_publish_wait_s`` (refused: the alarm's reason), or at the publisher's own
   deadline (refused: ``deadline``).
+* In cluster mode (``runtime.cluster``), a publish whose queues other
+  nodes own is also forwarded to each owner, and its confirm waits for theirs (the
+  core's ``hold_confirm``): acked once all of them acked, a nack if any refused.
 * ``gateway.open_channel()``, ``attach(channel_id, sink)``, ``close_channel(...)``:
   a long-lived session's channel in the core and the sink its events go to.
+* ``await gateway.declare_queue(...)``, ``delete_queue``, ``declare_exchange``,
+  ``delete_exchange``, ``bind``, ``unbind``: the metadata changes of every protocol;
+  on a single node the core's commands (durable), in cluster mode decided through
+  etcd (``runtime.cluster``) and applied to this core before they return. Exclusive
+  and server-named queues, and bindings to them, stay the channel's node's own.
 * Long-poll gets (``park_getters``/``unpark_getters``) and REST lock waits
   (``acquire_lock``/``end_lock_wait``).
 
@@ -56,14 +64,14 @@ from broker.core import (
     REST_CHANNEL,
     AccessRefused,
     Broker,
-    ErrorReply,
     BrokerViews,
+    ErrorReply,
     LockGranted,
     NotFound,
     NotLockHolder,
 )
 from broker.runtime.confirms import PublishWaiter
-from broker.runtime.ports import ChannelSink
+from broker.runtime.ports import ChannelSink, ForwardPlan
 from broker.runtime.runtime import BrokerRuntime, LockWait
 
 __all__ = ["CommandBatch", "CommandGateway", "PublishOutcome"]
@@ -172,11 +180,56 @@ class CommandGateway:
         batches its publishes; see :meth:`CommandBatch.flush`). Its confirm arrives as
         a ``Confirm`` effect on the channel; until then it charges ``charge`` bytes
         (``runtime.confirms.unconfirmed_bytes``). Returns the publish tag."""
+        forwarder = self.runtime.cluster
+        if forwarder is not None:
+            plan = forwarder.plan(channel_id, exchange, routing_key, properties.get("headers") if properties else None)
+            if plan is not None:
+                tag, _routed = self._forward(channel_id, plan, exchange, routing_key, body, properties, mandatory, delay_s)
+                self.runtime.confirms.track(channel_id, tag, charge)
+                return tag
         tag, _routed = self._core.publish(
             channel_id, exchange, routing_key, body, properties, mandatory=mandatory, delay_s=delay_s
         )
         self.runtime.confirms.track(channel_id, tag, charge)
         return tag
+
+    def _forward(
+        self,
+        channel_id: int,
+        plan: ForwardPlan,
+        exchange: str,
+        routing_key: str,
+        body: bytes,
+        properties: dict[str, Any] | None,
+        mandatory: bool,
+        delay_s: float | None,
+    ) -> tuple[int, int]:
+        """Publish the part of ``plan`` on this node (if any), forward the rest to the
+        owners, and hold the confirm for their answers: (publish tag, queues routed)."""
+        core = self._core
+        tag: int | None = None
+        if plan.local:
+            tag, _routed = core.publish(channel_id, exchange, routing_key, body, properties, mandatory=mandatory, delay_s=delay_s)
+        answers = len(plan.owners) + (1 if plan.refused else 0)
+        held = core.hold_confirm(channel_id, tag, answers)
+        if held is None:  # a transaction: its publishes reach this node's queues only
+            if tag is None:
+                tag, _routed = core.publish(channel_id, exchange, routing_key, body, properties, mandatory=mandatory, delay_s=delay_s)
+            return tag, 0
+        forwarder = self.runtime.cluster
+        assert forwarder is not None
+
+        def settle(ack: bool, reason: str | None) -> None:
+            try:
+                core.settle_held_confirm(channel_id, held, ack, reason)
+            finally:
+                self.runtime.pump()
+
+        for owner in plan.owners:
+            forwarder.send(owner, exchange, routing_key, body, properties, delay_s, settle)
+        if plan.refused:
+            core.settle_held_confirm(channel_id, held, False, plan.refused)
+        return held, plan.routed
 
     async def wait_publishable(self, *, since: float | None = None, deadline: float | None = None) -> str | None:
         """Wait while publishing is blocked: None once a publish may go ahead (at once
@@ -217,22 +270,121 @@ class CommandGateway:
         refusal = await self.wait_publishable(deadline=deadline)
         if refusal is not None:
             return PublishOutcome(False, refusal, 0, False, self.runtime.flow.retry_after_s)
-        tag, routed = self._core.publish(
-            REST_CHANNEL, exchange, routing_key, body, properties, mandatory=mandatory, delay_s=delay_s
-        )
+        forwarder = self.runtime.cluster
+        plan = None
+        if forwarder is not None:
+            plan = forwarder.plan(REST_CHANNEL, exchange, routing_key, properties.get("headers") if properties else None)
+        if plan is not None:
+            tag, routed = self._forward(REST_CHANNEL, plan, exchange, routing_key, body, properties, mandatory, delay_s)
+        else:
+            tag, routed = self._core.publish(
+                REST_CHANNEL, exchange, routing_key, body, properties, mandatory=mandatory, delay_s=delay_s
+            )
         waiter = PublishWaiter()
         self.runtime.confirms.track(REST_CHANNEL, tag, 0, waiter)
         self.runtime.pump()
         await waiter.event.wait()
         return PublishOutcome(waiter.ack, waiter.reason, routed, waiter.returned)
 
+    # --------------------------------------------------------- metadata
+
+    async def declare_queue(
+        self,
+        channel_id: int,
+        name: str,
+        *,
+        durable: bool,
+        exclusive: bool,
+        auto_delete: bool,
+        arguments: dict[str, Any],
+        passive: bool,
+    ) -> tuple[str, bool]:
+        """Declare a queue (see the module docstring): (its name, whether created)."""
+        cluster = self.runtime.cluster
+        if cluster is None or exclusive or not name or (passive and self.views.queue_exists(name)):
+            queue, created = await self.run_durable(
+                lambda core: core.declare_queue(
+                    name, durable=durable, exclusive=exclusive, auto_delete=auto_delete,
+                    arguments=arguments, passive=passive, channel_id=channel_id,
+                )
+            )
+            return queue.name, created
+        created = await cluster.declare_queue(name, durable=durable, auto_delete=auto_delete, arguments=arguments, passive=passive)
+        await self.runtime.wait_durable()
+        return name, created
+
+    def _clustered_queue(self, name: str) -> bool:
+        cluster = self.runtime.cluster
+        return cluster is not None and cluster.owner_of(name) is not None
+
+    async def delete_queue(self, channel_id: int, name: str, *, if_unused: bool, if_empty: bool) -> int:
+        """Delete a queue: the ready messages it dropped."""
+        cluster = self.runtime.cluster
+        if cluster is None or not self._clustered_queue(name):
+            return await self.run_durable(
+                lambda core: core.delete_queue(name, if_unused=if_unused, if_empty=if_empty, channel_id=channel_id)
+            )
+        count = await cluster.delete_queue(name, if_unused=if_unused, if_empty=if_empty)
+        await self.runtime.wait_durable()
+        return count
+
+    async def declare_exchange(
+        self, name: str, type: str, *, durable: bool, auto_delete: bool, internal: bool, arguments: dict[str, Any], passive: bool
+    ) -> tuple[str, bool]:
+        """Declare an exchange: (its name, whether created)."""
+        cluster = self.runtime.cluster
+        if cluster is None or (passive and self.views.exchange_info(name) is not None):
+            exchange, created = await self.run_durable(
+                lambda core: core.declare_exchange(
+                    name, type, durable=durable, auto_delete=auto_delete, internal=internal,
+                    arguments=arguments, passive=passive,
+                )
+            )
+            return exchange.name, created
+        created = await cluster.declare_exchange(
+            name, type, durable=durable, auto_delete=auto_delete, internal=internal, arguments=arguments, passive=passive
+        )
+        await self.runtime.wait_durable()
+        return name, created
+
+    async def delete_exchange(self, name: str, *, if_unused: bool) -> None:
+        cluster = self.runtime.cluster
+        if cluster is None:
+            await self.run_durable(lambda core: core.delete_exchange(name, if_unused=if_unused))
+            return
+        await cluster.delete_exchange(name, if_unused=if_unused)
+        await self.runtime.wait_durable()
+
+    async def bind(
+        self, channel_id: int, source: str, destination: str, routing_key: str, arguments: dict[str, Any],
+        *, to_exchange: bool, unbind: bool = False,
+    ) -> None:
+        """Bind (or, with ``unbind``, unbind) ``destination`` to ``source``."""
+        cluster = self.runtime.cluster
+        if cluster is None or (not to_exchange and not self._clustered_queue(destination)):
+            await self.run_durable(
+                lambda core: (core.unbind if unbind else core.bind)(
+                    source, destination, routing_key, arguments, to_exchange=to_exchange, channel_id=channel_id
+                )
+            )
+            return
+        change = cluster.unbind if unbind else cluster.bind
+        await change(source, destination, routing_key, arguments, to_exchange=to_exchange)
+        await self.runtime.wait_durable()
+
     # --------------------------------------------------------- channels
 
-    def open_channel(self) -> int:
+    def open_channel(self, *, forwarded: bool = False) -> int:
         """A new channel in the core (refused past ``max_channels``); attach its sink
-        with :meth:`attach`, end it with :meth:`close_channel`."""
+        with :meth:`attach`, end it with :meth:`close_channel`. ``forwarded``: a
+        channel another node of the cluster forwards publishes over (they reach this
+        node's queues only)."""
         self.runtime.check_channel_room()
-        return self._core.open_channel()
+        channel_id = self._core.open_channel()
+        forwarder = self.runtime.cluster
+        if forwarded and forwarder is not None:
+            forwarder.peer_channel(channel_id, True)
+        return channel_id
 
     def attach(self, channel_id: int, sink: ChannelSink) -> None:
         """Send the events of ``channel_id`` to ``sink`` from now on."""
@@ -247,6 +399,9 @@ class CommandGateway:
         back to their queues, its consumers are cancelled, its waiting lock acquires
         leave their lines) and carry out the effects."""
         self.runtime.remove_sink(channel_id)
+        forwarder = self.runtime.cluster
+        if forwarder is not None:
+            forwarder.peer_channel(channel_id, False)
         core = self._core
         try:
             core.close_channel(channel_id, reason)

@@ -53,7 +53,13 @@ from broker.runtime.flow import FlowControl
 from broker.runtime.history import RateHistory
 from broker.runtime.memory import MemoryMonitor, process_rss_bytes
 from broker.runtime.options import RuntimeOptions
-from broker.runtime.ports import ChannelSink, Flushable, LogPort, MetricsPort
+from broker.runtime.ports import (
+    ChannelSink,
+    ClusterPort,
+    Flushable,
+    LogPort,
+    MetricsPort,
+)
 from broker.runtime.recovery import WALCallbacks, recover_broker
 from broker.runtime.space import DiskSpaceAlarm
 
@@ -110,6 +116,9 @@ class BrokerRuntime:
         self._to_flush: list[Flushable] = []
         #: Every publish waiting for its confirm, channels' and REST's alike.
         self.confirms = PendingConfirms(metrics)
+        #: Cluster mode (``broker.cluster``): forwarding, metadata through etcd; None
+        #: on a single node.
+        self.cluster: ClusterPort | None = None
         self._queue_events: dict[str, trio.Event] = {}
         self._lock_waits: dict[int, LockWait] = {}
         self._timer_wakeup = trio.Event()
@@ -347,10 +356,10 @@ class BrokerRuntime:
         )
 
     def _dead_letter_dropped(self, effect: DeadLetterDropped) -> None:
-        log.warning(
-            "message dropped instead of dead-lettered",
-            extra={"fields": {"queue": effect.queue, "seq": effect.seq, "reason": effect.reason, "why": effect.why}},
-        )
+        if effect.forward is not None and self.cluster is not None and self.cluster.forward_dead_letter(*effect.forward):
+            return  # cluster mode: forwarded to the nodes owning its dead-letter queues
+        fields = {"queue": effect.queue, "seq": effect.seq, "reason": effect.reason, "why": effect.why}
+        log.warning("message dropped instead of dead-lettered", extra={"fields": fields})
 
     def _log_read_failed(self, effect: LogReadFailed) -> None:
         self.log_read_failures += 1

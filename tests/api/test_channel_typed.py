@@ -43,6 +43,7 @@ class _Session:
     calls: list[Any] = field(default_factory=list)
     channel_id: int = 7
     current_op: Any = None
+    relayed: Any = None
     access: _Access = field(default_factory=_Access)
 
     def __post_init__(self) -> None:

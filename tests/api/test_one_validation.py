@@ -53,6 +53,7 @@ OTHER_BODY_ROUTES = {
     ("DELETE", "/users/{name}"): "none",
     ("DELETE", "/tokens/{id}"): "none",
     ("DELETE", "/schedules/{name}"): "none",
+    ("DELETE", "/cluster/nodes/{name}"): "none",
     ("POST", "/schedules/{name}/pause"): "none",
     ("POST", "/schedules/{name}/resume"): "none",
 }

@@ -17,7 +17,9 @@ from tests.support.etcd import EtcdProcess, require_etcd
 TTL_S = 2
 
 
-def node_process(tmp: Path, etcd: EtcdProcess, name: str, *, ttl_s: int = TTL_S) -> BrokerProcess:
+def node_process(
+    tmp: Path, etcd: EtcdProcess, name: str, *, ttl_s: int = TTL_S, extra: tuple[str, ...] = ()
+) -> BrokerProcess:
     port = free_port()
     return BrokerProcess(
         tmp / name,
@@ -27,6 +29,7 @@ def node_process(tmp: Path, etcd: EtcdProcess, name: str, *, ttl_s: int = TTL_S)
             "--node-name", name,
             "--advertise-url", f"http://127.0.0.1:{port}",
             "--cluster-lease-ttl-s", str(ttl_s),
+            *extra,
         ),
     )
 

@@ -19,6 +19,7 @@ import pytest
 from tests.cluster.conftest import TTL_S, cluster_nodes, node_process, wait_for
 from tests.support.broker import ROOT, BrokerProcess
 from tests.support.etcd import EtcdProcess
+from tests.support.rawchannel import RawChannel
 
 pytestmark = pytest.mark.slow
 
@@ -87,7 +88,7 @@ def test_metadata_declared_on_one_node_is_applied_on_the_others(nodes: Nodes) ->
     assert a.request("GET", "/queues/q1")[0] == 200
     wait_for("x on b", lambda: b.request("GET", "/exchanges/x")[0] == 200)
     wait_for("q2 on its owner b", lambda: b.request("GET", "/queues/q2")[0] == 200)
-    assert a.request("GET", "/queues/q2")[0] == 404  # messages live on the owner only
+    assert a.request("GET", "/queues/q2")[0] == 200  # relayed to its owner b
     wait_for("x->q2 bound on b", lambda: any(bd["queue"] == "q2" for bd in b.request("GET", "/bindings")[1]["bindings"]))
     owned = cluster_nodes(b)
     assert owned["a"]["queues"] == ["q1"] and owned["b"]["queues"] == ["q2"]
@@ -155,6 +156,17 @@ def test_etcd_stopping_refuses_metadata_changes_and_recovery_is_automatic(etcd: 
     assert status == 503 and body["error"] == "etcd_unavailable", body
     assert a.request("GET", "/queues/kept")[0] == 200  # still serving
     assert a.request("GET", "/cluster")[1]["etcd"]["ok"] is False
+    # a channel's declare is refused the same way; a publish to a queue it owns goes on
+    ch = RawChannel(a.port)
+    try:
+        ch.send({"op": "publish", "routing_key": "kept", "body": "m"}, {"op": "declare_queue", "queue": "refused", "id": 1})
+        events = [ch.next_event(), ch.next_event()]
+        assert events[0]["ev"] == "ack", events
+        assert events[1]["ev"] == "error" and events[1]["error"] == "etcd_unavailable", events
+    finally:
+        ch.close()
+    status, lock = b.request("POST", "/locks/l/acquire", {"owner": "x"})
+    assert status == 503 and lock["error"] == "etcd_unavailable", lock
     etcd.start()
     wait_for("a recovers", lambda: a.request("GET", "/healthz")[1]["cluster"]["etcd"] == "ok")
     wait_for("a accepts changes", lambda: a.request("PUT", "/queues/after", {})[0] in (200, 201))

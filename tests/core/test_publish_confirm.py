@@ -488,3 +488,52 @@ def test_rest_channel_publishes_and_stats() -> None:
     stats = h.info("q")["message_stats"]
     assert stats == {"published": 2, "delivered": 3, "acked": 1, "redelivered": 1, "dead_lettered": {}}
     assert h.b.stats["published"] == 2 and h.b.stats["acked"] == 1 and h.b.stats["delivered"] == 3
+
+
+def test_a_held_confirm_waits_for_its_answers_and_keeps_tag_order() -> None:
+    """A cluster forwards a publish to its queues' owners: its confirm waits for their
+    answers (``hold_confirm``), later tags wait behind it, a nack among the answers
+    makes it a nack."""
+    h = Harness()
+    h.queue("q", durable=False)
+    ch = h.channel()
+    assert h.publish(ch, "", "q") == 1
+    held = h.b.hold_confirm(ch, 1, 2)  # also forwarded to two owners
+    assert held == 1
+    elsewhere = h.b.hold_confirm(ch, None, 1)  # reaches no queue here: a new tag
+    assert elsewhere == 2
+    assert h.publish(ch, "", "q") == 3
+    assert confirm_effects(h.step(), ch) == []  # tag 1 waits, and 2 and 3 behind it
+    h.b.settle_held_confirm(ch, 1, True, None)
+    assert confirm_effects(h.step(), ch) == []
+    h.b.settle_held_confirm(ch, 1, True, None)
+    assert confirm_effects(h.step(), ch) == [Confirm(ch, 1, False, True, None)]
+    h.b.settle_held_confirm(ch, 2, False, "queue_unavailable: node 'b' is down")
+    assert confirm_effects(h.step(), ch) == [
+        Confirm(ch, 2, False, False, "queue_unavailable: node 'b' is down"),
+        Confirm(ch, 3, False, True, None),
+    ]
+    h.b.settle_held_confirm(ch, 2, True, None)  # a late answer changes nothing
+    assert confirm_effects(h.step(), ch) == []
+
+
+def test_a_held_confirm_of_a_closed_channel_is_forgotten() -> None:
+    h = Harness()
+    ch = h.channel()
+    tag = h.b.hold_confirm(ch, None, 1)
+    assert tag == 1
+    h.b.close_channel(ch)
+    h.step()
+    h.b.settle_held_confirm(ch, 1, True, None)  # no error: the channel is gone
+    assert confirm_effects(h.step(), ch) == []
+
+
+def test_a_transaction_holds_no_forwarded_confirm() -> None:
+    """A transactional channel's publishes are the transaction's: nothing is held for
+    answers from elsewhere (a cluster does not forward them)."""
+    h = Harness()
+    ch = h.channel()
+    h.b.tx_select(ch)
+    assert h.b.hold_confirm(ch, None, 1) is None
+    tag, _routed = h.b.publish(ch, "", "q", b"x")
+    assert h.b.hold_confirm(ch, tag, 1) is None

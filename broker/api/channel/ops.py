@@ -11,12 +11,16 @@ A handler is ``handler(session, op)``: it decodes, asks ``s.access.require(...)`
 what it touches, runs its core command through ``s.batch`` (effects carried out at
 the end of the chunk, after the reply is queued) or ``s.batch.run_durable`` (waits
 for the records it logged), and queues its reply.
+
+Over 500 lines: one handler per op, in one table, a few with their cluster-mode path.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from typing import Any
+
+import trio
 
 from broker.api.channel.session import ServedChannel
 from broker.api.fields import (
@@ -37,12 +41,14 @@ from broker.api.fields import (
 )
 from broker.core import (
     Broker,
+    ErrorReply,
     InvalidArgument,
     LockBusy,
     NotLockHolder,
     check_delay,
     check_json_value,
 )
+from broker.runtime import ClusterLocksPort
 
 __all__ = [
     "ENVELOPE",
@@ -203,6 +209,14 @@ async def _op_consume(s: ServedChannel, op: dict[str, Any]) -> None:
         )
         return tag, core.consumer_active(cid, tag)
 
+    relayed = s.relayed_consumers()
+    located = relayed.remote_owner(queue) if relayed is not None and queue else None
+    if relayed is not None and located is not None:
+        s.batch.flush()
+        tag, active = await relayed.consume(queue, located[0], located[1], op)
+        s.send_event(reply(op, "consume_ok", consumer_tag=tag, active=active))
+        relayed.started(tag)
+        return
     tag, active = s.batch.run(consume)
     s.send_event(reply(op, "consume_ok", consumer_tag=tag, active=active))
 
@@ -217,6 +231,8 @@ async def _op_cancel(s: ServedChannel, op: dict[str, Any]) -> None:
     cid = s.channel_id
     if s.views.has_consumer(cid, tag):
         s.batch.run(lambda core: core.cancel(cid, tag))
+    elif s.relayed is not None:
+        await s.relayed.cancel(tag)
     s.send_event(reply(op, "cancel_ok", consumer_tag=tag))
 
 
@@ -227,33 +243,57 @@ async def _op_qos(s: ServedChannel, op: dict[str, Any]) -> None:
     s.send_event(reply(op, "ok", op="qos"))
 
 
+async def _relayed_settle(s: ServedChannel, op: dict[str, Any], tag: Any, multiple: bool) -> bool:
+    """Cluster mode: settle the relayed deliveries ``op`` names on their owners;
+    True when ``tag`` is a relayed one (this core has nothing to settle then)."""
+    relayed = s.relayed
+    if relayed is None:
+        return False
+    remote_fields = {k: v for k, v in op.items() if k in ("op", "requeue", "delay_s")}
+    if relayed.owns(tag):
+        await relayed.settle(remote_fields, tag, multiple)
+        return True
+    if multiple:
+        await relayed.settle(remote_fields, tag, True)
+    return False
+
+
 async def _op_ack(s: ServedChannel, op: dict[str, Any]) -> None:
     cid = s.channel_id
     if op.get("delivery_tags") is not None:
         tags = ack_tags(op)
-        s.batch.run(lambda core: ack_each(core, cid, tags))
+        if s.relayed is None:
+            s.batch.run(lambda core: ack_each(core, cid, tags))
+            return
+        for each in tags:  # cluster mode: some may be relayed deliveries
+            if not await _relayed_settle(s, {"op": "ack"}, each, False):
+                s.batch.run(lambda core: ack_each(core, cid, [each]))  # noqa: B023 - run at once
         return
     tag, multiple = _get(op, "delivery_tag", int, None), _get(op, "multiple", bool, False)
-    s.batch.run(lambda core: core.ack(cid, tag, multiple))
+    if not await _relayed_settle(s, op, tag, multiple):
+        s.batch.run(lambda core: core.ack(cid, tag, multiple))
 
 
 async def _op_nack(s: ServedChannel, op: dict[str, Any]) -> None:
     cid = s.channel_id
     tag, multiple = _get(op, "delivery_tag", int, None), _get(op, "multiple", bool, False)
     requeue, delay_s = _get(op, "requeue", bool, True), op_delay(op)
-    s.batch.run(lambda core: core.nack(cid, tag, multiple, requeue, delay_s=delay_s))
+    if not await _relayed_settle(s, op, tag, multiple):
+        s.batch.run(lambda core: core.nack(cid, tag, multiple, requeue, delay_s=delay_s))
 
 
 async def _op_reject(s: ServedChannel, op: dict[str, Any]) -> None:
     cid = s.channel_id
     tag, requeue, delay_s = _get(op, "delivery_tag", int, None), _get(op, "requeue", bool, True), op_delay(op)
-    s.batch.run(lambda core: core.reject(cid, tag, requeue, delay_s=delay_s))
+    if not await _relayed_settle(s, op, tag, False):
+        s.batch.run(lambda core: core.reject(cid, tag, requeue, delay_s=delay_s))
 
 
 async def _op_touch(s: ServedChannel, op: dict[str, Any]) -> None:
     cid = s.channel_id
     tag = _get(op, "delivery_tag", int, None)
-    s.batch.run(lambda core: core.touch(cid, tag))
+    if not await _relayed_settle(s, op, tag, False):
+        s.batch.run(lambda core: core.touch(cid, tag))
 
 
 # -- topology --------------------------------------------------------------------------
@@ -264,20 +304,20 @@ async def _op_declare_exchange(s: ServedChannel, op: dict[str, Any]) -> None:
     d = decode_exchange_declare(_fields(op))
     if not d.passive:
         s.access.require_declare("declare_exchange", name or DEFAULT_EXCHANGE_ALIAS, d.arguments)
-    exchange, created = await s.batch.run_durable(
-        lambda core: core.declare_exchange(
-            name, d.type, durable=d.durable, auto_delete=d.auto_delete, internal=d.internal,
-            arguments=d.arguments, passive=d.passive,
-        )
+    s.batch.flush()
+    exchange, created = await s.gateway.declare_exchange(
+        name, d.type, durable=d.durable, auto_delete=d.auto_delete, internal=d.internal,
+        arguments=d.arguments, passive=d.passive,
     )
-    s.send_event(reply(op, "ok", op="declare_exchange", exchange=exchange.name, created=created))
+    s.send_event(reply(op, "ok", op="declare_exchange", exchange=exchange, created=created))
 
 
 async def _op_delete_exchange(s: ServedChannel, op: dict[str, Any]) -> None:
     name = exchange_name(_get(op, "exchange", str, None) or "")
     s.access.require("delete_exchange", name or DEFAULT_EXCHANGE_ALIAS)
     if_unused = _get(op, "if_unused", bool, False)
-    await s.batch.run_durable(lambda core: core.delete_exchange(name, if_unused=if_unused))
+    s.batch.flush()
+    await s.gateway.delete_exchange(name, if_unused=if_unused)
     s.send_event(reply(op, "ok", op="delete_exchange"))
 
 
@@ -287,17 +327,15 @@ async def _op_declare_queue(s: ServedChannel, op: dict[str, Any]) -> None:
     if not d.passive:
         # A server-named queue is checked as "amq.gen-" (RabbitMQ names them amq.gen-*).
         s.access.require_declare("declare_queue", name or SERVER_NAMED_QUEUE, d.arguments)
-    cid = s.channel_id
-    queue, created = await s.batch.run_durable(
-        lambda core: core.declare_queue(
-            name, durable=d.durable, exclusive=d.exclusive, auto_delete=d.auto_delete,
-            arguments=d.arguments, passive=d.passive, channel_id=cid,
-        )
+    s.batch.flush()
+    queue, created = await s.gateway.declare_queue(
+        s.channel_id, name, durable=d.durable, exclusive=d.exclusive, auto_delete=d.auto_delete,
+        arguments=d.arguments, passive=d.passive,
     )
-    info = s.views.queue_info(queue.name) or {"messages_ready": 0, "consumers": 0}
+    info = s.views.queue_info(queue) or {"messages_ready": 0, "consumers": 0}
     s.send_event(
         reply(
-            op, "ok", op="declare_queue", queue=queue.name, created=created,
+            op, "ok", op="declare_queue", queue=queue, created=created,
             messages=info["messages_ready"], consumers=info["consumers"],
         )
     )
@@ -307,10 +345,8 @@ async def _op_delete_queue(s: ServedChannel, op: dict[str, Any]) -> None:
     name = _get(op, "queue", str, None) or ""
     s.access.require("delete_queue", name)
     if_unused, if_empty = _get(op, "if_unused", bool, False), _get(op, "if_empty", bool, False)
-    cid = s.channel_id
-    count = await s.batch.run_durable(
-        lambda core: core.delete_queue(name, if_unused=if_unused, if_empty=if_empty, channel_id=cid)
-    )
+    s.batch.flush()
+    count = await s.gateway.delete_queue(s.channel_id, name, if_unused=if_unused, if_empty=if_empty)
     s.send_event(reply(op, "ok", op="delete_queue", messages=count))
 
 
@@ -318,7 +354,13 @@ async def _op_purge_queue(s: ServedChannel, op: dict[str, Any]) -> None:
     name = _get(op, "queue", str, None) or ""
     s.access.require("purge", name)
     cid = s.channel_id
-    count = s.batch.run(lambda core: core.purge_queue(name, channel_id=cid))
+    cluster = s.runtime.cluster
+    located = cluster.owner_of(name) if cluster is not None else None
+    if cluster is not None and located is not None and located[0] != cluster.node_name:
+        s.batch.flush()
+        count = await cluster.purge_remote(name)  # on its owner
+    else:
+        count = s.batch.run(lambda core: core.purge_queue(name, channel_id=cid))
     s.send_event(reply(op, "ok", op="purge_queue", messages=count))
 
 
@@ -334,23 +376,17 @@ def _authorize_binding(s: ServedChannel, operation: str, b: Binding) -> None:
 async def _op_bind(s: ServedChannel, op: dict[str, Any]) -> None:
     b = decode_binding(_fields(op))
     _authorize_binding(s, "bind", b)
-    cid = s.channel_id
-    await s.batch.run_durable(
-        lambda core: core.bind(
-            b.source, b.destination, b.routing_key, b.arguments, to_exchange=b.to_exchange, channel_id=cid
-        )
-    )
+    s.batch.flush()
+    await s.gateway.bind(s.channel_id, b.source, b.destination, b.routing_key, b.arguments, to_exchange=b.to_exchange)
     s.send_event(reply(op, "ok", op="bind"))
 
 
 async def _op_unbind(s: ServedChannel, op: dict[str, Any]) -> None:
     b = decode_binding(_fields(op))
     _authorize_binding(s, "unbind", b)
-    cid = s.channel_id
-    await s.batch.run_durable(
-        lambda core: core.unbind(
-            b.source, b.destination, b.routing_key, b.arguments, to_exchange=b.to_exchange, channel_id=cid
-        )
+    s.batch.flush()
+    await s.gateway.bind(
+        s.channel_id, b.source, b.destination, b.routing_key, b.arguments, to_exchange=b.to_exchange, unbind=True
     )
     s.send_event(reply(op, "ok", op="unbind"))
 
@@ -395,6 +431,19 @@ async def _op_lock_acquire(s: ServedChannel, op: dict[str, Any]) -> None:
     cid = s.channel_id
     owner, ttl_s, wait_s = op.get("owner"), op.get("ttl_s", 30), op.get("wait_s", 0)
     ref = {"id": op_id} if echo else {}
+    cluster = s.runtime.cluster
+    if cluster is not None:  # held in etcd for the whole cluster
+        s.batch.flush()
+        if isinstance(wait_s, (int, float)) and not isinstance(wait_s, bool) and wait_s > 0 and s.tasks is not None:
+            s.tasks.start_soon(_cluster_lock_wait, s, op, cluster.locks, (name, owner, ttl_s, wait_s))
+            return  # other ops go on meanwhile, as on a single node
+        try:
+            granted = await cluster.locks.acquire(name, owner, ttl_s, wait_s)
+        except LockBusy as exc:
+            s.send_event(_refused(op, exc))
+            return
+        s.send_event(reply(op, "ok", op="lock_acquire", lock=granted))
+        return
     try:
         info, _waiter = await s.batch.run_durable(
             lambda core: core.lock_acquire(cid, name, owner, ttl_s, wait_s, ref=ref)
@@ -406,12 +455,40 @@ async def _op_lock_acquire(s: ServedChannel, op: dict[str, Any]) -> None:
         s.send_event(reply(op, "ok", op="lock_acquire", lock=info))
 
 
+async def _cluster_lock_wait(s: ServedChannel, op: dict[str, Any], locks: ClusterLocksPort, args: tuple[Any, ...]) -> None:
+    """A cluster lock acquire that may wait, answered when it ends (its ``id`` echoed);
+    a grant the channel can no longer be told of is released."""
+    name, owner = args[0], args[1]
+    try:
+        granted = await locks.acquire(*args)
+    except LockBusy as exc:
+        if not s.finished:
+            s.send_event(_refused(op, exc))
+        return
+    except ErrorReply as exc:  # etcd unreachable, a bad field: refused, the channel goes on
+        if not s.finished:
+            s.send_event(reply(op, "refused", op="lock_acquire", error=exc.code, message=exc.message, lock=None))
+        return
+    if s.finished:
+        with trio.CancelScope(shield=True), trio.move_on_after(5):
+            try:
+                await locks.release(name, owner, granted["token"])
+            except ErrorReply:
+                pass  # it lapses with its TTL
+        return
+    s.send_event(reply(op, "ok", op="lock_acquire", lock=granted))
+
+
 async def _op_lock_refresh(s: ServedChannel, op: dict[str, Any]) -> None:
     name = _get(op, "lock", str, None) or ""
     s.access.require("lock", name)
     owner, token, ttl_s = op.get("owner"), op.get("token"), op.get("ttl_s")
+    cluster = s.runtime.cluster
     try:
-        info = await s.batch.run_durable(lambda core: core.lock_refresh(name, owner, token, ttl_s))
+        if cluster is not None:
+            info = await cluster.locks.refresh(name, owner, token, ttl_s)
+        else:
+            info = await s.batch.run_durable(lambda core: core.lock_refresh(name, owner, token, ttl_s))
     except NotLockHolder as exc:
         s.send_event(_refused(op, exc))
         return
@@ -422,8 +499,12 @@ async def _op_lock_release(s: ServedChannel, op: dict[str, Any]) -> None:
     name = _get(op, "lock", str, None) or ""
     s.access.require("lock", name)
     owner, token = op.get("owner"), op.get("token")
+    cluster = s.runtime.cluster
     try:
-        info = await s.batch.run_durable(lambda core: core.lock_release(name, owner, token))
+        if cluster is not None:
+            info = await cluster.locks.release(name, owner, token)
+        else:
+            info = await s.batch.run_durable(lambda core: core.lock_release(name, owner, token))
     except NotLockHolder as exc:
         s.send_event(_refused(op, exc))
         return
@@ -431,7 +512,10 @@ async def _op_lock_release(s: ServedChannel, op: dict[str, Any]) -> None:
 
 
 async def _op_lock_info(s: ServedChannel, op: dict[str, Any]) -> None:
-    s.send_event(reply(op, "ok", op="lock_info", lock=s.views.lock_info(_get(op, "lock", str, None) or "")))
+    name = _get(op, "lock", str, None) or ""
+    cluster = s.runtime.cluster
+    info = await cluster.locks.info(name) if cluster is not None else s.views.lock_info(name)
+    s.send_event(reply(op, "ok", op="lock_info", lock=info))
 
 
 # -- the end ---------------------------------------------------------------------------

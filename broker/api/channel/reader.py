@@ -223,6 +223,8 @@ def _apply_typed(s: ServedChannel, op: PublishOp | AckOp, line: bytes) -> bool:
     is the general path's own, and names the op (its ``id`` is echoed)."""
     try:
         if type(op) is AckOp:
+            if s.relayed is not None:
+                return False  # cluster mode: its deliveries may be settled on other nodes
             cid, tags = s.channel_id, op.delivery_tags
             if tags is UNSET:
                 # a null tag goes to the core as the general path sends it (which refuses it)

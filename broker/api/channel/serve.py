@@ -12,6 +12,7 @@ from broker.api.channel.ops import echo_id
 from broker.api.channel.reader import serve_reader
 from broker.api.channel.session import FEATURES, FLUSH_TIMEOUT_S, ServedChannel
 from broker.api.permissions import access_for
+from broker.cluster import FORWARDED_HEADER
 from broker.core import ErrorReply
 from broker.http import ClientDisconnected, Request, Response
 from broker.runtime import BrokerRuntime, CommandGateway
@@ -35,7 +36,7 @@ async def handle_channel(
         gateway = CommandGateway(runtime)
     gateway.check_ready()
     principal = request.principal
-    channel_id = gateway.open_channel()
+    channel_id = gateway.open_channel(forwarded=FORWARDED_HEADER in request.headers)
     try:
         if principal is not None:
             principal.open_channel(channel_id)  # raises past max_channels_per_user
@@ -63,6 +64,7 @@ async def handle_channel(
         if runtime.flow.blocked:
             session.flow_changed(runtime.flow)
         async with trio.open_nursery() as nursery:
+            session.tasks = nursery
 
             async def write() -> None:
                 nonlocal disconnected

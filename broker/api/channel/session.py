@@ -17,6 +17,7 @@ from typing import Any
 
 import trio
 
+from broker.api.channel.relayed import RelayedConsumers
 from broker.api.codec import delivery_row, dumps_line, event_json
 from broker.api.permissions import ALLOW_ALL, Access
 from broker.core import (
@@ -119,6 +120,19 @@ class ServedChannel:
         self._held_credit = 0
         #: The client understands ``deliveries`` events (many deliveries in one line).
         self.batch_deliveries = False
+        #: The nursery the channel's own tasks run in (set by ``handle_channel``).
+        self.tasks: trio.Nursery | None = None
+        #: Cluster mode: its consumers of queues other nodes own (``relayed.py``).
+        self.relayed: RelayedConsumers | None = None
+
+    def relayed_consumers(self) -> RelayedConsumers | None:
+        """The channel's relayed consumers (made on first use); None on a single node."""
+        cluster = self.runtime.cluster
+        if self.relayed is None and cluster is not None and self.tasks is not None:
+            self.relayed = RelayedConsumers(
+                self.channel_id, self.gateway, self.send_event, lambda: self.finished, self.tasks, cluster
+            )
+        return self.relayed
 
     # ChannelSink ---------------------------------------------------------
 
@@ -267,6 +281,8 @@ class ServedChannel:
         the channel until it is closed in the core (then they are requeued)."""
         channel_id = self.channel_id
         tags = self.views.consumer_tags(channel_id)
+        if self.relayed is not None:
+            self.relayed.close_all()
 
         def cancel_all(core: Broker) -> None:
             for tag in tags:

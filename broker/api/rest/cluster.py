@@ -18,7 +18,15 @@ from typing import Any
 import trio
 
 from broker.api.auth import hash_password, new_token
+from broker.api.fields import (
+    LOCK_ACQUIRE_FIELDS,
+    LOCK_REFRESH_FIELDS,
+    LOCK_RELEASE_FIELDS,
+)
 from broker.api.permissions import access_for
+from broker.api.rest.cluster_get import cluster_get_any
+from broker.api.rest.cluster_relay import relay_to_owner, relayed_queue
+from broker.api.rest.cluster_schedules import add_cluster_schedule_routes
 from broker.api.rest.fields import (
     DEFAULT_EXCHANGE_ALIAS,
     RestContext,
@@ -31,7 +39,9 @@ from broker.cluster import ClusterNode, EtcdUnavailable
 from broker.core import (
     EXCHANGE_TYPES,
     InvalidArgument,
+    LockBusy,
     NotFound,
+    NotLockHolder,
     PreconditionFailed,
     Unavailable,
     check_username,
@@ -45,14 +55,21 @@ Handler = Callable[[Request, Response], Awaitable[None]]
 
 
 def add_routes(ctx: RestContext) -> None:
-    """A single node: ``GET /cluster`` says cluster mode is off."""
+    """A single node: ``GET /cluster`` says cluster mode is off; there is no node to
+    forget."""
     ctx.add("GET", "/cluster", no_cluster)
+    ctx.add("DELETE", "/cluster/nodes/{name}", no_node_to_forget, query=frozenset({"rehome"}))
 
 
 async def no_cluster(ctx: RestContext, request: Request, response: Response) -> None:
     await response.send_json(
         200, {"enabled": False, "reason": "this broker is a single node: start it with --etcd to join a cluster"}
     )
+
+
+async def no_node_to_forget(ctx: RestContext, request: Request, response: Response) -> None:
+    access_for(request).require("administer")
+    raise PreconditionFailed("this broker is a single node: there is no other node to forget", code="not_clustered")
 
 
 def _route(
@@ -74,11 +91,17 @@ def _route(
     router.add(method, pattern, checked, public=public)
 
 
-def dispatch_cluster_first(cluster: Router, node_router: Router) -> Handler:
+def dispatch_cluster_first(cluster: Router, node_router: Router, node: ClusterNode | None = None, auth: Any = None) -> Handler:
     """A handler that serves a request from ``cluster`` when it has the route, else
-    from ``node_router``."""
+    from ``node_router``; a request about a queue another node owns goes to that
+    node (``cluster_relay.py``)."""
 
     async def dispatch(request: Request, response: Response) -> None:
+        if node is not None:
+            queue = relayed_queue(node, request)
+            if queue is not None:
+                await relay_to_owner(node, auth, queue, request, response)
+                return
         try:
             cluster.match(request.method, request.path)
         except (NoSuchEndpoint, MethodNotAllowed):
@@ -242,7 +265,21 @@ def cluster_routes(runtime: BrokerRuntime, node: ClusterNode, auth: Any) -> Rout
         await runtime.wait_durable()
         await response.send_json(200, {"unbound": True})
 
+    async def forget_node(request: Request, response: Response) -> None:
+        access_for(request).require("administer")
+        answer = await node.forget(request.path_params["name"], rehome=request.query.get_bool("rehome", False))
+        await runtime.wait_durable()
+        await response.send_json(200, answer)
+
+    _add_lock_routes(router, runtime, node)
+
+    async def get_any(request: Request, response: Response) -> None:
+        await cluster_get_any(node, runtime, request, response)
+
+    _route(router, "POST", "/get", get_any)
+    add_cluster_schedule_routes(_route, router, runtime, node)
     _route(router, "GET", "/cluster", status)
+    _route(router, "DELETE", "/cluster/nodes/{name}", _etcd_errors(node, forget_node), query=frozenset({"rehome"}))
     _route(router, "GET", "/healthz", healthz, public=True)
     _route(router, "PUT", "/queues/{name}", _etcd_errors(node, put_queue))
     _route(router, "DELETE", "/queues/{name}", _etcd_errors(node, delete_queue), query=frozenset({"if_unused", "if_empty"}))
@@ -251,6 +288,60 @@ def cluster_routes(runtime: BrokerRuntime, node: ClusterNode, auth: Any) -> Rout
     _route(router, "POST", "/bindings", _etcd_errors(node, bind))
     _route(router, "DELETE", "/bindings", _etcd_errors(node, unbind))
     return router
+
+
+def _add_lock_routes(router: Router, runtime: BrokerRuntime, node: ClusterNode) -> None:
+    """Locks held in etcd for the whole cluster (``broker.cluster.locks``), with the
+    single node's answers: a refusal is a 409 carrying the lock as it is."""
+    locks = node.locks
+
+    async def refused(response: Response, exc: LockBusy | NotLockHolder) -> None:
+        await response.send_json(exc.status, {**exc.to_json(), "lock": exc.info})
+
+    def guarded(handler: Handler) -> Handler:
+        async def run(request: Request, response: Response) -> None:
+            runtime.check_ready()
+            access_for(request).require("lock", request.path_params["name"])
+            try:
+                await handler(request, response)
+            except (LockBusy, NotLockHolder) as exc:
+                await refused(response, exc)
+            except EtcdUnavailable as exc:
+                node.note_etcd(exc.message)
+                raise Unavailable(f"etcd is unreachable, so locks cannot change now: {exc.message}", code="etcd_unavailable") from None
+
+        return run
+
+    async def acquire(request: Request, response: Response) -> None:
+        f = await body_fields(request, LOCK_ACQUIRE_FIELDS)
+        info = await locks.acquire(request.path_params["name"], f.obj.get("owner"), f.obj.get("ttl_s", 30), f.obj.get("wait_s", 0))
+        await response.send_json(200, info)
+
+    async def refresh(request: Request, response: Response) -> None:
+        f = await body_fields(request, LOCK_REFRESH_FIELDS)
+        info = await locks.refresh(request.path_params["name"], f.obj.get("owner"), f.obj.get("token"), f.obj.get("ttl_s"))
+        await response.send_json(200, info)
+
+    async def release(request: Request, response: Response) -> None:
+        f = await body_fields(request, LOCK_RELEASE_FIELDS)
+        info = await locks.release(request.path_params["name"], f.obj.get("owner"), f.obj.get("token"))
+        await response.send_json(200, info)
+
+    async def get_lock(request: Request, response: Response) -> None:
+        await response.send_json(200, await locks.info(request.path_params["name"]))
+
+    async def list_locks(request: Request, response: Response) -> None:
+        try:
+            infos = await locks.infos()
+        except EtcdUnavailable as exc:
+            raise Unavailable(f"etcd is unreachable: {exc.message}", code="etcd_unavailable") from None
+        await response.send_json(200, {"locks": infos})
+
+    _route(router, "POST", "/locks/{name}/acquire", guarded(acquire))
+    _route(router, "POST", "/locks/{name}/refresh", guarded(refresh))
+    _route(router, "POST", "/locks/{name}/release", guarded(release))
+    _route(router, "GET", "/locks/{name}", guarded(get_lock))
+    _route(router, "GET", "/locks", list_locks)
 
 
 def _add_user_routes(router: Router, runtime: BrokerRuntime, auth: Any, node: ClusterNode) -> None:

@@ -52,14 +52,15 @@ async def get_messages(ctx: RestContext, request: Request, response: Response) -
     leases = await _long_poll(
         ctx.gateway, request, [name], wait_s, lambda core: core.get(name, max_count, lease_s)
     )
-    await response.send_json(200, {"messages": _leased_json(leases)})
+    await response.send_json(200, {"messages": leased_json(leases)})
 
 
-async def get_any(ctx: RestContext, request: Request, response: Response) -> None:
-    """One long poll over several queues, in order of preference."""
-    ctx.gateway.check_ready()
-    opts = ctx.options
-    f = await body_fields(request, {"queues", "max", "wait", "lease", "weights"})
+GET_ANY_FIELDS = frozenset({"queues", "max", "wait", "lease", "weights"})
+
+
+def get_any_fields(request: Request, f: Any, max_wait_s: float, default_lease_s: float) -> tuple[list[Any], int, float, float, Any]:
+    """``POST /get``'s body, checked: (queues, max, wait (capped), lease, weights);
+    ``get`` on every queue is required of the caller."""
     names = f.list("queues")
     access = access_for(request)
     for queue_name in names:
@@ -69,22 +70,36 @@ async def get_any(ctx: RestContext, request: Request, response: Response) -> Non
     if max_count is None or max_count != int(max_count) or max_count > 1000:
         raise InvalidArgument("field max must be an integer 1..1000")
     wait = f.number("wait", 0.0, minimum=0.0)
-    lease = f.number("lease", opts.default_lease_s, minimum=0.001)
+    lease = f.number("lease", default_lease_s, minimum=0.001)
     assert wait is not None and lease is not None
-    wait_s = min(wait, opts.max_wait_s)
-    weights = f.obj.get("weights")
+    return names, int(max_count), min(wait, max_wait_s), lease, f.obj.get("weights")
+
+
+async def get_any(ctx: RestContext, request: Request, response: Response) -> None:
+    """One long poll over several queues, in order of preference."""
+    ctx.gateway.check_ready()
+    opts = ctx.options
+    f = await body_fields(request, GET_ANY_FIELDS)
+    names, max_count, wait_s, lease, weights = get_any_fields(request, f, opts.max_wait_s, opts.default_lease_s)
+    await response.send_json(200, await poll_any(ctx.gateway, request, names, max_count, wait_s, lease, weights))
+
+
+async def poll_any(
+    gateway: CommandGateway, request: Request, names: list[Any], max_count: int, wait_s: float, lease: float, weights: Any
+) -> dict[str, Any]:
+    """The answer of ``POST /get`` over this core's queues ``names``."""
     answered_by: str | None = None
 
     def take(core: Broker) -> list[tuple[str, Any, bool]]:
         nonlocal answered_by
-        answered_by, got = core.get_any(names, int(max_count), lease, weights)
+        answered_by, got = core.get_any(names, max_count, lease, weights)
         return got
 
-    leases = await _long_poll(ctx.gateway, request, names, wait_s, take)
-    body: dict[str, Any] = {"messages": _leased_json(leases)}
+    leases = await _long_poll(gateway, request, names, wait_s, take)
+    body: dict[str, Any] = {"messages": leased_json(leases)}
     if answered_by is not None:
         body["queue"] = answered_by
-    await response.send_json(200, body)
+    return body
 
 
 async def ack_leases(ctx: RestContext, request: Request, response: Response) -> None:
@@ -123,7 +138,7 @@ async def extend_leases(ctx: RestContext, request: Request, response: Response) 
     await response.send_json(200, {"extended": count, "lease": lease_s})
 
 
-def _leased_json(leases: list[tuple[str, Any, bool]]) -> list[dict[str, Any]]:
+def leased_json(leases: list[tuple[str, Any, bool]]) -> list[dict[str, Any]]:
     messages = []
     for lease_id, d, redelivered in leases:
         message = d.entry.message

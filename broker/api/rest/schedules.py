@@ -24,7 +24,7 @@ from broker.core import (
 )
 from broker.http import Request, Response
 
-_PUT_FIELDS = {
+PUT_FIELDS = {
     "exchange", "routing_key", "body", "body_b64", "properties", "missed", "max_missed", "paused",
 } | set(TIMING_FIELDS)
 
@@ -43,7 +43,7 @@ async def put_schedule(ctx: RestContext, request: Request, response: Response) -
     ctx.gateway.check_ready()
     opts = ctx.options
     name = request.path_params["name"]
-    f = await body_fields(request, _PUT_FIELDS)
+    f = await body_fields(request, PUT_FIELDS)
     if "body" in f.obj and "body_b64" in f.obj:
         raise InvalidArgument("give body or body_b64, not both")
     body = body_from_json(f.obj)

@@ -1,0 +1,244 @@
+"""Cluster mode: a channel's consumer of a queue another node owns.
+
+``consume`` on such a queue opens a channel of its own to the owner (``PeerStream``,
+authenticated with the cluster secret; the permission was checked here) and consumes
+there; the owner's deliveries are passed on to this channel with delivery tags of
+this channel (the core numbers them with its own: ``reserve_delivery_tag``), and the
+client's ``ack``, ``nack``, ``reject`` and ``touch`` of those tags go back to the owner
+with the owner's tags. ``cancel`` and the end of the channel close that channel to
+the owner, which requeues what it delivered and was not acked, as for any channel.
+
+When the owner is down, ``consume`` fails with the channel error
+``queue_unavailable``; when it dies while consumed from, the consumer gets a
+``cancel`` event whose reason starts with ``queue_unavailable`` (the channel stays
+open; consume again once the node is back). A ``multiple`` settle whose tag is a
+relayed delivery settles the relayed deliveries up to it (on their owners), not this
+node's own; one whose tag is this node's settles both.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from typing import Any, Final
+
+import trio
+
+from broker.cluster import PeerStream, PeerUnreachable
+from broker.core import ChannelError, Unavailable
+from broker.runtime import ClusterPort, CommandGateway
+
+__all__ = ["RelayedConsumers"]
+
+#: How long a consume waits for the owner's answer.
+CONSUME_TIMEOUT_S: Final = 10.0
+_names = itertools.count(1)
+
+
+class _Relay:
+    """One consumer, relayed from the owner ``owner`` over ``stream``."""
+
+    def __init__(self, owner: str, queue: str, consumer_tag: str, stream: PeerStream) -> None:
+        self.owner = owner
+        self.queue = queue
+        self.consumer_tag = consumer_tag
+        self.stream = stream
+        self.scope = trio.CancelScope()
+        self.answered = trio.Event()
+        self.answer: dict[str, Any] | None = None
+        #: this channel's delivery tag -> the owner's, in delivery order
+        self.tags: dict[int, int] = {}
+        self.ended = False
+        #: deliveries need no settling: their tags are not remembered
+        self.no_ack = False
+        #: deliveries that came before the client saw ``consume_ok`` (None: it has)
+        self.held: list[dict[str, Any]] | None = []
+
+
+class RelayedConsumers:
+    """The relayed consumers of one channel (see the module docstring): its id, its
+    gateway, where its events go (``send_event``), whether it has ended
+    (``finished()``), and the nursery its relays' tasks run in."""
+
+    def __init__(
+        self,
+        channel_id: int,
+        gateway: CommandGateway,
+        send_event: Callable[[dict[str, Any]], None],
+        finished: Callable[[], bool],
+        nursery: trio.Nursery,
+        cluster: ClusterPort,
+    ) -> None:
+        self.channel_id = channel_id
+        self.gateway = gateway
+        self.send_event = send_event
+        self.finished = finished
+        self.nursery = nursery
+        self.cluster = cluster
+        self._by_consumer: dict[str, _Relay] = {}
+        self._by_tag: dict[int, _Relay] = {}
+        #: tags of relays that ended: settling them is a no-op (the owner requeued them)
+        self._gone: set[int] = set()
+
+    def remote_owner(self, queue: str) -> tuple[str, str | None] | None:
+        """(owner, URL or None while down) when ``queue`` is another node's."""
+        located = self.cluster.owner_of(queue)
+        if located is None or located[0] == self.cluster.node_name:
+            return None
+        return located
+
+    # ------------------------------------------------------------- consume
+
+    async def consume(self, queue: str, owner: str, url: str | None, op: dict[str, Any]) -> tuple[str, bool]:
+        """Consume ``queue`` on its owner: (consumer tag, active). Raises ``Unavailable``
+        (``queue_unavailable``) when the owner cannot be reached, and the owner's
+        refusal as a ``ChannelError`` with its code."""
+        if url is None:
+            raise Unavailable(f"queue {queue!r} is on node {owner!r}, which is down; retry later", code="queue_unavailable")
+        consumer_tag = op.get("consumer_tag") or f"amq.ctag-relayed-{next(_names)}"
+        if consumer_tag in self._by_consumer or self.gateway.views.has_consumer(self.channel_id, consumer_tag):
+            raise ChannelError(f"consumer tag {consumer_tag!r} is in use on this channel", code="precondition_failed")
+        stream = PeerStream(url, origin=self.cluster.node_name, secret=self.cluster.secret, ssl_context=self.cluster.peer_ssl)
+        try:
+            await stream.connect()
+        except PeerUnreachable as exc:
+            raise Unavailable(f"queue {queue!r}: its node {owner!r} cannot be reached: {exc}", code="queue_unavailable") from None
+        relay = _Relay(owner, queue, consumer_tag, stream)
+        relay.no_ack = bool(op.get("no_ack"))
+        remote_op = {k: v for k, v in op.items() if k in ("prefetch", "no_ack", "exclusive", "ack_timeout_ms", "arguments")}
+        self._by_consumer[consumer_tag] = relay
+        self.nursery.start_soon(self._serve, relay)
+        try:
+            await stream.send({"op": "consume", "queue": queue, "consumer_tag": consumer_tag, "id": "relay", **remote_op})
+        except PeerUnreachable as exc:
+            self._end(relay)
+            raise Unavailable(f"queue {queue!r}: its node {owner!r} cannot be reached: {exc}", code="queue_unavailable") from None
+        with trio.move_on_after(CONSUME_TIMEOUT_S):
+            await relay.answered.wait()
+        answer = relay.answer
+        if answer is None or answer.get("ev") != "consume_ok":
+            self._end(relay)
+            if answer is not None and answer.get("ev") == "error":
+                raise ChannelError(str(answer.get("message")), code=str(answer.get("error")))
+            raise Unavailable(f"queue {queue!r}: its node {owner!r} did not answer the consume", code="queue_unavailable")
+        return consumer_tag, bool(answer.get("active", True))
+
+    async def _serve(self, relay: _Relay) -> None:
+        """Pass the owner's events on until the relay ends (its stream is closed on
+        every way out, the channel's own end included)."""
+        try:
+            reason = await self._pass_events(relay)
+            relay.answered.set()
+            if not relay.ended:
+                self._end(relay)
+                if relay.answer is not None and relay.answer.get("ev") == "consume_ok" and not self.finished():
+                    self.send_event({"ev": "cancel", "consumer_tag": relay.consumer_tag, "reason": reason})
+        finally:
+            relay.answered.set()
+            await relay.stream.aclose()
+
+    async def _pass_events(self, relay: _Relay) -> str:
+        """The owner's events, passed on; returns why they ended."""
+        reason = f"queue_unavailable: the connection to node {relay.owner!r} was lost"
+        with relay.scope:
+            try:
+                async for ev in relay.stream.events():
+                    kind = ev.get("ev")
+                    if kind == "deliver":
+                        self._deliver(relay, ev)
+                    elif kind == "expired":
+                        tag = self._local_tag(relay, ev.get("delivery_tag"))
+                        if tag is not None:
+                            self.send_event({**ev, "delivery_tag": tag})
+                    elif kind in ("consume_ok", "error") and not relay.answered.is_set():
+                        relay.answer = ev
+                        relay.answered.set()
+                    elif kind == "cancel":
+                        return str(ev.get("reason") or "cancelled by the queue's owner")
+                    elif kind == "active":
+                        self.send_event(ev)
+                    elif kind == "error":
+                        return f"queue_unavailable: node {relay.owner!r}: {ev.get('message')}"
+            except PeerUnreachable:
+                pass
+        return reason
+
+    def started(self, consumer_tag: str) -> None:
+        """The client has been sent ``consume_ok``: pass on what came before it."""
+        relay = self._by_consumer.get(consumer_tag)
+        if relay is not None and relay.held is not None:
+            held, relay.held = relay.held, None
+            for ev in held:
+                self._deliver(relay, ev)
+
+    def _deliver(self, relay: _Relay, ev: dict[str, Any]) -> None:
+        if relay.held is not None:
+            relay.held.append(ev)
+            return
+        channel_id = self.channel_id
+        tag = self.gateway.run(lambda core: core.reserve_delivery_tag(channel_id))
+        if not relay.no_ack:
+            relay.tags[tag] = int(ev["delivery_tag"])
+            self._by_tag[tag] = relay
+        self.send_event({**ev, "delivery_tag": tag})
+
+    @staticmethod
+    def _local_tag(relay: _Relay, remote: Any) -> int | None:
+        for local, theirs in relay.tags.items():
+            if theirs == remote:
+                return local
+        return None
+
+    def _end(self, relay: _Relay) -> None:
+        relay.ended = True
+        relay.scope.cancel()
+        self._by_consumer.pop(relay.consumer_tag, None)
+        for tag in relay.tags:
+            self._by_tag.pop(tag, None)
+            self._gone.add(tag)
+
+    # --------------------------------------------------------------- settle
+
+    def owns(self, delivery_tag: Any) -> bool:
+        """Whether ``delivery_tag`` is a relayed delivery (or was one)."""
+        return delivery_tag in self._by_tag or delivery_tag in self._gone
+
+    async def settle(self, op: dict[str, Any], delivery_tag: int, multiple: bool) -> None:
+        """Send ``op`` (an ack, nack, reject or touch) for the relayed deliveries it
+        names to their owners, with their tags."""
+        targets: list[tuple[_Relay, int]] = []
+        if multiple:
+            for relay in list(self._by_consumer.values()):
+                mine = [tag for tag in relay.tags if tag <= delivery_tag]
+                if mine:
+                    targets.append((relay, relay.tags[mine[-1]]))
+                    for tag in mine:
+                        del relay.tags[tag]
+                        self._by_tag.pop(tag, None)
+        else:
+            relay_or_none = self._by_tag.get(delivery_tag)
+            if relay_or_none is None:
+                self._gone.discard(delivery_tag)
+                return  # its relay ended: the owner requeued it
+            targets.append((relay_or_none, relay_or_none.tags[delivery_tag]))
+            if op["op"] != "touch":
+                del relay_or_none.tags[delivery_tag]
+                del self._by_tag[delivery_tag]
+        for relay, remote_tag in targets:
+            try:
+                await relay.stream.send({**op, "delivery_tag": remote_tag, **({"multiple": True} if multiple else {})})
+            except PeerUnreachable:
+                pass  # the relay ends by itself; the owner requeues
+
+    async def cancel(self, consumer_tag: str) -> bool:
+        """Cancel a relayed consumer; False when ``consumer_tag`` is not one."""
+        relay = self._by_consumer.get(consumer_tag)
+        if relay is None:
+            return False
+        self._end(relay)
+        return True
+
+    def close_all(self) -> None:
+        """The channel ends: every relay ends (the owners requeue what is unacked)."""
+        for relay in list(self._by_consumer.values()):
+            self._end(relay)

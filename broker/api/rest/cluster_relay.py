@@ -1,0 +1,90 @@
+"""Cluster mode: a REST call about one queue, made on a node that does not own it, is
+relayed to the owner (docs/cluster.md, "Any node serves any queue").
+
+``/queues/{name}/...`` (get, ack, nack, extend, purge, messages, redrive, stream) and
+``GET /queues/{name}``, for a queue another node owns, are authenticated here (the
+same users on every node), then sent to the owner as they came (the client's
+``Authorization`` with them: the owner checks the same permissions) and its answer
+streamed back, status and body unchanged. While the owner is down the answer is
+``503 queue_unavailable`` with ``Retry-After``. Declares and deletes of queues go
+through etcd (``cluster.py``), never here; a request already relayed by another node
+(``X-Ackbus-Forwarded``) is served locally.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, Final
+
+from broker.cluster import FORWARDED_HEADER, ClusterNode, PeerUnreachable, relay
+from broker.http import HTTPError, Request, Response, split_path
+
+__all__ = ["relay_to_owner", "relayed_queue", "unavailable"]
+
+#: Seconds a client is asked to wait before retrying a queue whose owner is down.
+RETRY_AFTER_S: Final = 2
+#: The largest request body relayed (acks, gets: small JSON).
+MAX_RELAYED_BODY: Final = 1 << 20
+
+Handler = Callable[[Request, Response], Awaitable[None]]
+
+
+def relayed_queue(node: ClusterNode, request: Request) -> str | None:
+    """The name of the queue ``request`` is about when another node owns it and the
+    request must go there; None otherwise."""
+    if not request.path.startswith("/queues/") or FORWARDED_HEADER in request.headers:
+        return None
+    try:
+        segments = split_path(request.path)
+    except HTTPError:
+        return None
+    if len(segments) < 2 or segments[0] != "queues" or not segments[1]:
+        return None
+    if len(segments) == 2 and request.method not in ("GET", "HEAD"):
+        return None  # declares and deletes: through etcd
+    located = node.owner_of(segments[1])
+    if located is None or located[0] == node.name:
+        return None
+    return segments[1]
+
+
+def unavailable(queue: str, owner: str) -> HTTPError:
+    return HTTPError(
+        f"queue {queue!r} is on node {owner!r}, which is down; retry later",
+        code="queue_unavailable",
+        status=503,
+        headers=(("retry-after", str(RETRY_AFTER_S)),),
+    )
+
+
+async def relay_to_owner(node: ClusterNode, auth: Any, queue: str, request: Request, response: Response) -> None:
+    """Authenticate ``request`` here, then relay it to ``queue``'s owner and stream the
+    answer back."""
+    release = await auth.guard(request) if auth is not None else None
+    try:
+        located = node.owner_of(queue)
+        if located is None:
+            raise HTTPError(f"no queue {queue!r}", code="not_found", status=404)
+        owner, url = located
+        if url is None:
+            raise unavailable(queue, owner)
+        body = await request.read_body(max_bytes=MAX_RELAYED_BODY)
+        headers = [(k, v) for k, v in request.headers.items()]
+        try:
+            async with relay(
+                url, request.method, request.target, headers, bytes(body), origin=node.name,
+                ssl_context=node.config.peer_ssl,
+            ) as answer:
+                content_type = next((v for k, v in answer.headers if k.lower() == "content-type"), None)
+                extra = [(k, v) for k, v in answer.headers if k.lower() != "content-type"]
+                await response.start(answer.status, content_type=content_type, headers=extra)
+                async for chunk in answer.chunks():
+                    await response.send(chunk)
+                await response.end()
+        except PeerUnreachable as exc:
+            if response.started:
+                raise
+            raise unavailable(queue, owner) from exc
+    finally:
+        if release is not None:
+            release()

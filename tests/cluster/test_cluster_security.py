@@ -1,0 +1,71 @@
+"""Permissions are the same on every node, and nodes authenticate to one another
+with the cluster secret: forwarding and relaying work for an authorized user, are
+refused for others the same way on every node, and a node with the wrong secret (or
+none) cannot forward (real etcd, real broker subprocesses)."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.cluster.conftest import cluster_nodes, node_process, wait_for
+from tests.support.broker import BrokerProcess
+from tests.support.etcd import EtcdProcess
+
+pytestmark = pytest.mark.slow
+
+
+def _basic(user: str, password: str) -> dict[str, str]:
+    return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
+
+
+ADMIN = _basic("admin", "admin-pw")
+ALICE = _basic("alice", "alice-pw")
+
+
+@pytest.fixture
+def secured(tmp_path: Path, etcd: EtcdProcess) -> Iterator[list[BrokerProcess]]:
+    procs = [
+        node_process(tmp_path, etcd, "a", extra=("--cluster-secret", "s3cret")),
+        node_process(tmp_path, etcd, "b", extra=("--cluster-secret", "s3cret")),
+        node_process(tmp_path, etcd, "w", extra=("--cluster-secret", "wrong")),
+    ]
+    try:
+        for p in procs:
+            p.start()
+        yield procs
+    finally:
+        for p in procs:
+            p.stop()
+
+
+def test_permissions_and_the_cluster_secret(secured: list[BrokerProcess]) -> None:
+    a, b, w = secured
+    wait_for("three alive", lambda: sum(n["alive"] for n in cluster_nodes(a).values()) == 3)
+    assert a.request("PUT", "/users/admin", {"password": "admin-pw", "tags": ["administrator"],
+                                             "permissions": {"configure": ".*", "write": ".*", "read": ".*"}})[0] == 201
+    assert a.request("PUT", "/users/alice", {"password": "alice-pw", "permissions": {
+        "configure": "^$", "write": "^(amq\\.default|jobs)$", "read": "^jobs$"}}, headers=ADMIN)[0] == 201
+    for q in ("jobs", "secret"):
+        status, _ = a.request("PUT", f"/queues/{q}", {"arguments": {"x-queue-leader-locator": "client-local"}}, headers=ADMIN)
+        assert status == 201
+    wait_for("users on b", lambda: b.request("GET", "/whoami", headers=ALICE)[0] == 200)
+    wait_for("users on w", lambda: w.request("GET", "/whoami", headers=ALICE)[0] == 200)
+    # alice publishes through b to a queue owned by a: b forwards it with the secret
+    status, answer = b.request("POST", "/exchanges/amq.default/publish?routing_key=jobs", b"j1", headers=ALICE)
+    assert status == 200 and answer["confirm"] == "ack", answer
+    status, got = b.request("POST", "/queues/jobs/get?lease=60", headers=ALICE)
+    assert status == 200 and [m["body"] for m in got["messages"]] == ["j1"], got
+    # refused the same on a node that relays as on the owner
+    for node in (a, b):
+        status, err = node.request("POST", "/queues/secret/get", headers=ALICE)
+        assert status == 403 and err["error"] == "access_refused", err
+        assert node.request("POST", "/queues/jobs/get", headers={})[0] == 401
+    # a node with the wrong secret cannot forward: its publish is nacked, not taken
+    status, answer = w.request("POST", "/exchanges/amq.default/publish?routing_key=jobs", b"j2", headers=ALICE)
+    assert status == 503 and answer["reason"].startswith("queue_unavailable"), answer
+    status, got = a.request("POST", "/queues/jobs/get?max=10", headers=ADMIN)
+    assert status == 200 and got["messages"] == [], got  # j1 is leased; j2 never arrived

@@ -1,0 +1,90 @@
+"""Nodes serving HTTPS forward to one another over TLS, verifying each other's
+certificates against the cluster's CA bundle (``--cluster-ca-file``); a node that
+does not trust the others' CA cannot forward (real etcd, real brokers)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import ssl
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.broker import BrokerProcess, free_port
+from tests.support.etcd import EtcdProcess
+
+trustme = pytest.importorskip("trustme")
+
+pytestmark = pytest.mark.slow
+
+
+def _https(port: int, ca: Path, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+    conn = http.client.HTTPSConnection("localhost", port, context=ssl.create_default_context(cafile=str(ca)), timeout=15)
+    try:
+        data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
+        conn.request(method, path, body=data)
+        answer = conn.getresponse()
+        raw = answer.read()
+        return answer.status, json.loads(raw) if raw else None
+    finally:
+        conn.close()
+
+
+def _wait(what: str, check: Any, timeout_s: float = 30.0) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            result = check()
+        except OSError:
+            result = None
+        if result:
+            return result
+        time.sleep(0.1)
+    raise AssertionError(f"{what}: not within {timeout_s} s")
+
+
+@pytest.fixture
+def tls_nodes(tmp_path: Path, etcd: EtcdProcess) -> Iterator[tuple[list[BrokerProcess], Path]]:
+    ca = trustme.CA()
+    cert = ca.issue_cert("localhost", "127.0.0.1")
+    cert_path, key_path, ca_path = tmp_path / "node.pem", tmp_path / "node.key", tmp_path / "ca.pem"
+    cert.private_key_pem.write_to_path(str(key_path))
+    cert.cert_chain_pems[0].write_to_path(str(cert_path))
+    ca.cert_pem.write_to_path(str(ca_path))
+    procs = []
+    for name, trusted in (("a", True), ("b", True), ("u", False)):
+        port = free_port()
+        args = (
+            "--etcd", etcd.url, "--node-name", name, "--advertise-url", f"https://localhost:{port}",
+            "--cluster-lease-ttl-s", "2", "--tls-cert", str(cert_path), "--tls-key", str(key_path),
+        ) + (("--cluster-ca-file", str(ca_path)) if trusted else ())
+        procs.append(BrokerProcess(tmp_path / name, port=port, args=args, env={"ACKBUS_AMQPS_PORT": "0"}))
+    try:
+        for p in procs:
+            p.start(wait_ready=False)
+            _wait(f"{p.port} up", lambda p=p: _https(p.port, ca_path, "GET", "/healthz")[0] == 200)
+        yield procs, ca_path
+    finally:
+        for p in procs:
+            p.stop()
+
+
+def test_forwarding_over_tls(tls_nodes: tuple[list[BrokerProcess], Path]) -> None:
+    (a, b, u), ca = tls_nodes
+    _wait("three alive", lambda: sum(n["alive"] for n in _https(a.port, ca, "GET", "/cluster")[1]["nodes"]) == 3)
+    status, q = _https(b.port, ca, "PUT", "/queues/secure", {"arguments": {"x-queue-leader-locator": "client-local"}})
+    assert status == 201 and q["owner"] == "b"
+    _wait("secure seen on a and u", lambda: all(
+        n["queues"] == ["secure"] for n in _https(u.port, ca, "GET", "/cluster")[1]["nodes"] if n["name"] == "b"
+    ))
+    status, answer = _https(a.port, ca, "POST", "/exchanges/amq.default/publish?routing_key=secure", b"over tls")
+    assert status == 200 and answer["confirm"] == "ack", answer
+    status, got = _https(a.port, ca, "POST", "/queues/secure/get?lease=60")  # relayed over TLS
+    assert status == 200 and [m["body"] for m in got["messages"]] == ["over tls"], got
+    # u does not trust the CA (the system's CAs only): it cannot reach b
+    status, answer = _https(u.port, ca, "POST", "/exchanges/amq.default/publish?routing_key=secure", b"x")
+    assert status == 503 and answer["reason"].startswith("queue_unavailable"), answer
