@@ -56,8 +56,8 @@ COMPILED = [
     "client/events.py",
 ]
 
-#: What is copied into the tree (the rest of the checkout is not needed to run it).
-COPIED = ["broker", "client", "tests", "bench", "scripts", "pyproject.toml"]
+#: What is copied into the tree (what the broker, the client and the tests read).
+COPIED = ["broker", "client", "tests", "bench", "scripts", "docs", "pyproject.toml"]
 
 
 def _fail(why: str) -> None:
