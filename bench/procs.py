@@ -45,6 +45,10 @@ def snapshot_code(dest: Path) -> str:
         shutil.copytree(ROOT / package, dest / package, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         for path in sorted((dest / package).rglob("*.py")):
             digest.update(str(path.relative_to(dest)).encode() + b"\0" + path.read_bytes())
+    # Run from the compiled build's tree (docs/benchmarks.md, "The builds"): its
+    # modules share one library mypyc puts beside the packages.
+    for library in ROOT.glob("*__mypyc*"):
+        shutil.copy2(library, dest / library.name)
     _code_root = dest
     return digest.hexdigest()
 
