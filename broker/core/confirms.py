@@ -65,8 +65,9 @@ class ConfirmTracker:
                 changed = True
         return changed
 
-    def release(self, durable_lsn: int) -> list[tuple[int, bool, bool, str | None]]:
-        """Pop every confirm now releasable: (tag, multiple, ack, reason) tuples, in order."""
+    def release(self, durable_lsn: int, waiting: set[int] | None = None) -> list[tuple[int, bool, bool, str | None]]:
+        """Pop every confirm now releasable: (tag, multiple, ack, reason) tuples, in order.
+        ``waiting``: LSNs whose acks also wait for an outside word (``Broker.hold_confirms``)."""
         out: list[tuple[int, bool, bool, str | None]] = []
         pending = self._pending
         run_tag = 0
@@ -78,7 +79,7 @@ class ConfirmTracker:
         while pending:
             tag, lsn, ack, reason = pending[0]
             assert isinstance(lsn, int) and isinstance(tag, int)
-            if lsn > durable_lsn:
+            if lsn > durable_lsn or (waiting and ack and lsn in waiting):
                 break
             pending.popleft()
             while next_held is not None and next_held < tag:
@@ -97,6 +98,17 @@ class ConfirmTracker:
         if run_len:
             out.append((run_tag, run_len > 1, True, None))
         return out
+
+    def fail_held(self, lsns: set[int], reason: str) -> bool:
+        """Turn every pending ack waiting on an LSN in ``lsns`` into a nack."""
+        changed = False
+        for item in self._pending:
+            if item[1] in lsns and item[2]:
+                item[1] = 0
+                item[2] = False
+                item[3] = reason
+                changed = True
+        return changed
 
     def nack_all(self, reason: str) -> list[tuple[int, bool, bool, str | None]]:
         """Release everything pending as nacks (used when a channel ends)."""

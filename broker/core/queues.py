@@ -312,14 +312,17 @@ class QueueStore:
 
     # ------------------------------------------------------------- messages
 
-    def enqueue(self, queue: Queue, message: Message, wall: float, *, due: float | None = None) -> None:
+    def enqueue(
+        self, queue: Queue, message: Message, wall: float, *, due: float | None = None, deliveries: int = 0
+    ) -> None:
         """Add ``message`` to ``queue`` at ``wall`` (its TTL counts from then), or hold
-        it back until ``due``."""
+        it back until ``due``; ``deliveries``: times it was delivered before (a message
+        another copy of the queue hands over: ``Publishing.restore``)."""
         expires = message.expires_at
         if queue.message_ttl_s is not None:
             q_exp = wall + queue.message_ttl_s
             expires = q_exp if expires is None else min(expires, q_exp)
-        entry = Entry(message, 0, expires)
+        entry = Entry(message, deliveries, expires)
         if due is not None:
             queue.published += 1
             self._delays.hold_back(queue, entry, due)

@@ -6,7 +6,8 @@ to the log, the channels and metrics through typed ports (``ports.py``). It impo
 core and storage, never the HTTP server or the API layer: those call into it, through
 one door, the :class:`CommandGateway` (``gateway.py``), which runs a core command,
 carries out its effects and waits for durability where asked. ``confirms.py`` is the
-one book of publishes waiting for their confirm.
+one book of publishes waiting for their confirm; ``taps.py`` lets a layer above see a
+kind of effect first (replicated queues copy their records).
 """
 
 from broker.runtime.checkpoints import Checkpointer
@@ -15,6 +16,7 @@ from broker.runtime.gateway import CommandBatch, CommandGateway, PublishOutcome
 from broker.runtime.options import RuntimeOptions
 from broker.runtime.ports import ChannelSink, Flushable, LogPort, MetricsPort
 from broker.runtime.runtime import BrokerRuntime, LockWait
+from broker.runtime.taps import tap_records
 
 __all__ = [
     "BrokerRuntime",
@@ -30,4 +32,5 @@ __all__ = [
     "LogPort",
     "MetricsPort",
     "RuntimeOptions",
+    "tap_records",
 ]
