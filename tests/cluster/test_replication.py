@@ -6,6 +6,7 @@ restarted or wiped follower catches up."""
 from __future__ import annotations
 
 import base64
+import shutil
 import time
 from collections.abc import Callable
 from typing import Any
@@ -107,3 +108,77 @@ def test_confirmed_on_a_majority_then_the_leader_is_killed_and_a_follower_has_ev
     status, answer = publish(new, "jobs", "m1", "id-1")
     assert status == 200 and answer["confirm"] == "ack"
     assert new.drain("jobs") == []
+
+
+def _start_after_lapse(node: BrokerProcess, name: str, witness: BrokerProcess) -> None:
+    """Start a killed node once its name is free (its lease lapsed in etcd)."""
+    wait_for(f"{name} shown dead", lambda: not next(n for n in _nodes(witness) if n["name"] == name)["alive"], timeout_s=TTL_S + 10)
+    node.start()
+
+
+def _declare(node: BrokerProcess, name: str) -> None:
+    status, body = node.request("PUT", f"/queues/{name}", QUORUM)
+    assert status == 201, body
+
+
+def _ack(node: BrokerProcess, queue: str, body: str) -> None:
+    status, answer = publish(node, queue, body)
+    assert status == 200 and answer["confirm"] == "ack", answer
+
+
+def test_below_a_majority_publishes_are_nacked_no_quorum(three: dict[str, BrokerProcess]) -> None:
+    _declare(three["a"], "q")
+    leader = leader_of(three, "q")
+    _ack(leader, "q", "before")
+    followers = [p for p in three.values() if p is not leader]
+    for f in followers:
+        f.kill()
+    status, answer = wait_for(
+        "a nack for want of a majority",
+        lambda: (lambda r: r if r[0] == 503 else None)(publish(leader, "q", "lost")),
+        timeout_s=TTL_S * 4 + 10,
+    )
+    assert answer["confirm"] == "nack" and answer["reason"].startswith("no quorum"), answer
+    assert replication(leader, "q")["refusing"] is True
+    # a majority again: publishes are confirmed again, and nothing confirmed went away
+    _start_after_lapse(followers[0], next(n for n, p in three.items() if p is followers[0]), leader)
+    wait_for("publishes taken again", lambda: publish(leader, "q", "back")[0] == 200, timeout_s=TTL_S * 4 + 10)
+    got = bodies(leader.drain("q"))
+    assert got[0] == "before" and "back" in got
+
+
+def test_a_restarted_follower_and_a_wiped_one_catch_up_and_rejoin_the_in_sync_set(
+    three: dict[str, BrokerProcess],
+) -> None:
+    _declare(three["a"], "q")
+    leader = leader_of(three, "q")
+    name = next(n for n, p in three.items() if p is leader)
+    f1, f2 = [n for n in three if n != name]
+    for i in range(20):
+        _ack(leader, "q", f"m{i}")
+    three[f1].kill()
+    # confirms go on once the silent follower left the in-sync set
+    for i in range(20, 40):
+        _ack(leader, "q", f"m{i}")
+    assert f1 not in replication(leader, "q")["in_sync"]
+    _start_after_lapse(three[f1], f1, leader)
+    wait_for(
+        f"{f1} caught up and in sync again",
+        lambda: (lambda r: r["lag"][f1] == 0 and f1 in r["in_sync"])(replication(leader, "q")),
+        timeout_s=TTL_S * 4 + 10,
+    )
+    # wipe the other follower's data directory: it comes back empty and catches up
+    three[f2].kill()
+    shutil.rmtree(three[f2].data_dir)
+    _start_after_lapse(three[f2], f2, leader)
+    end = replication(leader, "q")["local"]["log_end"]
+    wait_for(
+        f"{f2} caught up from nothing",
+        lambda: (lambda r: r["lag"][f2] == 0 and f2 in r["in_sync"])(replication(leader, "q")),
+        timeout_s=TTL_S * 4 + 10,
+    )
+    assert replication(three[f2], "q")["local"]["log_end"] >= end
+    # and it can lead: both other nodes go, the wiped one holds every confirmed message
+    leader.kill()
+    new = leader_of({n: p for n, p in three.items() if n != name}, "q", not_=name)
+    assert sorted(bodies(new.drain("q"))) == sorted(f"m{i}" for i in range(40))
