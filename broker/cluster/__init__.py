@@ -6,6 +6,7 @@ from broker.cluster.etcd import Endpoint, EtcdClient, parse_endpoints
 from broker.cluster.etcdproto import EtcdError, EtcdUnavailable
 from broker.cluster.node import ClusterConfig, ClusterNode, NodeNameTaken
 from broker.cluster.replica_leader import StaleEpoch
+from broker.cluster.replication import is_quorum
 
 __all__ = [
     "ClusterConfig",
@@ -16,5 +17,6 @@ __all__ = [
     "EtcdUnavailable",
     "NodeNameTaken",
     "StaleEpoch",
+    "is_quorum",
     "parse_endpoints",
 ]

@@ -77,6 +77,10 @@ def test_confirmed_on_a_majority_then_the_leader_is_killed_and_a_follower_has_ev
     leader = leader_of(three, "jobs")
     info = replication(leader, "jobs")
     assert sorted(info["replicas"]) == ["a", "b", "c"] and info["epoch"] > 0
+    for node in three.values():  # every node shows it, leader or not
+        status, shown = node.request("GET", "/queues/jobs")
+        assert status == 200 and shown["replication"]["leader"] == info["leader"], shown
+        assert shown["replication"]["epoch"] == info["epoch"] and len(shown["replication"]["followers"]) == 2
     for i in range(50):
         status, answer = publish(leader, "jobs", f"m{i}", f"id-{i}")
         assert status == 200 and answer["confirm"] == "ack", answer

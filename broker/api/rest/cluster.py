@@ -251,7 +251,7 @@ def cluster_routes(runtime: BrokerRuntime, node: ClusterNode, auth: Any) -> Rout
     _route(router, "DELETE", "/exchanges/{name}", _etcd_errors(node, delete_exchange), query=frozenset({"if_unused"}))
     _route(router, "POST", "/bindings", _etcd_errors(node, bind))
     _route(router, "DELETE", "/bindings", _etcd_errors(node, unbind))
-    add_replica_routes(router, node)
+    add_replica_routes(router, node, views)
     return router
 
 

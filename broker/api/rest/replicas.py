@@ -8,6 +8,10 @@ its followers.
 - ``POST /cluster/replicas/{name}/epoch-end`` ``{"epoch", "leader_epoch"}``: where the
   follower's last epoch ends in this leader's log (truncation by epoch).
 
+And ``GET /queues/{name}`` in cluster mode: the queue as this node's core has it (or,
+for a quorum queue this node does not lead, its definition), with ``replication``
+for a quorum queue: leader, followers, in-sync set, epoch and each follower's lag.
+
 Both are node-to-node calls, authenticated like every other route (the node's guard).
 """
 
@@ -16,15 +20,15 @@ from __future__ import annotations
 from typing import Any
 
 from broker.api.rest.fields import body_fields, check_query
-from broker.cluster import ClusterNode, StaleEpoch
-from broker.core import PreconditionFailed, Unavailable
+from broker.cluster import ClusterNode, StaleEpoch, is_quorum
+from broker.core import BrokerViews, NotFound, PreconditionFailed, Unavailable
 from broker.http import Request, Response, Router
 
 __all__ = ["add_replica_routes"]
 
 
-def add_replica_routes(router: Router, node: ClusterNode) -> None:
-    """The two routes above, on the cluster's router."""
+def add_replica_routes(router: Router, node: ClusterNode, views: BrokerViews) -> None:
+    """The routes above, on the cluster's router."""
 
     def replication() -> Any:
         if node.replication is None:
@@ -49,5 +53,19 @@ def add_replica_routes(router: Router, node: ClusterNode) -> None:
             raise PreconditionFailed(str(exc), code="stale_epoch") from None
         await response.send_json(200, answer)
 
+    async def get_queue(request: Request, response: Response) -> None:
+        check_query(request, frozenset())
+        name = request.path_params["name"]
+        info = views.queue_info(name)
+        d = node.view.get("queues", name)
+        if d is not None and is_quorum(d):
+            if info is None:
+                info = {"name": name, "durable": d["durable"], "exclusive": False, "auto_delete": d["auto_delete"], "arguments": d["arguments"]}
+            info["replication"] = node.replicated_queues().get(name)
+        if info is None:
+            raise NotFound(f"no queue {name!r}")
+        await response.send_json(200, info)
+
+    router.add("GET", "/queues/{name}", get_queue)
     router.add("POST", "/cluster/replicas/{name}/fetch", fetch)
     router.add("POST", "/cluster/replicas/{name}/epoch-end", epoch_end)
