@@ -60,7 +60,8 @@ class LeaderSide:
         self.replicas = replicas
         self.log = log
         self._release = release
-        self._alive = alive
+        #: whether this node's lease (the one leadership was won with) still holds
+        self.alive = alive
         self.started = trio.current_time()
         #: follower -> every entry up to this offset is on its disk
         self.acked: dict[str, int] = {n: 0 for n in replicas if n != me}
@@ -97,7 +98,7 @@ class LeaderSide:
 
     async def fetch(self, node: str, epoch: int, offset: int, wait_s: float) -> dict[str, Any]:
         """A follower's fetch from ``offset`` (it holds everything before)."""
-        if epoch != self.epoch or self.stopped or not self._alive():
+        if epoch != self.epoch or self.stopped or not self.alive():
             raise StaleEpoch(f"this node does not lead epoch {epoch} of queue {self.name!r}")
         if node not in self.acked:
             raise StaleEpoch(f"{node!r} is not a replica of queue {self.name!r}")
@@ -121,7 +122,7 @@ class LeaderSide:
         release the confirms it covers; nothing once stopped or past the lease."""
         if isr is not None:
             self.isr = isr
-        if self.stopped or not self._alive():
+        if self.stopped or not self.alive():
             return
         members = [n for n in self.isr if n != self.me]
         point = self.log.synced

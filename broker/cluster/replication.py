@@ -42,6 +42,7 @@ publishes and nacks the confirms that waited longer than ``lag_s`` with ``no quo
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -203,7 +204,7 @@ class Replication:
             epoch = replica.leading.epoch
             gone = leader is None and view.revision >= epoch
             other = leader is not None and leader.epoch != epoch
-            if gone or other or not membership.registered:
+            if gone or other or not replica.leading.alive():
                 self._step_down(replica, "lease lost" if not membership.registered else "leadership lost")
             else:
                 self._tend(replica, d)
@@ -262,7 +263,7 @@ class Replication:
             list(d.get("replicas", [])),
             replica.log,
             release=self._release,
-            alive=lambda: self.node.membership.registered,
+            alive=self._alive_with(self.node.membership.lease),
         )
         side.isr = in_sync_set(self.node.view, name)[0] or list(side.replicas)
         replica.log.append(epoch, {"t": "lead", "node": self.me})
@@ -275,6 +276,17 @@ class Replication:
             extra={"fields": {"queue": name, "epoch": epoch, "messages": len(live), "log_end": replica.log.end_offset}},
         )
         self._tend(replica, d)
+
+    def _alive_with(self, lease: int) -> Callable[[], bool]:
+        """Whether the lease leadership was won with still holds by this node's clock
+        (a node that lost it and joined again with a new one leads nothing: its
+        leader key went with the old lease)."""
+        membership = self.node.membership
+
+        def alive() -> bool:
+            return membership.registered and membership.lease == lease
+
+        return alive
 
     def _append(self, led: LedQueue, op: dict[str, Any], lsn: int) -> int:
         """The translator's append: into the led queue's log, holding ``lsn``."""
