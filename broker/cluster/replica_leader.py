@@ -52,6 +52,7 @@ class LeaderSide:
         log: ReplicaLog,
         *,
         release: Callable[[list[int]], None],
+        deliverable: Callable[[int], None],
         alive: Callable[[], bool],
     ) -> None:
         self.name = name
@@ -60,6 +61,7 @@ class LeaderSide:
         self.replicas = replicas
         self.log = log
         self._release = release
+        self._deliverable = deliverable
         #: whether this node's lease (the one leadership was won with) still holds
         self.alive = alive
         self.started = trio.current_time()
@@ -69,6 +71,9 @@ class LeaderSide:
         self.seen: dict[str, float] = {}
         #: (offset, LSN) of publishes whose confirm waits for this offset's majority
         self.held: deque[tuple[int, int, float]] = deque()
+        #: (offset, local seq) of messages consumers may not have before that offset's
+        #: majority (a message a majority does not hold may vanish with this leader)
+        self.unreleased: deque[tuple[int, int]] = deque()
         self.commit = 0
         #: the in-sync set as etcd has it (every member must hold an entry)
         self.isr = list(replicas)
@@ -78,10 +83,13 @@ class LeaderSide:
 
     # ------------------------------------------------------------------- appends
 
-    def appended(self, offset: int, lsn: int) -> None:
-        """An op was appended at ``offset``; ``lsn``: the core record to hold."""
+    def appended(self, offset: int, lsn: int, seq: int = 0) -> None:
+        """An op was appended at ``offset``; ``lsn``: the core record to hold; ``seq``:
+        the local seq of the message it brings."""
         if lsn:
             self.held.append((offset, lsn, trio.current_time()))
+        if seq:
+            self.unreleased.append((offset, seq))
         self._appended.set()
         self._appended = trio.Event()
         self._to_sync.set()
@@ -135,6 +143,12 @@ class LeaderSide:
         held = self.held
         while held and held[0][0] <= point:
             released.append(held.popleft()[1])
+        unreleased = self.unreleased
+        seq = 0
+        while unreleased and unreleased[0][0] <= point:
+            seq = unreleased.popleft()[1]
+        if seq:
+            self._deliverable(seq)
         if released:
             self._release(released)
 

@@ -62,9 +62,10 @@ class LedQueue:
         self.restoring = False
 
 
-#: append(queue, op, lsn) -> offset: an op for the queue's log; ``lsn``: the core
-#: record whose confirm must wait for the op's majority (0: none)
-Append = Callable[[LedQueue, dict[str, Any], int], int]
+#: append(queue, op, lsn, seq) -> offset: an op for the queue's log; ``lsn``: the core
+#: record whose confirm must wait for the op's majority, ``seq``: the local seq of the
+#: message a ``pub`` brings (0: none), held back from consumers until then too
+Append = Callable[[LedQueue, dict[str, Any], int, int], int]
 
 
 class RecordTranslator:
@@ -96,7 +97,7 @@ class RecordTranslator:
             if origin is not None and not origin.restoring:
                 gone = origin.ids.pop(origin_seq, None)
                 if gone is not None:
-                    self.append(origin, {"t": "set", "ids": [gone]}, 0)
+                    self.append(origin, {"t": "set", "ids": [gone]}, 0, 0)
             self._enqueue(inner, lsn, led)
         elif rtype in (_SETTLE, _DELIVERED):
             qid, seqs = decode_seqs(payload)
@@ -110,7 +111,7 @@ class RecordTranslator:
                 ids = [i for i in (queue.ids.get(s) for s in seqs) if i is not None]
                 kind = "dlv"
             if ids:
-                self.append(queue, {"t": kind, "ids": ids}, 0)
+                self.append(queue, {"t": kind, "ids": ids}, 0, 0)
         else:  # delivery counts
             qid, pairs = decode_counts(payload)
             queue = led.get(qid)
@@ -118,7 +119,7 @@ class RecordTranslator:
                 return
             counts = [[queue.ids[s], n] for s, n in pairs if s in queue.ids]
             if counts:
-                self.append(queue, {"t": "cnt", "n": counts}, 0)
+                self.append(queue, {"t": "cnt", "n": counts}, 0, 0)
 
     def _enqueue(self, payload: bytes, lsn: int, led: dict[int, LedQueue]) -> None:
         record = None
@@ -136,7 +137,7 @@ class RecordTranslator:
                 "b": base64.b64encode(record.body).decode(),
                 "w": record.wall_s,
             }
-            queue.ids[record.seq] = self.append(queue, op, lsn)
+            queue.ids[record.seq] = self.append(queue, op, lsn, record.seq)
 
 
 def _qids(payload: bytes) -> list[int]:

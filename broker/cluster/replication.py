@@ -246,10 +246,17 @@ class Replication:
         led.restoring = True
         self.translator.led[queue.qid] = led
         live, settled = fold(replica.log.entries)
+        core.hold_deliveries(name, 0)  # until the new epoch's first entry has its majority
+        restored: list[tuple[int, int]] = []
         try:
             for m in live:
-                seq = core.restore_message(name, m.exchange, m.routing_key, m.body, m.properties, m.wall, m.deliveries)
+                # possibly delivered by the old leader in its last moments, its mark not
+                # on a majority: counted as delivered once (marked redelivered)
+                seq = core.restore_message(
+                    name, m.exchange, m.routing_key, m.body, m.properties, m.wall, max(1, m.deliveries)
+                )
                 led.ids[seq] = m.id
+                restored.append((m.id, seq))
             for exchange, message_id, wall in settled:
                 core.remember_message_id(exchange, message_id, wall)
             self.runtime.pump()
@@ -263,8 +270,10 @@ class Replication:
             list(d.get("replicas", [])),
             replica.log,
             release=self._release,
+            deliverable=lambda seq: self._deliverable(name, seq),
             alive=self._alive_with(self.node.membership.lease),
         )
+        side.unreleased.extend(restored)
         side.isr = in_sync_set(self.node.view, name)[0] or list(side.replicas)
         replica.log.append(epoch, {"t": "lead", "node": self.me})
         side.appended(replica.log.end_offset, 0)
@@ -288,7 +297,7 @@ class Replication:
 
         return alive
 
-    def _append(self, led: LedQueue, op: dict[str, Any], lsn: int) -> int:
+    def _append(self, led: LedQueue, op: dict[str, Any], lsn: int, seq: int) -> int:
         """The translator's append: into the led queue's log, holding ``lsn``."""
         replica = self.queues.get(led.name)
         side = replica.leading if replica is not None else None
@@ -297,8 +306,12 @@ class Replication:
         offset = replica.log.append(side.epoch, op)
         if lsn:
             self.core.hold_confirms((lsn,))
-        side.appended(offset, lsn)
+        side.appended(offset, lsn, seq)
         return offset
+
+    def _deliverable(self, queue: str, seq: int) -> None:
+        self.core.hold_deliveries(queue, seq)
+        self.runtime.pump()
 
     def _release(self, lsns: list[int]) -> None:
         self.core.release_held_confirms(lsns)

@@ -446,6 +446,16 @@ class Broker:
         if queue is not None:
             queue.refusal = reason
 
+    def hold_deliveries(self, name: str, after_seq: int | None) -> None:
+        """Hand out no message of queue ``name`` with a seq above ``after_seq`` (None:
+        every message again); a raised bound wakes its consumers and long-polls."""
+        queue = self.store.queues.get(name)
+        if queue is not None:
+            queue.hold_after = after_seq
+            self._wakeups.dispatch[name] = queue
+            if queue.getters:
+                self._wakeups.getters[name] = queue
+
     def restore_message(
         self,
         queue: str,

@@ -106,6 +106,7 @@ class Queue:
         "single_active",
         "handing_over",
         "refusal",
+        "hold_after",
     )
 
     def __init__(
@@ -155,6 +156,9 @@ class Queue:
         #: why publishes to this queue are nacked for now (``Broker.refuse_queue``: a
         #: replicated queue below its majority), or None
         self.refusal: str | None = None
+        #: messages with a higher seq are not handed out yet (``Broker.hold_deliveries``:
+        #: a replicated queue delivers only what a majority holds), or None
+        self.hold_after: int | None = None
         self.overflow: str = arguments.get("x-overflow", "drop-head")
         ttl = arguments.get("x-message-ttl")
         self.message_ttl_s: float | None = ttl / 1000.0 if ttl is not None else None

@@ -425,10 +425,14 @@ class QueueStore:
         return entry
 
     def pop_live(self, queue: Queue) -> Entry | None:
-        """The next ready entry, dropping expired ones on the way."""
+        """The next ready entry, dropping expired ones on the way; None also when the
+        next one is held back (``Queue.hold_after``)."""
         while True:
             entry = self.pop(queue)
             if entry is None:
+                return None
+            if queue.hold_after is not None and entry.message.seq > queue.hold_after:
+                queue.requeue(entry)
                 return None
             if entry.expires_at is not None and entry.expires_at <= self._wall_clock():
                 self._dead_letter(queue, entry, "expired")

@@ -73,7 +73,7 @@ def test_the_translator_turns_core_records_into_ops_and_fold_restores_them() -> 
     core.declare_queue("classic")
     ops: list[tuple[str, dict[str, object], int]] = []
 
-    def append(queue: LedQueue, op: dict[str, object], lsn: int) -> int:
+    def append(queue: LedQueue, op: dict[str, object], lsn: int, seq: int) -> int:
         ops.append((queue.name, op, lsn))
         return len(ops)
 

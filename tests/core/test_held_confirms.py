@@ -7,7 +7,7 @@ from __future__ import annotations
 from broker.core import Deliver
 from broker.core.records import RecordType
 
-from .helpers import Harness
+from .helpers import Harness, ready_entries
 
 
 def test_a_held_lsn_keeps_its_ack_and_every_later_one_until_released() -> None:
@@ -77,3 +77,22 @@ def test_a_restored_message_is_logged_redelivered_and_deduplicated() -> None:
     h.sync()
     assert h.acked(ch, 1)
     assert h.b.stats["deduplicated"] == 1
+
+
+def test_held_deliveries_wait_for_their_bound_then_go_in_order() -> None:
+    h = Harness()
+    h.queue("q")
+    ch = h.channel()
+    for body in (b"a", b"b", b"c"):
+        h.publish(ch, "", "q", body)
+    h.sync()
+    seqs = [e.message.seq for e in ready_entries(h.b, "q")]
+    h.b.hold_deliveries("q", 0)
+    consumer = h.channel()
+    h.b.consume(consumer, "q")
+    assert h.bodies(h.step(), consumer) == []
+    assert h.b.get("q", 5, 30.0) == []  # REST gets wait too
+    h.b.hold_deliveries("q", seqs[1])
+    assert h.bodies(h.step(), consumer) == [b"a", b"b"]
+    h.b.hold_deliveries("q", None)
+    assert h.bodies(h.step(), consumer) == [b"c"]
