@@ -31,7 +31,7 @@ from broker.cluster.etcd import EtcdClient
 from broker.cluster.etcdproto import CompareCreate, CompareMod, OpPut
 from broker.cluster.view import ClusterKeys, ClusterView, canonical
 
-__all__ = ["LeaderInfo", "campaign", "change_isr", "in_sync_set", "leader_of", "majority"]
+__all__ = ["LeaderInfo", "campaign", "change_isr", "ever_led", "in_sync_set", "leader_of", "majority"]
 
 
 @dataclass(frozen=True)
@@ -62,15 +62,23 @@ def in_sync_set(view: ClusterView, queue: str) -> tuple[list[str], int]:
     return [str(n) for n in value.get("isr", [])], view.revision_of("isr", queue)
 
 
+def ever_led(view: ClusterView, queue: str) -> bool:
+    """Whether the queue ever had a leader (its log has entries somewhere)."""
+    return bool((view.get("isr", queue) or {}).get("led"))
+
+
 async def campaign(
-    client: EtcdClient, keys: ClusterKeys, queue: str, record: dict[str, Any], lease: int, isr_revision: int
+    client: EtcdClient, keys: ClusterKeys, queue: str, record: dict[str, Any], lease: int, isr: list[str], isr_revision: int
 ) -> int | None:
     """Try to become the queue's leader: its epoch, or None when someone else leads or
-    the in-sync set changed since it was read (at ``isr_revision``)."""
+    the in-sync set changed since it was read (``isr`` at ``isr_revision``). The same
+    transaction marks the set as led once: from then on an empty replica log (a
+    wiped data directory) is never a candidate."""
     leader_key = keys.replica("leaders", queue)
+    isr_key = keys.replica("isr", queue)
     result = await client.txn(
-        [CompareCreate(leader_key), CompareMod(keys.replica("isr", queue), isr_revision)],
-        [OpPut(leader_key, orjson.dumps(record), lease=lease)],
+        [CompareCreate(leader_key), CompareMod(isr_key, isr_revision)],
+        [OpPut(leader_key, orjson.dumps(record), lease=lease), OpPut(isr_key, canonical({"isr": sorted(isr), "led": True}))],
     )
     return result.revision if result.succeeded else None
 
@@ -82,6 +90,6 @@ async def change_isr(
     it no longer leads or the set changed meanwhile."""
     result = await client.txn(
         [CompareMod(keys.replica("leaders", queue), epoch), CompareMod(keys.replica("isr", queue), isr_revision)],
-        [OpPut(keys.replica("isr", queue), canonical({"isr": sorted(isr)}))],
+        [OpPut(keys.replica("isr", queue), canonical({"isr": sorted(isr), "led": True}))],
     )
     return result.revision if result.succeeded else None

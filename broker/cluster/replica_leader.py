@@ -69,6 +69,8 @@ class LeaderSide:
         self.acked: dict[str, int] = {n: 0 for n in replicas if n != me}
         #: follower -> when it last fetched (trio clock)
         self.seen: dict[str, float] = {}
+        #: followers that came back with less than they had acknowledged
+        self.regressed: set[str] = set()
         #: (offset, LSN) of publishes whose confirm waits for this offset's majority
         self.held: deque[tuple[int, int, float]] = deque()
         #: (offset, local seq) of messages consumers may not have before that offset's
@@ -116,7 +118,14 @@ class LeaderSide:
         self.seen[node] = trio.current_time()
         if offset - 1 > self.acked[node]:
             self.acked[node] = offset - 1
+            if node in self.regressed and offset > end:
+                self.regressed.discard(node)  # caught up again
             self.advance(None)
+        elif offset - 1 < self.acked[node]:
+            # it lost entries it had acknowledged (a wiped or damaged data directory):
+            # it leaves the in-sync set and counts for nothing until caught up
+            self.acked[node] = offset - 1
+            self.regressed.add(node)
         if offset > end:
             with trio.move_on_after(wait_s):
                 await self._appended.wait()

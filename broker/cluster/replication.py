@@ -53,6 +53,7 @@ from broker.cluster.etcdproto import EtcdError
 from broker.cluster.leader import (
     LeaderInfo,
     campaign,
+    ever_led,
     change_isr,
     in_sync_set,
     leader_of,
@@ -116,7 +117,10 @@ class QueueReplica:
         self.follow_scope: trio.CancelScope | None = None
         self.follower = FollowerState()
         self.refused = False
+        #: the revision of this leader's in-sync set change (-1: in flight; 0: none)
         self.isr_change_pending = 0
+        #: members being added: counted in the majority before etcd has them
+        self.isr_adding: set[str] = set()
 
 
 class Replication:
@@ -214,8 +218,10 @@ class Replication:
             isr, isr_rev = in_sync_set(view, replica.name)
             if self.me not in isr or not membership.registered:
                 return
+            if replica.log.end_offset == 0 and ever_led(view, replica.name):
+                return  # a wiped replica: it lost what the set promises it holds
             record = {"node": self.me, "url": self.node.config.advertise_url, "incarnation": membership.incarnation}
-            won = await campaign(self.node.client, self.node.keys, replica.name, record, membership.lease, isr_rev)
+            won = await campaign(self.node.client, self.node.keys, replica.name, record, membership.lease, isr, isr_rev)
             if won is not None:
                 self._lead(replica, d, won)
             return
@@ -323,8 +329,12 @@ class Replication:
         side = replica.leading
         assert side is not None
         isr, isr_rev = in_sync_set(self.node.view, replica.name)
-        if isr and isr != side.isr:
-            side.advance(isr)
+        # members being added count at once (before etcd has them: a new member may
+        # be elected as soon as etcd has it); members leaving count until the view
+        # shows them gone
+        effective = sorted(set(isr) | replica.isr_adding) if isr else []
+        if effective and effective != sorted(side.isr):
+            side.advance(effective)
         replicas = side.replicas
         need = majority(len(replicas))
         answering = [self.me, *side.responsive(self.lag_s)]
@@ -344,22 +354,27 @@ class Replication:
         if pending == -1 or (pending and self.node.view.revision < pending):
             return  # a change in flight, or not yet seen by this node's view
         replica.isr_change_pending = 0
+        replica.isr_adding = set()
         now = trio.current_time()
         silent = [
             n
             for n in isr
-            if n != self.me and now - side.seen.get(n, side.started) > self.lag_s
+            if n != self.me and (now - side.seen.get(n, side.started) > self.lag_s or n in side.regressed)
         ]
         new_isr = list(isr)
         for n in silent:
             if len(new_isr) - 1 >= need:
                 new_isr.remove(n)
         for n in replicas:
-            if n not in new_isr and n in answering and side.acked.get(n, 0) >= replica.log.end_offset:
+            caught_up = side.acked.get(n, 0) >= replica.log.end_offset and n not in side.regressed
+            if n not in new_isr and n in answering and caught_up:
                 new_isr.append(n)
         if isr and sorted(new_isr) != sorted(isr):
             assert self._nursery is not None
             replica.isr_change_pending = -1
+            replica.isr_adding = set(new_isr) - set(isr)
+            if replica.isr_adding:
+                side.advance(sorted(set(side.isr) | replica.isr_adding))
             self._nursery.start_soon(self._change_isr, replica, side.epoch, isr_rev, new_isr)
 
     async def _change_isr(self, replica: QueueReplica, epoch: int, isr_rev: int, isr: list[str]) -> None:
@@ -369,6 +384,8 @@ class Replication:
             self.node.note_etcd(exc.message)
             revision = None
         replica.isr_change_pending = revision or 0
+        if not revision:
+            replica.isr_adding = set()
         if revision:
             log.info("in-sync set changed", extra={"fields": {"queue": replica.name, "isr": sorted(isr), "epoch": epoch}})
 

@@ -53,6 +53,8 @@ class History:
     abandoned: list[str] = field(default_factory=list)
     attempts: int = 0
     nacks: int = 0
+    #: "status reason" -> how many publishes were refused so
+    refusals: dict[str, int] = field(default_factory=dict)
     #: (time, body, redelivered)
     deliveries: list[tuple[float, str, bool]] = field(default_factory=list)
     #: (time, kind, node)
@@ -160,12 +162,15 @@ def publisher(cluster: Cluster, history: History, k: int, stop: threading.Event,
                     )
                 except OSError:
                     status, answer = 0, None
-                if status == 200 and isinstance(answer, dict) and answer.get("confirm") == "ack" and answer.get("routed") == 1:
+                # (routed 0: a resend deduplicated by the message id: taken before)
+                if status == 200 and isinstance(answer, dict) and answer.get("confirm") == "ack":
                     with history.lock:
                         history.confirmed[body] = time.time()
                     break
                 with history.lock:
                     history.nacks += 1
+                    why = answer.get("reason") or answer.get("error") if isinstance(answer, dict) else "no answer"
+                    history.refusals[f"{status} {why}"] = history.refusals.get(f"{status} {why}", 0) + 1
             if time.monotonic() - first > give_up_s:
                 with history.lock:
                     history.abandoned.append(body)
@@ -180,7 +185,7 @@ def consumer(cluster: Cluster, history: History, stop: threading.Event) -> None:
             time.sleep(0.1)
             continue
         try:
-            status, got = request(leader.port, "POST", f"/queues/{QUEUE}/get?max=50&lease=30&wait=0.5", timeout_s=5)
+            status, got = request(leader.port, "POST", f"/queues/{QUEUE}/get?max=50&lease=5&wait=0.5", timeout_s=5)
             if status != 200:
                 time.sleep(0.1)
                 continue
@@ -268,8 +273,9 @@ def run(directory: Path, minutes: float, nodes: int = 3, publishers: int = 2, se
         cluster.stop()
 
 
-def drain(cluster: Cluster, history: History, quiet_s: float = 5.0, limit_s: float = 120.0) -> None:
-    """Consume until the queue stays empty for ``quiet_s``."""
+def drain(cluster: Cluster, history: History, quiet_s: float = 8.0, limit_s: float = 120.0) -> None:
+    """Consume until the queue stays empty for ``quiet_s`` (longer than the consumer's
+    5 s leases: a get whose answer was lost gives its messages back by then)."""
     deadline = time.monotonic() + limit_s
     quiet_since = time.monotonic()
     while time.monotonic() < deadline and time.monotonic() - quiet_since < quiet_s:
@@ -323,6 +329,7 @@ def check(history: History) -> dict[str, Any]:
         "faults_total": len(history.faults),
         "publish_attempts": history.attempts,
         "nacks_or_errors": history.nacks,
+        "refusals": dict(sorted(history.refusals.items(), key=lambda kv: -kv[1])[:5]),
         "confirmed": len(history.confirmed),
         "abandoned": len(history.abandoned),
         "delivered_distinct": len(delivered),
