@@ -172,7 +172,7 @@ async def follow(
                 state.fetches += 1
                 state.error = None
                 delay = 0.05
-            except (PeerError, ValueError, KeyError, TypeError) as exc:
+            except (PeerError, OSError, ValueError, KeyError, TypeError) as exc:
                 state.error = str(exc)
                 truncated = False
                 await trio.sleep(delay)

@@ -22,6 +22,7 @@ while its lease holds.
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -31,6 +32,8 @@ import trio
 from broker.cluster.replica_log import ReplicaLog
 
 __all__ = ["FETCH_MAX_ENTRIES", "LeaderSide", "StaleEpoch"]
+
+log = logging.getLogger("ackbus.cluster")
 
 #: The most entries one fetch answer carries.
 FETCH_MAX_ENTRIES = 2000
@@ -101,7 +104,14 @@ class LeaderSide:
         while not self.stopped:
             await self._to_sync.wait()
             self._to_sync = trio.Event()
-            await self.log.sync()
+            try:
+                await self.log.sync()
+            except OSError as exc:
+                # nothing past the synced offset counts; the write is tried again
+                log.error("replica log write failed", extra={"fields": {"queue": self.name, "error": str(exc)}})
+                self._to_sync.set()
+                await trio.sleep(0.5)
+                continue
             self.advance(None)
 
     # ------------------------------------------------------------------ followers

@@ -53,8 +53,8 @@ from broker.cluster.etcdproto import EtcdError
 from broker.cluster.leader import (
     LeaderInfo,
     campaign,
-    ever_led,
     change_isr,
+    ever_led,
     in_sync_set,
     leader_of,
     majority,
@@ -66,6 +66,7 @@ from broker.cluster.replica_leader import LeaderSide, StaleEpoch
 from broker.cluster.replica_log import ReplicaLog, replica_log_path
 from broker.cluster.replica_ops import LedQueue, RecordTranslator, fold
 from broker.cluster.view import ClusterKeys, ClusterView
+from broker.core import BrokerError
 from broker.runtime import BrokerRuntime, tap_records
 
 __all__ = ["NO_QUORUM", "QUORUM", "Replication", "is_quorum"]
@@ -177,10 +178,15 @@ class Replication:
         for name in [n for n in self.queues if n not in wanted]:
             self._forget(name)
         for name, d in wanted.items():
-            replica = self.queues.get(name)
-            if replica is None:
-                replica = self._open(name)
-            await self._reconcile_one(replica, d)
+            try:
+                replica = self.queues.get(name)
+                if replica is None:
+                    replica = self._open(name)
+                await self._reconcile_one(replica, d)
+            except (OSError, BrokerError, ValueError) as exc:
+                # one queue's trouble (its log unreadable, its core refusing) must not
+                # stop the others: it is retried at the next round
+                log.error("quorum queue not reconciled", extra={"fields": {"queue": name, "error": str(exc)}})
 
     def _open(self, name: str) -> QueueReplica:
         log_ = ReplicaLog(replica_log_path(self.data_dir, name))
