@@ -4,7 +4,8 @@ It starts a private etcd and N broker nodes on loopback (tests/support), declare
 3-replica quorum queue, and runs for the given time:
 
 - **publishers** (threads), each sending numbered messages ``p<k>-<n>`` in order, one
-  at a time, to whichever node leads the queue, with the message id equal to the body;
+  at a time, to whichever node leads the queue, with the message id equal to the body
+  and ``mandatory`` (a node that stopped leading routes it nowhere: not a confirm);
   a message not confirmed (nack, 503, error) is sent again, same id, until confirmed
   or ``give_up_s`` passes; every attempt and every confirm is recorded;
 - a **consumer** taking messages from the leader with REST gets (leases) and acking
@@ -157,12 +158,14 @@ def publisher(cluster: Cluster, history: History, k: int, stop: threading.Event,
                     history.attempts += 1
                 try:
                     status, answer = request(
-                        leader.port, "POST", f"/exchanges/amq.default/publish?routing_key={QUEUE}", body.encode(),
+                        leader.port, "POST", f"/exchanges/amq.default/publish?routing_key={QUEUE}&mandatory=true", body.encode(),
                         headers={"X-Message-Id": body}, timeout_s=10,
                     )
                 except OSError:
                     status, answer = 0, None
-                # (routed 0: a resend deduplicated by the message id: taken before)
+                # mandatory: a node that no longer holds the queue answers 404 no_route
+                # (not an ack of a message routed nowhere); routed 0 with 200 is a
+                # resend deduplicated by its message id (taken before)
                 if status == 200 and isinstance(answer, dict) and answer.get("confirm") == "ack":
                     with history.lock:
                         history.confirmed[body] = time.time()
