@@ -3,7 +3,7 @@ transactions only.
 
 Keys (``ClusterKeys.replica``):
 
-- ``replicas/leaders/<queue>``: ``{"node", "url", "incarnation"}``, put **once** by the
+- ``replicas/leaders/<queue>``: ``{"node", "url", "incarnation", "lease"}``, put **once** by the
   winner of an election, with the winner's membership lease: it vanishes when that
   lease lapses (the node died, hung or lost etcd). It is never modified, so its
   revision is its create revision: the leader's **epoch**, the etcd revision at which
@@ -39,6 +39,8 @@ class LeaderInfo:
     node: str
     url: str
     incarnation: str
+    #: the membership lease leadership was won with (it ends with that lease)
+    lease: int
     epoch: int
 
 
@@ -51,7 +53,13 @@ def leader_of(view: ClusterView, queue: str) -> LeaderInfo | None:
     value = view.get("leaders", queue)
     if value is None:
         return None
-    return LeaderInfo(str(value.get("node")), str(value.get("url")), str(value.get("incarnation")), view.revision_of("leaders", queue))
+    return LeaderInfo(
+        str(value.get("node")),
+        str(value.get("url")),
+        str(value.get("incarnation")),
+        int(value.get("lease") or 0),
+        view.revision_of("leaders", queue),
+    )
 
 
 def in_sync_set(view: ClusterView, queue: str) -> tuple[list[str], int]:

@@ -226,21 +226,30 @@ class Replication:
                 return
             if replica.log.end_offset == 0 and ever_led(view, replica.name):
                 return  # a wiped replica: it lost what the set promises it holds
-            record = {"node": self.me, "url": self.node.config.advertise_url, "incarnation": membership.incarnation}
-            won = await campaign(self.node.client, self.node.keys, replica.name, record, membership.lease, isr, isr_rev)
+            record = {
+                "node": self.me,
+                "url": self.node.config.advertise_url,
+                "incarnation": membership.incarnation,
+                "lease": membership.lease,
+            }
+            lease = membership.lease
+            won = await campaign(self.node.client, self.node.keys, replica.name, record, lease, isr, isr_rev)
             if won is not None:
-                self._lead(replica, d, won)
+                self._lead(replica, d, won, lease)
             return
         if leader.node == self.me:
-            if leader.incarnation == membership.incarnation and membership.registered:
-                self._lead(replica, d, leader.epoch)
-            return  # a key of this node's earlier process: it lapses with its lease
+            if leader.lease == membership.lease and membership.registered:
+                self._lead(replica, d, leader.epoch, leader.lease)
+            # else a key written with a lease this node no longer holds (an earlier
+            # process, or its own lease counted lost): it lapses with that lease
+            return
         self._follow(replica, leader)
 
     # ----------------------------------------------------------------- leading
 
-    def _lead(self, replica: QueueReplica, d: dict[str, Any], epoch: int) -> None:
-        """Become the leader of ``epoch``: the queue enters the core from the log."""
+    def _lead(self, replica: QueueReplica, d: dict[str, Any], epoch: int, lease: int) -> None:
+        """Become the leader of ``epoch``, won with membership lease ``lease``: the
+        queue enters the core from the log."""
         self._stop_following(replica)
         if not self._tapped:
             tap_records(self.runtime, self.translator.tap)
@@ -283,7 +292,7 @@ class Replication:
             replica.log,
             release=self._release,
             deliverable=lambda seq: self._deliverable(name, seq),
-            alive=self._alive_with(self.node.membership.lease),
+            alive=self._alive_with(lease),
         )
         side.unreleased.extend(restored)
         side.isr = in_sync_set(self.node.view, name)[0] or list(side.replicas)
