@@ -6,6 +6,8 @@ restarted or wiped follower catches up."""
 from __future__ import annotations
 
 import base64
+import os
+import signal
 import shutil
 import time
 from collections.abc import Callable
@@ -189,3 +191,34 @@ def test_a_restarted_follower_and_a_wiped_one_catch_up_and_rejoin_the_in_sync_se
     # (consumers get them once the new epoch's first entry is on a majority)
     wait_for("every confirmed message", lambda: got.extend(bodies(new.drain("q"))) or len(got) >= 40, timeout_s=TTL_S * 4 + 10)
     assert sorted(got) == sorted(f"m{i}" for i in range(40))
+
+
+def test_a_leader_paused_past_its_lease_steps_down_and_follows_the_new_one(three: dict[str, BrokerProcess]) -> None:
+    _declare(three["a"], "q")
+    leader = leader_of(three, "q")
+    name = next(n for n, p in three.items() if p is leader)
+    for i in range(10):
+        _ack(leader, "q", f"m{i}")
+    assert leader.proc is not None
+    os.kill(leader.proc.pid, signal.SIGSTOP)
+    try:
+        new = leader_of({n: p for n, p in three.items() if n != name}, "q", not_=name)
+        wait_for(
+            "a confirm from the new leader",
+            lambda: publish(new, "q", "after", "id-after")[0] == 200,
+            timeout_s=TTL_S * 4 + 10,
+        )
+    finally:
+        os.kill(leader.proc.pid, signal.SIGCONT)
+    # awake, its lease ran out by its own clock: it leads nothing, follows, catches up
+    wait_for(
+        "the old leader following the new one",
+        lambda: replication(leader, "q").get("local", {}).get("role") == "follower"
+        and replication(new, "q")["lag"].get(name) == 0,
+        timeout_s=TTL_S * 4 + 10,
+    )
+    status, _answer = leader.request("POST", "/exchanges/amq.default/publish?routing_key=q&mandatory=true", b"late")
+    assert status == 404  # it no longer holds the queue: routed nowhere, not confirmed
+    got: list[str] = []
+    wait_for("every confirmed message", lambda: got.extend(bodies(new.drain("q"))) or len(got) >= 11, timeout_s=20)
+    assert sorted(got) == sorted([f"m{i}" for i in range(10)] + ["after"])
