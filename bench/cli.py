@@ -177,6 +177,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--tls", action="store_true",
                         help="ackbus serves HTTPS (a certificate made for each run) and its clients "
                         "verify it: compare with a run without --tls for the cost of TLS")
+    parser.add_argument("--amqp", action="store_true",
+                        help="ackbus's side runs the pika workers (bench/worker_rabbitmq.py) against its AMQP "
+                        "0-9-1 port instead of the HTTP client; only the workloads RabbitMQ runs")
     parser.add_argument("--plot", action="store_true", help="draw the chart (PNG) from the results")
     parser.add_argument("--plot-file", type=Path, default=ROOT / "docs" / "benchmarks.png", metavar="PNG",
                         help="where --plot writes the chart (default docs/benchmarks.png)")
@@ -198,6 +201,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     unknown = [n for n in names if n not in WORKLOADS]
     if unknown:
         parser.error(f"unknown workload(s) {', '.join(unknown)}; choose from {', '.join(WORKLOADS)}")
+    if args.amqp:
+        names = [n for n in names if WORKLOADS[n].runs_on("rabbitmq")]
     args.names = names
     return args
 
@@ -250,7 +255,8 @@ def main(argv: list[str] | None = None) -> int:
         "params": {k: list(v) if isinstance(v, tuple) else v for k, v in params.__dict__.items()},
         "options": {"peer": ",".join(args.peers) or None, "peers": args.peers, "rounds": args.rounds, "quick": args.quick,
                     "client_backend": args.client_backend, "workloads": args.names,
-                    "ackbus_client": "client library (client/)", "fsync": "always", "tls": args.tls},
+                    "ackbus_client": "pika on the AMQP port" if args.amqp else "client library (client/)",
+                    "fsync": "always", "tls": args.tls, "amqp": args.amqp},
         "runs": [],
     }
     progress.say(f"results: {results_path}")
@@ -262,7 +268,8 @@ def main(argv: list[str] | None = None) -> int:
                     if not workload.runs_on(side):
                         continue
                     progress.run(f"{workload.title} · round {round_no}/{args.rounds} · {side}")
-                    run = _one_run(workload, side, round_no, params, tmp_root, log_dir, progress, results, args.tls)
+                    run = _one_run(workload, side, round_no, params, tmp_root, log_dir, progress, results, args.tls,
+                                   args.amqp)
                     results["runs"].append(run)
                     _write_json(results_path, results)
                     progress.finished_run()
@@ -301,11 +308,11 @@ def _draw(summaries: Any, results: dict[str, Any], plot_file: Path) -> None:
 
 def _one_run(
     workload: Any, side: str, round_no: int, params: Params, tmp_root: Path, log_dir: Path,
-    progress: Progress, results: dict[str, Any], tls: bool = False,
+    progress: Progress, results: dict[str, Any], tls: bool = False, amqp: bool = False,
 ) -> dict[str, Any]:
     workdir = tmp_root / f"{workload.name}-{round_no}-{side}"
     server: AckbusServer | RabbitServer | RedisServer = (
-        AckbusServer(workdir, tls=tls) if side == "ackbus" else PEER_SERVERS[side](workdir))
+        AckbusServer(workdir, tls=tls, amqp=amqp) if side == "ackbus" else PEER_SERVERS[side](workdir))
     run: dict[str, Any] = {"workload": workload.name, "round": round_no, "side": side, "figures": {},
                            "loadavg_before": os.getloadavg()}
     # Every step has its own time limit; the watchdog is the backstop for a call that

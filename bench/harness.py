@@ -67,7 +67,7 @@ class Context:
     ) -> list[dict[str, Any]]:
         full = [{**server.client_spec(), **spec} for spec in specs]
         results = run_workers(
-            server.side,
+            getattr(server, "worker_side", server.side),  # --amqp: pika workers on ackbus
             full,
             log_dir=self.log_dir,
             ready_timeout_s=self.params.ready_timeout_s,

@@ -182,8 +182,12 @@ def _abort_tree(proc: subprocess.Popen[bytes] | None) -> None:
 class AckbusServer:
     side = "ackbus"
 
-    def __init__(self, workdir: Path, *, fsync: str = "always", tls: bool = False) -> None:
+    def __init__(self, workdir: Path, *, fsync: str = "always", tls: bool = False, amqp: bool = False) -> None:
         self.workdir = workdir
+        #: ``--amqp``: the broker serves AMQP 0-9-1 too and the workers are the pika
+        #: ones (bench/worker_rabbitmq.py) against that port; else no AMQP listener.
+        self.amqp_port = free_port() if amqp else 0
+        self.worker_side = "rabbitmq" if amqp else "ackbus"
         self.data_dir = workdir / "data"
         self.fsync = fsync
         #: Serve HTTPS with a certificate made for the run (``--tls``): clients trust
@@ -232,6 +236,7 @@ class AckbusServer:
                     sys.executable, "-m", "broker",
                     "--host", "127.0.0.1", "--port", str(self.port),
                     "--data-dir", str(self.data_dir), "--fsync", self.fsync, *tls_args,
+                    "--amqp-port", str(self.amqp_port),
                 ],
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -312,7 +317,10 @@ class AckbusServer:
             return resp.status, data
 
     def client_spec(self) -> dict[str, Any]:
-        return {"url": self.url, "ca_file": str(self.ca_file) if self.tls else None}
+        spec: dict[str, Any] = {"url": self.url, "ca_file": str(self.ca_file) if self.tls else None}
+        if self.amqp_port:
+            spec["port"] = self.amqp_port  # the pika worker's broker
+        return spec
 
     def wal_bytes_written(self) -> int | None:
         """Bytes the broker appended to its WAL since it started (``GET /overview``,

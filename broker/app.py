@@ -14,6 +14,7 @@ from typing import Any
 
 import trio
 
+from broker.amqp import AMQPServer
 from broker.api import (
     Authenticator,
     BrokerMetrics,
@@ -84,8 +85,12 @@ class BrokerApp:
         *,
         metrics_handler: Any = None,
         tls: TLSFiles | None = None,
+        amqp_port: int = 0,
+        amqps_port: int = 0,
         cluster: ClusterConfig | None = None,
     ) -> None:
+        """``amqp_port``/``amqps_port``: the AMQP 0-9-1 listeners (docs/amqp.md); 0 is
+        off (AMQPS needs ``tls``)."""
         self.runtime = runtime
         #: Whether the server listens on loopback only (set by :meth:`serve`): then,
         #: and only then, requests are served without credentials while no user exists.
@@ -106,7 +111,14 @@ class BrokerApp:
             error_translator=http_error,
         )
         self.tls = tls
+        self.limits = limits
         self._scope: trio.CancelScope | None = None
+        self.amqp_port = amqp_port
+        self.amqps_port = amqps_port if tls is not None else 0
+        #: The AMQP listeners (plain, then TLS), once serving.
+        self.amqp_servers: list[AMQPServer] = []
+        #: The TLS context new connections get (the HTTP server holds the same one).
+        self._ssl_context: ssl.SSLContext | None = None
 
     def reload_tls(self) -> bool:
         """Read the TLS files again (SIGHUP): new connections get the new certificate,
@@ -120,6 +132,7 @@ class BrokerApp:
             log.error("TLS files not reloaded; the old certificate stays in use", extra={"fields": {"error": str(exc)}})
             return False
         self.server.set_ssl_context(context)
+        self._ssl_context = context
         log.info("TLS certificate reloaded", extra={"fields": {"cert": str(self.tls.cert)}})
         return True
 
@@ -145,7 +158,8 @@ class BrokerApp:
         """
         self.loopback_only = is_loopback(host)
         if self.tls is not None:
-            self.server.set_ssl_context(self.tls.load())
+            self._ssl_context = self.tls.load()
+            self.server.set_ssl_context(self._ssl_context)
         async with trio.open_nursery() as nursery:
             self._scope = nursery.cancel_scope
             if self.cluster is not None:
@@ -158,10 +172,32 @@ class BrokerApp:
                 "listening",
                 extra={"fields": {"host": host, "port": self.server.ports[0], "tls": self.server.tls}},
             )
+            for amqp_port, secure in ((self.amqp_port, False), (self.amqps_port, True)):
+                if amqp_port:
+                    await self._serve_amqp(nursery, host, amqp_port, secure)
             await nursery.start(self.runtime.serve)
             if not self.loopback_only:
                 nursery.start_soon(self._refuse_without_users, host)
             task_status.started(self)
+
+    async def _serve_amqp(self, nursery: trio.Nursery, host: str, port: int, secure: bool) -> None:
+        """Start one AMQP listener (bound before recovery, like the HTTP port, so a taken
+        port fails the start). Raises OSError naming the address."""
+        amqp = AMQPServer(
+            self.runtime,
+            login=self.auth.login,
+            ssl_context=(lambda: self._ssl_context) if secure else (lambda: None),
+            max_connections=self.limits.max_connections,
+            max_connections_per_address=self.limits.max_connections_per_address,
+        )
+        await nursery.start(amqp.serve, host, port)
+        self.amqp_servers.append(amqp)
+        log.info("listening", extra={"fields": {"host": host, "port": amqp.ports[0], "protocol": "amqps" if secure else "amqp"}})
+
+    @property
+    def amqp_ports(self) -> list[int]:
+        """The bound AMQP ports (plain first), for tests and logs."""
+        return [amqp.ports[0] for amqp in self.amqp_servers]
 
     async def _serve_cluster(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """The node's part in the cluster; refuses to start when its name is taken or
@@ -209,6 +245,8 @@ class BrokerApp:
         """
         deadline = trio.current_time() + timeout_s
         self.server.stop_accepting()
+        for amqp in self.amqp_servers:
+            amqp.stop_accepting()
         if not self.runtime.ready:
             log.info("recovery still running: stopping once it has finished")
             await self.server.shutdown(grace_s=0)
@@ -263,6 +301,8 @@ def build_app(settings: Settings) -> BrokerApp:
         metrics_handler=metrics.handler(runtime),
         tls=tls_files(settings),
         cluster=cluster_config(settings),
+        amqp_port=settings.amqp_port,
+        amqps_port=settings.amqps_port,
     )
     metrics.bind(runtime, app.server, app.auth)
     return app

@@ -56,7 +56,7 @@ from .cli_coordination import CoordinationCommands, add_coordination_commands
 from .codec import Properties
 from .connection import DEFAULT_URL, Connection
 from .consumer import Message
-from .transport import StreamOpener
+from .endpoint import StreamOpener
 
 __all__ = ["main", "run", "build_parser"]
 

@@ -4,7 +4,7 @@ The client runs on anyio, so the same code serves trio and asyncio programs. Two
 scheduling hints on its hot path have no anyio equivalent: how many tasks are ready to
 run (the channel writer coalesces ops while producers are runnable, and the reader lets
 consumers run after handing them deliveries), and whether direct socket writes are safe
-(see ``client.transport.DuplexExchange``). Both are answered here per backend; an
+(see ``client.duplex.DuplexExchange``). Both are answered here per backend; an
 unknown backend gets the conservative answer.
 """
 

@@ -1,7 +1,7 @@
 """The chunked transfer coding of a channel's body (RFC 9112 §7.1), both directions.
 
 Pure: bytes in, bytes out. h11 writes the request head and reads the response head of
-the ``POST /channel`` exchange; :class:`~client.transport.DuplexExchange` then frames
+the ``POST /channel`` exchange; :class:`~client.duplex.DuplexExchange` then frames
 the request body's chunks with :func:`encode_chunk` and decodes a chunked response
 body with :class:`ChunkedDecoder`, because h11's general event machinery was the
 largest single cost of receiving a confirm: 9 µs per one-line chunk in a tight loop

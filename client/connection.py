@@ -17,12 +17,13 @@ from typing import Any
 from ._nursery import open_service_nursery
 from .backoff import ReconnectPolicy
 from .channel import Channel
+from .endpoint import Endpoint, StreamOpener, open_tcp
 from .errors import ClientClosed
 from .locks import HeldLock, hold_lock
 from .rest import BrokerAPI
 from .schedules import Schedules
 from .settings import Settings
-from .transport import Endpoint, RestClient, StreamOpener, open_tcp
+from .transport import RestClient
 
 __all__ = ["Connection", "connect", "DEFAULT_URL"]
 
@@ -40,7 +41,7 @@ class Connection(BrokerAPI):
         self.endpoint = endpoint
         self.settings = settings
         self._opener = opener
-        self._rest = RestClient(endpoint, opener, timeout_s=settings.request_timeout_s)
+        super().__init__(RestClient(endpoint, opener, timeout_s=settings.request_timeout_s))
         self._channels: list[Channel] = []
         self._closed = False
         self._stopped_consuming = False

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 import anyio.lowlevel
@@ -43,25 +43,18 @@ __all__ = ["Message", "MessageStream", "Settler"]
 YIELD_EVERY = 16
 
 
-class Settler:
-    """What a message needs from its channel (implemented by Channel)."""
+class Settler(Protocol):
+    """What a message needs from its channel: settling it on the session that
+    delivered it (:class:`~client.settling.DeliverySettler`)."""
 
-    _settle_calls = 0
+    async def settle(self, message: Message, op: str, requeue: bool, delay_s: float | None = None) -> bool:
+        """Send ``op`` (``ack``, ``nack``, ``reject``) for ``message``; return whether
+        it was sent. Raises: MessageAlreadySettled."""
+        ...
 
-    def _settle(self, message: Message, op: str, requeue: bool, delay_s: float | None = None) -> bool:  # pragma: no cover
-        raise NotImplementedError
-
-    def _touch(self, message: Message) -> bool:  # pragma: no cover
-        raise NotImplementedError
-
-
-async def _settled(settler: Settler, sent: bool) -> bool:
-    """Return ``sent`` after a schedule point every YIELD_EVERY settles (shielded: the
-    op is already queued, so the caller must learn its result)."""
-    settler._settle_calls += 1
-    if not settler._settle_calls % YIELD_EVERY:
-        await anyio.lowlevel.cancel_shielded_checkpoint()
-    return sent
+    def touch(self, message: Message) -> bool:
+        """Send ``touch`` for ``message``; return whether it was sent."""
+        ...
 
 
 #: Longest delay the broker takes (2^32 - 1 ms).
@@ -203,7 +196,7 @@ class Message:
         Raises:
             MessageAlreadySettled: already settled; nothing was sent.
         """
-        return await _settled(self._settler, self._settler._settle(self, "ack", False))
+        return await self._settler.settle(self, "ack", False)
 
     async def nack(self, *, requeue: bool = True, delay_s: float | None = None) -> bool:
         """Negative-acknowledge: with ``requeue`` (the default) the message goes back to
@@ -218,7 +211,7 @@ class Message:
             ValueError: ``delay_s`` without ``requeue``, or out of range.
         """
         check_delay(requeue, delay_s)
-        return await _settled(self._settler, self._settler._settle(self, "nack", requeue, delay_s))
+        return await self._settler.settle(self, "nack", requeue, delay_s)
 
     async def reject(self, *, requeue: bool = False, delay_s: float | None = None) -> bool:
         """Reject: by default the message is dead-lettered (or dropped, see
@@ -230,7 +223,7 @@ class Message:
             ValueError: ``delay_s`` without ``requeue``, or out of range.
         """
         check_delay(requeue, delay_s)
-        return await _settled(self._settler, self._settler._settle(self, "reject", requeue, delay_s))
+        return await self._settler.settle(self, "reject", requeue, delay_s)
 
     async def touch(self) -> bool:
         """Reset this delivery's ack timeout (consumers started with ``ack_timeout_s``):
@@ -247,7 +240,7 @@ class Message:
                 f"message {self.delivery_tag} of consumer {self.consumer_tag!r} is already settled"
             )
         await anyio.lowlevel.checkpoint()
-        return self._settler._touch(self)
+        return self._settler.touch(self)
 
     def _mark_settled(self) -> None:
         """Raises MessageAlreadySettled when already settled."""

@@ -32,8 +32,9 @@ import anyio
 import orjson
 
 from ._nursery import open_service_nursery
+from .endpoint import Endpoint, StreamOpener
 from .errors import ClientError
-from .transport import Endpoint, RestClient, StreamOpener, error_from_response
+from .transport import RestClient, error_from_response
 
 __all__ = ["HeldLock", "LockHeld", "LockLost", "hold_lock", "default_owner"]
 

@@ -97,14 +97,15 @@ class LeasedMessage:
 
 
 class BrokerAPI:
-    """REST calls; mixed into :class:`~client.connection.Connection`.
+    """REST calls over ``rest``; the base of :class:`~client.connection.Connection`.
 
     Every method raises :class:`~client.errors.BrokerRequestError` on a non-2xx answer,
     :class:`~client.errors.ConnectionLost` when the broker cannot be reached, and
     :class:`~client.errors.ProtocolError` on an answer it cannot parse.
     """
 
-    _rest: RestClient
+    def __init__(self, rest: RestClient) -> None:
+        self._rest = rest
 
     async def _call(
         self,

@@ -1,11 +1,12 @@
-"""One physical channel session: a ``POST /channel`` exchange on its own connection.
+"""One session of a channel: a :class:`SessionLink`, the ``POST /channel`` exchange on
+its own connection that carries the channel's ops out and its events in.
 
-A :class:`~client.channel.Channel` outlives its sessions: when one drops, the channel
-opens the next. A session only moves lines:
+A :class:`~client.channel.Channel` outlives its sessions: when one drops, its
+supervisor (:mod:`client.supervisor`) opens the next. A session only moves lines:
 
 - :func:`open_session` connects, sends the request head, and reads up to the ``open``
   event (events that arrived in the same read are kept and dispatched first).
-- :meth:`ChannelSession.send_nowait` queues an encoded op; a writer task flushes the
+- :meth:`SessionLink.send_nowait` queues an encoded op; a writer task flushes the
   queue in chunks, many ops per chunk, so pipelined publishes cost one syscall per
   batch rather than per message. A lone op with no other task runnable (a publisher
   awaiting its confirm, a paced producer asleep) is written at once instead: waiting
@@ -16,9 +17,9 @@ opens the next. A session only moves lines:
   ``direct`` (a publish with no other publish unconfirmed that did not wait for room
   in the window, a request) is not handed
   to the writer when the writer is parked with nothing queued or being sent: it is
-  written by :meth:`ChannelSession.send_nowait` itself, in the producer's own step,
+  written by :meth:`SessionLink.send_nowait` itself, in the producer's own step,
   with a non-blocking write (plain TCP only, see
-  :meth:`~client.transport.DuplexExchange.write_nowait`). Handing it over cost a pass
+  :meth:`~client.duplex.DuplexExchange.write_nowait`). Handing it over cost a pass
   of trio's run loop, and often the reading of a confirm woken in the same pass went
   first. The rule is Nagle's: send at once when nothing is in flight, else let the
   batch build up. A publishing loop keeps publishes unconfirmed, so its ops queue
@@ -27,7 +28,7 @@ opens the next. A session only moves lines:
   settles in bursts. Order is kept: a direct write happens only with nothing queued
   or being sent, and bytes the socket did not take go out (by the writer) before
   anything else.
-- :meth:`ChannelSession.serve` runs the writer and the reader until the exchange ends,
+- :meth:`SessionLink.serve` runs the writer and the reader until the exchange ends,
   handing each decoded event to a callback, synchronously and in order. After a read
   that handed deliveries to consumers, the reader lets them run before it reads
   again.
@@ -49,14 +50,15 @@ import anyio.lowlevel
 
 from ._backend import tasks_runnable
 from .codec import Deliver, Error, Event, LineSplitter, Open, decode_event, encode_op
+from .duplex import DuplexExchange
+from .endpoint import Endpoint, StreamOpener
 from .errors import ChannelClosedByBroker, ClientError, ConnectionLost, ProtocolError
 from .messages import Reply
-from .transport import DuplexExchange, Endpoint, StreamOpener
 
 if TYPE_CHECKING:
     from .consumer import Message
 
-__all__ = ["ChannelSession", "open_session", "Reply", "SessionEnded"]
+__all__ = ["SessionLink", "open_session", "Reply", "SessionEnded"]
 
 CHUNK_BYTES = 256 * 1024
 # Scheduling rounds the writer waits for more ops before sending a chunk (unless a lone
@@ -71,8 +73,10 @@ class SessionEnded(Exception):
     """Internal: the session a reply was awaited on ended first."""
 
 
-class ChannelSession:
-    """A live ``POST /channel`` exchange. Created by :func:`open_session`."""
+class SessionLink:
+    """One session of a channel: a live ``POST /channel`` exchange, and what dies with
+    it (its replies awaited, its deliveries unsettled, its ack coalescing). Created by
+    :func:`open_session`."""
 
     def __init__(
         self,
@@ -192,7 +196,7 @@ class ChannelSession:
         self._direct = False
         self._scope.cancel()
 
-    async def serve(self, on_event: Callable[[ChannelSession, Event], None]) -> None:
+    async def serve(self, on_event: Callable[[SessionLink, Event], None]) -> None:
         """Run the writer and the reader until the exchange ends; then close the
         connection, fail outstanding replies with :class:`SessionEnded`, and set
         :attr:`ended`. Never raises :class:`ClientError`: the reason is stored in
@@ -220,7 +224,7 @@ class ChannelSession:
         finally:
             scope.cancel()
 
-    async def _read_loop(self, on_event: Callable[[ChannelSession, Event], None]) -> None:
+    async def _read_loop(self, on_event: Callable[[SessionLink, Event], None]) -> None:
         backlog, self._backlog = self._backlog, []
         for event in backlog:
             on_event(self, event)
@@ -323,7 +327,7 @@ async def open_session(
     *,
     generation: int,
     max_line_bytes: int,
-) -> ChannelSession:
+) -> SessionLink:
     """Open ``POST /channel`` and read up to its ``open`` event. The caller bounds the
     time with a cancel scope.
 
@@ -357,7 +361,7 @@ async def open_session(
             raise ChannelClosedByBroker(first.code, first.message)
         if not isinstance(first, Open):
             raise ProtocolError(f"channel started with {type(first).__name__}, not 'open'")
-        session = ChannelSession(exchange, generation, first, splitter, events[1:])
+        session = SessionLink(exchange, generation, first, splitter, events[1:])
         ok = True
         return session
     finally:

@@ -1,76 +1,48 @@
 """The reconnect supervisor of a :class:`~client.channel.Channel`.
 
-One job: keep a session to the broker alive for the channel. ``_serve`` opens a
-session (``client.session``), recovers it (declarations replayed, consumers
-re-established, pending publishes resent in order with their message ids, so the
-broker's deduplication keeps them exactly-once), serves its events, and when it ends
-backs off (``client.backoff``) and opens the next, until the channel is closed or its
-reconnect policy gives up. Events are applied in order, synchronously, from the
-session's reader task (``_on_event``): confirms settle the pending buffer
-(``client.publisher``), deliveries go to their consumer (``client.consumer``), replies
-wake their caller. An ``error`` event closes that session: if it names a publish (by
-message id) that publish is refused and not resent; if it names a request, that request
-fails; an error naming nothing is blamed on the oldest unanswered request, and after
-``MAX_UNATTRIBUTED_ERRORS`` such errors in a row with no confirm in between the channel
-fails rather than resend into the same error forever.
-
-:class:`Supervisor` is the half of ``Channel`` that does this; its state is the
-channel's (set in ``Channel.__init__``, declared below for the type checker), and the
-few channel methods it calls are declared the same way.
+One job: keep a session to the broker alive for the channel. :meth:`Supervisor.serve`
+opens a session (:mod:`client.session`), recovers it (declarations replayed,
+consumers re-established, pending publishes resent in order with their message ids,
+so the broker's deduplication keeps them exactly-once), serves its events
+(:mod:`client.events`), and when it ends backs off (:mod:`client.backoff`) and opens
+the next, until the channel is closed or its reconnect policy gives up. After
+``MAX_UNATTRIBUTED_ERRORS`` sessions in a row ended by a broker ``error`` naming no
+operation, with no confirm in between, the channel fails rather than resend into the
+same error forever; an error while replaying a declaration is fatal for the same
+reason. Giving up is the channel's to carry out (``give_up``, given to the
+constructor: it fails every publish and consumer).
 """
 
 from __future__ import annotations
 
-import logging
-from typing import TYPE_CHECKING, Literal
+from collections.abc import Callable
 
 import anyio
 
 from .backoff import Backoff
-from .codec import (
-    Ack,
-    BrokerCancel,
-    CancelOk,
-    Closing,
-    ConsumeOk,
-    ConsumerActive,
-    Deliver,
-    Error,
-    Event,
-    Expired,
-    Nack,
-    Ok,
-    Return,
-)
-from .consumer import Message, MessageStream, Settler
+from .consumer_registry import ConsumerRegistry
+from .endpoint import Endpoint, StreamOpener
 from .errors import (
     BrokerRequestError,
     ChannelClosedByBroker,
     ClientError,
     ConnectionLost,
-    ProtocolError,
     TLSRefused,
 )
-from .pending import UnknownDeliveryTag
-from .publisher import PublishTracker
-from .session import ChannelSession, SessionEnded, open_session
+from .events import RAISED, EventDispatcher, log
+from .publishing import Publisher
+from .requester import Requester
+from .session import SessionEnded, SessionLink, open_session
 from .settings import Settings
+from .status import ChannelStatus
 from .topology import Topology, describe_op
-from .transport import Endpoint, StreamOpener
+from .transactions import Transactions
 
-__all__ = ["MAX_UNATTRIBUTED_ERRORS", "State", "Supervisor"]
+__all__ = ["MAX_UNATTRIBUTED_ERRORS", "Supervisor"]
 
 # Sessions in a row that a broker ``error`` without an ``id`` ended, with no confirm
 # in between, before the channel gives up instead of resending into the same error.
 MAX_UNATTRIBUTED_ERRORS = 5
-
-State = Literal["opening", "open", "closing", "closed", "failed"]
-
-log = logging.getLogger("ackbus.client")
-
-#: ``extra`` of a log record whose failure also reaches a caller as an exception (a
-#: program that reports those itself, as the CLI does, filters such records out)
-RAISED = {"ackbus_raised": True}
 
 
 def _refused_for_good(exc: BaseException, *, first_open: bool) -> bool:
@@ -86,51 +58,62 @@ def _refused_for_good(exc: BaseException, *, first_open: bool) -> bool:
     return first_open and isinstance(exc, TLSRefused)
 
 
-class Supervisor(Settler):
+class Supervisor:
     """Opens, recovers and serves the sessions of one channel (see the module
     docstring)."""
 
-    _endpoint: Endpoint
-    _opener: StreamOpener
-    _settings: Settings
-    _tracker: PublishTracker
-    _topology: Topology
-    _consumers: dict[str, MessageStream]
-    _session: ChannelSession | None
-    _generation: int
-    _state: State
-    _backoff: Backoff
-    _stop_reconnecting: bool
-    _scope: anyio.CancelScope
-    _changed: anyio.Event
-    _resent: int
-    _reconnects: int
-    _sessions_opened: int
-    _unattributed_errors: int
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        opener: StreamOpener,
+        settings: Settings,
+        *,
+        status: ChannelStatus,
+        requests: Requester,
+        topology: Topology,
+        consumers: ConsumerRegistry,
+        publisher: Publisher,
+        transactions: Transactions,
+        events: EventDispatcher,
+        give_up: Callable[[str, BaseException | None], None],
+    ) -> None:
+        self._endpoint = endpoint
+        self._opener = opener
+        self._settings = settings
+        self._status = status
+        self._requests = requests
+        self._topology = topology
+        self._consumers = consumers
+        self._publisher = publisher
+        self._transactions = transactions
+        self._events = events
+        self._give_up = give_up
+        self._backoff = Backoff(settings.reconnect)
+        self._generation = 0
+        self._stopping = False
+        self._scope = anyio.CancelScope()
+        #: Sessions opened (the first one and every reconnect).
+        self.sessions_opened = 0
+        #: Times the channel was recovered on a new session after losing one.
+        self.reconnects = 0
+        #: Publishes written again on a new session after a reconnect.
+        self.resent = 0
 
-    if TYPE_CHECKING:
+    def stop(self) -> None:
+        """Open no new session once the current one ends."""
+        self._stopping = True
 
-        def _fail(self, message: str, cause: BaseException | None) -> None: ...
+    def cancel(self) -> None:
+        """Stop now: :meth:`serve` returns (its session is closed)."""
+        self._stopping = True
+        self._scope.cancel()
 
-        def _pulse(self) -> None: ...
-
-        def _check_usable(self) -> None: ...
-
-        def _next_request_id(self) -> int: ...
-
-        def _lose_transaction(self) -> None: ...
-
-    async def _wait_opened(self) -> None:
-        """Wait for the first ready session. Raises: ConnectionLost, ClientClosed."""
-        while self._state == "opening":
-            await self._changed.wait()
-        self._check_usable()
-
-    async def _serve(self) -> None:
-        """Open, recover and serve sessions until closed or given up. Never raises
-        (except on a bug): failures are recorded on the channel."""
+    async def serve(self) -> None:
+        """Open, recover and serve sessions until stopped or given up. Never raises
+        (except on a bug): failures are given up to the channel."""
+        status = self._status
         with self._scope:
-            while not self._stop_reconnecting:
+            while not self._stopping:
                 self._generation += 1
                 try:
                     with anyio.fail_after(self._settings.connect_timeout_s):
@@ -141,8 +124,8 @@ class Supervisor(Settler):
                             max_line_bytes=self._settings.max_line_bytes,
                         )
                 except (ClientError, TimeoutError) as exc:
-                    if _refused_for_good(exc, first_open=self._state == "opening"):
-                        self._fail(f"the broker refused the channel: {exc}", exc)
+                    if _refused_for_good(exc, first_open=status.state == "opening"):
+                        self._give_up(f"the broker refused the channel: {exc}", exc)
                         return
                     error: BaseException = exc
                     if isinstance(exc, TimeoutError):
@@ -153,13 +136,14 @@ class Supervisor(Settler):
                     if not await self._sleep_before_retry(error):
                         return
                     continue
-                self._sessions_opened += 1
+                self.sessions_opened += 1
                 await self._run_session(session)
-                if self._stop_reconnecting:
+                if self._stopping:
                     return
-                if self._unattributed_errors >= MAX_UNATTRIBUTED_ERRORS:
-                    self._fail(
-                        f"the broker closed the channel {self._unattributed_errors} times in a "
+                unattributed = self._events.unattributed_errors
+                if unattributed >= MAX_UNATTRIBUTED_ERRORS:
+                    self._give_up(
+                        f"the broker closed the channel {unattributed} times in a "
                         f"row, without progress, with an error naming no operation: "
                         f"{session.end_reason}",
                         session.end_reason,
@@ -172,13 +156,13 @@ class Supervisor(Settler):
 
     async def _sleep_before_retry(self, reason: BaseException | None) -> bool:
         delay = self._backoff.next_delay(anyio.current_time())
-        what = "open" if self._state == "opening" else "reconnect"
+        what = "open" if self._status.state == "opening" else "reconnect"
         if delay is None:
             log.error(
                 "giving up: could not %s a channel to %s after %d attempt(s): %s",
                 what, self._endpoint, self._backoff.attempts, reason, extra=RAISED,
             )
-            self._fail(
+            self._give_up(
                 f"could not {what} a channel to {self._endpoint} "
                 f"({self._backoff.attempts} attempt(s)): {reason}",
                 reason,
@@ -191,52 +175,38 @@ class Supervisor(Settler):
         await anyio.sleep(delay)
         return True
 
-    async def _run_session(self, session: ChannelSession) -> None:
-        self._session = session
-        self._pulse()
+    async def _run_session(self, session: SessionLink) -> None:
+        status = self._status
+        status.session = session
+        status.pulse()
         try:
             async with anyio.create_task_group() as nursery:
                 nursery.start_soon(self._recover, session)
-                await session.serve(self._on_event)
+                await session.serve(self._events.on_event)
                 nursery.cancel_scope.cancel()
         finally:
-            self._session = None
-            for stream in self._consumers.values():
-                stream.drop_generation(session.generation)
+            status.session = None
+            self._consumers.session_ended(session.generation)
             session.deliveries.clear()
-            self._pulse()
+            status.pulse()
 
-    async def _recover(self, session: ChannelSession) -> None:
+    async def _recover(self, session: SessionLink) -> None:
         """Replay declarations, re-consume, resend pending publishes, mark ready."""
+        status = self._status
         try:
             with anyio.fail_after(self._settings.request_timeout_s):
-                replies = [
-                    (op, session.request(op, self._next_request_id()))
-                    for op in self._topology.ops()
-                ]
+                replies = [(op, self._requests.send(session, op)) for op in self._topology.ops()]
                 for op, reply in replies:
                     try:
                         await reply.wait()
                     except ChannelClosedByBroker as exc:
-                        self._fail(
+                        self._give_up(
                             f"the channel could not be recovered: re-declaring "
                             f"{describe_op(op)} failed: {exc}",
                             exc,
                         )
                         return
-                # Only consumers established on an earlier session: one whose first
-                # consume is still to be sent is consumed by its caller, who must see
-                # the broker's answer to it (a refusal is a ChannelClosedByBroker).
-                consumers = [s for s in self._consumers.values() if s.active and s.consumed_generation]
-                creplies = []
-                for stream in consumers:
-                    stream.consumed_generation = session.generation
-                    creplies.append((stream, session.request(stream.consume_op(), self._next_request_id())))
-                for stream, reply in creplies:
-                    try:
-                        await reply.wait()
-                    except ChannelClosedByBroker as exc:
-                        self._drop_consumer(stream, f"could not re-consume after a reconnect: {exc}")
+                consumers = await self._consumers.recover(session)
         except SessionEnded:
             return
         except TimeoutError:
@@ -244,120 +214,19 @@ class Supervisor(Settler):
             return
         if not session.alive or session.draining:
             return
-        self._lose_transaction()  # (a transaction of the session before is gone)
-        resend = self._tracker.restart()
-        for handle in resend:
-            session.send_nowait(handle.line, direct=False)
-        if self._state != "opening":
-            self._resent += len(resend)
-            self._reconnects += 1
+        self._transactions.lose()  # (a transaction of the session before is gone)
+        resent = self._publisher.resend(session)
+        if status.state != "opening":
+            self.resent += resent
+            self.reconnects += 1
             log.info(
                 "channel to %s recovered: %d consumer(s) re-established, %d pending publish(es) resent",
-                self._endpoint, len(consumers), len(resend),
+                self._endpoint, consumers, resent,
             )
         else:
             log.info("channel %s open on %s", session.channel_id, self._endpoint)
         session.ready = True
         self._backoff.reset()
-        if self._state == "opening":
-            self._state = "open"
-        self._pulse()
-
-    def _drop_consumer(self, stream: MessageStream, reason: str) -> None:
-        if self._consumers.get(stream.consumer_tag) is stream:
-            del self._consumers[stream.consumer_tag]
-        stream.cancelled_by_broker(reason)
-
-    # --- internals: events ------------------------------------------------------------
-
-    def _on_event(self, session: ChannelSession, event: Event) -> None:
-        try:
-            if isinstance(event, Ack):
-                self._tracker.on_ack(event.delivery_tag, event.multiple)
-                self._unattributed_errors = 0
-            elif isinstance(event, Deliver):
-                self._on_deliver(session, event)
-            elif isinstance(event, Nack):
-                log.warning("publish nacked (delivery tag %d%s): %s", event.delivery_tag,
-                            " and before" if event.multiple else "", event.reason, extra=RAISED)
-                self._tracker.on_nack(event.delivery_tag, event.multiple, event.reason)
-                self._unattributed_errors = 0
-            elif isinstance(event, Return):
-                self._tracker.on_return(
-                    event.delivery_tag, event.reply_code, event.reason, event.message
-                )
-            elif isinstance(event, (Ok, ConsumeOk, CancelOk)):
-                if isinstance(event, ConsumeOk):
-                    # (here, in event order: an ``active`` event may follow at once)
-                    consumer = self._consumers.get(event.consumer_tag)
-                    if consumer is not None:
-                        consumer._set_receiving(event.active)
-                reply = session.replies.pop(event.id, None) if isinstance(event.id, int) else None
-                if reply is not None:
-                    reply.set(event)
-            elif isinstance(event, Error):
-                self._on_error(session, event)
-            elif isinstance(event, ConsumerActive):
-                stream = self._consumers.get(event.consumer_tag)
-                if stream is not None:
-                    stream._set_receiving(True)
-            elif isinstance(event, BrokerCancel):
-                stream = self._consumers.get(event.consumer_tag)
-                if stream is not None:
-                    self._drop_consumer(stream, event.reason)
-            elif isinstance(event, Expired):
-                # The broker requeued it; a later ack of this tag would be an error.
-                session.deliveries.pop(event.delivery_tag, None)
-            elif isinstance(event, Closing):
-                session.draining = True
-        except UnknownDeliveryTag as exc:
-            raise ProtocolError(str(exc)) from exc
-
-    def _on_deliver(self, session: ChannelSession, event: Deliver) -> None:
-        stream = self._consumers.get(event.consumer_tag)
-        no_ack = stream is not None and stream.no_ack
-        message = Message(
-            self,
-            session.generation,
-            body=event.body,
-            properties=event.properties,
-            exchange=event.exchange,
-            routing_key=event.routing_key,
-            redelivered=event.redelivered,
-            delivery_count=event.delivery_count,
-            delivery_tag=event.delivery_tag,
-            consumer_tag=event.consumer_tag,
-            settled=no_ack,
-        )
-        if not no_ack:
-            session.deliveries[event.delivery_tag] = message
-        if stream is None or stream.stopped:
-            if not no_ack:
-                self._settle(message, "nack", True)
-            return
-        stream.push(message)
-
-    def _on_error(self, session: ChannelSession, event: Error) -> None:
-        session.draining = True
-        error = ChannelClosedByBroker(event.code, event.message)
-        # blamed on a caller's request or publish, which raises it (see below)
-        if isinstance(event.id, int):
-            blamed = event.id in session.replies
-        else:
-            blamed = isinstance(event.id, str) or bool(session.replies)
-        log.warning("the broker closed the channel: %s: %s", event.code, event.message,
-                    extra=RAISED if blamed else None)
-        if isinstance(event.id, int):
-            reply = session.replies.pop(event.id, None)
-            if reply is not None:
-                reply.fail(error)
-        elif isinstance(event.id, str):
-            self._tracker.refuse(event.id, event.code, event.message)
-        elif session.replies:
-            # A broker that does not echo the id: it applies ops in order and answers
-            # requests as it applies them, so the oldest unanswered request is the
-            # likeliest cause.
-            session.replies.pop(min(session.replies)).fail(error)
-        else:
-            self._unattributed_errors += 1
-        session.abort(error)
+        if status.state == "opening":
+            status.state = "open"
+        status.pulse()

@@ -35,12 +35,33 @@ from tests.support.channel import Clients
 from tests.support.http import HTTPClient, open_memory_client, open_tcp_client
 from tests.support.seeds import test_seed
 
+#: Folders whose every test is ``slow`` (left out by ``scripts/test --fast``).
+SLOW_FOLDERS = ("ui",)  # a real browser against a broker subprocess
+
+
+def _mark_slow_by_rule(item: pytest.Item) -> None:
+    """``slow`` for the tests of :data:`SLOW_FOLDERS`, and for the asyncio runs of the
+    client tests marked ``real_time`` (their crashes and reconnects wait in real time;
+    their trio runs, on the virtual clock, stay in the fast lane)."""
+    parts = item.path.relative_to(item.config.rootpath).parts
+    if len(parts) > 1 and parts[0] == "tests" and parts[1] in SLOW_FOLDERS:
+        item.add_marker(pytest.mark.slow)
+        return
+    callspec = getattr(item, "callspec", None)
+    if (
+        callspec is not None
+        and callspec.params.get("anyio_backend") == "asyncio"
+        and item.get_closest_marker("real_time") is not None
+    ):
+        item.add_marker(pytest.mark.slow)
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """pytest-trio's trio mode, except for the tests marked ``anyio`` (the client's,
     run under trio and asyncio by anyio's plugin): every other async test runs under
-    trio."""
+    trio. Marks ``slow`` by rule (:func:`_mark_slow_by_rule`)."""
     for item in items:
+        _mark_slow_by_rule(item)
         if not isinstance(item, pytest.Function) or item.get_closest_marker("anyio") is not None:
             continue
         hypothesis = getattr(item.obj, "hypothesis", None)

@@ -43,9 +43,13 @@ MAY_IMPORT: dict[str, set[str]] = {
     "broker.runtime": {"broker", "broker.core", "broker.storage"},
     "broker.cluster": {"broker.core", "broker.runtime"},
     "broker.api": {"broker", "broker.core", "broker.runtime", "broker.http", "broker.metrics", "broker.cluster"},
+    # the AMQP listener reuses the API layer's permission checks and login (Access,
+    # Authenticator.login) rather than a second copy of them
+    "broker.amqp": {"broker", "broker.core", "broker.runtime", "broker.api"},
     "broker.config": {"broker", "broker.core", "broker.storage", "broker.runtime", "broker.http"},
     "broker.logs": {"broker.config"},
     "broker.app": {
+        "broker.amqp",
         "broker.api",
         "broker.cluster",
         "broker.config",

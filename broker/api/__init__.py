@@ -10,10 +10,13 @@ from broker.api.auth import Authenticator, hash_password, new_token
 from broker.api.csrf import protect
 from broker.api.errors import http_error
 from broker.api.metrics import BrokerMetrics
+from broker.api.permissions import ALLOW_ALL, Access
 from broker.api.rest.cluster import cluster_routes, dispatch_cluster_first
 from broker.api.routes import PUBLIC_ROUTES, build_router
 
 __all__ = [
+    "ALLOW_ALL",
+    "Access",
     "Authenticator",
     "BrokerMetrics",
     "PUBLIC_ROUTES",

@@ -410,6 +410,57 @@ class Authenticator:
 
         return release
 
+    async def login(
+        self, username: str, password: str, remote: str | None
+    ) -> tuple[Principal, Callable[[], None]] | str | None:
+        """Check a user name and password for a listener other than HTTP (AMQP's PLAIN
+        and AMQPLAIN; the password may be one of the user's API tokens, and the name
+        then may be empty), with the guard's failure limiters and per-user connection cap:
+        (the principal, what to call when the connection ends), a refusal's reason
+        (a cap, a limiter), or None for wrong credentials."""
+        address = _address(remote)
+        now = trio.current_time()
+        login_key = f"{address} {username}"
+        if (
+            self.failures.retry_after_s(login_key, now) is not None
+            or self.address_failures.retry_after_s(address, now) is not None
+        ):
+            self.refused += 1
+            return "too many failed authentications for this user name, or from this address; try again later"
+        token_id: str | None = None
+        parsed = _parse_token(password)
+        if parsed is not None:  # an API token in the password field (RabbitMQ's OAuth style)
+            found = self._check_token(*parsed)
+            token_id = parsed[0]
+            if found is not None and username and username != found:
+                found = None
+        else:
+            found = await self._check_password(username, password) if username else None
+        if found is None:
+            self.failed += 1
+            count = self.failures.record(login_key, now)
+            from_address = self.address_failures.record(address, now)
+            log.warning(
+                "authentication failed",
+                extra={"fields": {
+                    "remote": address, "scheme": "amqp", "user": username[:64],
+                    "failures": count, "address_failures": from_address,
+                }},
+            )
+            return None
+        principal = self.principal(found)
+        if token_id is not None:
+            principal = principal.with_token(token_id)
+        usage = principal.usage
+        if usage.requests >= self.limits.max_connections_per_user:
+            return f"user {found!r} has {self.limits.max_connections_per_user} connections (max_connections_per_user)"
+        usage.requests += 1
+
+        def release() -> None:
+            usage.requests -= 1
+
+        return principal, release
+
     async def _verify(self, request: Any, header: str, key: bytes, now: float) -> tuple[str, str | None]:
         """Check credentials not verified recently: (user name, token id or None).
         Raises HTTPError 401, or 429 while this address and login name, or this

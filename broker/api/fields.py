@@ -30,6 +30,7 @@ __all__ = [
     "decode_binding",
     "decode_exchange_declare",
     "decode_queue_declare",
+    "deadline_ms",
     "exchange_name",
     "unknown_fields",
 ]
@@ -104,6 +105,25 @@ class Fields:
         if not isinstance(value, list) or not value:
             raise InvalidArgument(f"field {name} must be a non-empty list")
         return value
+
+
+#: The longest publish deadline a client may give (one hour).
+MAX_DEADLINE_MS = 3_600_000
+
+
+def deadline_ms(value: object, what: str) -> int:
+    """A publisher's deadline (``X-Deadline-Ms`` over REST, ``deadline_ms`` on a
+    channel publish): whole milliseconds, 0..``MAX_DEADLINE_MS``, or InvalidArgument
+    naming ``what``. A publish that would wait past it (publishing blocked) is refused
+    with the reason ``deadline``."""
+    if isinstance(value, str):
+        try:
+            value = int(value.strip(), 10)
+        except ValueError:
+            raise InvalidArgument(f"{what} must be a whole number of milliseconds") from None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_DEADLINE_MS:
+        raise InvalidArgument(f"{what} must be a whole number of milliseconds, 0..{MAX_DEADLINE_MS}")
+    return value
 
 
 def unknown_fields(obj: dict[str, Any], allowed: Set[str], what: str) -> InvalidArgument:

@@ -15,6 +15,7 @@ from typing import Any
 
 from broker.http import Request, Response
 from broker.metrics import CONTENT_TYPE, Registry, process_rss_bytes
+from broker.runtime import fd_info
 
 __all__ = ["BrokerMetrics"]
 
@@ -199,9 +200,43 @@ class BrokerMetrics:
             "How long after its nominal time each tick was published.",
             buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10, 60, 600),
         )
+        # Resource alarms (docs/operations.md, "Memory and disk alarms")
+        def runtime_attr(read: Any) -> Any:
+            return lambda: read(self._runtime) if self._runtime else None
+
+        r.gauge("ackbus_memory_bytes", "Resident memory as the memory alarm last sampled it (every 0.5 s).",
+                collect=runtime_attr(lambda rt: rt.memory.used))
+        r.gauge("ackbus_memory_high_watermark_bytes", "The memory alarm's threshold (absent: no alarm).",
+                collect=runtime_attr(lambda rt: rt.memory.watermark))
+        r.gauge("ackbus_memory_alarm", "1 while the memory alarm is raised (publishes wait, then are refused).",
+                collect=runtime_attr(lambda rt: int(rt.memory.alarm)))
+        r.gauge("ackbus_disk_alarm", "1 while the disk alarm is raised (the log's space reserve is used up).",
+                collect=runtime_attr(lambda rt: int("disk" in rt.flow.alarms)))
+        r.gauge("ackbus_publishing_blocked", "1 while publishing is blocked by any alarm.",
+                collect=runtime_attr(lambda rt: int(rt.flow.blocked)))
+        r.counter("ackbus_publishes_refused_blocked_total",
+                  "Publishes refused because publishing stayed blocked, or their deadline came first.",
+                  collect=runtime_attr(lambda rt: rt.flow.refused))
+
+        def per_exchange(direction: str) -> Any:
+            def read() -> Any:
+                if self._runtime is None:
+                    return {}
+                # the default exchange ("") under the name its REST path uses
+                return {(name or "amq.default",): n for name, n in views().exchange_counters(direction).items()}
+
+            return read
+
+        r.counter("ackbus_exchange_messages_in_total", "Messages published to an exchange.",
+                  ["exchange"], collect=per_exchange("messages_in"))
+        r.counter("ackbus_exchange_messages_out_total",
+                  "Messages an exchange routed to at least one queue.",
+                  ["exchange"], collect=per_exchange("messages_out"))
         # Process metrics under the names every Prometheus client library uses, so
         # that existing dashboards and alerts apply.
         r.gauge("process_resident_memory_bytes", "Resident memory size in bytes.", collect=process_rss_bytes)
+        r.gauge("process_open_fds", "Number of open file descriptors.", collect=lambda: fd_info()["open"])
+        r.gauge("process_max_fds", "Maximum number of open file descriptors.", collect=lambda: fd_info()["limit"])
         r.gauge(
             "process_start_time_seconds",
             "Start time of the process since unix epoch in seconds.",

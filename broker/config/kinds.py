@@ -244,6 +244,50 @@ class _Seconds(_Kind):
         return f"{value:g}"
 
 
+class _Watermark(_Kind):
+    """The memory high watermark: a fraction of the memory the broker may use
+    (``0.4``, or ``40%``), an absolute size (``1GiB``, or a byte count above 1), or 0
+    (no alarm). Stored as one float: at most 1 a fraction, above 1 bytes."""
+
+    metavar = "FRACTION|BYTES"
+    type_name = "a fraction such as 0.4 or a size such as 1GiB"
+
+    def parse(self, text: str) -> Any:
+        stripped = text.strip()
+        number: float | None = None
+        try:
+            number = float(stripped[:-1]) / 100 if stripped.endswith("%") else float(stripped)
+        except ValueError:
+            pass
+        if number is not None:
+            return self._check(number)
+        try:
+            size = parse_size(stripped)
+        except ValueError:
+            raise _Invalid(f"must be {self.type_name}") from None
+        if size <= 1:
+            raise _Invalid("a size must be more than 1 byte")
+        return float(size)
+
+    def coerce(self, value: object) -> Any:
+        if isinstance(value, str):
+            return self.parse(value)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise _Invalid(f"must be {self.type_name}, not {_toml_type(value)}")
+        return self._check(float(value))
+
+    @staticmethod
+    def _check(value: float) -> float:
+        if not math.isfinite(value) or value < 0:
+            raise _Invalid("must be a fraction in 0..1 or a size above 1 byte")
+        if value > 1 and value != int(value):
+            raise _Invalid("above 1 it is a size in bytes, a whole number (or a fraction in 0..1)")
+        return value
+
+    def show(self, value: Any) -> str:
+        return f"{value:g}" if value <= 1 else format_size(int(value))
+
+
 _TRUE: Final = frozenset({"true", "1", "yes"})
 _FALSE: Final = frozenset({"false", "0", "no"})
 
@@ -309,3 +353,4 @@ _INT = _Int()
 _SIZE = _Size()
 _SECONDS = _Seconds()
 _BOOL = _Bool()
+_WATERMARK = _Watermark()

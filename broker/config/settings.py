@@ -49,6 +49,7 @@ from broker.config.kinds import (
     _SECONDS,
     _SIZE,
     _STR,
+    _WATERMARK,
     _at_least,
     _between,
     _Check,
@@ -157,6 +158,14 @@ class Settings:
     # network
     host: str = _setting("127.0.0.1", _STR, "network", "Address to listen on.")
     port: int = _setting(8080, _INT, "network", "TCP port to listen on; 0 picks a free port.", _between(0, 65535))
+    amqp_port: int = _setting(
+        5672, _INT, "network", "AMQP 0-9-1 port on host (docs/amqp.md); 0 turns the AMQP listener off.",
+        _between(0, 65535),
+    )
+    amqps_port: int = _setting(
+        5671, _INT, "network", "AMQP over TLS port, served only when tls_cert is set; 0 turns it off.",
+        _between(0, 65535),
+    )
     max_connections: int = _setting(
         _default(Limits, "max_connections"), _INT, "network", "Open TCP connections beyond this are refused.", _at_least(1)
     )
@@ -215,6 +224,16 @@ class Settings:
     max_channels: int = _setting(_default(RuntimeOptions, "max_channels"), _INT, "limits", "Open channels, broker-wide.", _at_least(1))
     max_queues: int = _setting(_default(RuntimeOptions, "max_queues"), _INT, "limits", "Declared queues.", _at_least(1))
     max_exchanges: int = _setting(_default(RuntimeOptions, "max_exchanges"), _INT, "limits", "Declared exchanges.", _at_least(1))
+    memory_high_watermark: float = _setting(
+        _default(RuntimeOptions, "memory_high_watermark"), _WATERMARK, "limits",
+        "Memory alarm: above this resident size publishes wait, then are refused (503, a channel's nack) "
+        "until it falls; a fraction (0.4, 40%) of the cgroup's or machine's memory, a size (1GiB), or 0: off.",
+    )
+    blocked_publish_wait_s: float = _setting(
+        _default(RuntimeOptions, "blocked_publish_wait_s"), _SECONDS, "limits",
+        "How long a publish waits while publishing is blocked (memory or disk alarm) before it is refused.",
+        _NON_NEGATIVE,
+    )
     # storage
     data_dir: pathlib.Path = _setting(
         pathlib.Path("data"), _PATH, "storage", "Directory of the WAL segments and checkpoints."
@@ -273,6 +292,14 @@ class Settings:
         _default(RuntimeOptions, "default_lease_s"), _SECONDS, "messaging", "Lease of a REST get when the request names none.", _positive
     )
     max_lease_s: float = _setting(_default(RuntimeOptions, "max_lease_s"), _SECONDS, "messaging", "Longest lease a client may ask for.", _positive)
+    auto_delete_grace_s: float = _setting(
+        _default(RuntimeOptions, "auto_delete_grace_s"),
+        _SECONDS,
+        "messaging",
+        "An auto-delete queue read with REST gets (no consumer) is deleted once it has had no get, "
+        "no long-poll, no lease out and no message this long.",
+        _NON_NEGATIVE,
+    )
     consumer_timeout_s: float = _setting(
         _default(RuntimeOptions, "consumer_timeout_s"),
         _SECONDS,

@@ -45,7 +45,8 @@ collaborators in its constructor (built here, in dependency order):
 * ``log`` (:class:`MessageLog`, log.py): records and LSNs, lazy marks, storage state,
   the deduplication window, confirm release;
 * ``store`` (:class:`QueueStore`, queues.py): queues, their lanes, paging (``pager``,
-  pager.py), delays and queue timers (``delays``, delays.py), expiry;
+  pager.py), delays and queue timers (``delays``, delays.py), expiry (``expiry``,
+  expiry.py);
 * ``topology`` (:class:`Topology`, topology.py): exchanges, bindings, routing;
 * ``dead_letters`` (deadletter.py): dead letters and redrive;
 * ``deliveries`` (:class:`Deliveries`, delivery.py): channels, consumers, unacked
@@ -94,6 +95,7 @@ from .delivery import Deliveries
 from .effects import Effect
 from .entities import Channel, Exchange, Queue
 from .errors import NotFound
+from .expiry import Expiry
 from .leases import Leases
 from .locks import CoordTimer, Locks
 from .log import MessageLog, ReadLog
@@ -106,6 +108,7 @@ from .shared import Outbox, Wakeups, new_stats
 from .snapshot import Snapshots
 from .timers import COORD_TIMER, QUEUE_TIMER, TimerHeap
 from .topology import Topology
+from .totals import Totals
 from .transactions import Transactions
 from .users import Users
 from .userstore import UserStore
@@ -148,12 +151,15 @@ class Broker:
         #: broker-wide message counters (published, delivered, acked, confirmed, ...)
         self.stats = stats = new_stats()
         self._timers = timers = TimerHeap()
+        #: running counts behind totals() (ready, unacked, consumers), kept as they change
+        self.counts = counts = Totals()
 
         self.log = log = MessageLog(outbox, stats, dedup_window_s=config.dedup_window_s, read_log=read_log)
-        self.delays = delays = Delays(log, timers, **clocks)
+        self.delays = delays = Delays(log, timers, **clocks, auto_delete_grace_s=config.auto_delete_grace_s)
         self.pager = pager = Pager(log, delays, outbox, **clocks, repair=config.repair)
+        self.expiry = expiry = Expiry(log, pager, outbox, wall_clock=wall_clock)
         self.store = store = QueueStore(
-            log, delays, pager, outbox, wakeups, **clocks, boot_id=boot_id,
+            log, delays, pager, expiry, outbox, wakeups, counts, **clocks, boot_id=boot_id,
             max_queues=config.max_queues, memory_messages_per_queue=config.queue_memory_messages,
         )
         self.topology = topology = Topology(store, log, max_exchanges=config.max_exchanges)
@@ -167,6 +173,7 @@ class Broker:
             drop_bindings=topology.queue_deleted,
             channel=deliveries.channel,
         )
+        expiry.connect(dead_letter=dead_letters.dead_letter)
         self.publishing = publishing = Publishing(
             deliveries, topology, store, dead_letters, log, outbox, stats, wall_clock=wall_clock
         )
@@ -211,6 +218,7 @@ class Broker:
         # publishing and deliveries
         self.publish = publishing.publish
         self.remember_message_id = publishing.remember_message_id
+        self.refuse_publish = publishing.refuse_publish
         self.open_channel = deliveries.open_channel
         self.close_channel = deliveries.close_channel
         self.grant_credit = deliveries.grant_credit
@@ -527,16 +535,15 @@ class Broker:
     # ----------------------------------------------------------------- totals
 
     def totals(self) -> dict[str, int]:
-        ready = unacked = 0
-        for q in self.store.queues.values():
-            ready += q.ready_count()
-            unacked += q.unacked
-        channels = self.deliveries.channels
+        """Broker-wide counts for ``GET /overview`` and the metrics, in O(1): read from
+        the running counts (``counts``: totals.py), not summed over every queue."""
+        counts = self.counts
         return {
             "exchanges": len(self.topology.exchanges),
             "queues": len(self.store.queues),
-            "channels": len(channels) - 1,
-            "consumers": sum(len(ch.consumers) for ch in channels.values()),
-            "messages_ready": ready,
-            "messages_unacked": unacked,
+            "channels": len(self.deliveries.channels) - 1,
+            "consumers": counts.consumers,
+            "messages": counts.ready + counts.unacked,
+            "messages_ready": counts.ready,
+            "messages_unacked": counts.unacked,
         }

@@ -23,6 +23,9 @@ class CoreConfig:
     #: Lease of a REST get that names none; and the longest a client may ask for.
     default_lease_s: float = 30.0
     max_lease_s: float = 43200.0
+    #: An auto-delete queue read over REST (gets, long-polls) is deleted once it has had
+    #: no reader, no lease out and no message this long (see Delays.rest_read).
+    auto_delete_grace_s: float = 5.0
     #: A channel's delivery credit: bytes of deliveries its connection may hold unsent.
     channel_buffer_bytes: int = 1 << 20
     max_queues: int = 10000

@@ -73,6 +73,7 @@ class DeadLetters:
         if exchange is None:
             self._drop_dead_letter(queue, entry, reason, f"dead-letter exchange {dlx_name!r} does not exist")
             return
+        exchange.messages_in += 1
         wall = self._wall_clock()
         routing_key = queue.dead_letter_routing_key or message.routing_key
         properties = _with_death(message, queue.name, reason, wall)
@@ -88,6 +89,7 @@ class DeadLetters:
         if message.persistent and not self._log.storage_ok and any(q.persistent_log for q in targets):
             self._drop_dead_letter(queue, entry, reason, f"storage is failing: {self._log.storage_reason}")
             return
+        exchange.messages_out += 1
         self.move(queue, entry, exchange.name, routing_key, properties, message.body, targets, wall)
 
     def _drop_dead_letter(self, queue: Queue, entry: Entry, reason: str, why: str) -> None:

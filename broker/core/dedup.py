@@ -57,19 +57,19 @@ Rules and layout:
   (:meth:`checkpoint_payloads`); recovery replays them (:meth:`load_payload`) and then
   the log's publishes (:meth:`remember`).
 
-Why one module of ~600 lines: the table, its probe loops and the checkpoint codec
-share one packed layout; the probe loops are written out in each operation (a call per
-probe doubled the cost of a publish), which repeats a few lines on purpose.
+The keys (:func:`digest`) and the checkpoint payloads' byte layout live in
+``dedupkeys.py``; this module is the window itself. Its probe loops are written out in
+each operation (a call per probe doubled the cost of a publish), which repeats a few
+lines on purpose.
 """
 
 from __future__ import annotations
 
-import struct
-import sys
 from array import array
 from collections import deque
-from hashlib import blake2b
 from itertools import compress
+
+from .dedupkeys import decode_payload, digest, digest_utf8, encode_payloads
 
 __all__ = ["DedupWindow", "digest", "digest_utf8"]
 
@@ -79,48 +79,7 @@ _MS_MASK = (1 << _MS_BITS) - 1
 _LSN_MOD = (1 << (64 - _MS_BITS)) - 1
 _MIN_SLOTS = 1024  # a power of two
 _CHUNK = 1024  # digests per FIFO chunk (the most a prune scans beyond expired ones)
-# DEDUP_DIGESTS payload header: count u32 | rest u32 (see checkpoint_payloads)
-_HEAD = struct.Struct("<II")
 _REST_HINT_MAX = 1 << 24  # trust a payload's size hint up to 16M entries (a 512 MB table)
-_SWAP = sys.byteorder != "little"
-
-# exchange -> BLAKE2b state after ``exchange + "\0"``: copying it is cheaper than hashing
-# the exchange name again (about a third of the cost of a digest)
-_PREFIXES: dict[str | bytes, blake2b] = {}
-_PREFIXES_MAX = 256
-_read_u64 = struct.Struct("<Q").unpack
-
-
-def _prefix(exchange: str | bytes) -> blake2b:
-    """The cached state for ``exchange`` (a name, or its UTF-8), made on a miss."""
-    if len(_PREFIXES) >= _PREFIXES_MAX:
-        _PREFIXES.clear()
-    utf8 = exchange.encode() if isinstance(exchange, str) else exchange
-    state = _PREFIXES[exchange] = blake2b(utf8 + b"\0", digest_size=8)
-    return state
-
-
-def digest(exchange: str, message_id: str) -> int:
-    """The 64-bit key of ``message_id`` on ``exchange``: BLAKE2b (8-byte digest) of
-    ``UTF-8(exchange) + b"\\0" + UTF-8(message_id)`` read little-endian, 0 and 1 moved to
-    2 and 3. Stable across processes and versions: it is written to checkpoints.
-
-    Raises UnicodeEncodeError for a string that is not valid Unicode (lone surrogates).
-    """
-    h = (_PREFIXES.get(exchange) or _prefix(exchange)).copy()
-    h.update(message_id.encode())
-    d: int = _read_u64(h.digest())[0]  # (faster than int.from_bytes(..., "little"))
-    return d if d > 1 else d + 2
-
-
-def digest_utf8(exchange: bytes, message_id: bytes) -> int:
-    """:func:`digest` of an exchange name and message id given as their UTF-8 bytes (as
-    ENQUEUE records hold them): recovery hashes a million without decoding them."""
-    h = (_PREFIXES.get(exchange) or _prefix(exchange)).copy()
-    h.update(message_id)
-    d: int = _read_u64(h.digest())[0]
-    return d if d > 1 else d + 2
-
 
 def _ms(wall_s: float) -> int:
     return round(wall_s * 1000.0)
@@ -330,21 +289,8 @@ class DedupWindow:
         so that recovery sizes the table once (:meth:`load_payload`).
 
         Raises ValueError if ``max_entries < 1``."""
-        if max_entries < 1:
-            raise ValueError("max_entries must be at least 1")
         digests, times = self._in_order()
-        if _SWAP:
-            digests.byteswap()
-            times.byteswap()
-        total = len(digests)
-        payloads = []
-        for start in range(0, total, max_entries):
-            end = start + max_entries
-            part = digests[start:end]
-            payloads.append(
-                _HEAD.pack(len(part), total - start) + part.tobytes() + times[start:end].tobytes()
-            )
-        return payloads
+        return encode_payloads(digests, times, max_entries)
 
     def load_payload(self, payload: bytes) -> None:
         """Add the entries of one ``DEDUP_DIGESTS`` payload (recovery). Idempotent: an
@@ -353,28 +299,9 @@ class DedupWindow:
 
         Raises ValueError for a malformed payload: its length does not match its count,
         or it holds a reserved digest (0 or 1) or a time beyond 44 bits."""
-        if len(payload) < _HEAD.size:
-            raise ValueError(
-                f"DEDUP_DIGESTS payload of {len(payload)} bytes is shorter than its header"
-            )
-        n, rest = _HEAD.unpack_from(payload)
-        if len(payload) != _HEAD.size + 16 * n:
-            raise ValueError(
-                f"DEDUP_DIGESTS payload of {len(payload)} bytes does not hold {n} entries"
-            )
-        if not n or self._window_s <= 0:
+        digests, times, rest = decode_payload(payload, _MS_MASK)
+        if not digests or self._window_s <= 0:
             return
-        digests: array[int] = array("Q")
-        times: array[int] = array("Q")
-        digests.frombytes(payload[_HEAD.size : _HEAD.size + 8 * n])
-        times.frombytes(payload[_HEAD.size + 8 * n :])
-        if _SWAP:
-            digests.byteswap()
-            times.byteswap()
-        if min(digests) < 2 or max(times) > _MS_MASK:
-            raise ValueError(
-                "DEDUP_DIGESTS payload holds a reserved digest or a time beyond 44 bits"
-            )
         self._load(digests, times, rest)
 
     def load_entries(self, digests: array[int], wall_ms: array[int]) -> None:

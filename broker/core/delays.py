@@ -6,9 +6,20 @@ queue's delay heap until a wall-clock time (durable: a DELAY mark, or the MOVE r
 of a delayed publish, carries the due time, so it holds across restarts); when due it
 returns to its original place, ahead of messages published after it. Each queue has at
 most one live entry on the broker's timer heap (``Queue.wake_at``), for the earliest of
-its due delays, its next message to expire, a retry of a failed read from the log, and
-(``x-expires``) the moment it has been unused long enough to be deleted. "Unused" is
+its due delays, its next message to expire (the head of its memory, under
+``x-message-ttl``, or the first of the messages that carry their own ``expiration``,
+indexed by ``Queue.expiring``: see expiry.py), a retry of a failed read from the log,
+and (``x-expires``) the moment it has been unused long enough to be deleted. "Unused" is
 RabbitMQ's: no consumers, no get, no redeclare; a restart starts the time over.
+
+An auto-delete queue is deleted when its last consumer goes (deliveries.py), as in
+RabbitMQ. One read over REST instead (gets and long-polls, which are not consumers:
+Celery's ``rpc://`` reply queues) has no consumer to lose, so its timer deletes it once
+it has been *idle* for ``auto_delete_grace_s``: no consumer, no parked long-poll, no
+lease or delivery out, no message (ready or delayed), and no get or redeclare, for that
+long. Leases out keep it: the grace starts when the last one settles. A queue holding
+messages is kept (nobody came for them yet: deleting it would lose them); an
+abandoned one is for ``x-expires``.
 
 :class:`Delays` holds messages back and keeps each queue's timer; the queue store acts
 when a queue's timer fires (``QueueStore.wake_queue``).
@@ -42,9 +53,16 @@ class Delays:
     whose delayed messages wait for their record to be written to be paged out."""
 
     def __init__(
-        self, log: MessageLog, timers: TimerHeap, *, clock: Callable[[], float], wall_clock: Callable[[], float]
+        self,
+        log: MessageLog,
+        timers: TimerHeap,
+        *,
+        clock: Callable[[], float],
+        wall_clock: Callable[[], float],
+        auto_delete_grace_s: float = 5.0,
     ) -> None:
         self._log = log
+        self._grace_s = auto_delete_grace_s
         self._timers = timers
         self._clock = clock
         self._wall_clock = wall_clock
@@ -95,10 +113,33 @@ class Delays:
 
     def touch_queue(self, queue: Queue) -> None:
         """``queue`` was used (declared, consumed from, got from): an ``x-expires``
-        queue starts its unused time over."""
+        queue starts its unused time over, and so does an auto-delete queue read over
+        REST its grace."""
         if queue.expires_s is not None:
             queue.unused_since = self._clock()
             self.schedule_queue(queue)
+        if queue.read_at is not None:
+            self.rest_read(queue)
+
+    def rest_read(self, queue: Queue) -> None:
+        """An auto-delete ``queue`` was read over REST (a get, the end of a long-poll,
+        its last lease settled): its grace starts over (see the module docstring)."""
+        if queue.auto_delete:
+            queue.read_at = self._clock()
+            self.schedule_queue(queue)
+
+    def auto_delete_at(self, queue: Queue) -> float | None:
+        """When (monotonic) an auto-delete queue read over REST is deleted if it stays
+        idle (see the module docstring); None while it holds something or has a
+        consumer. While a long-poll waits on it, one grace from now: the queue's timer
+        looks again then, since the long-poll may end (its client gone) with nothing
+        after it to tell the IO layer's timer of the new deadline."""
+        read_at = queue.read_at
+        if read_at is None or queue.consumers or queue.unacked or queue.delayed or queue.has_ready():
+            return None
+        if queue.getters:
+            return self._clock() + self._grace_s
+        return read_at + self._grace_s
 
     def expire_at(self, queue: Queue) -> float | None:
         """When (monotonic) an ``x-expires`` queue is deleted if still unused."""
@@ -106,15 +147,26 @@ class Delays:
             return None
         return queue.unused_since + queue.expires_s
 
+    def wake_by(self, queue: Queue, expires_at: float) -> None:
+        """A ready message of ``queue`` expires at ``expires_at`` (wall clock): make
+        sure the queue's timer fires by then (only reschedules when it would not)."""
+        wake = queue.wake_at
+        if wake is None or expires_at - self._wall_clock() < wake - self._clock():
+            self.schedule_queue(queue)
+
     def schedule_queue(self, queue: Queue) -> None:
         """Put ``queue``'s next wake-up on the timer heap: the earliest of a read
-        retry, its first due delay, when the head of its memory expires, and when the
-        queue itself expires unused."""
+        retry, its first due delay, when the head of its memory or the first message
+        with its own expiration expires, and when the queue itself expires unused."""
         wake = queue.read_blocked_until
         expire_at = self.expire_at(queue)
         if expire_at is not None:
             wake = expire_at if wake is None else min(wake, expire_at)
-        if queue.delayed or queue.message_ttl_s is not None:
+        if queue.read_at is not None:
+            idle_until = self.auto_delete_at(queue)
+            if idle_until is not None:
+                wake = idle_until if wake is None else min(wake, idle_until)
+        if queue.delayed or queue.message_ttl_s is not None or queue.expiring:
             now_wall = self._wall_clock()
             now = self._clock()
             due = queue.delayed.next_due()
@@ -124,6 +176,10 @@ class Delays:
             head = queue.memory_head()
             if head is not None and head.expires_at is not None:
                 at = now + max(0.0, head.expires_at - now_wall)
+                wake = at if wake is None else min(wake, at)
+            first = queue.expiring.next_due()
+            if first is not None:
+                at = now + max(0.0, first - now_wall)
                 wake = at if wake is None else min(wake, at)
         if wake is not None and wake != queue.wake_at:
             queue.wake_at = wake

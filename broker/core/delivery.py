@@ -184,6 +184,7 @@ class Deliveries:
             ack_timeout_s = lease_s
         consumer = Consumer(consumer_tag, ch, queue, no_ack, prefetch, exclusive, ack_timeout_s, lease_s)
         ch.consumers[consumer_tag] = consumer
+        queue.totals.consumers += 1
         queue.consumers.append(consumer)
         queue.had_consumer = True
         queue.exclusive_consumer = exclusive
@@ -211,8 +212,9 @@ class Deliveries:
 
     def remove_consumer(self, consumer: Consumer, *, auto_delete: bool = True) -> None:
         ch = consumer.channel
-        ch.consumers.pop(consumer.tag, None)
         queue = consumer.queue
+        if ch.consumers.pop(consumer.tag, None) is not None:
+            queue.totals.consumers -= 1
         if consumer in queue.consumers:
             was_active = queue.single_active and queue.consumers[0] is consumer and queue.handing_over is None
             queue.consumers.remove(consumer)
@@ -225,7 +227,14 @@ class Deliveries:
                 queue.exclusive_consumer = False
             if queue.rr >= len(queue.consumers):
                 queue.rr = 0
-        if auto_delete and queue.auto_delete and queue.had_consumer and not queue.consumers and not queue.deleted:
+        if (
+            auto_delete
+            and queue.auto_delete
+            and queue.had_consumer
+            and not queue.consumers
+            and not queue.getters  # (a long-poll still reads it: see Delays.rest_read)
+            and not queue.deleted
+        ):
             self._store.remove_queue(queue, "auto-delete queue lost its last consumer")
         elif queue.consumers:
             self._dispatch_due[queue.name] = queue
@@ -308,6 +317,7 @@ class Deliveries:
             consumer.unacked += 1
             ch.unacked += 1
             queue.unacked += 1
+            queue.totals.unacked += 1
             if consumer.lease_s is not None:
                 lease = lease_id(self._boot_id, ch.id, tag)
         self._emit(Deliver(ch.id, consumer.tag, tag, count > 0, message, lease, count))
@@ -475,6 +485,9 @@ class Deliveries:
         queue = d.queue
         if not queue.deleted:
             queue.unacked -= 1
+            queue.totals.unacked -= 1
+            if queue.auto_delete and not queue.unacked and queue.read_at is not None:
+                self._delays.rest_read(queue)  # its last lease settled: the grace starts
         consumer = d.consumer
         if consumer is not None:
             consumer.unacked -= 1
@@ -508,6 +521,8 @@ class Deliveries:
                 self._delays.delay_return(queue, entry, due)
                 continue
             queue.requeue(entry)
+            if entry.expires_at is not None:
+                self._delays.wake_by(queue, entry.expires_at)  # (it may expire before anyone reads)
             if queue.consumers:
                 self._dispatch_due[queue.name] = queue
             if queue.getters:

@@ -11,15 +11,20 @@ from typing import Any
 
 from .confirms import ConfirmTracker
 from .delayed import DelayedMessages
+from .expiring import ExpiringMessages
 from .lanes import Lane
 from .message import Entry, Message
 from .routing import ConsistentHashTable, RoutingTable, make_table
+from .totals import Totals
 
 __all__ = ["Exchange", "Queue", "Consumer", "Channel", "Delivery", "Transaction", "MAX_TX_BYTES", "MAX_TX_OPS"]
 
 
 class Exchange:
-    __slots__ = ("name", "type", "durable", "auto_delete", "internal", "arguments", "table", "bound_from", "builtin")
+    __slots__ = (
+        "name", "type", "durable", "auto_delete", "internal", "arguments", "table", "bound_from", "builtin",
+        "messages_in", "messages_out",
+    )
 
     def __init__(
         self,
@@ -43,6 +48,10 @@ class Exchange:
         # names of exchanges holding a binding whose destination is this exchange
         self.bound_from: set[str] = set()
         self.builtin = builtin
+        #: messages published to it (dead letters included), and those of them it
+        #: routed to at least one queue; since the start (counters, not state)
+        self.messages_in = 0
+        self.messages_out = 0
 
     def settings(self) -> tuple[Any, ...]:
         return (self.type, self.durable, self.auto_delete, self.internal, self.arguments)
@@ -107,6 +116,9 @@ class Queue:
         "handing_over",
         "refusal",
         "hold_after",
+        "totals",
+        "expiring",
+        "read_at",
     )
 
     def __init__(
@@ -175,6 +187,9 @@ class Queue:
         #: Messages held back until a wall-clock time (a nack or publish with a
         #: delay): not ready until due.
         self.delayed = DelayedMessages()
+        #: The ready messages that carry their own ``expiration``, by when they expire
+        #: (they may expire out of queue order: see expiring.py and expiry.py).
+        self.expiring = ExpiringMessages()
         #: Delivery counts above one of paged-out messages (the index keeps only
         #: whether a message was delivered): ``seq -> count``. Rare: recovery only.
         self.paged_counts: dict[int, int] = {}
@@ -187,6 +202,19 @@ class Queue:
         exp = arguments.get("x-expires")
         self.expires_s: float | None = exp / 1000.0 if exp is not None else None
         self.unused_since = 0.0
+        #: the broker's running counts, which this queue's messages are part of (its
+        #: own until the queue store adopts it: see :meth:`adopt`)
+        self.totals = Totals()
+        #: An auto-delete queue read over REST (a get, a long-poll): when it was last
+        #: read (monotonic; None: never). See ``Delays.rest_read``.
+        self.read_at: float | None = None
+
+    def adopt(self, totals: Totals) -> None:
+        """Count this queue's messages in ``totals`` (the broker's, see totals.py)
+        from now on: its ready ones, and those of them its lanes page out."""
+        self.totals = totals
+        for lane in self.lanes:
+            lane.paged.totals = totals
 
     @property
     def persistent_log(self) -> bool:
@@ -235,6 +263,10 @@ class Queue:
     def requeue(self, entry: Entry) -> None:
         """Put ``entry`` back in its original place (by sequence, in its lane)."""
         self.lane_for(entry.message).requeue(entry)
+        self.totals.ready += 1
+        expires = entry.expires_at
+        if expires is not None and entry.message.expires_at is not None:
+            self.expiring.add(entry.message.seq, expires)
         if self.max_length_bytes is not None:
             self.ready_bytes += len(entry.message.body)
 
@@ -249,14 +281,31 @@ class Queue:
             if lane is None:
                 return None
             entry = lane.pop()
-        if entry is not None and self.max_length_bytes is not None:
-            self.ready_bytes -= len(entry.message.body)
+        if entry is not None:
+            self.totals.ready -= 1
+            if self.max_length_bytes is not None:
+                self.ready_bytes -= len(entry.message.body)
         return entry
 
     def memory_head(self) -> Entry | None:
         """The entry :meth:`pop` would return, without taking it (None: none in memory)."""
         lane = self.next_lane()
         return None if lane is None else lane.head()
+
+    def take_seq(self, seq: int) -> Entry | int | None:
+        """Remove ready message ``seq`` from wherever it waits (an expiry out of queue
+        order): its entry when held in memory, its locator when paged out, None when it
+        is not ready here (delivered, delayed, gone)."""
+        for lane in self.lanes:
+            if not lane:
+                continue
+            found = lane.take(seq)
+            if found is not None:
+                self.totals.ready -= 1
+                if self.max_length_bytes is not None and isinstance(found, Entry):
+                    self.ready_bytes -= len(found.message.body)
+                return found
+        return None
 
     def count_ready_bytes(self) -> int:
         """The body bytes of the ready messages held in memory (counted anew)."""
@@ -284,6 +333,8 @@ class Queue:
             held, paged = lane.clear()
             entries.extend(held)
             seqs.extend(paged)
+        self.totals.ready -= len(entries) + len(seqs)
+        self.expiring.clear()
         delayed_entries, delayed_seqs = self.delayed.clear()
         entries.extend(delayed_entries)
         self.paged_counts.clear()
@@ -296,6 +347,7 @@ class Queue:
         removed: list[Entry] = []
         for lane in self.lanes:
             removed.extend(lane.remove_entries(seqs))
+        self.totals.ready -= len(removed)
         if self.max_length_bytes is not None:
             self.ready_bytes -= sum(len(e.message.body) for e in removed)
         removed.extend(self.delayed.remove_whole(seqs))

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import heapq
 from array import array
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Iterator
 from itertools import compress
@@ -31,6 +32,10 @@ __all__ = ["Lane", "MAX_PRIORITY", "split_by_level"]
 
 #: The largest ``x-max-priority`` (AMQP's priority property is one octet).
 MAX_PRIORITY = 255
+
+
+def _seq_of(entry: Entry) -> int:
+    return entry.message.seq
 
 
 def split_by_level(
@@ -88,6 +93,26 @@ class Lane:
         if self.tail and not self.paged:
             return self.tail[0]
         return None
+
+    def take(self, seq: int) -> Entry | int | None:
+        """Remove message ``seq`` from wherever it waits in this lane (an expiry): its
+        entry when it is held in memory, its locator when it is paged out, None when
+        it is not here. Each part is in sequence order: found by bisection."""
+        requeued = self.requeued
+        for i, (s, entry) in enumerate(requeued):
+            if s == seq:
+                requeued[i] = requeued[-1]
+                requeued.pop()
+                heapq.heapify(requeued)
+                return entry
+        for part in (self.ready, self.tail):
+            if part and part[0].message.seq <= seq <= part[-1].message.seq:
+                i = bisect_left(part, seq, key=_seq_of)
+                if i < len(part) and part[i].message.seq == seq:
+                    entry = part[i]
+                    del part[i]
+                    return entry
+        return self.paged.remove(seq) if self.paged else None
 
     def held(self) -> list[Entry]:
         """The entries held in memory, in order: requeued, ready, tail."""

@@ -105,6 +105,8 @@ class Leases:
             raise InvalidArgument(f"lease must be between 0 and {self._max_lease_s:g} seconds")
         ch = self._channels[REST_CHANNEL]
         self._delays.touch_queue(queue)
+        if queue.auto_delete:
+            self._delays.rest_read(queue)  # a reader: deleted once idle (see delays.py)
         out: list[tuple[str, Delivery, bool]] = []
         deadline = self._clock() + lease_s
         while len(out) < max_count:
@@ -123,6 +125,7 @@ class Leases:
             ch.deliveries[tag] = d
             ch.unacked += 1
             queue.unacked += 1
+            queue.totals.unacked += 1
             self._deliveries.push_deadline(deadline, REST_CHANNEL, tag)
             out.append((self._lease_id(REST_CHANNEL, tag), d, redelivered))
         return out

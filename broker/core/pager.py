@@ -117,6 +117,7 @@ class Pager:
                 # the operator chose to give up on unreadable records
                 self._log.settle_seqs(queue.qid, [seq])
                 self._outbox.emit(MessageLost(queue.name, seq, loc >> 1, failure))
+                queue.totals.ready -= 1
                 lane.paged.put_back(pairs[i + 1 :])
                 continue
             queue.read_attempts += 1
@@ -132,6 +133,7 @@ class Pager:
                 # held back like a delayed message: retried by QueueStore._release_due,
                 # which puts it back in its place once read (and backs off while it fails)
                 set_aside = True
+                queue.totals.ready -= 1  # (back in place, and counted, once read: Queue.requeue)
                 queue.delayed.push_paged(round((self._wall_clock() + delay) * 1000.0), seq, loc)
                 lane.paged.put_back(pairs[i + 1 :])
                 self._delays.schedule_queue(queue)

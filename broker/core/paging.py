@@ -25,6 +25,8 @@ from collections.abc import Iterator, Sequence
 from itertools import compress
 from typing import Any
 
+from .totals import Totals
+
 __all__ = ["PagedRefs", "ReplayIndex", "CHUNK_MESSAGES", "locator", "mark_all_delivered"]
 
 #: Messages per chunk (two 8-byte integers each: 32 KiB a chunk).
@@ -53,15 +55,22 @@ def mark_all_delivered(locators: array[int]) -> array[int]:
     return out
 
 
-class PagedRefs:
-    """The paged-out messages of one queue, oldest first."""
+#: Where a lane not yet adopted by a broker counts (nobody reads it).
+_UNCOUNTED = Totals()
 
-    __slots__ = ("_chunks", "_head", "_count")
+
+class PagedRefs:
+    """The paged-out messages of one queue, oldest first. Each change of their number
+    is counted in ``totals.paged`` too (the broker's running counts, set when the
+    queue store adopts the queue: see totals.py)."""
+
+    __slots__ = ("_chunks", "_head", "_count", "totals")
 
     def __init__(self) -> None:
         self._chunks: deque[array[int]] = deque()
         self._head = 0  # index into _chunks[0] of the first pair still queued
         self._count = 0
+        self.totals = _UNCOUNTED
 
     def __len__(self) -> int:
         return self._count
@@ -77,6 +86,7 @@ class PagedRefs:
         last.append(seq)
         last.append(loc)
         self._count += 1
+        self.totals.paged += 1
 
     def extend(self, seqs: array[int], locs: array[int]) -> None:
         """Append many pairs at once (recovery: a million in C loops, not Python ones).
@@ -89,6 +99,7 @@ class PagedRefs:
             chunk[1::2] = locs[start:stop]
             self._chunks.append(chunk)
         self._count += n
+        self.totals.paged += n
 
     def take(self, n: int) -> list[tuple[int, int]]:
         """Remove and return up to ``n`` ``(seq, locator)`` pairs from the front."""
@@ -106,6 +117,7 @@ class PagedRefs:
             else:
                 self._head = stop
         self._count -= len(out)
+        self.totals.paged -= len(out)
         return out
 
     def put_back(self, pairs: list[tuple[int, int]]) -> None:
@@ -121,6 +133,7 @@ class PagedRefs:
         front[1::2] = array("q", [loc for _seq, loc in pairs])
         chunks.appendleft(front)
         self._count += len(pairs)
+        self.totals.paged += len(pairs)
 
     def clear(self) -> list[int]:
         """Remove everything; return the sequence numbers removed."""
@@ -128,6 +141,7 @@ class PagedRefs:
         self._chunks = deque()
         self._head = 0
         self._count = 0
+        self.totals.paged -= len(seqs)
         return seqs
 
     def __iter__(self) -> Iterator[tuple[int, int]]:
@@ -146,6 +160,29 @@ class PagedRefs:
         chunk, i = found
         chunk[i + 1] = (lsn << 1) | (chunk[i + 1] & 1)
         return True
+
+    def remove(self, seq: int) -> int | None:
+        """Remove message ``seq`` from wherever it is (an expiry, see expiry.py); return
+        its locator, or None if it is not here. Its chunk is replaced by a copy
+        without it, never changed in place: a checkpoint may hold the old one (see
+        the module docstring)."""
+        found = find_pair(self._chunks, self._head, seq)
+        if found is None:
+            return None
+        chunk, i = found
+        chunks = self._chunks
+        index = next(k for k, c in enumerate(chunks) if c is chunk)
+        loc = chunk[i + 1]
+        rest = chunk[:i] + chunk[i + 2 :]
+        if len(rest) > (self._head if index == 0 else 0):
+            chunks[index] = rest
+        else:  # nothing left in it
+            del chunks[index]
+            if index == 0:
+                self._head = 0
+        self._count -= 1
+        self.totals.paged -= 1
+        return loc
 
     def cut(self) -> list[tuple[array[int], int, int]]:
         """References to the current contents as ``(chunk, start, stop)`` slices, for a
@@ -216,7 +253,9 @@ class ReplayIndex:
     to a small dict. A settled message is marked dead (locator -1) in place.
     """
 
-    __slots__ = ("seqs", "locs", "extra", "counts", "due_seqs", "due_ms", "due_extra", "prios", "extra_prios")
+    __slots__ = (
+        "seqs", "locs", "extra", "counts", "due_seqs", "due_ms", "due_extra", "prios", "extra_prios", "expiring",
+    )
 
     def __init__(self, *, priorities: bool = False) -> None:
         self.seqs = array("q")
@@ -234,6 +273,9 @@ class ReplayIndex:
         self.due_seqs = array("q")
         self.due_ms = array("q")
         self.due_extra: dict[int, int] = {}
+        #: when the messages that carry their own expiration expire (wall-clock
+        #: seconds), by seq: from their records and the checkpoint's EXPIRES
+        self.expiring: dict[int, float] = {}
 
     def raise_count(self, seq: int, count: int) -> None:
         if count > self.counts.get(seq, 0):

@@ -93,6 +93,22 @@ class Publishing:
         self._stats["published"] += 1
         return tag, self.publish_tagged(ch, tag, exchange_name, routing_key, body, properties, mandatory, delay_s)
 
+    def refuse_publish(self, channel_id: int, reason: str) -> int | None:
+        """A publish the runtime refused before routing it (publishing blocked by a
+        memory or disk alarm, or its deadline passed while it waited): numbered like
+        any publish and nacked with ``reason``, so its confirm keeps its place among
+        the channel's. Returns its tag; None on a transactional channel, whose
+        publishes are only applied at the commit (the caller publishes it then)."""
+        ch = self._channel(channel_id)
+        if ch.tx is not None:
+            return None
+        ch.publish_seq += 1
+        tag = ch.publish_seq
+        self._stats["published"] += 1
+        self._confirms_due(ch)
+        ch.confirms.add(tag, 0, False, reason)
+        return tag
+
     def publish_tagged(
         self,
         ch: Channel,
@@ -115,6 +131,7 @@ class Publishing:
         if exchange.internal:
             ch.confirms.add(tag, 0, False, f"access_refused: exchange {exchange_name!r} is internal")
             return 0
+        exchange.messages_in += 1
 
         wall = self._wall_clock()
         message_id = properties.get("message_id") if properties else None
@@ -138,6 +155,7 @@ class Publishing:
                 self._dedup.remember(exchange_name, message_id, wall, 0)
             ch.confirms.add(tag, 0)
             return 0
+        exchange.messages_out += 1
 
         persistent = properties is None or properties.get("delivery_mode", 2) == 2
         durable_qids: list[int] = []

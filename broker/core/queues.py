@@ -3,7 +3,7 @@
 Declares, looks up, deletes and purges queues; takes messages in (:meth:`enqueue`:
 lanes by priority, ``x-max-length`` overflow, page-out of a durable queue's tail once
 its records are written) and hands them out (:meth:`pop_live`, paging in and expiring
-on the way); acts when a queue's timer fires (delays due, expiry at the head, read
+on the way); acts when a queue's timer fires (delays due, expiries: expiry.py, read
 retries, ``x-expires``). Numbers messages (``take_seq``) and queues.
 
 Leaving a queue for a reason (expiry, overflow) dead-letters the message, and deleting
@@ -33,12 +33,14 @@ from .errors import (
     ResourceLocked,
     Unavailable,
 )
+from .expiry import Expiry
 from .lanes import Lane
 from .log import MessageLog
 from .message import Entry, Message
 from .names import check_name
 from .pager import Pager, logged_message, retry_delay
 from .shared import Outbox, Wakeups
+from .totals import Totals
 
 __all__ = ["QueueStore", "queue_record"]
 
@@ -57,8 +59,10 @@ class QueueStore:
         log: MessageLog,
         delays: Delays,
         pager: Pager,
+        expiry: Expiry,
         outbox: Outbox,
         wakeups: Wakeups,
+        totals: Totals,
         *,
         clock: Callable[[], float],
         wall_clock: Callable[[], float],
@@ -69,9 +73,11 @@ class QueueStore:
         self._log = log
         self._delays = delays
         self._pager = pager
+        self._expire = expiry.expire
         self._outbox = outbox
         self._dispatch = wakeups.dispatch
         self._getters = wakeups.getters
+        self._totals = totals
         self._clock = clock
         self._wall_clock = wall_clock
         self._boot_id = boot_id
@@ -124,6 +130,7 @@ class QueueStore:
 
     def add_recovered(self, queue: Queue) -> None:
         """A queue declared by a replayed record (recovery)."""
+        queue.adopt(self._totals)
         self.queues[queue.name] = queue
         self.by_id[queue.qid] = queue
         self._next_qid = max(self._next_qid, queue.qid + 1)
@@ -132,6 +139,10 @@ class QueueStore:
         """A replayed queue deleted or replaced by a later record (recovery)."""
         del self.queues[queue.name]
         del self.by_id[queue.qid]
+
+    def recount_totals(self) -> None:
+        """Recovery built the queues in bulk: count their messages once."""
+        self._totals.recount(self.queues.values())
 
     def counters(self) -> tuple[int, int]:
         """(next message seq, next qid), for a checkpoint's META record."""
@@ -206,6 +217,7 @@ class QueueStore:
             self._next_qid, name, durable, channel_id if exclusive else None, auto_delete, arguments
         )
         self._next_qid += 1
+        queue.adopt(self._totals)
         self.queues[name] = queue
         self.by_id[queue.qid] = queue
         if exclusive:
@@ -254,6 +266,7 @@ class QueueStore:
             self._outbox.emit(QueueReady(queue.name))  # parked gets answer 404 now
         self._cancel_consumers(queue, reason)
         queue.clear_ready()
+        self._totals.unacked -= queue.unacked  # (forgotten when settled: see finish_delivery)
         self._page_out_due.pop(queue.name, None)
         self._drop_bindings(queue)
         del self.queues[queue.name]
@@ -327,8 +340,15 @@ class QueueStore:
             queue.published += 1
             self._delays.hold_back(queue, entry, due)
             return
-        # an expiry must wake the queue in time (scheduled once it is in place)
-        schedule = expires is not None and queue.wake_at is None
+        # an expiry must wake the queue in time (scheduled once it is in place); one
+        # that may come out of queue order (the message's own) is indexed
+        if expires is None:
+            schedule = False
+        elif message.expires_at is None:
+            schedule = queue.wake_at is None
+        else:
+            queue.expiring.add(message.seq, expires)
+            schedule = queue.wake_at is None or expires - wall < queue.wake_at - self._clock()
         lane = queue.lanes[0] if queue.max_priority is None else queue.lane_for(message)
         if lane.tail or lane.paged:
             lane.tail.append(entry)
@@ -344,6 +364,7 @@ class QueueStore:
             lane.tail.append(entry)
             self._page_out_due[queue.name] = queue
         queue.published += 1
+        self._totals.ready += 1
         if queue.max_length_bytes is not None:
             queue.ready_bytes += len(message.body)
         if schedule:
@@ -370,10 +391,13 @@ class QueueStore:
             self._pager.page_in(queue)
             entry = queue.pop()
         if entry is not None:
+            if entry.message.expires_at is not None:
+                queue.expiring.discard(entry.message.seq)
             self._dead_letter(queue, entry, "maxlen")
             return
         lane = queue.next_lane()
         for seq, _loc in lane.paged.take(1) if lane is not None else ():
+            self._totals.ready -= 1
             queue.dead_lettered["maxlen"] = queue.dead_lettered.get("maxlen", 0) + 1
             queue.paged_counts.pop(seq, None)
             self._log.settle_seqs(queue.qid, [seq])
@@ -434,9 +458,13 @@ class QueueStore:
             if queue.hold_after is not None and entry.message.seq > queue.hold_after:
                 queue.requeue(entry)
                 return None
-            if entry.expires_at is not None and entry.expires_at <= self._wall_clock():
-                self._dead_letter(queue, entry, "expired")
-                continue
+            expires = entry.expires_at
+            if expires is not None:
+                if entry.message.expires_at is not None:
+                    queue.expiring.discard(entry.message.seq)  # (indexed again if it comes back)
+                if expires <= self._wall_clock():
+                    self._dead_letter(queue, entry, "expired")
+                    continue
             return entry
 
     # ------------------------------------------------------------- timers
@@ -449,13 +477,18 @@ class QueueStore:
         if expire_at is not None and expire_at <= now:
             self.remove_queue(queue, "queue expired (unused for its x-expires)")
             return
+        if queue.read_at is not None:
+            idle_until = self._delays.auto_delete_at(queue)
+            if idle_until is not None and idle_until <= now:
+                self.remove_queue(queue, "auto-delete queue left idle by its readers")
+                return
         woke = False
         if queue.read_blocked_until is not None and queue.read_blocked_until <= now:
             queue.read_blocked_until = None
             woke = True
         if queue.delayed:
             woke = self._release_due(queue) or woke
-        self._expire_head(queue)
+        self._expire(queue)
         if woke:
             self._dispatch[queue.name] = queue
             if queue.getters:
@@ -498,29 +531,17 @@ class QueueStore:
                 queue.read_attempts = 0
         return bool(entries)
 
-    def _expire_head(self, queue: Queue) -> None:
-        """Remove the expired messages at the head of ``queue``'s memory (dead-letter
-        them, reason ``expired``), so they stop counting as ready when they expire."""
-        wall = self._wall_clock()
-        while True:
-            head = queue.memory_head()
-            if head is None and queue.message_ttl_s is not None and queue.read_blocked_until is None:
-                self._pager.page_in(queue)  # the oldest paged-out messages may have expired
-                head = queue.memory_head()
-            if head is None or head.expires_at is None or head.expires_at > wall:
-                return
-            entry = queue.pop()
-            assert entry is head
-            self._dead_letter(queue, entry, "expired")
-
     def start_recovered_timers(self) -> None:
-        """Recovered queues' timers start now: due delays, expiries, and x-expires
-        (whose unused time starts over at a restart)."""
+        """Recovered queues' timers start now: due delays, expiries (what expired while
+        the broker was down leaves now: a TTL queue reads its head back to know), and
+        x-expires (whose unused time starts over at a restart)."""
         if not self._to_schedule:
             return
         for queue in self._to_schedule:
             if not queue.deleted:
                 queue.unused_since = self._clock()
+                if queue.message_ttl_s is not None or queue.expiring:
+                    self._expire(queue)
                 self._delays.schedule_queue(queue)
         self._to_schedule = []
 
@@ -536,9 +557,13 @@ class QueueStore:
         self.queue(queue_name).getters += 1
 
     def unpark_getter(self, queue_name: str) -> None:
+        """A long-poll stopped waiting on this queue (an auto-delete queue's grace
+        starts when its last one does)."""
         queue = self.queues.get(queue_name)
         if queue is not None and queue.getters:
             queue.getters -= 1
+            if not queue.getters and queue.auto_delete:
+                self._delays.rest_read(queue)
 
     def ready_getters(self) -> None:
         """Wake the parked long-polls of queues that received messages and still hold

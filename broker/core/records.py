@@ -80,6 +80,7 @@ class RecordType:
     TOKEN = 26  # a whole API token: id, owner, digest of its secret, expiry
     TOKEN_DELETE = 27  # an API token revoked
     PRIORITY_REFS = 30  # QUEUE_REFS of the messages of one priority of a priority queue (checkpoints only)
+    EXPIRES = 31  # when queued messages that carry their own expiration expire (checkpoints only)
 
 
 def encode_json(obj: dict[str, Any]) -> bytes:
@@ -164,14 +165,14 @@ def decode_enqueue(payload: bytes) -> EnqueueRecord:
     )
 
 
-def peek_enqueue(payload: bytes) -> tuple[int, float, list[int], bytes, bytes | None]:
-    """``(seq, wall_s, qids, exchange, message_id)`` of an ENQUEUE record, without
-    decoding its properties and body (recovery indexes messages, it does not load
-    them). Exchange and message id are their UTF-8 bytes, undecoded: recovery only
-    hashes them (``dedup.digest_utf8``)."""
-    seq, wall, _expires, qids, exchange, pos, lrk, lmid, _lprops = _enqueue_prefix(payload)
+def peek_enqueue(payload: bytes) -> tuple[int, float, float, list[int], bytes, bytes | None]:
+    """``(seq, wall_s, expires_at, qids, exchange, message_id)`` of an ENQUEUE record
+    (``expires_at`` 0.0: none), without decoding its properties and body (recovery
+    indexes messages, it does not load them). Exchange and message id are their UTF-8
+    bytes, undecoded: recovery only hashes them (``dedup.digest_utf8``)."""
+    seq, wall, expires, qids, exchange, pos, lrk, lmid, _lprops = _enqueue_prefix(payload)
     pos += lrk
-    return seq, wall, qids, exchange, payload[pos : pos + lmid] if lmid else None
+    return seq, wall, expires, qids, exchange, payload[pos : pos + lmid] if lmid else None
 
 
 def peek_priority(payload: bytes) -> int:

@@ -114,7 +114,7 @@ class Recovery:
     def _replay_logged_enqueue(self, state: dict[int, ReplayIndex], payload: bytes, lsn: int, rtype: int) -> None:
         """A logged publish: the queues index it by LSN; its body stays on disk."""
         # A logged publish: the queues index it by LSN; its body stays on disk.
-        seq, wall_s, qids, exchange_utf8, id_utf8 = rec.peek_enqueue(payload)
+        seq, wall_s, expires, qids, exchange_utf8, id_utf8 = rec.peek_enqueue(payload)
         if seq >= self._next_seq:
             self._next_seq = seq + 1
         loc = lsn << 1
@@ -122,6 +122,8 @@ class Recovery:
         for qid in qids:
             entries = state.get(qid)
             if entries is not None:
+                if expires:
+                    entries.expiring[seq] = expires
                 if entries.prios is None:
                     entries.add(seq, loc, update=True)
                     continue
@@ -157,6 +159,8 @@ class Recovery:
                 q_exp = r.wall_s + queue.message_ttl_s
                 expires = q_exp if expires is None else min(expires, q_exp)
             entries.add_whole(r.seq, Entry(message, False, expires))
+            if r.expires_at is not None:
+                entries.expiring[r.seq] = r.expires_at
         if r.message_id is not None:
             self._dedup.remember(r.exchange, r.message_id, r.wall_s, 0)
 
@@ -177,6 +181,14 @@ class Recovery:
                     top = seq
             if top >= self._next_seq:
                 self._next_seq = top + 1
+
+    def _replay_expires(self, state: dict[int, ReplayIndex], payload: bytes, lsn: int, rtype: int) -> None:
+        """EXPIRES: when a checkpoint's queued messages with their own expiration expire."""
+        qid, pairs = rec.decode_counts(payload)
+        entries = state.get(qid)
+        if entries is not None:
+            for seq, expires_ms in pairs:
+                entries.expiring[seq] = expires_ms / 1000.0
 
     def _replay_settle(self, state: dict[int, ReplayIndex], payload: bytes, lsn: int, rtype: int) -> None:
         qid, seqs = rec.decode_seqs(payload)
@@ -213,7 +225,7 @@ class Recovery:
             raise ValueError("MOVE record in a checkpoint")
         self._replay_logged_enqueue(state, enqueue, lsn, rtype)
         if due is not None:
-            seq, _wall, qids, _exchange, _id = rec.peek_enqueue(enqueue)
+            seq, _wall, _expires, qids, _exchange, _id = rec.peek_enqueue(enqueue)
             due_ms = round(due * 1000.0)
             for qid in qids:
                 entries = state.get(qid)
@@ -339,13 +351,17 @@ class Recovery:
         for qid, entries in state.items():
             queue = self._by_id[qid]
             self._restore_queue(queue, entries, assume_delivered)
+            for seq, expires in entries.expiring.items():
+                if seq in entries:  # (one delayed is indexed too: found gone at its time)
+                    queue.expiring.add(seq, expires)
             if queue.max_length_bytes is not None:
                 queue.ready_bytes = queue.count_ready_bytes()
                 self._pager.load_paged(queue)
-            if queue.delayed or queue.message_ttl_s is not None or queue.expires_s is not None:
+            if queue.delayed or queue.message_ttl_s is not None or queue.expires_s is not None or queue.expiring:
                 # timers start with the next take_effects(): recovery may run where
                 # the clock cannot be read (the runtime replays in a worker thread)
                 self._store.schedule_when_started(queue)
+        self._store.recount_totals()
         self._replay = None
         self._replay_messages = {}
         self._log_spans = None
@@ -485,6 +501,7 @@ REPLAY_HANDLERS: dict[int, _Handler] = {
     RecordType.DELIVERED: Recovery._replay_delivered,
     RecordType.DELIVERY_COUNTS: Recovery._replay_pairs,
     RecordType.DELAY: Recovery._replay_pairs,
+    RecordType.EXPIRES: Recovery._replay_expires,
     RecordType.MOVE: Recovery._replay_move,
     RecordType.DECLARE_QUEUE: Recovery._replay_declare_queue,
     RecordType.DELETE_QUEUE: Recovery._replay_delete_queue,

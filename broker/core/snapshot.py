@@ -93,7 +93,14 @@ class Snapshots:
                 if d.queue.persistent_log:
                     unacked.setdefault(d.queue.qid, []).append(d.entry)
         cut: list[
-            tuple[Queue, list[Entry], list[tuple[int, tuple[array[int], int, int]]], dict[int, int], list[tuple[int, int]]]
+            tuple[
+                Queue,
+                list[Entry],
+                list[tuple[int, tuple[array[int], int, int]]],
+                dict[int, int],
+                list[tuple[int, int]],
+                list[tuple[int, int]],
+            ]
         ] = []
         for q in queues:
             entries = q.held_entries()
@@ -108,12 +115,18 @@ class Snapshots:
             paged_cut = [(level, part) for level, lane in enumerate(q.lanes) for part in lane.paged.cut()]
             if delayed_refs:
                 paged_cut.append((0, (delayed_refs, 0, len(delayed_refs))))
-            cut.append((q, entries, paged_cut, dict(q.paged_counts), q.delayed.due_times()))
+            # when messages that carry their own expiration expire (ms): the ready ones
+            # indexed (paged out included), and the unacked ones, ready again after a restart
+            expiring = [(seq, round(at * 1000.0)) for seq, at in q.expiring.items()]
+            for e in unacked.get(q.qid, ()):
+                if e.message.expires_at is not None and e.expires_at is not None:
+                    expiring.append((e.message.seq, round(e.expires_at * 1000.0)))
+            cut.append((q, entries, paged_cut, dict(q.paged_counts), q.delayed.due_times(), expiring))
         del unacked
         head.extend(self._users.snapshot_records(self._wall_clock()))
         yield head
         per_record = 2 * chunk_entries
-        for q, entries, paged_cut, paged_counts, delays in cut:
+        for q, entries, paged_cut, paged_counts, delays, expiring in cut:
             if q.deleted:
                 continue  # its DELETE_QUEUE record follows the covered LSN
             qid = q.qid
@@ -165,6 +178,8 @@ class Snapshots:
                 yield [(T.DELIVERY_COUNTS, rec.encode_counts(qid, paged_pairs[lo : lo + chunk_entries]))]
             for lo in range(0, len(delays), chunk_entries):
                 yield [(T.DELAY, rec.encode_counts(qid, delays[lo : lo + chunk_entries]))]
+            for lo in range(0, len(expiring), chunk_entries):
+                yield [(T.EXPIRES, rec.encode_counts(qid, expiring[lo : lo + chunk_entries]))]
         tail = [
             (T.DEDUP_DIGESTS, payload) for payload in self._log.dedup.checkpoint_payloads(DEDUP_BATCH_ENTRIES)
         ]

@@ -6,19 +6,41 @@ to the log, the channels and metrics through typed ports (``ports.py``). It impo
 core and storage, never the HTTP server or the API layer: those call into it, through
 one door, the :class:`CommandGateway` (``gateway.py``), which runs a core command,
 carries out its effects and waits for durability where asked. ``confirms.py`` is the
-one book of publishes waiting for their confirm; ``taps.py`` lets a layer above see a
-kind of effect first (replicated queues copy their records).
+one book of publishes waiting for their confirm. ``flow.py`` is the one signal that
+publishing is blocked (the memory alarm of ``memory.py``, the disk alarm of
+``space.py``), which every protocol follows; ``history.py`` keeps the last minutes of
+rates and depths for the management UI; ``taps.py`` lets a layer above see a kind of
+effect first (replicated queues copy their records).
 """
 
 from broker.runtime.checkpoints import Checkpointer
 from broker.runtime.confirms import PendingConfirms, PublishWaiter
+from broker.runtime.flow import ALARM_DISK, ALARM_MEMORY, FlowControl
 from broker.runtime.gateway import CommandBatch, CommandGateway, PublishOutcome
+from broker.runtime.history import RateHistory
+from broker.runtime.memory import (
+    MemoryMonitor,
+    memory_limit_bytes,
+    process_rss_bytes,
+    resolve_watermark,
+)
 from broker.runtime.options import RuntimeOptions
 from broker.runtime.ports import ChannelSink, Flushable, LogPort, MetricsPort
+from broker.runtime.resources import disk_info, fd_info
 from broker.runtime.runtime import BrokerRuntime, LockWait
 from broker.runtime.taps import tap_records
 
 __all__ = [
+    "ALARM_DISK",
+    "ALARM_MEMORY",
+    "FlowControl",
+    "disk_info",
+    "fd_info",
+    "MemoryMonitor",
+    "RateHistory",
+    "memory_limit_bytes",
+    "process_rss_bytes",
+    "resolve_watermark",
     "BrokerRuntime",
     "ChannelSink",
     "Checkpointer",

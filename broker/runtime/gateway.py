@@ -25,6 +25,12 @@ The interface, in full:
 * ``gateway.publish(...)`` / ``await gateway.publish_and_confirm(...)``: a publish
   from a channel (its confirm arrives as a ``Confirm`` effect on that channel), or a
   one-shot REST publish, which waits for its confirm (:class:`PublishOutcome`).
+* Publishing blocked (``runtime.flow``, a memory or disk alarm: ``flow.py``): a publish
+  waits here, once for every protocol. ``publish_and_confirm`` waits by itself; a
+  channel awaits ``wait_publishable`` before its publish, and numbers and nacks one it
+  refuses with ``refuse_publish``. A wait ends when publishing resumes, after
+  ``blocked_publish_wait_s`` (refused: the alarm's reason), or at the publisher's own
+  deadline (refused: ``deadline``).
 * ``gateway.open_channel()``, ``attach(channel_id, sink)``, ``close_channel(...)``:
   a long-lived session's channel in the core and the sink its events go to.
 * Long-poll gets (``park_getters``/``unpark_getters``) and REST lock waits
@@ -77,6 +83,9 @@ class PublishOutcome:
     reason: str | None
     routed: int
     returned: bool
+    #: Refused without reaching the core, publishing being blocked: seconds the
+    #: publisher should wait before trying again (HTTP ``Retry-After``).
+    retry_after_s: int | None = None
 
     def refusal(self) -> BrokerError | None:
         """The error a nack means when it refused the target exchange (missing,
@@ -169,6 +178,28 @@ class CommandGateway:
         self.runtime.confirms.track(channel_id, tag, charge)
         return tag
 
+    async def wait_publishable(self, *, since: float | None = None, deadline: float | None = None) -> str | None:
+        """Wait while publishing is blocked: None once a publish may go ahead (at once
+        when not blocked), else why it is refused: the alarm's reason after
+        ``blocked_publish_wait_s`` counted from ``since`` (default: now), or
+        ``"deadline"`` when ``deadline`` (trio time: the publisher's own) comes first."""
+        flow = self.runtime.flow
+        if not flow.blocked:
+            return None
+        start = trio.current_time() if since is None else since
+        limit = start + self.runtime.options.blocked_publish_wait_s
+        until = limit if deadline is None else min(limit, deadline)
+        if await flow.wait_unblocked(until):
+            return None
+        flow.refused += 1
+        return "deadline" if deadline is not None and deadline <= limit else (flow.reason or "publishing blocked")
+
+    def refuse_publish(self, channel_id: int, reason: str) -> int | None:
+        """Number and nack a channel's publish that :meth:`wait_publishable` refused
+        (its ``nack`` leaves with the batch); None on a transactional channel (see
+        ``Broker.refuse_publish``): publish it as usual."""
+        return self._core.refuse_publish(channel_id, reason)
+
     async def publish_and_confirm(
         self,
         exchange: str,
@@ -178,8 +209,14 @@ class CommandGateway:
         *,
         mandatory: bool = False,
         delay_s: float | None = None,
+        deadline: float | None = None,
     ) -> PublishOutcome:
-        """One REST publish, answered once its confirm is released."""
+        """One REST publish, answered once its confirm is released. While publishing
+        is blocked it first waits (see :meth:`wait_publishable`; ``deadline``: the
+        publisher's, trio time), and is refused without reaching the core."""
+        refusal = await self.wait_publishable(deadline=deadline)
+        if refusal is not None:
+            return PublishOutcome(False, refusal, 0, False, self.runtime.flow.retry_after_s)
         tag, routed = self._core.publish(
             REST_CHANNEL, exchange, routing_key, body, properties, mandatory=mandatory, delay_s=delay_s
         )

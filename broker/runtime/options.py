@@ -29,6 +29,14 @@ class RuntimeOptions(CoreConfig):
     #: full disk (and free the log it covers); 0: none.
     reserve_bytes: int = DEFAULT_RESERVE_BYTES
     max_channels: int = 2048
+    #: The memory alarm's threshold (broker/runtime/memory.py): a fraction of the
+    #: memory the broker may use (its cgroup's limit, else the machine's) when at most
+    #: 1, a size in bytes above 1, 0: no alarm. RabbitMQ's default is 0.6 of the
+    #: machine; 0.4 leaves room for the log's and checkpoints' buffers.
+    memory_high_watermark: float = 0.4
+    #: How long a publish waits while publishing is blocked (memory or disk alarm)
+    #: before it is refused (HTTP 503 with Retry-After, a channel's nack).
+    blocked_publish_wait_s: float = 5.0
     max_wait_s: float = 60.0
     max_body_bytes: int = 16 << 20
     # Security (docs/security.md). The per-user caps play the part of RabbitMQ's

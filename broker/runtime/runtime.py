@@ -49,9 +49,13 @@ from broker.core import (
 )
 from broker.runtime.checkpoints import Checkpointer
 from broker.runtime.confirms import PendingConfirms
+from broker.runtime.flow import FlowControl
+from broker.runtime.history import RateHistory
+from broker.runtime.memory import MemoryMonitor, process_rss_bytes
 from broker.runtime.options import RuntimeOptions
 from broker.runtime.ports import ChannelSink, Flushable, LogPort, MetricsPort
 from broker.runtime.recovery import WALCallbacks, recover_broker
+from broker.runtime.space import DiskSpaceAlarm
 
 __all__ = ["BrokerRuntime"]
 
@@ -85,9 +89,11 @@ class BrokerRuntime:
         wall_clock: Callable[[], float] = time.time,
         metrics: MetricsPort | None = None,
         fs: storage.FileSystem | None = None,
+        memory_probe: Callable[[], int] | None = None,
     ) -> None:
         """``fs``: the file system under the data directory (a test's simulated
-        disk; the real one by default)."""
+        disk; the real one by default); ``memory_probe``: reads the resident size
+        (a test's fake; ``/proc/self/statm`` by default)."""
         self.options = options
         self._fs = fs
         self.boot_id = secrets.token_hex(4)
@@ -108,6 +114,12 @@ class BrokerRuntime:
         self._lock_waits: dict[int, LockWait] = {}
         self._timer_wakeup = trio.Event()
         self._timer_at = math.inf
+        #: Whether publishers must wait (memory or disk alarm): one signal for every protocol.
+        self.flow = FlowControl()
+        self.memory = MemoryMonitor(self.flow, options.memory_high_watermark, probe=memory_probe or process_rss_bytes)
+        self.space = DiskSpaceAlarm(self.core, self.flow, self.pump, lambda: self.wal)
+        #: Short history of rates and depths for the UI's charts (GET /overview/history).
+        self.history = RateHistory(self.core.views, self.memory)
         self.checkpointer: Checkpointer | None = None
         if options.data_dir is not None:
             self.checkpointer = Checkpointer(
@@ -117,9 +129,9 @@ class BrokerRuntime:
                 wal_bytes=options.checkpoint_wal_bytes,
                 metrics=metrics,
                 pump=self.pump,
-                on_reserve_used=self._on_reserve_used if options.reserve_bytes else None,
+                on_reserve_used=self.space.on_reserve_used if options.reserve_bytes else None,
                 fs=fs,
-                space_wanted=self._space_wanted,
+                space_wanted=self.space.space_wanted,
             )
         self.messages_lost = 0  # paged-out messages given up (only with --repair)
         self.log_read_failures = 0  # failed reads of paged-out messages (kept, retried)
@@ -181,14 +193,7 @@ class BrokerRuntime:
                 fsync=self.options.fsync,
                 segment_max_bytes=self.options.segment_max_bytes,
                 reserve_bytes=self.options.reserve_bytes,
-                callbacks=WALCallbacks(
-                    on_durable=self._on_durable,
-                    on_failure=self._on_failure,
-                    on_recovered=self._on_recovered,
-                    on_fsync=self._on_fsync,
-                    on_reserve=self._on_reserve,
-                    inline_allowed=self._inline_allowed,
-                ),
+                callbacks=self.log_callbacks(),
                 fs=self._fs,
             )
             self.unconfirmed_dropped = recovered.unconfirmed_dropped
@@ -201,6 +206,8 @@ class BrokerRuntime:
         # due while the broker was down), not at the first request
         self.pump()
         nursery.start_soon(self._serve_timers)
+        nursery.start_soon(self.memory.serve)
+        nursery.start_soon(self.history.serve)
         self.ready = True
         self.ready_event.set()
         log.info("broker ready", extra={"fields": self.recovery_info})
@@ -399,6 +406,13 @@ class BrokerRuntime:
 
     # ------------------------------------------------------------ WAL callbacks
 
+    def log_callbacks(self) -> WALCallbacks:
+        """How a log reports back: recovery's log, or a stand-in set as :attr:`wal`."""
+        return WALCallbacks(
+            on_durable=self._on_durable, on_failure=self._on_failure, on_recovered=self._on_recovered,
+            on_fsync=self._on_fsync, on_reserve=self.space.on_reserve, inline_allowed=self._inline_allowed,
+        )
+
     def _on_durable(self, lsn: int) -> None:
         self.core.durable(lsn)
         self._release_durable_waiters(lsn, None)
@@ -432,41 +446,6 @@ class BrokerRuntime:
         log.warning("log writes succeed again; accepting persistent publishes")
         self.core.storage_recovered()
         self.pump()
-
-    def _on_reserve(self, in_place: bool) -> None:
-        """The log made (or could not make) its space reserve."""
-        if in_place:
-            if self.core.publish_refusal is not None:
-                log.warning("space reserve in place again; accepting persistent publishes")
-            self.core.accept_publishes()
-        else:
-            self._refuse_for_space()
-        self.pump()
-
-    def _on_reserve_used(self) -> None:
-        """A checkpoint on a full disk used the space reserve."""
-        self._refuse_for_space()
-        if self.wal is not None:
-            self.wal.want_reserve()
-        self.pump()
-
-    def _space_wanted(self) -> bool:
-        """Publishes are refused for want of disk space (the reserve used up, or the
-        log's writes failing with ENOSPC)."""
-        if self.core.publish_refusal is not None:
-            return True
-        return not self.core.storage_ok and "No space left" in self.core.storage_reason
-
-    def _refuse_for_space(self) -> None:
-        if self.core.publish_refusal is None:
-            log.error(
-                "disk nearly full: the space reserve is used up; refusing persistent publishes "
-                "until acks and checkpoints free log space (acks, purges and deletes still work)"
-            )
-        self.core.refuse_publishes(
-            "disk full: the space reserve is used up; publishes are refused until consumed "
-            "messages free log space"
-        )
 
     def _on_fsync(self, duration_s: float) -> None:
         self.last_fsync_s = duration_s

@@ -277,8 +277,7 @@ async def test_per_user_connections_cap(secured: BrokerApp) -> None:
             c = HTTPClient(lambda: trio.open_tcp_stream("127.0.0.1", secured.port))
             clients.append(c)
             nursery.start_soon(long_poll, c)
-        while secured.auth.principal("svc").usage.requests < 3:
-            await trio.sleep(0.01)
+        await wait_until(lambda: secured.auth.principal("svc").usage.requests >= 3)
         async with open_tcp_client(secured.port) as client:
             refused = await client.post("/queues/q/get", headers=creds)
             assert_error(refused, 429, "resource_limit")

@@ -1,7 +1,7 @@
 """Publisher confirms that wait for the disk, over real loopback HTTP.
 
 The broker runs in memory, with a stand-in write-ahead log whose durability the test
-reports by hand (``runtime._on_durable(lsn)``, ``runtime._on_failure(...)``: the
+reports by hand (``wal.make_durable(lsn)``, ``wal.fail(...)``: through the
 callbacks the real WAL calls). So the test decides exactly when each persistent
 publish becomes durable, and checks that acks wait for it, never overtake an earlier
 tag, and coalesce correctly.
@@ -18,13 +18,13 @@ import trio.testing
 from broker.app import BrokerApp
 from tests.support.app import open_tcp_broker
 from tests.support.channel import ChannelClient, Clients, wait_until
-from tests.support.fakewal import FakeWAL
+from tests.support.fakewal import FakeWAL, attach_fake_wal
 
 
 @pytest.fixture
 def app(broker_app: BrokerApp) -> BrokerApp:
     """The conftest's in-memory broker, with a stand-in log."""
-    broker_app.runtime.wal = FakeWAL()
+    attach_fake_wal(broker_app.runtime)
     return broker_app
 
 
@@ -50,7 +50,7 @@ def pending(app: BrokerApp, ch: ChannelClient) -> int:
 async def durable_queue(app: BrokerApp, ch: ChannelClient, name: str) -> None:
     await ch.send({"op": "declare_queue", "queue": name, "durable": True, "id": "dq"})
     await wait_until(lambda: name in app.runtime.core.queues)
-    app.runtime._on_durable(wal(app).last_lsn)  # the declaration itself waits for the disk
+    wal(app).make_durable()  # the declaration itself waits for the disk
     await ch.expect("ok", id="dq")
 
 
@@ -64,11 +64,11 @@ async def test_acks_wait_for_the_disk_and_never_overtake(app: BrokerApp, clients
     await ch.send(transient("d", "3"), {"op": "publish", "routing_key": "nowhere", "body": "4"})
     await ch.send(persistent("d", "5"))
     assert await ch.sync() == []
-    app.runtime._on_durable(first_lsn)  # tag 1 only
+    wal(app).make_durable(first_lsn)  # tag 1 only
     assert await ch.sync() == [{"ev": "ack", "delivery_tag": 1, "multiple": False}]
-    app.runtime._on_durable(first_lsn + 1)  # tag 2; 3 and 4 needed no disk but waited for 2
+    wal(app).make_durable(first_lsn + 1)  # tag 2; 3 and 4 needed no disk but waited for 2
     assert await ch.sync() == [{"ev": "ack", "delivery_tag": 4, "multiple": True}]
-    app.runtime._on_durable(wal(app).last_lsn)
+    wal(app).make_durable()
     assert await ch.sync() == [{"ev": "ack", "delivery_tag": 5, "multiple": False}]
 
 
@@ -86,7 +86,7 @@ async def test_the_log_may_sync_a_consumers_acks_lazily_but_not_a_publish(
     (delivery,) = await ch.sync()  # a delivery does not wait for the disk
     assert delivery["ev"] == "deliver"
     assert [lazy for _first, _last, lazy in wal(app).appends[before:]] == [False]
-    app.runtime._on_durable(wal(app).last_lsn)
+    wal(app).make_durable()
     assert [e["ev"] for e in await ch.sync()] == ["ack"]
     await ch.send({"op": "ack", "delivery_tag": delivery["delivery_tag"]})
     await ch.sync()
@@ -103,7 +103,7 @@ async def test_many_in_flight_settled_once_in_ragged_durable_steps(app: BrokerAp
     settled: list[int] = []
     last = 0
     for step in (1, 2, 5, 13, 100, 379, total):  # durable up to publish #step
-        app.runtime._on_durable(base + step)
+        wal(app).make_durable(base + step)
         for ev in await ch.sync():
             assert ev["ev"] == "ack" and ev["delivery_tag"] == step
             assert ev["multiple"] == (step - last > 1)
@@ -118,9 +118,9 @@ async def test_storage_failure_nacks_exactly_the_failed_publishes(app: BrokerApp
     base = wal(app).last_lsn
     await ch.send(*[persistent("sf", str(i)) for i in range(4)])
     await ch.sync()
-    app.runtime._on_durable(base + 1)
-    app.runtime._on_failure(base + 2, base + 3, OSError(28, "No space left on device"))
-    app.runtime._on_durable(base + 4)
+    wal(app).make_durable(base + 1)
+    wal(app).fail(OSError(28, "No space left on device"), through=base + 3)
+    wal(app).make_durable(base + 4)
     events = await ch.sync()
     assert [(e["ev"], e["delivery_tag"], e["multiple"]) for e in events] == [
         ("ack", 1, False), ("nack", 2, False), ("nack", 3, False), ("ack", 4, False)
@@ -140,7 +140,7 @@ async def test_close_waits_for_pending_confirms(app: BrokerApp, clients: Clients
     await wait_until(lambda: pending(app, ch) == 2)
     await trio.testing.wait_all_tasks_blocked()
     assert not ch.http.ended  # close_ok waits for the acks
-    app.runtime._on_durable(wal(app).last_lsn)
+    wal(app).make_durable()
     assert await ch.remaining_events() == [
         {"ev": "ack", "delivery_tag": 2, "multiple": True}, {"ev": "close_ok"}
     ]
@@ -152,7 +152,7 @@ async def test_end_of_body_waits_for_pending_confirms(app: BrokerApp, clients: C
     await ch.send(persistent("eob"))
     await ch.end_body()
     await wait_until(lambda: pending(app, ch) == 1)
-    app.runtime._on_durable(wal(app).last_lsn)
+    wal(app).make_durable()
     assert await ch.remaining_events() == [
         {"ev": "ack", "delivery_tag": 1, "multiple": False}, {"ev": "close_ok"}
     ]
@@ -165,7 +165,7 @@ async def test_confirms_of_publishes_before_an_error_come_before_it(app: BrokerA
     await wait_until(lambda: pending(app, ch) == 2)
     await trio.testing.wait_all_tasks_blocked()
     assert not ch.http.ended
-    app.runtime._on_durable(wal(app).last_lsn)
+    wal(app).make_durable()
     events = await ch.remaining_events()
     assert events[0] == {"ev": "ack", "delivery_tag": 2, "multiple": True}
     assert events[1]["ev"] == "error" and events[1]["error"] == "unknown_delivery_tag"
@@ -178,7 +178,7 @@ async def test_disconnect_with_pending_confirms(app: BrokerApp, clients: Clients
     await ch.sync()
     await ch.abort()
     await wait_until(lambda: ch.channel_id not in app.runtime.core.channels)
-    app.runtime._on_durable(wal(app).last_lsn)  # nobody left to tell: no harm done
+    wal(app).make_durable()  # nobody left to tell: no harm done
     # the messages were routed; a client resend with the same message_id would be
     # deduplicated (docs/protocol.md, "Confirm guarantees")
     assert app.runtime.core.queues["gone"].ready_count() == 2

@@ -40,7 +40,7 @@ from tests.support.channel import (
     open_channel,
     wait_until,
 )
-from tests.support.fakewal import FakeWAL
+from tests.support.fakewal import attach_fake_wal
 
 CREDIT = 256 * 1024  # the channel buffer (credit) configured for these tests
 BODY = 16 * 1024
@@ -299,13 +299,12 @@ async def test_publisher_outrunning_the_disk_is_slowed_by_tcp_backpressure() -> 
     # confirms cannot be sent, so the outbox stays empty -- the bound on unconfirmed
     # publishes is what stops the broker from reading (and buffering) more.
     async with open_tcp_broker() as app, Clients(app.port) as clients:
-        wal = FakeWAL()
-        app.runtime.wal = wal
+        wal = attach_fake_wal(app.runtime)
         core = app.runtime.core
         ch = await clients.channel()
         await ch.send({"op": "declare_queue", "queue": "disk", "id": "d"})
         await wait_until(lambda: "disk" in core.queues)
-        app.runtime._on_durable(wal.last_lsn)
+        wal.make_durable()
         await ch.expect("ok", id="d")
         op = {"op": "publish", "routing_key": "disk", "body": "d" * BODY}
         flood = Flood(ch, op, total=100_000, per_chunk=4)  # 1.6 GB if nothing stopped it
@@ -320,7 +319,7 @@ async def test_publisher_outrunning_the_disk_is_slowed_by_tcp_backpressure() -> 
             assert len(core.channels[ch.channel_id].confirms) == taken  # none confirmed
             assert taken * BODY <= UNCONFIRMED_MAX_BYTES + per_read
             # The disk catches up: confirms go out and the broker reads on.
-            app.runtime._on_durable(wal.last_lsn)
+            wal.make_durable()
             await settle(lambda: (flood.sent, core.channels[ch.channel_id].publish_seq))
             assert core.channels[ch.channel_id].publish_seq > taken
             assert sink.unconfirmed_bytes <= UNCONFIRMED_MAX_BYTES + per_read

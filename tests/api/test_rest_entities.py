@@ -26,7 +26,9 @@ async def names(client: HTTPClient, kind: str) -> set[str]:
 async def test_healthz_ready(client: HTTPClient) -> None:
     reply = await client.get("/healthz")
     assert reply.status == 200
-    assert reply.json() == {"status": "ok", "ready": True, "storage_ok": True}
+    assert reply.json() == {
+        "status": "ok", "ready": True, "storage_ok": True, "publishing_blocked": False, "memory_alarm": False
+    }
 
 
 async def test_healthz_while_recovering_and_writes_refused(

@@ -33,7 +33,8 @@ import h11
 import orjson
 from sortedcontainers import SortedList
 
-from client.transport import Endpoint, receive_some
+from client.endpoint import Endpoint
+from client.transport import receive_some
 from tests.support.memstream import memory_stream_pair
 
 
@@ -439,7 +440,7 @@ class FakeBroker:
         else:
             tags = [dtag] if dtag in ch.unacked else []
         if not tags:
-            self.error(ch, op, "precondition_failed", f"unknown delivery tag {dtag}")
+            self.error(ch, op, "unknown_delivery_tag", f"unknown delivery tag {dtag}")  # as the broker
             return
         touched = set()
         for t in tags:

@@ -1,5 +1,5 @@
 """Acks of deliveries settled in order leave as one ``multiple`` ack per run
-(``ChannelSession.send_ack``): fewer ops for the broker, the same outcome as one ack
+(``SessionLink.send_ack``): fewer ops for the broker, the same outcome as one ack
 per message, and never an ack that covers a delivery the consumer has not settled."""
 
 from __future__ import annotations

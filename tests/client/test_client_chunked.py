@@ -15,8 +15,10 @@ from client.chunked import (
     ChunkedDecoder,
     encode_chunk,
 )
+from client.duplex import DuplexExchange
+from client.endpoint import Endpoint
 from client.errors import ConnectionLost, ProtocolError
-from client.transport import DuplexExchange, Endpoint, receive_some
+from client.transport import receive_some
 from tests.support.memstream import memory_stream_pair
 
 pytestmark = pytest.mark.anyio

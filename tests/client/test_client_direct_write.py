@@ -15,7 +15,7 @@ import pytest
 
 import client
 from client.consumer import YIELD_EVERY, MessageStream
-from client.transport import DuplexExchange
+from client.duplex import DuplexExchange
 from tests.client.fakebroker import FakeBroker
 
 # Direct writes happen under trio only (client/transport.py: asyncio's transports

@@ -7,24 +7,26 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
+import anyio
 import pytest
 import trio
 
 import client
 from client.codec import Properties
 from client.consumer import YIELD_EVERY, Message, MessageStream, Settler
+from tests.client.fakebroker import FakeBroker
 
 pytestmark = [pytest.mark.anyio, pytest.mark.parametrize("anyio_backend", ["trio"])]
 
 
-class CountingSettler(Settler):
-    def __init__(self) -> None:
-        self.sent: list[tuple[str, int]] = []
+class UnusedSettler:
+    """A settler for messages that are only iterated here, never settled."""
 
-    def _settle(self, message: Message, op: str, requeue: bool) -> bool:
-        message._mark_settled()
-        self.sent.append((op, message.delivery_tag))
-        return True
+    async def settle(self, message: Message, op: str, requeue: bool, delay_s: float | None = None) -> bool:
+        raise AssertionError("not settled in these tests")
+
+    def touch(self, message: Message) -> bool:
+        raise AssertionError("not touched in these tests")
 
 
 def make_message(settler: Settler, tag: int) -> Message:
@@ -57,21 +59,30 @@ async def schedule_points(work: Callable[[], Awaitable[None]]) -> int:
     return counter.steps
 
 
-async def test_acks_yield_once_every_yield_every_calls() -> None:
-    settler = CountingSettler()
-    messages = [make_message(settler, tag) for tag in range(1, 3 * YIELD_EVERY + 1)]
+async def test_acks_yield_once_every_yield_every_calls(conn: client.Connection, fake: FakeBroker) -> None:
+    count = 3 * YIELD_EVERY
+    async with conn.channel() as ch:
+        await ch.declare_queue("q")
+        for i in range(count):
+            await ch.start_publish("", "q", b"m%d" % i)
+        await ch.wait_for_confirms()
+        async with ch.consume("q", prefetch=0) as stream:
+            messages = [await stream.receive() for _ in range(count)]
 
-    async def ack_all() -> None:
-        for message in messages:
-            assert await message.ack()
+            async def ack_all() -> None:
+                for message in messages:
+                    assert await message.ack()
 
-    steps = await schedule_points(ack_all)
-    assert settler.sent == [("ack", m.delivery_tag) for m in messages]
+            steps = await schedule_points(ack_all)
+            with anyio.fail_after(5):
+                while len(fake.acked_ids) < count:
+                    await anyio.sleep(0.01)
+    assert sorted(fake.acked_ids) == sorted(m.message_id for m in messages)
     assert steps == 3  # one schedule point per YIELD_EVERY acks: not 48, not 0
 
 
 async def test_stream_yields_once_every_yield_every_messages_while_it_has_some() -> None:
-    settler = CountingSettler()
+    settler = UnusedSettler()
     stream = MessageStream("q", "c", prefetch=0, no_ack=False, exclusive=False, arguments=None)
     for tag in range(1, 2 * YIELD_EVERY + 1):
         stream.push(make_message(settler, tag))

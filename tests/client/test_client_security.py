@@ -20,7 +20,7 @@ from broker.app import BrokerApp
 from broker.http import server_ssl_context
 from client import ReconnectPolicy
 from client.__main__ import run
-from client.transport import Endpoint
+from client.endpoint import Endpoint
 from tests.support.app import open_broker_app
 from tests.support.security import add_user
 

@@ -295,9 +295,22 @@ async def test_a_lock_is_held_refreshed_and_released_on_either_event_loop(broker
     async with client.connect(broker.url, reconnect=POLICY) as conn:
         async with conn.lock("nightly", ttl_s=1.0, owner="first") as lock:
             assert lock.token >= 1
-            await anyio.sleep(1.6)  # past the ttl: only a refresh keeps it
-            status, info = await anyio.to_thread.run_sync(broker.request, "GET", "/locks/nightly")
-            assert status == 200 and info["owner"] == "first" and info["token"] == lock.token
+            import time
+            from datetime import datetime
+
+            from tests.support.wait import wait_until_sync
+
+            first_expiry = (await anyio.to_thread.run_sync(broker.request, "GET", "/locks/nightly"))[1]["expires_at"]
+            first_expiry_s = datetime.fromisoformat(first_expiry.replace("Z", "+00:00")).timestamp()
+
+            def held_past_its_first_ttl() -> dict | None:
+                # past the first expiry and still held: only a refresh keeps it
+                status, info = broker.request("GET", "/locks/nightly")
+                past = time.time() > first_expiry_s + 0.1
+                return info if status == 200 and info["held"] and past and info["expires_at"] > first_expiry else None
+
+            info = await anyio.to_thread.run_sync(wait_until_sync, held_past_its_first_ttl, 15.0)
+            assert info["owner"] == "first" and info["token"] == lock.token
             with pytest.raises(client.LockHeld):
                 async with conn.lock("nightly", ttl_s=1.0, owner="second"):
                     raise AssertionError("granted while held")

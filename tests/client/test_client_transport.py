@@ -11,7 +11,8 @@ from trio.testing import MockClock
 
 import client
 from client import BrokerRequestError, ConnectionLost
-from client.transport import Endpoint, Response, error_from_response, open_tcp
+from client.endpoint import Endpoint, open_tcp
+from client.transport import Response, error_from_response
 from tests.client.fakebroker import FakeBroker, open_fake_broker
 from tests.support.memstream import memory_stream_pair
 

@@ -14,7 +14,7 @@ import trio
 
 import client
 from client.consumer import YIELD_EVERY
-from client.transport import Endpoint
+from client.endpoint import Endpoint
 from tests.client.fakebroker import FakeBroker
 
 pytestmark = [pytest.mark.anyio, pytest.mark.parametrize("anyio_backend", ["trio"])]

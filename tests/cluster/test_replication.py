@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import base64
 import os
-import signal
 import shutil
+import signal
 import time
 from collections.abc import Callable
 from typing import Any

@@ -10,6 +10,7 @@ from hashlib import blake2b
 import pytest
 
 from broker.core import dedup as dedup_module
+from broker.core import dedupkeys
 from broker.core.dedup import DedupWindow, digest, digest_utf8
 
 
@@ -36,9 +37,9 @@ def test_digest_is_blake2b_of_exchange_and_id_and_stable() -> None:
 
 
 def test_digest_stays_right_when_the_exchange_cache_is_cleared() -> None:
-    names = [f"ex{i}" for i in range(3 * dedup_module._PREFIXES_MAX)]
+    names = [f"ex{i}" for i in range(3 * dedupkeys._PREFIXES_MAX)]
     first = [digest(name, "m") for name in names]
-    assert len(dedup_module._PREFIXES) <= dedup_module._PREFIXES_MAX
+    assert len(dedupkeys._PREFIXES) <= dedupkeys._PREFIXES_MAX
     assert [digest(name, "m") for name in reversed(names)] == first[::-1]
     assert first[0] == int.from_bytes(blake2b(b"ex0\0m", digest_size=8).digest(), "little")
 
@@ -61,7 +62,7 @@ class _FixedHash:
 
 @pytest.mark.parametrize(("raw", "expected"), [(0, 2), (1, 3), (2, 2), (2**64 - 1, 2**64 - 1)])
 def test_reserved_digests_are_moved(monkeypatch: pytest.MonkeyPatch, raw: int, expected: int) -> None:
-    monkeypatch.setattr(dedup_module, "_PREFIXES", {"fixed": _FixedHash(raw)})
+    monkeypatch.setattr(dedupkeys, "_PREFIXES", {"fixed": _FixedHash(raw)})
     assert digest("fixed", "anything") == expected
     w = DedupWindow(10)
     w.remember("fixed", "m", 100, 0)

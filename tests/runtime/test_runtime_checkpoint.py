@@ -7,6 +7,8 @@ from pathlib import Path
 import trio
 
 from broker.runtime import BrokerRuntime, RuntimeOptions
+from broker.storage.testing import SimulatedDisk
+from tests.support.wait import wait_until
 
 
 async def test_checkpoint_syncs_the_log_before_releasing_segments(tmp_path: Path) -> None:
@@ -26,9 +28,7 @@ async def test_checkpoint_syncs_the_log_before_releasing_segments(tmp_path: Path
         for i in range(50):
             core.publish(ch, "", "q", b"m%d" % i, {"delivery_mode": 2})
         runtime.pump()
-        with trio.fail_after(10):
-            while runtime.wal.statistics().last_durable_lsn < core.last_lsn:
-                await trio.sleep(0.01)
+        await wait_until(lambda: runtime.wal.statistics().last_durable_lsn >= core.last_lsn)
         before = runtime.wal.statistics()
         assert before.last_synced_lsn < core.last_lsn  # written, not yet fsynced
         await runtime.checkpoint()
@@ -47,23 +47,25 @@ async def test_the_space_reserve_is_made_and_a_full_disk_asks_for_a_checkpoint_a
     waiting for the size or time trigger (a checkpoint is what frees a full disk)."""
     import errno
 
+    disk = SimulatedDisk()
     runtime = BrokerRuntime(
         RuntimeOptions(
             data_dir=tmp_path, checkpoint_interval_s=3600, checkpoint_wal_bytes=1 << 40, reserve_bytes=1 << 20
-        )
+        ),
+        fs=disk,
     )
     async with trio.open_nursery() as nursery:
         await nursery.start(runtime.serve)
         await runtime.ready_event.wait()
-        with trio.fail_after(10):
-            while not (tmp_path / "reserve").exists():
-                await trio.sleep(0.01)
+        await wait_until(lambda: (tmp_path / "reserve").exists())
         assert (tmp_path / "reserve").stat().st_size >= 1 << 20
         assert runtime.checkpoints == 0
-        runtime._on_failure(1, 1, OSError(errno.ENOSPC, "No space left on device"))
-        with trio.fail_after(10):
-            while runtime.checkpoints == 0:
-                await trio.sleep(0.05)
+        core = runtime.core
+        core.declare_queue("q", durable=True)
+        disk.fail_writes(count=1, err=errno.ENOSPC)  # the log's next write finds the disk full
+        core.publish(core.open_channel(), "", "q", b"m", {"delivery_mode": 2})
+        runtime.pump()
+        await wait_until(lambda: runtime.checkpoints > 0, what="a checkpoint after ENOSPC")
         nursery.cancel_scope.cancel()
     await runtime.aclose(checkpoint=False)
 
@@ -119,9 +121,7 @@ async def test_small_batches_leave_the_event_loop_while_consumers_are_served(tmp
         async def publish() -> None:
             core.publish(ch, "", "q", b"m", {"delivery_mode": 2})
             runtime.pump()
-            with trio.fail_after(10):
-                while wal.statistics().last_durable_lsn < core.last_lsn:
-                    await trio.sleep(0.001)
+            await wait_until(lambda: wal.statistics().last_durable_lsn >= core.last_lsn, interval_s=0.001)
 
         await publish()  # (opens the first segment: never inline)
         on_loop.clear()

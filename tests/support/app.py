@@ -11,7 +11,7 @@ drive time (ack timeouts, leases) deterministically. The fixtures built on it li
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -29,10 +29,13 @@ __all__ = ["MemoryBroker", "open_broker_app", "open_memory_broker", "open_tcp_br
 
 @asynccontextmanager
 async def open_broker_app(
-    limits: Limits | None = None, options: RuntimeOptions | None = None
+    limits: Limits | None = None,
+    options: RuntimeOptions | None = None,
+    memory_probe: Callable[[], int] | None = None,
 ) -> AsyncIterator[BrokerApp]:
-    """A memory-only broker serving on ``127.0.0.1:<ephemeral>`` until the block ends."""
-    runtime = BrokerRuntime(options or RuntimeOptions(data_dir=None))
+    """A memory-only broker serving on ``127.0.0.1:<ephemeral>`` until the block ends
+    (``memory_probe``: a fake reading of its resident size, for the memory alarm)."""
+    runtime = BrokerRuntime(options or RuntimeOptions(data_dir=None), memory_probe=memory_probe)
     app = BrokerApp(runtime, limits or Limits())
     async with trio.open_nursery() as nursery:
         await nursery.start(app.serve, "127.0.0.1", 0)
@@ -109,12 +112,12 @@ class TrioByteStream(anyio.abc.ByteStream):
 
 @asynccontextmanager
 async def open_memory_broker(
-    limits: Limits | None = None, **options: Any
+    limits: Limits | None = None, memory_probe: Callable[[], int] | None = None, **options: Any
 ) -> AsyncIterator[MemoryBroker]:
     """:func:`open_broker_app` reached through memory streams (see the module docstring);
     no send timeout by default, since virtual time may jump past it."""
     options.setdefault("data_dir", None)
-    async with open_broker_app(limits or Limits(send_timeout_s=None), RuntimeOptions(**options)) as app:
+    async with open_broker_app(limits or Limits(send_timeout_s=None), RuntimeOptions(**options), memory_probe) as app:
         async with trio.open_nursery() as nursery:
             try:
                 yield MemoryBroker(app, nursery)

@@ -93,6 +93,9 @@ class BrokerProcess:
         env = dict(os.environ)
         env.pop("ACKBUS_FAULTS", None)
         env.pop("ACKBUS_FAULTS_ALLOWED", None)
+        # No AMQP listener unless a test asks for one (ACKBUS_AMQP_PORT in env): the
+        # default port 5672 would be shared by every broker a test run starts.
+        env.setdefault("ACKBUS_AMQP_PORT", "0")
         env.update(self.env)
         if "ACKBUS_FAULTS" in self.env:
             env["ACKBUS_FAULTS_ALLOWED"] = "1"  # fault points are refused without it

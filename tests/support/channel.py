@@ -27,7 +27,6 @@ __all__ = [
     "ChannelClient",
     "Clients",
     "ChannelEnded",
-    "FakeWAL",
     "MemoryBroker",
     "StreamClient",
     "connect",

@@ -33,7 +33,7 @@ class Publisher(threading.Thread):
             try:
                 ch = RawChannel(self.broker.port, timeout_s=10)
             except (OSError, ChannelGone):
-                time.sleep(0.05)
+                time.sleep(0.05)  # retry interval while the broker restarts
                 continue
             ledger.new_channel()
             try:
@@ -77,7 +77,7 @@ class Consumer(threading.Thread):
                 ch = RawChannel(self.broker.port, timeout_s=1)
                 ch.send({"op": "consume", "queue": self.queue, "prefetch": 50})
             except (OSError, ChannelGone):
-                time.sleep(0.05)
+                time.sleep(0.05)  # retry interval while the broker restarts
                 continue
             try:
                 while not self.stop.is_set():

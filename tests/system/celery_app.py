@@ -31,7 +31,7 @@ app.conf.update(
 @app.task(name="record")
 def record(i: int) -> int:
     """Append ``i`` to the journal (a task that ran twice shows up twice)."""
-    time.sleep(0.01)
+    time.sleep(0.01)  # the task's work: tasks overlap the worker's restarts
     with open(os.environ["CELERY_JOURNAL"], "a") as journal:
         journal.write(f"{i}\n")
     return i

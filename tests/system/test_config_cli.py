@@ -28,6 +28,7 @@ import pytest
 from broker.config import describe_settings
 from tests.support.broker import ROOT, BrokerProcess, free_port, request
 from tests.support.rawchannel import ChannelGone, RawChannel
+from tests.support.wait import wait_until_sync
 
 pytestmark = pytest.mark.slow
 
@@ -36,6 +37,7 @@ def broker_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ACKBUS_")}
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     env.update(extra or {})
+    env.setdefault("ACKBUS_AMQP_PORT", "0")  # no AMQP listener on the shared default port
     return env
 
 
@@ -259,9 +261,14 @@ def test_limits_refuse_clearly_and_the_broker_carries_on(tmp_path: Path) -> None
         # max_connections: idle sockets hold every slot; the next one gets a 503.
         held = [socket.create_connection(("127.0.0.1", port)) for _ in range(6)]
         try:
-            time.sleep(0.2)
-            status, raw = _raw_get(port, "/healthz")
-            assert status == 503 and b"too many connections" in raw
+
+            def refused() -> tuple[int, bytes] | None:
+                status, raw = _raw_get(port, "/healthz")
+                return (status, raw) if status == 503 else None
+
+            # once the broker holds all six, the next connection is answered 503
+            status, raw = wait_until_sync(refused, 10, what="a 503 with every slot held")
+            assert b"too many connections" in raw
         finally:
             for sock in held:
                 sock.close()

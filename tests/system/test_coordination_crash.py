@@ -102,7 +102,7 @@ def test_two_processes_racing_for_a_lock_never_overlap(tmp_path: Path) -> None:
         f"p = {str(trace)!r}\n"
         "me = sys.argv[1] + ':' + os.environ['ACKBUS_LOCK_TOKEN']\n"
         "open(p, 'a').write('in ' + me + '\\n')\n"
-        "time.sleep(0.1)\n"
+        "time.sleep(0.1)\n"  # the lock holder's work: a window for an overlap to show
         "open(p, 'a').write('out ' + me + '\\n')\n"
     )
     try:
@@ -146,7 +146,7 @@ def test_a_schedule_firing_every_second_across_kill9(tmp_path: Path, seeded_rand
             down_at = time.time()
             broker.start()
             downs.append((down_at, time.time()))
-        time.sleep(2.5)
+        time.sleep(2.5)  # pacing: a few ticks after the last restart
         broker.kill()  # (the drain must not race the next tick)
         broker.start(timeout_s=60)
         status, _ = broker.request("POST", "/schedules/beat/pause")
@@ -195,7 +195,7 @@ def test_sigterm_to_ackbus_lock_reaches_the_command_and_releases(tmp_path: Path)
         "import signal, sys, time\n"
         "signal.signal(signal.SIGTERM, lambda *a: sys.exit(7))\n"
         f"open({str(started)!r}, 'w').close()\n"
-        "time.sleep(60)\n"
+        "time.sleep(60)\n"  # a command that outlives the test unless stopped
     )
     proc = None
     try:

@@ -19,6 +19,7 @@ import pytest
 
 from tests.support.broker import STRESS_ARGS, BrokerProcess
 from tests.support.load import Consumer, Publisher
+from tests.support.wait import wait_until_sync
 
 pytestmark = pytest.mark.slow
 
@@ -27,7 +28,7 @@ BROKER_ARGS = STRESS_ARGS  # crashes also land during rollover and checkpoints
 
 def crash_rounds(broker: BrokerProcess, rounds: int, rng: random.Random) -> None:
     for _ in range(rounds):
-        time.sleep(rng.uniform(0.3, 1.2))
+        time.sleep(rng.uniform(0.3, 1.2))  # pacing: the kill lands at a random moment of the load
         broker.kill()
         broker.start()
 
@@ -45,7 +46,7 @@ def test_kill9_during_publish_storm_loses_no_confirmed_message(
         for p in publishers:
             p.start()
         crash_rounds(broker, 4, rng)
-        time.sleep(0.3)
+        time.sleep(0.3)  # pacing: some load after the last restart too
         stop.set()
         for p in publishers:
             p.join(timeout=30)
@@ -78,7 +79,7 @@ def test_kill9_with_consumers_acking_loses_nothing_unacked(
         for t in (*publishers, consumer):
             t.start()
         crash_rounds(broker, 3, rng)
-        time.sleep(0.3)
+        time.sleep(0.3)  # pacing: some load after the last restart too
         stop.set()
         for t in (*publishers, consumer):
             t.join(timeout=30)
@@ -120,10 +121,7 @@ def test_a_delivery_whose_mark_never_reached_the_disk_comes_back_redelivered(tmp
         status, got = broker.request("POST", "/queues/q/get?lease=600")
         assert status == 200 and [m["body"] for m in got["messages"]] == ["m1"]
         assert got["messages"][0]["redelivered"] is False
-        deadline = time.monotonic() + 10
-        while "write-ahead log IO failed" not in broker.log_tail():
-            assert time.monotonic() < deadline, broker.log_tail()
-            time.sleep(0.05)
+        wait_until_sync(lambda: "write-ahead log IO failed" in broker.log_tail(), 10, what="the IO failure logged")
         broker.kill()
         broker.env = {}
         broker.start()
@@ -167,12 +165,16 @@ def test_an_ack_written_but_not_yet_fsynced_survives_kill9(tmp_path: Path) -> No
     broker.start()
     try:
         assert broker.request("PUT", "/queues/q", {})[0] == 201
+        assert broker.request("PUT", "/queues/sync", {})[0] == 201
         for body in (b"acked", b"kept"):
             status, answer = broker.request("POST", "/exchanges/amq.default/publish?routing_key=q", body)
             assert status == 200 and answer["confirm"] == "ack", answer
         status, got = broker.request("POST", "/queues/q/get?max=1&lease=600")
         assert status == 200 and [m["body"] for m in got["messages"]] == ["acked"]
-        time.sleep(0.5)  # the lease's delivery mark is synced by now (lazily, 200 ms)
+        # The lease's delivery mark is synced lazily; a persistent publish's confirm
+        # means an fsync covering every record before it, the mark's included.
+        status, answer = broker.request("POST", "/exchanges/amq.default/publish?routing_key=sync", b"s")
+        assert status == 200 and answer["confirm"] == "ack", answer
         records, fsyncs = _wal_counters(broker)
         status, _ = broker.request("POST", "/queues/q/ack", {"lease_ids": [got["messages"][0]["lease_id"]]})
         assert status == 200

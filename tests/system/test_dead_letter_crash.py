@@ -16,6 +16,7 @@ import pytest
 from tests.support.broker import STRESS_ARGS, BrokerProcess
 from tests.support.load import Consumer, Publisher
 from tests.support.rawchannel import RawChannel
+from tests.support.wait import wait_until_sync
 
 pytestmark = pytest.mark.slow
 
@@ -68,16 +69,20 @@ def test_kill9_while_dead_lettering_and_delaying_loses_and_duplicates_nothing(
         publisher.start()
         rejecting.start()
         for _ in range(3):
-            time.sleep(rng.uniform(0.4, 1.2))
+            time.sleep(rng.uniform(0.4, 1.2))  # pacing: the kill lands at a random moment
             broker.kill()
             broker.start()
-        time.sleep(0.3)
+        time.sleep(0.3)  # pacing: some load after the last restart too
         stop.set()
         publisher.join(timeout=30)
         rejecting.join(timeout=30)
         broker.kill()
         broker.start()
-        time.sleep(0.5)  # delayed returns come due
+        wait_until_sync(
+            lambda: broker.request("GET", "/queues/work")[1]["messages_delayed"] == 0,
+            30,
+            what="the delayed returns came due",
+        )
         found, dead = place_of_every_message(broker)
     finally:
         broker.stop()
@@ -108,10 +113,7 @@ def test_kill9_during_redrive_moves_each_message_once(tmp_path: Path, seeded_ran
                 rejected += 1
         ch.send({"op": "close"})
         ch.close()
-        deadline = time.monotonic() + 30
-        while broker.request("GET", "/queues/dead")[1]["messages_ready"] < 1500:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        wait_until_sync(lambda: broker.request("GET", "/queues/dead")[1]["messages_ready"] >= 1500, 30)
         # redrive in small steps while the broker is killed at random moments
         stop = threading.Event()
 
@@ -120,12 +122,12 @@ def test_kill9_during_redrive_moves_each_message_once(tmp_path: Path, seeded_ran
                 try:
                     broker.request("POST", "/queues/dead/redrive", {"count": 20}, timeout_s=5)
                 except Exception:
-                    time.sleep(0.05)
+                    time.sleep(0.05)  # retry interval while the broker restarts
 
         worker = threading.Thread(target=redrive, daemon=True)
         worker.start()
         for _ in range(3):
-            time.sleep(rng.uniform(0.2, 0.8))
+            time.sleep(rng.uniform(0.2, 0.8))  # pacing: the kill lands at a random moment
             broker.kill()
             broker.start()
         stop.set()

@@ -97,7 +97,7 @@ class Sampler(threading.Thread):
                 _, overview = self.broker.request("GET", "/overview")
                 written = overview["storage"]["wal_bytes_written"]
                 self.samples.append(Sample(t, disk, written, segments, checkpoints))
-                time.sleep(SAMPLE_S)
+                time.sleep(SAMPLE_S)  # the sampling interval
         except BaseException as exc:  # reported by the test
             self.errors.append(exc)
 

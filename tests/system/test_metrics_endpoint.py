@@ -70,7 +70,17 @@ EXPECTED_FAMILIES = {
     "ackbus_log_read_failures": "counter",
     "ackbus_unconfirmed_dropped": "counter",
     "ackbus_queues_waiting_for_log_reads": "gauge",
+    "ackbus_memory_bytes": "gauge",
+    "ackbus_memory_high_watermark_bytes": "gauge",
+    "ackbus_memory_alarm": "gauge",
+    "ackbus_disk_alarm": "gauge",
+    "ackbus_publishing_blocked": "gauge",
+    "ackbus_publishes_refused_blocked": "counter",
+    "ackbus_exchange_messages_in": "counter",
+    "ackbus_exchange_messages_out": "counter",
     "process_resident_memory_bytes": "gauge",
+    "process_open_fds": "gauge",
+    "process_max_fds": "gauge",
     "process_start_time_seconds": "gauge",
 }
 
@@ -143,6 +153,9 @@ def test_every_family_is_present_typed_and_documented(broker: BrokerProcess) -> 
     assert s.families["ackbus_queue_messages_ready"].samples == []
     assert s.value("ackbus_storage_ok") == 1
     assert s.value("process_resident_memory_bytes") > 10 * 2**20
+    assert s.value("ackbus_memory_alarm") == 0 and s.value("ackbus_publishing_blocked") == 0
+    assert 10 * 2**20 < s.value("ackbus_memory_bytes") < s.value("ackbus_memory_high_watermark_bytes")
+    assert 0 < s.value("process_open_fds") <= s.value("process_max_fds")
     assert abs(s.value("process_start_time_seconds") - time.time()) < 120
     assert s.value("ackbus_connections") >= 1  # this scrape
 

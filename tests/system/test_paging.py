@@ -227,10 +227,10 @@ def test_kill9_with_a_paged_backlog_beside_a_busy_queue_loses_and_duplicates_not
         t.start()
     rng = seeded_random
     for _ in range(4):
-        time.sleep(rng.uniform(0.8, 1.6))
+        time.sleep(rng.uniform(0.8, 1.6))  # pacing: the kill lands at a random moment
         broker.kill()
         broker.start()
-    time.sleep(0.5)
+    time.sleep(0.5)  # pacing: some load after the last restart too
     stop.set()
     for t in (*keepers, *workers, consumer):
         t.join(timeout=30)

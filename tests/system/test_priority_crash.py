@@ -44,7 +44,7 @@ def publish_round(broker: BrokerProcess, rng: random.Random, start: int, batches
             confirmed.update((body, p or 0) for body, p, _op in batch)
         ch.send(*[{"op": "publish", "routing_key": "prio", "body": f"x{n}-{i}", "properties": {"priority": 3}}
                   for i in range(100)])  # in flight at the crash: may or may not survive
-        time.sleep(rng.uniform(0.0, 0.05))
+        time.sleep(rng.uniform(0.0, 0.05))  # pacing: the crash lands at a random moment
     except ChannelGone:
         raise AssertionError("the broker went away before it was killed") from None
     finally:

@@ -23,6 +23,8 @@ import trustme
 
 from tests.support.broker import ROOT, BrokerProcess, free_port
 
+pytestmark = pytest.mark.slow  # broker subprocesses, restarts and kill -9
+
 
 def users_cli(data_dir: Path, *args: str, password: str | None = None) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONPATH=str(ROOT))

@@ -16,6 +16,7 @@ from __future__ import annotations
 import collections
 import json
 import random
+import re
 import signal
 import socket
 import threading
@@ -27,18 +28,23 @@ import pytest
 
 from tests.support.broker import STRESS_ARGS, BrokerProcess
 from tests.support.rawchannel import ChannelGone, PublishLedger, RawChannel
+from tests.support.wait import wait_until_sync
 
 pytestmark = pytest.mark.slow
 
 BROKER_ARGS = STRESS_ARGS  # crashes also land during rollover and checkpoints
 
 
+def _open_connections(broker: BrokerProcess) -> int:
+    """Open HTTP connections, from ``/metrics`` (the scrape's own included)."""
+    status, text = broker.request("GET", "/metrics")
+    assert status == 200
+    found = re.search(rb"^ackbus_connections (\S+)$", text, re.MULTILINE)
+    return int(float(found.group(1))) if found else 0
+
+
 def wait_until(predicate: Any, timeout_s: float = 10.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
+    wait_until_sync(predicate, timeout_s, what=what)
 
 
 def publish_confirmed(broker: BrokerProcess, queue: str, bodies: list[str]) -> None:
@@ -202,7 +208,7 @@ def test_sigterm_while_fsyncs_fail_acks_nothing_unsynced(tmp_path: Path) -> None
             p.start()
             p.opened.wait(10)
         wait_until(lambda: any(p.nacked for p in publishers), what="the first nack")
-        time.sleep(0.3)
+        time.sleep(0.3)  # pacing: the storm goes on a while before the signal
         started = time.monotonic()
         code = broker.terminate(timeout_s=15)
         took = time.monotonic() - started
@@ -391,11 +397,12 @@ def test_second_sigterm_exits_at_once_and_loses_nothing_confirmed(tmp_path: Path
             b"POST /exchanges/amq.default/publish?routing_key=q HTTP/1.1\r\n"
             b"Host: t\r\nContent-Length: 100\r\n\r\nonly part of it"
         )
-        time.sleep(0.3)
+        # the broker holds the stalled connection (and the scrape's own): 2 open
+        wait_until(lambda: _open_connections(broker) >= 2, what="the stalled upload accepted")
         assert broker.proc is not None
         broker.proc.send_signal(signal.SIGTERM)
         wait_until(lambda: "shutting down" in broker.log_tail(), what="the shutdown to begin")
-        time.sleep(1.0)
+        time.sleep(1.0)  # the thing tested: a second later the shutdown still waits
         assert broker.proc.poll() is None, "the stalled upload should keep the shutdown waiting"
         started = time.monotonic()
         broker.proc.send_signal(signal.SIGTERM)
@@ -513,7 +520,7 @@ def test_acks_sent_in_answer_to_closing_land(tmp_path: Path) -> None:
         _until_closing(complete)
         for tag in range(1, 31):  # one chunk per ack: the drain must outlast a few
             partial.send({"op": "ack", "delivery_tag": tag})
-            time.sleep(0.005)
+            time.sleep(0.005)  # pacing: one chunk per ack, spread over the drain
         complete.send({"op": "ack", "delivery_tag": 10, "multiple": True})
         partial.send({"op": "close", "id": 2})
         while (ev := partial.next_event())["ev"] != "close_ok":

@@ -33,7 +33,7 @@ class Committer(threading.Thread):
             try:
                 ch = RawChannel(self.broker.port, timeout_s=5)
             except (ChannelGone, OSError):
-                time.sleep(0.05)
+                time.sleep(0.05)  # retry interval while the broker restarts
                 continue
             try:
                 ch.send({"op": "tx_select", "id": "select"})
@@ -51,7 +51,7 @@ class Committer(threading.Thread):
                             break
                         assert ev.get("ev") in ("ack", "nack"), ev
             except (ChannelGone, OSError):
-                time.sleep(0.05)
+                time.sleep(0.05)  # retry interval while the broker restarts
             finally:
                 ch.close()
 
@@ -67,10 +67,10 @@ def test_kill9_during_commits_leaves_each_transaction_whole_or_absent(
         committer = Committer(broker, stop)
         committer.start()
         for _ in range(3):
-            time.sleep(seeded_random.uniform(0.3, 1.0))
+            time.sleep(seeded_random.uniform(0.3, 1.0))  # pacing: the kill lands at a random moment
             broker.kill()
             broker.start()
-        time.sleep(0.3)
+        time.sleep(0.3)  # pacing: some load after the last restart too
         stop.set()
         committer.join(timeout=30)
         broker.kill()

@@ -61,7 +61,9 @@ __all__ = [
 #: The fields every op may carry: its name and a correlation ``id`` (echoed).
 ENVELOPE = frozenset({"op", "id"})
 #: The fields of a publish (besides the envelope).
-PUBLISH_FIELDS = frozenset({"exchange", "routing_key", "body", "body_b64", "properties", "mandatory", "delay_s"})
+PUBLISH_FIELDS = frozenset(
+    {"exchange", "routing_key", "body", "body_b64", "properties", "mandatory", "delay_s", "deadline_ms"}
+)
 #: The name a server-named queue's declare is checked against.
 SERVER_NAMED_QUEUE = "amq.gen-"
 

@@ -26,7 +26,12 @@ from broker.api.channel.ops import (
 )
 from broker.api.channel.session import ChannelSession
 from broker.api.codec import body_from_json, parse_op_line
-from broker.api.fields import DEFAULT_EXCHANGE_ALIAS, exchange_name, unknown_fields
+from broker.api.fields import (
+    DEFAULT_EXCHANGE_ALIAS,
+    deadline_ms,
+    exchange_name,
+    unknown_fields,
+)
 from broker.core import ChannelError, InvalidArgument, check_properties, delivery_cost
 from broker.http import ClientDisconnected, Request
 
@@ -47,6 +52,7 @@ async def serve_reader(s: ChannelSession, request: Request) -> None:
     pending = bytearray()
     max_line = s.runtime.options.max_body_bytes * 2 + 65536
     batch = s.batch
+    flow = s.runtime.flow
     try:
         async for chunk in request.iter_body(max_bytes=None, timeout_s=None):
             end = chunk.rfind(b"\n")
@@ -69,7 +75,10 @@ async def serve_reader(s: ChannelSession, request: Request) -> None:
                         if op.get("op") == "publish":
                             # apply()'s publish branch without a coroutine per message
                             s.current_op = op
-                            publish(s, op)
+                            if flow.blocked:
+                                await publish_when_allowed(s, op)
+                            else:
+                                publish(s, op)
                             s.current_op = None
                         else:
                             await apply(s, op)
@@ -118,7 +127,10 @@ async def apply(s: ChannelSession, op: dict[str, Any]) -> None:
     s.current_op = op
     name = op.get("op")
     if name == "publish":
-        publish(s, op)
+        if s.runtime.flow.blocked:
+            await publish_when_allowed(s, op)
+        else:
+            publish(s, op)
         s.current_op = None
         return
     handler = OPS.get(name) if isinstance(name, str) else None
@@ -136,6 +148,35 @@ async def apply(s: ChannelSession, op: dict[str, Any]) -> None:
 def publish(s: ChannelSession, op: dict[str, Any]) -> None:
     """A publish op: decoded, authorized, handed to the core (its effects leave with
     the chunk's; its confirm arrives later as an ``ack``/``nack`` event)."""
+    exchange, routing_key, body, properties, mandatory = _decode_publish(s, op)
+    s.gateway.publish(
+        s.channel_id, exchange, routing_key, body, properties,
+        mandatory=mandatory, delay_s=op_delay(op), charge=delivery_cost(body),
+    )
+
+
+async def publish_when_allowed(s: ChannelSession, op: dict[str, Any]) -> None:
+    """A publish while publishing is blocked (a memory or disk alarm): what came
+    before it leaves, then it waits (and the channel reads nothing more meanwhile)
+    until publishing resumes, or is refused with a ``nack``: once the channel has
+    waited ``blocked_publish_wait_s`` in this alarm (the alarm's reason), or at its
+    own ``deadline_ms`` (reason ``deadline``). A malformed publish is still a
+    channel error first."""
+    _decode_publish(s, op)
+    op_delay(op)
+    s.batch.flush()
+    now = trio.current_time()
+    deadline = now + deadline_ms(op["deadline_ms"], "deadline_ms") / 1000 if "deadline_ms" in op else None
+    if s.blocked_since is None:
+        s.blocked_since = now
+    refusal = await s.gateway.wait_publishable(since=s.blocked_since, deadline=deadline)
+    if refusal is None or s.gateway.refuse_publish(s.channel_id, refusal) is None:
+        publish(s, op)
+
+
+def _decode_publish(s: ChannelSession, op: dict[str, Any]) -> tuple[str, str, bytes, dict[str, Any] | None, bool]:
+    """A publish op's exchange, routing key, body, properties and mandatory flag,
+    checked and authorized. Raises ``BrokerError`` (a channel error)."""
     if not _PUBLISH_ALLOWED.issuperset(op):
         raise unknown_fields(op, _PUBLISH_ALLOWED, "publish op")
     exchange = op.get("exchange", "")
@@ -151,7 +192,6 @@ def publish(s: ChannelSession, op: dict[str, Any]) -> None:
     mandatory = op.get("mandatory", False)
     if not isinstance(mandatory, bool):
         raise InvalidArgument("mandatory must be true or false")
-    s.gateway.publish(
-        s.channel_id, exchange_name(exchange), routing_key, body, properties,
-        mandatory=mandatory, delay_s=op_delay(op), charge=delivery_cost(body),
-    )
+    if "deadline_ms" in op:
+        deadline_ms(op["deadline_ms"], "deadline_ms")
+    return exchange_name(exchange), routing_key, body, properties, mandatory

@@ -47,12 +47,15 @@ async def handle_channel(
     if principal is not None:
         principal.open_session(session)  # ended at once if its credentials are revoked
     gateway.attach(channel_id, session)
+    stop_flow_events = runtime.flow.subscribe(session.flow_changed)
     log.info("channel opened", extra={"fields": {"channel": channel_id}})
     reason = "channel closed"
     disconnected = False
     try:
         await response.start(200, headers=NDJSON_HEADERS)
         session.send_event({"ev": "open", "channel": channel_id, "server": f"ackbus/{__version__}"})
+        if runtime.flow.blocked:
+            session.flow_changed(runtime.flow)
         async with trio.open_nursery() as nursery:
 
             async def write() -> None:
@@ -100,6 +103,7 @@ async def handle_channel(
     except ClientDisconnected:
         reason = "client disconnected"
     finally:
+        stop_flow_events()
         if principal is not None:
             principal.close_channel(channel_id)
             principal.close_session(session)

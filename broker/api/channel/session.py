@@ -29,7 +29,7 @@ from broker.core import (
     delivery_cost,
 )
 from broker.http import Response
-from broker.runtime import BrokerRuntime, CommandGateway
+from broker.runtime import BrokerRuntime, CommandGateway, FlowControl
 
 __all__ = [
     "EVENT_BYTES",
@@ -101,6 +101,9 @@ class ChannelSession:
         self.reader_scope = trio.CancelScope()
         #: The op being applied (its ``id`` is echoed by an ``error`` it causes).
         self.current_op: dict[str, Any] | None = None
+        #: When this channel's publishes began waiting for blocked publishing to
+        #: resume (trio time; reset when it resumes): see ``reader.publish_when_allowed``.
+        self.blocked_since: float | None = None
         # Asked the runtime for a flush_nowait (see want_flush).
         self._flush_asked = False
         # A flush_nowait left bytes over: the writer sends them, then grants this credit.
@@ -159,6 +162,18 @@ class ChannelSession:
     def shutdown(self) -> None:
         """Stop reading operations; the writer flushes what is queued and the channel ends."""
         self.reader_scope.cancel()
+
+    def flow_changed(self, flow: FlowControl) -> None:
+        """Publishing was blocked or resumed (``runtime.flow``): tell the client with a
+        ``flow`` event (``active`` false: publishes wait, then are refused)."""
+        if not flow.blocked:
+            self.blocked_since = None
+        if self.finished or self.revoked is not None:
+            return
+        event: dict[str, Any] = {"ev": "flow", "active": not flow.blocked}
+        if flow.blocked:
+            event["reason"] = flow.reason
+        self.send_event(event)
 
     # Revocable (broker.api.auth) ---------------------------------------
 

@@ -20,6 +20,7 @@ from broker.api.rest import (
     cluster,
     exchanges,
     health,
+    history,
     leases,
     locks,
     messages,
@@ -38,7 +39,7 @@ from broker.runtime import BrokerRuntime, CommandGateway
 
 __all__ = ["DEFAULT_EXCHANGE_ALIAS", "Fields", "RestContext", "add_rest_routes", "exchange_name"]
 
-_FAMILIES = (health, exchanges, queues, leases, messages, bindings, channels, users, locks, schedules, cluster)
+_FAMILIES = (health, history, exchanges, queues, leases, messages, bindings, channels, users, locks, schedules, cluster)
 
 
 def add_rest_routes(

@@ -5,8 +5,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+import trio
+
 from broker.api.codec import properties_from_headers
-from broker.api.fields import EXCHANGE_DECLARE_FIELDS, decode_exchange_declare
+from broker.api.fields import (
+    EXCHANGE_DECLARE_FIELDS,
+    deadline_ms,
+    decode_exchange_declare,
+)
 from broker.api.permissions import access_for
 from broker.api.rest.fields import (
     DEFAULT_EXCHANGE_ALIAS,
@@ -72,11 +78,15 @@ async def publish(ctx: RestContext, request: Request, response: Response) -> Non
     mandatory = request.query.get_bool("mandatory", False)
     delay_s = request.query.get_float("delay", 0.0, min_value=0.0, max_value=MAX_DELAY_S) or None
     properties = properties_from_headers(_utf8_headers(request.headers.items()))
+    deadline_header = request.headers.get("x-deadline-ms")
+    deadline = None
+    if deadline_header is not None:
+        deadline = trio.current_time() + deadline_ms(deadline_header, "header X-Deadline-Ms") / 1000
     body = await request.read_body()
     if len(body) > opts.max_body_bytes:  # pragma: no cover - the server enforces it first
         raise PayloadTooLarge(f"message body over {opts.max_body_bytes} bytes")
     outcome = await ctx.gateway.publish_and_confirm(
-        name, routing_key, body, properties, mandatory=mandatory, delay_s=delay_s
+        name, routing_key, body, properties, mandatory=mandatory, delay_s=delay_s, deadline=deadline
     )
     refusal = outcome.refusal()
     if refusal is not None:
@@ -85,9 +95,12 @@ async def publish(ctx: RestContext, request: Request, response: Response) -> Non
         raise refusal
     if not outcome.ack:
         reason = outcome.reason
+        # Refused while publishing is blocked (memory or disk alarm): when to try again.
+        retry = [("retry-after", str(outcome.retry_after_s))] if outcome.retry_after_s is not None else None
         await response.send_json(
             503,
             {"error": "nack", "message": f"message not taken: {reason}", "confirm": "nack", "reason": reason or ""},
+            headers=retry,
         )
         return
     if outcome.returned:

@@ -6,6 +6,7 @@ from typing import Any
 
 from broker.api.rest.fields import RestContext
 from broker.http import Request, Response
+from broker.runtime import disk_info, fd_info
 
 
 def add_routes(ctx: RestContext) -> None:
@@ -25,6 +26,12 @@ async def healthz(ctx: RestContext, request: Request, response: Response) -> Non
         refusal = views.publish_refusal()
         if refusal is not None:
             answer["publishes_refused"] = refusal  # the disk is nearly full
+        flow = runtime.flow
+        # still alive, but publishes wait and are refused (memory or disk alarm)
+        answer["publishing_blocked"] = flow.blocked
+        answer["memory_alarm"] = runtime.memory.alarm
+        if flow.blocked:
+            answer["alarms"] = dict(flow.alarms)
         blocked = views.read_blocked_queues()
         if blocked:
             # still alive and serving, but some queues wait for the log
@@ -33,4 +40,11 @@ async def healthz(ctx: RestContext, request: Request, response: Response) -> Non
 
 
 async def overview(ctx: RestContext, request: Request, response: Response) -> None:
-    await response.send_json(200, ctx.gateway.runtime.overview())
+    runtime = ctx.gateway.runtime
+    info = runtime.overview()
+    # The health of the host resources (RabbitMQ's overview shows the same three).
+    info["memory"] = runtime.memory.info()
+    info["disk"] = {**disk_info(runtime.options.data_dir), "alarm": "disk" in runtime.flow.alarms}
+    info["file_descriptors"] = fd_info()
+    info["flow"] = runtime.flow.info()
+    await response.send_json(200, info)

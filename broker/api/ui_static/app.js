@@ -10,6 +10,7 @@ import { queuePage } from "./queue.js";
 import { exchangesPage } from "./exchanges.js";
 import { connectionsPage } from "./connections.js";
 import { listPage } from "./lists.js";
+import { usersPage } from "./users.js";
 
 const main = document.getElementById("main");
 
@@ -52,7 +53,7 @@ const routes = [
   [/^#\/connections$/, () => connectionsPage()],
   [/^#\/locks$/, () => listPage("Locks", "/locks")],
   [/^#\/schedules$/, () => listPage("Schedules", "/schedules")],
-  [/^#\/users$/, () => listPage("Users", "/users")],
+  [/^#\/users$/, () => usersPage()],
 ];
 
 let cleanup = null;

@@ -45,6 +45,8 @@ export class LineChart {
     svg.replaceChildren();
     const now = points.length ? points[points.length - 1].t : 0;
     const t0 = now - this.windowS;
+    // the seconds of history drawn (for tests and the curious: the chart's reach)
+    svg.dataset.span = points.length ? Math.max(0, now - Math.max(points[0].t, t0)).toFixed(1) : "0";
     let max = 0;
     for (const p of points) for (const { key } of this.series) {
       const v = p.values[key];

@@ -1,11 +1,15 @@
-// Exchanges and bindings: list and declare exchanges, list bindings and unbind,
-// bind a queue or an exchange, and publish to an exchange with a routing key and
-// properties, showing how many queues it was routed to and the broker's confirm.
+// Exchanges and bindings: list exchanges with their message rates in and out
+// (from the counters' change, refreshed every few seconds) and declare them, list
+// bindings and unbind, bind a queue or an exchange, and publish to an exchange with
+// a routing key and properties, showing how many queues it was routed to and the
+// broker's confirm.
 
 import { api, seg } from "./api.js";
 import { confirmAction } from "./dialogs.js";
-import { h, replace, json, field, parseJsonField, statusLine, table, errorText } from "./util.js";
+import { h, replace, json, num, rate, field, parseJsonField, statusLine, table, errorText, Rates, every } from "./util.js";
 
+const REFRESH_S = 3;
+const rates = new Rates();
 const TYPES = ["direct", "fanout", "topic", "headers", "x-consistent-hash"];
 
 export function exchangesPage() {
@@ -19,15 +23,20 @@ export function exchangesPage() {
     try {
       exchanges = (await api("/exchanges")).exchanges;
       const bindings = (await api("/bindings")).bindings;
+      const t = performance.now() / 1000;
+      for (const x of exchanges) x.rates = rates.update(x.name, x.message_stats || {}, t);
       error.textContent = "";
       replace(exchangeOptions, exchanges.map((x) => h("option", { value: x.name })));
       replace(list, table([
-        { label: "Name", cell: (x) => x.name },
+        { label: "Name", cell: (x) => x.name === "" ? "(default)" : x.name },
         { label: "Type", cell: (x) => x.type },
         { label: "Features", cell: (x) => [x.durable ? h("span", { class: "tag", title: "durable" }, "D") : null,
           x.auto_delete ? h("span", { class: "tag", title: "auto-delete" }, "AD") : null,
           x.internal ? h("span", { class: "tag", title: "internal" }, "I") : null] },
         { label: "Arguments", cell: (x) => h("code", {}, json(x.arguments)) },
+        { label: "In", num: true, key: "rate_in", cell: (x) => rate(x.rates.messages_in) },
+        { label: "Out", num: true, key: "rate_out", cell: (x) => rate(x.rates.messages_out) },
+        { label: "Messages in", num: true, key: "messages_in", cell: (x) => num((x.message_stats || {}).messages_in) },
         { label: "Actions", cell: (x) => x.name.startsWith("amq.") ? "" : h("button", {
           type: "button", class: "danger", "aria-label": `Delete exchange ${x.name}`,
           onclick: async (ev) => {
@@ -61,7 +70,9 @@ export function exchangesPage() {
     bindForm(load),
     publishForm());
   load();
-  return { el, stop: null };
+  // A refresh would rebuild the tables under a keyboard user's focus: skip it then.
+  const stop = every(REFRESH_S, () => { if (!list.contains(document.activeElement) && !bindingList.contains(document.activeElement)) load(); });
+  return { el, stop };
 }
 
 function declareForm(after) {

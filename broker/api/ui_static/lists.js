@@ -1,4 +1,4 @@
-// Pages for the broker's optional families (locks, schedules, users): a read-only
+// Pages for the broker's optional families (locks, schedules): a read-only
 // table of what GET <path> answers, shown only when this broker has the endpoint.
 // The nav hides them on a 404 (see app.js); this page says so too.
 

@@ -1,14 +1,16 @@
-// The overview: live charts of message rates and queued totals over the last five
-// minutes, storage (WAL, fsync, checkpoint) state, counts, version and uptime.
-// startSampler() polls GET /overview every SAMPLE_S seconds from page load on, so
-// the charts already have history when the page is opened again.
+// The overview: live charts of message rates and queued totals over the last ten
+// minutes, the health of memory, disk and file descriptors (with the memory and disk
+// alarms), storage (WAL, fsync, checkpoint) state, counts, version and uptime.
+// startSampler() first reads the broker's own history (GET /overview/history: a
+// sample every 5 s for ten minutes), so the charts do not start empty, then polls
+// GET /overview every SAMPLE_S seconds whatever page is open.
 
 import { api } from "./api.js";
 import { LineChart } from "./chart.js";
-import { h, replace, num, bytes, duration, when, errorText, every } from "./util.js";
+import { h, replace, num, bytes, duration, when, errorText, every, historyPoints } from "./util.js";
 
 export const SAMPLE_S = 2;
-const WINDOW_S = 300;
+const WINDOW_S = 600;
 const RATE_KEYS = ["published", "delivered", "acked", "confirmed", "nacked"];
 
 const samples = []; // { t, rates: {...}, ready, unacked }
@@ -36,16 +38,61 @@ async function sample() {
   for (const f of listeners) f();
 }
 
+// The broker's history before this page opened: rates from consecutive samples.
+async function loadHistory() {
+  try {
+    const points = historyPoints(await api("/overview/history"));
+    const before = [];
+    let last = null;
+    for (const { t, sample: s } of points) {
+      const rates = {};
+      for (const k of RATE_KEYS) rates[k] = last && t > last.t ? Math.max(0, (s[k] - last.s[k]) / (t - last.t)) : null;
+      before.push({ t, rates, ready: s.messages_ready, unacked: s.messages_unacked });
+      last = { t, s };
+    }
+    const first = samples.length ? samples[0].t : Infinity;
+    samples.unshift(...before.filter((p) => p.t < first));
+  } catch (e) {
+    // an older broker without history: the charts fill as the page samples
+  }
+}
+
 let started = false;
 export function startSampler() {
   if (started) return;
   started = true;
-  sample();
+  loadHistory().then(sample);
   every(SAMPLE_S, sample);
 }
 
 function card(label, value, key) {
   return h("div", {}, h("dt", {}, label), h("dd", { "data-key": key || null }, value));
+}
+
+function share(used, of) {
+  return used !== null && used !== undefined && of ? ` (${Math.round(100 * used / of)} %)` : "";
+}
+
+// Memory against its high watermark, free disk, open file descriptors, and the
+// alarm that blocks publishers (docs/operations.md, "Memory and disk alarms").
+function showHealth(o, health, alarm) {
+  const mem = o.memory, disk = o.disk, fds = o.file_descriptors, flow = o.flow;
+  if (!mem) return; // an older broker
+  const blocked = flow && flow.blocked;
+  alarm.className = blocked ? "status alarm error" : "status alarm";
+  alarm.textContent = blocked ? `Publishing is blocked: ${flow.reason}` : "";
+  replace(health,
+    card("Memory / high watermark", bytes(mem.used_bytes) + " / " + (mem.high_watermark_bytes ? bytes(mem.high_watermark_bytes) + share(mem.used_bytes, mem.high_watermark_bytes) : "none"), "memory"),
+    card("Memory alarm", mem.alarm ? "RAISED" : "ok", "memory_alarm"),
+    card("Memory limit", mem.limit_bytes ? `${bytes(mem.limit_bytes)} (${mem.limit_from})` : "unknown", "memory_limit"),
+    card("Disk free", disk.free_bytes === null ? "memory only" : bytes(disk.free_bytes) + " of " + bytes(disk.total_bytes), "disk_free"),
+    card("Disk alarm", disk.alarm ? "RAISED" : "ok", "disk_alarm"),
+    card("File descriptors", num(fds.open) + (fds.limit ? " of " + num(fds.limit) + share(fds.open, fds.limit) : ""), "fds"),
+  );
+  for (const key of ["memory_alarm", "disk_alarm"]) {
+    const dd = health.querySelector(`[data-key=${key}]`);
+    if (dd && dd.textContent === "RAISED") dd.className = "bad";
+  }
 }
 
 export function overviewPage() {
@@ -62,11 +109,15 @@ export function overviewPage() {
   ], { windowS: WINDOW_S });
   const summary = h("dl", { class: "cards", id: "summary" });
   const storage = h("dl", { class: "cards", id: "storage" });
+  const health = h("dl", { class: "cards", id: "health" });
+  const alarm = h("p", { class: "status alarm", id: "alarm", role: "status" });
   const error = h("p", { class: "status error", role: "alert" });
   const el = h("div", {},
     h("h1", { tabindex: "-1" }, "Overview"),
     error,
+    alarm,
     h("section", { "aria-labelledby": "h-summary" }, h("h2", { id: "h-summary" }, "Broker"), summary),
+    h("section", { "aria-labelledby": "h-health" }, h("h2", { id: "h-health" }, "Memory, disk and file descriptors"), health),
     h("section", { "aria-labelledby": "h-charts" }, h("h2", { id: "h-charts" }, "Activity"),
       h("div", { class: "charts" }, rateChart.el, depthChart.el)),
     h("section", { "aria-labelledby": "h-storage" }, h("h2", { id: "h-storage" }, "Write-ahead log and checkpoints"), storage),
@@ -89,6 +140,7 @@ export function overviewPage() {
       card("Ready", num(t.messages_ready), "messages_ready"),
       card("Unacked", num(t.messages_unacked), "messages_unacked"),
     );
+    showHealth(o, health, alarm);
     const st = o.storage;
     if (!st.enabled) {
       replace(storage, card("Storage", "memory only (no data directory)", "storage"));

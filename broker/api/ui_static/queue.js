@@ -7,10 +7,10 @@ import { api, seg } from "./api.js";
 import { LineChart } from "./chart.js";
 import { confirmAction } from "./dialogs.js";
 import { flags } from "./queues.js";
-import { h, replace, num, json, when, field, statusLine, table, errorText, every } from "./util.js";
+import { h, replace, num, json, when, field, statusLine, table, errorText, every, historyPoints } from "./util.js";
 
 const POLL_S = 2;
-const WINDOW_S = 300;
+const WINDOW_S = 600;
 
 function bodyText(m) {
   if (m.body !== undefined) return m.body;
@@ -60,6 +60,13 @@ export function queuePage(name) {
     { key: "ready", label: "ready" }, { key: "unacked", label: "unacked" }, { key: "delayed", label: "delayed" },
   ], { windowS: WINDOW_S });
   const points = [];
+  // What the broker kept of this queue before the page opened (a sample every 5 s).
+  api(path + "/history").then((history) => {
+    const first = points.length ? points[0].t : Infinity;
+    points.unshift(...historyPoints(history).filter((p) => p.t < first).map(({ t, sample: x }) => (
+      { t, values: { ready: x.messages_ready, unacked: x.messages_unacked, delayed: x.messages_delayed } })));
+    chart.draw(points);
+  }, () => {});
   const bindings = h("div", { id: "queue-bindings" });
   const consumers = h("div", { id: "queue-consumers" });
 
@@ -75,12 +82,16 @@ export function queuePage(name) {
         h("div", {}, h("dt", {}, "Unacked"), h("dd", { id: "depth-unacked" }, num(q.messages_unacked))),
         h("div", {}, h("dt", {}, "Delayed"), h("dd", {}, num(q.messages_delayed))),
         h("div", {}, h("dt", {}, "Consumers"), h("dd", {}, num(q.consumers))),
-        h("div", {}, h("dt", {}, "Published"), h("dd", {}, num(q.message_stats.published))),
+        h("div", { title: "messages that entered the queue: publishes and dead letters" }, h("dt", {}, "Arrived"), h("dd", { id: "arrived" }, num(q.message_stats.published))),
         h("div", {}, h("dt", {}, "Delivered"), h("dd", {}, num(q.message_stats.delivered))),
         h("div", {}, h("dt", {}, "Acked"), h("dd", {}, num(q.message_stats.acked))),
         h("div", {}, h("dt", {}, "Redelivered"), h("dd", {}, num(q.message_stats.redelivered))));
-      replace(info, h("p", {}, flags(q), " Arguments: ", h("code", {}, json(q.arguments) || "none"),
-        Object.keys(q.message_stats.dead_lettered || {}).length ? [" · dead-lettered: ", h("code", {}, json(q.message_stats.dead_lettered))] : null));
+      const args = Object.entries(q.arguments || {});
+      replace(info, h("p", { id: "queue-features" }, flags(q)),
+        args.length ? h("dl", { class: "args", id: "queue-arguments", "aria-label": "Arguments" },
+          args.map(([k, v]) => h("div", {}, h("dt", {}, k), h("dd", {}, h("code", {}, JSON.stringify(v)))))) : null,
+        Object.keys(q.message_stats.dead_lettered || {}).length ? h("p", {}, "Dead-lettered from here: ",
+          Object.entries(q.message_stats.dead_lettered).map(([why, n]) => `${why} ${num(n)}`).join(", ")) : null);
     } catch (e) {
       error.textContent = e.status === 404 ? `There is no queue ${name} (deleted?).` : "Cannot read the queue: " + errorText(e);
     }

@@ -4,7 +4,7 @@
 // Declaring a queue is a form above the list.
 
 import { api, seg } from "./api.js";
-import { h, replace, num, rate, json, field, parseJsonField, statusLine, table, errorText, Rates, every } from "./util.js";
+import { h, replace, num, rate, field, parseJsonField, statusLine, table, errorText, Rates, every } from "./util.js";
 
 const REFRESH_S = 3;
 // Kept while the tab lives, so going back to the list finds it as it was left.
@@ -14,7 +14,6 @@ const rates = new Rates();
 const COLUMNS = [
   { label: "Name", sort: "name", cell: (q) => h("a", { href: "#/queue/" + encodeURIComponent(q.name) }, q.name) },
   { label: "Features", cell: (q) => flags(q) },
-  { label: "Arguments", cell: (q) => h("code", {}, json(q.arguments)) },
   { label: "Ready", sort: "messages_ready", num: true, key: "ready", cell: (q) => num(q.messages_ready) },
   { label: "Unacked", sort: "messages_unacked", num: true, key: "unacked", cell: (q) => num(q.messages_unacked) },
   { label: "Total", sort: "messages", num: true, key: "total", cell: (q) => num(q.messages) },
@@ -24,13 +23,43 @@ const COLUMNS = [
   { label: "Ack", num: true, cell: (q) => rate(q.rates.acked) },
 ];
 
+// Badges for a queue's features and arguments, as RabbitMQ's management shows them
+// (D, AD, Excl, TTL, Exp, Lim, Lim B, DLX, DLK, Pri, SAC, DLim, Ovf, Q); each says
+// its meaning and value in its title, and arguments without a badge show as "Args".
+const ARG_BADGES = [
+  ["x-message-ttl", "TTL", (v) => `message TTL ${v} ms`],
+  ["x-expires", "Exp", (v) => `queue expires after ${v} ms unused`],
+  ["x-max-length", "Lim", (v) => `at most ${v} messages`],
+  ["x-max-length-bytes", "Lim B", (v) => `at most ${v} bytes of messages`],
+  ["x-overflow", "Ovf", (v) => `overflow: ${v}`],
+  ["x-dead-letter-exchange", "DLX", (v) => `dead-letter exchange ${v === "" ? "(default)" : v}`],
+  ["x-dead-letter-routing-key", "DLK", (v) => `dead-letter routing key ${v}`],
+  ["x-delivery-limit", "DLim", (v) => `delivery limit ${v}`],
+  ["x-max-priority", "Pri", (v) => `priorities 0..${v}`],
+  ["x-single-active-consumer", "SAC", () => "single active consumer"],
+  ["x-consumer-timeout", "CT", (v) => `consumer ack timeout ${v} ms`],
+];
+
+function badge(text, title, arg) {
+  return h("span", { class: "tag" + (text === "Q" ? " q" : ""), title, "aria-label": title, "data-arg": arg || null }, text);
+}
+
 export function flags(q) {
-  return [
-    q.durable ? h("span", { class: "tag", title: "durable" }, "D") : null,
-    q.auto_delete ? h("span", { class: "tag", title: "auto-delete" }, "AD") : null,
-    q.exclusive ? h("span", { class: "tag", title: "exclusive" }, "Excl") : null,
-    q.arguments && q.arguments["x-dead-letter-exchange"] !== undefined ? h("span", { class: "tag", title: "dead-letter exchange" }, "DLX") : null,
+  const args = q.arguments || {};
+  const out = [
+    q.durable ? badge("D", "durable") : null,
+    q.auto_delete ? badge("AD", "auto-delete") : null,
+    q.exclusive ? badge("Excl", "exclusive") : null,
+    args["x-queue-type"] === "quorum" ? badge("Q", "quorum queue type", "x-queue-type") : null,
   ];
+  const known = new Set(["x-queue-type"]);
+  for (const [arg, text, says] of ARG_BADGES) {
+    known.add(arg);
+    if (args[arg] !== undefined && args[arg] !== false) out.push(badge(text, says(args[arg]), arg));
+  }
+  const rest = Object.keys(args).filter((k) => !known.has(k));
+  if (rest.length) out.push(badge("Args", rest.map((k) => `${k}: ${JSON.stringify(args[k])}`).join("; ")));
+  return out;
 }
 
 export function declareQueueForm(onDone) {

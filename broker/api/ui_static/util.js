@@ -62,9 +62,18 @@ export function duration(s) {
   return (d ? d + "d " : "") + (d || hh ? hh + "h " : "") + m + "m";
 }
 
+// ISO 8601 in UTC, to the second ("2026-11-26T15:07:28Z"): the same on every
+// browser whatever its locale, and the form the broker's logs use.
 export function when(unixSeconds) {
   if (!unixSeconds) return "–";
-  return new Date(unixSeconds * 1000).toLocaleString();
+  return new Date(unixSeconds * 1000).toISOString().replace(/\.\d+Z$/, "Z");
+}
+
+// The broker's history (GET /overview/history, /queues/{name}/history) on this
+// page's clock (performance.now() seconds), as [{ t, sample }], oldest first.
+export function historyPoints(history) {
+  const offset = performance.now() / 1000 - history.now;
+  return history.samples.map((sample) => ({ t: sample.t + offset, sample }));
 }
 
 export function json(value) {

@@ -1,0 +1,127 @@
+"""Where the AMQP listener meets the runtime: the one module that holds the runtime's
+command gateway (``broker.runtime.CommandGateway``), through which every AMQP session
+opens and closes core channels, registers their sinks, runs core commands, carries out
+their effects and waits for durability, and reads the core (its views).
+
+Per-message commands (a publish, an ack) run without carrying out their effects
+(:meth:`RuntimeBridge.now`); the connection carries them out once per received chunk
+(:meth:`RuntimeBridge.flush`), as the HTTP channel does with its batches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import trio
+
+from broker.core import Broker, BrokerViews
+from broker.runtime import BrokerRuntime, ChannelSink, CommandGateway
+
+__all__ = ["RuntimeBridge"]
+
+T = TypeVar("T")
+
+
+class RuntimeBridge:
+    """The runtime as the AMQP sessions use it."""
+
+    def __init__(self, runtime: BrokerRuntime) -> None:
+        self.runtime = runtime
+        self.gateway = CommandGateway(runtime)
+        self._batch = self.gateway.batch()
+
+    @property
+    def views(self) -> BrokerViews:
+        return self.gateway.views
+
+    @property
+    def max_body_bytes(self) -> int:
+        return self.runtime.options.max_body_bytes
+
+    @property
+    def shutting_down(self) -> bool:
+        return self.gateway.shutting_down
+
+    def core_for_limits(self) -> Broker:
+        """The core, for ``Principal.check_consumer`` (the API layer's per-user cap
+        counts consumers from it, as the HTTP channel's consume does)."""
+        return self.runtime.core
+
+    def open_channel(self, sink: ChannelSink, principal: Any) -> int:
+        """A core channel whose events go to ``sink``; counted against the broker's
+        and the user's channel limits. Raises Unavailable, ResourceLimit."""
+        gateway = self.gateway
+        gateway.check_ready()
+        channel_id = gateway.open_channel()
+        try:
+            if principal is not None:
+                principal.open_channel(channel_id)
+        except BaseException:
+            gateway.close_channel(channel_id, "refused")
+            raise
+        gateway.attach(channel_id, sink)
+        return channel_id
+
+    def close_channel(self, channel_id: int, principal: Any, reason: str) -> None:
+        """End the core channel (its unacked deliveries go back to their queues)."""
+        if principal is not None:
+            principal.close_channel(channel_id)
+        self.gateway.close_channel(channel_id, reason)
+
+    def now(self, command: Callable[[Broker], T]) -> T:
+        """Run a per-message command; its effects wait for :meth:`flush`."""
+        return self._batch.run(command)
+
+    def run(self, command: Callable[[Broker], T]) -> T:
+        """Run a command and carry out its effects."""
+        return self.gateway.run(command)
+
+    async def run_durable(self, command: Callable[[Broker], T]) -> T:
+        """Run a command, carry out its effects, wait until what it logged is durable."""
+        return await self.gateway.run_durable(command)
+
+    def publish(
+        self, channel_id: int, exchange: str, routing_key: str, body: bytes, properties: dict[str, Any] | None,
+        mandatory: bool, charge: int,
+    ) -> int:
+        """A publish on a channel (effects at :meth:`flush`); its publish tag."""
+        return self.gateway.publish(channel_id, exchange, routing_key, body, properties, mandatory=mandatory,
+                                    charge=charge)
+
+    def flush(self) -> None:
+        """Carry out every effect the core has produced (deliveries, confirms, log)."""
+        self.gateway.flush()
+
+    # publishing blocked (the runtime's flow signal: a memory or disk alarm) ---------
+
+    def clock(self) -> float:
+        """The runtime's clock (trio's), for when a wait began."""
+        return trio.current_time()
+
+    @property
+    def flow_blocked(self) -> bool:
+        return self.runtime.flow.blocked
+
+    @property
+    def flow_reason(self) -> str | None:
+        return self.runtime.flow.reason
+
+    def subscribe_flow(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback()`` whenever publishing is blocked or resumes; returns the
+        function that ends the subscription."""
+        return self.runtime.flow.subscribe(lambda _flow: callback())
+
+    async def wait_publishable(self, since: float | None) -> str | None:
+        """Wait while publishing is blocked: None once a publish may go, else the
+        reason it is refused (``blocked_publish_wait_s`` passed since ``since``)."""
+        return await self.gateway.wait_publishable(since=since)
+
+    def refuse_publish(self, channel_id: int, reason: str) -> int | None:
+        """Number and nack a publish the wait refused; None on a transactional channel
+        (then publish it as usual)."""
+        return self.gateway.refuse_publish(channel_id, reason)
+
+    def grant_credit(self, channel_id: int, nbytes: int) -> None:
+        """The socket took ``nbytes`` of this channel's deliveries: more may come."""
+        self._batch.run(lambda core: core.grant_credit(channel_id, nbytes))

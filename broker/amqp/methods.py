@@ -1,0 +1,349 @@
+"""The AMQP methods that are not per message: declares, binds, deletes, purges,
+consume and cancel, get, qos, recover, confirm and tx, each a handler from the
+method's pamqp class to the ``Broker`` facade's commands, after the permission check
+the HTTP API makes for the same operation; and :func:`handle`, which routes every
+event of the connection to its handler or to the session.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from pamqp import commands
+
+from broker.amqp.events import (
+    ChannelClosedByPeer,
+    ChannelFailed,
+    ChannelOpened,
+    ConnectionEnded,
+    Content,
+    Login,
+    Method,
+    Opened,
+)
+from broker.amqp.frames import (
+    encode_cancel_ok,
+    encode_consume_ok,
+    encode_declare_ok,
+    encode_get_ok,
+    encode_properties,
+)
+from broker.amqp.replies import (
+    ACCESS_REFUSED,
+    COMMAND_INVALID,
+    NOT_IMPLEMENTED,
+    PRECONDITION_FAILED,
+)
+from broker.amqp.session import (
+    DEFAULT_EXCHANGE_ALIAS,
+    AMQPChannel,
+    AMQPException,
+    AMQPSession,
+    exchange_alias,
+)
+from broker.core import EXCHANGE_TYPES, BrokerError, delivery_cost
+
+__all__ = ["handle"]
+
+log = logging.getLogger("ackbus.amqp")
+
+
+def _plain(value: Any) -> Any:
+    """pamqp's decoded table values as JSON (declare arguments)."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).decode("utf-8", "replace")
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if hasattr(value, "timestamp"):
+        return int(value.timestamp())
+    return str(value)  # Decimal
+
+
+async def handle(s: AMQPSession, event: Any) -> None:
+    """Carry out one event of the connection: a method by its handler, the rest by
+    the session."""
+    if s.handle_nowait(event):  # a publish or a settlement
+        s.wake()
+        return
+    kind = type(event)
+    if kind is Content:  # a publish while publishing is blocked
+        await s.publish_when_allowed(event)
+    elif kind is Method:
+        method = event.method
+        ch = s.channels.get(event.channel)
+        if ch is None:
+            return
+        handler = HANDLERS.get(type(method))
+        index = event.index
+        try:
+            if handler is None:
+                raise AMQPException(NOT_IMPLEMENTED, f"NOT_IMPLEMENTED - {method.name} is not supported")
+            s.bridge.flush()  # earlier ops' deliveries and confirms first
+            s.run_failures()  # (a publish before it may have closed the channel)
+            if s.channels.get(event.channel) is not ch:
+                return
+            await handler(s, ch, method)
+        except (AMQPException, BrokerError) as exc:
+            s.raise_on(ch, exc, index >> 16, index & 0xFFFF)
+    elif kind is ChannelOpened:
+        await s.open_channel(event.channel)
+    elif kind is ChannelClosedByPeer:
+        ch = s.channels.pop(event.channel, None)
+        if ch is not None:
+            s.release(ch, "closed by client")
+        s.conn.channel_close_ok(event.channel)
+    elif kind is ChannelFailed:
+        ch = s.channels.pop(event.channel, None)
+        if ch is not None:
+            s.release(ch, f"channel error {event.code}")
+        log.info("amqp channel closed on error", extra={"fields": {"channel": event.channel, "code": event.code, "text": event.text}})
+    elif kind is Login:
+        await s.authenticate(event)
+    elif kind is Opened:
+        log.info("amqp connection opened", extra={"fields": {"remote": s.remote, "user": s.conn.username}})
+    elif kind is ConnectionEnded:
+        fields = {"remote": s.remote, "code": event.code, "text": event.text[:200], "by_client": event.by_peer}
+        if event.code >= 500 or event.code == 403:
+            log.warning("amqp connection closed on error", extra={"fields": fields})
+        else:
+            log.info("amqp connection closed", extra={"fields": fields})
+        s.release_all("connection closed")
+    s.wake()
+
+
+async def _exchange_declare(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
+    name = exchange_alias(m.exchange or "")
+    if not m.passive:
+        s.access.require("declare_exchange", name or DEFAULT_EXCHANGE_ALIAS)
+    if name == "" and not m.passive:
+        raise AMQPException(ACCESS_REFUSED, "ACCESS_REFUSED - operation not permitted on the default exchange")
+    if not m.passive and m.exchange_type not in EXCHANGE_TYPES:
+        # RabbitMQ: a connection exception
+        raise AMQPException(COMMAND_INVALID, f"COMMAND_INVALID - invalid exchange type '{m.exchange_type}'")
+    await s.bridge.run_durable(lambda core: core.declare_exchange(
+        name, m.exchange_type or "direct", durable=bool(m.durable), auto_delete=bool(m.auto_delete),
+        internal=bool(m.internal), arguments=_plain(m.arguments or {}), passive=bool(m.passive),
+    ))
+    s.reply(ch, commands.Exchange.DeclareOk(), m.nowait)
+
+
+async def _exchange_delete(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
+    name = exchange_alias(m.exchange or "")
+    s.access.require("delete_exchange", name or DEFAULT_EXCHANGE_ALIAS)
+    if name == "":
+        raise AMQPException(ACCESS_REFUSED, "ACCESS_REFUSED - operation not permitted on the default exchange")
+    if not s.views.exchange_exists(name):
+        # RabbitMQ 3.x: deleting an exchange that does not exist succeeds.
+        s.reply(ch, commands.Exchange.DeleteOk(), m.nowait)
+        return
+    await s.bridge.run_durable(lambda core: core.delete_exchange(name, if_unused=bool(m.if_unused)))
+    s.reply(ch, commands.Exchange.DeleteOk(), m.nowait)
+
+
+async def _exchange_bind(s: AMQPSession, ch: AMQPChannel, m: Any, unbind: bool = False) -> None:
+    source, dest = exchange_alias(m.source or ""), exchange_alias(m.destination or "")
+    op = "unbind" if unbind else "bind"
+    s.access.require(op, dest or DEFAULT_EXCHANGE_ALIAS, source=source or DEFAULT_EXCHANGE_ALIAS)
+    args = _plain(m.arguments or {})
+    key = m.routing_key or ""
+    if unbind:
+        await s.bridge.run_durable(lambda core: core.unbind(source, dest, key, args, to_exchange=True, channel_id=ch.core_id))
+    else:
+        await s.bridge.run_durable(lambda core: core.bind(source, dest, key, args, to_exchange=True, channel_id=ch.core_id))
+    s.reply(ch, commands.Exchange.UnbindOk() if unbind else commands.Exchange.BindOk(), m.nowait)
+
+
+async def _exchange_unbind(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
+    await _exchange_bind(s, ch, m, unbind=True)
+
+
+async def _queue_declare(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
+    name = m.queue or ""
+    if not m.passive:
+        s.access.require("declare_queue", name or "amq.gen-")
+    elif not name:
+        name = ch.last_queue
+    queue, _created = await s.bridge.run_durable(lambda core: core.declare_queue(
+        name, durable=bool(m.durable), exclusive=bool(m.exclusive), auto_delete=bool(m.auto_delete),
+        arguments=_plain(m.arguments or {}), passive=bool(m.passive), channel_id=ch.core_id,
+    ))
+    ch.last_queue = queue.name
+    if not m.nowait:
+        views = s.views
+        ready = views.queue_counter("messages_ready", queue.name) or 0
+        s.reply_raw(ch, encode_declare_ok(ch.number, queue.name, ready, views.queue_counter("consumers", queue.name) or 0))
+
+
+def _queue_name(ch: AMQPChannel, name: str | None) -> str:
+    return name or ch.last_queue
+
+
+async def _queue_bind(s: AMQPSession, ch: AMQPChannel, m: Any, unbind: bool = False) -> None:
+    queue = _queue_name(ch, m.queue)
+    source = exchange_alias(m.exchange or "")
+    op = "unbind" if unbind else "bind"
+    s.access.require(op, queue, source=source or DEFAULT_EXCHANGE_ALIAS)
+    args = _plain(m.arguments or {})
+    key = m.routing_key or ""
+    if unbind:
+        await s.bridge.run_durable(lambda core: core.unbind(source, queue, key, args, to_exchange=False, channel_id=ch.core_id))
+        s.reply(ch, commands.Queue.UnbindOk())
+        return
+    await s.bridge.run_durable(lambda core: core.bind(source, queue, key, args, to_exchange=False, channel_id=ch.core_id))
+    s.reply(ch, commands.Queue.BindOk(), m.nowait)
+
+
+async def _queue_unbind(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
+    await _queue_bind(s, ch, m, unbind=True)
+
+
+async def _queue_purge(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
+    queue = _queue_name(ch, m.queue)
+    s.access.require("purge", queue)
+    count = await s.bridge.run_durable(lambda core: core.purge_queue(queue, channel_id=ch.core_id))
+    s.reply(ch, commands.Queue.PurgeOk(message_count=count), m.nowait)
+
+
+async def _queue_delete(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
+    queue = _queue_name(ch, m.queue)
+    s.access.require("delete_queue", queue)
+    if not s.views.queue_exists(queue):
+        # RabbitMQ 3.x: deleting a queue that does not exist succeeds with 0.
+        s.reply(ch, commands.Queue.DeleteOk(message_count=0), m.nowait)
+        return
+    count = await s.bridge.run_durable(lambda core: core.delete_queue(
+        queue, if_unused=bool(m.if_unused), if_empty=bool(m.if_empty), channel_id=ch.core_id))
+    s.reply(ch, commands.Queue.DeleteOk(message_count=count), m.nowait)
+
+
+async def _basic_qos(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
+    if m.prefetch_size:
+        raise AMQPException(NOT_IMPLEMENTED, f"NOT_IMPLEMENTED - prefetch_size!=0 ({m.prefetch_size})")
+    s.bridge.run(lambda core: core.qos(ch.core_id, m.prefetch_count or 0, bool(m.global_)))
+    s.reply(ch, commands.Basic.QosOk())
+
+
+async def _basic_consume(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
+    queue = _queue_name(ch, m.queue)
+    s.access.require("consume", queue)
+    if s.principal is not None:
+        s.principal.check_consumer(s.bridge.core_for_limits())
+    tag = m.consumer_tag or s.next_tag("amq.ctag-")
+    s.bridge.now(lambda core: core.consume(ch.core_id, queue, consumer_tag=tag, no_ack=bool(m.no_ack),
+                                           exclusive=bool(m.exclusive)))
+    # Deliveries leave at the next pump: the consume-ok goes out first.
+    if not m.nowait:
+        s.reply_raw(ch, encode_consume_ok(ch.number, tag))
+
+
+async def _basic_cancel(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
+    if s.views.has_consumer(ch.core_id, m.consumer_tag):
+        s.bridge.run(lambda core: core.cancel(ch.core_id, m.consumer_tag))
+    if not m.nowait:
+        s.reply_raw(ch, encode_cancel_ok(ch.number, m.consumer_tag))
+
+
+async def _basic_get(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
+    """A get is a consumer of one message that lives for one pump: the delivery is the
+    channel's own (its tag, acks and requeue on close), as RabbitMQ's get is."""
+    queue = _queue_name(ch, m.queue)
+    s.access.require("get", queue)
+    bridge = s.bridge
+    tag = s.next_tag("amq.get-")
+    ch.get_tag = tag
+    ch.got = None
+    try:
+        # Always in ack mode: a no-ack consumer ignores its prefetch and would take
+        # every ready message; a no-ack get is acked below instead.
+        bridge.run(lambda core: core.consume(ch.core_id, queue, consumer_tag=tag, prefetch=1))
+        if s.views.has_consumer(ch.core_id, tag):
+            bridge.now(lambda core: core.cancel(ch.core_id, tag))
+    finally:
+        ch.get_tag = None
+    got, ch.got = ch.got, None
+    if got is None:
+        s.reply(ch, commands.Basic.GetEmpty())
+        return
+    if m.no_ack:
+        bridge.now(lambda core: core.ack(ch.core_id, got.delivery_tag))
+    remaining = s.views.queue_counter("messages_ready", queue) or 0
+    msg = got.message
+    s.conn.send_raw(
+        encode_get_ok(
+            ch.number, got.delivery_tag, got.redelivered, msg.exchange, msg.routing_key,
+            remaining, encode_properties(msg.properties), msg.body, s.conn.frame_max,
+        )
+    )
+    ch.credit += delivery_cost(msg.body)
+    s.credit_pending = True
+
+
+async def _basic_recover(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
+    if not m.requeue:
+        raise AMQPException(NOT_IMPLEMENTED, "NOT_IMPLEMENTED - requeue=false")
+    tag = s.last_tag(ch)
+    if tag:
+        s.bridge.now(lambda core: core.nack(ch.core_id, tag, True, True))  # redelivered after recover-ok
+    if isinstance(m, commands.Basic.Recover):
+        s.reply(ch, commands.Basic.RecoverOk())
+
+
+async def _confirm_select(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
+    if ch.tx:
+        raise AMQPException(PRECONDITION_FAILED, "PRECONDITION_FAILED - cannot switch from tx to confirm mode")
+    if not ch.confirm:
+        ch.confirm = True
+        ch.confirm_offset = ch.published
+    s.reply(ch, commands.Confirm.SelectOk(), m.nowait)
+
+
+async def _tx_select(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
+    if ch.confirm:
+        raise AMQPException(PRECONDITION_FAILED, "PRECONDITION_FAILED - cannot switch from confirm to tx mode")
+    if not ch.tx:
+        s.bridge.run(lambda core: core.tx_select(ch.core_id))
+        ch.tx = True
+    s.reply(ch, commands.Tx.SelectOk())
+
+
+async def _tx_commit(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
+    if not ch.tx:
+        raise AMQPException(PRECONDITION_FAILED, "PRECONDITION_FAILED - channel is not transactional")
+    await s.bridge.run_durable(lambda core: core.tx_commit(ch.core_id))
+    s.reply(ch, commands.Tx.CommitOk())
+
+
+async def _tx_rollback(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
+    if not ch.tx:
+        raise AMQPException(PRECONDITION_FAILED, "PRECONDITION_FAILED - channel is not transactional")
+    s.bridge.run(lambda core: core.tx_rollback(ch.core_id))
+    s.reply(ch, commands.Tx.RollbackOk())
+
+
+HANDLERS: dict[type, Callable[[AMQPSession, AMQPChannel, Any], Any]] = {
+    commands.Exchange.Declare: _exchange_declare,
+    commands.Exchange.Delete: _exchange_delete,
+    commands.Exchange.Bind: _exchange_bind,
+    commands.Exchange.Unbind: _exchange_unbind,
+    commands.Queue.Declare: _queue_declare,
+    commands.Queue.Bind: _queue_bind,
+    commands.Queue.Unbind: _queue_unbind,
+    commands.Queue.Purge: _queue_purge,
+    commands.Queue.Delete: _queue_delete,
+    commands.Basic.Qos: _basic_qos,
+    commands.Basic.Consume: _basic_consume,
+    commands.Basic.Cancel: _basic_cancel,
+    commands.Basic.Get: _basic_get,
+    commands.Basic.Recover: _basic_recover,
+    commands.Basic.RecoverAsync: _basic_recover,
+    commands.Confirm.Select: _confirm_select,
+    commands.Tx.Select: _tx_select,
+    commands.Tx.Commit: _tx_commit,
+    commands.Tx.Rollback: _tx_rollback,
+}

@@ -1,0 +1,594 @@
+"""What AMQP methods mean for the broker: one session per connection, one core channel
+per AMQP channel.
+
+The connection state machine (``connection.py``) hands over events; the session turns
+them into the ``Broker`` facade's commands (declares, publishes, consumes, acks, qos,
+tx, confirms), after the same permission checks as the HTTP API
+(``broker.api``'s ``Access.require``), and turns the core's effects for its channels
+(deliveries, confirms, returns, cancellations) into frames. A core error becomes a
+channel exception with RabbitMQ's reply code (``replies.py``); one the spec makes a
+connection exception (5xx) closes the connection.
+
+It never touches sockets: it writes into the connection's output buffer and tells the
+IO layer (``server.py``) through ``wake``.
+
+Why one module of ~560 lines: the channels (the runtime's sinks), the login, the
+back-pressure and the per-message methods all read and write one connection's state;
+the other methods are in ``methods.py``.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import secrets
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+from pamqp import commands
+
+from broker.amqp.bridge import RuntimeBridge
+from broker.amqp.connection import AMQPConnection
+from broker.amqp.events import (
+    Content,
+    Login,
+    Method,
+)
+from broker.amqp.frames import (
+    Ack,
+    Nack,
+    Reject,
+    encode_cancel,
+    encode_confirm,
+    encode_deliver,
+    encode_properties,
+    encode_return,
+)
+from broker.amqp.replies import (
+    ACCESS_REFUSED,
+    CONNECTION_FORCED,
+    NOT_ALLOWED,
+    NOT_FOUND,
+    NOT_IMPLEMENTED,
+    PRECONDITION_FAILED,
+    is_connection_error,
+    reply_for,
+)
+from broker.amqp.tables import TableError
+from broker.api import ALLOW_ALL, Access
+from broker.core import (
+    BrokerError,
+    Confirm,
+    ConsumerCancelled,
+    Deliver,
+    DeliveryExpired,
+    PreconditionFailed,
+    Return,
+    Unavailable,
+    check_properties,
+    delivery_cost,
+)
+
+__all__ = ["AMQPChannel", "AMQPException", "AMQPSession", "DEFAULT_EXCHANGE_ALIAS", "exchange_alias"]
+
+log = logging.getLogger("ackbus.amqp")
+
+DEFAULT_EXCHANGE_ALIAS = "amq.default"
+#: Bytes of publishes waiting for their confirm past which the connection stops
+#: reading (as ``broker/api/channel.py`` does): a publisher faster than fsync is slowed.
+UNCONFIRMED_MAX_BYTES = 16 << 20
+#: Bytes waiting in the output buffer past which the connection stops reading.
+OUTPUT_MAX_BYTES = 4 << 20
+
+
+class AMQPException(Exception):
+    """A channel exception (``code`` < 500) or a connection exception."""
+
+    def __init__(self, code: int, text: str, class_id: int = 0, method_id: int = 0) -> None:
+        super().__init__(text)
+        self.code = code
+        self.text = text
+        self.class_id = class_id
+        self.method_id = method_id
+
+
+def exchange_alias(name: str) -> str:
+    """The exchange ``name`` names (``amq.default`` is the default exchange, \"\")."""
+    return "" if name == DEFAULT_EXCHANGE_ALIAS else name
+
+
+def _cancel(channel_id: int, consumer_tag: str, core: Any) -> None:
+    core.cancel(channel_id, consumer_tag)
+
+
+#: Nack reasons that refuse the publish's target (the core's wording).
+_REFUSED_TARGETS = ("not_found: ", "access_refused: ")
+
+
+def _refusal_text(code: str, text: str) -> str:
+    """RabbitMQ's text for a publish to a missing or internal exchange."""
+    name = text.split("'")[1] if text.count("'") >= 2 else text
+    if code == "not_found":
+        return f"NOT_FOUND - no exchange '{name}' in vhost '/'"
+    return f"ACCESS_REFUSED - cannot publish to internal exchange '{name}' in vhost '/'"
+
+
+class _NoEvent:
+    """Stands in for the IO layer's event until it sets its own."""
+
+    def set(self) -> None:
+        pass
+
+
+class AMQPChannel:
+    """One open AMQP channel: a core channel and the runtime's sink for its events."""
+
+    kind = "amqp"
+
+    def __init__(self, session: AMQPSession, number: int) -> None:
+        self.session = session
+        self.number = number
+        self.core_id = 0
+        self.remote = session.remote
+        self.user_agent = session.user_agent
+        self.principal = session.principal
+        self.opened_at = time.time()
+        self.confirm = False
+        #: Publishes before confirm.select: the core counts them, AMQP does not.
+        self.confirm_offset = 0
+        self.tx = False
+        self.published = 0
+        self.last_queue = ""
+        #: (publish tag, charged bytes) of publishes not yet confirmed, in tag order.
+        self.unconfirmed: collections.deque[tuple[int, int]] = collections.deque()
+        self.unconfirmed_bytes = 0
+        #: Delivery credit of deliveries queued for the socket, granted once sent.
+        self.credit = 0
+        #: basic.get: its temporary consumer's tag, and what it got.
+        self.get_tag: str | None = None
+        self.got: Deliver | None = None
+        self.closed = False
+        #: The newest delivery tag handed out on this channel.
+        self.max_tag = 0
+        self.close_reason = "closed by an operator"
+        #: The last delivered message's properties and their encoding (see push).
+        self._last_properties: Any = None
+        self._last_encoded = b"\x00\x00"
+
+    # ChannelSink ----------------------------------------------------------------
+
+    def push(self, effect: Any) -> None:
+        """Called by the runtime's pump, which may run in another connection's task:
+        a failure here must end this channel only, never that task."""
+        try:
+            self._push(effect)
+        except Exception:
+            log.exception("amqp channel failed on an event", extra={"fields": {"channel": self.number}})
+            self.session.fail_later(self, 541, "INTERNAL_ERROR - the broker could not send an event")
+
+    def _push(self, effect: Any) -> None:
+        s = self.session
+        conn = s.conn
+        kind = type(effect)
+        if kind is Deliver:
+            self.max_tag = effect.delivery_tag
+            if effect.consumer_tag == self.get_tag:
+                self.got = effect
+                return
+            msg = effect.message
+            body = msg.body
+            properties = msg.properties
+            if properties is self._last_properties:
+                # messages share one properties dict when they have no message id: encode once
+                props = self._last_encoded
+            else:
+                try:
+                    props = encode_properties(properties)
+                except TableError as exc:
+                    log.warning("message headers have no AMQP form; delivered without them",
+                                extra={"fields": {"error": str(exc)}})
+                    props = encode_properties({k: v for k, v in (properties or {}).items() if k != "headers"})
+                self._last_properties, self._last_encoded = properties, props
+            conn.send_raw(
+                encode_deliver(
+                    self.number, effect.consumer_tag, effect.delivery_tag, effect.redelivered,
+                    msg.exchange, msg.routing_key, props, body, conn.frame_max,
+                )
+            )
+            self.credit += delivery_cost(body)
+            s.credit_pending = True
+        elif kind is Confirm:
+            self._settle_unconfirmed(effect.delivery_tag)
+            s.confirmed.set()
+            reason = effect.reason
+            if reason is not None and not effect.ack and reason.startswith(_REFUSED_TARGETS):
+                # a publish to a missing or internal exchange: RabbitMQ's channel error
+                code, _sep, text = reason.partition(": ")
+                s.fail_later(self, NOT_FOUND if code == "not_found" else ACCESS_REFUSED, _refusal_text(code, text))
+                return
+            if self.confirm:
+                tag = effect.delivery_tag - self.confirm_offset
+                if tag > 0:
+                    conn.send_raw(encode_confirm(self.number, tag, effect.multiple, effect.ack))
+        elif kind is Return:
+            msg = effect.message
+            try:
+                props = encode_properties(msg.properties)
+            except TableError:
+                props = encode_properties({k: v for k, v in (msg.properties or {}).items() if k != "headers"})
+            text = "NO_ROUTE" if effect.reply_code == 312 else effect.reason
+            conn.send_raw(
+                encode_return(self.number, effect.reply_code, text, msg.exchange, msg.routing_key, props, msg.body,
+                              conn.frame_max)
+            )
+        elif kind is ConsumerCancelled:
+            if s.cancel_notify:
+                conn.send_raw(encode_cancel(self.number, effect.consumer_tag))
+        elif kind is DeliveryExpired:
+            s.fail_later(
+                self, PRECONDITION_FAILED,
+                f"delivery acknowledgement on channel {self.number} timed out (delivery tag {effect.delivery_tag})",
+            )
+        s.wake()
+
+    def _settle_unconfirmed(self, tag: int) -> None:
+        unconfirmed = self.unconfirmed
+        while unconfirmed and unconfirmed[0][0] <= tag:
+            _tag, charge = unconfirmed.popleft()
+            self.unconfirmed_bytes -= charge
+            self.session.unconfirmed_bytes -= charge
+
+    def closing(self, reason: str) -> None:
+        """The broker shuts down (the whole connection closes: :meth:`AMQPSession.closing`),
+        or an operator closes this channel (then :meth:`shutdown` follows and acts)."""
+        if self.session.bridge.shutting_down:
+            self.session.closing(reason)
+        else:
+            self.close_reason = reason
+
+    def shutdown(self) -> None:
+        """Stop taking operations: the whole connection when the broker shuts down,
+        this channel alone when an operator closed it (``DELETE /channels/{id}``)."""
+        s = self.session
+        if s.bridge.shutting_down:
+            s.closing("broker shutting down")
+        else:
+            s.fail_later(self, CONNECTION_FORCED, f"CONNECTION_FORCED - closed by an operator: {self.close_reason}")
+
+
+class AMQPSession:
+    """The broker side of one AMQP connection (see the module docstring)."""
+
+    def __init__(
+        self,
+        conn: AMQPConnection,
+        bridge: RuntimeBridge,
+        *,
+        remote: str | None,
+        loopback: bool,
+        login: Callable[[str, str, str | None], Any],
+        has_users: Callable[[], bool],
+        wake: Callable[[], None],
+    ) -> None:
+        self.conn = conn
+        self.bridge = bridge
+        self.views = bridge.views
+        self.remote = remote
+        self.loopback = loopback
+        self._login = login
+        self._has_users = has_users
+        self.wake = wake
+        self.user_agent: str | None = None
+        self.principal: Any = None
+        self.access: Access = ALLOW_ALL
+        self.release_user: Callable[[], None] | None = None
+        self.channels: dict[int, AMQPChannel] = {}
+        self.unconfirmed_bytes = 0
+        self.credit_pending = False
+        self.cancel_notify = False
+        self.closing_reason: str | None = None
+        self.blocked = False
+        #: When this connection's publishes started waiting in the current alarm.
+        self.blocked_since: float | None = None
+        #: Channels to close at the next step (errors found while pumping).
+        self._failures: list[tuple[AMQPChannel, int, str]] = []
+        self._counter = 0
+        #: Set by the IO layer: stop reading frames (the broker shuts down).
+        self.stop_reading: Callable[[], None] = lambda: None
+        #: Set whenever confirms arrive (the shutdown drain waits on it).
+        self.confirmed: Any = _NoEvent()
+
+    # -- events -------------------------------------------------------------------
+
+    def handle_nowait(self, event: Any) -> bool:
+        """Carry out a per-message event (a publish, an ack, a nack, a reject) in the
+        caller's step, without a coroutine; False for any other event (then
+        ``methods.handle``)."""
+        kind = type(event)
+        if kind is Content:
+            if self.bridge.flow_blocked:
+                return False  # it waits (methods.handle: publish_when_allowed)
+            self.guard(event.channel, self.publish, event, 60, 40)
+            return True
+        if kind is Method:
+            mtype = type(event.method)
+            if mtype is Ack:
+                self.guard(event.channel, self.ack, event.method, 60, 80)
+                return True
+            if mtype is Nack:
+                self.guard(event.channel, self.nack, event.method, 60, 120)
+                return True
+            if mtype is Reject:
+                self.guard(event.channel, self.reject, event.method, 60, 90)
+                return True
+        return False
+
+    def guard(self, number: int, fn: Callable[[AMQPChannel, Any], None], arg: Any, class_id: int, method_id: int) -> None:
+        ch = self.channels.get(number)
+        if ch is None:
+            return
+        try:
+            fn(ch, arg)
+        except (AMQPException, BrokerError) as exc:
+            self.raise_on(ch, exc, class_id, method_id)
+
+    def raise_on(self, ch: AMQPChannel, exc: AMQPException | BrokerError, class_id: int, method_id: int) -> None:
+        if isinstance(exc, AMQPException):
+            code, text = exc.code, exc.text
+        else:
+            code, text = reply_for(exc), exc.message
+        if is_connection_error(code):
+            self.conn.close(code, text, class_id, method_id)
+            self.release_all(f"connection error {code}")
+            return
+        self.bridge.flush()  # what the channel did before the error still goes out
+        self.channels.pop(ch.number, None)
+        self.conn.close_channel(ch.number, code, text, class_id, method_id)
+        self.release(ch, f"channel error {code}")
+        log.info("amqp channel error", extra={"fields": {"channel": ch.number, "code": code, "text": text[:200]}})
+
+    def fail_later(self, ch: AMQPChannel, code: int, text: str) -> None:
+        """Close ``ch`` with ``code`` at the next step (found while pumping)."""
+        self._failures.append((ch, code, text))
+        self.wake()
+
+    def run_failures(self) -> None:
+        while self._failures:
+            ch, code, text = self._failures.pop(0)
+            if self.channels.get(ch.number) is ch:
+                self.channels.pop(ch.number)
+                self.conn.close_channel(ch.number, code, text)
+                self.release(ch, f"channel error {code}")
+
+    # -- login and channels ---------------------------------------------------------
+
+    async def authenticate(self, event: Login) -> None:
+        self.user_agent = str(event.client_properties.get("product", ""))[:128] or None
+        caps = event.client_properties.get("capabilities")
+        self.cancel_notify = isinstance(caps, dict) and bool(caps.get("consumer_cancel_notify"))
+        if not self._has_users():
+            # As RabbitMQ's guest: guest/guest, from loopback only.
+            if event.username == "guest" and event.password == "guest" and self.loopback:
+                self.conn.accept_login("guest")
+                return
+            log.warning("amqp login refused", extra={"fields": {"remote": self.remote, "user": event.username[:64]}})
+            self.conn.refuse_login(event.mechanism)
+            return
+        result = await self._login(event.username, event.password, self.remote)
+        if result is None:
+            self.conn.refuse_login(event.mechanism)
+            return
+        if isinstance(result, str):  # a refusal with a reason (a per-user cap)
+            self.conn.refuse_login(event.mechanism, f"ACCESS_REFUSED - {result}")
+            return
+        self.principal, release = result
+        self.principal.open_session(self)
+        principal = self.principal
+
+        def release_user() -> None:
+            principal.close_session(self)
+            release()
+
+        self.release_user = release_user
+        self.access = self.principal.access
+        self.conn.accept_login(self.principal.username)
+
+    async def open_channel(self, number: int) -> None:
+        ch = AMQPChannel(self, number)
+        try:
+            ch.core_id = self.bridge.open_channel(ch, self.principal)
+        except BrokerError as exc:
+            # RabbitMQ refuses a channel past a limit with a connection exception
+            if isinstance(exc, Unavailable) and exc.code in ("not_ready", "shutting_down"):
+                self.conn.close(CONNECTION_FORCED, f"CONNECTION_FORCED - {exc.message}", 20, 10)
+            else:
+                self.conn.close(NOT_ALLOWED, f"NOT_ALLOWED - {exc.message}", 20, 10)
+            self.release_all("channel refused")
+            return
+        self.channels[number] = ch
+        self.conn.channel_open_ok(number)
+
+    def release(self, ch: AMQPChannel, reason: str) -> None:
+        if ch.closed:
+            return
+        ch.closed = True
+        self.unconfirmed_bytes -= ch.unconfirmed_bytes
+        self.bridge.close_channel(ch.core_id, self.principal, reason)
+
+    def release_all(self, reason: str) -> None:
+        """The connection is over: close every core channel once."""
+        channels, self.channels = self.channels, {}
+        for ch in channels.values():
+            self.release(ch, reason)
+        if self.release_user is not None:
+            self.release_user()
+            self.release_user = None
+
+    # Revocable (broker/api/auth.py) ----------------------------------------------
+
+    def revoke(self, error: BrokerError) -> None:
+        """The user was deleted (or its credentials otherwise revoked): close the
+        connection with 320, as RabbitMQ closes a deleted user's connections."""
+        self.conn.close(CONNECTION_FORCED, f"CONNECTION_FORCED - {error.message}")
+        self.release_all("credentials revoked")
+        self.stop_reading()
+        self.wake()
+
+    def recheck(self, access: Access) -> None:
+        """The user's permissions changed: cancel its consumers of queues it may no
+        longer read (telling clients that asked, with ``basic.cancel``)."""
+        for ch in list(self.channels.values()):
+            for tag, queue in self.views.consumer_queues(ch.core_id):
+                if access.allows("read", queue):
+                    continue
+                self.bridge.now(partial(_cancel, ch.core_id, tag))
+                if self.cancel_notify:
+                    self.conn.send_raw(encode_cancel(ch.number, tag))
+        self.wake()
+
+    def closing(self, reason: str) -> None:
+        """The broker shuts down: the IO layer stops reading, lets confirms out, then
+        closes the connection with 320."""
+        if self.closing_reason is None:
+            self.closing_reason = reason
+            self.stop_reading()
+            self.wake()
+
+    def grant_credit(self) -> None:
+        """The socket took what was queued: give back its delivery credit."""
+        if not self.credit_pending:
+            return
+        self.credit_pending = False
+        bridge = self.bridge
+        for ch in self.channels.values():
+            if ch.credit:
+                bridge.grant_credit(ch.core_id, ch.credit)
+                ch.credit = 0
+        bridge.flush()
+
+    def must_pause(self) -> bool:
+        return self.unconfirmed_bytes > UNCONFIRMED_MAX_BYTES or self.conn.pending_output() > OUTPUT_MAX_BYTES
+
+    async def publish_when_allowed(self, event: Content) -> None:
+        """A publish while publishing is blocked (a memory or disk alarm): what came
+        before it leaves, then the connection reads nothing more until publishing
+        resumes, or the publish is refused with a ``basic.nack`` once the connection
+        has waited ``blocked_publish_wait_s`` in this alarm (as the HTTP channel does)."""
+        ch = self.channels.get(event.channel)
+        if ch is None:
+            return
+        self.bridge.flush()
+        self.update_blocked()
+        self.wake()
+        if self.blocked_since is None:
+            self.blocked_since = self.bridge.clock()
+        refusal = await self.bridge.wait_publishable(self.blocked_since)
+        if self.channels.get(event.channel) is not ch:
+            return
+        if refusal is not None and self.bridge.refuse_publish(ch.core_id, refusal) is not None:
+            ch.published += 1  # numbered (its confirm is a nack) though not taken
+            return
+        self.guard(event.channel, self.publish, event, 60, 40)
+
+    def flow_changed(self) -> None:
+        """Publishing was blocked or resumed: tell the client (``update_blocked``)."""
+        if not self.bridge.flow_blocked:
+            self.blocked_since = None
+        self.update_blocked()
+        self.wake()
+
+    def update_blocked(self) -> None:
+        """``connection.blocked`` while the broker refuses publishes (its disk reserve
+        is used up) or this connection's unconfirmed publishes are over their bound;
+        ``unblocked`` when that ends (RabbitMQ's alarms, for clients that asked)."""
+        refusal = self.bridge.flow_reason if self.bridge.flow_blocked else self.views.publish_refusal()
+        blocked = refusal is not None or self.unconfirmed_bytes > UNCONFIRMED_MAX_BYTES
+        if blocked == self.blocked:
+            return
+        self.blocked = blocked
+        if not self.conn.wants_blocked:
+            return
+        if blocked:
+            reason = refusal[:255] if refusal is not None else "too many unconfirmed publishes"
+            self.conn.send_connection_method(commands.Connection.Blocked(reason=reason))
+        else:
+            self.conn.send_connection_method(commands.Connection.Unblocked())
+        self.wake()
+
+    def next_tag(self, prefix: str) -> str:
+        self._counter += 1
+        return f"{prefix}{secrets.token_urlsafe(8)}-{self._counter}"
+
+    # -- the per-message methods ----------------------------------------------------
+
+    def publish(self, ch: AMQPChannel, event: Content) -> None:
+        publish = event.publish
+        if publish.immediate:
+            raise AMQPException(NOT_IMPLEMENTED, "NOT_IMPLEMENTED - immediate=true", 60, 40)
+        exchange = exchange_alias(publish.exchange)
+        self.access.require("publish", exchange or DEFAULT_EXCHANGE_ALIAS)
+        props = event.properties
+        if props:
+            props = self._properties(props)
+        charge = delivery_cost(event.body)
+        tag = self.bridge.publish(ch.core_id, exchange, publish.routing_key, event.body, props, publish.mandatory, charge)
+        ch.published += 1
+        if tag:
+            ch.unconfirmed.append((tag, charge))
+            ch.unconfirmed_bytes += charge
+            self.unconfirmed_bytes += charge
+
+    def _properties(self, props: dict[str, Any]) -> dict[str, Any] | None:
+        expiration = props.get("expiration")
+        if expiration is not None:
+            if not (expiration.isascii() and expiration.isdigit()):
+                raise PreconditionFailed(f"PRECONDITION_FAILED - invalid expiration '{expiration}': no_integer")
+            props["expiration"] = int(expiration)
+        mode = props.get("delivery_mode")
+        if mode is not None and mode not in (1, 2):
+            del props["delivery_mode"]
+        user_id = props.get("user_id")
+        if user_id is not None and self.principal is not None and user_id != self.principal.username:
+            raise PreconditionFailed(
+                f"PRECONDITION_FAILED - user_id property set to '{user_id}' but authenticated user was "
+                f"'{self.principal.username}'"
+            )
+        return check_properties(props)
+
+    def ack(self, ch: AMQPChannel, m: Ack) -> None:
+        tag = m.delivery_tag
+        if tag == 0 and m.multiple:
+            tag = self.last_tag(ch)
+            if not tag:
+                return
+        self.bridge.now(lambda core: core.ack(ch.core_id, tag, m.multiple))
+
+    def nack(self, ch: AMQPChannel, m: Nack) -> None:
+        tag = m.delivery_tag
+        if tag == 0 and m.multiple:
+            tag = self.last_tag(ch)
+            if not tag:
+                return
+        self.bridge.now(lambda core: core.nack(ch.core_id, tag, m.multiple, m.requeue))
+
+    def reject(self, ch: AMQPChannel, m: Reject) -> None:
+        self.bridge.now(lambda core: core.reject(ch.core_id, m.delivery_tag, m.requeue))
+
+    def last_tag(self, ch: AMQPChannel) -> int:
+        """The channel's newest unacked delivery tag (0: none), for ``ack``/``nack``
+        of tag 0 with ``multiple`` and ``recover``."""
+        unacked = self.views.unacked_tags(ch.core_id, list(range(1, ch.max_tag + 1)))
+        return unacked[-1] if unacked else 0
+
+    # -- replies ------------------------------------------------------------------
+
+    def reply(self, ch: AMQPChannel, method: Any, nowait: bool = False) -> None:
+        if not nowait:
+            self.conn.send_method(ch.number, method)
+
+    def reply_raw(self, ch: AMQPChannel, data: bytes) -> None:
+        """A reply the session encoded itself (one that carries a name)."""
+        if ch.number in self.conn.channels:
+            self.conn.send_raw(data)
