@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.broker import ROOT, BrokerProcess
+from tests.support.broker import ROOT, BrokerProcess, free_port
 
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SKIP = re.compile(r"^<!-- snippet: skip \((?P<reason>[^)]+)\) -->$")
@@ -91,9 +91,12 @@ def test_snippets_run(path: Path, tmp_path: Path) -> None:
     workdir = tmp_path / "work"
     workdir.mkdir()
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    with BrokerProcess(tmp_path / "data") as broker:
+    amqp_port = free_port()
+    with BrokerProcess(tmp_path / "data", env={"ACKBUS_AMQP_PORT": str(amqp_port)}) as broker:
         for snippet in runnable:
-            code = snippet.code.replace(":8080", f":{broker.port}")
+            # the docs name the default ports; this broker has free ones
+            code = snippet.code.replace(":8080", f":{broker.port}").replace(":5672", f":{amqp_port}")
+            code = code.replace('"127.0.0.1", 5672)', f'"127.0.0.1", {amqp_port})')
             try:
                 done = subprocess.run([sys.executable, "-c", code], cwd=workdir, env=env,
                                       capture_output=True, timeout=60, check=False)
