@@ -9,7 +9,8 @@ carries out its effects and waits for durability where asked. ``confirms.py`` is
 one book of publishes waiting for their confirm. ``flow.py`` is the one signal that
 publishing is blocked (the memory alarm of ``memory.py``, the disk alarm of
 ``space.py``), which every protocol follows; ``history.py`` keeps the last minutes of
-rates and depths for the management UI.
+rates and depths for the management UI; ``taps.py`` lets a layer above see a kind of
+effect first (replicated queues copy their records).
 """
 
 from broker.runtime.checkpoints import Checkpointer
@@ -36,6 +37,7 @@ from broker.runtime.ports import (
 )
 from broker.runtime.resources import disk_info, fd_info
 from broker.runtime.runtime import BrokerRuntime, LockWait
+from broker.runtime.taps import tap_records
 
 __all__ = [
     "ALARM_DISK",
@@ -65,4 +67,5 @@ __all__ = [
     "LogPort",
     "MetricsPort",
     "RuntimeOptions",
+    "tap_records",
 ]

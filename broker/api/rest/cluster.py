@@ -35,6 +35,7 @@ from broker.api.rest.fields import (
     exchange_name,
 )
 from broker.api.rest.health import health_answer
+from broker.api.rest.replicas import add_replica_routes
 from broker.api.rest.users import MAX_PASSWORD_CHARS, MAX_TOKEN_LIFETIME_S
 from broker.cluster import ClusterNode, EtcdUnavailable
 from broker.core import (
@@ -263,6 +264,7 @@ def cluster_routes(runtime: BrokerRuntime, node: ClusterNode, auth: Any) -> Rout
     _route(router, "DELETE", "/exchanges/{name}", _etcd_errors(node, delete_exchange), query=frozenset({"if_unused"}))
     _route(router, "POST", "/bindings", _etcd_errors(node, bind))
     _route(router, "DELETE", "/bindings", _etcd_errors(node, unbind))
+    add_replica_routes(router, node, views)
     return router
 
 
