@@ -12,6 +12,8 @@ from broker.cluster.peers import (
     PeerUnreachable,
     relay,
 )
+from broker.cluster.replica_leader import StaleEpoch
+from broker.cluster.replication import is_quorum
 
 __all__ = [
     "ClusterConfig",
@@ -26,5 +28,7 @@ __all__ = [
     "PeerStream",
     "PeerUnreachable",
     "relay",
+    "StaleEpoch",
+    "is_quorum",
     "parse_endpoints",
 ]

@@ -8,7 +8,8 @@ live node (``409 node_alive``); otherwise, in one etcd transaction that compares
 every key it touches, it deletes the node's ``known`` record and its report and
 either deletes each queue it owned with the bindings to it, or (``rehome``) puts it
 back owned by a live node (balanced placement), empty: its messages were on the dead
-node's disk. The answer lists the queues and the messages lost with them according to
+node's disk. Quorum queues are left alone: they live on their other replicas (the
+forgotten node stays in their replica set). The answer lists the queues and the messages lost with them according to
 the node's last report (and when that was), which is all anyone can know of a node
 that is gone.
 """
@@ -25,7 +26,7 @@ import trio
 
 from broker.cluster.etcd import EtcdClient
 from broker.cluster.etcdproto import CompareMod, EtcdError, Op, OpDelete, OpPut
-from broker.cluster.view import ClusterKeys, ClusterView, canonical
+from broker.cluster.view import ClusterKeys, ClusterView, canonical, is_replicated
 from broker.core import BrokerViews, NotFound, PreconditionFailed
 
 __all__ = ["REPORT_INTERVAL_S", "forget_node", "report_depths", "stats_key"]
@@ -69,7 +70,11 @@ async def forget_node(
     """Forget the dead node ``name`` (see the module docstring); the answer."""
     if name in view.live_nodes():
         raise PreconditionFailed(f"node {name!r} is alive: stop it first (only a node gone for good is forgotten)", code="node_alive")
-    owned = {q: d for q, d in ((q, d) for q, (d, _r) in view.entries["queues"].items()) if d.get("owner") == name}
+    owned = {
+        q: d
+        for q, d in ((q, d) for q, (d, _r) in view.entries["queues"].items())
+        if d.get("owner") == name and not is_replicated(d)  # a quorum queue lives on its other replicas
+    }
     known_rev = view.entries["known"].get(name)
     if known_rev is None and not owned:
         raise NotFound(f"no node {name!r} in the cluster")

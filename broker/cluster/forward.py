@@ -6,7 +6,8 @@ message-less core (:class:`ClusterRoutes`) holding the whole cluster's topology:
 every exchange, every queue (whoever owns it) and every binding, mirrored from the
 view like the node's own core. Routing a publish there with the core's own ``route``
 (exchange-to-exchange bindings, alternate exchanges, consistent hashing, the same
-code as a single node) gives every queue it reaches; grouped by owner, that is the
+code as a single node) gives every queue it reaches; grouped by owner (a quorum
+queue's owner is its leader, ``ClusterView.serving_node``), that is the
 :class:`~broker.runtime.ForwardPlan`:
 
 - queues of this node: the publish is published here as on a single node;
@@ -16,8 +17,9 @@ code as a single node) gives every queue it reaches; grouped by owner, that is t
   it in its own core, which holds only its own queues and the bindings to them: it
   delivers to exactly its share of the queues, never to another node's (no double
   delivery through a fanout bound on several nodes), and never forwards it again;
-- queues of dead nodes: the publish is nacked with ``queue_unavailable`` (the queues
-  that could take it keep it, as with a full queue).
+- queues of dead nodes, and quorum queues without a leader: the publish is nacked
+  with ``queue_unavailable`` (the queues that could take it keep it, as with a full
+  queue).
 
 The publish's confirm waits for every owner's (the core's ``hold_confirm``): an ack
 once all acked, else the first nack's reason.
@@ -46,10 +48,13 @@ _TOPOLOGY = ("exchanges", "queues", "bindings")
 
 
 class _EveryQueue(CoreMirror):
-    """A mirror whose core holds every queue of the cluster."""
+    """A mirror whose core holds every queue of the cluster, quorum queues included."""
 
-    def holds(self, d: dict[str, Any]) -> bool:
+    def keeps(self, d: dict[str, Any]) -> bool:
         return True
+
+    def replicated(self, d: dict[str, Any] | None) -> bool:
+        return False
 
 
 class ClusterRoutes:
@@ -124,10 +129,11 @@ class Forwarder:
         down: list[str] = []
         live = self.view.live_nodes()
         for name in names:
-            d = self.view.get("queues", name)
-            owner = str(d.get("owner")) if d is not None else self.node_name
+            owner = self._serving(name)
             if owner == self.node_name:
                 local = True
+            elif owner is None:
+                down.append(f"{name!r} (no leader)")
             elif owner in live:
                 if owner not in owners:
                     owners.append(owner)
@@ -156,9 +162,8 @@ class Forwarder:
             names = [n for n in names if n not in dead_from]
         owners: list[str] = []
         for name in names:
-            d = self.view.get("queues", name)
-            owner = str(d.get("owner")) if d is not None else self.node_name
-            if owner != self.node_name and owner not in owners:
+            owner = self._serving(name)
+            if owner is not None and owner != self.node_name and owner not in owners:
                 owners.append(owner)
         if not owners:
             return False
@@ -173,6 +178,12 @@ class Forwarder:
 
             self.send(owner, exchange, routing_key, body, properties, None, settle)
         return True
+
+    def _serving(self, queue: str) -> str | None:
+        """The node serving ``queue``: its owner, a quorum queue's leader (None: it has
+        none now); this node for a queue the view does not have."""
+        d = self.view.get("queues", queue)
+        return self.view.serving_node(queue, d) if d is not None else self.node_name
 
     def peer_channel(self, channel_id: int, opened: bool) -> None:
         if opened:

@@ -3,9 +3,11 @@
 What a node's core holds in cluster mode:
 
 - every exchange of the cluster (exchanges hold no messages);
-- the queues this node owns, and only those: a queue's messages live on its owner;
-  on the other nodes a queue is metadata only (``ClusterView``), which
+- the classic queues this node owns, and only those: a queue's messages live on its
+  owner; on the other nodes a queue is metadata only (``ClusterView``), which
   :func:`owner_of` answers from;
+- the quorum queues this node leads, put there and taken away by the replication
+  layer (:meth:`CoreMirror.hold_queue`, :meth:`CoreMirror.drop_queue`);
 - the bindings whose source and destination are both in the core (to its own queues,
   and between exchanges); a binding to a queue owned elsewhere is metadata only;
 - every user and token (``broker.cluster.users``).
@@ -47,6 +49,8 @@ class CoreMirror:
         self.errors: deque[str] = deque(maxlen=20)
         self.applied = 0
         self.users = UserMirror(core, self.errors)
+        #: whether the replication layer holds this queue in the core (it leads it)
+        self.holds: Callable[[str], bool] = lambda name: False
         #: called after users or tokens changed in the core (the authenticator's
         #: enforcement of revocations on what users hold open)
         self.on_users_changed: Callable[[], None] = lambda: None
@@ -66,7 +70,9 @@ class CoreMirror:
                 else:
                     self._ensure_exchange(change.name, change.new, view)
             elif change.kind == "queues":
-                if change.new is None or not self.holds(change.new):
+                if self.replicated(change.new if change.new is not None else change.old):
+                    continue  # replicated queues: the replication layer holds them
+                if change.new is None or not self.keeps(change.new):
                     self._remove_queue(change.name)
                 else:
                     self._ensure_queue(change.name, change.new, view)
@@ -93,8 +99,12 @@ class CoreMirror:
         wanted_x = {name for name in view.entries["exchanges"]}
         for name in [n for n, x in core.exchanges.items() if not x.builtin and n not in wanted_x]:
             self._remove_exchange(name)
-        wanted_q = {n for n, (q, _r) in view.entries["queues"].items() if self.holds(q)}
-        for name in [n for n, q in core.queues.items() if q.exclusive_owner is None and n not in wanted_q]:
+        wanted_q = {
+            n for n, (q, _r) in view.entries["queues"].items() if self.keeps(q) and not self.replicated(q)
+        }
+        for name in [
+            n for n, q in core.queues.items() if q.exclusive_owner is None and n not in wanted_q and not self.holds(n)
+        ]:
             self._remove_queue(name)
         for name, (value, _rev) in view.entries["exchanges"].items():
             self._ensure_exchange(name, value, view, rebind=False)
@@ -116,10 +126,26 @@ class CoreMirror:
         self.users.reconcile(view)
         self.on_users_changed()
 
-    def holds(self, d: dict[str, Any]) -> bool:
-        """Whether the core holds the queue defined by ``d``: its owner's does (the
-        cluster-wide routing table of ``broker.cluster.forward`` holds every queue)."""
+    def keeps(self, d: dict[str, Any]) -> bool:
+        """Whether the core keeps the classic queue defined by ``d``: its owner's does
+        (the cluster-wide routing table of ``broker.cluster.forward`` keeps every queue)."""
         return d.get("owner") == self.node_name
+
+    def replicated(self, d: dict[str, Any] | None) -> bool:
+        """Whether queue ``d`` is left to the replication layer (a quorum queue: the
+        core of its leader holds it, put there by :meth:`hold_queue`)."""
+        return _quorum(d)
+
+    # ------------------------------------------------------- replicated queues
+
+    def hold_queue(self, name: str, d: dict[str, Any], view: ClusterView) -> None:
+        """Declare replicated queue ``name`` in the core, with its bindings (this node
+        leads it)."""
+        self._ensure_queue(name, d, view)
+
+    def drop_queue(self, name: str) -> None:
+        """Replicated queue ``name`` leaves the core (this node no longer leads it)."""
+        self._remove_queue(name)
 
     # ---------------------------------------------------------------------- steps
 
@@ -212,6 +238,10 @@ class CoreMirror:
             self.core.unbind(b["source"], b["destination"], b["routing_key"], b["arguments"], to_exchange=b["to_exchange"])
         except ErrorReply:
             pass  # not bound here: nothing to undo
+
+
+def _quorum(d: dict[str, Any] | None) -> bool:
+    return d is not None and d.get("arguments", {}).get("x-queue-type") == "quorum"
 
 
 def _binding_tuple(b: dict[str, Any]) -> tuple[Any, ...]:

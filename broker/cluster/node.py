@@ -28,6 +28,7 @@ from broker.cluster.locks import ClusterLocks
 from broker.cluster.membership import Membership, NodeNameTaken
 from broker.cluster.mirror import CoreMirror
 from broker.cluster.port import ClusterGatewayPort
+from broker.cluster.replication import Replication, is_quorum
 from broker.cluster.schedules import ClusterSchedules
 from broker.cluster.users import UserWriter, seed_users
 from broker.cluster.view import ClusterKeys, ClusterView
@@ -99,6 +100,11 @@ class ClusterNode:
         #: name -> wall-clock time this node saw the node's key vanish
         self.died_at: dict[str, float] = {}
         self._seen = trio.Condition()
+        data_dir = runtime.options.data_dir
+        #: quorum queues (docs/cluster.md, replication); None without a data directory
+        self.replication = Replication(self, data_dir) if data_dir is not None else None
+        if self.replication is not None:
+            self.mirror.holds = self.replication.holds
 
     # ---------------------------------------------------------------------- running
 
@@ -114,6 +120,8 @@ class ClusterNode:
                 await self.runtime.ready_event.wait()
                 nursery.start_soon(report_depths, self.client, self.keys, self.name, self.runtime.core.views)
                 nursery.start_soon(self.schedules.run, self._lease, self._publish_tick)
+                if self.replication is not None:
+                    nursery.start_soon(self.replication.serve)
                 await self._follow()
         finally:
             self.runtime.cluster = None
@@ -160,6 +168,8 @@ class ClusterNode:
         self.resyncs += 1
         self.synced = True
         self.note_etcd(None)
+        if self.replication is not None:
+            self.replication.changed()
         await self._notify_seen()
 
     async def _watch(self) -> bool:
@@ -179,6 +189,8 @@ class ClusterNode:
                     self.mirror.apply(changes, self.view)
                     self.forwarder.routes.apply(changes, self.view)
                     self.runtime.pump()
+                    if self.replication is not None:
+                        self.replication.changed()
                 await self._notify_seen()
         return False
 
@@ -240,7 +252,9 @@ class ClusterNode:
         d = self.view.get("queues", queue)
         if d is None:
             return None
-        owner = str(d.get("owner"))
+        owner = self.view.serving_node(queue, d)  # a quorum queue: its leader
+        if owner is None:
+            return str(d.get("owner")), None
         live = self.view.live_nodes().get(owner)
         return owner, (str(live["url"]) if live else None)
 
@@ -291,5 +305,16 @@ class ClusterNode:
             "nodes": nodes,
             "forwarding": self.forwarder.info(),
             "schedules_runner": self.schedules.running,
+            "replicated_queues": self.replicated_queues(),
             "apply_errors": list(self.mirror.errors),
+        }
+
+    def replicated_queues(self) -> dict[str, Any]:
+        """Each quorum queue's leader, followers, in-sync set, epoch and lags."""
+        if self.replication is None:
+            return {}
+        return {
+            name: self.replication.status(name, d)
+            for name, (d, _rev) in sorted(self.view.entries["queues"].items())
+            if is_quorum(d)
         }

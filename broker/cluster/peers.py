@@ -87,7 +87,10 @@ async def open_peer(url: str, ssl_context: ssl.SSLContext | None) -> tuple[trio.
 
 
 def _publish_line(exchange: str, routing_key: str, body: bytes, properties: dict[str, Any] | None, delay_s: float | None) -> bytes:
-    op: dict[str, Any] = {"op": "publish", "exchange": exchange, "routing_key": routing_key}
+    # mandatory: a copy the owner routes to none of its queues (the queue moved to
+    # another leader, or was deleted, since this node routed it) comes back as a
+    # return, and its confirm is taken as a nack (see ForwardingChannel._read)
+    op: dict[str, Any] = {"op": "publish", "exchange": exchange, "routing_key": routing_key, "mandatory": True}
     try:
         op["body"] = body.decode("utf-8")
     except UnicodeDecodeError:
@@ -207,6 +210,7 @@ class PeerChannel:
         """Settle confirms as they come; returns why the channel ended."""
         buffer = b""
         settled = 0  # the last publish tag settled
+        returned: set[int] = set()  # copies the owner routed nowhere
         while True:
             event = conn.next_event()
             if event is h11.NEED_DATA:
@@ -233,7 +237,13 @@ class PeerChannel:
                         while settled < tag and self._waiting:
                             settled += 1
                             self._waiting_since.popleft()
+                            if settled in returned:
+                                returned.discard(settled)
+                                self._waiting.popleft()(False, f"queue_unavailable: node {self.name!r} routed it to none of its queues (moved or deleted since); publish again")
+                                continue
                             self._waiting.popleft()(ack, None if ack else str(ev.get("reason") or "nacked by the owner"))
+                    elif kind == "return":
+                        returned.add(int(ev["delivery_tag"]))
                     elif kind == "error":
                         return f"queue_unavailable: node {self.name!r} ended the forwarding channel: {ev.get('message')}"
                 continue

@@ -8,7 +8,10 @@ Every key lives under ``/<cluster_name>/`` (``ClusterKeys``):
   are still listed;
 - ``meta/exchanges/<name>``, ``meta/queues/<name>`` (with its ``owner``),
   ``meta/bindings/<digest>``, ``meta/users/<name>``, ``meta/tokens/<id>``: the
-  cluster-wide metadata.
+  cluster-wide metadata;
+- ``replicas/leaders/<queue>``, ``replicas/isr/<queue>``: a quorum queue's leader (put
+  once, with the leader's lease: its create revision is the leader's epoch) and its
+  in-sync set (``leader.py``).
 
 Names are percent-encoded in keys (a queue may be called ``a/b``). :class:`ClusterView`
 is a node's copy of all of it at one revision, kept current by a watch and replaced by
@@ -27,11 +30,13 @@ import orjson
 
 from broker.cluster.etcdproto import KeyValue, WatchBatch
 
-__all__ = ["Change", "ClusterKeys", "ClusterView", "LEADER_LOCATOR", "binding_digest", "canonical"]
+__all__ = ["Change", "ClusterKeys", "ClusterView", "LEADER_LOCATOR", "binding_digest", "canonical", "is_replicated"]
 
 #: The queue argument naming how its owner is chosen (RabbitMQ's name and values).
 LEADER_LOCATOR: Final = "x-queue-leader-locator"
 KINDS: Final = ("exchanges", "queues", "bindings", "users", "tokens")
+#: a quorum queue's leader and in-sync set (``replicas/<kind>/<queue>``)
+REPLICA_KINDS: Final = ("leaders", "isr")
 
 
 def canonical(value: Any) -> bytes:
@@ -43,6 +48,12 @@ def canonical(value: Any) -> bytes:
 def binding_digest(binding: dict[str, Any]) -> str:
     """A binding's key: the digest of everything that makes it one binding."""
     return hashlib.sha256(canonical(binding)).hexdigest()[:32]
+
+
+def is_replicated(d: dict[str, Any]) -> bool:
+    """Whether queue definition ``d`` is a replicated (quorum) queue, which lives on its
+    replicas rather than on its owner alone."""
+    return bool(d.get("arguments", {}).get("x-queue-type") == "quorum")
 
 
 @dataclass(frozen=True)
@@ -64,6 +75,9 @@ class ClusterKeys:
     def meta(self, kind: str, name: str) -> bytes:
         return self.root + f"meta/{kind}/".encode() + quote(name, safe="").encode()
 
+    def replica(self, kind: str, queue: str) -> bytes:
+        return self.root + f"replicas/{kind}/".encode() + quote(queue, safe="").encode()
+
     def parse(self, key: bytes) -> tuple[str, str] | None:
         """(``nodes``/``known``/a metadata kind, name) of one of this cluster's keys."""
         if not key.startswith(self.root):
@@ -72,6 +86,8 @@ class ClusterKeys:
         if len(parts) == 2 and parts[0] in ("nodes", "known"):
             return parts[0], unquote(parts[1])
         if len(parts) == 3 and parts[0] == "meta" and parts[1] in KINDS:
+            return parts[1], unquote(parts[2])
+        if len(parts) == 3 and parts[0] == "replicas" and parts[1] in REPLICA_KINDS:
             return parts[1], unquote(parts[2])
         return None
 
@@ -102,7 +118,7 @@ class ClusterView:
         self.revision = 0
         #: kind -> name -> (value, mod_revision)
         self.entries: dict[str, dict[str, tuple[dict[str, Any], int]]] = {
-            kind: {} for kind in ("nodes", "known", *KINDS)
+            kind: {} for kind in ("nodes", "known", *KINDS, *REPLICA_KINDS)
         }
 
     def reset(self, revision: int, kvs: list[KeyValue]) -> list[Change]:
@@ -161,8 +177,21 @@ class ClusterView:
     def values(self, kind: str) -> list[dict[str, Any]]:
         return [value for value, _rev in self.entries[kind].values()]
 
+    def revision_of(self, kind: str, name: str) -> int:
+        """The mod revision of a key (0: absent)."""
+        found = self.entries[kind].get(name)
+        return found[1] if found else 0
+
     def live_nodes(self) -> dict[str, dict[str, Any]]:
         return {name: value for name, (value, _rev) in self.entries["nodes"].items()}
+
+    def serving_node(self, queue: str, d: dict[str, Any]) -> str | None:
+        """The node that serves queue ``queue`` (definition ``d``): its owner, or for a
+        replicated queue (``x-queue-type: quorum``) its leader (None: none now)."""
+        if not is_replicated(d):
+            return str(d.get("owner"))
+        leader = self.get("leaders", queue)
+        return str(leader.get("node")) if leader is not None else None
 
     def queue_counts(self) -> dict[str, int]:
         """How many queues each node owns."""

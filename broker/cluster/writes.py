@@ -16,7 +16,14 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from broker.cluster.etcd import EtcdClient
-from broker.cluster.etcdproto import CompareCreate, CompareMod, OpDelete, OpGet, OpPut
+from broker.cluster.etcdproto import (
+    CompareCreate,
+    CompareMod,
+    Op,
+    OpDelete,
+    OpGet,
+    OpPut,
+)
 from broker.cluster.mirror import core_arguments
 from broker.cluster.view import (
     LEADER_LOCATOR,
@@ -92,6 +99,25 @@ class MetadataWriter:
         counts = self.view.queue_counts()
         return min(live, key=lambda node: (counts.get(node, 0), node))
 
+    def place_replicas(self, first: str, arguments: dict[str, Any], durable: bool, auto_delete: bool) -> list[str]:
+        """The replicas of a new quorum queue: ``first`` (its placement) and the live
+        nodes owning the fewest queues. ``x-quorum-initial-group-size``: how many
+        (default 3, or every node when fewer; odd, at most the number of nodes)."""
+        if not durable or auto_delete:
+            raise InvalidArgument("a quorum queue must be durable and not auto_delete")
+        live = sorted(self.view.live_nodes())
+        size = arguments.get("x-quorum-initial-group-size")
+        if size is None:
+            size = min(3, len(live))
+            size -= 1 - size % 2
+        if not isinstance(size, int) or size < 1 or size % 2 == 0:
+            raise InvalidArgument("x-quorum-initial-group-size must be an odd number (1, 3, 5...)")
+        if size > len(live):
+            raise InvalidArgument(f"x-quorum-initial-group-size {size} is more than the {len(live)} live nodes")
+        counts = self.view.queue_counts()
+        others = sorted((n for n in live if n != first), key=lambda n: (counts.get(n, 0), n))
+        return ([first] if first in live else []) + others[: size - (1 if first in live else 0)]
+
     # ---------------------------------------------------------------------- queues
 
     async def declare_queue(
@@ -109,8 +135,13 @@ class MetadataWriter:
         if locator not in LOCATORS:
             raise InvalidArgument(f"{LEADER_LOCATOR} must be one of {', '.join(LOCATORS)}, not {locator!r}")
         _scratch().declare_queue(name, durable=durable, auto_delete=auto_delete, arguments=core_arguments(arguments))
-        d = {"durable": durable, "auto_delete": auto_delete, "arguments": arguments, "owner": self.place(locator)}
-        result = await self.client.txn([CompareCreate(key)], [OpPut(key, canonical(d))], [OpGet(key)])
+        d: dict[str, Any] = {"durable": durable, "auto_delete": auto_delete, "arguments": arguments, "owner": self.place(locator)}
+        puts: list[Op] = [OpPut(key, canonical(d))]
+        if arguments.get("x-queue-type") == "quorum":
+            d["replicas"] = self.place_replicas(d["owner"], arguments, durable, auto_delete)
+            d["owner"] = d["replicas"][0]
+            puts = [OpPut(key, canonical(d)), OpPut(self.keys.replica("isr", name), canonical({"isr": sorted(d["replicas"])}))]
+        result = await self.client.txn([CompareCreate(key)], puts, [OpGet(key)])
         if result.succeeded:
             await self.wait_seen(result.revision)
             return d, True
@@ -137,7 +168,7 @@ class MetadataWriter:
             raise NotFound(f"no queue {name!r}")
         if local_check is not None:
             local_check()
-        deletes = [OpDelete(key)] + [
+        deletes = [OpDelete(key), OpDelete(self.keys.replica("isr", name)), OpDelete(self.keys.replica("leaders", name))] + [
             OpDelete(self.keys.meta("bindings", digest)) for digest in self.view.bindings_touching("queues", name)
         ]
         result = await self.client.txn([CompareMod(key, found.mod_revision)], list(deletes), [])
@@ -196,7 +227,7 @@ class MetadataWriter:
         touching = self.view.bindings_touching("exchanges", name)
         if if_unused and any(b["source"] == name for b in touching.values()):
             raise PreconditionFailed(f"exchange {name!r} has bindings")
-        deletes = [OpDelete(key)] + [OpDelete(self.keys.meta("bindings", digest)) for digest in touching]
+        deletes = [OpDelete(key), OpDelete(self.keys.replica("isr", name)), OpDelete(self.keys.replica("leaders", name))] + [OpDelete(self.keys.meta("bindings", digest)) for digest in touching]
         result = await self.client.txn([CompareMod(key, found.mod_revision)], list(deletes), [])
         if not result.succeeded:
             raise PreconditionFailed(f"exchange {name!r} changed while it was being deleted: try again")

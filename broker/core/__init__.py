@@ -66,7 +66,14 @@ from .message import (
     check_properties,
 )
 from .names import check_name, check_routing_key
-from .records import RecordType, ref_lsns
+from .records import (
+    RecordType,
+    decode_counts,
+    decode_enqueue,
+    decode_move,
+    decode_seqs,
+    ref_lsns,
+)
 from .routing import EXCHANGE_TYPES, headers_match, topic_matches
 from .schedules import LIVE_GRACE_S, MAX_MISSED
 from .timing import TIMING_FIELDS, Timing, iso_utc, parse_timing
@@ -132,6 +139,10 @@ __all__ = [
     "check_routing_key",
     "RecordType",
     "ref_lsns",
+    "decode_counts",
+    "decode_enqueue",
+    "decode_move",
+    "decode_seqs",
     "EXCHANGE_TYPES",
     "headers_match",
     "topic_matches",

@@ -66,12 +66,16 @@ with ``QueueStore.connect``.
 
 The commands are the components' own methods, bound here once (``self.publish =
 publishing.publish``): a command costs no extra call through the facade.
+
+Over 500 lines: every command of every component is bound here once, next to the
+log's feedback, time and the views, which need them all.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from .browsing import Browser
 from .compaction import Compaction
@@ -90,6 +94,7 @@ from .delays import Delays
 from .delivery import Deliveries
 from .effects import Effect
 from .entities import ChannelState, Exchange, Queue
+from .errors import NotFound
 from .expiry import Expiry
 from .leases import Leases
 from .locks import CoordTimer, Locks
@@ -214,6 +219,7 @@ class Broker:
         self.publish = publishing.publish
         self.hold_confirm = publishing.hold_confirm
         self.settle_held_confirm = publishing.settle_held_confirm
+        self.remember_message_id = publishing.remember_message_id
         self.refuse_publish = publishing.refuse_publish
         self.open_channel = deliveries.open_channel
         self.close_channel = deliveries.close_channel
@@ -415,6 +421,68 @@ class Broker:
 
     def accept_publishes(self) -> None:
         self.log.publish_refusal = None
+
+    # ----------------------------------------------- confirms held from outside
+
+    def hold_confirms(self, lsns: Iterable[int]) -> None:
+        """The acks of publishes whose record has one of ``lsns`` also wait for
+        :meth:`release_held_confirms` (or turn into nacks at
+        :meth:`nack_held_confirms`), whatever the disk says: the edge knows of one
+        more condition (a replicated queue's majority). The core does not know which."""
+        self.log.held.update(lsns)
+
+    def release_held_confirms(self, lsns: Iterable[int]) -> None:
+        """The outside condition of ``lsns`` is met: their acks go once durable."""
+        held = self.log.held
+        held.difference_update(lsns)
+        for ch in self.deliveries.channels.values():
+            if len(ch.confirms):
+                self.log.confirms_due(ch)
+
+    def nack_held_confirms(self, lsns: Iterable[int], reason: str) -> None:
+        """The outside condition of ``lsns`` cannot be met: their publishes are nacked
+        with ``reason`` (their messages stay where they are: a nack promises nothing)."""
+        wanted = set(lsns) & self.log.held
+        if not wanted:
+            return
+        self.log.held.difference_update(wanted)
+        for ch in self.deliveries.channels.values():
+            if ch.confirms.fail_held(wanted, reason):
+                self.log.confirms_due(ch)
+
+    def refuse_queue(self, name: str, reason: str | None) -> None:
+        """Nack publishes routed to queue ``name`` with ``reason`` (None: take them
+        again). Other queues the publish reaches keep it."""
+        queue = self.store.queues.get(name)
+        if queue is not None:
+            queue.refusal = reason
+
+    def hold_deliveries(self, name: str, after_seq: int | None) -> None:
+        """Hand out no message of queue ``name`` with a seq above ``after_seq`` (None:
+        every message again); a raised bound wakes its consumers and long-polls."""
+        queue = self.store.queues.get(name)
+        if queue is not None:
+            queue.hold_after = after_seq
+            self._wakeups.dispatch[name] = queue
+            if queue.getters:
+                self._wakeups.getters[name] = queue
+
+    def restore_message(
+        self,
+        queue: str,
+        exchange: str,
+        routing_key: str,
+        body: bytes,
+        properties: dict[str, Any] | None,
+        wall: float,
+        deliveries: int = 0,
+    ) -> int:
+        """Put a message into ``queue`` as another copy of it held the message
+        (``Publishing.restore``); returns its seq. Raises ``NotFound``."""
+        found = self.store.queues.get(queue)
+        if found is None:
+            raise NotFound(f"no queue {queue!r}")
+        return self.publishing.restore(found, exchange, routing_key, body, properties, wall, deliveries)
 
     def storage_recovered(self) -> None:
         """Writes succeed again: accept persistent publishes again."""

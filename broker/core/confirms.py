@@ -11,7 +11,14 @@ Rules (the contract of docs/protocol.md "Confirm guarantees"):
 * runs of consecutive acks are coalesced into one ``multiple`` confirm;
 * a tag may also wait for answers from elsewhere (``hold``: a publish forwarded to
   the queues' owners in a cluster); it is released once each is in (``settle_hold``),
-  as a nack if any of them refused.
+  as a nack if any of them refused;
+* an ack whose LSN is held from outside (``Broker.hold_confirms``: a replicated
+  queue's record waiting for a majority of its replicas) waits for that word too
+  (``release``'s ``waiting``), or becomes a nack (``fail_held``).
+
+The two holds are independent and may both apply to one tag (a publish reaching a
+quorum queue led here and a queue on another node): its ack leaves once its record is
+durable and every hold is released; a nack from any of them makes it a nack.
 """
 
 from __future__ import annotations
@@ -96,8 +103,9 @@ class ConfirmTracker:
                 changed = True
         return changed
 
-    def release(self, durable_lsn: int) -> list[tuple[int, bool, bool, str | None]]:
-        """Pop every confirm now releasable: (tag, multiple, ack, reason) tuples, in order."""
+    def release(self, durable_lsn: int, waiting: set[int] | None = None) -> list[tuple[int, bool, bool, str | None]]:
+        """Pop every confirm now releasable: (tag, multiple, ack, reason) tuples, in order.
+        ``waiting``: LSNs whose acks also wait for an outside word (``Broker.hold_confirms``)."""
         out: list[tuple[int, bool, bool, str | None]] = []
         pending = self._pending
         run_tag = 0
@@ -109,7 +117,11 @@ class ConfirmTracker:
         while pending:
             tag, lsn, ack, reason = pending[0]
             assert isinstance(lsn, int) and isinstance(tag, int)
-            if lsn > durable_lsn or (self._holds and tag in self._holds):
+            if (
+                lsn > durable_lsn
+                or (self._holds and tag in self._holds)
+                or (waiting and ack and lsn in waiting)
+            ):
                 break
             pending.popleft()
             while next_held is not None and next_held < tag:
@@ -128,6 +140,17 @@ class ConfirmTracker:
         if run_len:
             out.append((run_tag, run_len > 1, True, None))
         return out
+
+    def fail_held(self, lsns: set[int], reason: str) -> bool:
+        """Turn every pending ack waiting on an LSN in ``lsns`` into a nack."""
+        changed = False
+        for item in self._pending:
+            if item[1] in lsns and item[2]:
+                item[1] = 0
+                item[2] = False
+                item[3] = reason
+                changed = True
+        return changed
 
     def nack_all(self, reason: str) -> list[tuple[int, bool, bool, str | None]]:
         """Release everything pending as nacks (used when a channel ends)."""

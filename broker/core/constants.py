@@ -82,8 +82,10 @@ QUEUE_ARGUMENTS: dict[str, Callable[[Any], bool]] = {
     "x-expires": _int_in(1, _MAX_MS),
     "x-single-active-consumer": lambda v: isinstance(v, bool),
     "x-max-priority": _int_in(1, 255),
-    # accepted from RabbitMQ clients that ask for a queue type: ackbus has one kind
+    # a single node has one kind of queue (quorum is accepted, a no-op); in a cluster
+    # (docs/cluster.md) quorum is a queue replicated on that many nodes
     "x-queue-type": lambda v: v in ("classic", "quorum"),
+    "x-quorum-initial-group-size": _int_in(1, 255),
 }
 #: The exchange arguments the broker knows.
 EXCHANGE_ARGUMENTS: dict[str, Callable[[Any], bool]] = {

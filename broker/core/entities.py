@@ -114,6 +114,8 @@ class Queue:
         "ready_bytes",
         "single_active",
         "handing_over",
+        "refusal",
+        "hold_after",
         "totals",
         "expiring",
         "read_at",
@@ -163,6 +165,12 @@ class Queue:
         #: takes over only once they are settled or back (so order holds)
         self.handing_over: Consumer | None = None
         self.ready_bytes = 0
+        #: why publishes to this queue are nacked for now (``Broker.refuse_queue``: a
+        #: replicated queue below its majority), or None
+        self.refusal: str | None = None
+        #: messages with a higher seq are not handed out yet (``Broker.hold_deliveries``:
+        #: a replicated queue delivers only what a majority holds), or None
+        self.hold_after: int | None = None
         self.overflow: str = arguments.get("x-overflow", "drop-head")
         ttl = arguments.get("x-message-ttl")
         self.message_ttl_s: float | None = ttl / 1000.0 if ttl is not None else None

@@ -68,6 +68,10 @@ class MessageLog:
         self.dedup = DedupWindow(dedup_window_s)
         # channels with confirms that may be released
         self._confirm_dirty: dict[int, ChannelState] = {}
+        #: LSNs whose confirms also wait for an outside word (``Broker.hold_confirms``:
+        #: a replicated queue's records wait for a majority of replicas); empty on a
+        #: single node, so the release costs nothing more there
+        self.held: set[int] = set()
 
     # ------------------------------------------------------------- appending
 
@@ -223,8 +227,9 @@ class MessageLog:
         durable = self.durable_lsn
         emit = self._outbox.emit
         stats = self._stats
+        waiting = self.held
         for ch in self._confirm_dirty.values():
-            for tag, multiple, ack, reason in ch.confirms.release(durable):
+            for tag, multiple, ack, reason in ch.confirms.release(durable, waiting):
                 held = ch.confirms.take_returns(tag)
                 if held:
                     self._outbox.extend(held)  # type: ignore[arg-type]

@@ -172,13 +172,17 @@ class Publishing:
                     return 0
         nack_reason = None
         full: list[Queue] = []
+        refused: list[Queue] | None = None
         for queue in queues:
-            if queue.overflow != "drop-head" and queue.is_full(len(body)):
+            if queue.refusal is not None:
+                nack_reason = queue.refusal
+                refused = [queue] if refused is None else [*refused, queue]
+            elif queue.overflow != "drop-head" and queue.is_full(len(body)):
                 nack_reason = f"queue {queue.name!r} is full (x-overflow {queue.overflow})"
                 full.append(queue)
-        if full:
+        if full or refused:
             # RabbitMQ semantics: the publish is nacked; queues with room keep it.
-            queues = [q for q in queues if q not in full]
+            queues = [q for q in queues if q not in full and (refused is None or q not in refused)]
             durable_qids = [q.qid for q in queues if persistent and q.persistent_log]
 
         seq = self._take_seq()
@@ -240,6 +244,47 @@ class Publishing:
         ch = self._channels.get(channel_id)
         if ch is not None and ch.confirms.settle_hold(tag, ack, reason):
             self._confirms_due(ch)
+
+    def restore(
+        self,
+        queue: Queue,
+        exchange_name: str,
+        routing_key: str,
+        body: bytes,
+        properties: dict[str, Any] | None,
+        wall: float,
+        deliveries: int,
+    ) -> int:
+        """Put one message into ``queue`` as another copy of the queue held it (a
+        replica taking a replicated queue over): logged like a publish, remembered by
+        the deduplication window under its exchange, and counted as delivered
+        ``deliveries`` times (redelivered when more than 0). No confirm: nobody
+        published it here. Returns its seq."""
+        seq = self._take_seq()
+        msg_expires = None
+        if properties is not None and "expiration" in properties:
+            msg_expires = wall + properties["expiration"] / 1000.0
+        message = StoredMessage(seq, exchange_name, routing_key, body, properties, msg_expires, enqueued_at=wall)
+        message_id = message.message_id
+        lsn = 0
+        if queue.persistent_log and message.persistent:
+            payload = rec.encode_enqueue(
+                seq, wall, msg_expires, [queue.qid], exchange_name, routing_key, message_id, properties, body
+            )
+            lsn = self._append_message(rec.RecordType.ENQUEUE, payload, message, [queue])
+        self._enqueue(queue, message, wall, deliveries=deliveries)
+        if deliveries and lsn:
+            self._log.mark_delivered(queue.qid, seq)
+            if deliveries > 1:
+                self._log.mark_count(queue.qid, seq, deliveries)
+        if message_id is not None:
+            self._dedup.remember(exchange_name, message_id, wall, lsn)
+        return seq
+
+    def remember_message_id(self, exchange_name: str, message_id: str, wall: float) -> None:
+        """A publish another copy took (and settled) must not land here again: its
+        message id joins the deduplication window."""
+        self._dedup.remember(exchange_name, message_id, wall, 0)
 
     def _hold_publish(
         self,

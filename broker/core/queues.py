@@ -325,14 +325,17 @@ class QueueStore:
 
     # ------------------------------------------------------------- messages
 
-    def enqueue(self, queue: Queue, message: StoredMessage, wall: float, *, due: float | None = None) -> None:
+    def enqueue(
+        self, queue: Queue, message: StoredMessage, wall: float, *, due: float | None = None, deliveries: int = 0
+    ) -> None:
         """Add ``message`` to ``queue`` at ``wall`` (its TTL counts from then), or hold
-        it back until ``due``."""
+        it back until ``due``; ``deliveries``: times it was delivered before (a message
+        another copy of the queue hands over: ``Publishing.restore``)."""
         expires = message.expires_at
         if queue.message_ttl_s is not None:
             q_exp = wall + queue.message_ttl_s
             expires = q_exp if expires is None else min(expires, q_exp)
-        entry = Entry(message, 0, expires)
+        entry = Entry(message, deliveries, expires)
         if due is not None:
             queue.published += 1
             self._delays.hold_back(queue, entry, due)
@@ -446,10 +449,14 @@ class QueueStore:
         return entry
 
     def pop_live(self, queue: Queue) -> Entry | None:
-        """The next ready entry, dropping expired ones on the way."""
+        """The next ready entry, dropping expired ones on the way; None also when the
+        next one is held back (``Queue.hold_after``)."""
         while True:
             entry = self.pop(queue)
             if entry is None:
+                return None
+            if queue.hold_after is not None and entry.message.seq > queue.hold_after:
+                queue.requeue(entry)
                 return None
             expires = entry.expires_at
             if expires is not None:

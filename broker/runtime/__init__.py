@@ -9,7 +9,8 @@ carries out its effects and waits for durability where asked. ``confirms.py`` is
 one book of publishes waiting for their confirm. ``flow.py`` is the one signal that
 publishing is blocked (the memory alarm of ``memory.py``, the disk alarm of
 ``space.py``), which every protocol follows; ``history.py`` keeps the last minutes of
-rates and depths for the management UI.
+rates and depths for the management UI; ``taps.py`` lets a layer above see a kind of
+effect first (replicated queues copy their records).
 """
 
 from broker.runtime.build import build_name
@@ -37,6 +38,7 @@ from broker.runtime.ports import (
 )
 from broker.runtime.resources import disk_info, fd_info
 from broker.runtime.runtime import BrokerRuntime, LockWait
+from broker.runtime.taps import tap_records
 
 __all__ = [
     "build_name",
@@ -67,4 +69,5 @@ __all__ = [
     "LogPort",
     "MetricsPort",
     "RuntimeOptions",
+    "tap_records",
 ]

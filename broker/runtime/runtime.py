@@ -154,8 +154,8 @@ class BrokerRuntime:
         self._again = False
         # A delivery went out since the log last asked (see _inline_allowed).
         self._delivered = False
-        #: How each kind of effect is carried out (see _carry_out).
-        self._effect_handlers: dict[type[Effect], Callable[[Any], None]] = {
+        #: How each kind of effect is carried out (see _carry_out; taps.py wraps one).
+        self.effect_handlers: dict[type[Effect], Callable[[Any], None]] = {
             Deliver: self._deliver,
             Confirm: self._confirm,
             Return: self._return,
@@ -268,7 +268,7 @@ class BrokerRuntime:
                     self._carry_out(effects)
 
     def _carry_out(self, effects: list[Effect]) -> None:
-        handlers = self._effect_handlers
+        handlers = self.effect_handlers
         for effect in effects:
             handlers[type(effect)](effect)
         if self._again:

@@ -210,6 +210,9 @@ def test_a_channel_consumer_on_one_node_consumes_a_queue_owned_by_another(nodes:
     a, b, c = _three(nodes)
     _declare_on(b, "work", a)
     _declare_on(b, "local", b)
+    # c routes the publishes: it must have seen both declares (its watch)
+    wait_for("work and local seen on c", lambda: all(
+        c.request("GET", f"/queues/{name}")[0] == 200 for name in ("work", "local")))
     events = _channel_publish(c, [{"routing_key": "work", "body": f"w{i}"} for i in range(5)]
                               + [{"routing_key": "local", "body": "l0"}])
     assert all(e["ev"] == "ack" for e in events)

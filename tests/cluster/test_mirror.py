@@ -17,7 +17,7 @@ from broker.cluster.etcdproto import KeyValue, WatchBatch, WatchEvent
 from broker.cluster.mirror import CoreMirror
 from broker.cluster.view import ClusterKeys, ClusterView, binding_digest, canonical
 from broker.core import Broker
-from broker.runtime import PendingConfirms
+from broker.runtime import PendingConfirms, RuntimeOptions
 from tests.support.etcd import EtcdProcess, require_etcd
 
 KEYS = ClusterKeys("t")
@@ -101,11 +101,13 @@ def test_a_refused_change_is_recorded_not_raised() -> None:
 
 class _Runtime:
     """What a ClusterNode asks of the runtime: a core, pump, readiness, the book of
-    confirms (where it installs its forwarder)."""
+    confirms (where it installs its forwarder), its options (no data directory: no
+    replicas)."""
 
     def __init__(self) -> None:
         self.core = core()
         self.confirms = PendingConfirms()
+        self.options = RuntimeOptions()
         self.ready_event = trio.Event()
         self.ready_event.set()
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from broker.core import Broker, ErrorReply, ChannelError
+from broker.core import Broker, ChannelError, ErrorReply
 
 from .durable_view import restart_from_log
 from .helpers import Harness

@@ -34,6 +34,8 @@ from broker.api.rest.fields import (
     check_query,
     exchange_name,
 )
+from broker.api.rest.health import health_answer
+from broker.api.rest.replicas import add_replica_routes
 from broker.api.rest.users import MAX_PASSWORD_CHARS, MAX_TOKEN_LIFETIME_S
 from broker.cluster import ClusterNode, EtcdUnavailable
 from broker.core import (
@@ -140,20 +142,10 @@ def cluster_routes(runtime: BrokerRuntime, node: ClusterNode, auth: Any) -> Rout
         await response.send_json(200, node.status())
 
     async def healthz(request: Request, response: Response) -> None:
-        if not runtime.ready:
-            await response.send_json(503, {"status": "recovering", "ready": False})
-        elif runtime.shutting_down:
-            await response.send_json(503, {"status": "shutting_down", "ready": False})
-        else:
-            answer: dict[str, Any] = {"status": "ok", "ready": True, "storage_ok": views.storage_ok()}
-            refusal = views.publish_refusal()
-            if refusal is not None:
-                answer["publishes_refused"] = refusal
-            blocked = runtime.read_blocked_queues()
-            if blocked:
-                answer["log_read_failures"] = blocked
+        status, answer = health_answer(runtime, views)
+        if status == 200:
             answer["cluster"] = node.health()
-            await response.send_json(200, answer)
+        await response.send_json(status, answer)
 
     def queue_answer(name: str, d: dict[str, Any]) -> dict[str, Any]:
         local = views.queue_info(name) if d.get("owner") == node.name else None
@@ -190,24 +182,9 @@ def cluster_routes(runtime: BrokerRuntime, node: ClusterNode, auth: Any) -> Rout
         access_for(request).require("delete_queue", name)
         if_unused = request.query.get_bool("if_unused", False)
         if_empty = request.query.get_bool("if_empty", False)
-        count = views.queue_counter("messages_ready", name)
-
-        def local_check() -> None:
-            if not (if_unused or if_empty):
-                return
-            if not views.queue_exists(name):
-                located = node.owner_of(name)
-                raise PreconditionFailed(
-                    f"if_unused and if_empty are checked on queue {name!r}'s owner "
-                    f"{located[0] if located else '?'} ({located[1] if located else 'not alive'}): send the delete there",
-                    code="not_owner",
-                )
-            if if_unused and views.queue_counter("consumers", name):
-                raise PreconditionFailed(f"queue {name!r} has consumers")
-            if if_empty and views.queue_counter("messages_ready", name):
-                raise PreconditionFailed(f"queue {name!r} is not empty")
-
-        await writer.delete_queue(name, local_check=local_check)
+        port = runtime.cluster
+        assert port is not None  # (cluster mode)
+        count = await port.delete_queue(name, if_unused=if_unused, if_empty=if_empty)
         await runtime.wait_durable()
         await response.send_json(200, {"deleted": name, "messages": count})
 
@@ -287,6 +264,7 @@ def cluster_routes(runtime: BrokerRuntime, node: ClusterNode, auth: Any) -> Rout
     _route(router, "DELETE", "/exchanges/{name}", _etcd_errors(node, delete_exchange), query=frozenset({"if_unused"}))
     _route(router, "POST", "/bindings", _etcd_errors(node, bind))
     _route(router, "DELETE", "/bindings", _etcd_errors(node, unbind))
+    add_replica_routes(router, node, views)
     return router
 
 

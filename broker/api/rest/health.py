@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from broker.api.rest.fields import RestContext
+from broker.core import BrokerViews
 from broker.http import Request, Response
-from broker.runtime import build_name, disk_info, fd_info
+from broker.runtime import BrokerRuntime, build_name, disk_info, fd_info
 
 
 def add_routes(ctx: RestContext) -> None:
@@ -16,27 +17,31 @@ def add_routes(ctx: RestContext) -> None:
 
 
 async def healthz(ctx: RestContext, request: Request, response: Response) -> None:
-    runtime, views = ctx.gateway.runtime, ctx.views
+    status, answer = health_answer(ctx.gateway.runtime, ctx.views)
+    await response.send_json(status, answer)
+
+
+def health_answer(runtime: BrokerRuntime, views: BrokerViews) -> tuple[int, dict[str, Any]]:
+    """``GET /healthz``'s status and body (a cluster node adds its part to it)."""
     if not runtime.ready:
-        await response.send_json(503, {"status": "recovering", "ready": False})
-    elif runtime.shutting_down:
-        await response.send_json(503, {"status": "shutting_down", "ready": False})
-    else:
-        answer: dict[str, Any] = {"status": "ok", "ready": True, "storage_ok": views.storage_ok()}
-        refusal = views.publish_refusal()
-        if refusal is not None:
-            answer["publishes_refused"] = refusal  # the disk is nearly full
-        flow = runtime.flow
-        # still alive, but publishes wait and are refused (memory or disk alarm)
-        answer["publishing_blocked"] = flow.blocked
-        answer["memory_alarm"] = runtime.memory.alarm
-        if flow.blocked:
-            answer["alarms"] = dict(flow.alarms)
-        blocked = views.read_blocked_queues()
-        if blocked:
-            # still alive and serving, but some queues wait for the log
-            answer["log_read_failures"] = blocked
-        await response.send_json(200, answer)
+        return 503, {"status": "recovering", "ready": False}
+    if runtime.shutting_down:
+        return 503, {"status": "shutting_down", "ready": False}
+    answer: dict[str, Any] = {"status": "ok", "ready": True, "storage_ok": views.storage_ok()}
+    refusal = views.publish_refusal()
+    if refusal is not None:
+        answer["publishes_refused"] = refusal  # the disk is nearly full
+    flow = runtime.flow
+    # still alive, but publishes wait and are refused (memory or disk alarm)
+    answer["publishing_blocked"] = flow.blocked
+    answer["memory_alarm"] = runtime.memory.alarm
+    if flow.blocked:
+        answer["alarms"] = dict(flow.alarms)
+    blocked = views.read_blocked_queues()
+    if blocked:
+        # still alive and serving, but some queues wait for the log
+        answer["log_read_failures"] = blocked
+    return 200, answer
 
 
 async def overview(ctx: RestContext, request: Request, response: Response) -> None:

@@ -1,0 +1,198 @@
+"""The leader's side of one quorum queue in one epoch: what each follower has, the
+majority point, and the confirms waiting for it.
+
+Confirms flow like this. The leader's core holds the queue as any queue and confirms
+a publish once its ENQUEUE record is durable in the node's WAL, but the runtime's
+record tap (``replica_ops.RecordTranslator``) saw that record first: it appended a
+``pub`` op to the queue's replicated log and asked the core to hold the record's LSN
+(``Broker.hold_confirms``). The confirm leaves only when :meth:`LeaderSide.advance`
+releases the LSN, which it does once the ``pub`` entry is on the disk of every member
+of the in-sync set: the leader's own replica log synced, and each in-sync follower's
+next fetch asking for an offset past it (a follower fetches the next offset only once
+what it has is fsynced). The in-sync set never shrinks below a majority of the
+replicas (``Replication`` changes it in etcd, before the leader counts without
+someone), so a released confirm is on a majority's disk.
+
+Followers pull (``fetch``): a long-polled request on a kept-alive HTTP/1.1
+connection; the entries travel leader -> follower in its answer, and the offset of the
+next fetch acknowledges the ones before. A fetch names the epoch the follower believes
+in; the leader answers only for its own epoch (``StaleEpoch`` otherwise), and only
+while its lease holds.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+from broker.cluster.replica_log import ReplicaLog
+
+__all__ = ["FETCH_MAX_ENTRIES", "LeaderSide", "StaleEpoch"]
+
+log = logging.getLogger("ackbus.cluster")
+
+#: The most entries one fetch answer carries.
+FETCH_MAX_ENTRIES = 2000
+
+
+class StaleEpoch(Exception):
+    """A fetch for an epoch this node does not lead (any more)."""
+
+
+class LeaderSide:
+    """One queue led by this node in ``epoch`` (see the module docstring)."""
+
+    def __init__(
+        self,
+        name: str,
+        epoch: int,
+        me: str,
+        replicas: list[str],
+        log: ReplicaLog,
+        *,
+        release: Callable[[list[int]], None],
+        deliverable: Callable[[int], None],
+        alive: Callable[[], bool],
+    ) -> None:
+        self.name = name
+        self.epoch = epoch
+        self.me = me
+        self.replicas = replicas
+        self.log = log
+        self._release = release
+        self._deliverable = deliverable
+        #: whether this node's lease (the one leadership was won with) still holds
+        self.alive = alive
+        self.started = trio.current_time()
+        #: follower -> every entry up to this offset is on its disk
+        self.acked: dict[str, int] = {n: 0 for n in replicas if n != me}
+        #: follower -> when it last fetched (trio clock)
+        self.seen: dict[str, float] = {}
+        #: followers that came back with less than they had acknowledged
+        self.regressed: set[str] = set()
+        #: (offset, LSN) of publishes whose confirm waits for this offset's majority
+        self.held: deque[tuple[int, int, float]] = deque()
+        #: (offset, local seq) of messages consumers may not have before that offset's
+        #: majority (a message a majority does not hold may vanish with this leader)
+        self.unreleased: deque[tuple[int, int]] = deque()
+        self.commit = 0
+        #: the in-sync set as etcd has it (every member must hold an entry)
+        self.isr = list(replicas)
+        self.stopped = False
+        self._appended = trio.Event()
+        self._to_sync = trio.Event()
+
+    # ------------------------------------------------------------------- appends
+
+    def appended(self, offset: int, lsn: int, seq: int = 0) -> None:
+        """An op was appended at ``offset``; ``lsn``: the core record to hold; ``seq``:
+        the local seq of the message it brings."""
+        if lsn:
+            self.held.append((offset, lsn, trio.current_time()))
+        if seq:
+            self.unreleased.append((offset, seq))
+        self._appended.set()
+        self._appended = trio.Event()
+        self._to_sync.set()
+
+    async def serve_sync(self) -> None:
+        """Keep the leader's own copy synced; each sync may move the majority point."""
+        while not self.stopped:
+            await self._to_sync.wait()
+            self._to_sync = trio.Event()
+            try:
+                await self.log.sync()
+            except OSError as exc:
+                # nothing past the synced offset counts; the write is tried again
+                log.error("replica log write failed", extra={"fields": {"queue": self.name, "error": str(exc)}})
+                self._to_sync.set()
+                await trio.sleep(0.5)
+                continue
+            self.advance(None)
+
+    # ------------------------------------------------------------------ followers
+
+    async def fetch(self, node: str, epoch: int, offset: int, wait_s: float) -> dict[str, Any]:
+        """A follower's fetch from ``offset`` (it holds everything before)."""
+        if epoch != self.epoch or self.stopped or not self.alive():
+            raise StaleEpoch(f"this node does not lead epoch {epoch} of queue {self.name!r}")
+        if node not in self.acked:
+            raise StaleEpoch(f"{node!r} is not a replica of queue {self.name!r}")
+        end = self.log.end_offset
+        if offset > end + 1:
+            return {"epoch": self.epoch, "truncate_to": end, "entries": [], "commit": self.commit}
+        self.seen[node] = trio.current_time()
+        if offset - 1 > self.acked[node]:
+            self.acked[node] = offset - 1
+            if node in self.regressed and offset > end:
+                self.regressed.discard(node)  # caught up again
+            self.advance(None)
+        elif offset - 1 < self.acked[node]:
+            # it lost entries it had acknowledged (a wiped or damaged data directory):
+            # it leaves the in-sync set and counts for nothing until caught up
+            self.acked[node] = offset - 1
+            self.regressed.add(node)
+        if offset > end:
+            with trio.move_on_after(wait_s):
+                await self._appended.wait()
+        entries = self.log.read(offset, FETCH_MAX_ENTRIES)
+        return {"epoch": self.epoch, "entries": entries, "commit": self.commit, "end": self.log.end_offset}
+
+    # ------------------------------------------------------------------ majority
+
+    def advance(self, isr: list[str] | None) -> None:
+        """Move the majority point (``isr``: the in-sync set, when it changed) and
+        release the confirms it covers; nothing once stopped or past the lease."""
+        if isr is not None:
+            self.isr = isr
+        if self.stopped or not self.alive():
+            return
+        members = [n for n in self.isr if n != self.me]
+        point = self.log.synced
+        for n in members:
+            point = min(point, self.acked.get(n, 0))
+        if point <= self.commit:
+            return
+        self.commit = point
+        released = []
+        held = self.held
+        while held and held[0][0] <= point:
+            released.append(held.popleft()[1])
+        unreleased = self.unreleased
+        seq = 0
+        while unreleased and unreleased[0][0] <= point:
+            seq = unreleased.popleft()[1]
+        if seq:
+            self._deliverable(seq)
+        if released:
+            self._release(released)
+
+    def waiting_since(self) -> float | None:
+        """When the oldest held confirm began to wait (None: none waits)."""
+        return self.held[0][2] if self.held else None
+
+    def take_held(self) -> list[int]:
+        """Every held LSN, forgotten here (they are nacked by the caller)."""
+        lsns = [lsn for _o, lsn, _t in self.held]
+        self.held.clear()
+        return lsns
+
+    def lag(self) -> dict[str, int]:
+        """How many entries each follower is behind."""
+        end = self.log.end_offset
+        return {n: end - a for n, a in sorted(self.acked.items())}
+
+    def responsive(self, within_s: float) -> list[str]:
+        """Followers that fetched in the last ``within_s`` seconds (counting from the
+        start of the epoch for one not heard from yet: it is given that long)."""
+        now = trio.current_time()
+        return [n for n in self.acked if now - self.seen.get(n, self.started) <= within_s]
+
+    def stop(self) -> None:
+        self.stopped = True
+        self._appended.set()
+        self._to_sync.set()

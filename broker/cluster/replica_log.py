@@ -1,0 +1,215 @@
+"""A replicated queue's log on one node: the file every replica of the queue keeps.
+
+Where the replicated log lives
+------------------------------
+
+Each replica of a quorum queue (leader and followers alike) keeps the queue's log in
+``<data_dir>/replicas/<queue>.log``, apart from the node's WAL. An entry is
+``(epoch, offset, op)``: offsets count from 1 and never repeat; ``epoch`` is the etcd
+revision at which the leader that wrote the entry won its leadership; ``op`` is what
+happened to the queue, in words no node's numbering leaks into (``replica_ops.py``):
+a message published (``pub``, its id is its offset), delivered (``dlv``), settled
+(``set``), a new leader's first entry (``lead``).
+
+The leader's core holds the queue as a classic queue is held (its WAL, its consumers);
+the followers' cores do not hold it at all: their copy is this file, which a follower
+turns into a queue in its core only when it becomes the leader (``replication.py``).
+
+On disk an entry is framed ``length u32 | crc32 u32 | JSON [epoch, offset, op]``; a
+torn or damaged tail (a crash in the middle of a write) is cut when the file is opened.
+:meth:`sync` writes what was appended and fsyncs it in a worker thread: a follower
+acknowledges an offset only once it is synced, and the leader counts itself in a
+majority the same way. Truncation (a follower dropping a tail its new leader does not
+have: truncation by epoch, as in Kafka's KIP-101/279) rewrites the file.
+
+The whole log stays in memory and on disk (there is no compaction or snapshot yet):
+see docs/cluster.md.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import zlib
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import orjson
+import trio
+
+__all__ = ["Entry", "ReplicaLog", "replica_log_path"]
+
+#: (epoch, offset, op)
+Entry = tuple[int, int, dict[str, Any]]
+
+_FRAME = struct.Struct("<II")
+
+
+def replica_log_path(data_dir: Path, queue: str) -> Path:
+    return data_dir / "replicas" / (quote(queue, safe="") + ".log")
+
+
+def _frame(entry: Entry) -> bytes:
+    payload = orjson.dumps(list(entry))
+    return _FRAME.pack(len(payload), zlib.crc32(payload)) + payload
+
+
+class ReplicaLog:
+    """One queue's replicated log on this node (see the module docstring)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.entries: list[Entry] = []
+        #: every entry up to this offset is on this node's disk
+        self.synced = 0
+        #: epoch -> offset of its first entry in this log, in epoch order
+        self.epoch_starts: dict[int, int] = {}
+        self._unwritten: list[bytes] = []
+        self._lock = trio.Lock()
+        self.cut_bytes = 0
+
+    # ----------------------------------------------------------------- reading
+
+    def open(self) -> None:
+        """Read the file (creating its folder), cutting a damaged tail."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        data = self.path.read_bytes() if self.path.exists() else b""
+        pos = 0
+        entries: list[Entry] = []
+        while pos + _FRAME.size <= len(data):
+            length, crc = _FRAME.unpack_from(data, pos)
+            end = pos + _FRAME.size + length
+            payload = data[pos + _FRAME.size : end]
+            if end > len(data) or zlib.crc32(payload) != crc:
+                break
+            epoch, offset, op = orjson.loads(payload)
+            if entries and offset != entries[-1][1] + 1:
+                break
+            entries.append((int(epoch), int(offset), op))
+            pos = end
+        if pos != len(data):
+            self.cut_bytes = len(data) - pos
+            with open(self.path, "r+b") as f:
+                f.truncate(pos)
+                os.fsync(f.fileno())
+        self.entries = []
+        self.epoch_starts = {}
+        for entry in entries:
+            self._remember(entry)
+        self.synced = self.end_offset
+
+    @property
+    def end_offset(self) -> int:
+        """The offset of the last entry (0: empty)."""
+        return self.entries[-1][1] if self.entries else 0
+
+    @property
+    def first_offset(self) -> int:
+        return self.entries[0][1] if self.entries else 1
+
+    @property
+    def last_epoch(self) -> int:
+        return self.entries[-1][0] if self.entries else 0
+
+    def read(self, start: int, limit: int) -> list[Entry]:
+        """Up to ``limit`` entries from offset ``start``."""
+        if not self.entries or start > self.end_offset:
+            return []
+        i = max(0, start - self.first_offset)
+        return self.entries[i : i + limit]
+
+    def end_of_epoch(self, epoch: int) -> int:
+        """KIP-279's answer: the offset of the last entry written in ``epoch`` or an
+        earlier one (0: none). A follower whose last epoch is ``epoch`` keeps its
+        entries up to there and drops the rest."""
+        later = [start for e, start in self.epoch_starts.items() if e > epoch]
+        if not later:
+            return self.end_offset
+        return min(later) - 1
+
+    # ----------------------------------------------------------------- writing
+
+    def _remember(self, entry: Entry) -> None:
+        self.entries.append(entry)
+        if entry[0] not in self.epoch_starts:
+            self.epoch_starts[entry[0]] = entry[1]
+
+    def append(self, epoch: int, op: dict[str, Any]) -> int:
+        """Append an op in ``epoch`` (a leader); returns its offset. Durable at
+        :meth:`sync`."""
+        offset = self.end_offset + 1
+        entry = (epoch, offset, op)
+        self._remember(entry)
+        self._unwritten.append(_frame(entry))
+        return offset
+
+    def append_entries(self, entries: list[Entry]) -> None:
+        """Append entries shipped by the leader (a follower); they must follow on."""
+        for entry in entries:
+            epoch, offset, op = int(entry[0]), int(entry[1]), entry[2]
+            if offset != self.end_offset + 1:
+                raise ValueError(f"entry {offset} does not follow {self.end_offset}")
+            if epoch < self.last_epoch:
+                raise ValueError(f"entry {offset} of epoch {epoch} after epoch {self.last_epoch}")
+            fixed = (epoch, offset, op)
+            self._remember(fixed)
+            self._unwritten.append(_frame(fixed))
+
+    async def sync(self) -> int:
+        """Write and fsync what was appended; returns the synced offset."""
+        async with self._lock:
+            if not self._unwritten:
+                return self.synced
+            chunks, self._unwritten = self._unwritten, []
+            target = self.end_offset
+            await trio.to_thread.run_sync(self._write, b"".join(chunks))
+            self.synced = max(self.synced, target)
+            return self.synced
+
+    def _write(self, data: bytes) -> None:
+        with open(self.path, "ab") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+
+    async def truncate_after(self, offset: int) -> int:
+        """Drop every entry after ``offset`` (rewriting the file); returns how many."""
+        async with self._lock:
+            if offset >= self.end_offset:
+                return 0
+            kept = [e for e in self.entries if e[1] <= offset]
+            dropped = len(self.entries) - len(kept)
+            self.entries = []
+            self.epoch_starts = {}
+            for entry in kept:
+                self._remember(entry)
+            self._unwritten = []
+            data = b"".join(_frame(e) for e in kept)
+            await trio.to_thread.run_sync(self._rewrite, data)
+            self.synced = self.end_offset
+            return dropped
+
+    def _rewrite(self, data: bytes) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+        fd = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def remove(self) -> None:
+        """The queue was deleted: its log goes."""
+        self.entries = []
+        self.epoch_starts = {}
+        self._unwritten = []
+        self.synced = 0
+        try:
+            self.path.unlink()
+        except FileNotFoundError:
+            pass

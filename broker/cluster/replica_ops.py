@@ -1,0 +1,195 @@
+"""What a replicated queue's log says, in words no node's numbering leaks into (pure).
+
+The leader's core logs its queue as it logs any queue: ENQUEUE, SETTLE, DELIVERED,
+DELIVERY_COUNTS and MOVE records naming the queue by its local id and its messages by
+local seqs. :class:`RecordTranslator` reads those records (the runtime's tap hands it
+every batch before the WAL writes it) and turns the ones of the quorum queues this
+node leads into ops of the queue's replicated log, naming a message by the offset of
+its ``pub`` entry, which every replica shares:
+
+- ``{"t": "pub", "x": exchange, "k": routing key, "p": properties, "b": body (base64),
+  "w": publish time}``: a message entered the queue (a publish, or a dead letter
+  moved into it);
+- ``{"t": "dlv", "ids": [...]}``: messages handed to a consumer (each once more);
+- ``{"t": "cnt", "n": [[id, count], ...]}``: delivery counts as the core counts them;
+- ``{"t": "set", "ids": [...]}``: messages gone for good (acked, rejected, expired,
+  dead-lettered, purged);
+- ``{"t": "lead", "node": name}``: the first entry of a new leader's epoch.
+
+:func:`fold` replays a log into what a new leader must hold: the messages not settled,
+in log order, with how many times each was delivered (a message delivered before comes
+back marked redelivered), and the message ids of settled publishes (the deduplication
+window: a publish resent to the new leader lands once).
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from broker.core import (
+    AppendRecords,
+    RecordType,
+    decode_counts,
+    decode_enqueue,
+    decode_move,
+    decode_seqs,
+)
+
+__all__ = ["LedQueue", "LiveMessage", "RecordTranslator", "fold"]
+
+_ENQUEUE = int(RecordType.ENQUEUE)
+_MOVE = int(RecordType.MOVE)
+_SETTLE = int(RecordType.SETTLE)
+_DELIVERED = int(RecordType.DELIVERED)
+_COUNTS = int(RecordType.DELIVERY_COUNTS)
+_WATCHED = frozenset((_ENQUEUE, _MOVE, _SETTLE, _DELIVERED, _COUNTS))
+
+
+class LedQueue:
+    """A quorum queue this node leads, as the translator knows it: its core id, and
+    the shared message id (pub offset) of each local seq still in the queue."""
+
+    __slots__ = ("name", "qid", "ids", "restoring")
+
+    def __init__(self, name: str, qid: int) -> None:
+        self.name = name
+        self.qid = qid
+        self.ids: dict[int, int] = {}
+        #: while the leader restores its queue from the log: records seen are its own
+        self.restoring = False
+
+
+#: append(queue, op, lsn, seq) -> offset: an op for the queue's log; ``lsn``: the core
+#: record whose confirm must wait for the op's majority, ``seq``: the local seq of the
+#: message a ``pub`` brings (0: none), held back from consumers until then too
+Append = Callable[[LedQueue, dict[str, Any], int, int], int]
+
+
+class RecordTranslator:
+    """Core records of led quorum queues -> replicated-log ops (see the module
+    docstring)."""
+
+    def __init__(self, append: Append) -> None:
+        self.append = append
+        #: qid -> the led queue
+        self.led: dict[int, LedQueue] = {}
+
+    def tap(self, effect: AppendRecords) -> None:
+        """The runtime's record tap: see every batch before the WAL."""
+        led = self.led
+        if not led:
+            return
+        lsn = effect.first_lsn - 1
+        for rtype, payload in effect.records:
+            lsn += 1
+            if rtype in _WATCHED:
+                self._record(rtype, payload, lsn, led)
+
+    def _record(self, rtype: int, payload: bytes, lsn: int, led: dict[int, LedQueue]) -> None:
+        if rtype == _ENQUEUE:
+            self._enqueue(payload, lsn, led)
+        elif rtype == _MOVE:
+            origin_qid, origin_seq, _due, inner = decode_move(payload)
+            origin = led.get(origin_qid)
+            if origin is not None and not origin.restoring:
+                gone = origin.ids.pop(origin_seq, None)
+                if gone is not None:
+                    self.append(origin, {"t": "set", "ids": [gone]}, 0, 0)
+            self._enqueue(inner, lsn, led)
+        elif rtype in (_SETTLE, _DELIVERED):
+            qid, seqs = decode_seqs(payload)
+            queue = led.get(qid)
+            if queue is None or queue.restoring:
+                return
+            if rtype == _SETTLE:
+                ids = [i for i in (queue.ids.pop(s, None) for s in seqs) if i is not None]
+                kind = "set"
+            else:
+                ids = [i for i in (queue.ids.get(s) for s in seqs) if i is not None]
+                kind = "dlv"
+            if ids:
+                self.append(queue, {"t": kind, "ids": ids}, 0, 0)
+        else:  # delivery counts
+            qid, pairs = decode_counts(payload)
+            queue = led.get(qid)
+            if queue is None or queue.restoring:
+                return
+            counts = [[queue.ids[s], n] for s, n in pairs if s in queue.ids]
+            if counts:
+                self.append(queue, {"t": "cnt", "n": counts}, 0, 0)
+
+    def _enqueue(self, payload: bytes, lsn: int, led: dict[int, LedQueue]) -> None:
+        record = None
+        for qid in _qids(payload):
+            queue = led.get(qid)
+            if queue is None or queue.restoring:
+                continue
+            if record is None:
+                record = decode_enqueue(payload)
+            op = {
+                "t": "pub",
+                "x": record.exchange,
+                "k": record.routing_key,
+                "p": _properties(record.properties, record.message_id),
+                "b": base64.b64encode(record.body).decode(),
+                "w": record.wall_s,
+            }
+            queue.ids[record.seq] = self.append(queue, op, lsn, record.seq)
+
+
+def _qids(payload: bytes) -> list[int]:
+    # the ENQUEUE head: seq u64, wall f64, expires f64, nq u16, ... then nq u32 qids
+    nq = int.from_bytes(payload[24:26], "little")
+    start = 36
+    return [int.from_bytes(payload[start + 4 * i : start + 4 * i + 4], "little") for i in range(nq)]
+
+
+def _properties(properties: dict[str, Any] | None, message_id: str | None) -> dict[str, Any] | None:
+    if message_id is None:
+        return properties
+    return {**(properties or {}), "message_id": message_id}
+
+
+@dataclass
+class LiveMessage:
+    """A message a new leader must hold: its shared id and what the core needs."""
+
+    id: int
+    exchange: str
+    routing_key: str
+    body: bytes
+    properties: dict[str, Any] | None
+    wall: float
+    deliveries: int = 0
+
+
+def fold(entries: list[tuple[int, int, dict[str, Any]]]) -> tuple[list[LiveMessage], list[tuple[str, str, float]]]:
+    """``(live messages in log order, (exchange, message id, time) of settled
+    publishes)`` of a log."""
+    live: dict[int, LiveMessage] = {}
+    settled: list[tuple[str, str, float]] = []
+    for _epoch, offset, op in entries:
+        kind = op.get("t")
+        if kind == "pub":
+            live[offset] = LiveMessage(
+                offset, op["x"], op["k"], base64.b64decode(op["b"]), op.get("p"), float(op["w"])
+            )
+        elif kind == "dlv":
+            for i in op["ids"]:
+                m = live.get(i)
+                if m is not None:
+                    m.deliveries += 1
+        elif kind == "cnt":
+            for i, n in op["n"]:
+                m = live.get(i)
+                if m is not None:
+                    m.deliveries = max(m.deliveries, int(n))
+        elif kind == "set":
+            for i in op["ids"]:
+                m = live.pop(i, None)
+                if m is not None and m.properties and m.properties.get("message_id") is not None:
+                    settled.append((m.exchange, str(m.properties["message_id"]), m.wall))
+    return list(live.values()), settled

@@ -1,0 +1,1 @@
+"""The fault test of quorum queues (``scripts/chaos``): harness.py."""

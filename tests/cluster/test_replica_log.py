@@ -1,0 +1,104 @@
+"""The replicated log of one queue on one node (broker/cluster/replica_log.py) and what
+its ops mean (broker/cluster/replica_ops.py): framing, a torn tail cut at open,
+truncation by epoch (KIP-101/279), and the fold a new leader restores its queue from."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import trio
+
+from broker.cluster.replica_log import ReplicaLog
+from broker.cluster.replica_ops import LedQueue, RecordTranslator, fold
+from broker.core import AppendRecords, Broker
+
+
+def _run(fn: object) -> None:
+    trio.run(fn)  # type: ignore[arg-type]
+
+
+def test_entries_survive_a_reopen_and_a_torn_tail_is_cut(tmp_path: Path) -> None:
+    path = tmp_path / "q.log"
+
+    async def main() -> None:
+        log = ReplicaLog(path)
+        log.open()
+        for i in range(3):
+            log.append(5, {"t": "pub", "i": i})
+        assert await log.sync() == 3
+
+    _run(main)
+    with open(path, "ab") as f:
+        f.write(b"\x40\x00\x00\x00torn")
+    again = ReplicaLog(path)
+    again.open()
+    assert again.end_offset == 3 and again.cut_bytes == 8 and again.last_epoch == 5
+    assert [e[2]["i"] for e in again.read(2, 10)] == [1, 2]
+
+
+def test_truncation_by_epoch_drops_what_the_new_leader_does_not_have(tmp_path: Path) -> None:
+    async def main() -> None:
+        leader = ReplicaLog(tmp_path / "leader.log")
+        follower = ReplicaLog(tmp_path / "follower.log")
+        leader.open()
+        follower.open()
+        # epoch 3 wrote 1..4; the follower got all four, the new leader (epoch 9) only
+        # 1..2 before it took over and wrote 3..5 of its own
+        for i in range(1, 5):
+            follower.append(3, {"i": i})
+        for i in range(1, 3):
+            leader.append(3, {"i": i})
+        for i in range(3, 6):
+            leader.append(9, {"i": i, "new": True})
+        await follower.sync()
+        end = leader.end_of_epoch(follower.last_epoch)
+        assert end == 2
+        assert await follower.truncate_after(end) == 2
+        follower.append_entries(leader.read(follower.end_offset + 1, 100))
+        await follower.sync()
+        assert follower.entries == leader.entries
+        reopened = ReplicaLog(tmp_path / "follower.log")
+        reopened.open()
+        assert reopened.entries == leader.entries and reopened.epoch_starts == {3: 1, 9: 3}
+        # an empty (wiped) follower keeps nothing and fetches everything
+        assert ReplicaLog(tmp_path / "none.log").end_of_epoch(0) == 0
+        assert leader.end_of_epoch(0) == 0 and leader.end_of_epoch(9) == 5
+
+    _run(main)
+
+
+def test_the_translator_turns_core_records_into_ops_and_fold_restores_them() -> None:
+    core = Broker(clock=lambda: 0.0, wall_clock=lambda: 1_700_000_000.0)
+    core.declare_queue("q")
+    core.declare_queue("classic")
+    ops: list[tuple[str, dict[str, object], int]] = []
+
+    def append(queue: LedQueue, op: dict[str, object], lsn: int, seq: int) -> int:
+        ops.append((queue.name, op, lsn))
+        return len(ops)
+
+    translator = RecordTranslator(append)
+    translator.led[core.queues["q"].qid] = LedQueue("q", core.queues["q"].qid)
+    ch = core.open_channel()
+    for body in (b"a", b"b", b"c"):
+        core.publish(ch, "", "q", body, {"message_id": body.decode()})
+    core.publish(ch, "", "classic", b"not replicated", None)
+    core.consume(ch, "q", prefetch=2)
+
+    def step() -> None:
+        for effect in core.take_effects():
+            if isinstance(effect, AppendRecords):
+                translator.tap(effect)
+                core.durable(effect.last_lsn)
+
+    step()
+    core.ack(ch, 1)  # "a" settled; "b" delivered, unacked; "c" delivered in a's place
+    step()
+    kinds = [op["t"] for _q, op, _lsn in ops]
+    assert kinds[:3] == ["pub", "pub", "pub"] and kinds[-1] == "set" and set(kinds[3:-1]) == {"dlv"}
+    assert sorted(i for _q, op, _lsn in ops if op["t"] == "dlv" for i in op["ids"]) == [1, 2, 3]  # type: ignore[attr-defined]
+    assert all(q == "q" for q, _op, _lsn in ops) and all(lsn for _q, op, lsn in ops if op["t"] == "pub")
+    entries = [(1, i + 1, op) for i, (_q, op, _lsn) in enumerate(ops)]
+    live, settled = fold(entries)
+    assert [(m.body, m.deliveries) for m in live] == [(b"b", 1), (b"c", 1)]
+    assert [mid for _x, mid, _w in settled] == ["a"]
