@@ -46,6 +46,8 @@ __all__ = [
     "Nack",
     "Return",
     "Deliver",
+    "DeliverBatch",
+    "delivery_fields",
     "ConsumeOk",
     "ConsumerActive",
     "CancelOk",
@@ -332,6 +334,8 @@ def decode_json(data: bytes) -> Any:
 class Open:
     channel: str
     server: str
+    #: What the broker agreed to of the features the client asked for.
+    features: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -365,6 +369,41 @@ class Deliver:
     body: bytes
     properties: Properties
     delivery_count: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class DeliverBatch:
+    """Many deliveries in one event (docs/protocol.md, "Batched deliveries"): its rows
+    as received, each read by :func:`delivery_fields` when it is handed out."""
+
+    rows: list[Any]
+
+
+_ROW = "'deliveries' event: a row must be [consumer_tag, delivery_tag, redelivered, delivery_count, exchange, routing_key, properties, body]"
+
+
+def delivery_fields(row: Any) -> tuple[str, int, bool, int, str, str, Properties, bytes]:
+    """One row of a ``deliveries`` event, checked as a ``deliver`` event is.
+
+    Raises:
+        ProtocolError: not a row of eight values of the right types.
+    """
+    try:
+        consumer_tag, tag, redelivered, count, exchange, routing_key, props, body = row
+    except (TypeError, ValueError):
+        raise ProtocolError(_ROW) from None
+    if (
+        type(consumer_tag) is not str or type(tag) is not int or type(redelivered) is not bool
+        or type(count) is not int or count < 0 or type(exchange) is not str or type(routing_key) is not str
+    ):
+        raise ProtocolError(_ROW)
+    if type(body) is str:
+        data = body.encode("utf-8")
+    elif type(body) is dict and type(body.get("b64")) is str:
+        data = decode_body({"body_b64": body["b64"]})
+    else:
+        raise ProtocolError(_ROW)
+    return consumer_tag, tag, redelivered, count, exchange, routing_key, Properties.from_json(props), data
 
 
 @dataclass(frozen=True, slots=True)
@@ -433,7 +472,7 @@ class UnknownEvent:
 
 
 Event = Union[
-    Open, Ack, Nack, Return, Deliver, ConsumeOk, ConsumerActive, CancelOk, BrokerCancel, Expired, Ok,
+    Open, Ack, Nack, Return, Deliver, DeliverBatch, ConsumeOk, ConsumerActive, CancelOk, BrokerCancel, Expired, Ok,
     Error, CloseOk, Closing, UnknownEvent,
 ]
 
@@ -495,6 +534,11 @@ def decode_event(line: bytes) -> Event:
         raise ProtocolError("event has no 'ev' field")
     if ev == "ack":
         return Ack(_int(obj, "delivery_tag"), _bool(obj, "multiple"))
+    if ev == "deliveries":
+        rows = obj.get("d")
+        if not isinstance(rows, list):
+            raise ProtocolError("'deliveries' event: 'd' must be a list")
+        return DeliverBatch(rows)
     if ev == "deliver":
         message = obj.get("message")
         if not isinstance(message, dict):
@@ -539,7 +583,9 @@ def decode_event(line: bytes) -> Event:
         return Error(_str(obj, "error", "error"), _str(obj, "message", ""), _id(obj))
     if ev == "open":
         channel = obj.get("channel", "")
-        return Open(str(channel), str(obj.get("server", "")))
+        features = obj.get("features")
+        agreed = frozenset(f for f in features if isinstance(f, str)) if isinstance(features, list) else frozenset()
+        return Open(str(channel), str(obj.get("server", "")), agreed)
     if ev == "cancel":
         return BrokerCancel(_str(obj, "consumer_tag"), _str(obj, "reason", ""))
     if ev == "expired":

@@ -19,7 +19,7 @@ from typing import Any
 
 import anyio
 
-from .codec import Deliver
+from .codec import Deliver, delivery_fields
 from .consumer import Message, MessageStream
 from .errors import ChannelClosedByBroker, ClientError, ConnectionLost
 from .requester import Requester
@@ -223,6 +223,35 @@ class ConsumerRegistry:
                 self._settle_nowait(message, "nack", True)
             return
         stream.push(message)
+
+    def on_deliveries(self, session: SessionLink, rows: list[Any]) -> None:
+        """Hand each delivery of a ``deliveries`` event to its stream, as
+        :meth:`on_deliver` does, with no event object per delivery.
+
+        Raises:
+            ProtocolError: a malformed row (the deliveries before it were handed out).
+        """
+        settler, generation, deliveries = self._settler, session.generation, session.deliveries
+        streams = self._streams
+        last_tag: str | None = None
+        stream: MessageStream | None = None
+        for row in rows:
+            consumer_tag, tag, redelivered, count, exchange, routing_key, properties, body = delivery_fields(row)
+            if consumer_tag != last_tag:
+                last_tag, stream = consumer_tag, streams.get(consumer_tag)
+            no_ack = stream is not None and stream.no_ack
+            message = Message(
+                settler, generation, body=body, properties=properties, exchange=exchange,
+                routing_key=routing_key, redelivered=redelivered, delivery_count=count,
+                delivery_tag=tag, consumer_tag=consumer_tag, settled=no_ack,
+            )
+            if not no_ack:
+                deliveries[tag] = message
+            if stream is None or stream.stopped:
+                if not no_ack:
+                    self._settle_nowait(message, "nack", True)
+                continue
+            stream.push(message)
 
     def on_receiving(self, consumer_tag: str, receiving: bool) -> None:
         """The broker said whether it delivers to this consumer (single active

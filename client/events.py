@@ -23,6 +23,7 @@ from .codec import (
     ConsumeOk,
     ConsumerActive,
     Deliver,
+    DeliverBatch,
     Error,
     Event,
     Expired,
@@ -53,6 +54,7 @@ class EventDispatcher:
         # bound once: the per-event path
         self._on_ack = tracker.on_ack
         self._on_deliver = consumers.on_deliver
+        self._on_deliveries = consumers.on_deliveries
         self._consumers = consumers
         #: Sessions in a row that an ``error`` without an ``id`` ended, with no confirm
         #: in between.
@@ -68,6 +70,8 @@ class EventDispatcher:
             if isinstance(event, Ack):
                 self._on_ack(event.delivery_tag, event.multiple)
                 self.unattributed_errors = 0
+            elif type(event) is DeliverBatch:
+                self._on_deliveries(session, event.rows)
             elif isinstance(event, Deliver):
                 self._on_deliver(session, event)
             elif isinstance(event, Nack):

@@ -49,7 +49,16 @@ import anyio
 import anyio.lowlevel
 
 from ._backend import tasks_runnable
-from .codec import Deliver, Error, Event, LineSplitter, Open, decode_event, encode_op
+from .codec import (
+    Deliver,
+    DeliverBatch,
+    Error,
+    Event,
+    LineSplitter,
+    Open,
+    decode_event,
+    encode_op,
+)
 from .duplex import DuplexExchange
 from .endpoint import Endpoint, StreamOpener
 from .errors import ChannelClosedByBroker, ClientError, ConnectionLost, ProtocolError
@@ -67,6 +76,9 @@ CHUNK_BYTES = 256 * 1024
 # out as one lump and confirms came back in lumps (pipelined publish ~25k/s); with 8,
 # publishes and confirms overlap (~31k/s, same machine and run).
 COALESCE_ROUNDS = 8
+#: Most delivery tags in one ``ack`` op's ``delivery_tags`` (each extension of the
+#: queued op re-encodes it).
+ACK_LIST_MAX = 128
 
 
 class SessionEnded(Exception):
@@ -89,6 +101,9 @@ class SessionLink:
         self.generation = generation
         self.channel_id = opened.channel
         self.server = opened.server
+        #: The broker takes ``ack`` ops with ``delivery_tags`` (and may send
+        #: ``deliveries`` events, which are read either way).
+        self.batches = "batches" in opened.features
         #: Recovery finished: publishes may be written to this session.
         self.ready = False
         #: The broker announced ``closing``: send no new publishes here.
@@ -116,6 +131,10 @@ class SessionLink:
         self._settled_floor = 0
         # The multiple ack last queued, while it is still the last queued op.
         self._ack_tail: bytes | None = None
+        # The tags of the ``delivery_tags`` ack last queued (and its line), while it
+        # is still the last queued op.
+        self._ack_list: list[int] = []
+        self._ack_list_line: bytes | None = None
 
     @property
     def alive(self) -> bool:
@@ -159,11 +178,27 @@ class SessionLink:
         while floor < tag and floor + 1 not in deliveries:
             floor += 1
         self._settled_floor = floor
+        out = self._out
         if floor != tag:
-            self.send_op({"op": "ack", "delivery_tag": tag}, direct=False)
+            if not self.batches:
+                self.send_op({"op": "ack", "delivery_tag": tag}, direct=False)
+                return
+            # Out of order: acks queued back to back leave as one op listing them.
+            tags = self._ack_list
+            extend = self._ack_list_line is not None and out and out[-1] is self._ack_list_line
+            if extend and len(tags) < ACK_LIST_MAX:
+                tags.append(tag)
+            else:
+                tags = self._ack_list = [tag]
+                extend = False
+            line = encode_op({"op": "ack", "delivery_tags": tags})
+            if extend:
+                out[-1] = line
+            else:
+                self.send_nowait(line, direct=False)
+            self._ack_list_line = line if out and out[-1] is line else None
             return
         line = encode_op({"op": "ack", "delivery_tag": tag, "multiple": True})
-        out = self._out
         if self._ack_tail is not None and out and out[-1] is self._ack_tail:
             out[-1] = line
         else:
@@ -237,7 +272,7 @@ class SessionLink:
             for line in self._splitter.feed(data):
                 event = decode_event(line)
                 on_event(self, event)
-                delivered = delivered or type(event) is Deliver
+                delivered = delivered or type(event) is Deliver or type(event) is DeliverBatch
             if delivered and tasks_runnable():
                 await _let_consumers_run()
 
@@ -345,7 +380,11 @@ async def open_session(
         stream,
         endpoint,
         endpoint.target("/channel"),
-        headers=[("Content-Type", "application/x-ndjson"), ("Accept", "application/x-ndjson")],
+        # batches: many deliveries in one event, many acks in one op (docs/protocol.md)
+        headers=[
+            ("Content-Type", "application/x-ndjson"), ("Accept", "application/x-ndjson"),
+            ("Ackbus-Features", "batches"),
+        ],
     )
     ok = False
     try:

@@ -28,9 +28,11 @@ from broker.core import (
 )
 
 __all__ = [
+    "delivery_row",
     "message_json",
     "event_json",
     "body_from_json",
+    "body_from_b64",
     "properties_from_headers",
     "dumps_line",
     "parse_op_line",
@@ -56,6 +58,29 @@ def message_json(message: StoredMessage, delivery_count: int | None = None) -> d
     if delivery_count is not None:
         out["delivery_count"] = delivery_count
     return out
+
+
+def delivery_row(effect: Deliver) -> list[Any]:
+    """One delivery as a row of a ``deliveries`` event (docs/protocol.md, "Batched
+    deliveries"): ``[consumer_tag, delivery_tag, redelivered, delivery_count,
+    exchange, routing_key, properties, body]``, the body as text when it is UTF-8,
+    else ``{"b64": ...}``; the properties as in a ``deliver`` event."""
+    message = effect.message
+    body = message.body
+    text: Any
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        text = {"b64": base64.b64encode(body).decode("ascii")}
+    properties = message.properties or {}
+    count = effect.delivery_count
+    if count:
+        properties = dict(properties)
+        properties["headers"] = {**(properties.get("headers") or {}), "x-delivery-count": count}
+    return [
+        effect.consumer_tag, effect.delivery_tag, effect.redelivered, count,
+        message.exchange, message.routing_key, properties, text,
+    ]
 
 
 def event_json(effect: Any) -> dict[str, Any]:
@@ -128,14 +153,19 @@ def body_from_json(op: dict[str, Any]) -> bytes:
         value = op["body_b64"]
         if not isinstance(value, str):
             raise InvalidArgument("body_b64 must be a base64 string")
-        try:
-            return base64.b64decode(value, validate=True)
-        except (binascii.Error, ValueError) as exc:
-            raise InvalidArgument(f"body_b64 is not valid base64: {exc}") from None
+        return body_from_b64(value)
     value = op.get("body", "")
     if not isinstance(value, str):
         raise InvalidArgument("body must be a string (use body_b64 for bytes)")
     return value.encode("utf-8", "surrogatepass")
+
+
+def body_from_b64(value: str) -> bytes:
+    """A ``body_b64`` field's bytes. Raises InvalidArgument for bad base64."""
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise InvalidArgument(f"body_b64 is not valid base64: {exc}") from None
 
 
 def parse_op_line(line: bytes) -> dict[str, Any]:

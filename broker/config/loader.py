@@ -22,6 +22,7 @@ from broker.config.settings import (
     _check_together,
     _validate,
 )
+from broker.runtime import build_name
 
 __all__ = ["build_arg_parser", "load_settings"]
 
@@ -66,7 +67,7 @@ def build_arg_parser(prog: str = "ackbus-broker") -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         allow_abbrev=False,
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__} ({build_name()} build)")
     parser.add_argument(
         "--config", metavar="PATH", default=None, help=f"TOML file of settings (env: {CONFIG_ENV})"
     )

@@ -40,11 +40,12 @@ __all__ = ["Deliveries", "lease_id", "MAX_ACK_TIMEOUT_S"]
 MAX_ACK_TIMEOUT_S = ((1 << 31) - 1) / 1000.0
 
 
-def check_prefetch(prefetch: object, maximum: int) -> None:
+def check_prefetch(prefetch: object, maximum: int) -> int:
     """The one prefetch rule (a consume's and a ``qos``'s): an integer 0..``maximum``
     (0: no limit). Raises InvalidArgument."""
     if not isinstance(prefetch, int) or isinstance(prefetch, bool) or not 0 <= prefetch <= maximum:
         raise InvalidArgument(f"prefetch must be an integer 0..{maximum}")
+    return prefetch
 
 
 def lease_id(boot_id: str, channel_id: int, tag: int) -> str:
@@ -145,7 +146,7 @@ class Deliveries:
         queue_name: str,
         *,
         consumer_tag: str = "",
-        prefetch: int | None = None,
+        prefetch: object = None,
         no_ack: bool = False,
         exclusive: bool = False,
         ack_timeout_s: float | None = None,
@@ -161,9 +162,7 @@ class Deliveries:
         """
         ch = self.channel(channel_id)
         queue = self._store.queue(queue_name, channel_id)
-        if prefetch is None:
-            prefetch = ch.default_prefetch
-        check_prefetch(prefetch, self._max_prefetch)
+        prefetch = check_prefetch(ch.default_prefetch if prefetch is None else prefetch, self._max_prefetch)
         if not consumer_tag:
             consumer_tag = f"ctag-{self._boot_id}-{self._next_consumer}"
             self._next_consumer += 1
@@ -250,10 +249,10 @@ class Deliveries:
             self._emit(ConsumerActive(successor.channel.id, successor.tag))
             self._dispatch_due[queue.name] = queue
 
-    def qos(self, channel_id: int, prefetch: int, global_: bool = False) -> None:
+    def qos(self, channel_id: int, prefetch: object, global_: bool = False) -> None:
         """basic.qos: a channel-wide limit (``global_``) or the default per-consumer one."""
         ch = self.channel(channel_id)
-        check_prefetch(prefetch, self._max_prefetch)
+        prefetch = check_prefetch(prefetch, self._max_prefetch)
         if global_:
             ch.prefetch = prefetch
             for consumer in ch.consumers.values():
@@ -381,7 +380,7 @@ class Deliveries:
 
     # ------------------------------------------------------------- settling
 
-    def ack(self, channel_id: int, delivery_tag: int, multiple: bool = False) -> int:
+    def ack(self, channel_id: int, delivery_tag: object, multiple: bool = False) -> int:
         """Acknowledge one delivery (or every one up to the tag); return how many.
         Raises ChannelError for an unknown or expired tag (the channel must close)."""
         ch = self.channel(channel_id)
@@ -399,7 +398,7 @@ class Deliveries:
     def nack(
         self,
         channel_id: int,
-        delivery_tag: int,
+        delivery_tag: object,
         multiple: bool = False,
         requeue: bool = True,
         *,
@@ -426,10 +425,12 @@ class Deliveries:
                 self._dead_letter(d.queue, d.entry, "rejected")
         return len(deliveries)
 
-    def reject(self, channel_id: int, delivery_tag: int, requeue: bool = True, *, delay_s: float | None = None) -> int:
+    def reject(
+        self, channel_id: int, delivery_tag: object, requeue: bool = True, *, delay_s: float | None = None
+    ) -> int:
         return self.nack(channel_id, delivery_tag, False, requeue, delay_s=delay_s)
 
-    def touch(self, channel_id: int, delivery_tag: int) -> None:
+    def touch(self, channel_id: int, delivery_tag: object) -> None:
         """Reset the ack timeout of a delivery still being worked on.
         Raises ChannelError for an unknown or expired tag."""
         ch = self.channel(channel_id)
@@ -457,7 +458,7 @@ class Deliveries:
                 if d.deadline is not None
             )
 
-    def lookup_delivery(self, ch: ChannelState, tag: int) -> Delivery:
+    def lookup_delivery(self, ch: ChannelState, tag: object) -> Delivery:
         if not isinstance(tag, int) or isinstance(tag, bool):
             raise ChannelError("delivery_tag must be an integer", code="invalid_argument")
         d = ch.deliveries.get(tag)
@@ -470,7 +471,7 @@ class Deliveries:
             raise ChannelError(f"unknown delivery tag {tag}", code="unknown_delivery_tag")
         return d
 
-    def _take_deliveries(self, ch: ChannelState, tag: int, multiple: bool) -> list[Delivery]:
+    def _take_deliveries(self, ch: ChannelState, tag: object, multiple: bool) -> list[Delivery]:
         """Remove and return the deliveries an ack/nack names (validated first, so a bad
         tag changes nothing)."""
         if multiple:
@@ -485,7 +486,7 @@ class Deliveries:
                 taken.append(t)
             return [ch.deliveries.pop(t) for t in taken]
         d = self.lookup_delivery(ch, tag)
-        del ch.deliveries[tag]
+        del ch.deliveries[d.tag]
         return [d]
 
     def finish_delivery(self, ch: ChannelState, d: Delivery) -> None:
@@ -538,7 +539,7 @@ class Deliveries:
                 self._getters[queue.name] = queue
 
     def _hold_settle(
-        self, ch: ChannelState, kind: str, tag: int, multiple: bool, requeue: bool, delay_s: float | None
+        self, ch: ChannelState, kind: str, tag: object, multiple: bool, requeue: bool, delay_s: float | None
     ) -> None:
         """Hold an ack or nack for the commit (its tag is checked now, and again then)."""
         tx = ch.tx

@@ -152,12 +152,12 @@ class QueueStore:
 
     def declare_queue(
         self,
-        name: str,
+        name: object,
         *,
         durable: bool = True,
         exclusive: bool = False,
         auto_delete: bool = False,
-        arguments: dict[str, Any] | None = None,
+        arguments: object = None,
         passive: bool = False,
         channel_id: int = REST_CHANNEL,
     ) -> tuple[Queue, bool]:
@@ -181,7 +181,7 @@ class QueueStore:
                 if name not in self.queues:
                     break
         else:
-            check_name("queue", name, allow_reserved=True)
+            name = check_name("queue", name, allow_reserved=True)
         if not passive:
             # Validated before comparing with an existing queue: an invalid declaration
             # is the same error (InvalidArgument) whether or not the queue exists.

@@ -51,13 +51,13 @@ class Topology:
 
     def declare_exchange(
         self,
-        name: str,
-        type: str = "direct",
+        name: object,
+        type: object = "direct",
         *,
         durable: bool = True,
         auto_delete: bool = False,
         internal: bool = False,
-        arguments: dict[str, Any] | None = None,
+        arguments: object = None,
         passive: bool = False,
     ) -> tuple[Exchange, bool]:
         """Declare an exchange; return it and whether it was created.
@@ -69,14 +69,14 @@ class Topology:
             if passive or type == "direct":
                 return self.exchanges[DEFAULT_EXCHANGE], False
             raise AccessRefused("the default exchange cannot be redeclared")
-        check_name("exchange", name, allow_reserved=True)
+        name = check_name("exchange", name, allow_reserved=True)
         arguments = check_arguments(arguments)
         existing = self.exchanges.get(name)
         if passive:
             if existing is None:
                 raise NotFound(f"no exchange {name!r}")
             return existing, False
-        if type not in EXCHANGE_TYPES:
+        if not isinstance(type, str) or type not in EXCHANGE_TYPES:
             raise InvalidArgument(
                 f"exchange type must be one of {', '.join(EXCHANGE_TYPES)}, not {type!r}"
             )
@@ -166,7 +166,7 @@ class Topology:
         self,
         source: str,
         destination: str,
-        routing_key: str = "",
+        routing_key: Any = "",
         arguments: dict[str, Any] | None = None,
         *,
         to_exchange: bool = False,
@@ -197,7 +197,7 @@ class Topology:
         self,
         source: str,
         destination: str,
-        routing_key: str = "",
+        routing_key: Any = "",
         arguments: dict[str, Any] | None = None,
         *,
         to_exchange: bool = False,

@@ -13,6 +13,7 @@ rates and depths for the management UI; ``taps.py`` lets a layer above see a kin
 effect first (replicated queues copy their records).
 """
 
+from broker.runtime.build import build_name
 from broker.runtime.checkpoints import Checkpointer
 from broker.runtime.confirms import PendingConfirms, PublishWaiter
 from broker.runtime.flow import ALARM_DISK, ALARM_MEMORY, FlowControl
@@ -40,6 +41,7 @@ from broker.runtime.runtime import BrokerRuntime, LockWait
 from broker.runtime.taps import tap_records
 
 __all__ = [
+    "build_name",
     "ALARM_DISK",
     "ALARM_MEMORY",
     "FlowControl",

@@ -98,3 +98,50 @@ async def test_coalesced_acks_against_the_real_broker(mb: MemoryBroker) -> None:
         assert info.messages == 0
         assert sorted(seen) == sorted([str(i).encode() for i in range(300)] + [b"150"])
         assert ch.statistics().reconnects == 0
+
+
+class _Recording(anyio.abc.ByteStream):
+    """A client stream that keeps a copy of what the client sent."""
+
+    def __init__(self, inner: anyio.abc.ByteStream) -> None:
+        self.inner, self.sent = inner, bytearray()
+
+    async def send(self, item: bytes) -> None:
+        self.sent += item
+        await self.inner.send(item)
+
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        return await self.inner.receive(max_bytes)
+
+    async def send_eof(self) -> None:
+        await self.inner.send_eof()
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_out_of_order_acks_leave_as_delivery_tags_lists(mb: MemoryBroker) -> None:
+    """Against the real broker, which agrees to batches: deliveries acked newest first
+    (no ack can be ``multiple``) leave as ``ack`` ops listing many tags, and settle
+    exactly those deliveries."""
+    streams: list[_Recording] = []
+
+    async def open_stream(endpoint: object) -> anyio.abc.ByteStream:
+        streams.append(_Recording(mb.connect_client()))
+        return streams[-1]
+
+    async with client.connect("http://broker.test:8080", open_stream=open_stream) as conn, conn.channel() as ch:
+        await fill(ch, "rev", 100)
+        with anyio.fail_after(30):
+            async with ch.consume("rev", prefetch=100) as messages:
+                got = [await messages.receive() for _ in range(100)]
+                for message in reversed(got[1:]):
+                    assert await message.ack()
+                await anyio.wait_all_tasks_blocked()
+                assert await got[0].ack()
+        info = await ch.declare_queue("rev", passive=True)
+        assert info.messages == 0 and ch.statistics().reconnects == 0
+    sent = b"".join(bytes(s.sent) for s in streams)
+    assert sent.count(b'"delivery_tags":[') < 99  # many acks to an op
+    assert b'"delivery_tags":[100,99' in sent

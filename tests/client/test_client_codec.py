@@ -182,3 +182,25 @@ def test_decode_every_event() -> None:
 def test_malformed_events_are_protocol_errors(line: bytes) -> None:
     with pytest.raises(ProtocolError):
         decode_event(line)
+
+
+def test_a_deliveries_event_and_its_rows() -> None:
+    from client.codec import DeliverBatch, delivery_fields
+
+    event = decode_event(
+        b'{"ev":"deliveries","d":[["c",1,false,0,"","q",{"message_id":"m"},"hi"],'
+        b'["c",2,true,1,"x","k",null,{"b64":"/w=="}]]}'
+    )
+    assert isinstance(event, DeliverBatch) and len(event.rows) == 2
+    tag, dtag, redelivered, count, exchange, routing_key, props, body = delivery_fields(event.rows[0])
+    assert (tag, dtag, redelivered, count, exchange, routing_key, props.message_id, body) == (
+        "c", 1, False, 0, "", "q", "m", b"hi"
+    )
+    assert delivery_fields(event.rows[1])[7] == b"\xff"
+    for bad in (None, [], ["c", 1], ["c", "1", False, 0, "", "q", None, "x"], ["c", 1, 0, 0, "", "q", None, "x"],
+                ["c", 1, False, -1, "", "q", None, "x"], ["c", 1, False, 0, "", "q", None, 5],
+                ["c", 1, False, 0, "", "q", None, {"b64": "!"}], ["c", 1, False, 0, "", "q", 3, "x"]):
+        with pytest.raises(ProtocolError):
+            delivery_fields(bad)
+    with pytest.raises(ProtocolError):
+        decode_event(b'{"ev":"deliveries","d":{}}')

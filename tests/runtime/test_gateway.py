@@ -14,7 +14,15 @@ import pytest
 import trio
 import trio.testing
 
-from broker.core import REST_CHANNEL, Confirm, Deliver, Effect, NotFound, Return
+from broker.core import (
+    REST_CHANNEL,
+    Confirm,
+    Deliver,
+    Effect,
+    NotFound,
+    Return,
+    StoredMessage,
+)
 from broker.runtime import (
     BrokerRuntime,
     CommandGateway,
@@ -167,7 +175,7 @@ def test_the_book_settles_every_tag_up_to_a_confirm_and_wakes_rest_waiters() -> 
     book.track(REST_CHANNEL, 2, 0, waiter)
     book.track(REST_CHANNEL, 3, 0, PublishWaiter())
     book.track(5, 1, 10)
-    book.returned(Return(REST_CHANNEL, 2, 312, "NO_ROUTE", None))  # type: ignore[arg-type]
+    book.returned(Return(REST_CHANNEL, 2, 312, "NO_ROUTE", StoredMessage(1, "", "q", b"x", None)))
     book.confirmed(Confirm(REST_CHANNEL, 2, True, True, None))
     assert waiter.event.is_set() and waiter.ack and waiter.returned
     assert book.unconfirmed_bytes(5) == 10  # another channel's publish is untouched

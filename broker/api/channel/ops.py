@@ -57,6 +57,7 @@ __all__ = [
     "PUBLISH_FIELDS",
     "SETTLE_OPS",
     "ChannelClosed",
+    "ack_each",
     "check_fields",
     "check_id",
     "echo_id",
@@ -82,7 +83,7 @@ OP_FIELDS: dict[str, frozenset[str]] = {
         "consume": frozenset({"queue", "consumer_tag", "prefetch", "no_ack", "exclusive", "ack_timeout_ms", "arguments"}),
         "cancel": frozenset({"consumer_tag"}),
         "qos": frozenset({"prefetch", "global"}),
-        "ack": frozenset({"delivery_tag", "multiple"}),
+        "ack": frozenset({"delivery_tag", "multiple", "delivery_tags"}),
         "nack": frozenset({"delivery_tag", "multiple", "requeue", "delay_s"}),
         "reject": frozenset({"delivery_tag", "requeue", "delay_s"}),
         "touch": frozenset({"delivery_tag"}),
@@ -152,6 +153,25 @@ def _get(op: dict[str, Any], name: str, kind: type | tuple[type, ...], default: 
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise InvalidArgument(f"field {name} has the wrong type")
     return value
+
+
+def ack_tags(op: dict[str, Any]) -> list[int]:
+    """An ``ack`` op's ``delivery_tags`` (many acks in one op, each as ``multiple``
+    false), which go without ``delivery_tag`` and ``multiple``."""
+    if "delivery_tag" in op or "multiple" in op:
+        raise InvalidArgument("an ack op takes delivery_tags or delivery_tag (and multiple), not both")
+    tags = op["delivery_tags"]
+    if not isinstance(tags, list) or not all(type(tag) is int for tag in tags):
+        raise InvalidArgument("field delivery_tags must be a list of integers")
+    return tags
+
+
+def ack_each(core: Broker, channel_id: int, tags: list[int]) -> None:
+    """Ack each of ``tags`` in order (an unknown one raises, the ones before it stay
+    acked: as many ``ack`` ops would)."""
+    ack = core.ack
+    for tag in tags:
+        ack(channel_id, tag, False)
 
 
 def op_delay(op: dict[str, Any]) -> float | None:
@@ -240,6 +260,15 @@ async def _relayed_settle(s: ServedChannel, op: dict[str, Any], tag: Any, multip
 
 async def _op_ack(s: ServedChannel, op: dict[str, Any]) -> None:
     cid = s.channel_id
+    if op.get("delivery_tags") is not None:
+        tags = ack_tags(op)
+        if s.relayed is None:
+            s.batch.run(lambda core: ack_each(core, cid, tags))
+            return
+        for each in tags:  # cluster mode: some may be relayed deliveries
+            if not await _relayed_settle(s, {"op": "ack"}, each, False):
+                s.batch.run(lambda core: ack_each(core, cid, [each]))  # noqa: B023 - run at once
+        return
     tag, multiple = _get(op, "delivery_tag", int, None), _get(op, "multiple", bool, False)
     if not await _relayed_settle(s, op, tag, multiple):
         s.batch.run(lambda core: core.ack(cid, tag, multiple))

@@ -10,7 +10,7 @@ import trio
 from broker import __version__
 from broker.api.channel.ops import echo_id
 from broker.api.channel.reader import serve_reader
-from broker.api.channel.session import FLUSH_TIMEOUT_S, ServedChannel
+from broker.api.channel.session import FEATURES, FLUSH_TIMEOUT_S, ServedChannel
 from broker.api.permissions import access_for
 from broker.cluster import FORWARDED_HEADER
 from broker.core import ErrorReply
@@ -45,6 +45,9 @@ async def handle_channel(
         raise
     session = ServedChannel(runtime, channel_id, response, access_for(request), principal, gateway)
     session.remote, session.user_agent = request.remote, request.headers.get("user-agent")
+    asked = request.headers.get("ackbus-features") or ""
+    features = sorted(FEATURES.intersection(name.strip() for name in asked.split(",")))
+    session.batch_deliveries = "batches" in features
     if principal is not None:
         principal.open_session(session)  # ended at once if its credentials are revoked
     gateway.attach(channel_id, session)
@@ -54,7 +57,10 @@ async def handle_channel(
     disconnected = False
     try:
         await response.start(200, headers=NDJSON_HEADERS)
-        session.send_event({"ev": "open", "channel": channel_id, "server": f"ackbus/{__version__}"})
+        opened: dict[str, object] = {"ev": "open", "channel": channel_id, "server": f"ackbus/{__version__}"}
+        if features:
+            opened["features"] = features
+        session.send_event(opened)
         if runtime.flow.blocked:
             session.flow_changed(runtime.flow)
         async with trio.open_nursery() as nursery:

@@ -18,7 +18,7 @@ from typing import Any
 import trio
 
 from broker.api.channel.relayed import RelayedConsumers
-from broker.api.codec import dumps_line, event_json
+from broker.api.codec import delivery_row, dumps_line, event_json
 from broker.api.permissions import ALLOW_ALL, Access
 from broker.core import (
     Broker,
@@ -34,6 +34,7 @@ from broker.runtime import BrokerRuntime, CommandGateway, FlowControl
 
 __all__ = [
     "EVENT_BYTES",
+    "FEATURES",
     "FLUSH_TIMEOUT_S",
     "OUTBOX_MAX_BYTES",
     "OUTBOX_MAX_EVENTS",
@@ -52,6 +53,13 @@ EVENT_BYTES = 64
 # before an fsync, so this only bites when the disk cannot keep up with the network.
 UNCONFIRMED_MAX_BYTES = 16 << 20
 FLUSH_TIMEOUT_S = 10.0
+#: The channel features a client may ask for in its request head
+#: (``Ackbus-Features: batches``: ``deliveries`` events and ``ack`` ops with
+#: ``delivery_tags``), announced back in ``open``.
+FEATURES = frozenset({"batches"})
+# Bodies (delivery_cost) past which a ``deliveries`` event is closed and the next
+# begins: keeps an event line far below a client's longest accepted line.
+BATCH_MAX_BYTES = 256 << 10
 
 
 class ServedChannel:
@@ -110,6 +118,8 @@ class ServedChannel:
         # A flush_nowait left bytes over: the writer sends them, then grants this credit.
         self._flush_needed = False
         self._held_credit = 0
+        #: The client understands ``deliveries`` events (many deliveries in one line).
+        self.batch_deliveries = False
         #: The nursery the channel's own tasks run in (set by ``handle_channel``).
         self.tasks: trio.Nursery | None = None
         #: Cluster mode: its consumers of queues other nodes own (``relayed.py``).
@@ -322,6 +332,8 @@ class ServedChannel:
         batch = self.outbox
         self.outbox = []
         self.outbox_bytes = 0
+        if self.batch_deliveries:
+            return self._encode_batched(batch)
         parts = []
         credit = 0
         for item in batch:
@@ -331,6 +343,37 @@ class ServedChannel:
                 parts.append(dumps_line(event_json(item)))
                 if type(item) is Deliver:
                     credit += delivery_cost(item.message.body)
+        return b"".join(parts), credit
+
+    def _encode_batched(self, batch: list[Any]) -> tuple[bytes, int]:
+        """:meth:`_take_outbox`'s encoding when the client takes ``deliveries``
+        events: each run of consecutive deliveries is one event (split past
+        ``BATCH_MAX_BYTES``), everything else one event a line, in order."""
+        parts: list[bytes] = []
+        rows: list[Any] = []
+        credit = run_bytes = 0
+        for item in batch:
+            kind = type(item)
+            if kind is Deliver and item.lease_id is None:
+                cost = delivery_cost(item.message.body)
+                credit += cost
+                run_bytes += cost
+                rows.append(delivery_row(item))
+                if run_bytes >= BATCH_MAX_BYTES:
+                    parts.append(dumps_line({"ev": "deliveries", "d": rows}))
+                    rows, run_bytes = [], 0
+                continue
+            if rows:
+                parts.append(dumps_line({"ev": "deliveries", "d": rows}))
+                rows, run_bytes = [], 0
+            if kind is dict:
+                parts.append(dumps_line(item))
+            else:
+                parts.append(dumps_line(event_json(item)))
+                if kind is Deliver:
+                    credit += delivery_cost(item.message.body)
+        if rows:
+            parts.append(dumps_line({"ev": "deliveries", "d": rows}))
         return b"".join(parts), credit
 
     def _grant(self, credit: int) -> None:

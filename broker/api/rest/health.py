@@ -7,7 +7,7 @@ from typing import Any
 from broker.api.rest.fields import RestContext
 from broker.core import BrokerViews
 from broker.http import Request, Response
-from broker.runtime import BrokerRuntime, disk_info, fd_info
+from broker.runtime import BrokerRuntime, build_name, disk_info, fd_info
 
 
 def add_routes(ctx: RestContext) -> None:
@@ -52,4 +52,5 @@ async def overview(ctx: RestContext, request: Request, response: Response) -> No
     info["disk"] = {**disk_info(runtime.options.data_dir), "alarm": "disk" in runtime.flow.alarms}
     info["file_descriptors"] = fd_info()
     info["flow"] = runtime.flow.info()
+    info["build"] = build_name()  # compiled (mypyc) or interpreted: docs/benchmarks.md
     await response.send_json(200, info)

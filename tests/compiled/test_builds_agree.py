@@ -1,0 +1,72 @@
+"""The compiled build and the interpreted source do the same: the core's scenario
+(``tests/compiled/core_scenario.py``: publishes with deduplication, routing to durable,
+transient, bounded and fan-out queues, deliveries, acks, nacks, errors, durability and
+time) run under each build, in a process of its own, prints the same effects and
+answers, line for line.
+
+The compiled build's tree comes from ``ACKBUS_COMPILED_TREE`` (``scripts/test`` builds
+it and sets it); without it the test is skipped, saying so.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+_HERE = Path(__file__).resolve().parent.parent.parent
+
+
+def _run(root: Path, seed: int, count: int) -> list[str]:
+    env = {**os.environ, "PYTHONPATH": str(root), "PYTHONHASHSEED": "0"}
+    result = subprocess.run(
+        [sys.executable, "-P", "-m", "tests.compiled.core_scenario", str(seed), str(count)],
+        cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout.splitlines()
+
+
+def _build_of(root: Path) -> str:
+    result = subprocess.run(
+        [sys.executable, "-P", "-c", "from broker.runtime import build_name; print(build_name())"],
+        cwd=root, env={**os.environ, "PYTHONPATH": str(root)}, stdout=subprocess.PIPE, text=True, timeout=60,
+    )
+    return result.stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def roots() -> tuple[Path, Path]:
+    compiled = os.environ.get("ACKBUS_COMPILED_TREE")
+    if not compiled:
+        pytest.skip("no compiled build: run scripts/test (it builds one when a C compiler is there)")
+    source = Path(os.environ.get("ACKBUS_SOURCE_ROOT", _HERE))
+    tree = Path(compiled)
+    assert _build_of(source) == "interpreted"
+    assert _build_of(tree) == "compiled"
+    return source, tree
+
+
+def test_version_names_the_build(roots: tuple[Path, Path]) -> None:
+    """``--version`` (and ``GET /overview``'s ``build``, from the same function) says
+    which build runs."""
+    for root, name in zip(roots, ("interpreted", "compiled")):
+        result = subprocess.run(
+            [sys.executable, "-P", "-m", "broker", "--version"], cwd=root,
+            env={**os.environ, "PYTHONPATH": str(root)}, stdout=subprocess.PIPE, text=True, timeout=60,
+        )
+        assert result.stdout.strip().endswith(f"({name} build)"), result.stdout
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_core_does_the_same_in_both_builds(roots: tuple[Path, Path], seed: int) -> None:
+    source, tree = roots
+    interpreted = _run(source, seed, 3000)
+    compiled = _run(tree, seed, 3000)
+    assert len(interpreted) > 3000  # effects and answers were printed
+    for n, (a, b) in enumerate(zip(interpreted, compiled)):
+        assert a == b, f"line {n + 1} differs:\ninterpreted: {a}\ncompiled:    {b}"
+    assert len(interpreted) == len(compiled)
