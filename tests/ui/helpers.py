@@ -39,6 +39,24 @@ def wait_text(driver: Any, selector: str, expected: str) -> None:
     wait_for(driver, lambda d: expected in text_of(d, selector), f"{expected!r} in {selector}")
 
 
+def click(driver: Any, selector: str) -> None:
+    """Click ``selector``, finding it again if the page re-rendered it between the
+    find and the click (a list refreshed by its poll)."""
+    from selenium.common.exceptions import (
+        NoSuchElementException,
+        StaleElementReferenceException,
+    )
+
+    def clicked(d: Any) -> bool:
+        try:
+            css(d, selector).click()
+        except (NoSuchElementException, StaleElementReferenceException):
+            return False
+        return True
+
+    wait_for(driver, clicked, f"a click on {selector}")
+
+
 def fill(driver: Any, selector: str, value: str) -> None:
     el = css(driver, selector)
     el.clear()

@@ -22,6 +22,7 @@ import pytest
 from tests.support.broker import BrokerProcess
 from tests.ui.conftest import ROOT, Screenshots
 from tests.ui.helpers import (
+    click,
     console_errors,
     css,
     fill,
@@ -143,7 +144,7 @@ def test_queue_badges_iso_dates_and_dead_letter_arrivals(
     # The dead-letter queue counts its dead letter as an arrival; dates are ISO 8601.
     open_page(driver, broker, "#/queue/badge-dlq")
     wait_text(driver, "#arrived", "1")
-    css(driver, "#browse-form button[type=submit]").click()
+    click(driver, "#browse-form button[type=submit]")
     wait_text(driver, "#browsed", "poison")
     dates = ISO.findall(text_of(driver, "#browsed"))
     assert dates, text_of(driver, "#browsed")  # enqueued at, and the x-death time
@@ -191,14 +192,14 @@ def test_users_permissions_and_tokens_are_edited_from_the_page(
         wait_for(driver, lambda d: css(d, "#login").is_displayed(), "the login form")
         fill(driver, "#login-user", "ops")
         fill(driver, "#login-password", "s3cret")
-        css(driver, "#login-form button[value=login]").click()
+        click(driver, "#login-form button[value=login]")
         wait_for(driver, lambda d: "ops" in names(d, "#user-list"), "the user list")
 
         # Add a user with a password and a tag.
         fill(driver, "#user-form input[name=name]", "bob")
         fill(driver, "#user-form input[name=password]", "b0b-pass")
         fill(driver, "#user-form input[name=tags]", "monitoring")
-        css(driver, "#user-form button[type=submit]").click()
+        click(driver, "#user-form button[type=submit]")
         wait_text(driver, "#user-form .status", "User bob saved")
         status, bob = broker.request("GET", "/users/bob", headers=admin)
         assert status == 200 and bob["tags"] == ["monitoring"] and bob["has_password"], bob
@@ -207,20 +208,20 @@ def test_users_permissions_and_tokens_are_edited_from_the_page(
 
         # Set its permissions (Edit fills the forms).
         wait_for(driver, lambda d: "bob" in names(d, "#user-list"), "bob in the list")
-        css(driver, "button[aria-label='Edit user bob']").click()
+        click(driver, "button[aria-label='Edit user bob']")
         assert css(driver, "#permissions-form input[name=user]").get_attribute("value") == "bob"
         fill(driver, "#permissions-form input[name=write]", "^jobs$")
         fill(driver, "#permissions-form input[name=read]", "^jobs$")
-        css(driver, "#permissions-form button[type=submit]").click()
+        click(driver, "#permissions-form button[type=submit]")
         wait_text(driver, "#permissions-form .status", "Permissions of bob set")
         status, bob = broker.request("GET", "/users/bob", headers=admin)
         assert bob["permissions"] == {"configure": "", "write": "^jobs$", "read": "^jobs$"}, bob
 
         # Make a token (its secret shown once), then revoke it.
-        css(driver, "button[aria-label='Tokens of bob']").click()
+        click(driver, "button[aria-label='Tokens of bob']")
         wait_text(driver, "#tokens", "bob has no tokens")
         fill(driver, "#token-form input[name=description]", "ci")
-        css(driver, "#token-form button[type=submit]").click()
+        click(driver, "#token-form button[type=submit]")
         wait_for(driver, lambda d: text_of(d, "#token-value").startswith("ackbus_"), "the token's secret")
         secret = text_of(driver, "#token-value")
         assert broker.request("GET", "/whoami", headers={"Authorization": f"Bearer {secret}"})[0] == 200
@@ -228,16 +229,16 @@ def test_users_permissions_and_tokens_are_edited_from_the_page(
         assert ISO.search(text_of(driver, "#token-list"))
         assert unlabelled_controls(driver) == []
         screenshots.take(driver, "users")
-        css(driver, "#token-list button.danger").click()
+        click(driver, "#token-list button.danger")
         wait_for(driver, lambda d: css(d, "#confirm").is_displayed(), "the confirmation dialog")
-        css(driver, "#confirm-yes").click()
+        click(driver, "#confirm-yes")
         wait_text(driver, "#token-list", "bob has no tokens")
         assert broker.request("GET", "/whoami", headers={"Authorization": f"Bearer {secret}"})[0] == 401
 
         # Delete the user (confirmed).
-        css(driver, "button[aria-label='Delete user bob']").click()
+        click(driver, "button[aria-label='Delete user bob']")
         wait_for(driver, lambda d: css(d, "#confirm").is_displayed(), "the confirmation dialog")
-        css(driver, "#confirm-yes").click()
+        click(driver, "#confirm-yes")
         wait_for(driver, lambda d: names(d, "#user-list") == ["ops"], "bob to go")
         assert broker.request("GET", "/users/bob", headers=admin)[0] == 404
         # (the calls answered 401 before the login are expected)
