@@ -43,12 +43,12 @@ from broker.cluster.etcdproto import (
     range_body,
     txn_body,
 )
+from broker.cluster.h11io import next_event
 
 __all__ = ["Endpoint", "EtcdClient", "WatchStream", "parse_endpoints"]
 
 #: The largest answer accepted from etcd (a range over all of a cluster's metadata).
 MAX_ANSWER_BYTES: Final = 64 * 1024 * 1024
-_READ_BYTES: Final = 65536
 
 
 @dataclass
@@ -112,13 +112,7 @@ class _Conn:
         await self.stream.send_all(data)
 
     async def next_event(self) -> Any:
-        while True:
-            event = self.h11.next_event()
-            if event is h11.NEED_DATA:
-                chunk = await self.stream.receive_some(_READ_BYTES)
-                self.h11.receive_data(chunk)
-                continue
-            return event
+        return await next_event(self.h11, self.stream)
 
     def reusable(self) -> bool:
         if self.h11.our_state is h11.DONE and self.h11.their_state is h11.DONE:

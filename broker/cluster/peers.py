@@ -26,6 +26,8 @@ import h11
 import orjson
 import trio
 
+from broker.cluster.h11io import READ_BYTES, next_event
+
 __all__ = [
     "FORWARDED_HEADER",
     "SECRET_HEADER",
@@ -43,7 +45,6 @@ log = logging.getLogger("ackbus.cluster")
 FORWARDED_HEADER: Final = "x-ackbus-forwarded"
 #: Carries the cluster secret (``--cluster-secret``) between nodes.
 SECRET_HEADER: Final = "x-ackbus-cluster-secret"
-_READ_BYTES: Final = 65536
 CONNECT_TIMEOUT_S: Final = 3.0
 #: The most publishes one write carries.
 MAX_BATCH: Final = 512
@@ -214,7 +215,7 @@ class PeerChannel:
         while True:
             event = conn.next_event()
             if event is h11.NEED_DATA:
-                data = await stream.receive_some(_READ_BYTES)
+                data = await stream.receive_some(READ_BYTES)
                 if not data:
                     return None
                 conn.receive_data(bytes(data))
@@ -267,13 +268,9 @@ class RelayedResponse:
 
     async def chunks(self) -> AsyncIterator[bytes]:
         while True:
-            event = self._conn.next_event()
-            if event is h11.NEED_DATA:
-                data = await self._stream.receive_some(_READ_BYTES)
-                if not data:
-                    raise PeerUnreachable("the peer closed the connection mid-answer")
-                self._conn.receive_data(bytes(data))
-                continue
+            event = await next_event(
+                self._conn, self._stream, closed=lambda: PeerUnreachable("the peer closed the connection mid-answer")
+            )
             if isinstance(event, h11.Data):
                 yield bytes(event.data)
             elif isinstance(event, (h11.EndOfMessage, h11.ConnectionClosed)):
@@ -311,13 +308,9 @@ async def relay(
             data += conn.send(h11.EndOfMessage()) or b""
             await stream.send_all(data)
             while True:
-                event = conn.next_event()
-                if event is h11.NEED_DATA:
-                    chunk = await stream.receive_some(_READ_BYTES)
-                    if not chunk:
-                        raise PeerUnreachable("the peer closed the connection without an answer")
-                    conn.receive_data(bytes(chunk))
-                    continue
+                event = await next_event(
+                    conn, stream, closed=lambda: PeerUnreachable("the peer closed the connection without an answer")
+                )
                 if isinstance(event, h11.InformationalResponse):
                     continue
                 if isinstance(event, h11.Response):
@@ -385,13 +378,7 @@ class PeerStream:
         conn = self._conn
         try:
             while True:
-                event = conn.next_event()
-                if event is h11.NEED_DATA:
-                    data = await stream.receive_some(_READ_BYTES)
-                    if not data:
-                        raise PeerUnreachable("the peer closed the connection")
-                    conn.receive_data(bytes(data))
-                    continue
+                event = await next_event(conn, stream, closed=lambda: PeerUnreachable("the peer closed the connection"))
                 if isinstance(event, h11.Response):
                     if event.status_code != 200:
                         raise PeerUnreachable(f"the peer refused the channel ({event.status_code})")

@@ -29,6 +29,7 @@ import h11
 import orjson
 import trio
 
+from broker.cluster.h11io import next_event
 from broker.cluster.peers import SECRET_HEADER, open_peer
 from broker.cluster.replica_log import ReplicaLog
 
@@ -36,7 +37,6 @@ __all__ = ["PeerConnection", "PeerError", "PeerSettings", "follow"]
 
 log = logging.getLogger("ackbus.cluster")
 
-_READ_BYTES = 65536
 MAX_ANSWER_BYTES = 256 * 1024 * 1024
 
 
@@ -93,11 +93,7 @@ class PeerConnection:
         parts: list[bytes] = []
         size = 0
         while True:
-            event = conn.next_event()
-            if event is h11.NEED_DATA:
-                chunk = await stream.receive_some(_READ_BYTES)
-                conn.receive_data(bytes(chunk))
-                continue
+            event = await next_event(conn, stream)
             if isinstance(event, h11.Response):
                 status = event.status_code
             elif isinstance(event, h11.Data):
