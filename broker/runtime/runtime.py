@@ -446,13 +446,16 @@ class BrokerRuntime:
         self.core.storage_failed(first_lsn, last_lsn, str(exc))
         self._release_durable_waiters(last_lsn, str(exc))
         self.pump()
-        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC and self.checkpointer is not None:
+        disk_full = isinstance(exc, OSError) and exc.errno == errno.ENOSPC
+        self.space.log_full = disk_full
+        if disk_full and self.checkpointer is not None:
             # A checkpoint (written into the space reserve) is what frees the log the
             # disk is full of: do not wait for the next size or time trigger.
             self.checkpointer.request()
 
     def _on_recovered(self) -> None:
         log.warning("log writes succeed again; accepting persistent publishes")
+        self.space.log_full = False
         self.core.storage_recovered()
         self.pump()
 

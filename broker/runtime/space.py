@@ -34,6 +34,8 @@ class DiskSpaceAlarm:
         self._flow = flow
         self._pump = pump
         self._wal = wal
+        #: the log's writes fail with ENOSPC (set and cleared by the runtime)
+        self.log_full = False
 
     def on_reserve(self, in_place: bool) -> None:
         """The log made (or could not make) its space reserve."""
@@ -57,10 +59,7 @@ class DiskSpaceAlarm:
     def space_wanted(self) -> bool:
         """Publishes are refused for want of disk space (the reserve used up, or the
         log's writes failing with ENOSPC)."""
-        core = self._core
-        if core.publish_refusal is not None:
-            return True
-        return not core.storage_ok and "No space left" in core.storage_reason
+        return self.log_full or self._core.publish_refusal is not None
 
     def refuse(self) -> None:
         if self._core.publish_refusal is None:
