@@ -141,15 +141,9 @@ class MetadataWriter:
             d["replicas"] = self.place_replicas(d["owner"], arguments, durable, auto_delete)
             d["owner"] = d["replicas"][0]
             puts = [OpPut(key, canonical(d)), OpPut(self.keys.replica("isr", name), canonical({"isr": sorted(d["replicas"])}))]
-        result = await self.client.txn([CompareCreate(key)], puts, [OpGet(key)])
-        if result.succeeded:
-            await self.wait_seen(result.revision)
+        existing = await self._create(key, puts)
+        if existing is None:
             return d, True
-        # Read-your-writes of what the txn found: the revision it was last written at
-        # (the txn's own revision may belong to a key this node does not watch).
-        found = result.ranges[0][0]
-        await self.wait_seen(found.mod_revision)
-        existing = dict(found.json())
         if (existing["durable"], existing["auto_delete"], core_arguments(existing["arguments"])) != (
             durable,
             auto_delete,
@@ -204,15 +198,9 @@ class MetadataWriter:
             name, type, durable=durable, auto_delete=auto_delete, internal=internal, arguments=arguments
         )
         d = {"type": type, "durable": durable, "auto_delete": auto_delete, "internal": internal, "arguments": arguments}
-        result = await self.client.txn([CompareCreate(key)], [OpPut(key, canonical(d))], [OpGet(key)])
-        if result.succeeded:
-            await self.wait_seen(result.revision)
+        existing = await self._create(key, [OpPut(key, canonical(d))])
+        if existing is None:
             return d, True
-        # Read-your-writes of what the txn found: the revision it was last written at
-        # (the txn's own revision may belong to a key this node does not watch).
-        found = result.ranges[0][0]
-        await self.wait_seen(found.mod_revision)
-        existing = dict(found.json())
         if existing != d:
             raise PreconditionFailed(_exchange_settings_message(name, existing))
         return existing, False
@@ -272,6 +260,20 @@ class MetadataWriter:
         if result.succeeded:  # create_revision 0: absent
             raise NotFound("no such binding")
         await self.wait_seen(result.revision)
+
+    async def _create(self, key: bytes, puts: list[Any]) -> dict[str, Any] | None:
+        """Write ``puts`` if ``key`` does not exist yet (one compare transaction): None
+        when it was created, else what ``key`` holds. Either way this node's view has
+        applied it before the answer (read-your-writes): the creating revision, or the
+        revision the found value was last written at (the transaction's own revision
+        may belong to a key this node does not watch)."""
+        result = await self.client.txn([CompareCreate(key)], puts, [OpGet(key)])
+        if result.succeeded:
+            await self.wait_seen(result.revision)
+            return None
+        found = result.ranges[0][0]
+        await self.wait_seen(found.mod_revision)
+        return dict(found.json())
 
     async def _binding_ends(
         self, source: str, destination: str, to_exchange: bool
