@@ -67,7 +67,7 @@ EXPECTED_DEFAULTS: dict[str, Any] = {
     "node_name": "",
     "advertise_url": "",
     "cluster_name": "ackbus",
-    "cluster_lease_ttl_s": 10,
+    "cluster_lease_ttl_s": 4,
     "cluster_secret": "",
     "cluster_ca_file": None,
     "max_connections_per_address": 1000,

@@ -371,8 +371,14 @@ class Replication:
         replica.isr_change_pending = 0
         replica.isr_adding = set()
         now = trio.current_time()
+        live = self.node.view.live_nodes()
+        # a member whose membership lease lapsed (dead, paused, cut off) leaves at once:
+        # a new leader does not wait ``lag_s`` for the old one (failover time)
         silent = [
-            n for n in isr if n != self.me and (now - side.seen.get(n, side.started) > self.lag_s or n in side.regressed)
+            n
+            for n in isr
+            if n != self.me
+            and (n not in live or now - side.seen.get(n, side.started) > self.lag_s or n in side.regressed)
         ]
         new_isr = list(isr)
         for n in silent:

@@ -345,8 +345,11 @@ class Settings:
     node_name: str = _setting("", _OPTIONAL_STR, "cluster", "This node's name in the cluster, stable across restarts.")
     advertise_url: str = _setting("", _OPTIONAL_STR, "cluster", "The URL other nodes and clients reach this node at.")
     cluster_name: str = _setting("ackbus", _STR, "cluster", "Prefix of every etcd key of this cluster.")
+    # 4 s: a dead leader's lease lapses in etcd within 4 s (its keepalive goes every
+    # 4/3 s, one small request), so failover is about 3-5 s (docs/cluster.md); etcd's
+    # own minimum lease TTL (1.5 election timeouts: 2 s by default) bounds it below.
     cluster_lease_ttl_s: int = _setting(
-        10, _INT, "cluster", "TTL of a node's membership lease: a node silent this long is shown dead.", _between(2, 3600)
+        4, _INT, "cluster", "TTL of a node's membership lease: a node silent this long is shown dead.", _between(2, 3600)
     )
     cluster_secret: str = _setting(
         "", _OPTIONAL_STR, "cluster",

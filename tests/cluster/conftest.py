@@ -18,9 +18,11 @@ TTL_S = 2
 
 
 def node_process(
-    tmp: Path, etcd: EtcdProcess, name: str, *, ttl_s: int = TTL_S, extra: tuple[str, ...] = ()
+    tmp: Path, etcd: EtcdProcess, name: str, *, ttl_s: int | None = TTL_S, extra: tuple[str, ...] = ()
 ) -> BrokerProcess:
+    """A node's process (not started); ``ttl_s`` None: the default lease TTL."""
     port = free_port()
+    ttl = ("--cluster-lease-ttl-s", str(ttl_s)) if ttl_s is not None else ()
     return BrokerProcess(
         tmp / name,
         port=port,
@@ -28,7 +30,7 @@ def node_process(
             "--etcd", etcd.url,
             "--node-name", name,
             "--advertise-url", f"http://127.0.0.1:{port}",
-            "--cluster-lease-ttl-s", str(ttl_s),
+            *ttl,
             *extra,
         ),
     )
