@@ -69,3 +69,21 @@ def test_permissions_and_the_cluster_secret(secured: list[BrokerProcess]) -> Non
     assert status == 503 and answer["reason"].startswith("queue_unavailable"), answer
     status, got = a.request("POST", "/queues/jobs/get?max=10", headers=ADMIN)
     assert status == 200 and got["messages"] == [], got  # j1 is leased; j2 never arrived
+
+
+def test_only_nodes_may_call_the_replica_endpoints(secured: list[BrokerProcess]) -> None:
+    """The endpoints followers fetch a quorum queue's log from hand out every message
+    without a permission check: a user, even an administrator, is refused (403); a
+    request with the cluster secret passes (and meets the endpoint's own answer)."""
+    a, _b, _w = secured
+    wait_for("a alive", lambda: cluster_nodes(a)["a"]["alive"])
+    assert a.request("PUT", "/users/admin", {"password": "admin-pw", "tags": ["administrator"],
+                                             "permissions": {"configure": ".*", "write": ".*", "read": ".*"}})[0] == 201
+    fetch = {"node": "x", "epoch": 1, "offset": 1, "wait_s": 0}
+    for path, body in (("/cluster/replicas/q/fetch", fetch), ("/cluster/replicas/q/epoch-end", {"epoch": 0, "leader_epoch": 1})):
+        status, err = a.request("POST", path, body, headers=ADMIN)
+        assert status == 403 and err["error"] == "node_only", err
+        assert a.request("POST", path, body, headers={})[0] == 401
+        assert a.request("POST", path, body, headers={"X-Ackbus-Cluster-Secret": "wrong"})[0] == 401
+        status, err = a.request("POST", path, body, headers={"X-Ackbus-Cluster-Secret": "s3cret"})
+        assert status == 409 and err["error"] == "stale_epoch", err  # a node: let in, and a leads no q

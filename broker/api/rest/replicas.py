@@ -12,7 +12,12 @@ And ``GET /queues/{name}`` in cluster mode: the queue as this node's core has it
 for a quorum queue this node does not lead, its definition), with ``replication``
 for a quorum queue: leader, followers, in-sync set, epoch and each follower's lag.
 
-Both are node-to-node calls, authenticated like every other route (the node's guard).
+Both are node-to-node calls: only another node may make them. With a cluster secret
+(``--cluster-secret``) that is a request carrying it (the guard checked it: a wrong
+one is ``401``); a request authenticated as a user, administrator or not, is ``403
+node_only``: replicas hand out every message of a queue and take no permission
+check. Without a secret, only while the cluster has no users (the open loopback
+broker, where every caller is let in).
 """
 
 from __future__ import annotations
@@ -20,8 +25,8 @@ from __future__ import annotations
 from typing import Any
 
 from broker.api.rest.fields import body_fields, check_query
-from broker.cluster import ClusterNode, StaleEpoch, is_quorum
-from broker.core import BrokerViews, NotFound, PreconditionFailed, Unavailable
+from broker.cluster import SECRET_HEADER, ClusterNode, StaleEpoch, is_quorum
+from broker.core import AccessRefused, BrokerViews, NotFound, PreconditionFailed, Unavailable
 from broker.http import Request, Response, Router
 
 __all__ = ["add_replica_routes"]
@@ -35,7 +40,23 @@ def add_replica_routes(router: Router, node: ClusterNode, views: BrokerViews) ->
             raise Unavailable("this node has no data directory: it keeps no replicas", code="no_replicas")
         return node.replication
 
+    def require_node(request: Request) -> None:
+        """Only another node (see the module docstring); raises ``AccessRefused``."""
+        if node.config.secret is not None:
+            if request.headers.get(SECRET_HEADER) is not None:
+                return  # the guard compared it with the secret
+            raise AccessRefused(
+                "only another node of the cluster may call the replica endpoints (with the cluster secret)",
+                code="node_only",
+            )
+        if getattr(request, "principal", None) is not None:
+            raise AccessRefused(
+                "only another node of the cluster may call the replica endpoints: set --cluster-secret on every node",
+                code="node_only",
+            )
+
     async def fetch(request: Request, response: Response) -> None:
+        require_node(request)
         check_query(request, frozenset())
         f = await body_fields(request, {"node", "epoch", "offset", "wait_s"})
         try:
@@ -45,6 +66,7 @@ def add_replica_routes(router: Router, node: ClusterNode, views: BrokerViews) ->
         await response.send_json(200, answer)
 
     async def epoch_end(request: Request, response: Response) -> None:
+        require_node(request)
         check_query(request, frozenset())
         f = await body_fields(request, {"epoch", "leader_epoch"})
         try:
