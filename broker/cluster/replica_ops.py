@@ -8,8 +8,11 @@ node leads into ops of the queue's replicated log, naming a message by the offse
 its ``pub`` entry, which every replica shares:
 
 - ``{"t": "pub", "x": exchange, "k": routing key, "p": properties, "b": body (base64),
-  "w": publish time}``: a message entered the queue (a publish, or a dead letter
-  moved into it);
+  "w": publish time, "d": due time}``: a message entered the queue (a publish, or a
+  dead letter moved into it); ``d`` (wall-clock seconds) only for one held back until
+  then (a publish's ``delay``);
+- ``{"t": "due", "n": [[id, due in ms], ...]}``: messages held back again until a
+  time (a nack or reject with a delay);
 - ``{"t": "dlv", "ids": [...]}``: messages handed to a consumer (each once more);
 - ``{"t": "cnt", "n": [[id, count], ...]}``: delivery counts as the core counts them;
 - ``{"t": "set", "ids": [...]}``: messages gone for good (acked, rejected, expired,
@@ -18,8 +21,9 @@ its ``pub`` entry, which every replica shares:
 
 :func:`fold` replays a log into what a new leader must hold: the messages not settled,
 in log order, with how many times each was delivered (a message delivered before comes
-back marked redelivered), and the message ids of settled publishes (the deduplication
-window: a publish resent to the new leader lands once).
+back marked redelivered) and when each is due if it is held back, and the message ids
+of settled publishes (the deduplication window: a publish resent to the new leader
+lands once).
 """
 
 from __future__ import annotations
@@ -45,7 +49,8 @@ _MOVE = int(RecordType.MOVE)
 _SETTLE = int(RecordType.SETTLE)
 _DELIVERED = int(RecordType.DELIVERED)
 _COUNTS = int(RecordType.DELIVERY_COUNTS)
-_WATCHED = frozenset((_ENQUEUE, _MOVE, _SETTLE, _DELIVERED, _COUNTS))
+_DELAY = int(RecordType.DELAY)
+_WATCHED = frozenset((_ENQUEUE, _MOVE, _SETTLE, _DELIVERED, _COUNTS, _DELAY))
 
 
 class LedQueue:
@@ -92,13 +97,13 @@ class RecordTranslator:
         if rtype == _ENQUEUE:
             self._enqueue(payload, lsn, led)
         elif rtype == _MOVE:
-            origin_qid, origin_seq, _due, inner = decode_move(payload)
+            origin_qid, origin_seq, due, inner = decode_move(payload)
             origin = led.get(origin_qid)
             if origin is not None and not origin.restoring:
                 gone = origin.ids.pop(origin_seq, None)
                 if gone is not None:
                     self.append(origin, {"t": "set", "ids": [gone]}, 0, 0)
-            self._enqueue(inner, lsn, led)
+            self._enqueue(inner, lsn, led, due)
         elif rtype in (_SETTLE, _DELIVERED):
             qid, seqs = decode_seqs(payload)
             queue = led.get(qid)
@@ -112,16 +117,16 @@ class RecordTranslator:
                 kind = "dlv"
             if ids:
                 self.append(queue, {"t": kind, "ids": ids}, 0, 0)
-        else:  # delivery counts
+        else:  # delivery counts, or due times (the same encoding)
             qid, pairs = decode_counts(payload)
             queue = led.get(qid)
             if queue is None or queue.restoring:
                 return
-            counts = [[queue.ids[s], n] for s, n in pairs if s in queue.ids]
-            if counts:
-                self.append(queue, {"t": "cnt", "n": counts}, 0, 0)
+            values = [[queue.ids[s], n] for s, n in pairs if s in queue.ids]
+            if values:
+                self.append(queue, {"t": "due" if rtype == _DELAY else "cnt", "n": values}, 0, 0)
 
-    def _enqueue(self, payload: bytes, lsn: int, led: dict[int, LedQueue]) -> None:
+    def _enqueue(self, payload: bytes, lsn: int, led: dict[int, LedQueue], due: float | None = None) -> None:
         record = None
         for qid in _qids(payload):
             queue = led.get(qid)
@@ -137,6 +142,8 @@ class RecordTranslator:
                 "b": base64.b64encode(record.body).decode(),
                 "w": record.wall_s,
             }
+            if due is not None:
+                op["d"] = due
             queue.ids[record.seq] = self.append(queue, op, lsn, record.seq)
 
 
@@ -164,6 +171,8 @@ class LiveMessage:
     properties: dict[str, Any] | None
     wall: float
     deliveries: int = 0
+    #: held back until this wall-clock time (None: ready)
+    due: float | None = None
 
 
 def fold(entries: list[tuple[int, int, dict[str, Any]]]) -> tuple[list[LiveMessage], list[tuple[str, str, float]]]:
@@ -174,8 +183,10 @@ def fold(entries: list[tuple[int, int, dict[str, Any]]]) -> tuple[list[LiveMessa
     for _epoch, offset, op in entries:
         kind = op.get("t")
         if kind == "pub":
+            due = op.get("d")
             live[offset] = LiveMessage(
-                offset, op["x"], op["k"], base64.b64decode(op["b"]), op.get("p"), float(op["w"])
+                offset, op["x"], op["k"], base64.b64decode(op["b"]), op.get("p"), float(op["w"]),
+                due=float(due) if due is not None else None,
             )
         elif kind == "dlv":
             for i in op["ids"]:
@@ -187,6 +198,11 @@ def fold(entries: list[tuple[int, int, dict[str, Any]]]) -> tuple[list[LiveMessa
                 m = live.get(i)
                 if m is not None:
                     m.deliveries = max(m.deliveries, int(n))
+        elif kind == "due":
+            for i, due_ms in op["n"]:
+                m = live.get(i)
+                if m is not None:
+                    m.due = max(m.due or 0.0, int(due_ms) / 1000.0)
         elif kind == "set":
             for i in op["ids"]:
                 m = live.pop(i, None)

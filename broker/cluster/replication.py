@@ -266,15 +266,19 @@ class Replication:
         led = LedQueue(name, queue.qid)
         led.restoring = True
         self.translator.led[queue.qid] = led
+        core.persist_messages(name)  # every message replicated, transient ones too
         live, settled = fold(replica.log.entries)
         core.hold_deliveries(name, 0)  # until the new epoch's first entry has its majority
         restored: list[tuple[int, int]] = []
+        now = core.wall_clock()
         try:
             for m in live:
                 # possibly delivered by the old leader in its last moments, its mark not
-                # on a majority: counted as delivered once (marked redelivered)
+                # on a majority: counted as delivered once (marked redelivered); one held
+                # back (a delay) stays held back until it is due
+                due = m.due if m.due is not None and m.due > now else None
                 seq = core.restore_message(
-                    name, m.exchange, m.routing_key, m.body, m.properties, m.wall, max(1, m.deliveries)
+                    name, m.exchange, m.routing_key, m.body, m.properties, m.wall, max(1, m.deliveries), due
                 )
                 led.ids[seq] = m.id
                 restored.append((m.id, seq))

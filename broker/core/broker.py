@@ -457,6 +457,15 @@ class Broker:
         if queue is not None:
             queue.refusal = reason
 
+    def persist_messages(self, name: str, on: bool = True) -> None:
+        """Make every message published or dead-lettered into queue ``name``
+        persistent, ``delivery_mode`` 1 included (the message is stored with
+        ``delivery_mode`` 2): a replicated queue keeps every message, as RabbitMQ's
+        quorum queues do. Publishes reaching no such queue are untouched."""
+        queue = self.store.queues.get(name)
+        if queue is not None:
+            queue.persist_all = on
+
     def hold_deliveries(self, name: str, after_seq: int | None) -> None:
         """Hand out no message of queue ``name`` with a seq above ``after_seq`` (None:
         every message again); a raised bound wakes its consumers and long-polls."""
@@ -476,13 +485,15 @@ class Broker:
         properties: dict[str, Any] | None,
         wall: float,
         deliveries: int = 0,
+        due: float | None = None,
     ) -> int:
         """Put a message into ``queue`` as another copy of it held the message
-        (``Publishing.restore``); returns its seq. Raises ``NotFound``."""
+        (``Publishing.restore``), held back until wall-clock ``due`` if given; returns
+        its seq. Raises ``NotFound``."""
         found = self.store.queues.get(queue)
         if found is None:
             raise NotFound(f"no queue {queue!r}")
-        return self.publishing.restore(found, exchange, routing_key, body, properties, wall, deliveries)
+        return self.publishing.restore(found, exchange, routing_key, body, properties, wall, deliveries, due)
 
     def storage_recovered(self) -> None:
         """Writes succeed again: accept persistent publishes again."""

@@ -119,6 +119,8 @@ class DeadLetters:
         sides are logged. Returns the LSN of the record that carries it (0: none)."""
         seq = self._store.take_seq()
         start = due if due is not None else wall
+        if properties is not None and properties.get("delivery_mode", 2) != 2 and any(q.persist_all for q in targets):
+            properties = dict(properties, delivery_mode=2)  # (``Broker.persist_messages``)
         expires = None
         if properties is not None and "expiration" in properties:
             expires = start + properties["expiration"] / 1000.0

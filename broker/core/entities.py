@@ -116,6 +116,7 @@ class Queue:
         "handing_over",
         "refusal",
         "hold_after",
+        "persist_all",
         "totals",
         "expiring",
         "read_at",
@@ -171,6 +172,9 @@ class Queue:
         #: messages with a higher seq are not handed out yet (``Broker.hold_deliveries``:
         #: a replicated queue delivers only what a majority holds), or None
         self.hold_after: int | None = None
+        #: every message entering this queue is made persistent, transient ones too
+        #: (``Broker.persist_messages``: a replicated queue replicates every message)
+        self.persist_all = False
         self.overflow: str = arguments.get("x-overflow", "drop-head")
         ttl = arguments.get("x-message-ttl")
         self.message_ttl_s: float | None = ttl / 1000.0 if ttl is not None else None

@@ -159,6 +159,9 @@ class Publishing:
         exchange.messages_out += 1
 
         persistent = properties is None or properties.get("delivery_mode", 2) == 2
+        if not persistent and _persists_all(queues):
+            properties = dict(properties or {}, delivery_mode=2)  # (a copy: the caller's stays)
+            persistent = True
         durable_qids: list[int] = []
         if persistent:
             durable_qids = [q.qid for q in queues if q.persistent_log]
@@ -254,25 +257,31 @@ class Publishing:
         properties: dict[str, Any] | None,
         wall: float,
         deliveries: int,
+        due: float | None = None,
     ) -> int:
         """Put one message into ``queue`` as another copy of the queue held it (a
-        replica taking a replicated queue over): logged like a publish, remembered by
-        the deduplication window under its exchange, and counted as delivered
-        ``deliveries`` times (redelivered when more than 0). No confirm: nobody
-        published it here. Returns its seq."""
+        replica taking a replicated queue over): logged like a publish (with its due
+        time when it is held back until ``due``), remembered by the deduplication
+        window under its exchange, and counted as delivered ``deliveries`` times
+        (redelivered when more than 0). No confirm: nobody published it here. Returns
+        its seq."""
         seq = self._take_seq()
+        start = due if due is not None else wall
         msg_expires = None
         if properties is not None and "expiration" in properties:
-            msg_expires = wall + properties["expiration"] / 1000.0
-        message = StoredMessage(seq, exchange_name, routing_key, body, properties, msg_expires, enqueued_at=wall)
+            msg_expires = start + properties["expiration"] / 1000.0
+        message = StoredMessage(seq, exchange_name, routing_key, body, properties, msg_expires, enqueued_at=start)
         message_id = message.message_id
         lsn = 0
         if queue.persistent_log and message.persistent:
             payload = rec.encode_enqueue(
                 seq, wall, msg_expires, [queue.qid], exchange_name, routing_key, message_id, properties, body
             )
-            lsn = self._append_message(rec.RecordType.ENQUEUE, payload, message, [queue])
-        self._enqueue(queue, message, wall, deliveries=deliveries)
+            if due is None:
+                lsn = self._append_message(rec.RecordType.ENQUEUE, payload, message, [queue])
+            else:
+                lsn = self._append_message(rec.RecordType.MOVE, rec.encode_move(0, 0, due, payload), message, [queue])
+        self._enqueue(queue, message, start, due=due, deliveries=deliveries)
         if deliveries and lsn:
             self._log.mark_delivered(queue.qid, seq)
             if deliveries > 1:
@@ -309,3 +318,11 @@ class Publishing:
         tx.bytes += len(body)
         tx.publishes.append((ch.publish_seq, (exchange_name, routing_key, body, properties, mandatory, delay_s)))
         return ch.publish_seq
+
+
+def _persists_all(queues: list[Queue]) -> bool:
+    """Whether one of ``queues`` makes every message persistent (``Queue.persist_all``)."""
+    for queue in queues:
+        if queue.persist_all:
+            return True
+    return False

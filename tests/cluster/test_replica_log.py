@@ -102,3 +102,40 @@ def test_the_translator_turns_core_records_into_ops_and_fold_restores_them() -> 
     live, settled = fold(entries)
     assert [(m.body, m.deliveries) for m in live] == [(b"b", 1), (b"c", 1)]
     assert [mid for _x, mid, _w in settled] == ["a"]
+
+
+def test_due_times_travel_the_log_from_a_delayed_publish_and_a_nack_with_delay() -> None:
+    """A delay survives a failover: the ``pub`` op of a delayed publish carries its due
+    time, a nack with a delay appends a ``due`` op, and fold hands both to the new
+    leader."""
+    now = 1_700_000_000.0
+    core = Broker(clock=lambda: 0.0, wall_clock=lambda: now)
+    core.declare_queue("q")
+    ops: list[dict[str, object]] = []
+
+    def append(queue: LedQueue, op: dict[str, object], lsn: int, seq: int) -> int:
+        ops.append(op)
+        return len(ops)
+
+    translator = RecordTranslator(append)
+    translator.led[core.queues["q"].qid] = LedQueue("q", core.queues["q"].qid)
+
+    def step() -> None:
+        for effect in core.take_effects():
+            if isinstance(effect, AppendRecords):
+                translator.tap(effect)
+                core.durable(effect.last_lsn)
+
+    ch = core.open_channel()
+    core.publish(ch, "", "q", b"later", None, delay_s=60)
+    core.publish(ch, "", "q", b"nacked", None)
+    core.consume(ch, "q", prefetch=1)
+    step()
+    core.nack(ch, 1, requeue=True, delay_s=30)
+    step()
+    assert ops[0]["t"] == "pub" and ops[0]["d"] == now + 60
+    assert "d" not in ops[1]
+    (due_op,) = [op for op in ops if op["t"] == "due"]
+    assert due_op["n"] == [[2, round((now + 30) * 1000)]]
+    live, _settled = fold([(1, i + 1, op) for i, op in enumerate(ops)])
+    assert [(m.body, m.due) for m in live] == [(b"later", now + 60), (b"nacked", now + 30)]

@@ -288,3 +288,40 @@ def test_with_the_default_lease_a_killed_leader_is_replaced_within_seconds(tmp_p
     finally:
         for proc in started.values():
             proc.stop()
+
+
+def test_transient_messages_are_replicated_and_delays_are_kept_across_a_failover(three: dict[str, BrokerProcess]) -> None:
+    """A quorum queue makes every message persistent (delivery_mode 1 included), and a
+    message held back (a publish delay, a nack with a delay) is still held back on
+    the new leader until it is due."""
+    _declare(three["a"], "q")
+    leader = leader_of(three, "q")
+    name = next(n for n, p in three.items() if p is leader)
+    status, answer = leader.request(
+        "POST", "/exchanges/amq.default/publish?routing_key=q", b"transient", headers={"X-Delivery-Mode": "1"}, timeout_s=15
+    )
+    assert status == 200 and answer["confirm"] == "ack", answer
+    _ack(leader, "q", "retried")
+    status, got = leader.request("POST", "/queues/q/get?max=2&lease=600")
+    assert status == 200 and bodies(got["messages"]) == ["transient", "retried"], got
+    retried = got["messages"][1]
+    delay_s = 12.0
+    due_at = time.time() + delay_s
+    status, answer = leader.request("POST", "/queues/q/nack", {"lease_ids": [retried["lease_id"]], "delay_s": delay_s})
+    assert status == 200, answer
+    status, answer = leader.request(
+        "POST", f"/exchanges/amq.default/publish?routing_key=q&delay={delay_s:g}", b"delayed", timeout_s=15
+    )
+    assert status == 200 and answer["confirm"] == "ack", answer
+    wait_for("the followers have every entry", lambda: set(replication(leader, "q")["lag"].values()) == {0})
+    leader.kill()
+    new = leader_of({n: p for n, p in three.items() if n != name}, "q", not_=name)
+    got_now: list[dict[str, Any]] = []
+    wait_for("the transient message on the new leader", lambda: got_now.extend(new.drain("q")) or got_now, timeout_s=20)
+    assert time.time() < due_at, "the failover took longer than the delay: the test proves nothing"
+    assert bodies(got_now) == ["transient"] and got_now[0]["redelivered"] is True
+    assert new.request("GET", "/queues/q")[1]["messages_delayed"] == 2
+    later: list[dict[str, Any]] = []
+    wait_for("the delayed messages once due", lambda: later.extend(new.drain("q")) or len(later) >= 2, timeout_s=delay_s + 20)
+    assert time.time() >= due_at - 1.0  # (wall clocks of one machine; due times are in ms)
+    assert sorted(bodies(later)) == ["delayed", "retried"]

@@ -151,3 +151,40 @@ def test_a_nack_from_either_hold_nacks_a_confirm_held_both_ways() -> None:
     h.b.settle_held_confirm(ch, 1, True, None)
     h.step()
     assert h.confirm_of(ch, 1) == (False, "no quorum")
+
+
+def test_a_queue_that_persists_every_message_logs_a_transient_publish_as_persistent() -> None:
+    h = Harness()
+    h.queue("q")
+    h.queue("plain")
+    ch = h.channel()
+    h.publish(ch, "", "plain", b"t", {"delivery_mode": 1})
+    h.sync()
+    assert not [r for r in h.records if r[1] == RecordType.ENQUEUE]  # transient: not logged
+    h.b.persist_messages("q")
+    props = {"delivery_mode": 1}
+    h.publish(ch, "", "q", b"t", props)
+    h.sync()
+    assert [r for r in h.records if r[1] == RecordType.ENQUEUE]
+    assert props == {"delivery_mode": 1}  # the caller's properties are left alone
+    assert h.acked(ch, 2)
+    (entry,) = ready_entries(h.b, "q")
+    assert entry.message.persistent and entry.message.properties["delivery_mode"] == 2
+    h.b.persist_messages("q", False)
+    h.publish(ch, "", "q", b"t", {"delivery_mode": 1})
+    h.sync()
+    assert len([r for r in h.records if r[1] == RecordType.ENQUEUE]) == 1
+
+
+def test_a_restored_message_with_a_due_time_is_held_back_until_then() -> None:
+    h = Harness()
+    h.queue("q")
+    h.b.restore_message("q", "", "q", b"later", None, h.wall.now, due=h.wall.now + 30)
+    h.b.restore_message("q", "", "q", b"now", None, h.wall.now)
+    h.sync()
+    assert RecordType.MOVE in [rtype for _lsn, rtype, _p in h.records]  # the due time is logged
+    ch = h.channel()
+    h.b.consume(ch, "q")
+    assert h.bodies(h.step(), ch) == [b"now"]
+    assert h.bodies(h.sleep(29), ch) == []
+    assert h.bodies(h.sleep(2), ch) == [b"later"]
