@@ -8,10 +8,12 @@ live node (``409 node_alive``); otherwise, in one etcd transaction that compares
 every key it touches, it deletes the node's ``known`` record and its report and
 either deletes each queue it owned with the bindings to it, or (``rehome``) puts it
 back owned by a live node (balanced placement), empty: its messages were on the dead
-node's disk. Quorum queues are left alone: they live on their other replicas (the
-forgotten node stays in their replica set). The answer lists the queues and the messages lost with them according to
-the node's last report (and when that was), which is all anyone can know of a node
-that is gone.
+node's disk. Quorum queues live on their other replicas: the same transaction takes
+the node out of their replica and in-sync sets (``replica_set.plan_change``), except
+where it is the last replica or the last in-sync member (only it held every confirmed
+message: such a queue is left as it is and listed). The answer lists the queues and
+the messages lost with them according to the node's last report (and when that was),
+which is all anyone can know of a node that is gone.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ import orjson
 import trio
 
 from broker.cluster.etcd import EtcdClient
-from broker.cluster.etcdproto import CompareMod, EtcdError, Op, OpDelete, OpPut
+from broker.cluster.etcdproto import Compare, CompareMod, EtcdError, Op, OpDelete, OpPut
+from broker.cluster.replica_set import plan_change
 from broker.cluster.view import ClusterKeys, ClusterView, canonical, is_replicated
 from broker.core import BrokerViews, NotFound, PreconditionFailed
 
@@ -75,8 +78,11 @@ async def forget_node(
         for q, d in ((q, d) for q, (d, _r) in view.entries["queues"].items())
         if d.get("owner") == name and not is_replicated(d)  # a quorum queue lives on its other replicas
     }
+    replicated = sorted(
+        q for q, (d, _r) in view.entries["queues"].items() if is_replicated(d) and name in d.get("replicas", [])
+    )
     known_rev = view.entries["known"].get(name)
-    if known_rev is None and not owned:
+    if known_rev is None and not owned and not replicated:
         raise NotFound(f"no node {name!r} in the cluster")
     _rev, report = await client.get(stats_key(keys, name))
     depths: dict[str, int] = {}
@@ -84,7 +90,7 @@ async def forget_node(
     if report is not None:
         data = orjson.loads(report.value)
         depths, reported_at = dict(data.get("queues", {})), data.get("at")
-    compares: list[CompareMod] = []
+    compares: list[Compare] = []
     ops: list[Op] = []
     if known_rev is not None:
         compares.append(CompareMod(keys.known(name), known_rev[1]))
@@ -107,6 +113,17 @@ async def forget_node(
         else:
             ops.append(OpDelete(key))
             ops.extend(OpDelete(keys.meta("bindings", digest)) for digest in view.bindings_touching("queues", queue))
+    replica_sets: dict[str, list[str]] = {}
+    kept: dict[str, str] = {}
+    for queue in replicated:
+        try:
+            change = plan_change(keys, view, queue, remove=name, force=True)
+        except PreconditionFailed as exc:
+            kept[queue] = exc.message
+            continue
+        compares.extend(change.compares)
+        ops.extend(change.ops)
+        replica_sets[queue] = change.replicas
     result = await client.txn(list(compares), ops, [])
     if not result.succeeded:
         raise PreconditionFailed(f"node {name!r}'s queues changed meanwhile: try again")
@@ -120,4 +137,6 @@ async def forget_node(
         "messages_lost": sum(v for v in lost.values() if v is not None),
         "messages_lost_by_queue": lost,
         "reported_at": reported_at,
+        "replica_sets": replica_sets,
+        "replicas_kept": kept,
     }

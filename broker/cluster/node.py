@@ -28,6 +28,7 @@ from broker.cluster.locks import ClusterLocks
 from broker.cluster.membership import Membership, NodeNameTaken
 from broker.cluster.mirror import CoreMirror
 from broker.cluster.port import ClusterGatewayPort
+from broker.cluster.replica_set import change_replicas
 from broker.cluster.replication import Replication, is_quorum
 from broker.cluster.schedules import ClusterSchedules
 from broker.cluster.users import UserWriter, seed_users
@@ -236,6 +237,11 @@ class ClusterNode:
         """``DELETE /cluster/nodes/{name}`` (``broker.cluster.forget``)."""
         self.check_writable()
         return await forget_node(self.client, self.keys, self.view, name, rehome=rehome, wait_seen=self.wait_seen)
+
+    async def change_replicas(self, queue: str, *, add: str | None, remove: str | None) -> dict[str, Any]:
+        """``POST /queues/{queue}/replicas`` (``broker.cluster.replica_set``)."""
+        self.check_writable()
+        return await change_replicas(self.client, self.keys, self.view, queue, add=add, remove=remove, wait_seen=self.wait_seen)
 
     # --------------------------------------------------------------------- questions
 

@@ -29,6 +29,7 @@ from typing import Any
 
 import trio
 
+from broker.cluster.leader import majority
 from broker.cluster.replica_log import ReplicaLog
 
 __all__ = ["FETCH_MAX_ENTRIES", "LeaderSide", "StaleEpoch"]
@@ -142,6 +143,22 @@ class LeaderSide:
         entries = self.log.read(offset, FETCH_MAX_ENTRIES)
         return {"epoch": self.epoch, "entries": entries, "commit": self.commit, "end": self.log.end_offset}
 
+    def set_replicas(self, replicas: list[str]) -> None:
+        """The replica set changed (``replica_set.py``): an added member starts with
+        nothing acknowledged (out of the in-sync set until it caught up); a removed
+        one is no longer waited for once the in-sync set says so."""
+        self.replicas = list(replicas)
+        now = trio.current_time()
+        for n in replicas:
+            if n != self.me and n not in self.acked:
+                self.acked[n] = 0
+                self.seen[n] = now  # given ``lag_s`` from now to fetch, as at an epoch's start
+        for n in [n for n in self.acked if n not in replicas]:
+            del self.acked[n]
+            self.seen.pop(n, None)
+            self.regressed.discard(n)
+        self.advance(None)
+
     # ------------------------------------------------------------------ majority
 
     def advance(self, isr: list[str] | None) -> None:
@@ -151,6 +168,8 @@ class LeaderSide:
             self.isr = isr
         if self.stopped or not self.alive():
             return
+        if len(self.isr) < majority(len(self.replicas)):
+            return  # (a forgotten member left the set smaller than a majority: wait for one to join)
         members = [n for n in self.isr if n != self.me]
         point = self.log.synced
         for n in members:

@@ -347,6 +347,9 @@ class Replication:
         confirms nacked, the lease."""
         side = replica.leading
         assert side is not None
+        replicas_now = [str(n) for n in d.get("replicas", [])]
+        if replicas_now != side.replicas:
+            side.set_replicas(replicas_now)  # a membership change (replica_set.py)
         isr, isr_rev = in_sync_set(self.node.view, replica.name)
         # members being added count at once (before etcd has them: a new member may
         # be elected as soon as etcd has it); members leaving count until the view

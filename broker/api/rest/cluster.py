@@ -61,12 +61,18 @@ def add_routes(ctx: RestContext) -> None:
     forget."""
     ctx.add("GET", "/cluster", no_cluster)
     ctx.add("DELETE", "/cluster/nodes/{name}", no_node_to_forget, query=frozenset({"rehome"}))
+    ctx.add("POST", "/queues/{name}/replicas", no_replicas_to_change)
 
 
 async def no_cluster(ctx: RestContext, request: Request, response: Response) -> None:
     await response.send_json(
         200, {"enabled": False, "reason": "this broker is a single node: start it with --etcd to join a cluster"}
     )
+
+
+async def no_replicas_to_change(ctx: RestContext, request: Request, response: Response) -> None:
+    access_for(request).require("administer")
+    raise PreconditionFailed("this broker is a single node: its queues have no replicas to change", code="not_clustered")
 
 
 async def no_node_to_forget(ctx: RestContext, request: Request, response: Response) -> None:

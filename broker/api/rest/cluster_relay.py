@@ -42,6 +42,8 @@ def relayed_queue(node: ClusterNode, request: Request) -> str | None:
         return None
     if len(segments) == 2 and request.method not in ("GET", "HEAD"):
         return None  # declares and deletes: through etcd
+    if len(segments) == 3 and segments[2] == "replicas":
+        return None  # a change of a quorum queue's replicas: through etcd, on any node
     located = node.owner_of(segments[1])
     if located is None or located[0] == node.name:
         return None

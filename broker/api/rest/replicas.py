@@ -8,6 +8,10 @@ its followers.
 - ``POST /cluster/replicas/{name}/epoch-end`` ``{"epoch", "leader_epoch"}``: where the
   follower's last epoch ends in this leader's log (truncation by epoch).
 
+And, for operators, ``POST /queues/{name}/replicas`` ``{"add": node}`` or ``{"remove":
+node}`` (an administrator's call, on any node): a quorum queue's replica set changed
+by one etcd transaction (``broker.cluster.replica_set``).
+
 And ``GET /queues/{name}`` in cluster mode: the queue as this node's core has it (or,
 for a quorum queue this node does not lead, its definition), with ``replication``
 for a quorum queue: leader, followers, in-sync set, epoch and each follower's lag.
@@ -24,8 +28,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from broker.api.permissions import access_for
 from broker.api.rest.fields import body_fields, check_query
-from broker.cluster import SECRET_HEADER, ClusterNode, StaleEpoch, is_quorum
+from broker.cluster import SECRET_HEADER, ClusterNode, EtcdUnavailable, StaleEpoch, is_quorum
 from broker.core import AccessRefused, BrokerViews, NotFound, PreconditionFailed, Unavailable
 from broker.http import Request, Response, Router
 
@@ -88,6 +93,19 @@ def add_replica_routes(router: Router, node: ClusterNode, views: BrokerViews) ->
             raise NotFound(f"no queue {name!r}")
         await response.send_json(200, info)
 
+    async def change_replicas(request: Request, response: Response) -> None:
+        check_query(request, frozenset())
+        access_for(request).require("administer")
+        f = await body_fields(request, {"add", "remove"})
+        node.runtime.check_ready()
+        try:
+            answer = await node.change_replicas(request.path_params["name"], add=f.opt_str("add"), remove=f.opt_str("remove"))
+        except EtcdUnavailable as exc:
+            node.note_etcd(exc.message)
+            raise Unavailable(f"etcd is unreachable, so replicas cannot change now: {exc.message}", code="etcd_unavailable") from None
+        await response.send_json(200, answer)
+
     router.add("GET", "/queues/{name}", get_queue)
+    router.add("POST", "/queues/{name}/replicas", change_replicas)
     router.add("POST", "/cluster/replicas/{name}/fetch", fetch)
     router.add("POST", "/cluster/replicas/{name}/epoch-end", epoch_end)
