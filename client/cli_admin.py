@@ -1,7 +1,8 @@
-"""The ``ackbus`` CLI's read-only operator commands (in the spirit of rabbitmqadmin's
-``list`` and ``show overview``): ``overview``, ``exchanges``, ``bindings``, ``channels``,
-``cluster`` and ``close-channel``. Each prints
-a table, or with ``--json`` one JSON object per line (``overview``: one object).
+"""The ``ackbus`` CLI's operator commands (in the spirit of rabbitmqadmin's ``list``
+and ``show overview``): ``overview``, ``exchanges``, ``bindings``, ``channels``,
+``cluster``, ``close-channel`` and ``queue replicas`` (a quorum queue's replicas, and
+changing them, as ``rabbitmq-queues add_member``/``delete_member`` do). Each prints a
+table, or with ``--json`` one JSON object per line (``overview``: one object).
 """
 
 from __future__ import annotations
@@ -32,6 +33,14 @@ def add_parsers(sub: Any) -> None:
     p = sub.add_parser("close-channel", help="close an open channel or stream (its unacked messages go back)")
     p.add_argument("id", type=int, help="the channel's id (see 'ackbus channels')")
     p.add_argument("--reason", default=None, help="what its client is told (default: closed by an operator)")
+    p = sub.add_parser("queue", help="operations on one queue of a cluster")
+    queue_sub = p.add_subparsers(dest="queue_command", required=True, metavar="SUBCOMMAND")
+    p = queue_sub.add_parser("replicas", help="a quorum queue's replicas; --add or --remove one (cluster mode)")
+    p.add_argument("queue")
+    change = p.add_mutually_exclusive_group()
+    change.add_argument("--add", metavar="NODE", help="add node NODE: it catches up, then joins the in-sync set")
+    change.add_argument("--remove", metavar="NODE", help="remove node NODE (the leader steps down first)")
+    p.add_argument("--json", action="store_true", help="the raw JSON object instead")
 
 
 def write_table(out: IO[str], header: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[int] = ()) -> None:
@@ -145,6 +154,42 @@ async def cluster(conn: Connection, args: argparse.Namespace, out: IO[str]) -> N
         out.write(f"etcd {e.get('url')}: {state}\n")
 
 
+async def queue(conn: Connection, args: argparse.Namespace, out: IO[str]) -> None:
+    """``ackbus queue replicas Q [--add NODE | --remove NODE]``."""
+    if args.add is not None or args.remove is not None:
+        data = await conn.change_replicas(args.queue, add=args.add, remove=args.remove)
+        if args.json:
+            _json_lines(out, [data])
+            return
+        what = f"added {data.get('added')}" if "added" in data else f"removed {data.get('removed')}"
+        stepped = " (the leader stepped down)" if data.get("leader_stepped_down") else ""
+        out.write(
+            f"queue {args.queue}: {what}{stepped}; replicas {', '.join(data.get('replicas') or [])}; "
+            f"in sync {', '.join(data.get('in_sync') or [])}\n"
+        )
+        return
+    info = await conn.queue_replication(args.queue)
+    if args.json:
+        _json_lines(out, [info])
+        return
+    if not info:
+        out.write(f"queue {args.queue} has no replicas (not a quorum queue, or not a cluster)\n")
+        return
+    lag = info.get("lag") or {}
+    in_sync = set(info.get("in_sync") or [])
+    rows = [
+        (
+            str(n),
+            "leader" if n == info.get("leader") else "follower",
+            "yes" if n in in_sync else "no",
+            str(lag[n]) if n in lag else "-",
+        )
+        for n in info.get("replicas") or []
+    ]
+    out.write(f"queue {args.queue}: epoch {info.get('epoch')}, leader {info.get('leader') or 'none'}\n")
+    write_table(out, ("node", "role", "in_sync", "lag"), rows, right=(3,))
+
+
 COMMANDS: dict[str, Callable[[Connection, argparse.Namespace, IO[str]], Any]] = {
     "overview": overview,
     "exchanges": exchanges,
@@ -153,4 +198,5 @@ COMMANDS: dict[str, Callable[[Connection, argparse.Namespace, IO[str]], Any]] = 
     "connections": channels,
     "close-channel": close_channel,
     "cluster": cluster,
+    "queue": queue,
 }

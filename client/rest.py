@@ -146,6 +146,23 @@ class BrokerAPI:
         result = await self._call("GET", "/cluster")
         return result if isinstance(result, dict) else {}
 
+    async def queue_replication(self, name: str) -> dict[str, Any] | None:
+        """A quorum queue's ``replication`` of ``GET /queues/{name}`` in a cluster: its
+        replicas, leader, in-sync set and lags (None: not a quorum queue)."""
+        result = await self._call("GET", f"/queues/{_quote(name)}")
+        found = result.get("replication") if isinstance(result, dict) else None
+        return found if isinstance(found, dict) else None
+
+    async def change_replicas(self, queue: str, *, add: str | None = None, remove: str | None = None) -> dict[str, Any]:
+        """``POST /queues/{queue}/replicas``: add node ``add`` to, or remove node
+        ``remove`` from, a quorum queue's replicas (exactly one); the new replica and
+        in-sync sets."""
+        if (add is None) == (remove is None):
+            raise ValueError("give exactly one of add and remove")
+        body = {"add": add} if add is not None else {"remove": remove}
+        result = await self._call("POST", f"/queues/{_quote(queue)}/replicas", json=body)
+        return result if isinstance(result, dict) else {}
+
     async def declare_exchange(
         self,
         name: str,

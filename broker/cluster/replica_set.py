@@ -11,9 +11,10 @@ in-sync set, fails and is tried again from the fresh view.
 - **Adding** a node puts it in the replica set only: it starts as a follower *out*
   of the in-sync set (its log is empty), fetches the leader's log from the start, and
   the leader adds it to the in-sync set once it has caught up (``Replication._tend``).
-  Refused when the node is unknown (404), is not alive or already a replica (409), or
-  when the in-sync set would then be below a majority of the larger set (409: a
-  lagging member must catch up first).
+  Refused when the node is unknown (404), is not alive or already a replica (409).
+  When the in-sync set is then smaller than a majority of the larger set (a second
+  replica added to a one-replica queue), the leader holds confirms until the new
+  member has caught up and joined it (``LeaderSide.advance``).
 - **Removing** a node takes it out of both sets. Removing the leader also deletes the
   leader key in the same transaction: the leader steps down (its held confirms are
   nacked, publishers resend) and an in-sync member wins the next election at once.
@@ -105,7 +106,7 @@ def plan_change(
                 "message; wait for another replica to catch up",
                 code="last_in_sync",
             )
-    if not force and len(new_isr) < majority(len(new_replicas)):
+    if remove is not None and not force and len(new_isr) < majority(len(new_replicas)):
         raise PreconditionFailed(
             f"queue {queue!r} would have {len(new_isr)} in-sync replicas of {len(new_replicas)}, fewer than a "
             f"majority: wait until its lagging replicas ({', '.join(sorted(set(replicas) - set(isr))) or 'none'}) "

@@ -6,6 +6,8 @@ in (real etcd, real broker subprocesses on loopback)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -14,7 +16,13 @@ from typing import Any
 import pytest
 
 from tests.cluster.conftest import TTL_S, cluster_nodes, wait_for
-from tests.cluster.test_replication import QUORUM, bodies, leader_of, publish, replication
+from tests.cluster.test_replication import (
+    QUORUM,
+    bodies,
+    leader_of,
+    publish,
+    replication,
+)
 from tests.support.broker import BrokerProcess
 
 pytestmark = pytest.mark.slow
@@ -147,6 +155,24 @@ def test_refused_changes_say_why(nodes: Nodes) -> None:
     status, answer = _change(a, "nosuch", add="b")
     assert status == 404, answer
     assert replication(a, "q")["replicas"] == [only]  # nothing changed
+    # the CLI: a second replica added to a one-replica queue catches up and joins
+    leader = a if only == "a" else b
+    out = _cli(b, "queue", "replicas", "q", "--add", other)
+    assert f"added {other}" in out and f"replicas {only}, {other}" in out, out
+    wait_for(f"{other} in sync", lambda: other in replication(leader, "q")["in_sync"], timeout_s=30)
+    status, answer = publish(leader, "q", "after the add")
+    assert status == 200 and answer["confirm"] == "ack", answer
+    table = _cli(a, "queue", "replicas", "q")
+    assert f"leader {only}" in table and len([line for line in table.splitlines() if " yes " in line]) == 2, table
+
+
+def _cli(node: BrokerProcess, *argv: str) -> str:
+    proc = subprocess.run(
+        [sys.executable, "-m", "client", "--url", f"http://127.0.0.1:{node.port}", "--timeout", "20", *argv],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 0, (proc.stdout, proc.stderr)
+    return proc.stdout
 
 
 def test_a_forgotten_node_leaves_the_replica_sets_it_was_in(nodes: Nodes) -> None:

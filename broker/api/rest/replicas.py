@@ -30,8 +30,20 @@ from typing import Any
 
 from broker.api.permissions import access_for
 from broker.api.rest.fields import body_fields, check_query
-from broker.cluster import SECRET_HEADER, ClusterNode, EtcdUnavailable, StaleEpoch, is_quorum
-from broker.core import AccessRefused, BrokerViews, NotFound, PreconditionFailed, Unavailable
+from broker.cluster import (
+    SECRET_HEADER,
+    ClusterNode,
+    EtcdUnavailable,
+    StaleEpoch,
+    is_quorum,
+)
+from broker.core import (
+    AccessRefused,
+    BrokerViews,
+    NotFound,
+    PreconditionFailed,
+    Unavailable,
+)
 from broker.http import Request, Response, Router
 
 __all__ = ["add_replica_routes"]
