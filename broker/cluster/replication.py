@@ -34,9 +34,13 @@ leader etcd names; and steps down (the queue leaves its core, held confirms are
 nacked) when the leader key is gone or names another epoch, or its own lease is
 counted lost (``Membership.alive_until``: last acknowledged keepalive + TTL -
 margin, by this node's monotonic clock). The leader also keeps the in-sync set: a
-follower silent for ``lag_s`` leaves it (never below a majority), a follower caught
-up rejoins it; and while fewer than a majority of replicas answer, the queue refuses
-publishes and nacks the confirms that waited longer than ``lag_s`` with ``no quorum``.
+follower silent for ``lag_s`` (or whose membership key is gone: dead) leaves it
+(never below a majority), a follower caught up rejoins it; and while fewer than a
+majority of replicas answer, the queue refuses publishes and nacks the confirms that
+waited longer than ``lag_s`` with ``no quorum``. When the replica set changes
+(``replica_set.py``: the definition's ``replicas``), the leader waits for an added
+member to catch up before it joins the in-sync set; a node taken out of the set
+forgets its copy of the log (and a removed leader steps down: its key is gone).
 """
 
 from __future__ import annotations
@@ -61,10 +65,11 @@ from broker.cluster.leader import (
 )
 from broker.cluster.membership import Membership
 from broker.cluster.mirror import CoreMirror
-from broker.cluster.replica_follower import FollowerState, PeerSettings, follow
+from broker.cluster.replica_follower import PeerSettings, follow
 from broker.cluster.replica_leader import LeaderSide, StaleEpoch
 from broker.cluster.replica_log import ReplicaLog, replica_log_path
 from broker.cluster.replica_ops import LedQueue, RecordTranslator, fold
+from broker.cluster.replica_state import QueueReplica, replica_status
 from broker.cluster.view import ClusterKeys, ClusterView
 from broker.core import ErrorReply
 from broker.runtime import BrokerRuntime, tap_records
@@ -104,24 +109,6 @@ class NodeParts(Protocol):
     def config(self) -> _Config: ...
 
     def note_etcd(self, error: str | None) -> None: ...
-
-
-class QueueReplica:
-    """This node's part in one quorum queue."""
-
-    def __init__(self, name: str, log_: ReplicaLog) -> None:
-        self.name = name
-        self.log = log_
-        self.leading: LeaderSide | None = None
-        self.led: LedQueue | None = None
-        self.follow_target: tuple[str, int] | None = None
-        self.follow_scope: trio.CancelScope | None = None
-        self.follower = FollowerState()
-        self.refused = False
-        #: the revision of this leader's in-sync set change (-1: in flight; 0: none)
-        self.isr_change_pending = 0
-        #: members being added: counted in the majority before etcd has them
-        self.isr_adding: set[str] = set()
 
 
 class Replication:
@@ -484,29 +471,4 @@ class Replication:
 
     def status(self, queue: str, d: dict[str, Any]) -> dict[str, Any]:
         """A quorum queue's replication, as this node sees it."""
-        view = self.node.view
-        leader = leader_of(view, queue)
-        isr, _rev = in_sync_set(view, queue)
-        replicas = list(d.get("replicas", []))
-        replica = self.queues.get(queue)
-        side = replica.leading if replica is not None else None
-        info: dict[str, Any] = {
-            "replicas": replicas,
-            "leader": leader.node if leader else None,
-            "epoch": leader.epoch if leader else None,
-            "followers": [n for n in replicas if not leader or n != leader.node],
-            "in_sync": sorted(isr),
-            "lag": side.lag() if side is not None else None,
-            "commit_offset": side.commit if side is not None else None,
-            "refusing": bool(replica and replica.refused),
-        }
-        if replica is not None:
-            info["local"] = {
-                "role": "leader" if side is not None else ("follower" if replica.follow_target else "none"),
-                "log_end": replica.log.end_offset,
-                "log_epoch": replica.log.last_epoch,
-                "synced": replica.log.synced,
-                "error": replica.follower.error,
-                "truncated_entries": replica.follower.truncated,
-            }
-        return info
+        return replica_status(self.node.view, queue, d, self.queues.get(queue))

@@ -186,8 +186,8 @@ def test_a_forgotten_node_leaves_the_replica_sets_it_was_in(nodes: Nodes) -> Non
         status, answer = publish(leader, "q", f"m{i}", f"m{i}")
         assert status == 200 and answer["confirm"] == "ack", answer
     procs[gone].kill()
-    wait_for(f"{gone} dead", lambda: not cluster_nodes(a)[gone]["alive"], timeout_s=TTL_S + 10)
-    status, answer = a.request("DELETE", f"/cluster/nodes/{gone}")
+    wait_for(f"{gone} dead", lambda: not cluster_nodes(leader)[gone]["alive"], timeout_s=TTL_S + 10)
+    status, answer = leader.request("DELETE", f"/cluster/nodes/{gone}")
     assert status == 200, answer
     assert gone not in answer["replica_sets"]["q"] and len(answer["replica_sets"]["q"]) == 2, answer
     wait_for("the queue on two replicas", lambda: sorted(replication(leader, "q")["replicas"]) == sorted(answer["replica_sets"]["q"]))
