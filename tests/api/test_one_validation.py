@@ -54,6 +54,9 @@ OTHER_BODY_ROUTES = {
     ("DELETE", "/tokens/{id}"): "none",
     ("DELETE", "/schedules/{name}"): "none",
     ("DELETE", "/cluster/nodes/{name}"): "none",
+    # JSON {"add"|"remove"} in cluster mode (tests/cluster/test_replica_set.py); a single
+    # node refuses it before reading a body (test below)
+    ("POST", "/queues/{name}/replicas"): "refused on a single node",
     ("POST", "/schedules/{name}/pause"): "none",
     ("POST", "/schedules/{name}/resume"): "none",
 }
@@ -66,6 +69,12 @@ async def test_every_route_that_changes_something_is_classified(broker_app: Brok
     }
     classified = {(m, p) for m, p, _ in JSON_BODY_ROUTES} | set(OTHER_BODY_ROUTES)
     assert changing == classified
+
+
+async def test_a_single_node_has_no_replicas_to_change(client: HTTPClient) -> None:
+    await client.put("/queues/q", json={"arguments": {"x-queue-type": "quorum"}})
+    reply = await client.post("/queues/q/replicas", json={"add": "b"})
+    assert_error(reply, 409, "not_clustered")
 
 
 @pytest.mark.parametrize(("method", "pattern", "target"), JSON_BODY_ROUTES, ids=[f"{m} {p}" for m, p, _ in JSON_BODY_ROUTES])
