@@ -31,9 +31,10 @@ import trio
 
 from broker.cluster.h11io import next_event
 from broker.cluster.peers import SECRET_HEADER, open_peer
-from broker.cluster.replica_log import ReplicaLog
+from broker.cluster.replica_leader import COMPACT_AFTER_ENTRIES, snapshot
+from broker.cluster.replica_log import ReplicaLog, is_snapshot
 
-__all__ = ["PeerConnection", "PeerError", "PeerSettings", "follow"]
+__all__ = ["PeerConnection", "PeerError", "PeerSettings", "follow", "take_answer"]
 
 log = logging.getLogger("ackbus.cluster")
 
@@ -143,6 +144,7 @@ async def follow(
     *,
     timeout_s: float,
     settings: PeerSettings | None = None,
+    compact_after: int = COMPACT_AFTER_ENTRIES,
 ) -> None:
     """Follow the leader of ``epoch`` at ``leader_url`` until cancelled; on a failure,
     wait a little and go again (the manager restarts this with a new leader). ``settings``:
@@ -180,12 +182,7 @@ async def follow(
                 if "truncate_to" in answer:
                     truncated = False
                     continue
-                entries = answer.get("entries") or []
-                if entries:
-                    try:
-                        log_.append_entries(entries)
-                    finally:  # the next fetch's offset acknowledges: on disk first
-                        await log_.sync()
+                await take_answer(queue, log_, answer, compact_after)
                 state.fetches += 1
                 state.error = None
                 delay = 0.05
@@ -196,3 +193,23 @@ async def follow(
                 delay = min(1.0, delay * 2)
     finally:
         await peer.aclose()
+
+
+async def take_answer(queue: str, log_: ReplicaLog, answer: dict[str, Any], compact_after: int = COMPACT_AFTER_ENTRIES) -> None:
+    """Take one fetch answer of the leader: its entries appended and fsynced (the next
+    fetch's offset acknowledges them), a snapshot installed first when this log ends
+    before it, and the prefix every replica holds (``safe``) compacted once long."""
+    entries = answer.get("entries") or []
+    if entries and is_snapshot(entries[0]) and int(entries[0][1]) > log_.end_offset:
+        # behind the leader's compacted prefix: its snapshot replaces this log
+        await log_.install(entries[0])
+        log.info("replica log installed from a snapshot", extra={"fields": {"queue": queue, "offset": log_.end_offset}})
+        entries = entries[1:]
+    if entries:
+        try:
+            log_.append_entries(entries)
+        finally:  # the next fetch's offset acknowledges: on disk first
+            await log_.sync()
+    safe = int(answer.get("safe") or 0)
+    if safe - log_.first_offset >= compact_after:
+        await log_.compact(safe, snapshot)

@@ -23,6 +23,7 @@ while its lease holds.
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -30,14 +31,26 @@ from typing import Any
 import trio
 
 from broker.cluster.leader import majority
-from broker.cluster.replica_log import ReplicaLog
+from broker.cluster.replica_log import Entry, ReplicaLog
+from broker.cluster.replica_ops import snapshot_op
 
-__all__ = ["FETCH_MAX_ENTRIES", "LeaderSide", "StaleEpoch"]
+__all__ = ["COMPACT_AFTER_ENTRIES", "FETCH_MAX_ENTRIES", "LeaderSide", "StaleEpoch", "snapshot"]
 
 log = logging.getLogger("ackbus.cluster")
 
 #: The most entries one fetch answer carries.
 FETCH_MAX_ENTRIES = 2000
+#: A replica compacts its log once this many entries precede the offset every
+#: replica holds (``ReplicaLog.compact``).
+COMPACT_AFTER_ENTRIES = 10_000
+#: Settled message ids a snapshot keeps for deduplication: those published this
+#: recently (well past the core's deduplication window, ``dedup_window_s``).
+SETTLED_KEEP_S = 600.0
+
+
+def snapshot(prefix: list[Entry]) -> dict[str, Any] | None:
+    """A compacted prefix's ``snap`` op (``replica_ops.snapshot_op``), now."""
+    return snapshot_op(prefix, time.time() - SETTLED_KEEP_S)
 
 
 class StaleEpoch(Exception):
@@ -58,8 +71,10 @@ class LeaderSide:
         release: Callable[[list[int]], None],
         deliverable: Callable[[int], None],
         alive: Callable[[], bool],
+        compact_after: int = COMPACT_AFTER_ENTRIES,
     ) -> None:
         self.name = name
+        self.compact_after = compact_after
         self.epoch = epoch
         self.me = me
         self.replicas = replicas
@@ -114,6 +129,17 @@ class LeaderSide:
                 await trio.sleep(0.5)
                 continue
             self.advance(None)
+            safe = self.held_by_all()
+            if safe - self.log.first_offset >= self.compact_after:
+                try:
+                    await self.log.compact(safe, snapshot)
+                except OSError as exc:  # the log is as it was: compaction is tried again later
+                    log.error("replica log compaction failed", extra={"fields": {"queue": self.name, "error": str(exc)}})
+
+    def held_by_all(self) -> int:
+        """The offset up to which every replica holds the log (this one synced):
+        what may be compacted."""
+        return min([self.log.synced, *self.acked.values()])
 
     # ------------------------------------------------------------------ followers
 
@@ -141,7 +167,10 @@ class LeaderSide:
             with trio.move_on_after(wait_s):
                 await self._appended.wait()
         entries = self.log.read(offset, FETCH_MAX_ENTRIES)
-        return {"epoch": self.epoch, "entries": entries, "commit": self.commit, "end": self.log.end_offset}
+        return {
+            "epoch": self.epoch, "entries": entries, "commit": self.commit, "end": self.log.end_offset,
+            "safe": self.held_by_all(),  # (the follower may compact up to there)
+        }
 
     def set_replicas(self, replicas: list[str]) -> None:
         """The replica set changed (``replica_set.py``): an added member starts with

@@ -22,8 +22,13 @@ acknowledges an offset only once it is synced, and the leader counts itself in a
 majority the same way. Truncation (a follower dropping a tail its new leader does not
 have: truncation by epoch, as in Kafka's KIP-101/279) rewrites the file.
 
-The whole log stays in memory and on disk (there is no compaction or snapshot yet):
-see docs/cluster.md.
+**Compaction.** The log stays in memory and on disk, so its prefix is compacted once
+every replica holds it (:meth:`compact`): the entries up to an offset are replaced by
+one ``snap`` entry at that offset (``replica_ops.snapshot_op``: the live messages and
+recent deduplication ids the prefix folds into, and where each epoch started, for
+truncation by epoch). A follower whose end lies before a snapshot (behind, wiped,
+or new) receives the snapshot entry itself and installs it (:meth:`install`) in
+place of whatever it had.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from __future__ import annotations
 import os
 import struct
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -38,7 +44,7 @@ from urllib.parse import quote
 import orjson
 import trio
 
-__all__ = ["Entry", "ReplicaLog", "replica_log_path"]
+__all__ = ["Entry", "ReplicaLog", "is_snapshot", "replica_log_path"]
 
 #: (epoch, offset, op)
 Entry = tuple[int, int, dict[str, Any]]
@@ -48,6 +54,11 @@ _FRAME = struct.Struct("<II")
 
 def replica_log_path(data_dir: Path, queue: str) -> Path:
     return data_dir / "replicas" / (quote(queue, safe="") + ".log")
+
+
+def is_snapshot(entry: Entry) -> bool:
+    """Whether ``entry`` is a snapshot standing for every entry up to its offset."""
+    return entry[2].get("t") == "snap"
 
 
 def _frame(entry: Entry) -> bytes:
@@ -132,6 +143,9 @@ class ReplicaLog:
 
     def _remember(self, entry: Entry) -> None:
         self.entries.append(entry)
+        if is_snapshot(entry):
+            for epoch, start in entry[2].get("epochs") or ():
+                self.epoch_starts.setdefault(int(epoch), int(start))
         if entry[0] not in self.epoch_starts:
             self.epoch_starts[entry[0]] = entry[1]
 
@@ -202,6 +216,41 @@ class ReplicaLog:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+    async def compact(self, upto: int, snapshot: Callable[[list[Entry]], dict[str, Any] | None]) -> int:
+        """Replace the synced entries up to offset ``upto`` by one snapshot entry
+        (``snapshot(prefix)``: its op, or None: not worth it now); returns how many
+        entries went. Only for a prefix every replica holds: no truncation reaches
+        below it."""
+        async with self._lock:
+            upto = min(upto, self.synced)
+            first = self.first_offset
+            if not self.entries or upto <= first:
+                return 0
+            i = upto - first
+            prefix = self.entries[: i + 1]
+            epochs = {e: s for e, s in self.epoch_starts.items() if s <= upto}
+            op = snapshot(prefix)
+            if op is None:
+                return 0
+            snap: Entry = (prefix[-1][0], upto, {**op, "t": "snap", "epochs": [[e, s] for e, s in sorted(epochs.items())]})
+            written = self.entries[i + 1 : i + 1 + (self.synced - upto)]  # the rest is in _unwritten
+            await trio.to_thread.run_sync(self._rewrite, b"".join(_frame(e) for e in [snap, *written]))
+            # (appends made meanwhile are at the end: the index still holds)
+            self.entries = [snap, *self.entries[i + 1 :]]
+            return i
+
+    async def install(self, snap: Entry) -> None:
+        """A follower behind the leader's compacted prefix: the leader's snapshot
+        entry replaces everything this log held (durably, before it is acknowledged)."""
+        async with self._lock:
+            entry = (int(snap[0]), int(snap[1]), snap[2])
+            await trio.to_thread.run_sync(self._rewrite, _frame(entry))
+            self.entries = []
+            self.epoch_starts = {}
+            self._unwritten = []
+            self._remember(entry)
+            self.synced = self.end_offset
 
     def remove(self) -> None:
         """The queue was deleted: its log goes."""

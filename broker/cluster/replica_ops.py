@@ -17,7 +17,9 @@ its ``pub`` entry, which every replica shares:
 - ``{"t": "cnt", "n": [[id, count], ...]}``: delivery counts as the core counts them;
 - ``{"t": "set", "ids": [...]}``: messages gone for good (acked, rejected, expired,
   dead-lettered, purged);
-- ``{"t": "lead", "node": name}``: the first entry of a new leader's epoch.
+- ``{"t": "lead", "node": name}``: the first entry of a new leader's epoch;
+- ``{"t": "snap", "live": [...], "settled": [...], "epochs": [...]}``: the first entry of
+  a compacted log, standing for every entry up to its offset (:func:`snapshot_op`).
 
 :func:`fold` replays a log into what a new leader must hold: the messages not settled,
 in log order, with how many times each was delivered (a message delivered before comes
@@ -42,7 +44,7 @@ from broker.core import (
     decode_seqs,
 )
 
-__all__ = ["LedQueue", "LiveMessage", "RecordTranslator", "fold"]
+__all__ = ["LedQueue", "LiveMessage", "RecordTranslator", "fold", "snapshot_op"]
 
 _ENQUEUE = int(RecordType.ENQUEUE)
 _MOVE = int(RecordType.MOVE)
@@ -182,7 +184,10 @@ def fold(entries: list[tuple[int, int, dict[str, Any]]]) -> tuple[list[LiveMessa
     settled: list[tuple[str, str, float]] = []
     for _epoch, offset, op in entries:
         kind = op.get("t")
-        if kind == "pub":
+        if kind == "snap":  # (a compacted log's first entry)
+            live = {int(row[0]): _live_from_row(row) for row in op["live"]}
+            settled = [(str(x), str(mid), float(wall)) for x, mid, wall in op["settled"]]
+        elif kind == "pub":
             due = op.get("d")
             live[offset] = LiveMessage(
                 offset, op["x"], op["k"], base64.b64decode(op["b"]), op.get("p"), float(op["w"]),
@@ -209,3 +214,31 @@ def fold(entries: list[tuple[int, int, dict[str, Any]]]) -> tuple[list[LiveMessa
                 if m is not None and m.properties and m.properties.get("message_id") is not None:
                     settled.append((m.exchange, str(m.properties["message_id"]), m.wall))
     return list(live.values()), settled
+
+
+def snapshot_op(entries: list[tuple[int, int, dict[str, Any]]], settled_since: float, *, max_live_share: float = 0.25) -> dict[str, Any] | None:
+    """What a compacted prefix ``entries`` folds into, as a ``snap`` op: its live
+    messages (with deliveries and due times) and the message ids of settled ones
+    published since wall-clock ``settled_since`` (older ones are past any
+    deduplication window). None when the live messages are more than
+    ``max_live_share`` of the entries: compacting would rewrite nearly as much as it
+    drops (a deep queue); a later, longer prefix is compacted instead."""
+    live, settled = fold(entries)
+    if len(live) > max_live_share * len(entries):
+        return None
+    return {
+        "t": "snap",
+        "live": [
+            [m.id, m.exchange, m.routing_key, m.properties, base64.b64encode(m.body).decode(), m.wall, m.deliveries, m.due]
+            for m in live
+        ],
+        "settled": [[x, mid, wall] for x, mid, wall in settled if wall >= settled_since],
+    }
+
+
+def _live_from_row(row: list[Any]) -> LiveMessage:
+    mid, exchange, routing_key, properties, body, wall, deliveries, due = row
+    return LiveMessage(
+        int(mid), str(exchange), str(routing_key), base64.b64decode(body), properties, float(wall), int(deliveries),
+        float(due) if due is not None else None,
+    )

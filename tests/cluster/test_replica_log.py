@@ -4,12 +4,15 @@ truncation by epoch (KIP-101/279), and the fold a new leader restores its queue 
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import trio
 
+from broker.cluster.replica_follower import take_answer
+from broker.cluster.replica_leader import LeaderSide
 from broker.cluster.replica_log import ReplicaLog
-from broker.cluster.replica_ops import LedQueue, RecordTranslator, fold
+from broker.cluster.replica_ops import LedQueue, RecordTranslator, fold, snapshot_op
 from broker.core import AppendRecords, Broker
 
 
@@ -139,3 +142,84 @@ def test_due_times_travel_the_log_from_a_delayed_publish_and_a_nack_with_delay()
     assert due_op["n"] == [[2, round((now + 30) * 1000)]]
     live, _settled = fold([(1, i + 1, op) for i, op in enumerate(ops)])
     assert [(m.body, m.due) for m in live] == [(b"later", now + 60), (b"nacked", now + 30)]
+
+
+def _pub(i: int) -> dict[str, object]:
+    return {"t": "pub", "x": "", "k": "q", "p": {"message_id": f"id-{i}"}, "b": "eA==", "w": time.time()}
+
+
+def test_compaction_keeps_what_the_log_folds_into_and_survives_a_reopen(tmp_path: Path) -> None:
+    path = tmp_path / "q.log"
+
+    async def main() -> None:
+        log = ReplicaLog(path)
+        log.open()
+        for i in range(1, 101):  # 100 messages in epoch 3, all but #7 settled; epoch 8 from 150
+            log.append(3, _pub(i))
+        log.append(3, {"t": "set", "ids": [i for i in range(1, 101) if i != 7]})
+        log.append(3, {"t": "dlv", "ids": [7]})
+        for i in range(102, 160):
+            log.append(8 if i >= 150 else 3, _pub(i))
+        await log.sync()
+        log.append(8, {"t": "lead", "node": "x"})  # appended, not yet synced: stays unwritten
+        before = fold(log.entries)
+        ends = {e: log.end_of_epoch(e) for e in (0, 3, 8)}
+        assert snapshot_op(log.entries[:20], 0.0, max_live_share=0.25) is None  # 20 live of 20: not worth it
+        dropped = await log.compact(120, lambda prefix: snapshot_op(prefix, 0.0))
+        assert dropped == 119 and log.first_offset == 120 and log.entries[0][2]["t"] == "snap"
+        assert log.entries[0][0] == 3 and log.end_offset == 161
+        after = fold(log.entries)
+        assert [(m.id, m.deliveries) for m in after[0]] == [(m.id, m.deliveries) for m in before[0]]
+        assert sorted(after[1]) == sorted(before[1])
+        assert {e: log.end_of_epoch(e) for e in (0, 3, 8)} == ends
+        await log.sync()
+        reopened = ReplicaLog(path)
+        reopened.open()
+        assert reopened.entries == log.entries and reopened.epoch_starts == log.epoch_starts
+
+    _run(main)
+
+
+def test_a_follower_behind_the_compacted_prefix_installs_the_snapshot(tmp_path: Path) -> None:
+    """The leader compacts once every replica holds the prefix (``held_by_all``); a
+    follower that comes back empty (wiped, or newly added) gets the snapshot as the
+    first entry of its fetch and installs it, then the entries after it."""
+
+    async def main() -> None:
+        leader_log = ReplicaLog(tmp_path / "leader.log")
+        leader_log.open()
+        side = LeaderSide(
+            "q", 5, "a", ["a", "b"], leader_log,
+            release=lambda lsns: None, deliverable=lambda seq: None, alive=lambda: True, compact_after=50,
+        )
+        follower = ReplicaLog(tmp_path / "b.log")
+        follower.open()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(side.serve_sync)
+            for i in range(1, 81):
+                side.appended(leader_log.append(5, _pub(i)), 0)
+                side.appended(leader_log.append(5, {"t": "set", "ids": [leader_log.end_offset]}), 0)
+            while leader_log.synced < leader_log.end_offset:
+                await trio.sleep(0.01)
+            assert leader_log.first_offset == 1  # b holds nothing yet: nothing compacted
+            while follower.end_offset < leader_log.end_offset:
+                answer = await side.fetch("b", 5, follower.end_offset + 1, 0)
+                await take_answer("q", follower, answer, compact_after=50)
+            await side.fetch("b", 5, follower.end_offset + 1, 0)  # acknowledges everything
+            side.appended(leader_log.append(5, _pub(999)), 0)  # wakes the sync loop: it compacts
+            with trio.fail_after(10):
+                while leader_log.first_offset == 1:
+                    await trio.sleep(0.01)
+            assert leader_log.entries[0][2]["t"] == "snap"
+            # b is wiped: it comes back empty and fetches from 1
+            wiped = ReplicaLog(tmp_path / "wiped.log")
+            wiped.open()
+            while wiped.end_offset < leader_log.end_offset:
+                await take_answer("q", wiped, await side.fetch("b", 5, wiped.end_offset + 1, 0))
+            assert wiped.entries == leader_log.entries
+            live, _settled = fold(wiped.entries)
+            assert [m.body for m in live] == [b"x"]  # (#999's body)
+            side.stop()
+            nursery.cancel_scope.cancel()
+
+    _run(main)
