@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import orjson
 import trio
 
 from broker.cluster.replica_follower import take_answer
@@ -215,8 +216,12 @@ def test_a_follower_behind_the_compacted_prefix_installs_the_snapshot(tmp_path: 
             wiped = ReplicaLog(tmp_path / "wiped.log")
             wiped.open()
             while wiped.end_offset < leader_log.end_offset:
-                await take_answer("q", wiped, await side.fetch("b", 5, wiped.end_offset + 1, 0))
-            assert wiped.entries == leader_log.entries
+                answer = await side.fetch("b", 5, wiped.end_offset + 1, 0)
+                await take_answer("q", wiped, orjson.loads(orjson.dumps(answer)))  # (as over the wire)
+            assert [list(e) for e in wiped.entries] == [list(e) for e in leader_log.entries]
+            reopened = ReplicaLog(tmp_path / "wiped.log")
+            reopened.open()
+            assert reopened.entries == wiped.entries and reopened.epoch_starts == leader_log.epoch_starts
             live, _settled = fold(wiped.entries)
             assert [m.body for m in live] == [b"x"]  # (#999's body)
             side.stop()
