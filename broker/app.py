@@ -292,7 +292,7 @@ def cluster_config(settings: Settings) -> ClusterConfig | None:
         return None
     return ClusterConfig(
         settings.etcd, settings.node_name, settings.advertise_url, settings.cluster_name, settings.cluster_lease_ttl_s,
-        settings.cluster_secret, settings.cluster_ca_file,
+        settings.cluster_secret, settings.cluster_ca_file, settings.replica_compact_entries,
     )
 
 

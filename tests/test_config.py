@@ -68,6 +68,7 @@ EXPECTED_DEFAULTS: dict[str, Any] = {
     "advertise_url": "",
     "cluster_name": "ackbus",
     "cluster_lease_ttl_s": 4,
+    "replica_compact_entries": 10_000,
     "cluster_secret": "",
     "cluster_ca_file": None,
     "max_connections_per_address": 1000,

@@ -28,6 +28,7 @@ from broker.cluster.locks import ClusterLocks
 from broker.cluster.membership import Membership, NodeNameTaken
 from broker.cluster.mirror import CoreMirror
 from broker.cluster.port import ClusterGatewayPort
+from broker.cluster.replica_leader import COMPACT_AFTER_ENTRIES
 from broker.cluster.replica_set import change_replicas
 from broker.cluster.replication import Replication, is_quorum
 from broker.cluster.schedules import ClusterSchedules
@@ -58,6 +59,7 @@ class ClusterConfig:
         lease_ttl_s: int,
         secret: str | None = None,
         ca_file: Path | None = None,
+        replica_compact_entries: int = COMPACT_AFTER_ENTRIES,
     ) -> None:
         self.endpoints = parse_endpoints(etcd)
         #: how nodes verify one another's https certificates (None: the system's CAs)
@@ -68,6 +70,8 @@ class ClusterConfig:
         self.advertise_url = advertise_url.rstrip("/")
         self.cluster_name = cluster_name
         self.lease_ttl_s = lease_ttl_s
+        #: a quorum queue's replica compacts its log past this many entries
+        self.replica_compact_entries = replica_compact_entries
 
 
 class ClusterNode:

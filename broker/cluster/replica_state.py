@@ -56,6 +56,7 @@ def replica_status(view: ClusterView, queue: str, d: dict[str, Any], replica: Qu
     if replica is not None:
         info["local"] = {
             "role": "leader" if side is not None else ("follower" if replica.follow_target else "none"),
+            "log_start": replica.log.first_offset,
             "log_end": replica.log.end_offset,
             "log_epoch": replica.log.last_epoch,
             "synced": replica.log.synced,

@@ -91,6 +91,7 @@ def is_quorum(definition: dict[str, Any] | None) -> bool:
 class _Config(PeerSettings, Protocol):
     advertise_url: str
     lease_ttl_s: int
+    replica_compact_entries: int
 
 
 class NodeParts(Protocol):
@@ -284,6 +285,7 @@ class Replication:
             release=self._release,
             deliverable=lambda seq: self._deliverable(name, seq),
             alive=self._alive_with(lease),
+            compact_after=self.node.config.replica_compact_entries,
         )
         side.unreleased.extend(restored)
         side.isr = in_sync_set(self.node.view, name)[0] or list(side.replicas)
@@ -436,7 +438,7 @@ class Replication:
         with scope:
             await follow(
                 replica.name, self.me, leader.url, leader.epoch, replica.log, replica.follower, timeout_s=max(2.0, self.lag_s),
-                settings=self.node.config,
+                settings=self.node.config, compact_after=self.node.config.replica_compact_entries,
             )
 
     def _stop_following(self, replica: QueueReplica) -> None:

@@ -351,6 +351,11 @@ class Settings:
     cluster_lease_ttl_s: int = _setting(
         4, _INT, "cluster", "TTL of a node's membership lease: a node silent this long is shown dead.", _between(2, 3600)
     )
+    replica_compact_entries: int = _setting(
+        10_000, _INT, "cluster",
+        "A quorum queue's replica compacts its log once this many entries precede what every replica holds.",
+        _between(10, 100_000_000),
+    )
     cluster_secret: str = _setting(
         "", _OPTIONAL_STR, "cluster",
         "Shared by every node: authenticates the channels and requests nodes forward to one another.",

@@ -325,3 +325,55 @@ def test_transient_messages_are_replicated_and_delays_are_kept_across_a_failover
     wait_for("the delayed messages once due", lambda: later.extend(new.drain("q")) or len(later) >= 2, timeout_s=delay_s + 20)
     assert time.time() >= due_at - 1.0  # (wall clocks of one machine; due times are in ms)
     assert sorted(bodies(later)) == ["delayed", "retried"]
+
+
+def test_logs_are_compacted_and_a_wiped_follower_catches_up_from_the_snapshot(tmp_path: Path, etcd: EtcdProcess) -> None:
+    """With ``replica_compact_entries`` small, every replica compacts the prefix all of
+    them hold; a wiped follower installs the leader's snapshot, can lead, and the new
+    leader holds exactly the live messages and still deduplicates settled ones."""
+    procs = {
+        name: node_process(tmp_path, etcd, name, extra=("--replica-compact-entries", "50")) for name in ("a", "b", "c")
+    }
+    try:
+        for proc in procs.values():
+            proc.start()
+        wait_for("three members", lambda: len([n for n in _nodes(procs["a"]) if n["alive"]]) == 3)
+        _declare(procs["a"], "q")
+        leader = leader_of(procs, "q")
+        name = next(n for n, p in procs.items() if p is leader)
+        for i in range(60):
+            status, answer = publish(leader, "q", f"done{i}", f"done{i}")
+            assert status == 200 and answer["confirm"] == "ack", answer
+        status, got = leader.request("POST", "/queues/q/get?max=100&lease=600")
+        assert status == 200 and len(got["messages"]) == 60, got
+        status, _ = leader.request("POST", "/queues/q/ack", {"lease_ids": [m["lease_id"] for m in got["messages"]]})
+        assert status == 200
+        for i in range(3):  # (wakes the leader's sync loop, which compacts)
+            _ack(leader, "q", f"live{i}")
+
+        def compacted(node: BrokerProcess) -> bool:
+            return int(replication(node, "q").get("local", {}).get("log_start", 1)) > 1
+
+        for node in procs.values():
+            wait_for("the log compacted", lambda node=node: compacted(node) or _ack(leader, "q", "nudge") or False, timeout_s=30)
+        follower = next(n for n in procs if n != name)
+        procs[follower].kill()
+        shutil.rmtree(procs[follower].data_dir)
+        _start_after_lapse(procs[follower], follower, leader)
+        wait_for(
+            f"{follower} caught up from the snapshot",
+            lambda: (lambda r: r["lag"].get(follower) == 0 and follower in r["in_sync"])(replication(leader, "q")),
+            timeout_s=TTL_S * 4 + 20,
+        )
+        assert compacted(procs[follower])  # its log begins with the snapshot
+        leader.kill()
+        new = leader_of({n: p for n, p in procs.items() if n != name}, "q", not_=name)
+        got_live: list[str] = []
+        wait_for("the live messages", lambda: got_live.extend(bodies(new.drain("q"))) or len(got_live) >= 3, timeout_s=20)
+        assert set(got_live) - {"nudge"} == {"live0", "live1", "live2"}
+        status, answer = publish(new, "q", "done7", "done7")  # settled long ago: still deduplicated
+        assert status == 200 and answer["confirm"] == "ack", answer
+        assert new.drain("q") == []
+    finally:
+        for proc in procs.values():
+            proc.stop()
