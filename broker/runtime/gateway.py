@@ -317,6 +317,11 @@ class CommandGateway:
         cluster = self.runtime.cluster
         return cluster is not None and cluster.owner_of(name) is not None
 
+    def queue_exists(self, name: str) -> bool:
+        """Whether queue ``name`` exists: in this core, or (cluster mode) anywhere in
+        the cluster, owned by another node."""
+        return self.views.queue_exists(name) or self._clustered_queue(name)
+
     async def delete_queue(self, channel_id: int, name: str, *, if_unused: bool, if_empty: bool) -> int:
         """Delete a queue: the ready messages it dropped."""
         cluster = self.runtime.cluster
