@@ -313,7 +313,7 @@ async def _tx_select(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
 async def _tx_commit(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
     if not ch.tx:
         raise AMQPException(PRECONDITION_FAILED, "PRECONDITION_FAILED - channel is not transactional")
-    await s.bridge.run_durable(lambda core: core.tx_commit(ch.core_id))
+    await s.bridge.gateway.tx_commit(ch.core_id)  # (in a cluster: forwarded to other owners too)
     s.reply(ch, commands.Tx.CommitOk())
 
 

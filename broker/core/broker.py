@@ -235,6 +235,7 @@ class Broker:
         self.reserve_delivery_tag = deliveries.reserve_tag
         self.tx_select = transactions.tx_select
         self.tx_commit = transactions.tx_commit
+        self.tx_publishes = transactions.tx_publishes
         self.tx_rollback = transactions.tx_rollback
         # leases (REST gets)
         self.get = leases.get
