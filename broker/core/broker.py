@@ -174,6 +174,7 @@ class Broker:
             channel=deliveries.channel,
         )
         expiry.connect(dead_letter=dead_letters.dead_letter)
+        dead_letters.connect(hold=deliveries.hold)
         self.publishing = publishing = Publishing(
             deliveries, topology, store, dead_letters, log, outbox, stats, wall_clock=wall_clock
         )
@@ -215,6 +216,8 @@ class Broker:
         self.unpark_getter = store.unpark_getter
         self.browse = browser.browse
         self.redrive = dead_letters.redrive
+        self.hold_dead_letters = dead_letters.hold_unrouted
+        self.settle_held_dead_letter = deliveries.settle_held
         # publishing and deliveries
         self.publish = publishing.publish
         self.hold_confirm = publishing.hold_confirm
