@@ -59,22 +59,14 @@ class DeadLetters:
         self._wall_clock = wall_clock
         #: dead letters dropped (no exchange, no route, storage failing), by reason
         self.drops: dict[str, int] = {}
-        #: the channel holding dead letters that route to no queue here (a cluster,
-        #: :meth:`hold_unrouted`); None: they are dropped, as on a single node
-        self.hold_channel: int | None = None
-        self._hold: Callable[[int, Queue, Entry], int | None] | None = None
+        self._hold: Callable[[Queue, Entry], tuple[int, int] | None] | None = None
 
-    def connect(self, *, hold: Callable[[int, Queue, Entry], int | None]) -> None:
-        """Name the deliveries' ``hold`` (built after this component)."""
+    def connect(self, *, hold: Callable[[Queue, Entry], tuple[int, int] | None]) -> None:
+        """Name ``HeldDeadLetters.hold`` (heldletters.py, built after this component):
+        a dead letter routing to no queue here is held, and announced
+        (``DeadLetterHeld``), when it answers (holding channel, tag); dropped when it
+        answers None."""
         self._hold = hold
-
-    def hold_unrouted(self, channel_id: int | None) -> None:
-        """From now on, a dead letter that routes to no queue of this core is not
-        dropped but held in its source queue, as an unacked delivery of
-        ``channel_id``, and announced (``DeadLetterHeld``): a cluster forwards it to
-        the nodes owning the queues it reaches and settles it once one took it. None:
-        dropped again."""
-        self.hold_channel = channel_id
 
     def dead_letter(self, queue: Queue, entry: Entry, reason: str) -> None:
         """``entry`` has left ``queue`` for ``reason``: settle it there and, when the
@@ -100,12 +92,10 @@ class DeadLetters:
             dead_from = {d.get("queue") for d in headers["x-death"]}
             targets = [q for q in targets if q.name not in dead_from]
         if not targets:
-            holder = self.hold_channel
-            if holder is not None and self._hold is not None:
-                tag = self._hold(holder, queue, entry)
-                if tag is not None:
-                    self._outbox.emit(DeadLetterHeld(holder, tag, queue.name, exchange.name, routing_key, message.body, properties))
-                    return
+            held = self._hold(queue, entry) if self._hold is not None else None
+            if held is not None:  # a cluster: other nodes may own the queues it reaches
+                self._outbox.emit(DeadLetterHeld(*held, queue.name, exchange.name, routing_key, message.body, properties))
+                return
             forward = (exchange.name, routing_key, message.body, properties)
             self._drop_dead_letter(queue, entry, reason, f"routes to no queue from {dlx_name!r}", forward)
             return

@@ -378,33 +378,6 @@ class Deliveries:
         ch.next_tag += 1
         return tag
 
-    def hold(self, channel_id: int, queue: Queue, entry: Entry) -> int | None:
-        """Keep ``entry``, which has left ``queue``'s ready messages, unsettled there as
-        an unacked delivery of ``channel_id`` (no consumer, no deadline, not counted as
-        a delivery): a dead letter waiting for another node to take it. Its tag; None
-        when the channel is gone."""
-        ch = self.channels.get(channel_id)
-        if ch is None or ch.closed:
-            return None
-        tag = ch.next_tag
-        ch.next_tag += 1
-        ch.deliveries[tag] = Delivery(tag, entry, queue, None, None)
-        ch.unacked += 1
-        queue.unacked += 1
-        queue.totals.unacked += 1
-        return tag
-
-    def settle_held(self, channel_id: int, tag: int) -> bool:
-        """A held entry (:meth:`hold`) is done with: settled in its queue for good.
-        False when it is not held (its channel ended, and it went back to its queue)."""
-        ch = self.channels.get(channel_id)
-        d = ch.deliveries.pop(tag, None) if ch is not None else None
-        if ch is None or d is None:
-            return False
-        self.finish_delivery(ch, d)
-        self._settle_entry(d.queue, d.entry)
-        return True
-
     # ------------------------------------------------------------- settling
 
     def ack(self, channel_id: int, delivery_tag: object, multiple: bool = False) -> int:
