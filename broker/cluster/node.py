@@ -89,7 +89,6 @@ class ClusterNode:
             ssl_context=config.peer_ssl,
         )
         self.dead_letters = DeadLetterForwarding(self.forwarder, self._settle_dead_letter)
-        self._hold_dead_letters()  # (before recovery: a dead letter at start is held too)
         self.locks = ClusterLocks(self.client, self.keys)
         self.schedules = ClusterSchedules(self.client, self.keys, self.view, self.name)
         runtime.cluster = ClusterGatewayPort(
@@ -114,6 +113,7 @@ class ClusterNode:
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Register (raising NodeNameTaken or EtcdUnavailable), report started, then
         keep the lease and the view current until cancelled; leaves on the way out."""
+        self._hold_dead_letters()  # (before the runtime recovers: one dead at start is held too)
         await self.membership.register()
         try:
             async with trio.open_nursery() as nursery:
