@@ -18,15 +18,12 @@ TTL_S = 2
 
 
 def node_process(
-    tmp: Path, etcd: EtcdProcess, name: str, *, ttl_s: int = TTL_S, extra: tuple[str, ...] = (),
-    amqp_port: int = 0,
+    tmp: Path, etcd: EtcdProcess, name: str, *, ttl_s: int = TTL_S, extra: tuple[str, ...] = ()
 ) -> BrokerProcess:
-    """A node (not started); ``amqp_port``: its AMQP listener's (0: none)."""
     port = free_port()
     return BrokerProcess(
         tmp / name,
         port=port,
-        env={"ACKBUS_AMQP_PORT": str(amqp_port)},
         args=(
             "--etcd", etcd.url,
             "--node-name", name,

@@ -40,7 +40,7 @@ def two(tmp_path: Path, etcd: EtcdProcess) -> Iterator[tuple[AMQPNode, AMQPNode]
     try:
         for name in ("a", "b"):
             port = free_port()
-            proc = node_process(tmp_path, etcd, name, amqp_port=port)
+            proc = node_process(tmp_path, etcd, name, extra=("--amqp-port", str(port)))
             started.append(proc)
             proc.start()
             out.append(AMQPNode(proc, port))

@@ -29,7 +29,7 @@ def two(tmp_path: Path, etcd: EtcdProcess) -> Iterator[tuple[BrokerProcess, Brok
     """Nodes a (with an AMQP port, the third item) and b; queue qa on a, qb on b,
     both bound to fanout exchange txfan."""
     amqp_port = free_port()
-    a = node_process(tmp_path, etcd, "a", amqp_port=amqp_port)
+    a = node_process(tmp_path, etcd, "a", extra=("--amqp-port", str(amqp_port)))
     b = node_process(tmp_path, etcd, "b")
     try:
         a.start()
