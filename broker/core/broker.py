@@ -552,7 +552,7 @@ class Broker:
             "exchanges": len(self.topology.exchanges),
             "queues": len(self.store.queues),
             # (not the REST channel, nor the one holding a cluster's dead letters)
-            "channels": len(self.deliveries.channels) - 1 - (self.held_dead_letters.channel_id is not None),
+            "channels": len(self.deliveries.channels) - (2 if self.held_dead_letters.channel_id is not None else 1),
             "consumers": counts.consumers,
             "messages": counts.ready + counts.unacked,
             "messages_ready": counts.ready,
