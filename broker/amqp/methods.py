@@ -126,10 +126,10 @@ async def _exchange_declare(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
     if not m.passive and m.exchange_type not in EXCHANGE_TYPES:
         # RabbitMQ: a connection exception
         raise AMQPException(COMMAND_INVALID, f"COMMAND_INVALID - invalid exchange type '{m.exchange_type}'")
-    await s.bridge.run_durable(lambda core: core.declare_exchange(
+    await s.bridge.gateway.declare_exchange(
         name, m.exchange_type or "direct", durable=bool(m.durable), auto_delete=bool(m.auto_delete),
         internal=bool(m.internal), arguments=_plain(m.arguments or {}), passive=bool(m.passive),
-    ))
+    )
     s.reply(ch, commands.Exchange.DeclareOk(), m.nowait)
 
 
@@ -142,7 +142,7 @@ async def _exchange_delete(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
         # RabbitMQ 3.x: deleting an exchange that does not exist succeeds.
         s.reply(ch, commands.Exchange.DeleteOk(), m.nowait)
         return
-    await s.bridge.run_durable(lambda core: core.delete_exchange(name, if_unused=bool(m.if_unused)))
+    await s.bridge.gateway.delete_exchange(name, if_unused=bool(m.if_unused))
     s.reply(ch, commands.Exchange.DeleteOk(), m.nowait)
 
 
@@ -152,10 +152,7 @@ async def _exchange_bind(s: AMQPSession, ch: AMQPChannel, m: Any, unbind: bool =
     s.access.require(op, dest or DEFAULT_EXCHANGE_ALIAS, source=source or DEFAULT_EXCHANGE_ALIAS)
     args = _plain(m.arguments or {})
     key = m.routing_key or ""
-    if unbind:
-        await s.bridge.run_durable(lambda core: core.unbind(source, dest, key, args, to_exchange=True, channel_id=ch.core_id))
-    else:
-        await s.bridge.run_durable(lambda core: core.bind(source, dest, key, args, to_exchange=True, channel_id=ch.core_id))
+    await s.bridge.gateway.bind(ch.core_id, source, dest, key, args, to_exchange=True, unbind=unbind)
     s.reply(ch, commands.Exchange.UnbindOk() if unbind else commands.Exchange.BindOk(), m.nowait)
 
 
@@ -169,15 +166,17 @@ async def _queue_declare(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
         s.access.require("declare_queue", name or "amq.gen-")
     elif not name:
         name = ch.last_queue
-    queue, _created = await s.bridge.run_durable(lambda core: core.declare_queue(
-        name, durable=bool(m.durable), exclusive=bool(m.exclusive), auto_delete=bool(m.auto_delete),
-        arguments=_plain(m.arguments or {}), passive=bool(m.passive), channel_id=ch.core_id,
-    ))
-    ch.last_queue = queue.name
+    # through the gateway: in cluster mode decided in etcd, placed on a node, and
+    # seen by every node (exclusive and server-named queues stay this node's)
+    queue, _created = await s.bridge.gateway.declare_queue(
+        ch.core_id, name, durable=bool(m.durable), exclusive=bool(m.exclusive), auto_delete=bool(m.auto_delete),
+        arguments=_plain(m.arguments or {}), passive=bool(m.passive),
+    )
+    ch.last_queue = queue
     if not m.nowait:
-        views = s.views
-        ready = views.queue_counter("messages_ready", queue.name) or 0
-        s.reply_raw(ch, encode_declare_ok(ch.number, queue.name, ready, views.queue_counter("consumers", queue.name) or 0))
+        views = s.views  # (a queue another node owns: its counts are not known here, 0)
+        ready = views.queue_counter("messages_ready", queue) or 0
+        s.reply_raw(ch, encode_declare_ok(ch.number, queue, ready, views.queue_counter("consumers", queue) or 0))
 
 
 def _queue_name(ch: AMQPChannel, name: str | None) -> str:
@@ -191,11 +190,10 @@ async def _queue_bind(s: AMQPSession, ch: AMQPChannel, m: Any, unbind: bool = Fa
     s.access.require(op, queue, source=source or DEFAULT_EXCHANGE_ALIAS)
     args = _plain(m.arguments or {})
     key = m.routing_key or ""
+    await s.bridge.gateway.bind(ch.core_id, source, queue, key, args, to_exchange=False, unbind=unbind)
     if unbind:
-        await s.bridge.run_durable(lambda core: core.unbind(source, queue, key, args, to_exchange=False, channel_id=ch.core_id))
         s.reply(ch, commands.Queue.UnbindOk())
         return
-    await s.bridge.run_durable(lambda core: core.bind(source, queue, key, args, to_exchange=False, channel_id=ch.core_id))
     s.reply(ch, commands.Queue.BindOk(), m.nowait)
 
 
@@ -213,12 +211,12 @@ async def _queue_purge(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
 async def _queue_delete(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
     queue = _queue_name(ch, m.queue)
     s.access.require("delete_queue", queue)
-    if not s.views.queue_exists(queue):
+    if not s.bridge.gateway.queue_exists(queue):
         # RabbitMQ 3.x: deleting a queue that does not exist succeeds with 0.
         s.reply(ch, commands.Queue.DeleteOk(message_count=0), m.nowait)
         return
-    count = await s.bridge.run_durable(lambda core: core.delete_queue(
-        queue, if_unused=bool(m.if_unused), if_empty=bool(m.if_empty), channel_id=ch.core_id))
+    count = await s.bridge.gateway.delete_queue(
+        ch.core_id, queue, if_unused=bool(m.if_unused), if_empty=bool(m.if_empty))
     s.reply(ch, commands.Queue.DeleteOk(message_count=count), m.nowait)
 
 
@@ -315,7 +313,7 @@ async def _tx_select(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
 async def _tx_commit(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
     if not ch.tx:
         raise AMQPException(PRECONDITION_FAILED, "PRECONDITION_FAILED - channel is not transactional")
-    await s.bridge.run_durable(lambda core: core.tx_commit(ch.core_id))
+    await s.bridge.gateway.tx_commit(ch.core_id)  # (in a cluster: forwarded to other owners too)
     s.reply(ch, commands.Tx.CommitOk())
 
 

@@ -146,14 +146,11 @@ class Forwarder:
             refused = "queue_unavailable: the owners of queue " + ", ".join(down) + " are down"
         return ForwardPlan(local=local, owners=owners, refused=refused, routed=len(names))
 
-    def forward_dead_letter(self, exchange: str, routing_key: str, body: bytes, properties: dict[str, Any]) -> bool:
-        """A dead letter that reached no queue of this node, forwarded to the owners
-        of the queues it reaches in the cluster (the same cycle rule as the core's:
-        not back to a queue it died in, unless it was rejected). At most once: the
-        source queue has already let it go, so a refusal or an owner down is logged
-        and the dead letter is gone. False when it reaches no queue anywhere."""
-        if not self.routes.synced or self._nursery is None:
-            return False
+    def dead_letter_owners(self, exchange: str, routing_key: str, properties: dict[str, Any]) -> tuple[list[str], list[str]]:
+        """Where a dead letter that reached no queue of this node goes in the cluster
+        (the same cycle rule as the core's: not back to a queue it died in, unless it
+        was rejected): (the other nodes owning the queues it reaches, the queues it
+        reaches that have no serving node now: a quorum queue without a leader)."""
         headers = properties.get("headers")
         deaths = headers.get("x-death", []) if isinstance(headers, dict) else []
         names = self.routes.route(exchange, routing_key, headers) or []
@@ -161,10 +158,30 @@ class Forwarder:
             dead_from = {d.get("queue") for d in deaths if isinstance(d, dict)}
             names = [n for n in names if n not in dead_from]
         owners: list[str] = []
+        leaderless: list[str] = []
         for name in names:
             owner = self._serving(name)
-            if owner is not None and owner != self.node_name and owner not in owners:
+            if owner is None:
+                leaderless.append(name)
+            elif owner != self.node_name and owner not in owners:
                 owners.append(owner)
+        return owners, leaderless
+
+    @property
+    def ready(self) -> bool:
+        """Whether publishes can be routed and forwarded now (the view was read once,
+        and the peer channels run)."""
+        return self.routes.synced and self._nursery is not None
+
+    def forward_dead_letter(self, exchange: str, routing_key: str, body: bytes, properties: dict[str, Any]) -> bool:
+        """A dead letter that reached no queue of this node, and that the core could
+        not hold (see ``dead_letters.py`` for the held, at-least-once path), forwarded
+        to the owners of the queues it reaches in the cluster. At most once: the
+        source queue has already let it go, so a refusal or an owner down is logged
+        and the dead letter is gone. False when it reaches no queue anywhere."""
+        if not self.ready:
+            return False
+        owners, _leaderless = self.dead_letter_owners(exchange, routing_key, properties)
         if not owners:
             return False
         for owner in owners:

@@ -20,6 +20,7 @@ from typing import Any
 
 import trio
 
+from broker.cluster.dead_letters import DeadLetterForwarding
 from broker.cluster.etcd import EtcdClient, parse_endpoints
 from broker.cluster.etcdproto import EtcdError, EtcdUnavailable
 from broker.cluster.forget import forget_node, report_depths
@@ -36,7 +37,7 @@ from broker.cluster.users import UserWriter, seed_users
 from broker.cluster.view import ClusterKeys, ClusterView
 from broker.cluster.writes import MetadataWriter
 from broker.core import ErrorReply, Unavailable
-from broker.runtime import BrokerRuntime, CommandGateway
+from broker.runtime import BrokerRuntime, CommandGateway, take_held_dead_letters
 
 __all__ = ["ClusterConfig", "ClusterNode", "NodeNameTaken"]
 
@@ -92,6 +93,7 @@ class ClusterNode:
             self.name, self.view, secret=config.secret, answer_timeout_s=max(2.0, float(config.lease_ttl_s)),
             ssl_context=config.peer_ssl,
         )
+        self.dead_letters = DeadLetterForwarding(self.forwarder, self._settle_dead_letter)
         self.locks = ClusterLocks(self.client, self.keys)
         self.schedules = ClusterSchedules(self.client, self.keys, self.view, self.name)
         runtime.cluster = ClusterGatewayPort(
@@ -116,6 +118,7 @@ class ClusterNode:
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Register (raising NodeNameTaken or EtcdUnavailable), report started, then
         keep the lease and the view current until cancelled; leaves on the way out."""
+        self._hold_dead_letters()  # (before the runtime recovers: one dead at start is held too)
         await self.membership.register()
         try:
             async with trio.open_nursery() as nursery:
@@ -123,6 +126,7 @@ class ClusterNode:
                 nursery.start_soon(self.forwarder.serve)
                 task_status.started()
                 await self.runtime.ready_event.wait()
+                await nursery.start(self.dead_letters.serve)
                 nursery.start_soon(report_depths, self.client, self.keys, self.name, self.runtime.core.views)
                 nursery.start_soon(self.schedules.run, self._lease, self._publish_tick)
                 if self.replication is not None:
@@ -134,6 +138,17 @@ class ClusterNode:
                 scope.shield = True
                 await self.membership.leave()
                 await self.client.aclose()
+
+    def _hold_dead_letters(self) -> None:
+        """Dead letters that route to no queue of this node stay in their source
+        queues, held by a core channel of the node's own, until another node took them
+        (``dead_letters.py``)."""
+        gateway = CommandGateway(self.runtime)
+        channel_id = gateway.open_channel()
+        take_held_dead_letters(self.runtime, channel_id, self.dead_letters.take)
+
+    def _settle_dead_letter(self, channel_id: int, tag: int) -> None:
+        CommandGateway(self.runtime).run(lambda core: core.settle_held_dead_letter(channel_id, tag))
 
     def note_etcd(self, error: str | None) -> None:
         """Record whether etcd answered the last call (None) or why not."""
@@ -313,7 +328,7 @@ class ClusterNode:
                 "endpoints": [e.info() for e in self.client.endpoints],
             },
             "nodes": nodes,
-            "forwarding": self.forwarder.info(),
+            "forwarding": {**self.forwarder.info(), "dead_letters": self.dead_letters.info()},
             "schedules_runner": self.schedules.running,
             "replicated_queues": self.replicated_queues(),
             "apply_errors": list(self.mirror.errors),

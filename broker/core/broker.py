@@ -51,7 +51,8 @@ collaborators in its constructor (built here, in dependency order):
 * ``dead_letters`` (deadletter.py): dead letters and redrive;
 * ``deliveries`` (:class:`Deliveries`, delivery.py): channels, consumers, unacked
   deliveries, settling and ack deadlines; ``leases`` (leases.py) and ``publishing``
-  (publishing.py) and ``transactions`` (transactions.py) work through it;
+  (publishing.py) and ``transactions`` (transactions.py) work through it, and
+  ``held_dead_letters`` (heldletters.py: a cluster's dead letters for other nodes);
 * ``coordination`` (coordlog.py): locks (locks.py) and schedules (schedules.py);
 * ``accounts`` (:class:`Users`, users.py): users and tokens (``Broker.users`` is
   their store, read by the API to authenticate);
@@ -96,6 +97,7 @@ from .effects import Effect
 from .entities import ChannelState, Exchange, Queue
 from .errors import NotFound
 from .expiry import Expiry
+from .heldletters import HeldDeadLetters
 from .leases import Leases
 from .locks import CoordTimer, Locks
 from .log import MessageLog, ReadLog
@@ -174,6 +176,8 @@ class Broker:
             channel=deliveries.channel,
         )
         expiry.connect(dead_letter=dead_letters.dead_letter)
+        self.held_dead_letters = held = HeldDeadLetters(deliveries, log)
+        dead_letters.connect(hold=held.hold)
         self.publishing = publishing = Publishing(
             deliveries, topology, store, dead_letters, log, outbox, stats, wall_clock=wall_clock
         )
@@ -215,6 +219,8 @@ class Broker:
         self.unpark_getter = store.unpark_getter
         self.browse = browser.browse
         self.redrive = dead_letters.redrive
+        self.hold_dead_letters = held.hold_on
+        self.settle_held_dead_letter = held.settle
         # publishing and deliveries
         self.publish = publishing.publish
         self.hold_confirm = publishing.hold_confirm
@@ -235,6 +241,7 @@ class Broker:
         self.reserve_delivery_tag = deliveries.reserve_tag
         self.tx_select = transactions.tx_select
         self.tx_commit = transactions.tx_commit
+        self.tx_publishes = transactions.tx_publishes
         self.tx_rollback = transactions.tx_rollback
         # leases (REST gets)
         self.get = leases.get
@@ -555,7 +562,8 @@ class Broker:
         return {
             "exchanges": len(self.topology.exchanges),
             "queues": len(self.store.queues),
-            "channels": len(self.deliveries.channels) - 1,
+            # (not the REST channel, nor the one holding a cluster's dead letters)
+            "channels": len(self.deliveries.channels) - (2 if self.held_dead_letters.channel_id is not None else 1),
             "consumers": counts.consumers,
             "messages": counts.ready + counts.unacked,
             "messages_ready": counts.ready,

@@ -20,7 +20,7 @@ from typing import Any
 
 from . import records as rec
 from .constants import DEFAULT_EXCHANGE
-from .effects import DeadLetterDropped
+from .effects import DeadLetterDropped, DeadLetterHeld
 from .entities import Queue
 from .errors import InvalidArgument, NotFound
 from .log import MessageLog
@@ -59,6 +59,14 @@ class DeadLetters:
         self._wall_clock = wall_clock
         #: dead letters dropped (no exchange, no route, storage failing), by reason
         self.drops: dict[str, int] = {}
+        self._hold: Callable[[Queue, Entry], tuple[int, int] | None] | None = None
+
+    def connect(self, *, hold: Callable[[Queue, Entry], tuple[int, int] | None]) -> None:
+        """Name ``HeldDeadLetters.hold`` (heldletters.py, built after this component):
+        a dead letter routing to no queue here is held, and announced
+        (``DeadLetterHeld``), when it answers (holding channel, tag); dropped when it
+        answers None."""
+        self._hold = hold
 
     def dead_letter(self, queue: Queue, entry: Entry, reason: str) -> None:
         """``entry`` has left ``queue`` for ``reason``: settle it there and, when the
@@ -84,6 +92,10 @@ class DeadLetters:
             dead_from = {d.get("queue") for d in headers["x-death"]}
             targets = [q for q in targets if q.name not in dead_from]
         if not targets:
+            held = self._hold(queue, entry) if self._hold is not None else None
+            if held is not None:  # a cluster: other nodes may own the queues it reaches
+                self._outbox.emit(DeadLetterHeld(*held, queue.name, exchange.name, routing_key, message.body, properties))
+                return
             forward = (exchange.name, routing_key, message.body, properties)
             self._drop_dead_letter(queue, entry, reason, f"routes to no queue from {dlx_name!r}", forward)
             return

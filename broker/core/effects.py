@@ -24,6 +24,7 @@ __all__ = [
     "MessageLost",
     "LogReadFailed",
     "DeadLetterDropped",
+    "DeadLetterHeld",
     "ConsumerActive",
 ]
 
@@ -149,6 +150,25 @@ class DeadLetterDropped(Effect):
     reason: str
     why: str
     forward: tuple[str, str, bytes, dict[str, Any]] | None = None
+
+
+@dataclass(slots=True)
+class DeadLetterHeld(Effect):
+    """A dead letter that routed to no queue of this core, held (``hold_dead_letters``:
+    a cluster, whose other nodes may own the queues it reaches): the message stays in
+    its source queue ``queue``, unsettled, as delivery ``delivery_tag`` of the holding
+    channel ``channel_id``, until ``settle_held_dead_letter`` (once another node took
+    the dead letter) or that channel's end (back to the queue). ``exchange``,
+    ``routing_key``, ``body``, ``properties`` (with ``x-death``): the dead letter as
+    it is to be published."""
+
+    channel_id: int
+    delivery_tag: int
+    queue: str
+    exchange: str
+    routing_key: str
+    body: bytes
+    properties: dict[str, Any]
 
 
 @dataclass(slots=True)

@@ -19,13 +19,20 @@ through them at the commit.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from .delivery import Deliveries
 from .entities import MAX_TX_BYTES, MAX_TX_OPS, ChannelState, Transaction
 from .errors import ChannelError
 from .log import MessageLog
 from .publishing import Publishing
 
-__all__ = ["Transactions", "MAX_TX_BYTES", "MAX_TX_OPS"]
+__all__ = ["Transactions", "TxPublish", "MAX_TX_BYTES", "MAX_TX_OPS"]
+
+#: A publish a transaction holds: (tag, exchange, routing key, body, properties,
+#: mandatory, delay_s).
+TxPublish = tuple[int, str, str, bytes, dict[str, Any] | None, bool, float | None]
 
 
 class Transactions:
@@ -49,10 +56,24 @@ class Transactions:
             )
         ch.tx = Transaction()
 
-    def tx_commit(self, channel_id: int) -> int:
+    def tx_publishes(self, channel_id: int) -> list[TxPublish]:
+        """The publishes the transaction holds, in order: (tag, exchange, routing key,
+        body, properties, mandatory, delay_s). A cluster routes them before the commit
+        to learn which reach queues of other nodes. Raises ChannelError when the
+        channel is not transactional."""
+        tx = self._transactional(channel_id).tx
+        assert tx is not None
+        return [(tag, *args) for tag, args in tx.publishes]
+
+    def tx_commit(self, channel_id: int, elsewhere: Mapping[int, int] | None = None) -> int:
         """Apply the transaction's publishes and settles in one step; return how many
         operations. Everything is checked first: a settle whose delivery is gone
-        (expired meanwhile) raises ChannelError and nothing is applied."""
+        (expired meanwhile) raises ChannelError and nothing is applied.
+
+        ``elsewhere`` (a cluster): publish tag -> how many other nodes it is forwarded
+        to at this commit. Such a publish's confirm also waits for that many answers
+        (``settle_held_confirm``), and reaching no queue of this node it is not
+        returned as unroutable (its queues are elsewhere)."""
         ch = self._transactional(channel_id)
         tx = ch.tx
         assert tx is not None
@@ -75,7 +96,13 @@ class Transactions:
         ch.tx = None  # (so that the operations below apply)
         try:
             for tag, args in tx.publishes:
-                self._publishing.publish_tagged(ch, tag, *args)
+                answers = elsewhere.get(tag) if elsewhere else None
+                if answers is None:
+                    self._publishing.publish_tagged(ch, tag, *args)
+                    continue
+                exchange, routing_key, body, properties, _mandatory, delay_s = args
+                self._publishing.publish_tagged(ch, tag, exchange, routing_key, body, properties, False, delay_s)
+                ch.confirms.hold(tag, answers)
             for kind, tag, multiple, requeue, delay_s in tx.settles:
                 if kind == "ack":
                     self._deliveries.ack(channel_id, tag, multiple)

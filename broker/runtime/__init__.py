@@ -38,7 +38,7 @@ from broker.runtime.ports import (
 )
 from broker.runtime.resources import disk_info, fd_info
 from broker.runtime.runtime import BrokerRuntime, LockWait
-from broker.runtime.taps import tap_records
+from broker.runtime.taps import take_held_dead_letters, tap_records
 
 __all__ = [
     "build_name",
@@ -53,6 +53,7 @@ __all__ = [
     "process_rss_bytes",
     "resolve_watermark",
     "BrokerRuntime",
+    "take_held_dead_letters",
     "ChannelSink",
     "ClusterLocksPort",
     "ClusterPort",

@@ -41,6 +41,9 @@ The interface, in full:
   on a single node the core's commands (durable), in cluster mode decided through
   etcd (``runtime.cluster``) and applied to this core before they return. Exclusive
   and server-named queues, and bindings to them, stay the channel's node's own.
+* ``await gateway.tx_commit(channel_id)``: a transaction's commit, for every protocol;
+  in cluster mode its publishes that reach other nodes' queues are forwarded at the
+  commit (``txcommit.py`` says what it guarantees).
 * Long-poll gets (``park_getters``/``unpark_getters``) and REST lock waits
   (``acquire_lock``/``end_lock_wait``).
 
@@ -73,6 +76,7 @@ from broker.core import (
 from broker.runtime.confirms import PublishWaiter
 from broker.runtime.ports import ChannelSink, ForwardPlan
 from broker.runtime.runtime import BrokerRuntime, LockWait
+from broker.runtime.txcommit import commit_across_nodes
 
 __all__ = ["CommandBatch", "CommandGateway", "PublishOutcome"]
 
@@ -212,7 +216,7 @@ class CommandGateway:
             tag, _routed = core.publish(channel_id, exchange, routing_key, body, properties, mandatory=mandatory, delay_s=delay_s)
         answers = len(plan.owners) + (1 if plan.refused else 0)
         held = core.hold_confirm(channel_id, tag, answers)
-        if held is None:  # a transaction: its publishes reach this node's queues only
+        if held is None:  # a transaction: the core holds it; forwarded at the commit (tx_commit)
             if tag is None:
                 tag, _routed = core.publish(channel_id, exchange, routing_key, body, properties, mandatory=mandatory, delay_s=delay_s)
             return tag, 0
@@ -286,6 +290,18 @@ class CommandGateway:
         await waiter.event.wait()
         return PublishOutcome(waiter.ack, waiter.reason, routed, waiter.returned)
 
+    # ------------------------------------------------------ transactions
+
+    async def tx_commit(self, channel_id: int) -> int:
+        """Commit a channel's transaction (``Broker.tx_commit``): the number of
+        operations, once the commit is durable. In cluster mode its publishes that
+        reach queues of other nodes are forwarded to those owners at the commit, and
+        the answer waits for their confirms too (``broker.runtime.txcommit``)."""
+        cluster = self.runtime.cluster
+        if cluster is None:
+            return await self.run_durable(lambda core: core.tx_commit(channel_id))
+        return await commit_across_nodes(self.runtime, cluster, channel_id)
+
     # --------------------------------------------------------- metadata
 
     async def declare_queue(
@@ -316,6 +332,11 @@ class CommandGateway:
     def _clustered_queue(self, name: str) -> bool:
         cluster = self.runtime.cluster
         return cluster is not None and cluster.owner_of(name) is not None
+
+    def queue_exists(self, name: str) -> bool:
+        """Whether queue ``name`` exists: in this core, or (cluster mode) anywhere in
+        the cluster, owned by another node."""
+        return self.views.queue_exists(name) or self._clustered_queue(name)
 
     async def delete_queue(self, channel_id: int, name: str, *, if_unused: bool, if_empty: bool) -> int:
         """Delete a queue: the ready messages it dropped."""

@@ -5,16 +5,20 @@ Cluster mode's replicated queues tap ``AppendRecords``: the records of a replica
 queue are copied into its own replicated log (``broker.cluster``'s replica log) before
 the node's WAL writes them, and the confirms of their publishes are held by the core
 (``Broker.hold_confirms``) until a majority of the queue's replicas has them on disk.
+
+Cluster mode also takes the dead letters that route to no queue of this node
+(``DeadLetterHeld``, :func:`take_held_dead_letters`): they stay in their source
+queues until another node has taken them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from broker.core import AppendRecords
+from broker.core import AppendRecords, DeadLetterHeld
 from broker.runtime.runtime import BrokerRuntime
 
-__all__ = ["tap_records"]
+__all__ = ["tap_records", "take_held_dead_letters"]
 
 
 def tap_records(runtime: BrokerRuntime, tap: Callable[[AppendRecords], None]) -> None:
@@ -26,3 +30,15 @@ def tap_records(runtime: BrokerRuntime, tap: Callable[[AppendRecords], None]) ->
         append(effect)
 
     runtime.effect_handlers[AppendRecords] = tapped
+
+
+def take_held_dead_letters(
+    runtime: BrokerRuntime, channel_id: int | None, handler: Callable[[DeadLetterHeld], None]
+) -> None:
+    """From now on a dead letter that routes to no queue of this node is held in its
+    source queue, as a delivery of core channel ``channel_id``, and handed to
+    ``handler``, which settles it (``Broker.settle_held_dead_letter``) once another
+    node has taken it. None: such dead letters are dropped again (a single node's
+    rule)."""
+    runtime.effect_handlers[DeadLetterHeld] = handler
+    runtime.core.hold_dead_letters(channel_id)

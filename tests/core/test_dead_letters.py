@@ -9,7 +9,7 @@ import pytest
 
 from broker.core import Deliver, InvalidArgument, RecordType
 from broker.core.delayed import DelayedMessages
-from broker.core.effects import DeadLetterDropped
+from broker.core.effects import DeadLetterDropped, DeadLetterHeld
 
 from .durable_view import durable_view, fresh_broker, replay_into, restart_from_log
 from .helpers import Harness, ready_entries
@@ -154,6 +154,43 @@ def test_reject_without_requeue_dead_letters_with_the_routing_key_argument() -> 
     assert any(r[1] == RecordType.MOVE for r in h.records)
     nb = restart_from_log(h)
     assert (nb.queues["work"].ready_count(), nb.queues["dead"].ready_count()) == (0, 1)
+
+
+def test_a_held_dead_letter_stays_in_its_queue_until_settled_or_its_holder_ends() -> None:
+    """A cluster holds the dead letters that route to no queue of this core
+    (``hold_dead_letters``): unsettled in their source queue, announced, settled once
+    another node took them; back in the queue when the holding channel ends, and
+    after a restart from the log."""
+    h = Harness()
+    h.b.declare_exchange("dlx", "direct")  # bound to no queue of this core
+    h.queue("work", arguments=DLX)
+    holder = h.channel()
+    h.b.hold_dead_letters(holder)
+    ch = consuming(h, "work", b"m1", b"m2")
+    d1, d2 = h.delivers(h.step(), ch)
+    h.b.reject(ch, d1.delivery_tag, requeue=False)
+    (held,) = h.of_type(DeadLetterHeld, h.step())
+    assert (held.channel_id, held.queue, held.exchange, held.body) == (holder, "work", "dlx", b"m1")
+    assert held.properties["headers"]["x-death"][0]["reason"] == "rejected"
+    h.sync()
+    assert h.info("work")["messages_unacked"] == 2  # m1 held, m2 with the consumer
+    assert restart_from_log(h).queues["work"].ready_count() == 2  # nothing settled yet
+    assert h.b.settle_held_dead_letter(holder, held.delivery_tag) is True
+    h.sync()
+    assert h.info("work")["messages_unacked"] == 1 and restart_from_log(h).queues["work"].ready_count() == 1
+    # m2: held, then the holder ends: back in its queue (and to the consumer)
+    h.b.reject(ch, d2.delivery_tag, requeue=False)
+    (held,) = h.of_type(DeadLetterHeld, h.step())
+    h.b.close_channel(holder)
+    assert h.b.settle_held_dead_letter(holder, held.delivery_tag) is False
+    (again,) = h.delivers(h.step(), ch)
+    assert again.message.body == b"m2"
+    # without a holder, a dead letter routing nowhere here is dropped (a single node)
+    h.b.hold_dead_letters(None)
+    h.b.reject(ch, again.delivery_tag, requeue=False)
+    assert h.of_type(DeadLetterDropped, h.step())
+    h.sync()
+    assert h.info("work")["messages"] == 0
 
 
 def test_a_dead_letter_move_is_atomic_at_every_point_of_the_log() -> None:

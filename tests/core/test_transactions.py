@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from broker.core import AppendRecords, ChannelError
+from broker.core import AppendRecords, ChannelError, Return
 
 from .durable_view import fresh_broker, replay_into
 from .helpers import Harness, ready_entries
@@ -106,3 +106,24 @@ def test_wrong_states_and_stale_settles_are_refused_and_change_nothing() -> None
         h.b.tx_commit(ch)
     h.sync()
     assert h.info("q")["messages_unacked"] == 3  # nothing was applied
+
+
+def test_a_commit_holds_the_confirms_of_publishes_forwarded_elsewhere() -> None:
+    """A cluster forwards some of a transaction's publishes at the commit
+    (``elsewhere``): their confirms wait for the other nodes' answers, and one that
+    reaches no queue here is not returned as unroutable."""
+    h = Harness()
+    h.queue("q")
+    ch = h.channel()
+    h.b.tx_select(ch)
+    local = h.publish(ch, "", "q", b"here")
+    away = h.b.publish(ch, "", "on-another-node", b"there", mandatory=True)[0]
+    assert [p[:3] for p in h.b.tx_publishes(ch)] == [(local, "", "q"), (away, "", "on-another-node")]
+    assert h.b.tx_commit(ch, {away: 1}) == 2
+    h.b.durable(h.b.last_lsn)
+    effects = h.step()
+    assert not h.of_type(Return, effects)
+    assert h.acked(ch, local) and h.confirm_of(ch, away) is None  # waits for the other node
+    h.b.settle_held_confirm(ch, away, False, "queue_unavailable: node 'b' is down")
+    h.step()
+    assert h.confirm_of(ch, away) == (False, "queue_unavailable: node 'b' is down")

@@ -404,7 +404,7 @@ async def _op_tx_commit(s: ServedChannel, op: dict[str, Any]) -> None:
     """Apply the transaction in one step; answer once it is on disk (its publishes'
     confirms come first)."""
     cid = s.channel_id
-    count = await s.batch.run_durable(lambda core: core.tx_commit(cid))
+    count = await s.gateway.tx_commit(cid)  # (in a cluster: forwarded to other owners too)
     s.send_event(reply(op, "ok", op="tx_commit", operations=count))
 
 

@@ -11,6 +11,7 @@ import { exchangesPage } from "./exchanges.js";
 import { connectionsPage } from "./connections.js";
 import { listPage } from "./lists.js";
 import { usersPage } from "./users.js";
+import { clusterPage } from "./cluster.js";
 
 const main = document.getElementById("main");
 
@@ -54,6 +55,7 @@ const routes = [
   [/^#\/locks$/, () => listPage("Locks", "/locks")],
   [/^#\/schedules$/, () => listPage("Schedules", "/schedules")],
   [/^#\/users$/, () => usersPage()],
+  [/^#\/cluster$/, () => clusterPage()],
 ];
 
 let cleanup = null;
@@ -101,6 +103,9 @@ async function start() {
   for (const li of document.querySelectorAll("#nav [data-feature]")) {
     exists(li.dataset.feature).then((yes) => { li.hidden = !yes; });
   }
+  // The Cluster section only for a node of a cluster (a single node answers
+  // GET /cluster with {"enabled": false}).
+  api("/cluster").then((c) => { document.getElementById("nav-cluster").hidden = !(c && c.enabled); }, () => {});
 }
 
 start();

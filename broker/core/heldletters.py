@@ -1,0 +1,62 @@
+"""Dead letters held for a cluster: :class:`HeldDeadLetters`.
+
+On a single node a dead letter that routes to no queue is dropped (and logged). A
+node of a cluster holds it instead: other nodes may own the queues it reaches, and it
+must not leave its source queue before one of them has taken it. Held, the message
+stays in its source queue, unsettled, as an unacked delivery (no consumer, no
+deadline, not counted as a delivery) of one channel the cluster opened for this
+(:meth:`HeldDeadLetters.hold_on`); checkpoints keep it with the queue's other
+unacked messages, and a restart finds it back in its queue. The cluster settles it
+once taken (:meth:`HeldDeadLetters.settle`); should that channel end, its held dead
+letters go back to their queues like any unacked delivery.
+"""
+
+from __future__ import annotations
+
+from .delivery import Deliveries
+from .entities import Delivery, Queue
+from .log import MessageLog
+from .message import Entry
+
+__all__ = ["HeldDeadLetters"]
+
+
+class HeldDeadLetters:
+    """Owns which channel holds the dead letters (see the module docstring)."""
+
+    def __init__(self, deliveries: Deliveries, log: MessageLog) -> None:
+        self._deliveries = deliveries
+        self._channels = deliveries.channels
+        self._settle_entry = log.settle_entry
+        #: the holding channel; None: dead letters routing nowhere are dropped
+        self.channel_id: int | None = None
+
+    def hold_on(self, channel_id: int | None) -> None:
+        """Hold dead letters that route to no queue of this core as deliveries of
+        ``channel_id`` from now on (None: drop them again, a single node's rule)."""
+        self.channel_id = channel_id
+
+    def hold(self, queue: Queue, entry: Entry) -> tuple[int, int] | None:
+        """Keep ``entry``, which has left ``queue``'s ready messages, unsettled there:
+        (holding channel, delivery tag); None when nothing holds dead letters."""
+        channel_id = self.channel_id
+        ch = self._channels.get(channel_id) if channel_id is not None else None
+        if ch is None or ch.closed:
+            return None
+        tag = self._deliveries.reserve_tag(ch.id)
+        ch.deliveries[tag] = Delivery(tag, entry, queue, None, None)
+        ch.unacked += 1
+        queue.unacked += 1
+        queue.totals.unacked += 1
+        return ch.id, tag
+
+    def settle(self, channel_id: int, tag: int) -> bool:
+        """Held dead letter ``tag`` was taken elsewhere: settled in its queue for good.
+        False when it is not held (its channel ended: it went back to its queue)."""
+        ch = self._channels.get(channel_id)
+        d = ch.deliveries.pop(tag, None) if ch is not None else None
+        if ch is None or d is None:
+            return False
+        self._deliveries.finish_delivery(ch, d)
+        self._settle_entry(d.queue, d.entry)
+        return True

@@ -1,0 +1,106 @@
+"""A transaction's commit in cluster mode: :func:`commit_across_nodes`.
+
+A transactional channel's publishes are held by the core until the commit
+(``broker.core.transactions``). On a single node the commit applies them in one step.
+In a cluster some of them may reach queues other nodes own; they are routed at the
+commit, with this node's view of the cluster, and forwarded to those owners then.
+
+What a commit guarantees (docs/cluster.md, "Transactions"):
+
+- When a publish reaches a queue whose owner is down (or a quorum queue without a
+  leader), the commit is refused (``queue_unavailable``) and **nothing** of the
+  transaction is applied, here or elsewhere.
+- Otherwise this node's part (its publishes and settles) is applied in one step, as on
+  a single node, and each other owner is sent its share; the commit answers once this
+  node's part is durable and every owner has answered.
+- An owner that refuses or fails between the routing and its answer leaves the commit
+  **partial**: its publishes are nacked, the rest stays applied, and the commit answers
+  ``tx_incomplete`` naming them. RabbitMQ's transactions are not atomic across queues
+  either; ackbus says when it happened.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+from broker.core import ChannelError
+from broker.runtime.ports import ClusterPort
+from broker.runtime.runtime import BrokerRuntime
+
+__all__ = ["COMMIT_ANSWERS_WAIT_S", "commit_across_nodes"]
+
+#: The longest a commit waits for the owners' answers to its forwarded publishes
+#: (the forwarding channel itself nacks one unanswered for the lease TTL, so this is
+#: only a backstop).
+COMMIT_ANSWERS_WAIT_S = 60.0
+
+_Forward = tuple[int, list[str], tuple[str, str, bytes, dict[str, Any] | None, float | None]]
+
+
+def _plan(cluster: ClusterPort, channel_id: int, publishes: list[Any]) -> list[_Forward]:
+    """The publishes that reach other nodes, with their owners. Raises ChannelError
+    (``queue_unavailable``) when one reaches a queue no node can take now."""
+    forwards: list[_Forward] = []
+    for tag, exchange, routing_key, body, properties, _mandatory, delay_s in publishes:
+        headers = properties.get("headers") if properties else None
+        plan = cluster.plan(channel_id, exchange, routing_key, headers)
+        if plan is None:
+            continue
+        if plan.refused:
+            why = plan.refused.partition(": ")[2] or plan.refused
+            raise ChannelError(f"transaction not committed, nothing of it applied: {why}", code="queue_unavailable")
+        if plan.owners:
+            forwards.append((tag, list(plan.owners), (exchange, routing_key, body, properties, delay_s)))
+    return forwards
+
+
+async def commit_across_nodes(runtime: BrokerRuntime, cluster: ClusterPort, channel_id: int) -> int:
+    """Commit ``channel_id``'s transaction, forwarding its publishes that reach other
+    nodes (see the module docstring); the number of operations."""
+    core = runtime.core
+    forwards = _plan(cluster, channel_id, core.tx_publishes(channel_id))
+    before = core.last_lsn
+    try:
+        count = core.tx_commit(channel_id, {tag: len(owners) for tag, owners, _args in forwards})
+    finally:
+        runtime.pump()
+    waiting = sum(len(owners) for _tag, owners, _args in forwards)
+    all_answered = trio.Event()
+    failed: list[str] = []
+
+    def answer(tag: int, owner: str) -> Callable[[bool, str | None], None]:
+        def settle(ack: bool, reason: str | None) -> None:
+            nonlocal waiting
+            if not ack:
+                failed.append(f"publish {tag} to node {owner!r}: {reason or 'nacked'}")
+            waiting -= 1
+            if waiting == 0:
+                all_answered.set()
+            try:
+                core.settle_held_confirm(channel_id, tag, ack, reason)
+            finally:
+                runtime.pump()
+
+        return settle
+
+    for tag, owners, (exchange, routing_key, body, properties, delay_s) in forwards:
+        for owner in owners:
+            cluster.send(owner, exchange, routing_key, body, properties, delay_s, answer(tag, owner))
+    runtime.pump()
+    if core.last_lsn > before:  # this node's part, durable
+        await runtime.wait_durable(core.last_lsn)
+    if waiting:
+        with trio.move_on_after(COMMIT_ANSWERS_WAIT_S):
+            await all_answered.wait()
+        if waiting:
+            failed.append(f"{waiting} forwarded publish(es) not answered within {COMMIT_ANSWERS_WAIT_S:g} s")
+    if failed:
+        raise ChannelError(
+            f"transaction committed only in part: this node's part is applied, but {len(failed)} forwarded "
+            f"publish(es) were not taken: {'; '.join(failed[:5])}",
+            code="tx_incomplete",
+        )
+    return count

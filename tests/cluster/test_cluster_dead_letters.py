@@ -1,0 +1,94 @@
+"""Dead letters across nodes, at least once (docs/cluster.md): a dead letter routed to
+a queue another node owns stays in its source queue (unacked) until that node has
+confirmed it; while the node is down it waits, and it is delivered once the node is
+back; a crash of the source queue's node meanwhile leaves it in its source queue."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from tests.cluster.conftest import TTL_S, cluster_nodes, wait_for
+from tests.support.broker import BrokerProcess
+
+pytestmark = pytest.mark.slow
+
+Nodes = Callable[[str], BrokerProcess]
+LOCAL = {"x-queue-leader-locator": "client-local"}
+
+
+def _queue(node: BrokerProcess, name: str) -> dict[str, Any]:
+    status, body = node.request("GET", f"/queues/{name}")
+    assert status == 200, body
+    return dict(body)
+
+
+def _reject(node: BrokerProcess, queue: str, expected: str) -> None:
+    """Get one message of ``queue`` (``expected``) and nack it without requeue."""
+    status, got = node.request("POST", f"/queues/{queue}/get?lease=60")
+    assert status == 200 and [m["body"] for m in got["messages"]] == [expected], got
+    status, answer = node.request("POST", f"/queues/{queue}/nack", {"lease_ids": [got["messages"][0]["lease_id"]], "requeue": False})
+    assert status == 200, answer
+
+
+def _publish(node: BrokerProcess, queue: str, body: str) -> None:
+    status, answer = node.request("POST", f"/exchanges/amq.default/publish?routing_key={queue}", body.encode())
+    assert status == 200 and answer["confirm"] == "ack", answer
+
+
+def _alive(witness: BrokerProcess, name: str) -> bool:
+    return bool(cluster_nodes(witness)[name]["alive"])
+
+
+def test_a_dead_letter_waits_in_its_source_queue_until_the_target_node_took_it(nodes: Nodes) -> None:
+    a, b = nodes("a"), nodes("b")
+    wait_for("both alive", lambda: _alive(a, "b") and _alive(b, "a"))
+    assert a.request("PUT", "/exchanges/dlx", {"type": "direct"})[0] == 201
+    assert b.request("PUT", "/queues/dlq", {"durable": True, "arguments": LOCAL})[0] == 201
+    assert a.request("POST", "/bindings", {"exchange": "dlx", "queue": "dlq", "routing_key": "dead"})[0] == 201
+    src_args = {**LOCAL, "x-dead-letter-exchange": "dlx", "x-dead-letter-routing-key": "dead"}
+    assert a.request("PUT", "/queues/src", {"durable": True, "arguments": src_args})[0] == 201
+    wait_for("a routes to dlq", lambda: a.request("GET", "/queues/dlq")[0] == 200)
+
+    # b alive: the dead letter crosses at once, and leaves its source queue
+    _publish(a, "src", "m1")
+    _reject(a, "src", "m1")
+    wait_for("m1 on b", lambda: _queue(b, "dlq")["messages_ready"] == 1)
+    wait_for("m1 settled in src", lambda: _queue(a, "src")["messages_unacked"] == 0)
+
+    # b down: the dead letter stays in src (unacked) and waits for b
+    b.kill()
+    wait_for("b shown dead", lambda: not _alive(a, "b"), timeout_s=TTL_S + 10)
+    _publish(a, "src", "m2")
+    _reject(a, "src", "m2")
+    wait_for("m2 held in src", lambda: a.request("GET", "/cluster")[1]["forwarding"]["dead_letters"]["waiting"] == 1)
+    assert _queue(a, "src")["messages_unacked"] == 1
+    b.start()
+    wait_for("m2 delivered to b once it is back", lambda: _queue(b, "dlq")["messages_ready"] == 2, timeout_s=20)
+    wait_for("m2 settled in src", lambda: _queue(a, "src")["messages_unacked"] == 0)
+    dead = [m for m in b.drain("dlq")]
+    assert [m["body"] for m in dead] == ["m1", "m2"]
+    death = dead[1]["properties"]["headers"]["x-death"][0]
+    assert death["queue"] == "src" and death["reason"] == "rejected"
+
+    # b down (stopped cleanly), and a crashes while holding the dead letter: it is
+    # back in src after a's restart, and dead-lettered again it reaches b once b is
+    # back
+    b.terminate()
+    wait_for("b shown dead again", lambda: not _alive(a, "b"), timeout_s=TTL_S + 10)
+    _publish(a, "src", "m3")
+    _reject(a, "src", "m3")
+    wait_for("m3 held in src", lambda: _queue(a, "src")["messages_unacked"] == 1)
+    a.kill()
+    b.start()
+    wait_for("a shown dead", lambda: not _alive(b, "a"), timeout_s=TTL_S + 10)
+    a.start()
+    assert _queue(a, "src")["messages_ready"] == 1  # kept across the crash
+    _reject(a, "src", "m3")
+    # (m1 and m2, leased by drain and never acked, are back in dlq since b's restart)
+    wait_for("m3 on b", lambda: _queue(b, "dlq")["messages_ready"] == 3, timeout_s=20)
+    assert sorted(m["body"] for m in b.drain("dlq")) == ["m1", "m2", "m3"]
+    wait_for("m3 settled in src", lambda: _queue(a, "src")["messages_unacked"] == 0)
+    assert a.drain("src") == []
