@@ -65,8 +65,10 @@ def test_a_dead_node_is_forgotten_and_its_queues_deleted_or_rehomed(nodes: Nodes
 
 def test_forgetting_without_rehome_deletes_the_queues_and_their_bindings(nodes: Nodes) -> None:
     a, b = nodes("a"), nodes("b")
-    wait_for("two alive", lambda: sum(n["alive"] for n in cluster_nodes(a).values()) == 2)
-    assert b.request("PUT", "/queues/gone", {"arguments": {"x-queue-leader-locator": "client-local"}})[0] == 201
+    for node in (a, b):  # each node's own view, not only a's
+        wait_for("two alive", lambda: sum(n["alive"] for n in cluster_nodes(node).values()) == 2)
+    status, body = b.request("PUT", "/queues/gone", {"arguments": {"x-queue-leader-locator": "client-local"}})
+    assert status == 201, body
     assert a.request("PUT", "/exchanges/x", {"type": "fanout"})[0] == 201
     assert a.request("POST", "/bindings", {"exchange": "x", "queue": "gone"})[0] == 201
     b.kill()

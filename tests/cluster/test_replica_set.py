@@ -136,6 +136,9 @@ def test_refused_changes_say_why(nodes: Nodes) -> None:
     assert a.request("PUT", "/queues/q", {"durable": True, "arguments": {"x-queue-type": "quorum", "x-quorum-initial-group-size": 1}})[0] == 201
     assert a.request("PUT", "/queues/classic", {})[0] == 201
     (only,) = replication(a, "q")["replicas"]
+    # b answers from its own view of the cluster, which learns of q through its watch
+    wait_for("b to see q", lambda: b.request("GET", "/queues/q")[0] == 200)
+    wait_for("b to see classic", lambda: b.request("GET", "/queues/classic")[0] == 200)
     other = "b" if only == "a" else "a"
     cases = [
         ({"add": "nobody"}, 404, "not_found"),
