@@ -389,7 +389,7 @@ class Deliveries:
             return
         self.requeue_deliveries(ch, [d])
         consumer = d.consumer
-        if ch.id != REST_CHANNEL:  # a consumer's delivery, or a channel's get (leases.py)
+        if consumer is not None or ch.id != REST_CHANNEL:  # (or a channel's get: leases.py)
             ch.expired[tag] = None
             if len(ch.expired) > _EXPIRED_MEMORY:
                 del ch.expired[next(iter(ch.expired))]
