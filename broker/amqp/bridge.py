@@ -48,13 +48,24 @@ class RuntimeBridge:
         counts consumers from it, as the HTTP channel's consume does)."""
         return self.runtime.core
 
-    def open_channel(self, sink: ChannelSink, principal: Any) -> int:
-        """A core channel whose events go to ``sink``; counted against the broker's
-        and the user's channel limits. Raises Unavailable, ResourceLimit."""
+    def open_connection(self) -> int:
+        """A core connection: the owner of the exclusive queues its channels declare
+        (they live until :meth:`close_connection`, as RabbitMQ's)."""
+        return self.gateway.run(lambda core: core.open_connection())
+
+    def close_connection(self, connection_id: int) -> None:
+        """The connection ended (after its channels): its exclusive queues are deleted."""
+        self.gateway.run(lambda core: core.close_connection(connection_id))
+
+    def open_channel(self, sink: ChannelSink, principal: Any, connection_id: int) -> int:
+        """A core channel of the connection ``connection_id`` whose events go to
+        ``sink``; counted against the broker's and the user's channel limits.
+        Raises Unavailable, ResourceLimit."""
         gateway = self.gateway
         gateway.check_ready()
         channel_id = gateway.open_channel()
         try:
+            gateway.run(lambda core: core.join_connection(channel_id, connection_id))
             if principal is not None:
                 principal.open_channel(channel_id)
         except BaseException:

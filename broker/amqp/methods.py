@@ -43,7 +43,8 @@ from broker.amqp.session import (
     AMQPSession,
     exchange_alias,
 )
-from broker.core import EXCHANGE_TYPES, ErrorReply, delivery_cost
+from broker.amqp.tables import TableError
+from broker.core import EXCHANGE_TYPES, ErrorReply
 
 __all__ = ["handle"]
 
@@ -233,8 +234,9 @@ async def _basic_consume(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
     if s.principal is not None:
         s.principal.check_consumer(s.bridge.core_for_limits())
     tag = m.consumer_tag or s.next_tag("amq.ctag-")
+    priority = (m.arguments or {}).get("x-priority")
     s.bridge.now(lambda core: core.consume(ch.core_id, queue, consumer_tag=tag, no_ack=bool(m.no_ack),
-                                           exclusive=bool(m.exclusive)))
+                                           exclusive=bool(m.exclusive), priority=priority))
     # Deliveries leave at the next pump: the consume-ok goes out first.
     if not m.nowait:
         s.reply_raw(ch, encode_consume_ok(ch.number, tag))
@@ -248,38 +250,26 @@ async def _basic_cancel(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
 
 
 async def _basic_get(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
-    """A get is a consumer of one message that lives for one pump: the delivery is the
-    channel's own (its tag, acks and requeue on close), as RabbitMQ's get is."""
+    """The core's get of one message on this channel (``Broker.channel_get``): the
+    channel's next delivery tag, unacked (or settled at once with ``no_ack``)."""
     queue = _queue_name(ch, m.queue)
     s.access.require("get", queue)
-    bridge = s.bridge
-    tag = s.next_tag("amq.get-")
-    ch.get_tag = tag
-    ch.got = None
-    try:
-        # Always in ack mode: a no-ack consumer ignores its prefetch and would take
-        # every ready message; a no-ack get is acked below instead.
-        bridge.run(lambda core: core.consume(ch.core_id, queue, consumer_tag=tag, prefetch=1))
-        if s.views.has_consumer(ch.core_id, tag):
-            bridge.now(lambda core: core.cancel(ch.core_id, tag))
-    finally:
-        ch.get_tag = None
-    got, ch.got = ch.got, None
+    got = s.bridge.run(lambda core: core.channel_get(ch.core_id, queue, no_ack=bool(m.no_ack)))
     if got is None:
         s.reply(ch, commands.Basic.GetEmpty())
         return
-    if m.no_ack:
-        bridge.now(lambda core: core.ack(ch.core_id, got.delivery_tag))
-    remaining = s.views.queue_counter("messages_ready", queue) or 0
+    ch.max_tag = got.delivery_tag
     msg = got.message
+    try:
+        props = encode_properties(msg.properties)
+    except TableError:  # headers with no AMQP form: delivered without them, as deliver does
+        props = encode_properties({k: v for k, v in (msg.properties or {}).items() if k != "headers"})
     s.conn.send_raw(
         encode_get_ok(
             ch.number, got.delivery_tag, got.redelivered, msg.exchange, msg.routing_key,
-            remaining, encode_properties(msg.properties), msg.body, s.conn.frame_max,
+            got.message_count, props, msg.body, s.conn.frame_max,
         )
     )
-    ch.credit += delivery_cost(msg.body)
-    s.credit_pending = True
 
 
 async def _basic_recover(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:

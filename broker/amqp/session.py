@@ -146,9 +146,6 @@ class AMQPChannel:
         self.unconfirmed_bytes = 0
         #: Delivery credit of deliveries queued for the socket, granted once sent.
         self.credit = 0
-        #: basic.get: its temporary consumer's tag, and what it got.
-        self.get_tag: str | None = None
-        self.got: Deliver | None = None
         self.closed = False
         #: The newest delivery tag handed out on this channel.
         self.max_tag = 0
@@ -174,9 +171,6 @@ class AMQPChannel:
         kind = type(effect)
         if kind is Deliver:
             self.max_tag = effect.delivery_tag
-            if effect.consumer_tag == self.get_tag:
-                self.got = effect
-                return
             msg = effect.message
             body = msg.body
             properties = msg.properties
@@ -285,6 +279,9 @@ class AMQPSession:
         self.access: Access = ALLOW_ALL
         self.release_user: Callable[[], None] | None = None
         self.channels: dict[int, AMQPChannel] = {}
+        #: The core's connection that owns this connection's exclusive queues (opened
+        #: with the first channel, closed by ``release_all``).
+        self.connection_id: int | None = None
         self.unconfirmed_bytes = 0
         self.credit_pending = False
         self.cancel_notify = False
@@ -398,7 +395,9 @@ class AMQPSession:
     async def open_channel(self, number: int) -> None:
         ch = AMQPChannel(self, number)
         try:
-            ch.core_id = self.bridge.open_channel(ch, self.principal)
+            if self.connection_id is None:
+                self.connection_id = self.bridge.open_connection()
+            ch.core_id = self.bridge.open_channel(ch, self.principal, self.connection_id)
         except ErrorReply as exc:
             # RabbitMQ refuses a channel past a limit with a connection exception
             if isinstance(exc, Unavailable) and exc.code in ("not_ready", "shutting_down"):
@@ -422,6 +421,9 @@ class AMQPSession:
         channels, self.channels = self.channels, {}
         for ch in channels.values():
             self.release(ch, reason)
+        if self.connection_id is not None:
+            self.bridge.close_connection(self.connection_id)  # its exclusive queues go
+            self.connection_id = None
         if self.release_user is not None:
             self.release_user()
             self.release_user = None

@@ -81,6 +81,7 @@ from typing import Any
 from .browsing import Browser
 from .compaction import Compaction
 from .config import CoreConfig
+from .connections import Connections
 from .constants import (
     BUILTIN_EXCHANGES,
     DELIVERY_OVERHEAD_BYTES,
@@ -166,14 +167,17 @@ class Broker:
         )
         self.topology = topology = Topology(store, log, max_exchanges=config.max_exchanges)
         self.dead_letters = dead_letters = DeadLetters(store, topology, log, outbox, wakeups, wall_clock=wall_clock)
+        self.connections = connections = Connections(store)
         self.deliveries = deliveries = Deliveries(
-            store, delays, dead_letters, log, timers, outbox, wakeups, stats, **clocks, boot_id=boot_id, config=config
+            store, delays, dead_letters, log, timers, outbox, wakeups, stats, **clocks, boot_id=boot_id, config=config,
+            connections=connections,
         )
         store.connect(
             dead_letter=dead_letters.dead_letter,
             cancel_consumers=deliveries.queue_deleted,
             drop_bindings=topology.queue_deleted,
             channel=deliveries.channel,
+            owner_of=deliveries.owner_of,
         )
         expiry.connect(dead_letter=dead_letters.dead_letter)
         self.held_dead_letters = held = HeldDeadLetters(deliveries, log)
@@ -239,12 +243,16 @@ class Broker:
         self.reject = deliveries.reject
         self.touch = deliveries.touch
         self.reserve_delivery_tag = deliveries.reserve_tag
+        self.open_connection = connections.open_connection
+        self.join_connection = deliveries.join_connection
+        self.close_connection = connections.close_connection
         self.tx_select = transactions.tx_select
         self.tx_commit = transactions.tx_commit
         self.tx_publishes = transactions.tx_publishes
         self.tx_rollback = transactions.tx_rollback
         # leases (REST gets)
         self.get = leases.get
+        self.channel_get = leases.channel_get
         self.get_any = leases.get_any
         self.ack_leases = leases.ack_leases
         self.nack_leases = leases.nack_leases

@@ -15,7 +15,9 @@ import heapq
 from collections.abc import Callable
 
 from .config import CoreConfig
+from .connections import Connections, remove_exclusive
 from .constants import _EXPIRED_MEMORY, REST_CHANNEL, delivery_cost
+from .consumerorder import add_consumer, check_consumer_priority, choose_by_priority
 from .deadletter import DeadLetters
 from .delays import Delays
 from .effects import ConsumerActive, ConsumerCancelled, Deliver, DeliveryExpired
@@ -72,8 +74,10 @@ class Deliveries:
         wall_clock: Callable[[], float],
         boot_id: str,
         config: CoreConfig,
+        connections: Connections,
     ) -> None:
         self._store = queues
+        self._connections = connections
         self._delays = delays
         self._dead_letter = dead_letters.dead_letter
         self._log = log
@@ -116,12 +120,28 @@ class Deliveries:
         for consumer in list(ch.consumers.values()):
             self.remove_consumer(consumer)
         self.requeue_deliveries(ch, list(ch.deliveries.values()))
-        for qname in list(ch.exclusive_queues):
-            queue = self._store.queues.get(qname)
-            if queue is not None:
-                self._store.remove_queue(queue, "exclusive queue owner closed")
+        if ch.owner == channel_id:  # (a connection's queues outlive its channels)
+            remove_exclusive(self._store, ch.exclusive_queues)
         del self.channels[channel_id]
         self._log.forget_channel(channel_id)
+
+    def join_connection(self, channel_id: int, connection_id: int) -> None:
+        """From now on ``channel_id`` declares and uses the exclusive queues of the
+        connection ``connection_id`` (connections.py); called before it declares any.
+        Raises ChannelError (either is not open, or the channel owns queues already)."""
+        ch = self.channel(channel_id)
+        owned = self._connections.queues_of(connection_id)
+        if owned is None:
+            raise ChannelError(f"connection {connection_id} is not open")
+        if ch.owner != ch.id or ch.exclusive_queues:
+            raise ChannelError(f"channel {channel_id} already owns exclusive queues")
+        ch.owner = connection_id
+        ch.exclusive_queues = owned
+
+    def owner_of(self, channel_id: int) -> int:
+        """Whose exclusive queues ``channel_id`` may use: its connection's, or its own."""
+        ch = self.channels.get(channel_id)
+        return ch.owner if ch is not None else channel_id
 
     def grant_credit(self, channel_id: int, nbytes: int) -> None:
         """The IO layer drained ``nbytes`` of this channel's output: deliveries may resume."""
@@ -151,18 +171,21 @@ class Deliveries:
         exclusive: bool = False,
         ack_timeout_s: float | None = None,
         lease_s: float | None = None,
+        priority: object = None,
     ) -> str:
         """Start a consumer; return its tag.
 
         ``lease_s`` makes a lease-mode consumer (the streaming endpoint with
         ``ack=lease``): each delivery carries a lease id settled through the REST
-        lease calls and returns to the queue after ``lease_s``.
+        lease calls and returns to the queue after ``lease_s``. ``priority``:
+        ``x-priority`` (consumerorder.py).
         Raises NotFound, ResourceLocked, AccessRefused (exclusivity), ChannelError
         (tag in use), InvalidArgument.
         """
         ch = self.channel(channel_id)
         queue = self._store.queue(queue_name, channel_id)
         prefetch = check_prefetch(ch.default_prefetch if prefetch is None else prefetch, self._max_prefetch)
+        priority = check_consumer_priority(priority)
         if not consumer_tag:
             consumer_tag = f"ctag-{self._boot_id}-{self._next_consumer}"
             self._next_consumer += 1
@@ -178,13 +201,13 @@ class Deliveries:
                 f"ack timeout must be more than 0 and at most {MAX_ACK_TIMEOUT_S:g} s"
             )
         if ack_timeout_s is None:
-            ack_timeout_s = queue.consumer_timeout_s or self._consumer_timeout_s
+            ack_timeout_s = self.ack_timeout_s(queue)
         if lease_s is not None:
             ack_timeout_s = lease_s
-        consumer = Consumer(consumer_tag, ch, queue, no_ack, prefetch, exclusive, ack_timeout_s, lease_s)
+        consumer = Consumer(consumer_tag, ch, queue, no_ack, prefetch, exclusive, ack_timeout_s, lease_s, priority)
         ch.consumers[consumer_tag] = consumer
         queue.totals.consumers += 1
-        queue.consumers.append(consumer)
+        add_consumer(queue, consumer)
         queue.had_consumer = True
         queue.exclusive_consumer = exclusive
         self._dispatch_due[queue.name] = queue
@@ -276,6 +299,8 @@ class Deliveries:
             if queue.single_active:  # only the first registered consumer receives
                 if queue.handing_over is None and consumers[0].can_take():
                     chosen = consumers[0]
+            elif consumers[0].priority != consumers[-1].priority:  # (ordered by priority)
+                chosen = choose_by_priority(queue)
             else:
                 n = len(consumers)
                 start = queue.rr
@@ -340,10 +365,12 @@ class Deliveries:
         for consumer in list(queue.consumers):
             self.remove_consumer(consumer, auto_delete=False)
             self._emit(ConsumerCancelled(consumer.channel.id, consumer.tag, reason))
-        if queue.exclusive_owner is not None:
-            owner = self.channels.get(queue.exclusive_owner)
-            if owner is not None:
-                owner.exclusive_queues.discard(queue.name)
+        owner = queue.exclusive_owner
+        if owner is not None:
+            ch = self.channels.get(owner)
+            owned = ch.exclusive_queues if ch is not None else self._connections.queues_of(owner)
+            if owned is not None:
+                owned.discard(queue.name)
 
     # ------------------------------------------------------------- deadlines
 
@@ -362,12 +389,12 @@ class Deliveries:
             return
         self.requeue_deliveries(ch, [d])
         consumer = d.consumer
-        if consumer is not None:
+        if consumer is not None or ch.id != REST_CHANNEL:  # (or a channel's get: leases.py)
             ch.expired[tag] = None
             if len(ch.expired) > _EXPIRED_MEMORY:
                 del ch.expired[next(iter(ch.expired))]
-            if consumer.lease_s is None:
-                self._emit(DeliveryExpired(ch.id, consumer.tag, tag))
+            if consumer is None or consumer.lease_s is None:
+                self._emit(DeliveryExpired(ch.id, consumer.tag if consumer is not None else "", tag))
 
     def reserve_tag(self, channel_id: int) -> int:
         """A delivery tag of ``channel_id`` for a delivery made elsewhere (a cluster
@@ -435,9 +462,17 @@ class Deliveries:
         Raises ChannelError for an unknown or expired tag."""
         ch = self.channel(channel_id)
         d = self.lookup_delivery(ch, delivery_tag)
-        assert d.consumer is not None or ch.id == REST_CHANNEL
-        timeout = d.consumer.ack_timeout_s if d.consumer is not None else self._default_lease_s
+        if d.consumer is not None:
+            timeout = d.consumer.ack_timeout_s
+        elif ch.id == REST_CHANNEL:
+            timeout = self._default_lease_s
+        else:  # a channel's get
+            timeout = self.ack_timeout_s(d.queue)
         self.reset_deadline(ch, d, self._clock() + timeout)
+
+    def ack_timeout_s(self, queue: Queue) -> float:
+        """How long a delivery from ``queue`` may stay unacked (without a consume's own)."""
+        return queue.consumer_timeout_s or self._consumer_timeout_s
 
     def reset_deadline(self, ch: ChannelState, d: Delivery, deadline: float) -> None:
         d.deadline = deadline

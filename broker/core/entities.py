@@ -372,6 +372,7 @@ class Consumer:
         "exclusive",
         "ack_timeout_s",
         "lease_s",
+        "priority",
     )
 
     def __init__(
@@ -384,6 +385,7 @@ class Consumer:
         exclusive: bool,
         ack_timeout_s: float,
         lease_s: float | None,
+        priority: int = 0,
     ) -> None:
         self.tag = tag
         self.channel = channel
@@ -394,6 +396,9 @@ class Consumer:
         self.exclusive = exclusive
         self.ack_timeout_s = ack_timeout_s
         self.lease_s = lease_s
+        #: ``x-priority``: a queue's consumers of the highest priority get its messages
+        #: while they have room; equal priorities take turns (consumerorder.py).
+        self.priority = priority
 
     def can_take(self) -> bool:
         ch = self.channel
@@ -461,6 +466,7 @@ class ChannelState:
         "unacked",
         "credit",
         "exclusive_queues",
+        "owner",
         "expired",
         "closed",
         "tx",
@@ -481,7 +487,11 @@ class ChannelState:
         self.unacked = 0
         # Bytes of deliveries the IO layer is still willing to buffer (credit flow).
         self.credit = credit
+        #: The exclusive queues this channel may use: its own, or, once it joined a
+        #: connection (``Deliveries.join_connection``), that connection's (one set, shared).
         self.exclusive_queues: set[str] = set()
+        #: Who owns the exclusive queues it declares: itself, or its connection.
+        self.owner = channel_id
         # tags that expired (ack timeout); remembered so a late ack is a clear error
         self.expired: dict[int, None] = {}
         self.closed = False

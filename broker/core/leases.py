@@ -1,4 +1,5 @@
-"""Leases: REST gets, whose deliveries belong to channel 0 and are named by lease ids.
+"""Gets: REST gets (leases), whose deliveries belong to channel 0 and are named by lease
+ids, and a channel's get (AMQP's basic.get, :meth:`Leases.channel_get`).
 
 ``POST /queues/{name}/get`` takes messages as leases; a lease id names the delivery
 (boot id, tag) so that one from an earlier run of the broker is recognised as gone.
@@ -11,6 +12,7 @@ A lease is a delivery of the REST channel (or of a lease-mode consumer):
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from .config import CoreConfig
@@ -24,13 +26,25 @@ from .errors import (
     NotFound,
 )
 from .log import MessageLog
+from .message import StoredMessage
 from .queues import QueueStore
 
-__all__ = ["Leases", "MAX_GET_QUEUES"]
+__all__ = ["ChannelGot", "Leases", "MAX_GET_QUEUES"]
 
 #: Most queues one get may wait on, and the largest weight of one.
 MAX_GET_QUEUES = 32
 MAX_GET_WEIGHT = 1000
+
+
+@dataclass(slots=True, frozen=True)
+class ChannelGot:
+    """What a channel's get took: the delivery (its tag on the channel, whether it was
+    delivered before, the message) and how many ready messages the queue has left."""
+
+    delivery_tag: int
+    redelivered: bool
+    message: StoredMessage
+    message_count: int
 
 
 class Leases:
@@ -129,6 +143,42 @@ class Leases:
             self._deliveries.push_deadline(deadline, REST_CHANNEL, tag)
             out.append((self._lease_id(REST_CHANNEL, tag), d, redelivered))
         return out
+
+    def channel_get(self, channel_id: int, queue_name: str, *, no_ack: bool = False) -> ChannelGot | None:
+        """A channel's get (AMQP's basic.get): the queue's next ready message as a
+        delivery of ``channel_id``, tagged in turn with its consumers' deliveries:
+        unacked (settled by the channel's ack, nack or reject; back in its queue when
+        the channel closes or the queue's ack timeout passes) or, with ``no_ack``,
+        settled at once. Unlike a consumer it ignores prefetch, credit and a
+        single-active-consumer queue's turns, and it does not make an auto-delete
+        queue's reader (RabbitMQ's get does neither). None when nothing is ready.
+        Raises ChannelError, NotFound, ResourceLocked."""
+        deliveries = self._deliveries
+        ch = deliveries.channel(channel_id)
+        queue = self._store.queue(queue_name, channel_id)
+        self._delays.touch_queue(queue)
+        entry = self._store.pop_live(queue)
+        if entry is None:
+            return None
+        tag = ch.next_tag
+        ch.next_tag += 1
+        redelivered = entry.deliveries > 0
+        queue.delivered += 1
+        self._stats["delivered"] += 1
+        if redelivered:
+            queue.redelivered += 1
+        if no_ack:
+            queue.acked += 1
+            self._log.settle_entry(queue, entry)
+        else:
+            deliveries.count_delivery(queue, entry)
+            deadline = self._clock() + deliveries.ack_timeout_s(queue)
+            ch.deliveries[tag] = Delivery(tag, entry, queue, None, deadline)
+            ch.unacked += 1
+            queue.unacked += 1
+            queue.totals.unacked += 1
+            deliveries.push_deadline(deadline, channel_id, tag)
+        return ChannelGot(tag, redelivered, entry.message, queue.ready_count())
 
     def get_any(
         self,

@@ -97,6 +97,7 @@ class QueueStore:
         self._cancel_consumers: Callable[[Queue, str], None] = _unconnected
         self._drop_bindings: Callable[[Queue], None] = _unconnected
         self._channel_open: Callable[[int], ChannelState] = _unconnected  # type: ignore[assignment]
+        self._owner_of: Callable[[int], int] = _unconnected  # type: ignore[assignment]
 
     def connect(
         self,
@@ -105,15 +106,18 @@ class QueueStore:
         cancel_consumers: Callable[[Queue, str], None],
         drop_bindings: Callable[[Queue], None],
         channel: Callable[[int], ChannelState],
+        owner_of: Callable[[int], int],
     ) -> None:
         """Name the components above the store that it calls back: ``dead_letter`` (a
         message leaves a queue for a reason), ``cancel_consumers`` and
         ``drop_bindings`` (a queue is deleted), ``channel`` (an open channel by id, or
-        ChannelError: the owner of an exclusive queue). Called once, by ``Broker``."""
+        ChannelError), ``owner_of`` (whose exclusive queues a channel may use: its own
+        or its connection's, connections.py). Called once, by ``Broker``."""
         self._dead_letter = dead_letter
         self._cancel_consumers = cancel_consumers
         self._drop_bindings = drop_bindings
         self._channel_open = channel
+        self._owner_of = owner_of
 
     # ------------------------------------------------------------- numbering
 
@@ -191,8 +195,9 @@ class QueueStore:
             if exclusive and channel_id == REST_CHANNEL:
                 raise InvalidArgument("exclusive queues belong to a channel: declare them on one")
         existing = self.queues.get(name)
+        owner = self._owner_of(channel_id)
         if existing is not None:
-            if existing.exclusive_owner is not None and existing.exclusive_owner != channel_id:
+            if existing.exclusive_owner is not None and existing.exclusive_owner != owner:
                 raise ResourceLocked(f"queue {name!r} is exclusive to another channel")
             if not passive and existing.settings() != (durable, exclusive, auto_delete, arguments):
                 raise PreconditionFailed(
@@ -214,7 +219,7 @@ class QueueStore:
         if durable and not exclusive and not self._log.storage_ok:
             raise Unavailable(f"storage is failing: {self._log.storage_reason}", code="storage_failed")
         queue = Queue(
-            self._next_qid, name, durable, channel_id if exclusive else None, auto_delete, arguments
+            self._next_qid, name, durable, owner if exclusive else None, auto_delete, arguments
         )
         self._next_qid += 1
         queue.adopt(self._totals)
@@ -232,7 +237,7 @@ class QueueStore:
         queue = self.queues.get(name)
         if queue is None:
             raise NotFound(f"no queue {name!r}")
-        if queue.exclusive_owner is not None and queue.exclusive_owner != channel_id:
+        if queue.exclusive_owner is not None and queue.exclusive_owner != self._owner_of(channel_id):
             raise ResourceLocked(f"queue {name!r} is exclusive to another channel")
         return queue
 

@@ -73,6 +73,21 @@ async def test_server_generated_consumer_tags_are_distinct(app: BrokerApp, clien
     assert r1["consumer_tag"] and r2["consumer_tag"] and r1["consumer_tag"] != r2["consumer_tag"]
 
 
+async def test_x_priority_serves_the_higher_consumer_while_it_has_room(app: BrokerApp, clients: Clients) -> None:
+    ch = await clients.channel()
+    await ch.ok({"op": "declare_queue", "queue": "prio"})
+    await ch.ok({"op": "consume", "queue": "prio", "consumer_tag": "low", "prefetch": 10})
+    await ch.ok({"op": "consume", "queue": "prio", "consumer_tag": "high", "prefetch": 2,
+                 "arguments": {"x-priority": 5}})
+    await ch.send(*[{"op": "publish", "routing_key": "prio", "body": f"m{i}"} for i in range(5)])
+    got = deliveries(await ch.sync())
+    assert [(d["consumer_tag"], d["message"]["body"]) for d in got] == [
+        ("high", "m0"), ("high", "m1"), ("low", "m2"), ("low", "m3"), ("low", "m4")]
+    other = await clients.channel()
+    bad = await other.call({"op": "consume", "queue": "prio", "arguments": {"x-priority": "high"}})
+    assert bad["ev"] == "error" and bad["error"] == "invalid_argument"
+
+
 # -- prefetch ------------------------------------------------------------------------------
 
 

@@ -220,6 +220,98 @@ def script(port: int) -> Log:
     return log
 
 
+def _collect(conn: Any, got: list[Any], n: int, timeout_s: float = 10) -> None:
+    """Let pika deliver until ``got`` holds ``n`` items (or the deadline passes)."""
+    deadline = time.monotonic() + timeout_s
+    while len(got) < n and time.monotonic() < deadline:
+        conn.process_data_events(time_limit=0.05)
+
+
+def script_gets_exclusive_priorities(port: int) -> Log:
+    """basic.get (get-empty, message-count, exchange and routing key, redelivered),
+    exclusive queues per connection, consumer priorities."""
+    log: Log = []
+    conn = _connect(port)
+    ch = conn.channel()
+    ch.confirm_delivery()
+    ch.queue_declare("g.q")
+    ch.queue_bind("g.q", "amq.direct", "g.key")
+    method, _p, _b = ch.basic_get("g.q")
+    log.append(("get-empty", method))
+    for i in range(3):
+        ch.basic_publish("amq.direct", "g.key", b"g%d" % i)
+    method, _p, body = ch.basic_get("g.q")
+    log.append(("get", body, method.redelivered, method.exchange, method.routing_key, method.message_count))
+    ch.basic_nack(method.delivery_tag, requeue=True)
+    method, _p, body = ch.basic_get("g.q", auto_ack=True)
+    log.append(("get requeued", body, method.redelivered, method.message_count))
+    method, _p, body = ch.basic_get("g.q")
+    log.append(("get unacked", body, method.redelivered, method.message_count))
+    log.append(("declare-ok with one unacked", ch.queue_declare("g.q", passive=True).method.message_count))
+    ch.basic_ack(method.delivery_tag)
+    method, _p, body = ch.basic_get("g.q", auto_ack=True)
+    log.append(("get last", body, method.message_count))
+    method, _p, _b = ch.basic_get("g.q")
+    log.append(("get-empty again", method))
+
+    # an exclusive queue belongs to the connection
+    first = conn.channel()
+    first.queue_declare("g.excl", exclusive=True)
+    second = conn.channel()
+    second.basic_publish("", "g.excl", b"e")
+    log.append(("passive from another channel", second.queue_declare("g.excl", passive=True).method.message_count))
+    method, _p, body = second.basic_get("g.excl", auto_ack=True)
+    log.append(("get from another channel", body))
+    first.close()
+    log.append(("after its channel closed", second.queue_declare("g.excl", passive=True).method.message_count))
+    other = _connect(port)
+    _refused(log, other, "passive declare from another connection", lambda c: c.queue_declare("g.excl", passive=True))
+    _refused(log, other, "get from another connection", lambda c: c.basic_get("g.excl"))
+    _refused(log, other, "consume from another connection", lambda c: c.basic_consume("g.excl", lambda *a: None))
+    _refused(log, other, "delete from another connection", lambda c: c.queue_delete("g.excl"))
+    conn.close()
+    _refused(log, other, "after the connection closed", lambda c: c.queue_declare("g.excl", passive=True))
+
+    # consumer priorities: the high one while it has prefetch room; equal ones take turns
+    conn = _connect(port)
+    pub = conn.channel()
+    pub.confirm_delivery()
+    pub.queue_declare("g.prio")
+    got: list[tuple[str, bytes]] = []
+    channels = []
+    for tag, prefetch, priority in (("low", 10, None), ("high", 2, 5), ("neg", 10, -1)):
+        c = conn.channel()
+        c.basic_qos(prefetch_count=prefetch)
+        c.basic_consume("g.prio", lambda _c, m, _p, b: got.append((m.consumer_tag, b)), consumer_tag=tag,
+                        arguments={"x-priority": priority} if priority is not None else None)
+        channels.append(c)
+    for i in range(5):
+        pub.basic_publish("", "g.prio", b"p%d" % i)
+    _collect(conn, got, 5)
+    log.append(("by priority", sorted(got, key=lambda g: g[1])))
+    for c in channels:
+        c.close()
+    pub.queue_purge("g.prio")
+    got.clear()
+    channels = []
+    for tag, priority in (("low", 0), ("a", 3), ("b", 3)):
+        c = conn.channel()
+        c.basic_consume("g.prio", lambda _c, m, _p, b: got.append((m.consumer_tag, b)), consumer_tag=tag,
+                        auto_ack=True, arguments={"x-priority": priority})
+        channels.append(c)
+    for i in range(4):
+        pub.basic_publish("", "g.prio", b"t%d" % i)
+    _collect(conn, got, 4)
+    log.append(("equal priorities take turns", sorted(got, key=lambda g: g[1])))
+    _refused(log, conn, "x-priority not an integer",
+             lambda c: c.basic_consume("g.prio", lambda *a: None, arguments={"x-priority": "high"}))
+    pub.queue_delete("g.prio")
+    pub.queue_delete("g.q")
+    conn.close()
+    other.close()
+    return log
+
+
 @pytest.fixture(scope="module")
 def rabbit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RabbitServer]:
     if not rabbitmq_installed():
@@ -247,5 +339,12 @@ def ackbus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
 def test_the_same_script_observes_the_same_results(rabbit: RabbitServer, ackbus: BrokerProcess, tmp_path: Path) -> None:
     theirs = script(rabbit.port)
     ours = script(ackbus.amqp_port)  # type: ignore[attr-defined]
+    differences = [(a, b) for a, b in zip(theirs, ours) if a != b]
+    assert not differences and len(theirs) == len(ours), "\n".join(f"rabbitmq: {a}\nackbus:   {b}" for a, b in differences)
+
+
+def test_gets_exclusive_queues_and_consumer_priorities_match(rabbit: RabbitServer, ackbus: BrokerProcess) -> None:
+    theirs = script_gets_exclusive_priorities(rabbit.port)
+    ours = script_gets_exclusive_priorities(ackbus.amqp_port)  # type: ignore[attr-defined]
     differences = [(a, b) for a, b in zip(theirs, ours) if a != b]
     assert not differences and len(theirs) == len(ours), "\n".join(f"rabbitmq: {a}\nackbus:   {b}" for a, b in differences)

@@ -192,7 +192,7 @@ def _fields(op: dict[str, Any]) -> Fields:
 async def _op_consume(s: ServedChannel, op: dict[str, Any]) -> None:
     timeout_ms = _get(op, "ack_timeout_ms", (int, float), None)
     queue = _get(op, "queue", str, None) or ""
-    _get(op, "arguments", dict, {})
+    priority = _get(op, "arguments", dict, {}).get("x-priority")  # (validated by the core)
     s.access.require("consume", queue)
     if s.principal is not None:
         s.principal.check_consumer(s.gateway.runtime.core)
@@ -205,7 +205,7 @@ async def _op_consume(s: ServedChannel, op: dict[str, Any]) -> None:
     def consume(core: Broker) -> tuple[str, bool]:
         tag = core.consume(
             cid, queue, consumer_tag=consumer_tag, prefetch=prefetch, no_ack=no_ack,
-            exclusive=exclusive, ack_timeout_s=ack_timeout_s,
+            exclusive=exclusive, ack_timeout_s=ack_timeout_s, priority=priority,
         )
         return tag, core.consumer_active(cid, tag)
 
