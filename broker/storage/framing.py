@@ -33,7 +33,7 @@ import struct
 import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Final
+from typing import ClassVar, Final
 
 from .errors import RecordTooLarge, StorageError
 
@@ -125,7 +125,7 @@ def encode_records(
 class NeedData:
     """Type of :data:`NEED_DATA`: the decoder needs more bytes before it can answer."""
 
-    _instance: NeedData | None = None
+    _instance: ClassVar[NeedData | None] = None
 
     def __new__(cls) -> NeedData:
         if cls._instance is None:
