@@ -51,6 +51,7 @@ COMPILED = [
     "broker/core/broker.py",
     # the ENQUEUE record written by every publish and read back by every page-in
     "broker/core/records.py",
+    "broker/core/pager.py",
     # the WAL's record framing (every record written passes through encode_records)
     "broker/storage/framing.py",
     # the runtime's book of publishes waiting for their confirm (two calls a publish)

@@ -98,6 +98,8 @@ def decode_json(payload: bytes) -> dict[str, Any]:
 # ENQUEUE: seq u64 | wall f64 | expires f64 (0 = none) | nq u16 | lens: exchange u16,
 # routing_key u16, message_id u16, properties u32 | qids u32*nq | strings | body
 _ENQ_HEAD = struct.Struct("<QddHHHHI")
+# the head and the one queue id of a message routed to one queue (most are): one pack
+_ENQ_HEAD_1 = struct.Struct("<QddHHHHII")
 _U32 = struct.Struct("<I")
 
 
@@ -130,11 +132,15 @@ def encode_enqueue(
     mid = message_id.encode() if message_id else b""
     props = orjson.dumps(properties) if properties else b""
     nq = len(qids)
+    if nq == 1:
+        head = _ENQ_HEAD_1.pack(
+            seq, wall_s, expires_at or 0.0, 1, len(ex), len(rk), len(mid), len(props), qids[0]
+        )
+        return b"".join((head, ex, rk, mid, props, body))
     head = _ENQ_HEAD.pack(
         seq, wall_s, expires_at or 0.0, nq, len(ex), len(rk), len(mid), len(props)
     )
-    packed_qids = _U32.pack(qids[0]) if nq == 1 else struct.pack(f"<{nq}I", *qids)
-    return b"".join((head, packed_qids, ex, rk, mid, props, body))
+    return b"".join((head, struct.pack(f"<{nq}I", *qids), ex, rk, mid, props, body))
 
 
 def _enqueue_prefix(payload: bytes) -> tuple[int, float, float, list[int], bytes, int, int, int, int]:
