@@ -52,14 +52,16 @@ __all__ = ["BROKER_HOPS", "CLIENT_HOPS", "attribute", "main"]
 #: code (the compiled build's core and client modules) has no Python frames: its time
 #: shows up as the self time of its interpreted caller, which is why the core's hops
 #: name the runtime's calls into the core (``CommandGateway.publish``, the settling
-#: lambdas, ``_on_durable``). Stacks whose innermost frame is a parked worker thread
+#: lambdas, ``_on_durable``, the pump, whose ``take_effects`` runs the core's
+#: deliveries). Stacks whose innermost frame is a parked worker thread
 #: (``WorkerThread._work``, nothing below it) or the worker's handshake are idle.
 BROKER_HOPS: list[tuple[str, tuple[str, ...]]] = [
     ("WAL thread: write + fdatasync (mostly waiting)", ("_io_write", "_io_sync")),
     ("core: publish (checks, dedup, message, record, enqueue, confirm)",
      ("Publishing.publish ", "CommandGateway.publish ", "encode_enqueue", "check_routing_key")),
+    # (the pump's take_effects runs the core's pending dispatch: deliveries, page-in)
     ("core: deliveries and settling", ("Deliveries.", "ack_each", "CommandBatch.run", "_apply_typed.<locals>",
-                                       "Broker.dispatch")),
+                                       "Broker.dispatch", "Pager.", "BrokerRuntime.pump ")),
     ("core: after the fsync (confirms released, page-out)", ("Broker.durable ", "BrokerRuntime._on_durable ")),
     ("channel: op line decoded (msgspec) and checked, publish handed over",
      ("ChannelSession._publish ", "parse_op_line", "ChannelSession.apply", "decode_hot", "_apply_typed ",
