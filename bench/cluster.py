@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import subprocess
 import tempfile
 import time
@@ -109,8 +110,10 @@ class Cluster:
         raise RuntimeError("the nodes did not all see one another within 30 s")
 
     def __exit__(self, *exc: object) -> None:
+        """Stop the nodes and etcd (by the PIDs in the directory), then remove it."""
         subprocess.run([str(ROOT / "scripts" / "cluster"), "down", "--dir", str(self.dir)],
                        capture_output=True, timeout=120)
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 class BenchFailed(Exception):
@@ -227,6 +230,7 @@ def scale_redis(params: ClusterParams, log_dir: Path) -> dict[str, Any]:
         return scale_row("redis", 1, results, server_s)
     finally:
         server.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def _scale_table(rows: Sequence[dict[str, Any]]) -> list[str]:

@@ -10,6 +10,7 @@ import json
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -58,11 +59,14 @@ def test_quick_cluster_run_against_redis(tmp_path: Path) -> None:
     ) if not there]
     if missing:
         pytest.skip(f"needs {', '.join(missing)} (scripts/bench installs redis-py and hiredis)")
+    temp = Path(tempfile.gettempdir())
+    before = set(temp.glob("ackbus-bench-cluster-*"))
     done = subprocess.run(
         [sys.executable, "-m", "bench", "--cluster", "2", "--peer", "redis", "--quick", "--out", str(tmp_path)],
         cwd=ROOT, capture_output=True, text=True, timeout=400,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert set(temp.glob("ackbus-bench-cluster-*")) <= before  # every cluster's and Redis's directory removed
     (saved,) = tmp_path.glob("cluster-*.json")
     results = json.loads(saved.read_text())
     assert [(r["side"], r["nodes"]) for r in results["scale"]] == [("redis", 1), ("ackbus", 1), ("ackbus", 2)]
