@@ -189,7 +189,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=ROOT / "bench-results", metavar="DIR",
                         help="results directory (default bench-results/)")
     parser.add_argument("--cluster", type=int, default=0, metavar="N",
-                        help="instead: the cluster benchmark on up to N nodes (forwarding cost, throughput by nodes)")
+                        help="instead: the cluster benchmark on up to N nodes (forwarding cost; total throughput over "
+                        "8 queues on 1, 2, 4, ... N nodes; with --peer redis also on one Redis)")
     parser.add_argument("--client-backend", choices=["trio", "asyncio"], default="trio",
                         help="event loop of ackbus's client in the workers (asyncio: uvloop when installed)")
     args = parser.parse_args(argv)
@@ -206,6 +207,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"unknown workload(s) {', '.join(unknown)}; choose from {', '.join(WORKLOADS)}")
     if args.amqp:
         names = [n for n in names if WORKLOADS[n].runs_on("rabbitmq")]
+    if args.cluster and "rabbitmq" in args.peers:
+        parser.error("--cluster compares with one Redis only: --peer redis")
+    if args.cluster < 0:
+        parser.error("--cluster N needs N >= 1")
     args.names = names
     return args
 
@@ -227,6 +232,11 @@ def report(results: dict[str, Any], args: argparse.Namespace, out: TextIO | None
     return markdown_table(summaries, peers), summaries
 
 
+def _say(text: str) -> None:
+    sys.stderr.write(f"[{time.strftime('%H:%M:%S')}] {text}\n")
+    sys.stderr.flush()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.results:
@@ -237,7 +247,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     if args.cluster:
-        sys.stdout.write(run_cluster_bench(args.cluster, quick=args.quick))
+        for peer in args.peers:
+            ENSURE[peer](_say)
+        text, _results = run_cluster_bench(args.cluster, quick=args.quick, peers=args.peers, out_dir=args.out,
+                                           say=_say)
+        sys.stdout.write(text)
         return 0
     params = QUICK if args.quick else FULL
     sides = ["ackbus", *args.peers]

@@ -43,49 +43,85 @@ from bench.servers import AckbusServer, cpu_seconds
 
 __all__ = ["BROKER_HOPS", "CLIENT_HOPS", "attribute", "main"]
 
-#: (hop, names of functions in it), most specific first. "idle" hops are left out.
+#: (hop, names of functions in it). A sample goes to the hop of the innermost frame
+#: of ackbus's own code in its stack that one of these names (a name matches a frame
+#: that contains it; library frames such as trio's socket calls count for the
+#: ackbus caller), so a function's callees count where they are named and otherwise
+#: with it; a stack with no such frame goes to the innermost library frame a hop
+#: names (trio's run loop, epoll, thread hand-off). Compiled
+#: code (the compiled build's core and client modules) has no Python frames: its time
+#: shows up as the self time of its interpreted caller, which is why the core's hops
+#: name the runtime's calls into the core (``CommandGateway.publish``, the settling
+#: lambdas, ``_on_durable``, the pump, whose ``take_effects`` runs the core's
+#: deliveries). Stacks whose innermost frame is a parked worker thread
+#: (``WorkerThread._work``, nothing below it) or the worker's handshake are idle.
 BROKER_HOPS: list[tuple[str, tuple[str, ...]]] = [
     ("WAL thread: write + fdatasync (mostly waiting)", ("_io_write", "_io_sync")),
-    ("idle: parked worker threads", ("WorkerThread._work",)),
-    ("core: publish (checks, dedup, message, record, enqueue, confirm)", ("Publishing.publish ",)),
-    ("core: deliveries and settling", ("Deliveries.",)),
-    ("core: after the fsync (confirms released, page-out)", ("Broker.durable ",)),
-    ("channel: op line parsed, checked", ("ChannelSession._publish ", "parse_op_line", "ChannelSession.apply")),
-    ("HTTP: chunked body read (recv, h11)", ("BodyIterator", "receive_chunk")),
-    ("events out: encoded, written", ("flush_nowait", "_take_outbox", "write_nowait", "serve_writer")),
-    ("WAL on the event loop: framing, group commit", ("WriteAheadLog", "encode_records", "_append_records")),
-    ("channel: reader loop (lines, dispatch)", ("ChannelSession.serve_reader",)),
-    ("runtime: effects", ("BrokerRuntime",)),
-    ("trio: run loop, epoll, thread hand-off", ("unrolled_run", "get_events")),
+    ("core: publish (checks, dedup, message, record, enqueue, confirm)",
+     ("Publishing.publish ", "CommandGateway.publish ", "encode_enqueue", "check_routing_key")),
+    # (the pump's take_effects runs the core's pending dispatch: deliveries, page-in)
+    ("core: deliveries and settling", ("Deliveries.", "ack_each", "CommandBatch.run", "_apply_typed.<locals>",
+                                       "Broker.dispatch", "Pager.", "BrokerRuntime.pump ")),
+    ("core: after the fsync (confirms released, page-out)", ("Broker.durable ", "BrokerRuntime._on_durable ")),
+    ("channel: op line decoded (msgspec) and checked, publish handed over",
+     ("ChannelSession._publish ", "parse_op_line", "ChannelSession.apply", "decode_hot", "_apply_typed ",
+      "properties_dict", ".require ", "exchange_name", "_decode_publish", "reader.py:", "ops.py:")),
+    ("HTTP: chunked body read (recv, h11)", ("BodyIterator", "receive_chunk", "RequestReader")),
+    ("events out: encoded, written", ("flush_nowait", "_take_outbox", "write_nowait", "serve_writer", "send_nowait",
+                                     "encode_event", "ServedChannel.")),
+    ("WAL on the event loop: framing, group commit", ("WriteAheadLog", "encode_records", "_append_records",
+                                                      "AppendBuffer", "GroupCommitter")),
+    ("runtime: confirms tracked and released", ("PendingConfirms.",)),
+    ("runtime: effects carried out", ("BrokerRuntime",)),
+    ("trio: run loop, epoll, thread hand-off", ("unrolled_run", "get_events", "run_sync_soon", "start_thread_soon",
+                                               "trio/")),
 ]
 CLIENT_HOPS: list[tuple[str, tuple[str, ...]]] = [
-    ("idle: handshake thread", ("wait_go", "WorkerThread._work")),
-    ("publish: op line encoded", ("encode_publish", "encode_op", "to_json")),
-    ("publish: handle, window, tracking", ("PendingPublish", "PublishTracker.add", "has_room", "wait_for_room",
-                                           "Channel._enqueue", "_prepare")),
-    ("events in: decoded, confirms settled, deliveries handed over", ("_read_loop", "decode_event", "_on_event")),
+    ("publish: op line encoded", ("encode_publish", "encode_op", "to_json", "Publisher.prepare")),
+    ("publish: handle, window, tracking", ("PendingPublish", "PublishTracker", "has_room", "wait_for_room",
+                                           "Channel._enqueue", "_prepare", "Publisher.", "SortedDict",
+                                           "SortedList")),
+    ("events in: decoded, confirms settled, deliveries handed over", ("_read_loop", "decode_event", "_on_event",
+                                                                      "SessionLink._dispatch", "Messages.")),
     ("settling: acks queued", ("Message.ack", "_settle", "send_ack")),
-    ("writer: chunks framed, sent", ("_write_loop", "_coalesce")),
-    ("the workload's loop", ("start_publish", "publish_pipelined", "consume", "publish_seq")),
-    ("trio: run loop, epoll", ("unrolled_run", "get_events")),
+    ("writer: chunks framed, sent", ("_write_loop", "_coalesce", "encode_chunk", "SessionLink.send_nowait")),
+    ("the workload's loop", ("start_publish", "publish_pipelined", "_pipeline", "consume ", "publish_seq")),
+    ("trio: run loop, epoll", ("unrolled_run", "get_events", "trio/", "anyio/")),
 ]
+_IDLE_LEAVES = ("WorkerThread._work ", "wait_go ")
+_OWN_CODE = (" (broker/", " (client/", " (bench/")
+
+
+def _hop_of(frames: list[str], hops: list[tuple[str, tuple[str, ...]]]) -> str:
+    """The hop of the innermost frame of ackbus's own code that a hop names (so a
+    socket ``recv`` inside trio counts for the HTTP reader that called it); failing
+    that, of the innermost frame any hop names (trio's run loop); else "other"."""
+    for own_only in (True, False):
+        for frame in reversed(frames):
+            if own_only and not any(marker in frame for marker in _OWN_CODE):
+                continue
+            for name, keys in hops:
+                if any(k in frame for k in keys):
+                    return name
+    return "other"
 
 
 def attribute(raw_lines: list[str], hops: list[tuple[str, tuple[str, ...]]]) -> tuple[collections.Counter[str], int]:
-    """Samples per hop from py-spy's ``--format raw`` lines (``frame;frame;... count``);
-    also the samples of "idle" hops, which the shares leave out."""
+    """Samples per hop from py-spy's ``--format raw`` lines (``frame;frame;... count``):
+    each stack to the hop of its innermost named frame (see :data:`BROKER_HOPS`); also
+    the samples of idle threads, which the shares leave out."""
     counts: collections.Counter[str] = collections.Counter()
+    idle = 0
     for line in raw_lines:
         line = line.rstrip()
         if not line:
             continue
         stack, _, n = line.rpartition(" ")
         frames = stack.split(";")
-        hop = next((name for name, keys in hops if any(k in f for f in frames for k in keys)), "other")
-        counts[hop] += int(n)
-    idle = sum(n for hop, n in counts.items() if hop.startswith("idle"))
-    for hop in [h for h in counts if h.startswith("idle")]:
-        del counts[hop]
+        if any(frames[-1].startswith(leaf) for leaf in _IDLE_LEAVES):
+            idle += int(n)
+            continue
+        counts[_hop_of(frames, hops)] += int(n)
     return counts, idle
 
 

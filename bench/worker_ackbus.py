@@ -95,7 +95,7 @@ async def publish_pipelined(spec: dict[str, Any]) -> dict[str, Any]:
             channels = [await stack.enter_async_context(conn.channel()) for _ in range(k)]
             await _declare(channels[0], spec)
             await _handshake()
-            start = time.perf_counter()
+            start, cpu0 = time.perf_counter(), time.process_time()
             deadline = start + spec.get("duration_s", math.inf)
             total = spec.get("count") or math.inf
             if k == 1:
@@ -110,10 +110,10 @@ async def publish_pipelined(spec: dict[str, Any]) -> dict[str, Any]:
                 async with anyio.create_task_group() as tg:
                     for i in range(k):
                         tg.start_soon(lane, i)
-            elapsed = time.perf_counter() - start
+            elapsed, cpu_s = time.perf_counter() - start, time.process_time() - cpu0
             stats = [_stats(ch) for ch in channels]
     summed = {key: sum(s[key] for s in stats) for key in stats[0]}
-    return {"count": sum(sent), "elapsed_s": elapsed, "channels": k, **summed}
+    return {"count": sum(sent), "elapsed_s": elapsed, "cpu_s": cpu_s, "channels": k, **summed}
 
 
 async def _pipeline(ch: client.Channel, spec: dict[str, Any], count: float, deadline: float) -> int:

@@ -6,8 +6,11 @@ Pure (no trio). Rules, from docs/protocol.md "Confirm guarantees":
   the next tag, so tags are increasing by construction.
 - Every tag is settled exactly once, by an ``ack`` or a ``nack`` for that tag or by a
   ``multiple`` one covering it ("every unsettled tag up to and including this one").
-  Entries live in a :class:`sortedcontainers.SortedDict`, so a ``multiple`` settle of
-  *k* entries costs O(log n + k), not a scan of the whole buffer.
+  Since tags only grow, the pending ones are a dict in tag order (insertion order)
+  plus a deque of the tags in that order, from which a ``multiple`` settle pops its
+  prefix: *k* entries cost O(k). A tag settled alone leaves its place in the deque
+  until the front reaches it (the front is cleaned at once, so a run of single
+  settles keeps the deque short).
 - Settling a tag that is not pending (already settled, or a ``multiple`` range with
   gaps) is harmless; settling a tag that was never handed out is a protocol error.
 - After a reconnect the new channel numbers from 1 again: :meth:`restart` returns
@@ -17,10 +20,9 @@ Pure (no trio). Rules, from docs/protocol.md "Confirm guarantees":
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Iterator
 from typing import Generic, TypeVar
-
-from sortedcontainers import SortedDict  # type: ignore[import-untyped]
 
 __all__ = ["PendingConfirms", "UnknownDeliveryTag"]
 
@@ -35,7 +37,9 @@ class PendingConfirms(Generic[T]):
     """Unconfirmed entries keyed by delivery tag, in tag order."""
 
     def __init__(self) -> None:
-        self._entries: SortedDict = SortedDict()
+        self._entries: dict[int, T] = {}
+        #: Tags in tag order; may still hold tags settled alone (behind the front).
+        self._order: collections.deque[int] = collections.deque()
         self._next_tag = 1
 
     def __len__(self) -> int:
@@ -52,21 +56,22 @@ class PendingConfirms(Generic[T]):
 
     def first(self) -> tuple[int, T] | None:
         """The pending entry with the lowest tag, if any."""
-        if not self._entries:
+        self._clean_front()
+        if not self._order:
             return None
-        tag = self._entries.keys()[0]
+        tag = self._order[0]
         return tag, self._entries[tag]
 
     def get(self, tag: int) -> T | None:
         """The entry pending under ``tag``, if any."""
-        entry: T | None = self._entries.get(tag)
-        return entry
+        return self._entries.get(tag)
 
     def add(self, entry: T) -> int:
         """Record ``entry`` under the next tag and return that tag."""
         tag = self._next_tag
-        self._next_tag += 1
+        self._next_tag = tag + 1
         self._entries[tag] = entry
+        self._order.append(tag)
         return tag
 
     def settle(self, tag: int, *, multiple: bool) -> list[tuple[int, T]]:
@@ -80,23 +85,26 @@ class PendingConfirms(Generic[T]):
         """
         if tag < 1 or tag >= self._next_tag:
             raise UnknownDeliveryTag(f"confirm for delivery tag {tag}, last used {self._next_tag - 1}")
-        if not multiple:
-            entry = self._entries.pop(tag, None)
-            return [] if entry is None else [(tag, entry)]
-        # Every pending tag <= tag is a prefix of the sorted keys: find its length by
-        # bisection, then copy and delete it as slices (sortedcontainers deletes a
-        # slice of its sorted list in one pass), O(log n + k) overall.
         entries = self._entries
-        k = entries.bisect_right(tag)
-        if k == 0:
-            return []
-        settled: list[tuple[int, T]] = entries.items()[:k]
-        del entries.keys()[:k]
+        if not multiple:
+            if tag not in entries:
+                return []
+            entry = entries.pop(tag)
+            self._clean_front()
+            return [(tag, entry)]
+        settled: list[tuple[int, T]] = []
+        order = self._order
+        while order and order[0] <= tag:
+            t = order.popleft()
+            if t in entries:
+                settled.append((t, entries.pop(t)))
+        self._clean_front()
         return settled
 
     def remove(self, tag: int) -> T | None:
         """Drop one entry without a confirm (the caller settles it otherwise)."""
-        entry: T | None = self._entries.pop(tag, None)
+        entry = self._entries.pop(tag, None)
+        self._clean_front()
         return entry
 
     def restart(self) -> list[T]:
@@ -104,7 +112,14 @@ class PendingConfirms(Generic[T]):
         under tags 1..n (so the caller resends them in this order)."""
         entries = list(self._entries.values())
         self._entries.clear()
+        self._order.clear()
         self._next_tag = 1
         for entry in entries:
             self.add(entry)
         return entries
+
+    def _clean_front(self) -> None:
+        """Drop the tags settled alone from the front of the order."""
+        order, entries = self._order, self._entries
+        while order and order[0] not in entries:
+            order.popleft()

@@ -6,7 +6,7 @@ The compiled build is a copy of ``broker/``, ``client/``, ``tests/`` and
 to their ``.py`` files; Python imports an extension module before a source file of
 the same name, so that tree runs compiled where it has one and interpreted elsewhere.
 ``<key>`` is a digest of every source file mypyc reads (``broker/core`` and the
-compiled client modules), the module list, and the Python and mypy versions: an
+other compiled modules), the module list, and the Python and mypy versions: an
 unchanged source reuses the build, only the other files are copied again.
 
 Usage: ``python scripts/build_compiled.py`` prints the tree's path on stdout, or
@@ -49,6 +49,13 @@ COMPILED = [
     "broker/core/paging.py",
     "broker/core/shared.py",
     "broker/core/broker.py",
+    # the ENQUEUE record written by every publish and read back by every page-in
+    "broker/core/records.py",
+    "broker/core/pager.py",
+    # the WAL's record framing (every record written passes through encode_records)
+    "broker/storage/framing.py",
+    # the runtime's book of publishes waiting for their confirm (two calls a publish)
+    "broker/runtime/confirms.py",
     # the client's publish handle, pending window and confirm handling; its events
     "client/pending.py",
     "client/publisher.py",

@@ -17,7 +17,7 @@ import sys
 from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import orjson
 
@@ -50,37 +50,38 @@ __all__ = [
 
 
 class RecordType:
-    """Record type numbers. Never renumber: they are on disk."""
+    """Record type numbers. Never renumber: they are on disk. (``Final``: constants
+    that the compiled build folds into its code.)"""
 
-    DECLARE_EXCHANGE = 1
-    DELETE_EXCHANGE = 2
-    DECLARE_QUEUE = 3
-    DELETE_QUEUE = 4
-    BIND = 5
-    UNBIND = 6
-    ENQUEUE = 7  # a persistent message entering one or more durable queues
-    SETTLE = 8  # messages leaving a queue for good (ack, reject, drop, expiry, purge)
-    DELIVERED = 9  # messages handed to a consumer (sets their redelivered flag on recovery)
-    DEDUP = 10  # a deduplication window entry (checkpoints only)
-    META = 11  # counters that must not go backwards (checkpoints only)
-    DEDUP_BATCH = 12  # many deduplication window entries of one exchange (checkpoints only)
-    DEDUP_DIGESTS = 13  # many deduplication window entries as digests (checkpoints only)
-    QUEUE_REFS = 14  # messages of one queue by the LSN of their ENQUEUE record (checkpoints only)
-    DELIVERY_COUNTS = 15  # how many times messages were delivered, when more than once
-    MOVE = 16  # a message leaving one queue and entering others in one step (dead letter, redrive)
-    DELAY = 17  # messages of a queue held back until a wall-clock time (nack or publish delay)
-    LOCK_HELD = 18  # a lock acquired or refreshed: owner, fencing token, expiry (JSON)
-    LOCK_RELEASED = 19  # a lock released by its holder (JSON: name, token)
-    SCHEDULE_PUT = 20  # a schedule created, replaced, paused or resumed: its whole state (JSON)
-    SCHEDULE_DELETE = 21  # a schedule deleted (JSON: name)
-    SCHEDULE_TICK = 22  # a schedule's tick and its message, one record (see encode_tick)
-    COORD_META = 23  # coordination counters that must not go backwards: next token (checkpoints only)
-    USER = 24  # a whole user: name, password hash, tags, permissions (core/userstore.py)
-    USER_DELETE = 25  # a user and its tokens deleted
-    TOKEN = 26  # a whole API token: id, owner, digest of its secret, expiry
-    TOKEN_DELETE = 27  # an API token revoked
-    PRIORITY_REFS = 30  # QUEUE_REFS of the messages of one priority of a priority queue (checkpoints only)
-    EXPIRES = 31  # when queued messages that carry their own expiration expire (checkpoints only)
+    DECLARE_EXCHANGE: Final = 1
+    DELETE_EXCHANGE: Final = 2
+    DECLARE_QUEUE: Final = 3
+    DELETE_QUEUE: Final = 4
+    BIND: Final = 5
+    UNBIND: Final = 6
+    ENQUEUE: Final = 7  # a persistent message entering one or more durable queues
+    SETTLE: Final = 8  # messages leaving a queue for good (ack, reject, drop, expiry, purge)
+    DELIVERED: Final = 9  # messages handed to a consumer (sets their redelivered flag on recovery)
+    DEDUP: Final = 10  # a deduplication window entry (checkpoints only)
+    META: Final = 11  # counters that must not go backwards (checkpoints only)
+    DEDUP_BATCH: Final = 12  # many deduplication window entries of one exchange (checkpoints only)
+    DEDUP_DIGESTS: Final = 13  # many deduplication window entries as digests (checkpoints only)
+    QUEUE_REFS: Final = 14  # messages of one queue by the LSN of their ENQUEUE record (checkpoints only)
+    DELIVERY_COUNTS: Final = 15  # how many times messages were delivered, when more than once
+    MOVE: Final = 16  # a message leaving one queue and entering others in one step (dead letter, redrive)
+    DELAY: Final = 17  # messages of a queue held back until a wall-clock time (nack or publish delay)
+    LOCK_HELD: Final = 18  # a lock acquired or refreshed: owner, fencing token, expiry (JSON)
+    LOCK_RELEASED: Final = 19  # a lock released by its holder (JSON: name, token)
+    SCHEDULE_PUT: Final = 20  # a schedule created, replaced, paused or resumed: its whole state (JSON)
+    SCHEDULE_DELETE: Final = 21  # a schedule deleted (JSON: name)
+    SCHEDULE_TICK: Final = 22  # a schedule's tick and its message, one record (see encode_tick)
+    COORD_META: Final = 23  # coordination counters that must not go backwards: next token (checkpoints only)
+    USER: Final = 24  # a whole user: name, password hash, tags, permissions (core/userstore.py)
+    USER_DELETE: Final = 25  # a user and its tokens deleted
+    TOKEN: Final = 26  # a whole API token: id, owner, digest of its secret, expiry
+    TOKEN_DELETE: Final = 27  # an API token revoked
+    PRIORITY_REFS: Final = 30  # QUEUE_REFS of the messages of one priority of a priority queue (checkpoints only)
+    EXPIRES: Final = 31  # when queued messages that carry their own expiration expire (checkpoints only)
 
 
 def encode_json(obj: dict[str, Any]) -> bytes:
@@ -97,6 +98,8 @@ def decode_json(payload: bytes) -> dict[str, Any]:
 # ENQUEUE: seq u64 | wall f64 | expires f64 (0 = none) | nq u16 | lens: exchange u16,
 # routing_key u16, message_id u16, properties u32 | qids u32*nq | strings | body
 _ENQ_HEAD = struct.Struct("<QddHHHHI")
+# the head and the one queue id of a message routed to one queue (most are): one pack
+_ENQ_HEAD_1 = struct.Struct("<QddHHHHII")
 _U32 = struct.Struct("<I")
 
 
@@ -129,11 +132,15 @@ def encode_enqueue(
     mid = message_id.encode() if message_id else b""
     props = orjson.dumps(properties) if properties else b""
     nq = len(qids)
+    if nq == 1:
+        head = _ENQ_HEAD_1.pack(
+            seq, wall_s, expires_at or 0.0, 1, len(ex), len(rk), len(mid), len(props), qids[0]
+        )
+        return b"".join((head, ex, rk, mid, props, body))
     head = _ENQ_HEAD.pack(
         seq, wall_s, expires_at or 0.0, nq, len(ex), len(rk), len(mid), len(props)
     )
-    packed_qids = _U32.pack(qids[0]) if nq == 1 else struct.pack(f"<{nq}I", *qids)
-    return b"".join((head, packed_qids, ex, rk, mid, props, body))
+    return b"".join((head, struct.pack(f"<{nq}I", *qids), ex, rk, mid, props, body))
 
 
 def _enqueue_prefix(payload: bytes) -> tuple[int, float, float, list[int], bytes, int, int, int, int]:

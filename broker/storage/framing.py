@@ -33,7 +33,7 @@ import struct
 import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Final
+from typing import ClassVar, Final
 
 from .errors import RecordTooLarge, StorageError
 
@@ -62,6 +62,8 @@ _HEADER: Final = struct.Struct("<II")
 FRAME_HEADER_BYTES: Final = _HEADER.size
 #: Bytes a frame adds to its payload: header + type byte.
 FRAME_OVERHEAD_BYTES: Final = FRAME_HEADER_BYTES + 1
+# header and type byte in one pack (what a frame puts before its payload)
+_HEADER_AND_TYPE: Final = struct.Struct("<IIB")
 
 # crc32 of the single type byte, used as the starting value for the payload's crc32:
 # zlib.crc32(payload, _RTYPE_CRC[t]) == zlib.crc32(bytes([t]) + payload) without a copy.
@@ -106,7 +108,7 @@ def encode_records(
     """
     parts: list[bytes] = []
     append = parts.append
-    pack = _HEADER.pack
+    pack = _HEADER_AND_TYPE.pack
     crc32 = zlib.crc32
     count = 0
     for rtype, payload in records:
@@ -115,8 +117,7 @@ def encode_records(
         length = len(payload) + 1
         if length > max_record_bytes:
             raise RecordTooLarge(length, max_record_bytes)
-        append(pack(length, crc32(payload, _RTYPE_CRC[rtype])))
-        append(_RTYPE_BYTE[rtype])
+        append(pack(length, crc32(payload, _RTYPE_CRC[rtype]), rtype))
         append(payload)
         count += 1
     return b"".join(parts), count
@@ -125,7 +126,7 @@ def encode_records(
 class NeedData:
     """Type of :data:`NEED_DATA`: the decoder needs more bytes before it can answer."""
 
-    _instance: NeedData | None = None
+    _instance: ClassVar[NeedData | None] = None
 
     def __new__(cls) -> NeedData:
         if cls._instance is None:

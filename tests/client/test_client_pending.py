@@ -46,6 +46,16 @@ class PendingMachine(RuleBasedStateMachine):
         self.model = [(t, e) for t, e in self.model if (t, e) not in expected]
         self.settled += [e for _, e in got]
 
+    @precondition(lambda self: self.next_tag > 1)
+    @rule(data=st.data())
+    def remove(self, data: st.DataObject) -> None:
+        tag = data.draw(st.integers(min_value=1, max_value=self.next_tag - 1))
+        got = self.pending.remove(tag)
+        expected = [e for t, e in self.model if t == tag]
+        assert got == (expected[0] if expected else None)
+        self.model = [(t, e) for t, e in self.model if t != tag]
+        self.settled += expected
+
     @rule(offset=st.integers(min_value=0, max_value=3))
     def settle_unknown_tag(self, offset: int) -> None:
         for tag in (self.next_tag + offset, -offset):
@@ -76,6 +86,19 @@ class PendingMachine(RuleBasedStateMachine):
 
 TestPendingMachine = PendingMachine.TestCase
 TestPendingMachine.settings = settings(max_examples=200, stateful_step_count=40, deadline=None)
+
+
+def test_single_settles_in_order_keep_no_trace() -> None:
+    """A publisher confirmed one tag at a time (one-at-a-time publishing) holds no
+    more than its pending entries, however long it runs."""
+    pending: PendingConfirms[int] = PendingConfirms()
+    for i in range(10_000):
+        tag = pending.add(i)
+        pending.add(i)  # one more in flight
+        assert pending.settle(tag, multiple=False) == [(tag, i)]
+        assert pending.settle(tag + 1, multiple=False) == [(tag + 1, i)]
+        assert len(pending) == 0 and pending.first() is None
+    assert len(pending._order) == 0  # the order of tags did not grow either
 
 
 def test_multiple_settle_of_a_range_in_the_middle() -> None:

@@ -1,6 +1,10 @@
 """The core driven through a seeded mix of its per-message commands, as the runtime
 drives it (commands, then ``take_effects``; records made durable in batches; time
-moving), printing every effect and every answer as one line of text.
+moving), printing every effect and every answer as one line of text. The compiled
+modules outside the core go along as the runtime uses them: every publish is tracked
+in the runtime's confirm book (``broker/runtime/confirms.py``) and every ``Confirm``
+settles it there, and at the end the log's records pass through the WAL's framing
+(``broker/storage/framing.py``) and back, whole, in uneven pieces, torn and corrupted.
 
 ``python -m tests.compiled.core_scenario SEED COUNT`` runs it in whichever build of the
 core is imported (interpreted, or compiled: see docs/benchmarks.md "The builds");
@@ -17,7 +21,14 @@ import random
 import sys
 from typing import Any
 
-from broker.core import AppendRecords, Broker, CoreConfig, ErrorReply
+from broker.core import AppendRecords, Broker, Confirm, CoreConfig, ErrorReply
+from broker.runtime.confirms import PendingConfirms
+from broker.storage.framing import (
+    NEED_DATA,
+    RecordDecoder,
+    encode_record,
+    encode_records,
+)
 
 
 class _Clock:
@@ -90,6 +101,7 @@ def run(seed: int, count: int, out: Any) -> None:
             out(f"{name} -> {_describe(answer)}")
         return answer
 
+    book = PendingConfirms()
     publisher, consumer = core.open_channel(), core.open_channel()
     call("declare_queue", "durable-q")
     call("declare_queue", "transient-q", durable=False)
@@ -107,7 +119,10 @@ def run(seed: int, count: int, out: Any) -> None:
             props: dict[str, Any] = {"delivery_mode": 2, "message_id": f"m-{rng.randrange(count)}"}
             if rng.random() < 0.1:
                 props["priority"] = rng.randrange(10)
-            call("publish", publisher, exchange, key, b"x" * rng.randrange(1, 200), props, mandatory=rng.random() < 0.2)
+            body = b"x" * rng.randrange(1, 200)
+            answer = call("publish", publisher, exchange, key, body, props, mandatory=rng.random() < 0.2)
+            if answer is not None and out is not None:  # (--measure: the core alone)
+                book.track(publisher, answer[0], len(body))
         elif kind < 0.8 and unacked:
             tag = unacked.pop(rng.randrange(len(unacked)))
             choice = rng.random()
@@ -130,10 +145,44 @@ def run(seed: int, count: int, out: Any) -> None:
             elif type(effect).__name__ == "Deliver" and effect.channel_id == consumer:
                 unacked.append(effect.delivery_tag)
                 core.grant_credit(consumer, 1 << 20)
+            elif isinstance(effect, Confirm) and out is not None:
+                book.confirmed(effect)
+                say(f"unconfirmed bytes {book.unconfirmed_bytes(publisher)}")
             say(effect)
     core.durable(core.last_lsn)
     step()
     say(core.views.queue_info("durable-q"))
+    if out is not None:
+        _frame_and_read_back([log[lsn] for lsn in sorted(log)], rng, say)
+
+
+def _frame_and_read_back(records: list[tuple[int, bytes]], rng: random.Random, say: Any) -> None:
+    """The records through the WAL's framing and back: whole, fed in uneven pieces,
+    with the last frame torn, and with one byte flipped."""
+    frames, count = encode_records(records)
+    say(f"framed {count} records: {len(frames)} bytes, sha256 {hashlib.sha256(frames).hexdigest()}")
+    assert frames.startswith(encode_record(*records[0]))
+    for label, data in (
+        ("whole", frames),
+        ("torn", frames[: len(frames) - 3]),
+        ("flipped", _flip(frames, rng.randrange(len(frames)))),
+    ):
+        decoder = RecordDecoder()
+        got: list[tuple[int, bytes]] = []
+        pos = 0
+        while pos < len(data):
+            piece = rng.randrange(1, 4096)
+            decoder.feed(data[pos : pos + piece])
+            pos += piece
+            got.extend((rtype, bytes(payload)) for rtype, payload in decoder.iter_records())
+        decoder.feed_eof()
+        answer = decoder.next_record()
+        say(f"{label}: {len(got)} records back, same as written: {got == records[: len(got)]}, "
+            f"then {'NEED_DATA (clean end)' if answer is NEED_DATA else answer}")
+
+
+def _flip(data: bytes, at: int) -> bytes:
+    return data[:at] + bytes((data[at] ^ 0x55,)) + data[at + 1 :]
 
 
 def main() -> None:
