@@ -4,13 +4,14 @@ reason where namespaces cannot be made)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
 
 import pytest
 
-from tests.chaos.netns import Topology, netns_unavailable_reason
+from tests.chaos.netns import Topology, netns_unavailable_reason, remove_leftovers
 
 SERVER = "import socket,sys; s=socket.socket(); s.bind((sys.argv[1], 7000)); s.listen(); print('up', flush=True); [s.accept()[0].close() for _ in iter(int, 1)]"
 CLIENT = "import socket,sys; socket.create_connection((sys.argv[1], 7000), timeout=0.7).close()"
@@ -61,3 +62,22 @@ def test_one_way_and_two_way_cuts_and_heal(topology: Topology) -> None:
     assert not reaches(topology, "a", "b") and not reaches(topology, "b", "a")
     topology.heal()
     assert reaches(topology, "b", "a")
+
+
+def test_leftovers_of_a_dead_run_are_removed_and_a_live_runs_kept() -> None:
+    reason = netns_unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait(timeout=30)
+    dead, live = f"ab{gone.pid}-n1", f"ab{os.getppid()}-n1"  # our parent lives on
+    try:
+        for name in (dead, live):
+            subprocess.run(["ip", "netns", "add", name], check=True, capture_output=True)
+        removed = remove_leftovers()
+        listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+        assert dead in removed and dead not in listed
+        assert live not in removed and live in listed
+    finally:
+        for name in (dead, live):
+            subprocess.run(["ip", "netns", "del", name], capture_output=True, check=False)
