@@ -200,7 +200,9 @@ class Cluster:
             env = {"ACKBUS_AMQP_PORT": "0"}
             if name == self.clock_node:
                 # the wall clock only: trio's deadlines and the lease are on the
-                # monotonic clock, which a real clock step does not move either
+                # monotonic clock, which a real clock step does not move either. (With
+                # libfaketime 0.9.10 so set, Python's time.sleep fails with EINVAL; the
+                # broker never calls it: trio waits in epoll.)
                 env.update({
                     "LD_PRELOAD": LIBFAKETIME, "FAKETIME_TIMESTAMP_FILE": str(self.clock_file),
                     "FAKETIME_NO_CACHE": "1", "FAKETIME_DONT_FAKE_MONOTONIC": "1",
