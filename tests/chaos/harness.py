@@ -99,6 +99,7 @@ def run_here(directory: Path, minutes: float, nodes: int, publishers: int, seed:
     history = History()
     stop = threading.Event()
     chaos_stop = threading.Event()
+    chaos = threading.Thread(target=nemesis, args=(cluster, history, chaos_stop, max(5.0, ttl_s * 3.0), rng), daemon=True)
     try:
         cluster.start()
         first = next(iter(cluster.nodes.values()))
@@ -109,7 +110,6 @@ def run_here(directory: Path, minutes: float, nodes: int, publishers: int, seed:
             time.sleep(0.1)
         workers = [threading.Thread(target=publisher, args=(cluster, history, k, stop, 30.0), daemon=True) for k in range(publishers)]
         workers += [threading.Thread(target=f, args=(cluster, history, stop), daemon=True) for f in (consumer, locker, watcher)]
-        chaos = threading.Thread(target=nemesis, args=(cluster, history, chaos_stop, max(5.0, ttl_s * 3.0), rng), daemon=True)
         for t in workers:
             t.start()
         chaos.start()
@@ -127,4 +127,6 @@ def run_here(directory: Path, minutes: float, nodes: int, publishers: int, seed:
     finally:
         chaos_stop.set()
         stop.set()
+        if chaos.is_alive():  # interrupted: let it finish the fault it is in (it may start a node)
+            chaos.join(timeout=90)
         cluster.stop()

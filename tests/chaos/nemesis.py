@@ -24,6 +24,7 @@ sees each.
 from __future__ import annotations
 
 import random
+import sys
 import threading
 import time
 
@@ -59,7 +60,12 @@ def nemesis(cluster: Cluster, history: History, stop: threading.Event, every_s: 
         if leader not in cluster.nodes or not cluster.nodes[leader].alive():
             continue  # no leader to fault now: this kind waits for the next round
         followers = [n for n in info.get("replicas", []) if n != leader and cluster.nodes[n].alive()]
-        inject(cluster, history, kind, leader, followers, stop, rng)
+        try:
+            inject(cluster, history, kind, leader, followers, stop, rng)
+        except Exception as exc:  # a fault that could not be made or healed: said, and the run goes on
+            print(f"chaos: nemesis {kind}: {exc!r}", file=sys.stderr)
+            if cluster.topology is not None:
+                cluster.topology.heal()
 
 
 def _record(history: History, kind: str, target: str) -> None:
