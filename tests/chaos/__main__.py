@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 
 from tests.chaos.checker import table, violations
-from tests.chaos.harness import run
+from tests.chaos.harness import exit_on_sigterm, run
 from tests.chaos.netns import NetnsUnavailable
 
 
@@ -29,6 +29,7 @@ def main() -> int:
     where.add_argument("--netns", action="store_true", help="each member in a network namespace (partitions too); fail if impossible")
     where.add_argument("--loopback", action="store_true", help="every member on loopback (no partitions)")
     parser.add_argument("--json", action="store_true")
+    exit_on_sigterm()
     args = parser.parse_args()
     directory = args.dir or Path(tempfile.mkdtemp(prefix="ackbus-chaos-"))
     directory.mkdir(parents=True, exist_ok=True)

@@ -38,7 +38,7 @@ from tests.chaos.netns import (
 from tests.chaos.workload import History, consumer, drain, locker, publisher, watcher
 from tests.support.broker import ROOT
 
-__all__ = ["run", "run_here"]
+__all__ = ["exit_on_sigterm", "run", "run_here"]
 
 
 def run(directory: Path, minutes: float, nodes: int = 3, publishers: int = 2, seed: int = 1, ttl_s: int = 3,
@@ -79,13 +79,23 @@ def _run_in_namespaces(directory: Path, minutes: float, nodes: int, publishers: 
         return dict(json.loads(out.read_text()))
     finally:
         if child is not None and child.poll() is None:
-            child.send_signal(signal.SIGINT)  # it stops its cluster in its finally
+            child.send_signal(signal.SIGTERM)  # it stops its cluster in its finally
             try:
                 child.wait(timeout=90)
             except subprocess.TimeoutExpired:
                 child.kill()
                 child.wait(timeout=30)
         topology.remove()
+
+
+def exit_on_sigterm() -> None:
+    """SIGTERM ends this process through its ``finally`` blocks (as Ctrl-C does), so
+    that the cluster is stopped and the namespaces removed."""
+
+    def leave(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, leave)
 
 
 def run_here(directory: Path, minutes: float, nodes: int, publishers: int, seed: int, ttl_s: int,

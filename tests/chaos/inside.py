@@ -9,11 +9,12 @@ import json
 import sys
 from pathlib import Path
 
-from tests.chaos.harness import run_here
+from tests.chaos.harness import exit_on_sigterm, run_here
 from tests.chaos.netns import Topology
 
 
 def main() -> int:
+    exit_on_sigterm()
     spec = json.loads(Path(sys.argv[1]).read_text())
     topo = spec["topology"]
     topology = Topology(topo["members"], prefix=topo["prefix"], addresses=spec["addresses"])
