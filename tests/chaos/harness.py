@@ -64,14 +64,14 @@ def _run_in_namespaces(directory: Path, minutes: float, nodes: int, publishers: 
     spec = directory / "spec.json"
     out = directory / "result.json"
     out.unlink(missing_ok=True)
-    spec.write_text(json.dumps({
-        "directory": str(directory), "minutes": minutes, "nodes": nodes, "publishers": publishers, "seed": seed,
-        "ttl_s": ttl_s, "out": str(out), "topology": {"members": topology.members, "prefix": topology.prefix},
-    }))
     child: subprocess.Popen[bytes] | None = None
     try:
         topology.create()
-        spec.write_text(json.dumps({**json.loads(spec.read_text()), "addresses": topology.addresses}))
+        spec.write_text(json.dumps({
+            "directory": str(directory), "minutes": minutes, "nodes": nodes, "publishers": publishers, "seed": seed,
+            "ttl_s": ttl_s, "out": str(out), "addresses": topology.addresses,
+            "topology": {"members": topology.members, "prefix": topology.prefix},
+        }))
         child = subprocess.Popen([*topology.exec_prefix(None), sys.executable, "-m", "tests.chaos.inside", str(spec)], cwd=str(ROOT))
         child.wait(timeout=minutes * 60 + 900)
         if child.returncode != 0 or not out.exists():
