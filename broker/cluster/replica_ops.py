@@ -149,6 +149,21 @@ class RecordTranslator:
             queue.ids[record.seq] = self.append(queue, op, lsn, record.seq)
 
 
+def published_ids(entries: list[tuple[int, int, dict[str, Any]]]) -> list[tuple[str, str]]:
+    """The (exchange, message id) of every ``pub`` entry among ``entries`` that has an id.
+
+    A leader that stops leading forgets these for its uncommitted tail: those messages
+    leave with the queue and may be truncated by the next leader, so a resend of one
+    must be taken again, not answered as a duplicate of a message no node keeps."""
+    found = []
+    for _epoch, _offset, op in entries:
+        if op.get("t") == "pub":
+            message_id = (op.get("p") or {}).get("message_id")
+            if isinstance(message_id, str):
+                found.append((op["x"], message_id))
+    return found
+
+
 def _qids(payload: bytes) -> list[int]:
     # the ENQUEUE head: seq u64, wall f64, expires f64, nq u16, ... then nq u32 qids
     nq = int.from_bytes(payload[24:26], "little")

@@ -68,7 +68,7 @@ from broker.cluster.mirror import CoreMirror
 from broker.cluster.replica_follower import PeerSettings, follow
 from broker.cluster.replica_leader import LeaderSide, StaleEpoch
 from broker.cluster.replica_log import ReplicaLog, replica_log_path
-from broker.cluster.replica_ops import LedQueue, RecordTranslator, fold
+from broker.cluster.replica_ops import LedQueue, RecordTranslator, fold, published_ids
 from broker.cluster.replica_state import QueueReplica, replica_status
 from broker.cluster.view import ClusterKeys, ClusterView
 from broker.core import ErrorReply
@@ -414,6 +414,11 @@ class Replication:
         led, replica.led = replica.led, None
         if led is not None:
             self.translator.led.pop(led.qid, None)
+        # publishes past the commit point leave with the queue (the next leader may
+        # truncate them): their resends must land, not be taken for duplicates
+        tail = replica.log.read(side.commit + 1, max(0, replica.log.end_offset - side.commit))
+        for exchange, message_id in published_ids(tail):
+            self.core.dedup.forget(exchange, message_id)
         self.core.nack_held_confirms(side.take_held(), f"{NO_QUORUM}: leadership of queue {replica.name!r} lost")
         replica.refused = False
         try:

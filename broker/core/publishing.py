@@ -147,12 +147,13 @@ class Publishing:
         queues = self._route(exchange, routing_key, headers)
         if not queues:
             if mandatory:
+                # handed back, not taken: a resend (once a queue is bound) must land
                 self._stats["returned"] += 1
                 message = StoredMessage(0, exchange_name, routing_key, body, properties)
                 returned = Return(channel_id, tag, NO_ROUTE, "NO_ROUTE", message)
                 if not ch.confirms.hold_return(tag, returned):
                     self._emit(returned)
-            if message_id is not None:
+            elif message_id is not None:
                 self._dedup.remember(exchange_name, message_id, wall, 0)
             ch.confirms.add(tag, 0)
             return 0

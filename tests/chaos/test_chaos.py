@@ -17,14 +17,6 @@ from tests.support.etcd import require_etcd
 
 pytestmark = pytest.mark.slow
 
-#: the broker bug the checker counts apart (see docs/cluster.md, "The fault test")
-REFUSED_THEN_DEDUPLICATED = (
-    "known broker bug: the deduplication window keeps the message id of a publish that "
-    "was refused (returned no_route, or nacked and then dropped at a step-down), so the "
-    "resend is acked as a duplicate and lost"
-)
-
-
 def test_a_run_of_faults_loses_nothing_confirmed(tmp_path: Path) -> None:
     require_etcd()
     reason = netns_unavailable_reason()
@@ -39,5 +31,6 @@ def test_a_run_of_faults_loses_nothing_confirmed(tmp_path: Path) -> None:
     assert result["fencing_violations"] == 0, result
     assert result["epochs_led"] >= 2, result
     assert result["epoch_violations"] == 0, result
-    if result["lost_refused_then_deduplicated"]:
-        pytest.xfail(f"{REFUSED_THEN_DEDUPLICATED}: {result['lost_refused_then_deduplicated_examples']}")
+    # a publish refused (returned, or nacked and dropped at a step-down) and then resent
+    # must land, not be answered as a duplicate of what no node keeps
+    assert result["lost_refused_then_deduplicated"] == 0, result

@@ -13,7 +13,7 @@ import trio
 from broker.cluster.replica_follower import take_answer
 from broker.cluster.replica_leader import LeaderSide
 from broker.cluster.replica_log import ReplicaLog
-from broker.cluster.replica_ops import LedQueue, RecordTranslator, fold, snapshot_op
+from broker.cluster.replica_ops import LedQueue, RecordTranslator, fold, published_ids, snapshot_op
 from broker.core import AppendRecords, Broker
 
 
@@ -228,3 +228,13 @@ def test_a_follower_behind_the_compacted_prefix_installs_the_snapshot(tmp_path: 
             nursery.cancel_scope.cancel()
 
     _run(main)
+
+
+def test_published_ids_name_the_pub_entries_a_stepping_down_leader_forgets() -> None:
+    tail = [
+        (5, 10, {"t": "pub", "x": "", "k": "q", "p": {"message_id": "m1"}, "b": "", "w": 1.0}),
+        (5, 11, {"t": "pub", "x": "ex", "k": "q", "p": None, "b": "", "w": 1.0}),  # no id
+        (5, 12, {"t": "dlv", "ids": [10]}),
+        (5, 13, {"t": "pub", "x": "ex", "k": "q", "p": {"message_id": "m3", "priority": 1}, "b": "", "w": 1.0}),
+    ]
+    assert published_ids(tail) == [("", "m1"), ("ex", "m3")]

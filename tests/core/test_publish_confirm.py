@@ -175,6 +175,30 @@ def test_mandatory_unroutable_returns_before_confirm() -> None:
     assert h.b.stats["returned"] == 1
 
 
+def test_a_returned_publish_is_not_remembered_for_dedup() -> None:
+    """A mandatory publish handed back (no queue yet) was not taken: its resend, once a
+    queue is bound, must land, not be swallowed as a duplicate (a chaos run lost
+    confirmed publishes this way)."""
+    h = Harness(dedup_window_s=60)
+    ch = h.channel()
+    props = {"message_id": "m1"}
+    t1 = h.publish(ch, "", "late", b"x", props, mandatory=True)
+    effects = h.sync()
+    assert [r.delivery_tag for r in h.of_type(Return, effects)] == [t1]
+    h.queue("late")
+    t2 = h.publish(ch, "", "late", b"x", props, mandatory=True)
+    effects = h.sync()
+    assert h.of_type(Return, effects) == [] and h.acked(ch, t2)
+    assert h.ready_bodies("late") == [b"x"]
+    # an unroutable publish that is not mandatory was taken (and dropped): its resend is one
+    h.publish(ch, "", "nowhere", b"y", {"message_id": "m2"})
+    h.sync()
+    h.queue("nowhere")
+    h.publish(ch, "", "nowhere", b"y", {"message_id": "m2"})
+    h.sync()
+    assert h.ready_bodies("nowhere") == []
+
+
 def test_unknown_exchange_is_nacked_with_reason() -> None:
     h = Harness()
     h.queue("q", durable=False)
