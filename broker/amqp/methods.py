@@ -37,6 +37,7 @@ from broker.amqp.relays import relay_consume, relay_get, remote_owner, settle_re
 from broker.amqp.replies import (
     ACCESS_REFUSED,
     COMMAND_INVALID,
+    NOT_ALLOWED,
     NOT_IMPLEMENTED,
     PRECONDITION_FAILED,
 )
@@ -246,6 +247,8 @@ async def _basic_consume(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
     if located is not None:  # cluster mode: another node's queue, consumed there
         await relay_consume(s, ch, queue, tag, m, located)
         return
+    if ch.relayed is not None and ch.relayed.has_consumer(tag):
+        raise AMQPException(NOT_ALLOWED, f"NOT_ALLOWED - attempt to reuse consumer tag '{tag}'")
     priority = (m.arguments or {}).get("x-priority")
     s.bridge.now(lambda core: core.consume(ch.core_id, queue, consumer_tag=tag, no_ack=bool(m.no_ack),
                                            exclusive=bool(m.exclusive), priority=priority))

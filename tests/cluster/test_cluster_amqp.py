@@ -13,7 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
+from pamqp import commands
 
+from tests.amqp.rawclient import RawAMQP
 from tests.cluster.conftest import TTL_S, cluster_nodes, node_process, wait_for
 from tests.support.broker import BrokerProcess, free_port
 from tests.support.etcd import EtcdProcess
@@ -235,15 +238,40 @@ def test_an_amqp_consumer_and_get_on_one_node_reach_a_queue_another_owns(two: tu
             conn.close()
 
 
+async def _reuse_a_relayed_consumer_tag(port: int) -> list[int]:
+    """Consume ``jobs`` (another node's) as ``dup``, then consume ``jobs`` and then a
+    queue of this node's under the same tag, each on a connection of its own: the
+    reply codes of the connection closes (530 is a connection exception)."""
+    codes = []
+    for second in ("jobs", ""):
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        try:
+            client = RawAMQP(stream)
+            await client.handshake()
+            await client.open_channel(1)
+            if not second:
+                second = (await client.declare(1, "", exclusive=True)).queue
+            await client.send(1, commands.Basic.Consume(queue="jobs", consumer_tag="dup"))
+            await client.expect(commands.Basic.ConsumeOk, 1)
+            await client.send(1, commands.Basic.Consume(queue=second, consumer_tag="dup"))
+            codes.append((await client.closed_with(None))[0])
+        finally:
+            await stream.aclose()
+    return codes
+
+
 def test_an_amqp_consumer_relayed_from_a_node_that_dies_is_cancelled(two: tuple[AMQPNode, AMQPNode]) -> None:
     a, b = two
     conn_a = a.connect()
     conn_a.channel().queue_declare("jobs", durable=True, arguments=CLIENT_LOCAL)
     conn_a.close()
     wait_for("b sees jobs' owner", lambda: owners(b.proc) == {"jobs": "a"})
-    _publish_on_a(a, "jobs", ["j1"])
     conn = b.connect()
     try:
+        # a consumer tag in use on the channel, relayed or not, is 530 NOT_ALLOWED, a
+        # connection exception (pika refuses to send it: a raw client)
+        assert trio.run(_reuse_a_relayed_consumer_tag, b.amqp_port) == [530, 530]
+        _publish_on_a(a, "jobs", ["j1"])
         ch = conn.channel()
         cancelled: list[Any] = []
         got: list[bytes] = []

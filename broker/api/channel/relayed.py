@@ -106,7 +106,7 @@ class RelayedConsumers:
             raise Unavailable(f"queue {queue!r} is on node {owner!r}, which is down; retry later", code="queue_unavailable")
         consumer_tag = op.get("consumer_tag") or f"amq.ctag-relayed-{next(_names)}"
         if consumer_tag in self._by_consumer or self.gateway.views.has_consumer(self.channel_id, consumer_tag):
-            raise ChannelError(f"consumer tag {consumer_tag!r} is in use on this channel", code="precondition_failed")
+            raise ChannelError(f"consumer tag {consumer_tag!r} is in use on this channel", code="not_allowed")
         stream = PeerStream(url, origin=self.cluster.node_name, secret=self.cluster.secret, ssl_context=self.cluster.peer_ssl)
         try:
             await stream.connect()
@@ -282,6 +282,10 @@ class RelayedConsumers:
                 await relay.stream.send({**op, "delivery_tag": remote_tag, **({"multiple": True} if multiple else {})})
             except PeerUnreachable:
                 pass  # the relay ends by itself; the owner requeues
+
+    def has_consumer(self, consumer_tag: str) -> bool:
+        """Whether ``consumer_tag`` names one of these relayed consumers."""
+        return consumer_tag in self._by_consumer
 
     async def cancel(self, consumer_tag: str) -> bool:
         """Cancel a relayed consumer; False when ``consumer_tag`` is not one."""
