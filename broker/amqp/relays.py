@@ -65,13 +65,12 @@ def relays_of(s: AMQPSession, ch: AMQPChannel) -> RelayedConsumers | None:
 def remote_owner(s: AMQPSession, ch: AMQPChannel, queue: str) -> tuple[RelayedConsumers, str, str | None] | None:
     """(the channel's relays, owner, its URL or None while down) when ``queue`` is
     another node's; None when it is this node's (or there is no cluster)."""
-    if s.bridge.runtime.cluster is None or not queue:
-        return None
+    cluster = s.bridge.runtime.cluster
+    located = cluster.owner_of(queue) if cluster is not None and queue else None
+    if located is None or cluster is None or located[0] == cluster.node_name:
+        return None  # (a channel without relays keeps its settles on the fast path)
     relayed = relays_of(s, ch)
-    located = relayed.remote_owner(queue) if relayed is not None else None
-    if relayed is None or located is None:
-        return None
-    return relayed, located[0], located[1]
+    return None if relayed is None else (relayed, located[0], located[1])
 
 
 def _amqp_error(exc: ErrorReply, queue: str, owner: str) -> AMQPException | ErrorReply:
