@@ -218,7 +218,12 @@ def test_an_amqp_consumer_and_get_on_one_node_reach_a_queue_another_owns(two: tu
         method, _props, body = ch.basic_get("work", auto_ack=True)
         assert body == b"g2" and method.message_count == 1
         method, _props, body = ch.basic_get("work")
-        assert body == b"g3"
+        assert body == b"g3" and not method.redelivered
+        wait_for("g3 unacked on the owner", lambda: queue_counts(a.proc, "work") == (0, 1))
+        ch.basic_recover(requeue=True)  # back on the owner, redelivered
+        wait_for("g3 recovered", lambda: queue_counts(a.proc, "work") == (1, 0))
+        method, _props, body = ch.basic_get("work")
+        assert body == b"g3" and method.redelivered
         assert ch.basic_get("work") == (None, None, None)  # get-empty
         # a get not settled goes back to the owner's queue when the channel closes
         wait_for("g3 unacked", lambda: queue_counts(a.proc, "work") == (0, 1))
