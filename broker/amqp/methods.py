@@ -24,15 +24,20 @@ from broker.amqp.events import (
     Opened,
 )
 from broker.amqp.frames import (
+    Ack,
+    Nack,
+    Reject,
     encode_cancel_ok,
     encode_consume_ok,
     encode_declare_ok,
     encode_get_ok,
     encode_properties,
 )
+from broker.amqp.relays import relay_consume, relay_get, remote_owner, settle_relayed
 from broker.amqp.replies import (
     ACCESS_REFUSED,
     COMMAND_INVALID,
+    NOT_ALLOWED,
     NOT_IMPLEMENTED,
     PRECONDITION_FAILED,
 )
@@ -225,6 +230,10 @@ async def _basic_qos(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
     if m.prefetch_size:
         raise AMQPException(NOT_IMPLEMENTED, f"NOT_IMPLEMENTED - prefetch_size!=0 ({m.prefetch_size})")
     s.bridge.run(lambda core: core.qos(ch.core_id, m.prefetch_count or 0, bool(m.global_)))
+    if m.global_:
+        ch.global_prefetch = m.prefetch_count or 0
+    else:
+        ch.prefetch = m.prefetch_count or 0
     s.reply(ch, commands.Basic.QosOk())
 
 
@@ -234,6 +243,12 @@ async def _basic_consume(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
     if s.principal is not None:
         s.principal.check_consumer(s.bridge.core_for_limits())
     tag = m.consumer_tag or s.next_tag("amq.ctag-")
+    located = remote_owner(s, ch, queue)
+    if located is not None:  # cluster mode: another node's queue, consumed there
+        await relay_consume(s, ch, queue, tag, m, located)
+        return
+    if ch.relayed is not None and ch.relayed.has_consumer(tag):
+        raise AMQPException(NOT_ALLOWED, f"NOT_ALLOWED - attempt to reuse consumer tag '{tag}'")
     priority = (m.arguments or {}).get("x-priority")
     s.bridge.now(lambda core: core.consume(ch.core_id, queue, consumer_tag=tag, no_ack=bool(m.no_ack),
                                            exclusive=bool(m.exclusive), priority=priority))
@@ -245,6 +260,8 @@ async def _basic_consume(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
 async def _basic_cancel(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
     if s.views.has_consumer(ch.core_id, m.consumer_tag):
         s.bridge.run(lambda core: core.cancel(ch.core_id, m.consumer_tag))
+    elif ch.relayed is not None:
+        await ch.relayed.cancel(m.consumer_tag)
     if not m.nowait:
         s.reply_raw(ch, encode_cancel_ok(ch.number, m.consumer_tag))
 
@@ -254,6 +271,11 @@ async def _basic_get(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
     channel's next delivery tag, unacked (or settled at once with ``no_ack``)."""
     queue = _queue_name(ch, m.queue)
     s.access.require("get", queue)
+    located = remote_owner(s, ch, queue)
+    if located is not None:  # cluster mode: another node's queue, taken there
+        if not await relay_get(s, ch, queue, bool(m.no_ack), located):
+            s.reply(ch, commands.Basic.GetEmpty())
+        return
     got = s.bridge.run(lambda core: core.channel_get(ch.core_id, queue, no_ack=bool(m.no_ack)))
     if got is None:
         s.reply(ch, commands.Basic.GetEmpty())
@@ -275,11 +297,37 @@ async def _basic_get(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
 async def _basic_recover(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
     if not m.requeue:
         raise AMQPException(NOT_IMPLEMENTED, "NOT_IMPLEMENTED - requeue=false")
+    if ch.relayed is not None and ch.max_tag:  # relayed deliveries: requeued on their owners
+        await ch.relayed.settle({"op": "nack", "requeue": True}, ch.max_tag, True)
     tag = s.last_tag(ch)
     if tag:
         s.bridge.now(lambda core: core.nack(ch.core_id, tag, True, True))  # redelivered after recover-ok
     if isinstance(m, commands.Basic.Recover):
         s.reply(ch, commands.Basic.RecoverOk())
+
+
+async def _basic_ack(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
+    """An ack on a channel with relayed deliveries (``session.handle_nowait`` takes
+    the others): those it names are acked on their owners, the rest here."""
+    tag = await settle_relayed(s, ch, {"op": "ack"}, m.delivery_tag, bool(m.multiple))
+    if tag is not None:
+        s.bridge.now(lambda core: core.ack(ch.core_id, tag, bool(m.multiple)))
+
+
+async def _basic_nack(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
+    """A nack, as :func:`_basic_ack`."""
+    requeue = bool(m.requeue)
+    tag = await settle_relayed(s, ch, {"op": "nack", "requeue": requeue}, m.delivery_tag, bool(m.multiple))
+    if tag is not None:
+        s.bridge.now(lambda core: core.nack(ch.core_id, tag, bool(m.multiple), requeue))
+
+
+async def _basic_reject(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
+    """A reject, as :func:`_basic_ack`."""
+    requeue = bool(m.requeue)
+    tag = await settle_relayed(s, ch, {"op": "reject", "requeue": requeue}, m.delivery_tag, False)
+    if tag is not None:
+        s.bridge.now(lambda core: core.reject(ch.core_id, tag, requeue))
 
 
 async def _confirm_select(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
@@ -329,6 +377,9 @@ HANDLERS: dict[type, Callable[[AMQPSession, AMQPChannel, Any], Any]] = {
     commands.Basic.Cancel: _basic_cancel,
     commands.Basic.Get: _basic_get,
     commands.Basic.Recover: _basic_recover,
+    Ack: _basic_ack,
+    Nack: _basic_nack,
+    Reject: _basic_reject,
     commands.Basic.RecoverAsync: _basic_recover,
     commands.Confirm.Select: _confirm_select,
     commands.Tx.Select: _tx_select,

@@ -32,12 +32,14 @@ __all__ = [
     "NOT_IMPLEMENTED",
     "NO_ROUTE",
     "PRECONDITION_FAILED",
+    "REFUSED_TARGETS",
     "REPLY_SUCCESS",
     "RESOURCE_ERROR",
     "RESOURCE_LOCKED",
     "SYNTAX_ERROR",
     "UNEXPECTED_FRAME",
     "is_connection_error",
+    "refusal_text",
     "reply_for",
     "reply_text",
 ]
@@ -107,3 +109,15 @@ def reply_for(exc: ErrorReply) -> int:
     if isinstance(exc, Unavailable):
         return RESOURCE_ERROR if exc.code != "shutting_down" else CONNECTION_FORCED
     return INTERNAL_ERROR
+
+
+#: Nack reasons that refuse the publish's target (the core's wording).
+REFUSED_TARGETS = ("not_found: ", "access_refused: ")
+
+
+def refusal_text(code: str, text: str) -> str:
+    """RabbitMQ's text for a publish to a missing or internal exchange."""
+    name = text.split("'")[1] if text.count("'") >= 2 else text
+    if code == "not_found":
+        return f"NOT_FOUND - no exchange '{name}' in vhost '/'"
+    return f"ACCESS_REFUSED - cannot publish to internal exchange '{name}' in vhost '/'"

@@ -165,6 +165,7 @@ class AMQPServer:
         stop_flow_events = self.bridge.subscribe_flow(session.flow_changed)
         try:
             async with trio.open_nursery() as nursery:
+                session.tasks = nursery
                 nursery.start_soon(self._writer, stream, conn, session, state, nursery.cancel_scope)
                 nursery.start_soon(self._timers, conn, session, wake, nursery.cancel_scope)
                 reading = trio.CancelScope()

@@ -12,9 +12,9 @@ connection exception (5xx) closes the connection.
 It never touches sockets: it writes into the connection's output buffer and tells the
 IO layer (``server.py``) through ``wake``.
 
-Why one module of ~560 lines: the channels (the runtime's sinks), the login, the
-back-pressure and the per-message methods all read and write one connection's state;
-the other methods are in ``methods.py``.
+Why one module of ~600 lines: the channels (the runtime's sinks), the login, the
+back-pressure and the per-message methods all read and write one connection's state
+(the other methods: ``methods.py``; consumers and gets relayed from other nodes: ``relays.py``).
 """
 
 from __future__ import annotations
@@ -53,11 +53,13 @@ from broker.amqp.replies import (
     NOT_FOUND,
     NOT_IMPLEMENTED,
     PRECONDITION_FAILED,
+    REFUSED_TARGETS,
     is_connection_error,
+    refusal_text,
     reply_for,
 )
 from broker.amqp.tables import TableError
-from broker.api import ALLOW_ALL, Access
+from broker.api import ALLOW_ALL, Access, RelayedConsumers
 from broker.core import (
     Confirm,
     ConsumerCancelled,
@@ -103,18 +105,6 @@ def _cancel(channel_id: int, consumer_tag: str, core: Any) -> None:
     core.cancel(channel_id, consumer_tag)
 
 
-#: Nack reasons that refuse the publish's target (the core's wording).
-_REFUSED_TARGETS = ("not_found: ", "access_refused: ")
-
-
-def _refusal_text(code: str, text: str) -> str:
-    """RabbitMQ's text for a publish to a missing or internal exchange."""
-    name = text.split("'")[1] if text.count("'") >= 2 else text
-    if code == "not_found":
-        return f"NOT_FOUND - no exchange '{name}' in vhost '/'"
-    return f"ACCESS_REFUSED - cannot publish to internal exchange '{name}' in vhost '/'"
-
-
 class _NoEvent:
     """Stands in for the IO layer's event until it sets its own."""
 
@@ -141,6 +131,10 @@ class AMQPChannel:
         self.tx = False
         self.published = 0
         self.last_queue = ""
+        #: basic.qos's prefetch (per consumer, global), for consumers relayed from other nodes
+        self.prefetch = self.global_prefetch = 0
+        #: Cluster mode: its consumers and gets of other nodes' queues (``relays.py``).
+        self.relayed: RelayedConsumers | None = None
         #: (publish tag, charged bytes) of publishes not yet confirmed, in tag order.
         self.unconfirmed: collections.deque[tuple[int, int]] = collections.deque()
         self.unconfirmed_bytes = 0
@@ -197,10 +191,10 @@ class AMQPChannel:
             self._settle_unconfirmed(effect.delivery_tag)
             s.confirmed.set()
             reason = effect.reason
-            if reason is not None and not effect.ack and reason.startswith(_REFUSED_TARGETS):
+            if reason is not None and not effect.ack and reason.startswith(REFUSED_TARGETS):
                 # a publish to a missing or internal exchange: RabbitMQ's channel error
                 code, _sep, text = reason.partition(": ")
-                s.fail_later(self, NOT_FOUND if code == "not_found" else ACCESS_REFUSED, _refusal_text(code, text))
+                s.fail_later(self, NOT_FOUND if code == "not_found" else ACCESS_REFUSED, refusal_text(code, text))
                 return
             if self.confirm:
                 tag = effect.delivery_tag - self.confirm_offset
@@ -296,6 +290,8 @@ class AMQPSession:
         self.stop_reading: Callable[[], None] = lambda: None
         #: Set whenever confirms arrive (the shutdown drain waits on it).
         self.confirmed: Any = _NoEvent()
+        #: Set by the IO layer: the nursery (trio's) relayed consumers' tasks run in.
+        self.tasks: Any = None
 
     # -- events -------------------------------------------------------------------
 
@@ -311,6 +307,8 @@ class AMQPSession:
             return True
         if kind is Method:
             mtype = type(event.method)
+            if mtype in (Ack, Nack, Reject) and getattr(self.channels.get(event.channel), "relayed", None):
+                return False  # settles may go to other nodes (methods.handle awaits them)
             if mtype is Ack:
                 self.guard(event.channel, self.ack, event.method, 60, 80)
                 return True
@@ -414,6 +412,8 @@ class AMQPSession:
             return
         ch.closed = True
         self.unconfirmed_bytes -= ch.unconfirmed_bytes
+        if ch.relayed is not None:  # the owners requeue what they delivered unacked
+            ch.relayed.close_all()
         self.bridge.close_channel(ch.core_id, self.principal, reason)
 
     def release_all(self, reason: str) -> None:

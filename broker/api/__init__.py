@@ -7,6 +7,7 @@ it reads the core through the core's views.
 """
 
 from broker.api.auth import Authenticator, hash_password, new_token
+from broker.api.channel.relayed import RelayedConsumers
 from broker.api.csrf import protect
 from broker.api.errors import http_error
 from broker.api.metrics import BrokerMetrics
@@ -20,6 +21,7 @@ __all__ = [
     "Authenticator",
     "BrokerMetrics",
     "PUBLIC_ROUTES",
+    "RelayedConsumers",
     "build_router",
     "cluster_routes",
     "dispatch_cluster_first",

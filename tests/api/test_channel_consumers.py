@@ -396,3 +396,28 @@ async def test_exclusive_queue_deleted_when_owner_disconnects(app: BrokerApp, cl
     await owner.ok({"op": "declare_queue", "queue": "ephemeral", "exclusive": True})
     await owner.abort()
     await wait_until(lambda: "ephemeral" not in app.runtime.core.queues)
+
+
+# -- get (AMQP's basic.get) ------------------------------------------------------------------
+
+
+async def test_get_takes_one_message_to_settle_by_tag_or_answers_get_empty(app: BrokerApp, clients: Clients) -> None:
+    ch = await clients.channel()
+    await setup_queue(ch, "g", 3)
+    got = await ch.ok({"op": "get", "queue": "g"})
+    assert got["ev"] == "get_ok" and got["message"]["body"] == "m0" and got["message_count"] == 2, got
+    assert got["delivery_tag"] == 1 and got["redelivered"] is False and got["routing_key"] == "g"
+    assert stats(app, "g") == (2, 1)  # unacked until settled, like a consumer's delivery
+    await ch.send({"op": "ack", "delivery_tag": got["delivery_tag"]})
+    await ch.sync()
+    assert stats(app, "g") == (2, 0)
+    got = await ch.ok({"op": "get", "queue": "g", "no_ack": True})
+    assert got["message"]["body"] == "m1" and stats(app, "g") == (1, 0)
+    got = await ch.ok({"op": "get", "queue": "g"})
+    await ch.send({"op": "nack", "delivery_tag": got["delivery_tag"], "requeue": True})
+    await ch.sync()
+    again = await ch.ok({"op": "get", "queue": "g"})
+    assert again["message"]["body"] == "m2" and again["redelivered"] is True, again
+    assert (await ch.ok({"op": "get", "queue": "g"}))["ev"] == "get_empty"
+    refused = await ch.call({"op": "get", "queue": "nowhere"})
+    assert refused["ev"] == "error" and refused["error"] == "not_found", refused

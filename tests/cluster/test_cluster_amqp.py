@@ -1,17 +1,23 @@
 """AMQP 0-9-1 in cluster mode (pika against two nodes on a private etcd): declares,
 binds and deletes made over AMQP go through the same etcd transactions as their REST
 twins, so they are seen on every node, placement applies, conflicting declares fail
-alike, and publishes over AMQP reach queues other nodes own (forwarded to them)."""
+alike, and publishes over AMQP reach queues other nodes own (forwarded to them);
+consumers and gets over AMQP reach queues other nodes own (relayed from them)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import collections
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
+from pamqp import commands
 
-from tests.cluster.conftest import cluster_nodes, node_process, wait_for
+from tests.amqp.rawclient import RawAMQP
+from tests.cluster.conftest import TTL_S, cluster_nodes, node_process, wait_for
 from tests.support.broker import BrokerProcess, free_port
 from tests.support.etcd import EtcdProcess
 
@@ -117,3 +123,183 @@ def test_declares_binds_and_deletes_over_amqp_are_cluster_wide(two: tuple[AMQPNo
         for conn in (conn_a, conn_b):
             if conn.is_open:
                 conn.close()
+
+
+def pump_until(conn: Any, what: str, check: Callable[[], Any], timeout_s: float = 20.0) -> Any:
+    """Let pika take frames until ``check()`` is true; fail naming ``what``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        result = check()
+        if result:
+            return result
+        conn.process_data_events(time_limit=0.05)
+    raise AssertionError(f"{what}: not within {timeout_s} s")
+
+
+def queue_counts(node: BrokerProcess, queue: str) -> tuple[int, int]:
+    status, body = node.request("GET", f"/queues/{queue}")
+    assert status == 200, body
+    return body["messages_ready"], body["messages_unacked"]
+
+
+def _publish_on_a(a: AMQPNode, queue: str, bodies_: list[str]) -> None:
+    conn = a.connect()
+    try:
+        ch = conn.channel()
+        ch.confirm_delivery()
+        for body in bodies_:
+            ch.basic_publish("", queue, body.encode(), pika.BasicProperties(delivery_mode=2, message_id=body))
+    finally:
+        conn.close()
+
+
+def test_an_amqp_consumer_and_get_on_one_node_reach_a_queue_another_owns(two: tuple[AMQPNode, AMQPNode]) -> None:
+    a, b = two
+    conn_a = a.connect()
+    conn_a.channel().queue_declare("work", durable=True, arguments=CLIENT_LOCAL)
+    conn_a.close()
+    assert owners(a.proc) == {"work": "a"}
+    wait_for("b sees work's owner", lambda: owners(b.proc) == {"work": "a"})
+    sent = [f"m{i:03}" for i in range(200)]
+    _publish_on_a(a, "work", sent)
+
+    conn = b.connect()
+    try:
+        ch = conn.channel()
+        ch.basic_qos(prefetch_count=5)
+        got: list[Any] = []
+        cancelled: list[Any] = []
+        ch.add_on_cancel_callback(cancelled.append)
+        tag = ch.basic_consume("work", lambda _ch, method, props, body: got.append((method, props, body)))
+        # prefetch holds on the owner: 5 delivered, none acked, no sixth
+        pump_until(conn, "5 deliveries", lambda: len(got) >= 5)
+        wait_for("5 unacked on the owner", lambda: queue_counts(a.proc, "work") == (195, 5))
+        conn.process_data_events(time_limit=0.3)
+        assert len(got) == 5
+        assert [body.decode() for _m, _p, body in got] == sent[:5]
+        assert got[0][1].message_id == "m000" and got[0][1].delivery_mode == 2
+        assert len({m.delivery_tag for m, _p, _b in got}) == 5
+        # a nack with requeue: the message comes back, redelivered
+        first = got[0][0]
+        ch.basic_nack(first.delivery_tag, requeue=True)
+        pump_until(conn, "the nacked one again", lambda: any(
+            m.redelivered and body == b"m000" for m, _p, body in got[5:]))
+        # ack everything as it comes (a multiple ack now and then): each once, none lost
+        settled = 0
+
+        def ack_new() -> bool:
+            nonlocal settled
+            for method, _props, _body in got[settled:]:
+                if method.delivery_tag == first.delivery_tag:
+                    continue  # nacked above
+                if method.delivery_tag % 7 == 0:
+                    ch.basic_ack(method.delivery_tag, multiple=True)
+                elif method.delivery_tag % 7 != 3:
+                    ch.basic_ack(method.delivery_tag)
+            settled = len(got)
+            return len({body for _m, _p, body in got}) == 200
+
+        pump_until(conn, "all 200 delivered", ack_new, timeout_s=60)
+        ch.basic_ack(0, multiple=True)  # whatever is left unacked (the tags % 7 == 3)
+        conn.process_data_events(time_limit=0.3)
+        counts = collections.Counter(body.decode() for _m, _p, body in got)
+        assert counts == collections.Counter(sent + ["m000"]), counts  # the nacked one twice, the rest once
+        assert [body for m, _p, body in got if m.redelivered] == [b"m000"]
+        wait_for("every ack reached the owner", lambda: queue_counts(a.proc, "work") == (0, 0))
+        ch.basic_cancel(tag)
+
+        # basic.get on b of a's queue: get-ok, settled later by its tag; get-empty
+        _publish_on_a(a, "work", ["g1", "g2", "g3"])
+        method, props, body = ch.basic_get("work")
+        assert body == b"g1" and method.message_count == 2 and props.message_id == "g1", method
+        wait_for("the get is unacked on the owner", lambda: queue_counts(a.proc, "work") == (2, 1))
+        ch.basic_ack(method.delivery_tag)
+        wait_for("its ack reached the owner", lambda: queue_counts(a.proc, "work") == (2, 0))
+        method, _props, body = ch.basic_get("work", auto_ack=True)
+        assert body == b"g2" and method.message_count == 1
+        method, _props, body = ch.basic_get("work")
+        assert body == b"g3" and not method.redelivered
+        wait_for("g3 unacked on the owner", lambda: queue_counts(a.proc, "work") == (0, 1))
+        ch.basic_recover(requeue=True)  # back on the owner, redelivered
+        wait_for("g3 recovered", lambda: queue_counts(a.proc, "work") == (1, 0))
+        method, _props, body = ch.basic_get("work")
+        assert body == b"g3" and method.redelivered
+        assert ch.basic_get("work") == (None, None, None)  # get-empty
+        # a get not settled goes back to the owner's queue when the channel closes
+        wait_for("g3 unacked", lambda: queue_counts(a.proc, "work") == (0, 1))
+        ch.close()
+        wait_for("g3 requeued", lambda: queue_counts(a.proc, "work") == (1, 0))
+
+        # a relayed consumer whose queue the owner deletes gets basic.cancel
+        ch = conn.channel()
+        ch.add_on_cancel_callback(cancelled.append)
+        tag = ch.basic_consume("work", lambda *_args: None)
+        assert a.proc.request("DELETE", "/queues/work")[0] == 200
+        pump_until(conn, "basic.cancel from the server", lambda: cancelled)
+        assert cancelled[0].method.consumer_tag == tag
+        assert ch.is_open
+    finally:
+        if conn.is_open:
+            conn.close()
+
+
+async def _reuse_a_relayed_consumer_tag(port: int) -> list[int]:
+    """Consume ``jobs`` (another node's) as ``dup``, then consume ``jobs`` and then a
+    queue of this node's under the same tag, each on a connection of its own: the
+    reply codes of the connection closes (530 is a connection exception)."""
+    codes = []
+    for second in ("jobs", ""):
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        try:
+            client = RawAMQP(stream)
+            await client.handshake()
+            await client.open_channel(1)
+            if not second:
+                second = (await client.declare(1, "", exclusive=True)).queue
+            await client.send(1, commands.Basic.Consume(queue="jobs", consumer_tag="dup"))
+            await client.expect(commands.Basic.ConsumeOk, 1)
+            await client.send(1, commands.Basic.Consume(queue=second, consumer_tag="dup"))
+            codes.append((await client.closed_with(None))[0])
+        finally:
+            await stream.aclose()
+    return codes
+
+
+def test_an_amqp_consumer_relayed_from_a_node_that_dies_is_cancelled(two: tuple[AMQPNode, AMQPNode]) -> None:
+    a, b = two
+    conn_a = a.connect()
+    conn_a.channel().queue_declare("jobs", durable=True, arguments=CLIENT_LOCAL)
+    conn_a.close()
+    wait_for("b sees jobs' owner", lambda: owners(b.proc) == {"jobs": "a"})
+    conn = b.connect()
+    try:
+        # a consumer tag in use on the channel, relayed or not, is 530 NOT_ALLOWED, a
+        # connection exception (pika refuses to send it: a raw client)
+        assert trio.run(_reuse_a_relayed_consumer_tag, b.amqp_port) == [530, 530]
+        _publish_on_a(a, "jobs", ["j1"])
+        ch = conn.channel()
+        cancelled: list[Any] = []
+        got: list[bytes] = []
+        ch.add_on_cancel_callback(cancelled.append)
+        tag = ch.basic_consume("jobs", lambda _ch, _m, _p, body: got.append(body))
+        pump_until(conn, "j1 delivered", lambda: got == [b"j1"])
+        a.proc.kill()
+        # RabbitMQ's consumer cancel notification when the queue's node goes down
+        pump_until(conn, "basic.cancel from the server", lambda: cancelled)
+        assert cancelled[0].method.consumer_tag == tag and ch.is_open
+        wait_for("a dead on b", lambda: not cluster_nodes(b.proc)["a"]["alive"], timeout_s=TTL_S + 8)
+        # consume and get of a queue whose node is down: 404, as RabbitMQ's classic queue
+        for attempt in (lambda c: c.basic_consume("jobs", lambda *_args: None), lambda c: c.basic_get("jobs")):
+            ch = conn.channel()
+            with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+                attempt(ch)
+            assert refused.value.reply_code == 404, refused.value
+            assert "home node 'a' of durable queue 'jobs'" in refused.value.reply_text
+            assert "is down or inaccessible" in refused.value.reply_text
+        assert conn.is_open
+    finally:
+        if conn.is_open:
+            conn.close()
+    a.proc.start()
+    wait_for("a back on b", lambda: cluster_nodes(b.proc)["a"]["alive"])
+    assert bodies(b.proc, "jobs") == ["j1"]  # delivered, never acked: requeued, not lost

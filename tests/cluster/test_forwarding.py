@@ -343,6 +343,31 @@ def test_a_channel_purges_a_queue_another_node_owns(nodes: Nodes) -> None:
     assert a.request("GET", "/queues/full")[1]["messages_ready"] == 0
 
 
+def test_a_channel_get_of_a_queue_another_node_owns_is_settled_there(nodes: Nodes) -> None:
+    a, b, _c = _three(nodes)
+    _declare_on(b, "gq", a)
+    assert all(e["ev"] == "ack" for e in _channel_publish(b, [{"routing_key": "gq", "body": f"g{i}"} for i in range(3)]))
+    ch = RawChannel(b.port)
+    try:
+        ch.send({"op": "get", "queue": "gq", "id": 1})
+        got = ch.next_event()
+        assert got["ev"] == "get_ok" and got["id"] == 1 and got["message"]["body"] == "g0", got
+        assert got["message_count"] == 2
+        wait_for("unacked on the owner", lambda: a.request("GET", "/queues/gq")[1]["messages_unacked"] == 1)
+        ch.send({"op": "ack", "delivery_tag": got["delivery_tag"]}, {"op": "get", "queue": "gq", "id": 2})
+        second = ch.next_event()
+        assert second["ev"] == "get_ok" and second["message"]["body"] == "g1", second
+        assert second["delivery_tag"] != got["delivery_tag"]
+        wait_for("the ack reached the owner", lambda: (
+            a.request("GET", "/queues/gq")[1]["messages_ready"], a.request("GET", "/queues/gq")[1]["messages_unacked"]
+        ) == (1, 1))
+    finally:
+        ch.close()
+    # the unsettled get goes back to the owner's queue with the channel
+    wait_for("g1 requeued", lambda: a.request("GET", "/queues/gq")[1]["messages_ready"] == 2)
+    assert _bodies(a, "gq") == ["g1", "g2"]
+
+
 def test_a_hung_owner_does_not_hold_confirms_for_ever(nodes: Nodes) -> None:
     import os
     import signal

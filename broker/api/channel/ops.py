@@ -23,6 +23,7 @@ from typing import Any
 import trio
 
 from broker.api.channel.session import ServedChannel
+from broker.api.codec import message_json
 from broker.api.fields import (
     BINDING_FIELDS,
     DEFAULT_EXCHANGE_ALIAS,
@@ -82,6 +83,7 @@ OP_FIELDS: dict[str, frozenset[str]] = {
         # ``arguments``: consumer arguments (none is used yet; clients send them)
         "consume": frozenset({"queue", "consumer_tag", "prefetch", "no_ack", "exclusive", "ack_timeout_ms", "arguments"}),
         "cancel": frozenset({"consumer_tag"}),
+        "get": frozenset({"queue", "no_ack"}),
         "qos": frozenset({"prefetch", "global"}),
         "ack": frozenset({"delivery_tag", "multiple", "delivery_tags"}),
         "nack": frozenset({"delivery_tag", "multiple", "requeue", "delay_s"}),
@@ -234,6 +236,30 @@ async def _op_cancel(s: ServedChannel, op: dict[str, Any]) -> None:
     elif s.relayed is not None:
         await s.relayed.cancel(tag)
     s.send_event(reply(op, "cancel_ok", consumer_tag=tag))
+
+
+async def _op_get(s: ServedChannel, op: dict[str, Any]) -> None:
+    """One message of a queue, delivered on this channel (AMQP's ``basic.get``):
+    ``get_ok`` with a delivery tag to settle like a consumer's (unacked until then,
+    unless ``no_ack``) and the ready messages left, or ``get_empty``."""
+    queue = _get(op, "queue", str, None) or ""
+    no_ack = _get(op, "no_ack", bool, False)
+    s.access.require("get", queue)
+    relayed = s.relayed_consumers()
+    located = relayed.remote_owner(queue) if relayed is not None and queue else None
+    if relayed is not None and located is not None:
+        s.batch.flush()
+        got_event = await relayed.get(queue, located[0], located[1], no_ack)
+        s.send_event(reply(op, "get_empty") if got_event is None else {**got_event, **reply(op, "get_ok")})
+        return
+    cid = s.channel_id
+    got = s.batch.run(lambda core: core.channel_get(cid, queue, no_ack=no_ack))
+    if got is None:
+        s.send_event(reply(op, "get_empty"))
+        return
+    s.send_event(reply(op, "get_ok", delivery_tag=got.delivery_tag, redelivered=got.redelivered,
+                       exchange=got.message.exchange, routing_key=got.message.routing_key,
+                       message_count=got.message_count, message=message_json(got.message)))
 
 
 async def _op_qos(s: ServedChannel, op: dict[str, Any]) -> None:
@@ -534,6 +560,7 @@ Handler = Callable[[ServedChannel, dict[str, Any]], Awaitable[None]]
 OPS: dict[str, Handler] = {
     "consume": _op_consume,
     "cancel": _op_cancel,
+    "get": _op_get,
     "qos": _op_qos,
     "ack": _op_ack,
     "nack": _op_nack,

@@ -14,6 +14,11 @@ When the owner is down, ``consume`` fails with the channel error
 open; consume again once the node is back). A ``multiple`` settle whose tag is a
 relayed delivery settles the relayed deliveries up to it (on their owners), not this
 node's own; one whose tag is this node's settles both.
+
+``get`` of such a queue (AMQP's ``basic.get``, the channel's ``get`` op) goes over one
+more channel to the owner, kept for this channel's gets of that node's queues: the
+message taken stays unacked there under the owner's tag until settled through this
+channel's tag, like a relayed consumer's delivery.
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ __all__ = ["RelayedConsumers"]
 #: How long a consume waits for the owner's answer.
 CONSUME_TIMEOUT_S: Final = 10.0
 _names = itertools.count(1)
+#: The owner's answers to a relayed consume or get.
+_ANSWERS: Final = frozenset({"consume_ok", "get_ok", "get_empty", "error"})
 
 
 class _Relay:
@@ -79,6 +86,8 @@ class RelayedConsumers:
         self._by_tag: dict[int, _Relay] = {}
         #: tags of relays that ended: settling them is a no-op (the owner requeued them)
         self._gone: set[int] = set()
+        #: owner -> the channel this channel's gets of that node's queues go over
+        self._getters: dict[str, _Relay] = {}
 
     def remote_owner(self, queue: str) -> tuple[str, str | None] | None:
         """(owner, URL or None while down) when ``queue`` is another node's."""
@@ -97,7 +106,7 @@ class RelayedConsumers:
             raise Unavailable(f"queue {queue!r} is on node {owner!r}, which is down; retry later", code="queue_unavailable")
         consumer_tag = op.get("consumer_tag") or f"amq.ctag-relayed-{next(_names)}"
         if consumer_tag in self._by_consumer or self.gateway.views.has_consumer(self.channel_id, consumer_tag):
-            raise ChannelError(f"consumer tag {consumer_tag!r} is in use on this channel", code="precondition_failed")
+            raise ChannelError(f"consumer tag {consumer_tag!r} is in use on this channel", code="not_allowed")
         stream = PeerStream(url, origin=self.cluster.node_name, secret=self.cluster.secret, ssl_context=self.cluster.peer_ssl)
         try:
             await stream.connect()
@@ -150,7 +159,7 @@ class RelayedConsumers:
                         tag = self._local_tag(relay, ev.get("delivery_tag"))
                         if tag is not None:
                             self.send_event({**ev, "delivery_tag": tag})
-                    elif kind in ("consume_ok", "error") and not relay.answered.is_set():
+                    elif kind in _ANSWERS and not relay.answered.is_set():
                         relay.answer = ev
                         relay.answered.set()
                     elif kind == "cancel":
@@ -162,6 +171,47 @@ class RelayedConsumers:
             except PeerUnreachable:
                 pass
         return reason
+
+    # ----------------------------------------------------------------- get
+
+    async def get(self, queue: str, owner: str, url: str | None, no_ack: bool) -> dict[str, Any] | None:
+        """Take one message of ``queue`` on its owner: the owner's ``get_ok`` event
+        with this channel's delivery tag, or None when the queue is empty. Raises as
+        :meth:`consume` does."""
+        if url is None:
+            raise Unavailable(f"queue {queue!r} is on node {owner!r}, which is down; retry later", code="queue_unavailable")
+        relay = self._getters.get(owner)
+        if relay is None or relay.ended:
+            stream = PeerStream(url, origin=self.cluster.node_name, secret=self.cluster.secret, ssl_context=self.cluster.peer_ssl)
+            try:
+                await stream.connect()
+            except PeerUnreachable as exc:
+                raise Unavailable(f"queue {queue!r}: its node {owner!r} cannot be reached: {exc}", code="queue_unavailable") from None
+            relay = self._getters[owner] = _Relay(owner, "", "", stream)
+            relay.held = None
+            self.nursery.start_soon(self._serve, relay)
+        relay.answered, relay.answer = trio.Event(), None
+        try:
+            await relay.stream.send({"op": "get", "queue": queue, "no_ack": no_ack, "id": "relay"})
+        except PeerUnreachable as exc:
+            self._end(relay)
+            raise Unavailable(f"queue {queue!r}: its node {owner!r} cannot be reached: {exc}", code="queue_unavailable") from None
+        with trio.move_on_after(CONSUME_TIMEOUT_S):
+            await relay.answered.wait()
+        answer = relay.answer
+        if answer is None or answer.get("ev") not in ("get_ok", "get_empty"):
+            self._end(relay)
+            if answer is not None and answer.get("ev") == "error":
+                raise ChannelError(str(answer.get("message")), code=str(answer.get("error")))
+            raise Unavailable(f"queue {queue!r}: its node {owner!r} did not answer the get", code="queue_unavailable")
+        if answer["ev"] == "get_empty":
+            return None
+        channel_id = self.channel_id
+        tag = self.gateway.run(lambda core: core.reserve_delivery_tag(channel_id))
+        if not no_ack:
+            relay.tags[tag] = int(answer["delivery_tag"])
+            self._by_tag[tag] = relay
+        return {k: v for k, v in answer.items() if k not in ("ev", "id")} | {"delivery_tag": tag}
 
     def started(self, consumer_tag: str) -> None:
         """The client has been sent ``consume_ok``: pass on what came before it."""
@@ -192,7 +242,10 @@ class RelayedConsumers:
     def _end(self, relay: _Relay) -> None:
         relay.ended = True
         relay.scope.cancel()
-        self._by_consumer.pop(relay.consumer_tag, None)
+        if relay.consumer_tag:
+            self._by_consumer.pop(relay.consumer_tag, None)
+        elif self._getters.get(relay.owner) is relay:
+            del self._getters[relay.owner]
         for tag in relay.tags:
             self._by_tag.pop(tag, None)
             self._gone.add(tag)
@@ -208,7 +261,7 @@ class RelayedConsumers:
         names to their owners, with their tags."""
         targets: list[tuple[_Relay, int]] = []
         if multiple:
-            for relay in list(self._by_consumer.values()):
+            for relay in [*self._by_consumer.values(), *self._getters.values()]:
                 mine = [tag for tag in relay.tags if tag <= delivery_tag]
                 if mine:
                     targets.append((relay, relay.tags[mine[-1]]))
@@ -230,6 +283,10 @@ class RelayedConsumers:
             except PeerUnreachable:
                 pass  # the relay ends by itself; the owner requeues
 
+    def has_consumer(self, consumer_tag: str) -> bool:
+        """Whether ``consumer_tag`` names one of these relayed consumers."""
+        return consumer_tag in self._by_consumer
+
     async def cancel(self, consumer_tag: str) -> bool:
         """Cancel a relayed consumer; False when ``consumer_tag`` is not one."""
         relay = self._by_consumer.get(consumer_tag)
@@ -240,5 +297,5 @@ class RelayedConsumers:
 
     def close_all(self) -> None:
         """The channel ends: every relay ends (the owners requeue what is unacked)."""
-        for relay in list(self._by_consumer.values()):
+        for relay in [*self._by_consumer.values(), *self._getters.values()]:
             self._end(relay)
