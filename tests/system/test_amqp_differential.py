@@ -258,6 +258,7 @@ def script_gets_exclusive_priorities(port: int) -> Log:
     first = conn.channel()
     first.queue_declare("g.excl", exclusive=True)
     second = conn.channel()
+    second.confirm_delivery()  # (RabbitMQ enqueues asynchronously: count it once confirmed)
     second.basic_publish("", "g.excl", b"e")
     log.append(("passive from another channel", second.queue_declare("g.excl", passive=True).method.message_count))
     method, _p, body = second.basic_get("g.excl", auto_ack=True)
