@@ -20,13 +20,13 @@ from .constants import REST_CHANNEL
 from .deadletter import DeadLetters
 from .delays import Delays
 from .delivery import Deliveries, lease_id
-from .entities import ChannelState, Delivery
+from .entities import ChannelState, Delivery, Queue
 from .errors import (
     InvalidArgument,
     NotFound,
 )
 from .log import MessageLog
-from .message import StoredMessage
+from .message import Entry, StoredMessage
 from .queues import QueueStore
 
 __all__ = ["ChannelGot", "Leases", "MAX_GET_QUEUES"]
@@ -76,6 +76,18 @@ class Leases:
         self._max_lease_s = config.max_lease_s
         # smooth weighted round-robin state of weighted multi-queue gets, by (names, weights)
         self._get_weights: dict[tuple[tuple[str, ...], tuple[int, ...]], list[int]] = {}
+
+    def _hand_out(self, ch: ChannelState, queue: Queue, entry: Entry) -> tuple[int, bool]:
+        """Number a message taken from ``queue`` for ``ch`` and count it delivered;
+        returns its delivery tag and whether it is a redelivery."""
+        tag = ch.next_tag
+        ch.next_tag += 1
+        redelivered = entry.deliveries > 0
+        queue.delivered += 1
+        self._stats["delivered"] += 1
+        if redelivered:
+            queue.redelivered += 1
+        return tag, redelivered
 
     def _lease_id(self, channel_id: int, tag: int) -> str:
         return lease_id(self._boot_id, channel_id, tag)
@@ -127,13 +139,7 @@ class Leases:
             entry = self._store.pop_live(queue)
             if entry is None:
                 break
-            tag = ch.next_tag
-            ch.next_tag += 1
-            redelivered = entry.deliveries > 0
-            queue.delivered += 1
-            self._stats["delivered"] += 1
-            if redelivered:
-                queue.redelivered += 1
+            tag, redelivered = self._hand_out(ch, queue, entry)
             self._deliveries.count_delivery(queue, entry)
             d = Delivery(tag, entry, queue, None, deadline)
             ch.deliveries[tag] = d
@@ -160,13 +166,7 @@ class Leases:
         entry = self._store.pop_live(queue)
         if entry is None:
             return None
-        tag = ch.next_tag
-        ch.next_tag += 1
-        redelivered = entry.deliveries > 0
-        queue.delivered += 1
-        self._stats["delivered"] += 1
-        if redelivered:
-            queue.redelivered += 1
+        tag, redelivered = self._hand_out(ch, queue, entry)
         if no_ack:
             queue.acked += 1
             self._log.settle_entry(queue, entry)

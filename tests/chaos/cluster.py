@@ -11,8 +11,6 @@ jump its wall clock while it runs (:meth:`Cluster.jump_clock`).
 from __future__ import annotations
 
 import base64
-import http.client
-import json
 import os
 import random
 import shutil
@@ -25,6 +23,7 @@ from typing import Any
 
 from tests.chaos.netns import Topology
 from tests.support.broker import ROOT, free_port
+from tests.support.broker import request as broker_request
 from tests.support.etcd import etcd_binary
 
 __all__ = ["QUEUE", "Cluster", "Member", "request"]
@@ -42,21 +41,7 @@ def request(
 ) -> tuple[int, Any]:
     """One HTTP request (a non-bytes body is sent as JSON); (status, parsed JSON or
     raw bytes). Raises OSError when there is no answer."""
-    conn = http.client.HTTPConnection(host, port, timeout=timeout_s)
-    try:
-        if body is not None and not isinstance(body, bytes):
-            body = json.dumps(body).encode()
-        conn.request(method, path, body=body, headers=headers or {})
-        resp = conn.getresponse()
-        data = resp.read()
-    except http.client.HTTPException as exc:
-        raise OSError(str(exc)) from None
-    finally:
-        conn.close()
-    try:
-        return resp.status, json.loads(data)
-    except ValueError:
-        return resp.status, data
+    return broker_request(port, method, path, body, headers=headers, timeout_s=timeout_s, host=host)
 
 
 class Member:

@@ -50,16 +50,20 @@ def request(
     *,
     headers: dict[str, str] | None = None,
     timeout_s: float = 30.0,
+    host: str = "127.0.0.1",
 ) -> tuple[int, Any]:
-    """One HTTP request to a broker on 127.0.0.1:``port`` (a non-bytes body is sent as
-    JSON); returns (status, parsed JSON or raw bytes)."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout_s)
+    """One HTTP request to a broker on ``host``:``port`` (a non-bytes body is sent as
+    JSON); returns (status, parsed JSON or raw bytes). Raises OSError when there is no
+    answer (a broken one included)."""
+    conn = http.client.HTTPConnection(host, port, timeout=timeout_s)
     try:
         if body is not None and not isinstance(body, bytes):
             body = json.dumps(body).encode()
         conn.request(method, path, body=body, headers=headers or {})
         resp = conn.getresponse()
         data = resp.read()
+    except http.client.HTTPException as exc:
+        raise OSError(str(exc)) from None
     finally:
         conn.close()
     try:
