@@ -117,20 +117,28 @@ class RelayedConsumers:
         remote_op = {k: v for k, v in op.items() if k in ("prefetch", "no_ack", "exclusive", "ack_timeout_ms", "arguments")}
         self._by_consumer[consumer_tag] = relay
         self.nursery.start_soon(self._serve, relay)
+        op = {"op": "consume", "queue": queue, "consumer_tag": consumer_tag, "id": "relay", **remote_op}
+        answer = await self._ask(relay, op, ("consume_ok",), "consume")
+        return consumer_tag, bool(answer.get("active", True))
+
+    async def _ask(self, relay: _Relay, op: dict[str, Any], wanted: tuple[str, ...], what: str) -> dict[str, Any]:
+        """Send ``op`` on the relay and wait for its answer, one of ``wanted`` events;
+        the relay ends on any other answer (the owner's error is raised as its own)."""
+        queue, owner = op["queue"], relay.owner
         try:
-            await stream.send({"op": "consume", "queue": queue, "consumer_tag": consumer_tag, "id": "relay", **remote_op})
+            await relay.stream.send(op)
         except PeerUnreachable as exc:
             self._end(relay)
             raise Unavailable(f"queue {queue!r}: its node {owner!r} cannot be reached: {exc}", code="queue_unavailable") from None
         with trio.move_on_after(CONSUME_TIMEOUT_S):
             await relay.answered.wait()
         answer = relay.answer
-        if answer is None or answer.get("ev") != "consume_ok":
+        if answer is None or answer.get("ev") not in wanted:
             self._end(relay)
             if answer is not None and answer.get("ev") == "error":
                 raise ChannelError(str(answer.get("message")), code=str(answer.get("error")))
-            raise Unavailable(f"queue {queue!r}: its node {owner!r} did not answer the consume", code="queue_unavailable")
-        return consumer_tag, bool(answer.get("active", True))
+            raise Unavailable(f"queue {queue!r}: its node {owner!r} did not answer the {what}", code="queue_unavailable")
+        return answer
 
     async def _serve(self, relay: _Relay) -> None:
         """Pass the owner's events on until the relay ends (its stream is closed on
@@ -191,19 +199,8 @@ class RelayedConsumers:
             relay.held = None
             self.nursery.start_soon(self._serve, relay)
         relay.answered, relay.answer = trio.Event(), None
-        try:
-            await relay.stream.send({"op": "get", "queue": queue, "no_ack": no_ack, "id": "relay"})
-        except PeerUnreachable as exc:
-            self._end(relay)
-            raise Unavailable(f"queue {queue!r}: its node {owner!r} cannot be reached: {exc}", code="queue_unavailable") from None
-        with trio.move_on_after(CONSUME_TIMEOUT_S):
-            await relay.answered.wait()
-        answer = relay.answer
-        if answer is None or answer.get("ev") not in ("get_ok", "get_empty"):
-            self._end(relay)
-            if answer is not None and answer.get("ev") == "error":
-                raise ChannelError(str(answer.get("message")), code=str(answer.get("error")))
-            raise Unavailable(f"queue {queue!r}: its node {owner!r} did not answer the get", code="queue_unavailable")
+        op = {"op": "get", "queue": queue, "no_ack": no_ack, "id": "relay"}
+        answer = await self._ask(relay, op, ("get_ok", "get_empty"), "get")
         if answer["ev"] == "get_empty":
             return None
         channel_id = self.channel_id
