@@ -223,6 +223,10 @@ class LeaderSide:
         """When the oldest held confirm began to wait (None: none waits)."""
         return self.held[0][2] if self.held else None
 
+    def held_lsns(self) -> list[int]:
+        """Every held LSN (they stay held here)."""
+        return [lsn for _o, lsn, _t in self.held]
+
     def take_held(self) -> list[int]:
         """Every held LSN, forgotten here (they are nacked by the caller)."""
         lsns = [lsn for _o, lsn, _t in self.held]

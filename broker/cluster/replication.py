@@ -359,7 +359,9 @@ class Replication:
             )
         since = side.waiting_since()
         if refuse and since is not None and trio.current_time() - since > self.lag_s:
-            self.core.nack_held_confirms(side.take_held(), NO_QUORUM)
+            # nacked, not forgotten: the messages stay and may yet reach a majority, so
+            # a resend the deduplication window answers must wait for that too
+            self.core.nack_held_confirms(side.held_lsns(), NO_QUORUM, keep_held=True)
             self.runtime.pump()
         pending = replica.isr_change_pending
         if pending == -1 or (pending and self.node.view.revision < pending):

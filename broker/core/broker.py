@@ -454,13 +454,19 @@ class Broker:
             if len(ch.confirms):
                 self.log.confirms_due(ch)
 
-    def nack_held_confirms(self, lsns: Iterable[int], reason: str) -> None:
+    def nack_held_confirms(self, lsns: Iterable[int], reason: str, *, keep_held: bool = False) -> None:
         """The outside condition of ``lsns`` cannot be met: their publishes are nacked
-        with ``reason`` (their messages stay where they are: a nack promises nothing)."""
+        with ``reason`` (their messages stay where they are: a nack promises nothing).
+
+        ``keep_held``: the condition is not met *yet* (a majority is missing, the
+        messages stay): the acks waiting now are nacked, but ``lsns`` stay held, so a
+        resend answered by the deduplication window from one of them waits for its
+        fate (released, or nacked again) instead of being acked from the local disk."""
         wanted = set(lsns) & self.log.held
         if not wanted:
             return
-        self.log.held.difference_update(wanted)
+        if not keep_held:
+            self.log.held.difference_update(wanted)
         for ch in self.deliveries.channels.values():
             if ch.confirms.fail_held(wanted, reason):
                 self.log.confirms_due(ch)

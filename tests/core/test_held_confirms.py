@@ -39,6 +39,44 @@ def test_a_held_lsn_nacked_from_outside() -> None:
     assert h.confirm_of(ch, 1) == (False, "no quorum")
 
 
+def test_a_resend_deduplicated_against_a_nacked_but_kept_publish_waits_for_its_fate() -> None:
+    """A replicated queue below its majority nacks the waiting publishes but keeps
+    their messages (they may still reach a majority): a resend with the same message
+    id is answered by the deduplication window and must not be acked from the local
+    disk alone (a chaos run lost such resends when the leader then stepped down)."""
+    h = Harness(dedup_window_s=60)
+    h.queue("q")
+    ch = h.channel()
+    h.publish(ch, "", "q", b"m", {"message_id": "m1"})
+    h.step()
+    lsn = h.b.last_lsn
+    h.b.hold_confirms([lsn])
+    h.sync()
+    h.b.nack_held_confirms([lsn], "no quorum", keep_held=True)
+    h.step()
+    assert h.confirm_of(ch, 1) == (False, "no quorum")
+    h.publish(ch, "", "q", b"m", {"message_id": "m1"})  # the resend: a duplicate
+    h.sync()
+    assert h.confirm_of(ch, 2) is None  # waits: the original has no majority yet
+    assert h.ready_bodies("q") == [b"m"]
+    h.b.nack_held_confirms([lsn], "no quorum: leadership lost")  # it never will
+    h.step()
+    assert h.confirm_of(ch, 2) == (False, "no quorum: leadership lost")
+    # the other fate: a kept publish that reaches its majority acks its resend
+    h.publish(ch, "", "q", b"n", {"message_id": "m2"})
+    h.step()
+    lsn2 = h.b.last_lsn
+    h.b.hold_confirms([lsn2])
+    h.sync()
+    h.b.nack_held_confirms([lsn2], "no quorum", keep_held=True)
+    h.publish(ch, "", "q", b"n", {"message_id": "m2"})
+    h.sync()
+    assert h.confirm_of(ch, 3) == (False, "no quorum") and h.confirm_of(ch, 4) is None
+    h.b.release_held_confirms([lsn2])
+    h.step()
+    assert h.acked(ch, 4)
+
+
 def test_a_refused_queue_nacks_while_others_keep_the_message() -> None:
     h = Harness()
     h.queue("q")
