@@ -48,6 +48,17 @@ def wait_for(what: str, check: Callable[[], Any], timeout_s: float = 15.0) -> An
     raise AssertionError(f"{what}: not within {timeout_s} s (last: {last!r})")
 
 
+def wait_synced(node: BrokerProcess, timeout_s: float = 15.0) -> None:
+    """Until ``node`` serves as a member: its view read from etcd and its own
+    registration made (before that, a metadata change it is asked for answers 503)."""
+
+    def synced() -> bool:
+        status, body = node.request("GET", "/cluster")
+        return status == 200 and bool(body.get("synced")) and bool(body.get("member"))
+
+    wait_for(f"node on port {node.port} synced with etcd", synced, timeout_s)
+
+
 def cluster_nodes(node: BrokerProcess) -> dict[str, dict[str, Any]]:
     status, body = node.request("GET", "/cluster")
     assert status == 200, body
@@ -74,6 +85,7 @@ def nodes(tmp_path: Path, etcd: EtcdProcess) -> Iterator[Callable[[str], BrokerP
         proc = node_process(tmp_path, etcd, name)
         started.append(proc)
         proc.start()
+        wait_synced(proc)
         return proc
 
     try:
