@@ -1,5 +1,6 @@
-"""``scripts/bench --cluster N [--peer redis]``: what forwarding between nodes costs, and
-how total throughput grows with nodes, against one Redis (docs/benchmarks.md, "Cluster").
+"""``scripts/bench --cluster N [--peer redis,rabbitmq]``: what forwarding between nodes costs,
+how total throughput grows with nodes, against one Redis, and what a quorum queue costs
+(docs/benchmarks.md, "Cluster").
 
 Each cluster is a private etcd and nodes started with ``scripts/cluster up`` (into a
 temporary directory) and stopped by PID with ``scripts/cluster down``; the Redis
@@ -19,6 +20,10 @@ declare, then start together), so a publisher here is the one of workload 2.
   gives the CPU the servers and the clients spent per message and the cores all of
   them kept busy, which is what tells, on a small machine, why the total does not
   grow: the processes share the cores there are.
+- **quorum** (N >= 3, ``bench.cluster_quorum``): a 3-replica quorum queue against a
+  classic one through the leader's node (with ``--peer rabbitmq``: the same pika
+  workload on one RabbitMQ node), and the failover time distribution over K kills
+  of the leader.
 """
 
 from __future__ import annotations
@@ -250,7 +255,8 @@ def _scale_table(rows: Sequence[dict[str, Any]]) -> list[str]:
 
 def run_cluster_bench(nodes: int, *, quick: bool, peers: Sequence[str] = (), out_dir: Path | None = None,
                       say: Callable[[str], None] = lambda _text: None) -> tuple[str, dict[str, Any]]:
-    """Run both workloads (and the Redis side with ``peers`` = ["redis"]); the report as
+    """Run the workloads (the Redis side of the scale part with "redis" in ``peers``, the
+    RabbitMQ side of the quorum part with "rabbitmq"); the report as
     Markdown, and the results (also written to ``out_dir/cluster-<time>.json``)."""
     params = QUICK if quick else FULL
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -279,6 +285,12 @@ def run_cluster_bench(nodes: int, *, quick: bool, peers: Sequence[str] = (), out
                   f"processes, and the steps kept up to {busy:.1f} of them busy: the nodes and the clients share "
                   "the cores, so the total cannot grow with nodes here (flat is expected); run it on a machine "
                   "with a core per node and per client to see growth."]
+    if nodes >= 3:
+        # imported here: bench.cluster_quorum builds on this module's Cluster
+        from bench.cluster_quorum import run_quorum_part
+
+        quorum_lines, results["quorum"] = run_quorum_part(params, quick=quick, peers=peers, log_dir=log_dir, say=say)
+        lines += ["", *quorum_lines]
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / f"cluster-{stamp}.json").write_text(json.dumps(results, indent=1))
