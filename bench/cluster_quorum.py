@@ -20,6 +20,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import signal
@@ -33,7 +34,7 @@ from typing import Any
 import trio
 
 import client
-from bench.cluster import (
+from bench.cluster_nodes import (
     ROOT,
     BenchFailed,
     Cluster,
@@ -79,6 +80,19 @@ def _workload(side: str, side_spec: dict[str, Any], queue: str, arguments: dict[
 
 def _replication(url: str, queue: str) -> dict[str, Any]:
     return dict(_request(url, "GET", f"/queues/{queue}")["replication"])
+
+
+def _leader(url: str, queue: str) -> str:
+    """The queue's leader, once it has one and its in-sync set holds all 3 replicas."""
+    found: list[str] = []
+
+    def led() -> bool:
+        replication = _replication(url, queue)
+        found[:] = [replication["leader"]] if replication["leader"] else []
+        return bool(found) and len(replication["in_sync"]) == 3
+
+    _wait(f"{queue} led, with 3 replicas in sync", led)
+    return found[0]
 
 
 def _wait(what: str, check: Callable[[], bool], timeout_s: float = STEP_TIMEOUT_S) -> None:
@@ -140,8 +154,11 @@ class FailoverPublisher:
         self.queue = queue
         self.confirmed: list[tuple[float, float]] = []
         self.resends = 0
+        self.last_error = ""
 
     async def run(self, urls: Sequence[str]) -> None:
+        # every nack during a failover is expected (and resent): not a warning here
+        logging.getLogger("ackbus.client").setLevel(logging.ERROR)
         body = b"x" * BODY
         async with client.connect(list(urls)) as conn, conn.channel() as ch:
             seq = 0
@@ -153,8 +170,9 @@ class FailoverPublisher:
                         await ch.publish("", self.queue, body, properties=props, timeout_s=2.0)
                         break
                     except (client.PublishFailed, client.ConfirmTimeout, client.ConnectionLost,
-                            client.BrokerError):
+                            client.BrokerError) as exc:
                         self.resends += 1
+                        self.last_error = f"{type(exc).__name__}: {exc}"[:300]
                         await trio.sleep(0.05)
                 self.confirmed.append((first, time.monotonic()))
                 seq += 1
@@ -176,7 +194,7 @@ async def _failovers(nodes: Nodes, queue: str, kills: int, say: Callable[[str], 
                     await trio.sleep(0.05)
             if waited.cancelled_caught:
                 raise BenchFailed("the failover publisher got no confirms")
-            leader = (await trio.to_thread.run_sync(_replication, nodes.any_alive_url(), queue))["leader"]
+            leader = await trio.to_thread.run_sync(_leader, nodes.any_alive_url(), queue)
             say(f"failover {k + 1}/{kills}: kill -9 {leader}, the leader")
             fault = time.monotonic()
             argv = nodes.kill9(leader)
@@ -184,7 +202,10 @@ async def _failovers(nodes: Nodes, queue: str, kills: int, say: Callable[[str], 
                 while (done := publisher.first_confirm_after(fault)) is None:
                     await trio.sleep(0.01)
             if waited.cancelled_caught or done is None:
-                raise BenchFailed(f"no publish confirmed within {STEP_TIMEOUT_S:g} s of killing {leader}")
+                state = await trio.to_thread.run_sync(_replication, nodes.any_alive_url(but=leader), queue)
+                raise BenchFailed(f"failover {k + 1}: no publish confirmed within {STEP_TIMEOUT_S:g} s of killing "
+                                  f"{leader} ({publisher.resends} resends, the last after {publisher.last_error}; "
+                                  f"the queue's replication: {state})")
             times.append(done - fault)
             await trio.to_thread.run_sync(nodes.restart, leader, argv)
             other = nodes.any_alive_url(but=leader)
@@ -211,7 +232,7 @@ def quorum_ackbus(params: ClusterParams, kills: int, log_dir: Path,
         with Cluster(3) as cluster:
             nodes = Nodes(cluster)
             _request(cluster.urls[0], "PUT", "/queues/qq", {"durable": True, "arguments": QUORUM_ARGS})
-            leader = _replication(cluster.urls[0], "qq")["leader"]
+            leader = _leader(cluster.urls[0], "qq")
             url = nodes.urls[leader]
             _request(url, "PUT", "/queues/cq", {"durable": True,
                                                  "arguments": {"x-queue-leader-locator": "client-local"}})
@@ -222,7 +243,14 @@ def quorum_ackbus(params: ClusterParams, kills: int, log_dir: Path,
                 rows.append({"side": "ackbus", "queue": label, **_workload("ackbus", side, queue, arguments,
                                                                            params, log_dir)})
             _request(url, "PUT", "/queues/fo", {"durable": True, "arguments": QUORUM_ARGS})
-            failover = trio.run(_failovers, nodes, "fo", kills, say)
+            _leader(url, "fo")
+            try:
+                failover = trio.run(_failovers, nodes, "fo", kills, say)
+            except BaseException:  # keep the nodes' and etcd's logs: the directory goes with the cluster
+                log_dir.mkdir(parents=True, exist_ok=True)
+                for path in cluster.dir.glob("*.log"):
+                    shutil.copyfile(path, log_dir / f"failover-{path.name}")
+                raise
     finally:
         if nodes is not None:
             nodes.reap()  # after scripts/cluster down stopped them
