@@ -190,7 +190,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="results directory (default bench-results/)")
     parser.add_argument("--cluster", type=int, default=0, metavar="N",
                         help="instead: the cluster benchmark on up to N nodes (forwarding cost; total throughput over "
-                        "8 queues on 1, 2, 4, ... N nodes; with --peer redis also on one Redis)")
+                        "8 queues on 1, 2, 4, ... N nodes; with --peer redis also on one Redis; with N >= 3 a quorum queue "
+                        "against a classic one and the failover time, with --peer rabbitmq also on one RabbitMQ node)")
     parser.add_argument("--client-backend", choices=["trio", "asyncio"], default="trio",
                         help="event loop of ackbus's client in the workers (asyncio: uvloop when installed)")
     args = parser.parse_args(argv)
@@ -207,8 +208,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"unknown workload(s) {', '.join(unknown)}; choose from {', '.join(WORKLOADS)}")
     if args.amqp:
         names = [n for n in names if WORKLOADS[n].runs_on("rabbitmq")]
-    if args.cluster and "rabbitmq" in args.peers:
-        parser.error("--cluster compares with one Redis only: --peer redis")
+    if args.cluster and "rabbitmq" in args.peers and args.cluster < 3:
+        parser.error("--cluster compares with RabbitMQ in its quorum-queue part only, which needs N >= 3")
     if args.cluster < 0:
         parser.error("--cluster N needs N >= 1")
     args.names = names

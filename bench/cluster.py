@@ -1,5 +1,6 @@
-"""``scripts/bench --cluster N [--peer redis]``: what forwarding between nodes costs, and
-how total throughput grows with nodes, against one Redis (docs/benchmarks.md, "Cluster").
+"""``scripts/bench --cluster N [--peer redis,rabbitmq]``: what forwarding between nodes costs,
+how total throughput grows with nodes, against one Redis, and what a quorum queue costs
+(docs/benchmarks.md, "Cluster").
 
 Each cluster is a private etcd and nodes started with ``scripts/cluster up`` (into a
 temporary directory) and stopped by PID with ``scripts/cluster down``; the Redis
@@ -19,6 +20,10 @@ declare, then start together), so a publisher here is the one of workload 2.
   gives the CPU the servers and the clients spent per message and the cores all of
   them kept busy, which is what tells, on a small machine, why the total does not
   grow: the processes share the cores there are.
+- **quorum** (N >= 3, ``bench.cluster_quorum``): a 3-replica quorum queue against a
+  classic one through the leader's node (with ``--peer rabbitmq``: the same pika
+  workload on one RabbitMQ node), and the failover time distribution over K kills
+  of the leader.
 """
 
 from __future__ import annotations
@@ -27,39 +32,30 @@ import dataclasses
 import json
 import os
 import shutil
-import subprocess
 import tempfile
 import time
-import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.cluster_nodes import (
+    FULL,
+    QUICK,
+    BenchFailed,
+    Cluster,
+    ClusterParams,
+    _check_clean,
+    _request,
+)
+from bench.cluster_quorum import run_quorum_part
 from bench.procs import run_workers
 from bench.server_redis import RedisServer
 from bench.servers import cpu_seconds
 
 __all__ = ["ClusterParams", "node_counts", "run_cluster_bench", "scale_row"]
 
-ROOT = Path(__file__).resolve().parent.parent
 QUEUES = 8
 BODY = 100
-
-
-@dataclasses.dataclass(frozen=True)
-class ClusterParams:
-    """Sizes of one cluster benchmark (full, or ``--quick``)."""
-
-    duration_s: float = 5.0  # each scale step's publishing time
-    window: int = 500  # unconfirmed publishes per publisher
-    forward_count: int = 20_000  # messages published, then consumed, per forwarding path
-    prefetch: int = 500
-    ready_timeout_s: float = 60.0
-    slack_s: float = 120.0
-
-
-FULL = ClusterParams()
-QUICK = ClusterParams(duration_s=0.5, window=100, forward_count=500, prefetch=100)
 
 
 def node_counts(nodes: int) -> list[int]:
@@ -69,62 +65,6 @@ def node_counts(nodes: int) -> list[int]:
         counts.append(k)
         k *= 2
     return [*counts, nodes]
-
-
-def _request(url: str, method: str, path: str, body: Any = None) -> Any:
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url + path, data=data, method=method)
-    with urllib.request.urlopen(req, timeout=30) as answer:
-        return json.loads(answer.read() or b"null")
-
-
-class Cluster:
-    """``scripts/cluster up N`` in a temporary directory; stopped by ``down``."""
-
-    def __init__(self, count: int) -> None:
-        self.count = count
-        self.dir = Path(tempfile.mkdtemp(prefix="ackbus-bench-cluster-"))
-        self.urls: list[str] = []
-        self.pids: list[int] = []
-
-    def __enter__(self) -> Cluster:
-        done = subprocess.run(
-            [str(ROOT / "scripts" / "cluster"), "up", str(self.count), "--dir", str(self.dir)],
-            capture_output=True, text=True, timeout=180,
-        )
-        for line in done.stdout.splitlines():  # "node-1 http://127.0.0.1:PORT pid PID"
-            parts = line.split()
-            if len(parts) == 4 and parts[0].startswith("node-"):
-                self.urls.append(parts[1])
-                self.pids.append(int(parts[3]))
-        if done.returncode != 0 or len(self.urls) != self.count:
-            self.__exit__()
-            raise RuntimeError(f"scripts/cluster up {self.count} failed: {done.stderr.strip()[-500:]}")
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:  # every node sees every other alive
-            views = [_request(url, "GET", "/cluster") for url in self.urls]
-            if all(sum(n["alive"] for n in v["nodes"]) == self.count for v in views):
-                return self
-            time.sleep(0.1)
-        self.__exit__()
-        raise RuntimeError("the nodes did not all see one another within 30 s")
-
-    def __exit__(self, *exc: object) -> None:
-        """Stop the nodes and etcd (by the PIDs in the directory), then remove it."""
-        subprocess.run([str(ROOT / "scripts" / "cluster"), "down", "--dir", str(self.dir)],
-                       capture_output=True, timeout=120)
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-
-class BenchFailed(Exception):
-    """A step's figures cannot be trusted: a client reconnected, resent or failed, or a
-    queue does not hold what was confirmed into it."""
-
-
-def _check_clean(results: Sequence[dict[str, Any]]) -> None:
-    bad = [r for r in results if r.get("reconnects") or r.get("resent") or r.get("failed")]
-    if bad:
-        raise BenchFailed(f"a client reconnected, resent or failed: {bad}")
 
 
 def _publisher(side_spec: dict[str, Any], queue: str, params: ClusterParams, **extra: Any) -> dict[str, Any]:
@@ -250,7 +190,8 @@ def _scale_table(rows: Sequence[dict[str, Any]]) -> list[str]:
 
 def run_cluster_bench(nodes: int, *, quick: bool, peers: Sequence[str] = (), out_dir: Path | None = None,
                       say: Callable[[str], None] = lambda _text: None) -> tuple[str, dict[str, Any]]:
-    """Run both workloads (and the Redis side with ``peers`` = ["redis"]); the report as
+    """Run the workloads (the Redis side of the scale part with "redis" in ``peers``, the
+    RabbitMQ side of the quorum part with "rabbitmq"); the report as
     Markdown, and the results (also written to ``out_dir/cluster-<time>.json``)."""
     params = QUICK if quick else FULL
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -279,6 +220,9 @@ def run_cluster_bench(nodes: int, *, quick: bool, peers: Sequence[str] = (), out
                   f"processes, and the steps kept up to {busy:.1f} of them busy: the nodes and the clients share "
                   "the cores, so the total cannot grow with nodes here (flat is expected); run it on a machine "
                   "with a core per node and per client to see growth."]
+    if nodes >= 3:
+        quorum_lines, results["quorum"] = run_quorum_part(params, quick=quick, peers=peers, log_dir=log_dir, say=say)
+        lines += ["", *quorum_lines]
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / f"cluster-{stamp}.json").write_text(json.dumps(results, indent=1))
