@@ -11,48 +11,21 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import random
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+# (a port outside the kernel's ephemeral range, chosen at random: no client connection's
+# source port can take it before the broker binds it, and tests running at once in
+# other pytest-xdist workers rarely pick the same one)
+from bench.servers import free_port
+
 __all__ = ["BrokerProcess", "free_port"]
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-#: Ports handed out by :func:`free_port`: below the kernel's ephemeral range (32768
-#: up, by default), where no outgoing connection takes its source port, and a slice
-#: of its own for each pytest-xdist worker, so that two tests running at once never
-#: pick the same free port before their brokers bind it.
-_PORT_BASE, _PORT_SLICE = 20000, 1500
-_next_port = -1
-
-
-def free_port() -> int:
-    """A TCP port of 127.0.0.1 free now (see :data:`_PORT_BASE`)."""
-    global _next_port
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
-    index = int(worker) % 8 if worker.isdigit() else 0
-    low = _PORT_BASE + index * _PORT_SLICE
-    if _next_port < 0:
-        _next_port = low + random.randrange(_PORT_SLICE)
-    for _ in range(_PORT_SLICE):
-        port = _next_port
-        _next_port = low + (_next_port - low + 1) % _PORT_SLICE
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    with socket.socket() as sock:  # every port of the slice taken: any free one
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 # Small segments and frequent checkpoints, so that a crash or a signal under load also
