@@ -230,10 +230,6 @@ async def _basic_qos(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
     if m.prefetch_size:
         raise AMQPException(NOT_IMPLEMENTED, f"NOT_IMPLEMENTED - prefetch_size!=0 ({m.prefetch_size})")
     s.bridge.run(lambda core: core.qos(ch.core_id, m.prefetch_count or 0, bool(m.global_)))
-    if m.global_:
-        ch.global_prefetch = m.prefetch_count or 0
-    else:
-        ch.prefetch = m.prefetch_count or 0
     s.reply(ch, commands.Basic.QosOk())
 
 

@@ -573,11 +573,12 @@ class Broker:
         """Broker-wide counts for ``GET /overview`` and the metrics, in O(1): read from
         the running counts (``counts``: totals.py), not summed over every queue."""
         counts = self.counts
+        channels = self.deliveries.channels
         return {
             "exchanges": len(self.topology.exchanges),
             "queues": len(self.store.queues),
             # (not the REST channel, nor the one holding a cluster's dead letters)
-            "channels": len(self.deliveries.channels) - (2 if self.held_dead_letters.channel_id is not None else 1),
+            "channels": len(channels) - 1 - (self.held_dead_letters.channel_id in channels),
             "consumers": counts.consumers,
             "messages": counts.ready + counts.unacked,
             "messages_ready": counts.ready,

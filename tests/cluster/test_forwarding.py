@@ -206,6 +206,27 @@ def test_channel_declares_and_binds_go_through_etcd(nodes: Nodes) -> None:
     wait_for("audit gone everywhere", lambda: "audit" not in {q for n in cluster_nodes(c).values() for q in n["queues"]})
 
 
+def test_a_relayed_consumer_without_prefetch_takes_the_channels_qos(nodes: Nodes) -> None:
+    """A consume that names no prefetch takes the channel's qos, on the owner too."""
+    a, b = nodes("a"), nodes("b")
+    wait_for("two alive on each", lambda: all(
+        sum(v["alive"] for v in cluster_nodes(n).values()) == 2 for n in (a, b)))
+    _declare_on(b, "work", a)
+    assert all(e["ev"] == "ack" for e in _channel_publish(a, [{"routing_key": "work", "body": f"w{i}"} for i in range(6)]))
+    ch = RawChannel(b.port)
+    try:
+        ch.send({"op": "qos", "prefetch": 2, "id": 1}, {"op": "consume", "queue": "work", "id": 2})
+        got = []
+        while len(got) < 2:
+            ev = ch.next_event()
+            if ev["ev"] == "deliver":
+                got.append(ev)
+        wait_for("the owner holds two unacked", lambda: a.request("GET", "/queues/work")[1]["messages_unacked"] == 2)
+        assert a.request("GET", "/queues/work")[1]["messages_ready"] == 4  # prefetch 2 holds on the owner
+    finally:
+        ch.close()
+
+
 def test_a_channel_consumer_on_one_node_consumes_a_queue_owned_by_another(nodes: Nodes) -> None:
     a, b, c = _three(nodes)
     _declare_on(b, "work", a)

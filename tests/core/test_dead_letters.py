@@ -166,6 +166,7 @@ def test_a_held_dead_letter_stays_in_its_queue_until_settled_or_its_holder_ends(
     h.queue("work", arguments=DLX)
     holder = h.channel()
     h.b.hold_dead_letters(holder)
+    assert h.b.totals()["channels"] == 0  # the holding channel is not listed
     ch = consuming(h, "work", b"m1", b"m2")
     d1, d2 = h.delivers(h.step(), ch)
     h.b.reject(ch, d1.delivery_tag, requeue=False)
@@ -182,6 +183,7 @@ def test_a_held_dead_letter_stays_in_its_queue_until_settled_or_its_holder_ends(
     h.b.reject(ch, d2.delivery_tag, requeue=False)
     (held,) = h.of_type(DeadLetterHeld, h.step())
     h.b.close_channel(holder)
+    assert h.b.totals()["channels"] == 1  # the consumer's; the closed holder is not counted twice
     assert h.b.settle_held_dead_letter(holder, held.delivery_tag) is False
     (again,) = h.delivers(h.step(), ch)
     assert again.message.body == b"m2"

@@ -115,6 +115,13 @@ class RelayedConsumers:
         relay = _Relay(owner, queue, consumer_tag, stream)
         relay.no_ack = bool(op.get("no_ack"))
         remote_op = {k: v for k, v in op.items() if k in ("prefetch", "no_ack", "exclusive", "ack_timeout_ms", "arguments")}
+        if remote_op.get("prefetch") is None:
+            # the channel's qos, as a local consume would take it (a channel-wide limit
+            # bounds each relayed consumer on its own: the owners do not share one)
+            info = self.gateway.views.channel_info(self.channel_id) or {}
+            prefetch = info.get("default_prefetch") or info.get("prefetch")
+            if prefetch:
+                remote_op["prefetch"] = prefetch
         self._by_consumer[consumer_tag] = relay
         self.nursery.start_soon(self._serve, relay)
         op = {"op": "consume", "queue": queue, "consumer_tag": consumer_tag, "id": "relay", **remote_op}
