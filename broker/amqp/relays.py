@@ -37,7 +37,7 @@ from broker.amqp.tables import TableError
 from broker.api import RelayedConsumers
 from broker.core import ChannelError, ErrorReply, Unavailable
 
-__all__ = ["relay_consume", "relay_get", "relays_of", "remote_owner", "settle_relayed"]
+__all__ = ["relay_consume", "relay_get", "remote_owner", "settle_relayed"]
 
 log = logging.getLogger("ackbus.amqp")
 
@@ -89,9 +89,6 @@ async def relay_consume(s: AMQPSession, ch: AMQPChannel, queue: str, tag: str, m
     passed on after the consume-ok."""
     relayed, owner, url = located
     op: dict[str, Any] = {"consumer_tag": tag, "no_ack": bool(m.no_ack), "exclusive": bool(m.exclusive)}
-    prefetch = ch.prefetch or ch.global_prefetch
-    if prefetch:
-        op["prefetch"] = prefetch  # (a global qos bounds each relayed consumer alone)
     if m.arguments and "x-priority" in m.arguments:
         op["arguments"] = {"x-priority": m.arguments["x-priority"]}
     s.bridge.flush()
@@ -188,5 +185,4 @@ async def settle_relayed(s: AMQPSession, ch: AMQPChannel, op: dict[str, Any], ta
     if not multiple:
         return tag
     # the newest of this node's own unacked deliveries up to tag
-    local = s.views.unacked_tags(ch.core_id, list(range(1, tag + 1)))
-    return local[-1] if local else None
+    return s.views.newest_unacked_tag(ch.core_id, tag) or None

@@ -131,8 +131,6 @@ class AMQPChannel:
         self.tx = False
         self.published = 0
         self.last_queue = ""
-        #: basic.qos's prefetch (per consumer, global), for consumers relayed from other nodes
-        self.prefetch = self.global_prefetch = 0
         #: Cluster mode: its consumers and gets of other nodes' queues (``relays.py``).
         self.relayed: RelayedConsumers | None = None
         #: (publish tag, charged bytes) of publishes not yet confirmed, in tag order.
@@ -581,8 +579,7 @@ class AMQPSession:
     def last_tag(self, ch: AMQPChannel) -> int:
         """The channel's newest unacked delivery tag (0: none), for ``ack``/``nack``
         of tag 0 with ``multiple`` and ``recover``."""
-        unacked = self.views.unacked_tags(ch.core_id, list(range(1, ch.max_tag + 1)))
-        return unacked[-1] if unacked else 0
+        return self.views.newest_unacked_tag(ch.core_id)
 
     # -- replies ------------------------------------------------------------------
 

@@ -9,9 +9,10 @@ record tap (``replica_ops.RecordTranslator``) saw that record first: it appended
 releases the LSN, which it does once the ``pub`` entry is on the disk of every member
 of the in-sync set: the leader's own replica log synced, and each in-sync follower's
 next fetch asking for an offset past it (a follower fetches the next offset only once
-what it has is fsynced). The in-sync set never shrinks below a majority of the
-replicas (``Replication`` changes it in etcd, before the leader counts without
-someone), so a released confirm is on a majority's disk.
+what it has is fsynced), and only while the in-sync set is at least a majority of
+the replicas (``Replication`` changes it in etcd before the leader counts without
+someone; a forced removal or a replica being added can leave it smaller, and
+confirms wait then), so a released confirm is on a majority's disk.
 
 Followers pull (``fetch``): a long-polled request on a kept-alive HTTP/1.1
 connection; the entries travel leader -> follower in its answer, and the offset of the
@@ -90,7 +91,8 @@ class LeaderSide:
         self.seen: dict[str, float] = {}
         #: followers that came back with less than they had acknowledged
         self.regressed: set[str] = set()
-        #: (offset, LSN) of publishes whose confirm waits for this offset's majority
+        #: (offset, LSN, when it began to wait) of publishes whose confirm waits for this
+        #: offset's majority
         self.held: deque[tuple[int, int, float]] = deque()
         #: (offset, local seq) of messages consumers may not have before that offset's
         #: majority (a message a majority does not hold may vanish with this leader)
@@ -229,7 +231,7 @@ class LeaderSide:
 
     def take_held(self) -> list[int]:
         """Every held LSN, forgotten here (they are nacked by the caller)."""
-        lsns = [lsn for _o, lsn, _t in self.held]
+        lsns = self.held_lsns()
         self.held.clear()
         return lsns
 

@@ -42,6 +42,7 @@ from broker.core import (
     decode_enqueue,
     decode_move,
     decode_seqs,
+    peek_enqueue,
 )
 
 __all__ = ["LedQueue", "LiveMessage", "RecordTranslator", "fold", "snapshot_op"]
@@ -130,7 +131,7 @@ class RecordTranslator:
 
     def _enqueue(self, payload: bytes, lsn: int, led: dict[int, LedQueue], due: float | None = None) -> None:
         record = None
-        for qid in _qids(payload):
+        for qid in peek_enqueue(payload)[3]:
             queue = led.get(qid)
             if queue is None or queue.restoring:
                 continue
@@ -162,13 +163,6 @@ def published_ids(entries: list[tuple[int, int, dict[str, Any]]]) -> list[tuple[
             if isinstance(message_id, str):
                 found.append((op["x"], message_id))
     return found
-
-
-def _qids(payload: bytes) -> list[int]:
-    # the ENQUEUE head: seq u64, wall f64, expires f64, nq u16, ... then nq u32 qids
-    nq = int.from_bytes(payload[24:26], "little")
-    start = 36
-    return [int.from_bytes(payload[start + 4 * i : start + 4 * i + 4], "little") for i in range(nq)]
 
 
 def _properties(properties: dict[str, Any] | None, message_id: str | None) -> dict[str, Any] | None:

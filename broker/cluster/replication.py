@@ -129,7 +129,6 @@ class Replication:
         #: a follower silent this long leaves the in-sync set; below a majority of
         #: answering replicas, publishes are refused
         self.lag_s = max(1.0, node.config.lease_ttl_s / 2)
-        self.failovers = 0
 
     # ---------------------------------------------------------------- running
 
@@ -293,7 +292,6 @@ class Replication:
         side.appended(replica.log.end_offset, 0)
         assert self._nursery is not None
         self._nursery.start_soon(side.serve_sync)
-        self.failovers += 1
         log.info(
             "leading quorum queue",
             extra={"fields": {"queue": name, "epoch": epoch, "messages": len(live), "log_end": replica.log.end_offset}},

@@ -73,6 +73,7 @@ from .records import (
     decode_enqueue,
     decode_move,
     decode_seqs,
+    peek_enqueue,
     ref_lsns,
 )
 from .routing import EXCHANGE_TYPES, headers_match, topic_matches
@@ -143,6 +144,7 @@ __all__ = [
     "ref_lsns",
     "decode_counts",
     "decode_enqueue",
+    "peek_enqueue",
     "decode_move",
     "decode_seqs",
     "EXCHANGE_TYPES",

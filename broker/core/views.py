@@ -193,6 +193,15 @@ class BrokerViews:
         deliveries = ch.deliveries
         return [tag for tag in tags if tag in deliveries]
 
+    def newest_unacked_tag(self, channel_id: int, upto: int | None = None) -> int:
+        """The channel's newest delivery tag still unsettled, at most ``upto`` (0:
+        none): what an AMQP ``multiple`` settle of tag 0, or up to a tag, reaches. In
+        the channel's unsettled deliveries, not in every tag it ever used."""
+        ch = self._core.channels.get(channel_id)
+        if ch is None:
+            return 0
+        return max((tag for tag in ch.deliveries if upto is None or tag <= upto), default=0)
+
     # ------------------------------------------------------- broker-wide state
 
     def storage_ok(self) -> bool:

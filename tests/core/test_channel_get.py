@@ -97,3 +97,22 @@ def test_get_refusals() -> None:
     with pytest.raises(ChannelError):
         h.b.channel_get(99, "ex")
     assert h.b.channel_get(owner, "ex") is None
+
+
+def test_newest_unacked_tag_looks_only_at_unsettled_deliveries() -> None:
+    """What an AMQP ``multiple`` settle of tag 0 (or up to a tag) reaches: the newest
+    delivery still unsettled, found among the unsettled ones (not every tag used)."""
+    h = Harness()
+    h.queue("q")
+    ch = h.channel()
+    for body in (b"1", b"2", b"3"):
+        h.publish(ch, "", "q", body)
+    h.sync()
+    tags = [h.b.channel_get(ch, "q").delivery_tag for _ in range(3)]  # type: ignore[union-attr]
+    views = h.b.views
+    assert views.newest_unacked_tag(ch) == tags[2]
+    assert views.newest_unacked_tag(ch, tags[1]) == tags[1]
+    h.b.ack(ch, tags[2])
+    assert views.newest_unacked_tag(ch) == tags[1]
+    h.b.ack(ch, tags[1], True)
+    assert views.newest_unacked_tag(ch) == 0 and views.newest_unacked_tag(404) == 0

@@ -80,7 +80,7 @@ OP_FIELDS: dict[str, frozenset[str]] = {
     name: ENVELOPE | fields
     for name, fields in {
         "publish": PUBLISH_FIELDS,
-        # ``arguments``: consumer arguments (none is used yet; clients send them)
+        # ``arguments``: consumer arguments (``x-priority`` is used; others are kept for clients that send them)
         "consume": frozenset({"queue", "consumer_tag", "prefetch", "no_ack", "exclusive", "ack_timeout_ms", "arguments"}),
         "cancel": frozenset({"consumer_tag"}),
         "get": frozenset({"queue", "no_ack"}),

@@ -16,7 +16,7 @@ And ``GET /queues/{name}`` in cluster mode: the queue as this node's core has it
 for a quorum queue this node does not lead, its definition), with ``replication``
 for a quorum queue: leader, followers, in-sync set, epoch and each follower's lag.
 
-Both are node-to-node calls: only another node may make them. With a cluster secret
+The two ``/cluster/replicas`` calls are node-to-node: only another node may make them. With a cluster secret
 (``--cluster-secret``) that is a request carrying it (the guard checked it: a wrong
 one is ``401``); a request authenticated as a user, administrator or not, is ``403
 node_only``: replicas hand out every message of a queue and take no permission
