@@ -1,20 +1,22 @@
 """Dead letters across nodes, at least once: :class:`DeadLetterForwarding`.
 
-A queue's dead letters are routed by its owner's core. One that reaches no queue of
-that node may reach queues other nodes own: the core then does not let it go but
-holds it (``Broker.hold_dead_letters``): the message stays in its source queue,
-unsettled, as a delivery of a core channel of this node's own, and the runtime hands
-it here (``DeadLetterHeld``). It is forwarded to each owner of a queue it reaches;
-only once every one of them has confirmed it is it settled in its source queue
-(``Broker.settle_held_dead_letter``). An owner that is down or refuses it is asked
+A queue's dead letters are routed by its owner's core. One that reaches queues other
+nodes own (whether or not it also reaches queues of this node) is not let go: the
+core holds it (``Broker.hold_dead_letters``, asking :meth:`Forwarder.reaches_other_nodes`
+when it also reaches queues here, which get their copy at once): the message stays in
+its source queue, unsettled, as a delivery of a core channel of this node's own, and
+the runtime hands it here (``DeadLetterHeld``). It is forwarded to each other owner of
+a queue it reaches; only once every one of them has confirmed it is it settled in its
+source queue (``Broker.settle_held_dead_letter``). An owner that is down or refuses it is asked
 again, backing off up to :data:`RETRY_MAX_S`, for as long as this node runs, so a
 dead letter waits for its target's node to come back.
 
 What it guarantees: at least once, like a single node. A held dead letter survives
 this node's crash (nothing settled it: it is back in its source queue after the
-restart, ready, and is dead-lettered again when it fails again); an owner that took it
-but whose confirm was lost gets it again (deduplicated there by its ``message_id``,
-when it has one). Until settled it counts as unacked in its source queue.
+restart, ready, and is dead-lettered again when it fails again: this node's own
+dead-letter queues then get it a second time, with the same ``message_id``); an owner
+that took it but whose confirm was lost gets it again (deduplicated there by its
+``message_id``, when it has one). Until settled it counts as unacked in its source queue.
 """
 
 from __future__ import annotations
@@ -89,7 +91,7 @@ class DeadLetterForwarding:
                     refusals = await self._send(held, todo) if todo else {}
                     taken.update(o for o in todo if o not in refusals)
                     if not refusals and not leaderless:
-                        if not owners and not taken:
+                        if not owners and not taken and not held.local:
                             log.warning(
                                 "dead letter routes to no queue in the cluster: dropped",
                                 extra={"fields": {"queue": held.queue, "exchange": held.exchange}},

@@ -167,6 +167,18 @@ class Forwarder:
                 owners.append(owner)
         return owners, leaderless
 
+    def reaches_other_nodes(self, exchange: str, routing_key: str, properties: dict[str, Any]) -> bool:
+        """The core's :class:`~broker.core.DeadLetterRoutes`: whether a dead letter
+        that reaches queues of this node also reaches queues other nodes serve (or
+        quorum queues without a leader now). True while the routes are not known yet
+        (before the view was read): the dead letter is held, and
+        :class:`~broker.cluster.dead_letters.DeadLetterForwarding` finds out once
+        they are."""
+        if not self.ready:
+            return True
+        owners, leaderless = self.dead_letter_owners(exchange, routing_key, properties)
+        return bool(owners or leaderless)
+
     @property
     def ready(self) -> bool:
         """Whether publishes can be routed and forwarded now (the view was read once,

@@ -140,12 +140,12 @@ class ClusterNode:
                 await self.client.aclose()
 
     def _hold_dead_letters(self) -> None:
-        """Dead letters that route to no queue of this node stay in their source
-        queues, held by a core channel of the node's own, until another node took them
-        (``dead_letters.py``)."""
+        """Dead letters that reach queues of other nodes stay in their source queues,
+        held by a core channel of the node's own, until those nodes took them
+        (``dead_letters.py``); the forwarder's cluster-wide routes say which do."""
         gateway = CommandGateway(self.runtime)
         channel_id = gateway.open_channel()
-        take_held_dead_letters(self.runtime, channel_id, self.dead_letters.take)
+        take_held_dead_letters(self.runtime, channel_id, self.dead_letters.take, self.forwarder)
 
     def _settle_dead_letter(self, channel_id: int, tag: int) -> None:
         CommandGateway(self.runtime).run(lambda core: core.settle_held_dead_letter(channel_id, tag))

@@ -46,6 +46,7 @@ from .errors import (
     ResourceLocked,
     Unavailable,
 )
+from .heldletters import DeadLetterRoutes
 from .locks import (
     MAX_LOCK_TTL_S,
     MAX_LOCK_WAIT_S,
@@ -109,6 +110,7 @@ __all__ = [
     "LogReadFailed",
     "DeadLetterDropped",
     "DeadLetterHeld",
+    "DeadLetterRoutes",
     "ConsumerActive",
     "MAX_DELAY_S",
     "MAX_BROWSE",

@@ -181,7 +181,7 @@ class Broker:
         )
         expiry.connect(dead_letter=dead_letters.dead_letter)
         self.held_dead_letters = held = HeldDeadLetters(deliveries, log)
-        dead_letters.connect(hold=held.hold)
+        dead_letters.connect(hold=held.hold, elsewhere=held.reaches_other_nodes)
         self.publishing = publishing = Publishing(
             deliveries, topology, store, dead_letters, log, outbox, stats, wall_clock=wall_clock
         )

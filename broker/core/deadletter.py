@@ -60,13 +60,22 @@ class DeadLetters:
         #: dead letters dropped (no exchange, no route, storage failing), by reason
         self.drops: dict[str, int] = {}
         self._hold: Callable[[Queue, Entry], tuple[int, int] | None] | None = None
+        self._elsewhere: Callable[[str, str, dict[str, Any]], bool] | None = None
 
-    def connect(self, *, hold: Callable[[Queue, Entry], tuple[int, int] | None]) -> None:
+    def connect(
+        self,
+        *,
+        hold: Callable[[Queue, Entry], tuple[int, int] | None],
+        elsewhere: Callable[[str, str, dict[str, Any]], bool] | None = None,
+    ) -> None:
         """Name ``HeldDeadLetters.hold`` (heldletters.py, built after this component):
         a dead letter routing to no queue here is held, and announced
         (``DeadLetterHeld``), when it answers (holding channel, tag); dropped when it
-        answers None."""
+        answers None. ``elsewhere`` (``HeldDeadLetters.reaches_other_nodes``): whether
+        one that reaches queues here reaches other nodes' too (then it is enqueued
+        here and held for them)."""
         self._hold = hold
+        self._elsewhere = elsewhere
 
     def dead_letter(self, queue: Queue, entry: Entry, reason: str) -> None:
         """``entry`` has left ``queue`` for ``reason``: settle it there and, when the
@@ -103,6 +112,14 @@ class DeadLetters:
             self._drop_dead_letter(queue, entry, reason, f"storage is failing: {self._log.storage_reason}")
             return
         exchange.messages_out += 1
+        if self._elsewhere is not None and self._hold is not None and self._elsewhere(exchange.name, routing_key, properties):
+            held = self._hold(queue, entry)
+            if held is not None:  # a cluster: here at once, held for the other nodes' queues
+                self.move(None, None, exchange.name, routing_key, properties, message.body, targets, wall)
+                self._outbox.emit(
+                    DeadLetterHeld(*held, queue.name, exchange.name, routing_key, message.body, properties, local=True)
+                )
+                return
         self.move(queue, entry, exchange.name, routing_key, properties, message.body, targets, wall)
 
     def _drop_dead_letter(

@@ -160,7 +160,8 @@ class DeadLetterHeld(Effect):
     channel ``channel_id``, until ``settle_held_dead_letter`` (once another node took
     the dead letter) or that channel's end (back to the queue). ``exchange``,
     ``routing_key``, ``body``, ``properties`` (with ``x-death``): the dead letter as
-    it is to be published."""
+    it is to be published. ``local``: it also reached queues of this core, which have
+    their copy already; only other nodes' queues are still to take it."""
 
     channel_id: int
     delivery_tag: int
@@ -169,6 +170,7 @@ class DeadLetterHeld(Effect):
     routing_key: str
     body: bytes
     properties: dict[str, Any]
+    local: bool = False
 
 
 @dataclass(slots=True)

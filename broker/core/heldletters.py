@@ -9,16 +9,37 @@ deadline, not counted as a delivery) of one channel the cluster opened for this
 unacked messages, and a restart finds it back in its queue. The cluster settles it
 once taken (:meth:`HeldDeadLetters.settle`); should that channel end, its held dead
 letters go back to their queues like any unacked delivery.
+
+A dead letter that reaches queues of this node *and* queues of other nodes goes to
+both, as a publish would: the local queues get their copy at once (an ENQUEUE record,
+not a MOVE: the source is not settled yet) and the source message is held as above
+for the other nodes' share. Which dead letters reach other nodes the core cannot know:
+it asks the :class:`DeadLetterRoutes` port the cluster hands it with
+:meth:`HeldDeadLetters.hold_on`.
 """
 
 from __future__ import annotations
+
+from typing import Any, Protocol
 
 from .delivery import Deliveries
 from .entities import Delivery, Queue
 from .log import MessageLog
 from .message import Entry
 
-__all__ = ["HeldDeadLetters"]
+__all__ = ["DeadLetterRoutes", "HeldDeadLetters"]
+
+
+class DeadLetterRoutes(Protocol):
+    """What the core asks a cluster about a dead letter that reaches queues of this
+    node: whether it also reaches queues other nodes serve (then its source is held
+    until they took it)."""
+
+    def reaches_other_nodes(self, exchange: str, routing_key: str, properties: dict[str, Any]) -> bool:
+        """True when the dead letter (published to ``exchange`` with ``routing_key``
+        and ``properties``, its ``x-death`` included) reaches some queue another node
+        serves, or may (the cluster cannot tell yet): it must be held."""
+        ...
 
 
 class HeldDeadLetters:
@@ -30,11 +51,21 @@ class HeldDeadLetters:
         self._settle_entry = log.settle_entry
         #: the holding channel; None: dead letters routing nowhere are dropped
         self.channel_id: int | None = None
+        #: the cluster's answer to "does it reach other nodes too"; None: never
+        self.routes: DeadLetterRoutes | None = None
 
-    def hold_on(self, channel_id: int | None) -> None:
+    def hold_on(self, channel_id: int | None, routes: DeadLetterRoutes | None = None) -> None:
         """Hold dead letters that route to no queue of this core as deliveries of
-        ``channel_id`` from now on (None: drop them again, a single node's rule)."""
+        ``channel_id`` from now on (None: drop them again, a single node's rule); with
+        ``routes``, also those that reach queues here and, ``routes`` says, elsewhere."""
         self.channel_id = channel_id
+        self.routes = routes if channel_id is not None else None
+
+    def reaches_other_nodes(self, exchange: str, routing_key: str, properties: dict[str, Any]) -> bool:
+        """Whether a dead letter that reaches queues here must also be held for other
+        nodes' queues (False on a single node, without a call)."""
+        routes = self.routes
+        return routes is not None and routes.reaches_other_nodes(exchange, routing_key, properties)
 
     def hold(self, queue: Queue, entry: Entry) -> tuple[int, int] | None:
         """Keep ``entry``, which has left ``queue``'s ready messages, unsettled there:

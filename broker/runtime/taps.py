@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from broker.core import AppendRecords, DeadLetterHeld
+from broker.core import AppendRecords, DeadLetterHeld, DeadLetterRoutes
 from broker.runtime.runtime import BrokerRuntime
 
 __all__ = ["tap_records", "take_held_dead_letters"]
@@ -33,12 +33,16 @@ def tap_records(runtime: BrokerRuntime, tap: Callable[[AppendRecords], None]) ->
 
 
 def take_held_dead_letters(
-    runtime: BrokerRuntime, channel_id: int | None, handler: Callable[[DeadLetterHeld], None]
+    runtime: BrokerRuntime,
+    channel_id: int | None,
+    handler: Callable[[DeadLetterHeld], None],
+    routes: DeadLetterRoutes | None = None,
 ) -> None:
     """From now on a dead letter that routes to no queue of this node is held in its
     source queue, as a delivery of core channel ``channel_id``, and handed to
     ``handler``, which settles it (``Broker.settle_held_dead_letter``) once another
-    node has taken it. None: such dead letters are dropped again (a single node's
-    rule)."""
+    node has taken it; so is one that reaches queues here and, ``routes`` says,
+    other nodes' too (enqueued here at once). None: such dead letters are dropped
+    again (a single node's rule)."""
     runtime.effect_handlers[DeadLetterHeld] = handler
-    runtime.core.hold_dead_letters(channel_id)
+    runtime.core.hold_dead_letters(channel_id, routes)

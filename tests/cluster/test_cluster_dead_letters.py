@@ -92,3 +92,45 @@ def test_a_dead_letter_waits_in_its_source_queue_until_the_target_node_took_it(n
     assert sorted(m["body"] for m in b.drain("dlq")) == ["m1", "m2", "m3"]
     wait_for("m3 settled in src", lambda: _queue(a, "src")["messages_unacked"] == 0)
     assert a.drain("src") == []
+
+
+def test_a_dead_letter_reaching_queues_on_its_own_node_and_another_goes_to_all(nodes: Nodes) -> None:
+    """A fanout dead-letter exchange bound to a queue on each node: a rejected message
+    reaches both, with its x-death, as on a single node. The local queue gets it at
+    once; with the other node down the source keeps it held (unacked) until that node
+    is back, then lets it go."""
+    a, b = nodes("a"), nodes("b")
+    wait_for("both alive", lambda: _alive(a, "b") and _alive(b, "a"))
+    assert a.request("PUT", "/exchanges/dlx", {"type": "fanout"})[0] == 201
+    assert a.request("PUT", "/queues/dlq-a", {"durable": True, "arguments": LOCAL})[0] == 201
+    assert b.request("PUT", "/queues/dlq-b", {"durable": True, "arguments": LOCAL})[0] == 201
+    assert a.request("POST", "/bindings", {"exchange": "dlx", "queue": "dlq-a"})[0] == 201
+    assert a.request("POST", "/bindings", {"exchange": "dlx", "queue": "dlq-b"})[0] == 201
+    assert a.request("PUT", "/queues/src", {"durable": True, "arguments": {**LOCAL, "x-dead-letter-exchange": "dlx"}})[0] == 201
+    wait_for("a knows dlq-b", lambda: a.request("GET", "/queues/dlq-b")[0] == 200)
+
+    _publish(a, "src", "m1")
+    _reject(a, "src", "m1")
+    wait_for("m1 in dlq-a", lambda: _queue(a, "dlq-a")["messages_ready"] == 1)
+    wait_for("m1 in dlq-b", lambda: _queue(b, "dlq-b")["messages_ready"] == 1)
+    wait_for("m1 settled in src", lambda: _queue(a, "src")["messages"] == 0)
+    for node, queue in ((a, "dlq-a"), (b, "dlq-b")):
+        (m,) = node.drain(queue)
+        death = m["properties"]["headers"]["x-death"][0]
+        assert (m["body"], death["queue"], death["reason"], death["count"]) == ("m1", "src", "rejected", 1)
+
+    # b down: dlq-a gets m2 at once; src holds it (unacked) until b is back
+    b.kill()
+    wait_for("b shown dead", lambda: not _alive(a, "b"), timeout_s=TTL_S + 10)
+    _publish(a, "src", "m2")
+    _reject(a, "src", "m2")
+    wait_for("m2 in dlq-a at once", lambda: _queue(a, "dlq-a")["messages_ready"] == 1)
+    wait_for("m2 held in src", lambda: a.request("GET", "/cluster")[1]["forwarding"]["dead_letters"]["waiting"] == 1)
+    assert _queue(a, "src")["messages_unacked"] == 1
+    b.start()
+    # (m1, leased by drain and never acked, is back in dlq-b since b's restart)
+    wait_for("m2 in dlq-b once b is back", lambda: _queue(b, "dlq-b")["messages_ready"] == 2, timeout_s=20)
+    wait_for("m2 settled in src", lambda: _queue(a, "src")["messages"] == 0)
+    assert a.request("GET", "/cluster")[1]["forwarding"]["dead_letters"]["waiting"] == 0
+    assert [m["body"] for m in a.drain("dlq-a")] == ["m2"]
+    assert sorted(m["body"] for m in b.drain("dlq-b")) == ["m1", "m2"]

@@ -195,6 +195,102 @@ def test_a_held_dead_letter_stays_in_its_queue_until_settled_or_its_holder_ends(
     assert h.info("work")["messages"] == 0
 
 
+class _Routes:
+    """A cluster's answer to "does this dead letter reach other nodes' queues too"."""
+
+    def __init__(self, answer: bool) -> None:
+        self.answer = answer
+        self.asked: list[tuple[str, str]] = []
+
+    def reaches_other_nodes(self, exchange: str, routing_key: str, properties: dict[str, Any]) -> bool:
+        self.asked.append((exchange, routing_key))
+        return self.answer
+
+
+def test_a_dead_letter_reaching_queues_here_and_elsewhere_goes_here_at_once_and_is_held_for_the_rest() -> None:
+    """A dead letter bound to a queue of this core and (the cluster's routes say) to
+    queues of other nodes: the local queue gets it at once, with its x-death; its
+    source keeps it, held, until the other nodes took it; a restart before that finds
+    the source message back and the local copy once (the next dead-lettering adds a
+    second copy whose x-death count says so)."""
+    h = Harness()
+    with_dlq(h)
+    holder = h.channel()
+    routes = _Routes(True)
+    h.b.hold_dead_letters(holder, routes)
+    ch = consuming(h, "work", b"m1", b"m2")
+    d1, d2 = h.delivers(h.step(), ch)
+    h.b.reject(ch, d1.delivery_tag, requeue=False)
+    (held,) = h.of_type(DeadLetterHeld, h.step())
+    assert routes.asked == [("dlx", "work")]
+    assert (held.channel_id, held.queue, held.exchange, held.body, held.local) == (holder, "work", "dlx", b"m1", True)
+    (here,) = headers_of(h, "dead")
+    assert here["x-death"][0]["reason"] == "rejected" and here["x-death"][0]["count"] == 1
+    assert held.properties["headers"]["x-death"] == here["x-death"]
+    h.sync()
+    assert h.info("work")["messages_unacked"] == 2  # m1 held, m2 with the consumer
+    # a crash now: the local copy is in the log, the source was never settled
+    nb = restart_from_log(h)
+    assert (nb.queues["work"].ready_count(), nb.queues["dead"].ready_count()) == (2, 1)
+    # the other nodes took it: settled in its source
+    assert h.b.settle_held_dead_letter(holder, held.delivery_tag) is True
+    h.sync()
+    assert h.info("work")["messages_unacked"] == 1
+    nb = restart_from_log(h)
+    assert (nb.queues["work"].ready_count(), nb.queues["dead"].ready_count()) == (1, 1)
+    # the routes say "nowhere else": one MOVE, nothing held (a single node's way)
+    routes.answer = False
+    h.b.reject(ch, d2.delivery_tag, requeue=False)
+    assert h.of_type(DeadLetterHeld, h.step()) == []
+    h.sync()
+    assert h.info("work")["messages"] == 0 and h.info("dead")["messages"] == 2
+    # a single node never asks
+    h.b.hold_dead_letters(None)
+    asked = len(routes.asked)
+    h.publish(0, "", "work", b"m3")
+    (d3,) = h.delivers(h.step(), ch)
+    h.b.reject(ch, d3.delivery_tag, requeue=False)
+    h.step()
+    assert len(routes.asked) == asked and h.info("dead")["messages"] == 3
+
+
+def test_a_dead_letter_held_for_other_nodes_is_back_in_its_source_after_a_restart() -> None:
+    """The source node restarts before the other nodes confirmed: the source message is
+    back in its queue (nothing settled it: never lost), marked redelivered when it had
+    been delivered; dead-lettered again, the local queue gets a second copy, the same
+    message (body, properties, message id) with a new x-death entry of its own (count
+    1: the copy's history is the source's, which holds none): at least once, as
+    docs/cluster.md says."""
+    h = Harness()
+    with_dlq(h)
+    holder = h.channel()
+    h.b.hold_dead_letters(holder, _Routes(True))
+    h.publish(0, "", "work", b"m1", {"message_id": "id-1"})
+    h.sync()
+    ch = h.channel()
+    h.b.consume(ch, "work")
+    (d1,) = h.delivers(h.step(), ch)
+    h.b.reject(ch, d1.delivery_tag, requeue=False)
+    assert h.of_type(DeadLetterHeld, h.step())
+    h.sync()
+    nb = restart_from_log(h)
+    holder2 = nb.open_channel()
+    nb.hold_dead_letters(holder2, _Routes(True))
+    ch2 = nb.open_channel()
+    nb.consume(ch2, "work")
+    (d,) = [e for e in nb.take_effects() if isinstance(e, Deliver)]
+    assert d.redelivered  # it was delivered before the crash
+    nb.reject(ch2, d.delivery_tag, requeue=False)
+    (held,) = [e for e in nb.take_effects() if isinstance(e, DeadLetterHeld)]
+    copies = [e.message.properties or {} for e in ready_entries(nb, "dead")]
+    assert [p["message_id"] for p in copies] == ["id-1", "id-1"]
+    assert [[(x["queue"], x["reason"], x["count"]) for x in p["headers"]["x-death"]] for p in copies] == [
+        [("work", "rejected", 1)],
+        [("work", "rejected", 1)],
+    ]
+    assert held.properties["message_id"] == "id-1" and held.local
+
+
 def test_a_dead_letter_move_is_atomic_at_every_point_of_the_log() -> None:
     h = Harness()
     with_dlq(h)
