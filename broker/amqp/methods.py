@@ -230,6 +230,8 @@ async def _basic_qos(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
     if m.prefetch_size:
         raise AMQPException(NOT_IMPLEMENTED, f"NOT_IMPLEMENTED - prefetch_size!=0 ({m.prefetch_size})")
     s.bridge.run(lambda core: core.qos(ch.core_id, m.prefetch_count or 0, bool(m.global_)))
+    if ch.relayed is not None:  # cluster mode: the owners of relayed consumers too
+        await ch.relayed.qos(m.prefetch_count or 0, bool(m.global_))
     s.reply(ch, commands.Basic.QosOk())
 
 

@@ -266,6 +266,8 @@ async def _op_qos(s: ServedChannel, op: dict[str, Any]) -> None:
     cid = s.channel_id
     prefetch, global_ = _get(op, "prefetch", int, 0), _get(op, "global", bool, False)
     s.batch.run(lambda core: core.qos(cid, prefetch, global_))
+    if s.relayed is not None:  # cluster mode: the owners of relayed consumers too
+        await s.relayed.qos(prefetch, global_)
     s.send_event(reply(op, "ok", op="qos"))
 
 

@@ -15,6 +15,11 @@ open; consume again once the node is back). A ``multiple`` settle whose tag is a
 relayed delivery settles the relayed deliveries up to it (on their owners), not this
 node's own; one whose tag is this node's settles both.
 
+The channel's ``qos`` applies as to a local consumer: the per-consumer default (taken
+at ``consume``) is the relayed consumer's prefetch on the owner; the channel-wide
+limit is the limit of the owner's channel of that consumer, set at ``consume`` and
+changed by every later global ``qos`` (:meth:`RelayedConsumers.qos`).
+
 ``get`` of such a queue (AMQP's ``basic.get``, the channel's ``get`` op) goes over one
 more channel to the owner, kept for this channel's gets of that node's queues: the
 message taken stays unacked there under the owner's tag until settled through this
@@ -115,15 +120,20 @@ class RelayedConsumers:
         relay = _Relay(owner, queue, consumer_tag, stream)
         relay.no_ack = bool(op.get("no_ack"))
         remote_op = {k: v for k, v in op.items() if k in ("prefetch", "no_ack", "exclusive", "ack_timeout_ms", "arguments")}
-        if remote_op.get("prefetch") is None:
-            # the channel's qos, as a local consume would take it (a channel-wide limit
-            # bounds each relayed consumer on its own: the owners do not share one)
-            info = self.gateway.views.channel_info(self.channel_id) or {}
-            prefetch = info.get("default_prefetch") or info.get("prefetch")
-            if prefetch:
-                remote_op["prefetch"] = prefetch
+        # the channel's qos, as a local consume takes it: the per-consumer default as
+        # the consumer's prefetch, the channel-wide limit as the owner's channel's
+        # (a channel-wide limit bounds each relayed consumer on its own: the owners do
+        # not share one), changed there by a later global qos (:meth:`qos`)
+        info = self.gateway.views.channel_info(self.channel_id) or {}
+        if remote_op.get("prefetch") is None and info.get("default_prefetch"):
+            remote_op["prefetch"] = info["default_prefetch"]
         self._by_consumer[consumer_tag] = relay
         self.nursery.start_soon(self._serve, relay)
+        if info.get("prefetch"):
+            try:
+                await relay.stream.send({"op": "qos", "prefetch": info["prefetch"], "global": True})
+            except PeerUnreachable:
+                pass  # the consume below finds it out
         op = {"op": "consume", "queue": queue, "consumer_tag": consumer_tag, "id": "relay", **remote_op}
         answer = await self._ask(relay, op, ("consume_ok",), "consume")
         return consumer_tag, bool(answer.get("active", True))
@@ -286,6 +296,19 @@ class RelayedConsumers:
                 await relay.stream.send({**op, "delivery_tag": remote_tag, **({"multiple": True} if multiple else {})})
             except PeerUnreachable:
                 pass  # the relay ends by itself; the owner requeues
+
+    async def qos(self, prefetch: int, global_: bool) -> None:
+        """The channel's ``qos`` changed (already applied to its own consumers): a
+        channel-wide limit (``global_``) applies at once to each relayed consumer too,
+        on its owner's channel; a per-consumer one only to consumers made after it
+        (RabbitMQ's rule: :meth:`consume` reads it then), so nothing is sent."""
+        if not global_:
+            return
+        for relay in list(self._by_consumer.values()):
+            try:
+                await relay.stream.send({"op": "qos", "prefetch": prefetch, "global": True})
+            except PeerUnreachable:
+                pass  # the relay ends by itself
 
     def has_consumer(self, consumer_tag: str) -> bool:
         """Whether ``consumer_tag`` names one of these relayed consumers."""
