@@ -9,7 +9,8 @@ events into AMQP frames and AMQP's settle methods into the relay's ops, and maps
 owner's refusals to RabbitMQ's reply codes: a queue whose owner is down answers
 ``404 NOT_FOUND`` "home node ... is down or inaccessible" (RabbitMQ's answer for a
 classic queue whose node is down), and a relayed consumer whose owner goes down, or
-whose queue the owner deletes, is cancelled with ``basic.cancel`` from the server.
+whose queue the owner deletes, or of a queue its user may no longer read (a
+permission revoked on any node), is cancelled with ``basic.cancel`` from the server.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ def relays_of(s: AMQPSession, ch: AMQPChannel) -> RelayedConsumers | None:
             return None
         ch.relayed = RelayedConsumers(
             ch.core_id, s.bridge.gateway, lambda ev: _event(s, ch, ev), lambda: ch.closed, s.tasks, cluster,
+            s.principal,
         )
     return ch.relayed
 

@@ -20,13 +20,14 @@ class ChannelGone(Exception):
 
 
 class RawChannel:
-    def __init__(self, port: int, timeout_s: float = 30.0) -> None:
+    def __init__(self, port: int, timeout_s: float = 30.0, headers: dict[str, str] | None = None) -> None:
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout_s)
         self._file = self.sock.makefile("rb")
+        extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items()).encode()
         try:
             self.sock.sendall(
                 b"POST /channel HTTP/1.1\r\nHost: test\r\nTransfer-Encoding: chunked\r\n"
-                b"Content-Type: application/x-ndjson\r\n\r\n"
+                b"Content-Type: application/x-ndjson\r\n" + extra + b"\r\n"
             )
         except OSError as exc:
             self.close()

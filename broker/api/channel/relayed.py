@@ -20,6 +20,11 @@ at ``consume``) is the relayed consumer's prefetch on the owner; the channel-wid
 limit is the limit of the owner's channel of that consumer, set at ``consume`` and
 changed by every later global ``qos`` (:meth:`RelayedConsumers.qos`).
 
+A change of the user's permissions cancels the relayed consumers of the queues it may
+no longer read, as it cancels local ones (:meth:`RelayedConsumers.recheck`: the relays
+are registered with the user's principal like a channel); a deleted user's or revoked
+token's channel ends, and its relays with it.
+
 ``get`` of such a queue (AMQP's ``basic.get``, the channel's ``get`` op) goes over one
 more channel to the owner, kept for this channel's gets of that node's queues: the
 message taken stays unacked there under the owner's tag until settled through this
@@ -34,8 +39,10 @@ from typing import Any, Final
 
 import trio
 
+from broker.api.auth import Principal
+from broker.api.permissions import Access
 from broker.cluster import PeerStream, PeerUnreachable
-from broker.core import ChannelError, Unavailable
+from broker.core import ChannelError, ErrorReply, Unavailable
 from broker.runtime import ClusterPort, CommandGateway
 
 __all__ = ["RelayedConsumers"]
@@ -80,6 +87,7 @@ class RelayedConsumers:
         finished: Callable[[], bool],
         nursery: trio.Nursery,
         cluster: ClusterPort,
+        principal: Principal | None = None,
     ) -> None:
         self.channel_id = channel_id
         self.gateway = gateway
@@ -93,6 +101,12 @@ class RelayedConsumers:
         self._gone: set[int] = set()
         #: owner -> the channel this channel's gets of that node's queues go over
         self._getters: dict[str, _Relay] = {}
+        #: the channel's user (``broker.api.auth.Principal``; None: no users), whose
+        #: permission changes reach these consumers as a local consumer's
+        #: (:meth:`recheck`), until the channel ends (:meth:`close_all`)
+        self.principal = principal
+        if principal is not None:
+            principal.open_session(self)
 
     def remote_owner(self, queue: str) -> tuple[str, str | None] | None:
         """(owner, URL or None while down) when ``queue`` is another node's."""
@@ -326,3 +340,27 @@ class RelayedConsumers:
         """The channel ends: every relay ends (the owners requeue what is unacked)."""
         for relay in [*self._by_consumer.values(), *self._getters.values()]:
             self._end(relay)
+        if self.principal is not None:
+            self.principal.close_session(self)
+            self.principal = None
+
+    # ------------------------------------------- Revocable (broker.api.auth)
+
+    def revoke(self, error: ErrorReply) -> None:
+        """The user's credentials are gone: the channel itself ends (its own
+        ``revoke``); the relays end with it, without a ``cancel`` each."""
+        self.close_all()
+
+    def recheck(self, access: Access) -> None:
+        """The user's permissions changed (on any node: the change reaches every node
+        through etcd): cancel each relayed consumer of a queue it may no longer read,
+        with a ``cancel`` event that says why, as a local consumer is cancelled (an
+        AMQP client that asked for it gets ``basic.cancel``); the owner requeues what
+        it delivered unacked. The channel goes on."""
+        for relay in list(self._by_consumer.values()):
+            if relay.ended or access.allows("read", relay.queue):
+                continue
+            self._end(relay)
+            if relay.answer is not None and relay.answer.get("ev") == "consume_ok" and not self.finished():
+                reason = f"read permission on queue {relay.queue!r} was revoked for user {access.username!r}"
+                self.send_event({"ev": "cancel", "consumer_tag": relay.consumer_tag, "reason": reason})

@@ -112,6 +112,8 @@ async def handle_channel(
         reason = "client disconnected"
     finally:
         stop_flow_events()
+        if session.relayed is not None:  # (a client gone: its relays end here)
+            session.relayed.close_all()
         if principal is not None:
             principal.close_channel(channel_id)
             principal.close_session(session)

@@ -130,7 +130,8 @@ class ServedChannel:
         cluster = self.runtime.cluster
         if self.relayed is None and cluster is not None and self.tasks is not None:
             self.relayed = RelayedConsumers(
-                self.channel_id, self.gateway, self.send_event, lambda: self.finished, self.tasks, cluster
+                self.channel_id, self.gateway, self.send_event, lambda: self.finished, self.tasks, cluster,
+                self.principal,
             )
         return self.relayed
 
