@@ -223,6 +223,13 @@ def test_a_relayed_consumer_without_prefetch_takes_the_channels_qos(nodes: Nodes
                 got.append(ev)
         wait_for("the owner holds two unacked", lambda: a.request("GET", "/queues/work")[1]["messages_unacked"] == 2)
         assert a.request("GET", "/queues/work")[1]["messages_ready"] == 4  # prefetch 2 holds on the owner
+        # a per-consumer qos now is for later consumers; a global one bounds each relayed
+        # consumer on the owner, from its consume on and at once when it changes
+        ch.send({"op": "qos", "prefetch": 5, "id": 3}, {"op": "qos", "prefetch": 3, "global": True, "id": 4},
+                {"op": "consume", "queue": "work", "id": 5})
+        wait_for("3 more out on the owner", lambda: a.request("GET", "/queues/work")[1]["messages_unacked"] == 5)
+        ch.send({"op": "qos", "prefetch": 0, "global": True, "id": 6})
+        wait_for("the last one out", lambda: a.request("GET", "/queues/work")[1]["messages_unacked"] == 6)
     finally:
         ch.close()
 
