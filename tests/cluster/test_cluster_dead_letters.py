@@ -5,13 +5,16 @@ back; a crash of the source queue's node meanwhile leaves it in its source queue
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.cluster.conftest import TTL_S, cluster_nodes, wait_for
+from tests.cluster.conftest import TTL_S, cluster_nodes, node_process, wait_for
 from tests.support.broker import BrokerProcess
+from tests.support.etcd import EtcdProcess
 
 pytestmark = pytest.mark.slow
 
@@ -134,3 +137,49 @@ def test_a_dead_letter_reaching_queues_on_its_own_node_and_another_goes_to_all(n
     assert a.request("GET", "/cluster")[1]["forwarding"]["dead_letters"]["waiting"] == 0
     assert [m["body"] for m in a.drain("dlq-a")] == ["m2"]
     assert sorted(m["body"] for m in b.drain("dlq-b")) == ["m1", "m2"]
+
+
+def test_a_held_dead_letter_survives_a_checkpoint_and_a_crash_of_its_source_node(tmp_path: Path, etcd: EtcdProcess) -> None:
+    """Held for a node that is down, the dead letter is in the checkpoint as its source
+    queue's unacked message; after a crash of the source node (recovering from that
+    checkpoint) it is back in its source queue, and dead-lettered again it reaches the
+    other node once that is back. The source node's own dead-letter queue, which had
+    its copy before the crash, gets a second one (at least once, docs/cluster.md)."""
+    a = node_process(tmp_path, etcd, "a", extra=("--checkpoint-interval-s", "0.3", "--checkpoint-wal-bytes", "0"))
+    b = node_process(tmp_path, etcd, "b")
+    try:
+        a.start()
+        b.start()
+        wait_for("both alive", lambda: _alive(a, "b") and _alive(b, "a"))
+        assert a.request("PUT", "/exchanges/dlx", {"type": "fanout"})[0] == 201
+        assert a.request("PUT", "/queues/dlq-a", {"durable": True, "arguments": LOCAL})[0] == 201
+        assert b.request("PUT", "/queues/dlq-b", {"durable": True, "arguments": LOCAL})[0] == 201
+        assert a.request("POST", "/bindings", {"exchange": "dlx", "queue": "dlq-a"})[0] == 201
+        assert a.request("POST", "/bindings", {"exchange": "dlx", "queue": "dlq-b"})[0] == 201
+        src_args = {**LOCAL, "x-dead-letter-exchange": "dlx"}
+        assert a.request("PUT", "/queues/src", {"durable": True, "arguments": src_args})[0] == 201
+        wait_for("a knows dlq-b", lambda: a.request("GET", "/queues/dlq-b")[0] == 200)
+
+        b.terminate()
+        wait_for("b shown dead", lambda: not _alive(a, "b"), timeout_s=TTL_S + 10)
+        _publish(a, "src", "m1")
+        _reject(a, "src", "m1")
+        wait_for("m1 in dlq-a", lambda: _queue(a, "dlq-a")["messages_ready"] == 1)
+        wait_for("m1 held in src", lambda: _queue(a, "src")["messages_unacked"] == 1)
+        held_at = time.time()
+        wait_for("a checkpoint with m1 held", lambda: (
+            a.request("GET", "/overview")[1]["storage"].get("last_checkpoint_at") or 0) > held_at + 0.1)
+        a.kill()
+        b.start()
+        a.start()
+        wait_for("both alive again", lambda: _alive(a, "b") and _alive(b, "a"), timeout_s=TTL_S + 15)
+        assert _queue(a, "src")["messages_ready"] == 1  # kept across the checkpoint and the crash
+        assert _queue(a, "dlq-a")["messages_ready"] == 1
+        _reject(a, "src", "m1")
+        wait_for("m1 on b", lambda: _queue(b, "dlq-b")["messages_ready"] == 1, timeout_s=20)
+        wait_for("m1 settled in src", lambda: _queue(a, "src")["messages"] == 0)
+        assert [m["body"] for m in a.drain("dlq-a")] == ["m1", "m1"]  # its second copy here
+        assert [m["body"] for m in b.drain("dlq-b")] == ["m1"]
+    finally:
+        a.stop()
+        b.stop()
