@@ -14,7 +14,8 @@ dead letter waits for its target's node to come back.
 What it guarantees: at least once, like a single node. A held dead letter survives
 this node's crash (nothing settled it: it is back in its source queue after the
 restart, ready, and is dead-lettered again when it fails again: this node's own
-dead-letter queues then get it a second time, with the same ``message_id``); an owner
+dead-letter queues, which had their copy, are not given another within the
+deduplication window, ``DeadLetters._copy_here_once``); an owner
 that took it but whose confirm was lost gets it again (deduplicated there by its
 ``message_id``, when it has one). Until settled it counts as unacked in its source queue.
 """

@@ -32,6 +32,9 @@ from .topology import Topology
 __all__ = ["DeadLetters", "DEAD_LETTER_REASONS", "MAX_REDRIVE"]
 
 DEAD_LETTER_REASONS = ("rejected", "expired", "maxlen", "delivery_limit")
+#: The deduplication key of a dead letter's local copy, before its source queue and
+#: message: a NUL no client's message id starts with (see ``_copy_here_once``).
+_COPY_KEY = "\x00dead-letter\x00"
 #: Most messages one redrive call moves.
 MAX_REDRIVE = 100_000
 
@@ -115,12 +118,36 @@ class DeadLetters:
         if self._elsewhere is not None and self._hold is not None and self._elsewhere(exchange.name, routing_key, properties):
             held = self._hold(queue, entry)
             if held is not None:  # a cluster: here at once, held for the other nodes' queues
-                self.move(None, None, exchange.name, routing_key, properties, message.body, targets, wall)
+                self._copy_here_once(queue, message, exchange.name, routing_key, properties, targets, wall)
                 self._outbox.emit(
                     DeadLetterHeld(*held, queue.name, exchange.name, routing_key, message.body, properties, local=True)
                 )
                 return
         self.move(queue, entry, exchange.name, routing_key, properties, message.body, targets, wall)
+
+    def _copy_here_once(
+        self,
+        queue: Queue,
+        message: StoredMessage,
+        exchange_name: str,
+        routing_key: str,
+        properties: dict[str, Any],
+        targets: list[Queue],
+        wall: float,
+    ) -> None:
+        """The local share of a dead letter held for other nodes: enqueued in
+        ``targets`` (an ENQUEUE record; the source stays), unless this source message
+        already gave them their copy. That happens when the node restarted while the
+        dead letter was held (the source is back in its queue, the copy is in the log)
+        and the source dies again: the copy's deduplication key, one per source
+        message and queue, is in the window (the log's and the checkpoints', for
+        ``dedup_window_s``), so the queues here are not given a second copy."""
+        key = f"{_COPY_KEY}{queue.name}\x00{message.seq}"
+        dedup = self._log.dedup
+        if dedup.lookup(exchange_name, key, wall) is not None:
+            return
+        lsn = self.move(None, None, exchange_name, routing_key, properties, message.body, targets, wall, dedup_id=key)
+        dedup.remember(exchange_name, key, wall, lsn)
 
     def _drop_dead_letter(
         self, queue: Queue, entry: Entry, reason: str, why: str, forward: tuple[str, str, bytes, dict[str, Any]] | None = None

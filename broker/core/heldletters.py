@@ -12,8 +12,9 @@ letters go back to their queues like any unacked delivery.
 
 A dead letter that reaches queues of this node *and* queues of other nodes goes to
 both, as a publish would: the local queues get their copy at once (an ENQUEUE record,
-not a MOVE: the source is not settled yet) and the source message is held as above
-for the other nodes' share. Which dead letters reach other nodes the core cannot know:
+not a MOVE: the source is not settled yet; once per source message within the
+deduplication window, should the source come back after a restart and die again) and
+the source message is held as above for the other nodes' share. Which dead letters reach other nodes the core cannot know:
 it asks the :class:`DeadLetterRoutes` port the cluster hands it with
 :meth:`HeldDeadLetters.hold_on`.
 """
