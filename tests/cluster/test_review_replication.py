@@ -104,3 +104,22 @@ def test_a_removed_replica_and_a_deleted_queue_leave_no_replica_log_file(nodes: 
     assert status in (200, 204), answer
     for name, node in three.items():
         wait_for(f"{name}'s replica log file deleted with the queue", lambda node=node: not _log_file(node, "q").exists())
+
+
+def test_a_replica_down_while_its_queue_is_deleted_deletes_its_log_file_when_it_returns(nodes: Nodes) -> None:
+    three = _three(nodes)
+    _declare(three["a"], "q")
+    leader = leader_of(three, "q")
+    status, answer = publish(leader, "q", "old")
+    assert status == 200 and answer["confirm"] == "ack", answer
+    down_name = next(n for n, p in three.items() if p is not leader)
+    down = three[down_name]
+    wait_for(f"{down_name} caught up", lambda: replication(leader, "q")["lag"].get(down_name) == 0)
+    assert _log_file(down, "q").exists()
+    down.stop()
+    wait_for(f"{down_name} shown gone", lambda: not cluster_nodes(leader)[down_name]["alive"], timeout_s=TTL_S + 10)
+    status, answer = leader.request("DELETE", "/queues/q")
+    assert status in (200, 204), answer
+    down.start()
+    wait_for(f"{down_name} back", lambda: cluster_nodes(leader)[down_name]["alive"])
+    wait_for(f"{down_name}'s stale replica log file deleted", lambda: not _log_file(down, "q").exists())
