@@ -15,7 +15,16 @@ import pytest
 import trio
 
 from broker.api.errors import http_error
-from broker.cluster.etcdproto import Compare, CompareCreate, CompareMod, KeyValue, Op, OpDelete, OpPut, TxnResult
+from broker.cluster.etcdproto import (
+    Compare,
+    CompareCreate,
+    CompareMod,
+    KeyValue,
+    Op,
+    OpDelete,
+    OpPut,
+    TxnResult,
+)
 from broker.cluster.replica_set import ATTEMPTS, change_replicas
 from broker.cluster.view import ClusterKeys, ClusterView, canonical
 from broker.core import PreconditionFailed

@@ -15,7 +15,14 @@ import pytest
 
 from broker.cluster.replica_log import replica_log_path
 from tests.cluster.conftest import TTL_S, cluster_nodes, wait_for
-from tests.cluster.test_replication import QUORUM, Nodes, bodies, leader_of, publish, replication
+from tests.cluster.test_replication import (
+    QUORUM,
+    Nodes,
+    bodies,
+    leader_of,
+    publish,
+    replication,
+)
 from tests.support.broker import BrokerProcess
 
 pytestmark = pytest.mark.slow
