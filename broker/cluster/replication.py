@@ -59,6 +59,7 @@ from broker.cluster.leader import (
     campaign,
     change_isr,
     ever_led,
+    holds_majority,
     in_sync_set,
     leader_of,
     majority,
@@ -357,7 +358,7 @@ class Replication:
         replicas = side.replicas
         need = majority(len(replicas))
         answering = [self.me, *side.responsive(self.lag_s)]
-        refuse = len(answering) < need
+        refuse = not holds_majority(answering, replicas)
         if refuse != replica.refused:
             replica.refused = refuse
             self.core.refuse_queue(replica.name, NO_QUORUM if refuse else None)
