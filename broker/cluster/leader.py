@@ -22,6 +22,7 @@ lease is etcd's clock: ``Membership.alive_until``).
 
 from __future__ import annotations
 
+from collections.abc import Sized
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +32,7 @@ from broker.cluster.etcd import EtcdClient
 from broker.cluster.etcdproto import CompareCreate, CompareMod, OpPut
 from broker.cluster.view import ClusterKeys, ClusterView, canonical
 
-__all__ = ["LeaderInfo", "campaign", "change_isr", "ever_led", "in_sync_set", "leader_of", "majority"]
+__all__ = ["LeaderInfo", "campaign", "change_isr", "ever_led", "holds_majority", "in_sync_set", "leader_of", "majority"]
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,13 @@ class LeaderInfo:
 
 def majority(replicas: int) -> int:
     return replicas // 2 + 1
+
+
+def holds_majority(members: Sized, replicas: Sized) -> bool:
+    """Whether ``members`` (a quorum queue's in-sync set, or the replicas answering its
+    leader) are at least a majority of its ``replicas``: the one test of whether a
+    leader may confirm, a change of the replica set is safe, publishes are taken."""
+    return len(members) >= majority(len(replicas))
 
 
 def leader_of(view: ClusterView, queue: str) -> LeaderInfo | None:

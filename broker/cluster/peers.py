@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import collections
 import logging
+import math
 import ssl
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -286,16 +287,22 @@ RELAYED_RESPONSE_HEADERS: Final = ("content-type", "retry-after", "www-authentic
 @asynccontextmanager
 async def relay(
     url: str, method: str, target: str, headers: list[tuple[str, str]], body: bytes, *, origin: str,
-    secret: str | None = None, ssl_context: ssl.SSLContext | None = None,
+    secret: str | None = None, ssl_context: ssl.SSLContext | None = None, answer_timeout_s: float | None = None,
 ) -> AsyncIterator[RelayedResponse]:
     """Send one request to the node at ``url`` (a connection of its own, closed after
     the answer) and yield its answer; with ``secret``, as a node (the cluster secret),
     else with the client's own credentials among ``headers``. Raises
-    :class:`PeerUnreachable` when the peer cannot be reached or answers nothing."""
-    try:
-        stream, host = await open_peer(url, ssl_context)
-    except CONNECT_ERRORS as exc:
-        raise PeerUnreachable(str(exc) or "timed out") from None
+    :class:`PeerUnreachable` when the peer cannot be reached or answers nothing, and,
+    with ``answer_timeout_s``, when its answer has not begun within that many seconds
+    (a hung node holds its connections open and answers nothing)."""
+    deadline = trio.current_time() + answer_timeout_s if answer_timeout_s is not None else math.inf
+    with trio.move_on_at(deadline) as connecting:
+        try:
+            stream, host = await open_peer(url, ssl_context)
+        except CONNECT_ERRORS as exc:
+            raise PeerUnreachable(str(exc) or "timed out") from None
+    if connecting.cancelled_caught:
+        raise PeerUnreachable(f"no connection within {answer_timeout_s:g} s")
     async with stream:
         conn = h11.Connection(h11.CLIENT)
         fields = [("Host", host), ("Content-Length", str(len(body))), ("Connection", "close"), (FORWARDED_HEADER, origin)]
@@ -306,23 +313,19 @@ async def relay(
             data = conn.send(h11.Request(method=method, target=target, headers=fields)) or b""
             data += conn.send(h11.Data(data=body)) or b"" if body else b""
             data += conn.send(h11.EndOfMessage()) or b""
-            await stream.send_all(data)
-            while True:
-                event = await next_event(
-                    conn, stream, closed=lambda: PeerUnreachable("the peer closed the connection without an answer")
-                )
-                if isinstance(event, h11.InformationalResponse):
-                    continue
-                if isinstance(event, h11.Response):
-                    answer_headers = [
-                        (k.decode("latin-1"), v.decode("latin-1"))
-                        for k, v in event.headers
-                        if k.decode("latin-1").lower() in RELAYED_RESPONSE_HEADERS
-                    ]
-                    break
-                raise PeerUnreachable(f"unexpected answer from the peer: {event!r}")
+            event: h11.Response | None = None
+            with trio.move_on_at(deadline):
+                await stream.send_all(data)
+                event = await _answer_head(conn, stream)
         except (OSError, trio.BrokenResourceError, h11.ProtocolError) as exc:
             raise PeerUnreachable(str(exc)) from None
+        if event is None:
+            raise PeerUnreachable(f"no answer within {answer_timeout_s:g} s")
+        answer_headers = [
+            (k.decode("latin-1"), v.decode("latin-1"))
+            for k, v in event.headers
+            if k.decode("latin-1").lower() in RELAYED_RESPONSE_HEADERS
+        ]
         yield RelayedResponse(event.status_code, answer_headers, conn, stream)
 
 
@@ -401,3 +404,14 @@ class PeerStream:
             with trio.move_on_after(1) as scope:
                 scope.shield = True
                 await stream.aclose()
+
+
+async def _answer_head(conn: h11.Connection, stream: trio.abc.Stream) -> h11.Response:
+    """The head of the peer's answer to the request just sent."""
+    while True:
+        event = await next_event(conn, stream, closed=lambda: PeerUnreachable("the peer closed the connection without an answer"))
+        if isinstance(event, h11.InformationalResponse):
+            continue
+        if isinstance(event, h11.Response):
+            return event
+        raise PeerUnreachable(f"unexpected answer from the peer: {event!r}")

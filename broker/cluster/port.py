@@ -89,7 +89,7 @@ class ClusterGatewayPort:
         try:
             async with relay(
                 url, "POST", f"/queues/{quote(queue, safe='')}/purge", [], b"", origin=self.node_name, secret=self.secret,
-                ssl_context=self.peer_ssl,
+                ssl_context=self.peer_ssl, answer_timeout_s=self.forwarder.answer_timeout_s,
             ) as answer:
                 body = b"".join([chunk async for chunk in answer.chunks()])
         except PeerUnreachable as exc:

@@ -31,7 +31,7 @@ from typing import Any
 
 import trio
 
-from broker.cluster.leader import majority
+from broker.cluster.leader import holds_majority
 from broker.cluster.replica_log import Entry, ReplicaLog
 from broker.cluster.replica_ops import snapshot_op
 
@@ -199,7 +199,7 @@ class LeaderSide:
             self.isr = isr
         if self.stopped or not self.alive():
             return
-        if len(self.isr) < majority(len(self.replicas)):
+        if not holds_majority(self.isr, self.replicas):
             return  # (a forgotten member left the set smaller than a majority: wait for one to join)
         members = [n for n in self.isr if n != self.me]
         point = self.log.synced

@@ -34,7 +34,7 @@ from typing import Any
 
 from broker.cluster.etcd import EtcdClient
 from broker.cluster.etcdproto import Compare, CompareMod, Op, OpDelete, OpPut
-from broker.cluster.leader import majority
+from broker.cluster.leader import holds_majority
 from broker.cluster.view import ClusterKeys, ClusterView, canonical, is_replicated
 from broker.core import InvalidArgument, NotFound, PreconditionFailed
 
@@ -106,7 +106,7 @@ def plan_change(
                 "message; wait for another replica to catch up",
                 code="last_in_sync",
             )
-    if remove is not None and not force and len(new_isr) < majority(len(new_replicas)):
+    if remove is not None and not force and not holds_majority(new_isr, new_replicas):
         raise PreconditionFailed(
             f"queue {queue!r} would have {len(new_isr)} in-sync replicas of {len(new_replicas)}, fewer than a "
             f"majority: wait until its lagging replicas ({', '.join(sorted(set(replicas) - set(isr))) or 'none'}) "

@@ -59,6 +59,7 @@ from broker.cluster.leader import (
     campaign,
     change_isr,
     ever_led,
+    holds_majority,
     in_sync_set,
     leader_of,
     majority,
@@ -124,6 +125,7 @@ class Replication:
         self.translator = RecordTranslator(self._append)
         self.queues: dict[str, QueueReplica] = {}
         self._tapped = False
+        self._swept = False
         self._changed = trio.Event()
         self._nursery: trio.Nursery | None = None
         #: a follower silent this long leaves the in-sync set; below a majority of
@@ -164,6 +166,15 @@ class Replication:
         }
         for name in [n for n in self.queues if n not in wanted]:
             self._forget(name)
+        if not self._swept:  # once: the logs of queues deleted, or replicas removed, while this node was down
+            self._swept = True
+            keep = {replica_log_path(self.data_dir, n) for n in (*wanted, *self.queues)}
+            for path in (self.data_dir / "replicas").glob("*.log"):
+                try:
+                    if path not in keep:
+                        path.unlink(missing_ok=True)
+                except OSError as exc:
+                    log.error("stale replica log not deleted", extra={"fields": {"path": str(path), "error": str(exc)}})
         for name, d in wanted.items():
             try:
                 replica = self.queues.get(name)
@@ -347,7 +358,7 @@ class Replication:
         replicas = side.replicas
         need = majority(len(replicas))
         answering = [self.me, *side.responsive(self.lag_s)]
-        refuse = len(answering) < need
+        refuse = not holds_majority(answering, replicas)
         if refuse != replica.refused:
             replica.refused = refuse
             self.core.refuse_queue(replica.name, NO_QUORUM if refuse else None)

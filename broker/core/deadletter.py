@@ -111,7 +111,8 @@ class DeadLetters:
             forward = (exchange.name, routing_key, message.body, properties)
             self._drop_dead_letter(queue, entry, reason, f"routes to no queue from {dlx_name!r}", forward)
             return
-        if message.persistent and not self._log.storage_ok and any(q.persistent_log for q in targets):
+        persistent = message.persistent or any(q.persist_all for q in targets)  # (made persistent by ``move``)
+        if persistent and not self._log.storage_ok and any(q.persistent_log for q in targets):
             self._drop_dead_letter(queue, entry, reason, f"storage is failing: {self._log.storage_reason}")
             return
         exchange.messages_out += 1

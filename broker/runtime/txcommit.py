@@ -22,6 +22,7 @@ What a commit guarantees (docs/cluster.md, "Transactions"):
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import trio
@@ -37,7 +38,18 @@ __all__ = ["COMMIT_ANSWERS_WAIT_S", "commit_across_nodes"]
 #: only a backstop).
 COMMIT_ANSWERS_WAIT_S = 60.0
 
-_Forward = tuple[int, list[str], tuple[str, str, bytes, dict[str, Any] | None, float | None]]
+@dataclass(frozen=True)
+class _Forward:
+    """One transactional publish that reaches queues of other nodes: what each of its
+    ``owners`` is sent at the commit, and the ``tag`` its confirm answers."""
+
+    tag: int
+    owners: list[str]
+    exchange: str
+    routing_key: str
+    body: bytes
+    properties: dict[str, Any] | None
+    delay_s: float | None
 
 
 def _plan(cluster: ClusterPort, channel_id: int, publishes: list[Any]) -> list[_Forward]:
@@ -53,7 +65,7 @@ def _plan(cluster: ClusterPort, channel_id: int, publishes: list[Any]) -> list[_
             why = plan.refused.partition(": ")[2] or plan.refused
             raise ChannelError(f"transaction not committed, nothing of it applied: {why}", code="queue_unavailable")
         if plan.owners:
-            forwards.append((tag, list(plan.owners), (exchange, routing_key, body, properties, delay_s)))
+            forwards.append(_Forward(tag, list(plan.owners), exchange, routing_key, body, properties, delay_s))
     return forwards
 
 
@@ -64,10 +76,10 @@ async def commit_across_nodes(runtime: BrokerRuntime, cluster: ClusterPort, chan
     forwards = _plan(cluster, channel_id, core.tx_publishes(channel_id))
     before = core.last_lsn
     try:
-        count = core.tx_commit(channel_id, {tag: len(owners) for tag, owners, _args in forwards})
+        count = core.tx_commit(channel_id, {f.tag: len(f.owners) for f in forwards})
     finally:
         runtime.pump()
-    waiting = sum(len(owners) for _tag, owners, _args in forwards)
+    waiting = sum(len(f.owners) for f in forwards)
     all_answered = trio.Event()
     failed: list[str] = []
 
@@ -86,9 +98,9 @@ async def commit_across_nodes(runtime: BrokerRuntime, cluster: ClusterPort, chan
 
         return settle
 
-    for tag, owners, (exchange, routing_key, body, properties, delay_s) in forwards:
-        for owner in owners:
-            cluster.send(owner, exchange, routing_key, body, properties, delay_s, answer(tag, owner))
+    for f in forwards:
+        for owner in f.owners:
+            cluster.send(owner, f.exchange, f.routing_key, f.body, f.properties, f.delay_s, answer(f.tag, owner))
     runtime.pump()
     if core.last_lsn > before:  # this node's part, durable
         await runtime.wait_durable(core.last_lsn)

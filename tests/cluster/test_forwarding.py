@@ -423,6 +423,34 @@ def test_a_hung_owner_does_not_hold_confirms_for_ever(nodes: Nodes) -> None:
         os.kill(b.proc.pid, signal.SIGCONT)
 
 
+def test_a_rest_call_relayed_to_a_hung_owner_answers_503(nodes: Nodes) -> None:
+    """A REST call relayed to an owner that hangs (its connections open, nothing
+    answered) gets 503 ``queue_unavailable`` once the owner has had its time to
+    answer, not a wait as long as the client's."""
+    import os
+    import signal
+    import time
+
+    a, b, _ = _three(nodes)
+    _declare_on(a, "hung-q", b)
+    assert a.request("GET", "/queues/hung-q")[0] == 200  # relayed while b answers
+    assert b.proc is not None
+    os.kill(b.proc.pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        status, body = a.request("GET", "/queues/hung-q", timeout_s=TTL_S + 20)
+        waited = time.monotonic() - started
+        assert status == 503 and body["error"] == "queue_unavailable", (status, body)
+        assert waited < TTL_S + 10, waited
+        # a long poll is given its own wait on top
+        started = time.monotonic()
+        status, body = a.request("POST", "/queues/hung-q/get?wait=1", timeout_s=TTL_S + 20)
+        assert status == 503 and body["error"] == "queue_unavailable", (status, body)
+    finally:
+        os.kill(b.proc.pid, signal.SIGCONT)
+    wait_for("the owner answers again", lambda: a.request("GET", "/queues/hung-q")[0] == 200)
+
+
 def test_a_get_over_queues_on_several_nodes(nodes: Nodes) -> None:
     """``POST /get`` (the kombu transport's long poll) over queues on several nodes."""
     import threading

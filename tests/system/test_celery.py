@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import IO
 import pytest
 
 from tests.support.broker import ROOT, BrokerProcess
+from tests.support.wait import ConditionTimeout, wait_until_sync
 
 pytest.importorskip("celery")
 from celery import Celery  # noqa: E402
@@ -59,6 +61,21 @@ def _producer(broker: BrokerProcess) -> Celery:
     return app
 
 
+def _close_producer(app: Celery) -> None:
+    """Close what ``app`` opened: its producers and its connections, each an ackbus
+    channel with its loop thread (``Celery.close`` only drops the pool, leaving
+    them, and their reconnecting, running after the test)."""
+    try:
+        app.amqp.producer_pool.force_close_all()
+        app.pool.force_close_all()
+    finally:
+        app.close()
+
+
+def _threads_left(before: set[int]) -> list[str]:
+    return [t.name for t in threading.enumerate() if t.ident not in before]
+
+
 def _start_worker(environ: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     with log.open("wb") as out:  # (the child keeps its own descriptor)
         return _popen(environ, out)
@@ -88,6 +105,7 @@ def test_every_task_runs_across_a_broker_kill(
 ) -> None:
     broker, environ, journal = env
     monkeypatch.setenv("CELERY_JOURNAL", str(journal))
+    threads_before = {t.ident for t in threading.enumerate()}
     app = _producer(broker)
     for i in range(N_BEFORE):
         app.send_task("record", (i,))  # returns once the broker confirmed it
@@ -110,8 +128,13 @@ def test_every_task_runs_across_a_broker_kill(
                   "the queue to drain")
     finally:
         code = _stop_worker(worker)
-        app.close()
+        _close_producer(app)
     assert code == 0, (tmp_path / "worker.log").read_text()[-3000:]
+    # nothing the test started outlives it (the client's loop threads, kombu's reconnects)
+    try:
+        wait_until_sync(lambda: not _threads_left(threads_before), 10)
+    except ConditionTimeout:
+        pytest.fail(f"threads still running after the test: {_threads_left(threads_before)}")
     ran = _journal(journal)
     # at-least-once: every task ran; a task whose ack the crash lost may run twice
     assert set(ran) == expected
@@ -126,7 +149,7 @@ def test_warm_shutdown_loses_no_task(
     app = _producer(broker)
     for i in range(100):
         app.send_task("record", (i,))
-    app.close()
+    _close_producer(app)
     worker = _start_worker(environ, tmp_path / "worker1.log")
     _wait_for(lambda: len(_journal(journal)) >= 20, 60, "the first tasks to run")
     assert _stop_worker(worker) == 0

@@ -24,6 +24,7 @@ from broker.api.fields import (
     LOCK_RELEASE_FIELDS,
 )
 from broker.api.permissions import access_for
+from broker.api.rest.cluster_etcd import etcd_errors
 from broker.api.rest.cluster_get import cluster_get_any
 from broker.api.rest.cluster_relay import relay_to_owner, relayed_queue
 from broker.api.rest.cluster_schedules import add_cluster_schedule_routes
@@ -118,22 +119,6 @@ def dispatch_cluster_first(cluster: Router, node_router: Router, node: ClusterNo
         await cluster(request, response)
 
     return dispatch
-
-
-def _etcd_errors(node: ClusterNode, handler: Handler) -> Handler:
-    """Refuses while etcd is unreachable (503), and turns an etcd failure during the
-    change into the same 503."""
-
-    async def guarded(request: Request, response: Response) -> None:
-        node.runtime.check_ready()
-        node.check_writable()
-        try:
-            await handler(request, response)
-        except EtcdUnavailable as exc:
-            node.note_etcd(exc.message)
-            raise Unavailable(f"etcd is unreachable, so metadata cannot change now: {exc.message}", code="etcd_unavailable") from None
-
-    return guarded
 
 
 def cluster_routes(runtime: BrokerRuntime, node: ClusterNode, auth: Any) -> Router:
@@ -262,14 +247,14 @@ def cluster_routes(runtime: BrokerRuntime, node: ClusterNode, auth: Any) -> Rout
     _route(router, "POST", "/get", get_any)
     add_cluster_schedule_routes(_route, router, runtime, node)
     _route(router, "GET", "/cluster", status)
-    _route(router, "DELETE", "/cluster/nodes/{name}", _etcd_errors(node, forget_node), query=frozenset({"rehome"}))
+    _route(router, "DELETE", "/cluster/nodes/{name}", etcd_errors(node, forget_node), query=frozenset({"rehome"}))
     _route(router, "GET", "/healthz", healthz, public=True)
-    _route(router, "PUT", "/queues/{name}", _etcd_errors(node, put_queue))
-    _route(router, "DELETE", "/queues/{name}", _etcd_errors(node, delete_queue), query=frozenset({"if_unused", "if_empty"}))
-    _route(router, "PUT", "/exchanges/{name}", _etcd_errors(node, put_exchange))
-    _route(router, "DELETE", "/exchanges/{name}", _etcd_errors(node, delete_exchange), query=frozenset({"if_unused"}))
-    _route(router, "POST", "/bindings", _etcd_errors(node, bind))
-    _route(router, "DELETE", "/bindings", _etcd_errors(node, unbind))
+    _route(router, "PUT", "/queues/{name}", etcd_errors(node, put_queue))
+    _route(router, "DELETE", "/queues/{name}", etcd_errors(node, delete_queue), query=frozenset({"if_unused", "if_empty"}))
+    _route(router, "PUT", "/exchanges/{name}", etcd_errors(node, put_exchange))
+    _route(router, "DELETE", "/exchanges/{name}", etcd_errors(node, delete_exchange), query=frozenset({"if_unused"}))
+    _route(router, "POST", "/bindings", etcd_errors(node, bind))
+    _route(router, "DELETE", "/bindings", etcd_errors(node, unbind))
     add_replica_routes(router, node, views)
     return router
 
@@ -408,8 +393,8 @@ def _add_user_routes(router: Router, runtime: BrokerRuntime, auth: Any, node: Cl
         await runtime.wait_durable()
         await response.send_json(200, {"revoked": token_id})
 
-    _route(router, "PUT", "/users/{name}", _etcd_errors(node, put_user))
-    _route(router, "PUT", "/users/{name}/permissions", _etcd_errors(node, put_permissions))
-    _route(router, "DELETE", "/users/{name}", _etcd_errors(node, delete_user))
-    _route(router, "POST", "/users/{name}/tokens", _etcd_errors(node, create_token))
-    _route(router, "DELETE", "/tokens/{id}", _etcd_errors(node, revoke_token))
+    _route(router, "PUT", "/users/{name}", etcd_errors(node, put_user))
+    _route(router, "PUT", "/users/{name}/permissions", etcd_errors(node, put_permissions))
+    _route(router, "DELETE", "/users/{name}", etcd_errors(node, delete_user))
+    _route(router, "POST", "/users/{name}/tokens", etcd_errors(node, create_token))
+    _route(router, "DELETE", "/tokens/{id}", etcd_errors(node, revoke_token))

@@ -86,7 +86,8 @@ async def _remote_get(
     headers.append(("content-type", "application/json"))
     try:
         async with relay(
-            url, "POST", "/get", headers, orjson.dumps(payload), origin=node.name, ssl_context=node.config.peer_ssl
+            url, "POST", "/get", headers, orjson.dumps(payload), origin=node.name, ssl_context=node.config.peer_ssl,
+            answer_timeout_s=node.forwarder.answer_timeout_s,
         ) as answer:
             raw = b"".join([chunk async for chunk in answer.chunks()])
             status = answer.status

@@ -50,9 +50,19 @@ def relayed_queue(node: ClusterNode, request: Request) -> str | None:
     return segments[1]
 
 
-def unavailable(queue: str, owner: str) -> HTTPError:
+def _answer_timeout(node: ClusterNode, request: Request) -> float:
+    """How long the owner may take to begin its answer: a long-poll's own ``wait`` plus
+    the time a node is given to answer at all (then it is counted hung: 503)."""
+    try:
+        wait_s = request.query.get_float("wait", 0.0, min_value=0.0)
+    except HTTPError:
+        wait_s = 0.0  # the owner refuses it, at once
+    return wait_s + node.forwarder.answer_timeout_s
+
+
+def unavailable(queue: str, owner: str, reason: str = "which is down") -> HTTPError:
     return HTTPError(
-        f"queue {queue!r} is on node {owner!r}, which is down; retry later",
+        f"queue {queue!r} is on node {owner!r}, {reason}; retry later",
         code="queue_unavailable",
         status=503,
         headers=(("retry-after", str(RETRY_AFTER_S)),),
@@ -75,7 +85,7 @@ async def relay_to_owner(node: ClusterNode, auth: Any, queue: str, request: Requ
         try:
             async with relay(
                 url, request.method, request.target, headers, bytes(body), origin=node.name,
-                ssl_context=node.config.peer_ssl,
+                ssl_context=node.config.peer_ssl, answer_timeout_s=_answer_timeout(node, request),
             ) as answer:
                 content_type = next((v for k, v in answer.headers if k.lower() == "content-type"), None)
                 extra = [(k, v) for k, v in answer.headers if k.lower() != "content-type"]
@@ -86,7 +96,7 @@ async def relay_to_owner(node: ClusterNode, auth: Any, queue: str, request: Requ
         except PeerUnreachable as exc:
             if response.started:
                 raise
-            raise unavailable(queue, owner) from exc
+            raise unavailable(queue, owner, f"which cannot be reached ({exc})") from exc
     finally:
         if release is not None:
             release()

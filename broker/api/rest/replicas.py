@@ -29,11 +29,11 @@ from __future__ import annotations
 from typing import Any
 
 from broker.api.permissions import access_for
+from broker.api.rest.cluster_etcd import etcd_errors
 from broker.api.rest.fields import body_fields, check_query
 from broker.cluster import (
     SECRET_HEADER,
     ClusterNode,
-    EtcdUnavailable,
     StaleEpoch,
     is_quorum,
 )
@@ -109,15 +109,10 @@ def add_replica_routes(router: Router, node: ClusterNode, views: BrokerViews) ->
         check_query(request, frozenset())
         access_for(request).require("administer")
         f = await body_fields(request, {"add", "remove"})
-        node.runtime.check_ready()
-        try:
-            answer = await node.change_replicas(request.path_params["name"], add=f.opt_str("add"), remove=f.opt_str("remove"))
-        except EtcdUnavailable as exc:
-            node.note_etcd(exc.message)
-            raise Unavailable(f"etcd is unreachable, so replicas cannot change now: {exc.message}", code="etcd_unavailable") from None
+        answer = await node.change_replicas(request.path_params["name"], add=f.opt_str("add"), remove=f.opt_str("remove"))
         await response.send_json(200, answer)
 
     router.add("GET", "/queues/{name}", get_queue)
-    router.add("POST", "/queues/{name}/replicas", change_replicas)
+    router.add("POST", "/queues/{name}/replicas", etcd_errors(node, change_replicas, "replicas"))
     router.add("POST", "/cluster/replicas/{name}/fetch", fetch)
     router.add("POST", "/cluster/replicas/{name}/epoch-end", epoch_end)
