@@ -65,6 +65,12 @@ def _setup(a: BrokerProcess, b: BrokerProcess, messages: int) -> None:
     wait_for("b knows jobs", lambda: b.request("GET", "/queues/jobs", headers=ADMIN)[0] == 200)
 
 
+def _reads_on(node: BrokerProcess) -> str | None:
+    """alice's read permission as ``node`` knows it."""
+    status, body = node.request("GET", "/users/alice", headers=ADMIN)
+    return body.get("permissions", {}).get("read") if status == 200 else None
+
+
 def _counts(a: BrokerProcess) -> tuple[int, int]:
     status, body = a.request("GET", "/queues/jobs", headers=ADMIN)
     assert status == 200, body
@@ -101,7 +107,7 @@ def test_a_relayed_amqp_consumer_is_cancelled_when_read_is_revoked_or_its_user_d
         # read again, a consumer again; the user deleted on a: the connection ends
         status, _ = a.proc.request("PUT", "/users/alice/permissions", ALL, headers=ADMIN)
         assert status in (200, 204)
-        wait_for("read back on b", lambda: b.proc.request("POST", "/queues/jobs/get?max=0", headers=ALICE)[0] != 403)
+        wait_for("read back on b", lambda: _reads_on(b.proc) == ".*")
         ch = conn.channel()
         got.clear()
         ch.basic_consume("jobs", lambda _ch, m, _p, _b: got.append(m))
@@ -140,5 +146,24 @@ def test_a_relayed_channel_consumer_is_cancelled_when_read_is_revoked(secured: t
         ch.send({"op": "consume", "queue": "jobs", "id": 3})
         ev = ch.next_event()
         assert ev["ev"] == "error" and ev["error"] == "access_refused", ev
+    finally:
+        ch.close()
+    # read again, a relayed consumer again; the user deleted on a: the channel on b ends
+    status, _ = a.proc.request("PUT", "/users/alice/permissions", ALL, headers=ADMIN)
+    assert status in (200, 204)
+    wait_for("read back on b", lambda: _reads_on(b.proc) == ".*")
+    ch = RawChannel(b.proc.port, headers=ALICE)
+    try:
+        ch.send({"op": "qos", "prefetch": 2, "id": 1}, {"op": "consume", "queue": "jobs", "consumer_tag": "c2", "id": 2})
+        ev = ch.next_event()
+        while ev["ev"] != "deliver":
+            assert ev["ev"] != "error", ev
+            ev = ch.next_event()
+        wait_for("2 out on the owner", lambda: _counts(a.proc) == (1, 2))
+        assert a.proc.request("DELETE", "/users/alice", headers=ADMIN)[0] in (200, 204)
+        while ev["ev"] != "error":
+            ev = ch.next_event()
+        assert ev["error"] == "credentials_revoked" and ev["message"] == "user 'alice' was deleted", ev
+        wait_for("the owner requeued its deliveries again", lambda: _counts(a.proc) == (3, 0))
     finally:
         ch.close()
