@@ -180,9 +180,8 @@ async def _queue_declare(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
     )
     ch.last_queue = queue
     if not m.nowait:
-        views = s.views  # (a queue another node owns: its counts are not known here, 0)
-        ready = views.queue_counter("messages_ready", queue) or 0
-        s.reply_raw(ch, encode_declare_ok(ch.number, queue, ready, views.queue_counter("consumers", queue) or 0))
+        ready, consumers = await s.bridge.gateway.queue_counts(queue)
+        s.reply_raw(ch, encode_declare_ok(ch.number, queue, ready, consumers))
 
 
 def _queue_name(ch: AMQPChannel, name: str | None) -> str:
