@@ -131,6 +131,18 @@ class FrameReader:
         self.header_seen = True
         return header
 
+    def window(self) -> tuple[bytearray, int]:
+        """The buffer and where its unread bytes start (for ``hotpath``, which reads
+        frames in place and then calls :meth:`advance`)."""
+        return self._buffer, self._pos
+
+    def advance(self, pos: int) -> None:
+        """The bytes before ``pos`` were read."""
+        self._pos = pos
+        if pos > 65536 and pos * 2 > len(self._buffer):
+            del self._buffer[:pos]
+            self._pos = 0
+
     def next_frame(self) -> tuple[int, int, bytes] | None:
         """The next whole frame, or None until more bytes arrive. Raises FrameError."""
         buf = self._buffer
