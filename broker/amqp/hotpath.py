@@ -4,7 +4,8 @@ A pipelining publisher sends ``basic.publish`` + content header + body triples b
 back, and a consumer sends ``basic.ack`` after ``basic.ack``; a received chunk holds
 hundreds of them. the :class:`HotReader` reads every such frame at the front of the buffer
 straight into the events the frame-by-frame path (``connection.py``) would make,
-without the per-frame tuples, payload copies and dispatch of that path.
+without the per-frame tuples, payload copies and dispatch of that path; single acks
+in a row on one channel become one :class:`~broker.amqp.events.Acks` event.
 
 It takes only what it can take whole and unquestioned: a complete triple (method,
 header and body in one frame each) or an ack, on a channel that is open with no
@@ -21,7 +22,7 @@ import struct
 from collections import deque
 from typing import Any
 
-from broker.amqp.events import Content, Method
+from broker.amqp.events import Acks, Content, Method
 from broker.amqp.frames import ACK, PUBLISH, Ack, Publish, decode_properties
 
 __all__ = ["HotReader"]
@@ -51,6 +52,7 @@ class HotReader:
         publishes = self._publishes
         n = len(buf)
         append = events.append
+        acks: Acks | None = None  # the run of single acks being added to
         while n - pos >= 8 and buf[pos] == 1:
             channel, size = _CHANNEL_SIZE.unpack_from(buf, pos + 1)
             end = pos + 7 + size
@@ -60,9 +62,18 @@ class HotReader:
             if index == ACK:
                 if size != 13:
                     break
-                append(Method(channel, ACK, Ack(_U64.unpack_from(buf, pos + 11)[0], bool(buf[pos + 19] & 1))))
+                tag = _U64.unpack_from(buf, pos + 11)[0]
+                if buf[pos + 19] & 1:
+                    append(Method(channel, ACK, Ack(tag, True)))
+                    acks = None
+                elif acks is not None and acks.channel == channel:
+                    acks.tags.append(tag)
+                else:
+                    acks = Acks(channel, [tag])
+                    append(acks)
                 pos = end + 1
                 continue
+            acks = None
             if index != PUBLISH:
                 break
             raw = bytes(buf[pos + 11 : end])

@@ -32,6 +32,7 @@ from pamqp import commands
 from broker.amqp.bridge import RuntimeBridge
 from broker.amqp.connection import AMQPConnection
 from broker.amqp.events import (
+    Acks,
     Content,
     Login,
     Method,
@@ -298,6 +299,11 @@ class AMQPSession:
         caller's step, without a coroutine; False for any other event (then
         ``methods.handle``)."""
         kind = type(event)
+        if kind is Acks:
+            if getattr(self.channels.get(event.channel), "relayed", None):
+                return False  # (methods.handle: one by one, as below)
+            self.guard(event.channel, self.ack_run, event.tags, 60, 80)
+            return True
         if kind is Content:
             if self.bridge.flow_blocked:
                 return False  # it waits (methods.handle: publish_when_allowed)
@@ -564,6 +570,18 @@ class AMQPSession:
             if not tag:
                 return
         self.bridge.now(lambda core: core.ack(ch.core_id, tag, m.multiple))
+
+    def ack_run(self, ch: AMQPChannel, tags: list[int]) -> None:
+        """Single acks in a row (:class:`Acks`), in one core call; an unknown tag
+        raises with the ones before it acked, as that many acks would."""
+        cid = ch.core_id
+
+        def ack_each(core: Any) -> None:
+            ack = core.ack
+            for tag in tags:
+                ack(cid, tag, False)
+
+        self.bridge.now(ack_each)
 
     def nack(self, ch: AMQPChannel, m: Nack) -> None:
         tag = m.delivery_tag

@@ -21,6 +21,8 @@ from broker.amqp.connection import (
     Method,
     TuneLimits,
 )
+from broker.amqp.events import Acks
+from broker.amqp.frames import ACK, Ack
 from tests.amqp.test_connection import events, m, opened
 
 
@@ -76,10 +78,13 @@ def _stream(rng: random.Random) -> bytes:
     return b"".join(parts)
 
 
-def _normal(event: Any) -> Any:
+def _normal(event: Any) -> list[Any]:
+    """The event as the frame-by-frame path gives it (a run of acks: one per tag)."""
+    if isinstance(event, Acks):
+        return [Method(event.channel, ACK, Ack(tag, False)) for tag in event.tags]
     if isinstance(event, Method) and not hasattr(event.method, "__dataclass_fields__"):
-        return ("method", event.channel, event.index, type(event.method).__name__, sorted(vars(event.method).items()))
-    return event
+        return [("method", event.channel, event.index, type(event.method).__name__, sorted(vars(event.method).items()))]
+    return [event]
 
 
 def _run(conn: AMQPConnection, data: bytes, sizes: list[int]) -> tuple[list[Any], bytes, str, set[int]]:
@@ -87,10 +92,10 @@ def _run(conn: AMQPConnection, data: bytes, sizes: list[int]) -> tuple[list[Any]
     pos = 0
     for size in sizes:
         conn.receive_data(data[pos : pos + size])
-        seen += [_normal(e) for e in events(conn)]
+        seen += [n for e in events(conn) for n in _normal(e)]
         pos += size
     conn.receive_data(data[pos:])
-    seen += [_normal(e) for e in events(conn)]
+    seen += [n for e in events(conn) for n in _normal(e)]
     return seen, conn.data_to_send(), conn.state.value, set(conn.channels)
 
 
@@ -133,9 +138,10 @@ def test_acks_and_publishes_are_read_in_one_pass() -> None:
     """Without the frame-by-frame path at all (its reader refuses to be called while
     bytes are left)."""
     conn = opened()
-    data = _publish(1, b"a", commands.Basic.Properties(delivery_mode=2)) + _ack(1, 5, True) + _publish(
-        1, b"", commands.Basic.Properties()
-    )
+    data = (_publish(1, b"a", commands.Basic.Properties(delivery_mode=2)) + _ack(1, 5, True) + _ack(1, 6)
+            + _ack(1, 7) + _ack(2, 1) + _publish(1, b"", commands.Basic.Properties()) + _ack(1, 8))
+    conn.receive_data(m(2, commands.Channel.Open()))
+    assert isinstance(events(conn)[0], ChannelOpened)
     reader = conn._reader
 
     def refuse() -> None:
@@ -144,7 +150,9 @@ def test_acks_and_publishes_are_read_in_one_pass() -> None:
     reader.next_frame = lambda: None if reader.buffered() == 0 else refuse()  # type: ignore[assignment, method-assign, func-returns-value]
     conn.receive_data(data)
     got = events(conn)
-    assert [type(e).__name__ for e in got] == ["Content", "Method", "Content"]
+    assert [type(e).__name__ for e in got] == ["Content", "Method", "Acks", "Acks", "Content", "Acks"]
     assert got[0].publish.routing_key == "q" and got[0].body == b"a" and got[0].properties == {"delivery_mode": 2}
     assert (got[1].method.delivery_tag, got[1].method.multiple) == (5, True)
-    assert got[2].body == b"" and got[2].properties is None
+    assert (got[2].channel, got[2].tags, got[3].channel, got[3].tags) == (1, [6, 7], 2, [1])
+    assert got[4].body == b"" and got[4].properties is None
+    assert got[5].tags == [8]
