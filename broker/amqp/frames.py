@@ -26,8 +26,6 @@ from pamqp.base import Frame as PamqpMethod
 from broker.amqp.tables import TableError, decode_table, encode_table
 
 __all__ = [
-    "ACK",
-    "PUBLISH",
     "FRAME_BODY",
     "FRAME_END",
     "FRAME_HEADER",

@@ -302,7 +302,7 @@ class AMQPSession:
         if kind is Acks:
             if getattr(self.channels.get(event.channel), "relayed", None):
                 return False  # (methods.handle: one by one, as below)
-            self.guard(event.channel, self.ack_run, event.tags, 60, 80)
+            self.guard(event.channel, self.bridge.ack_run, event.tags, 60, 80)
             return True
         if kind is Content:
             if self.bridge.flow_blocked:
@@ -570,18 +570,6 @@ class AMQPSession:
             if not tag:
                 return
         self.bridge.now(lambda core: core.ack(ch.core_id, tag, m.multiple))
-
-    def ack_run(self, ch: AMQPChannel, tags: list[int]) -> None:
-        """Single acks in a row (:class:`Acks`), in one core call; an unknown tag
-        raises with the ones before it acked, as that many acks would."""
-        cid = ch.core_id
-
-        def ack_each(core: Any) -> None:
-            ack = core.ack
-            for tag in tags:
-                ack(cid, tag, False)
-
-        self.bridge.now(ack_each)
 
     def nack(self, ch: AMQPChannel, m: Nack) -> None:
         tag = m.delivery_tag
