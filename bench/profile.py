@@ -48,7 +48,7 @@ from typing import Any
 from bench.procs import code_root
 from bench.servers import AckbusServer, cpu_seconds
 
-__all__ = ["AMQP_BROKER_HOPS", "BROKER_HOPS", "CLIENT_HOPS", "PIKA_HOPS", "attribute", "main"]
+__all__ = ["AMQP_BROKER_HOPS", "BROKER_HOPS", "CLIENT_HOPS", "PIKA_CODE", "PIKA_HOPS", "attribute", "main"]
 
 #: (hop, names of functions in it). A sample goes to the hop of the innermost frame
 #: of ackbus's own code in its stack that one of these names (a name matches a frame
