@@ -19,6 +19,13 @@ Examples::
     python -m bench.profile                                    # pipelined publish, 100 B
     python -m bench.profile --sample --seconds 8
     python -m bench.profile --op consume --count 100000 --prefetch 100 --sample
+    python -m bench.profile --amqp                             # the AMQP port, pika worker
+    python -m bench.profile --amqp --op consume --sample
+
+With ``--amqp`` the broker serves AMQP 0-9-1 too and the worker is the pika one of
+``scripts/bench --peer rabbitmq --amqp`` (``bench/worker_rabbitmq.py``) against that
+port: the broker's figure is its CPU per AMQP message, the client's is pika's, the
+same client the RabbitMQ side of that benchmark runs.
 
 The broker's hops are named after the code they cover (``docs/architecture.md``
 follows one publish through the same functions). docs/benchmarks.md, "Where the
@@ -41,7 +48,7 @@ from typing import Any
 from bench.procs import code_root
 from bench.servers import AckbusServer, cpu_seconds
 
-__all__ = ["BROKER_HOPS", "CLIENT_HOPS", "attribute", "main"]
+__all__ = ["AMQP_BROKER_HOPS", "BROKER_HOPS", "CLIENT_HOPS", "PIKA_CODE", "PIKA_HOPS", "attribute", "main"]
 
 #: (hop, names of functions in it). A sample goes to the hop of the innermost frame
 #: of ackbus's own code in its stack that one of these names (a name matches a frame
@@ -88,17 +95,49 @@ CLIENT_HOPS: list[tuple[str, tuple[str, ...]]] = [
     ("the workload's loop", ("start_publish", "publish_pipelined", "_pipeline", "consume ", "publish_seq")),
     ("trio: run loop, epoll", ("unrolled_run", "get_events", "trio/", "anyio/")),
 ]
+#: The broker's hops with ``--amqp``: the AMQP listener's code in place of HTTP's.
+AMQP_BROKER_HOPS: list[tuple[str, tuple[str, ...]]] = [
+    BROKER_HOPS[0],
+    BROKER_HOPS[1],
+    BROKER_HOPS[2],
+    BROKER_HOPS[3],
+    ("amqp: deliveries and confirms encoded", ("AMQPChannel.", "encode_deliver", "encode_confirm",
+                                              "encode_properties")),
+    ("amqp: frames split and decoded, publishes assembled", ("FrameReader", "AMQPConnection.", "decode_method",
+                                                           "decode_content_header", "decode_properties")),
+    ("amqp: session (publish checks, acks handed to the core)", ("AMQPSession.", "_drain_events", "RuntimeBridge.",
+                                                                "handle ")),
+    ("amqp: socket read and write", ("AMQPServer._reader", "AMQPServer._writer", "_receive")),
+    BROKER_HOPS[7],
+    BROKER_HOPS[8],
+    BROKER_HOPS[9],
+    BROKER_HOPS[10],
+]
+#: pika's hops (the client with ``--amqp``); a stack goes to its innermost pika frame
+#: a hop names (:data:`PIKA_CODE`), else to the worker's own loop.
+PIKA_HOPS: list[tuple[str, tuple[str, ...]]] = [
+    ("pika: methods out encoded and queued (basic_publish, basic_ack)",
+     ("basic_publish", "basic_ack", "_send_method", "_send_message", "_send_frame", "marshal",
+      "_output_marshaled_frames")),
+    ("pika: frames in decoded, callbacks dispatched", ("_on_data_available", "_append_frame_buffer", "_read_frame",
+                                                      "decode_frame", "unmarshal", "_deliver_frame_to_channel",
+                                                      "_on_deliver", "_on_confirm", "_process_frame", "callback")),
+    ("pika: socket IO, ioloop", ("_on_socket_writable", "_on_socket_readable", "_on_writable", "_on_readable",
+                                 "selector_ioloop", "select_connection", "io_services", "poll")),
+    ("the workload's loop and confirm tracking", ("_fill", "settle", "_on_message", "ConfirmTracker")),
+]
+PIKA_CODE = (" (pika/",)
 _IDLE_LEAVES = ("WorkerThread._work ", "wait_go ")
 _OWN_CODE = (" (broker/", " (client/", " (bench/")
 
 
-def _hop_of(frames: list[str], hops: list[tuple[str, tuple[str, ...]]]) -> str:
+def _hop_of(frames: list[str], hops: list[tuple[str, tuple[str, ...]]], own_code: tuple[str, ...] = _OWN_CODE) -> str:
     """The hop of the innermost frame of ackbus's own code that a hop names (so a
     socket ``recv`` inside trio counts for the HTTP reader that called it); failing
     that, of the innermost frame any hop names (trio's run loop); else "other"."""
     for own_only in (True, False):
         for frame in reversed(frames):
-            if own_only and not any(marker in frame for marker in _OWN_CODE):
+            if own_only and not any(marker in frame for marker in own_code):
                 continue
             for name, keys in hops:
                 if any(k in frame for k in keys):
@@ -106,7 +145,9 @@ def _hop_of(frames: list[str], hops: list[tuple[str, tuple[str, ...]]]) -> str:
     return "other"
 
 
-def attribute(raw_lines: list[str], hops: list[tuple[str, tuple[str, ...]]]) -> tuple[collections.Counter[str], int]:
+def attribute(
+    raw_lines: list[str], hops: list[tuple[str, tuple[str, ...]]], own_code: tuple[str, ...] = _OWN_CODE,
+) -> tuple[collections.Counter[str], int]:
     """Samples per hop from py-spy's ``--format raw`` lines (``frame;frame;... count``):
     each stack to the hop of its innermost named frame (see :data:`BROKER_HOPS`); also
     the samples of idle threads, which the shares leave out."""
@@ -121,7 +162,7 @@ def attribute(raw_lines: list[str], hops: list[tuple[str, tuple[str, ...]]]) -> 
         if any(frames[-1].startswith(leaf) for leaf in _IDLE_LEAVES):
             idle += int(n)
             continue
-        counts[_hop_of(frames, hops)] += int(n)
+        counts[_hop_of(frames, hops, own_code)] += int(n)
     return counts, idle
 
 
@@ -145,8 +186,9 @@ def _spec(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _worker(server: AckbusServer, spec: dict[str, Any]) -> subprocess.Popen[str]:
+    module = "bench.worker_rabbitmq" if server.amqp_port else "bench.worker_ackbus"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "bench.worker_ackbus", json.dumps({**server.client_spec(), **spec})],
+        [sys.executable, "-m", module, json.dumps({**server.client_spec(), **spec})],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=str(code_root()),
     )
     assert proc.stdout is not None
@@ -186,11 +228,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--count", type=int, default=100_000, help="messages to fill and consume (consume)")
     parser.add_argument("--prefetch", type=int, default=100, help="consumer prefetch (consume)")
     parser.add_argument("--sample", action="store_true", help="sample both processes with py-spy")
+    parser.add_argument("--amqp", action="store_true",
+                        help="the AMQP port with the pika worker (as scripts/bench --peer rabbitmq --amqp)")
     args = parser.parse_args(argv)
     if args.sample and shutil.which("py-spy") is None:
         parser.error("--sample needs py-spy on PATH (pip install py-spy)")
     workdir = Path(tempfile.mkdtemp(prefix="ackbus-profile-"))
-    server = AckbusServer(workdir)
+    server = AckbusServer(workdir, amqp=args.amqp)
     try:
         server.start(timeout_s=60)
         if args.op == "consume":
@@ -208,18 +252,19 @@ def main(argv: list[str] | None = None) -> int:
         for spy in spies:
             spy.wait()
         count = result["count"]
-        print(f"{args.op}, {args.size} B: {count:,} messages in {result['elapsed_s']:.2f} s "
+        print(f"{args.op}{' over AMQP (pika)' if args.amqp else ''}, {args.size} B: {count:,} messages in {result['elapsed_s']:.2f} s "
               f"({count / result['elapsed_s']:,.0f} msgs/s)")
         broker_us = broker_s / count * 1e6
         print(f"broker: {broker_us:.1f} µs of CPU per message")
         print(f"client: {client_s / count * 1e6:.1f} µs of CPU per message")
         if args.sample:
             for title, path, hops, cpu_us in (
-                ("broker", workdir / "broker.txt", BROKER_HOPS, broker_us),
-                ("client", workdir / "client.txt", CLIENT_HOPS, client_s / count * 1e6),
+                ("broker", workdir / "broker.txt", AMQP_BROKER_HOPS if args.amqp else BROKER_HOPS, broker_us),
+                ("client", workdir / "client.txt", PIKA_HOPS if args.amqp else CLIENT_HOPS, client_s / count * 1e6),
             ):
                 if path.exists():
-                    counts, idle = attribute(path.read_text().splitlines(), hops)
+                    own = PIKA_CODE if hops is PIKA_HOPS else _OWN_CODE
+                    counts, idle = attribute(path.read_text().splitlines(), hops, own)
                     print()
                     print(_table(title, counts, cpu_us))
                     print(f"({sum(counts.values())} samples; {idle} of idle threads left out)")

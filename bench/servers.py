@@ -421,14 +421,25 @@ def ensure_rabbitmq(say: Any) -> None:
 
 
 class RabbitServer:
-    side = "rabbitmq"
-    nodename = "bench@localhost"
+    """One private RabbitMQ node; with ``epmd_port``, ``cookie`` and ``cluster`` (the
+    node names of every member), a member of a cluster that forms by itself on first
+    boot (``cluster_formation`` with ``classic_config``): the epmd on that port is then
+    the cluster's (``bench.rabbit_cluster``), not this node's to start or stop."""
 
-    def __init__(self, workdir: Path) -> None:
+    side = "rabbitmq"
+
+    def __init__(
+        self, workdir: Path, *, nodename: str = "bench@localhost", epmd_port: int | None = None,
+        cookie: str | None = None, cluster: tuple[str, ...] = (),
+    ) -> None:
         self.workdir = workdir
+        self.nodename = nodename
         self.port = free_port()
         self.dist_port = free_port()
-        self.epmd_port = free_port()
+        self.own_epmd = epmd_port is None
+        self.epmd_port = free_port() if epmd_port is None else epmd_port
+        self.cookie = cookie
+        self.cluster = cluster
         self.proc: subprocess.Popen[bytes] | None = None
         self.epmd: subprocess.Popen[bytes] | None = None
         self.log_path = workdir / "rabbitmq-stdout.log"
@@ -469,8 +480,18 @@ class RabbitServer:
         base.mkdir(parents=True, exist_ok=True)
         (base / "rabbitmq-env.conf").touch()
         (base / "enabled_plugins").write_text("[].\n")
+        if self.cluster:
+            (base / "rabbitmq.conf").write_text(
+                "cluster_formation.peer_discovery_backend = classic_config\n"
+                + "".join(f"cluster_formation.classic_config.nodes.{i} = {name}\n" for i, name in enumerate(self.cluster, 1))
+            )
+        if self.cookie is not None:
+            cookie = base / ".erlang.cookie"
+            if not cookie.exists():
+                cookie.write_text(self.cookie)
+                cookie.chmod(0o400)
         env = self._env()
-        if self.epmd is None or self.epmd.poll() is not None:
+        if self.own_epmd and (self.epmd is None or self.epmd.poll() is not None):
             self.epmd = subprocess.Popen(
                 ["epmd", "-address", "127.0.0.1", "-port", str(self.epmd_port)],
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
@@ -492,7 +513,9 @@ class RabbitServer:
                 if attempt == 2 or "eaddrinuse" not in self.log_tail(200):
                     raise
                 self.stop()
-                self.port, self.dist_port, self.epmd_port = free_port(), free_port(), free_port()
+                self.port, self.dist_port = free_port(), free_port()
+                if self.own_epmd:
+                    self.epmd_port = free_port()
                 shutil.rmtree(self.workdir / "mnesia", ignore_errors=True)
                 continue
             return time.perf_counter() - t0

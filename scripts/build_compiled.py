@@ -61,6 +61,8 @@ COMPILED = [
     "client/publisher.py",
     "client/codec.py",
     "client/events.py",
+    # the AMQP listener's one-pass reader of publishes and acks (sans-IO)
+    "broker/amqp/hotpath.py",
 ]
 
 #: What is copied into the tree (what the broker, the client and the tests read).

@@ -84,6 +84,18 @@ class RuntimeBridge:
         """Run a per-message command; its effects wait for :meth:`flush`."""
         return self._batch.run(command)
 
+    def ack_run(self, channel: Any, tags: list[int]) -> None:
+        """Single acks in a row on an AMQP channel (``events.Acks``) in one command; an
+        unknown tag raises with the ones before it acked, as that many acks would."""
+        channel_id = channel.core_id
+
+        def ack_each(core: Broker) -> None:
+            ack = core.ack
+            for tag in tags:
+                ack(channel_id, tag, False)
+
+        self._batch.run(ack_each)
+
     def run(self, command: Callable[[Broker], T]) -> T:
         """Run a command and carry out its effects."""
         return self.gateway.run(command)

@@ -54,6 +54,7 @@ from broker.amqp.frames import (
     encode_heartbeat,
     encode_method,
 )
+from broker.amqp.hotpath import HotReader
 from broker.amqp.replies import (
     ACCESS_REFUSED,
     CHANNEL_ERROR,
@@ -133,6 +134,7 @@ class AMQPConnection:
         self.server_properties = server_properties
         self.state = State.AWAIT_HEADER
         self._reader = FrameReader(FRAME_MIN_SIZE)
+        self._hot = HotReader()
         self._out = bytearray()
         self._events: deque[Any] = deque()
         #: Negotiated in tune-ok.
@@ -193,6 +195,13 @@ class AMQPConnection:
                 ))
                 self.state = State.AWAIT_START_OK
                 continue
+            if self.state is State.OPEN and reader.buffered() >= 8:
+                # publishes and acks in one pass (hotpath.py); the rest frame by frame
+                ready = self.channels.difference(self._assembly) if self._assembly else self.channels
+                buf, pos = reader.window()
+                end = self._hot.scan(buf, pos, reader.frame_max, self.limits.max_body_bytes, ready, self._events)
+                if end != pos:
+                    reader.advance(end)
             frame = reader.next_frame()
             if frame is None:
                 return

@@ -9,6 +9,7 @@ from typing import Any
 from broker.amqp.frames import Publish
 
 __all__ = [
+    "Acks",
     "ChannelClosedByPeer",
     "ChannelFailed",
     "ChannelOpened",
@@ -68,6 +69,16 @@ class Method:
     channel: int
     index: int
     method: Any
+
+
+@dataclass(slots=True)
+class Acks:
+    """``basic.ack`` of one delivery each (``multiple`` off), received in a row on one
+    channel: the session settles the run in one core call, as the HTTP channel's
+    ``delivery_tags`` ack. The same as one :class:`Method` per tag, in order."""
+
+    channel: int
+    tags: list[int]
 
 
 @dataclass(slots=True)

@@ -14,7 +14,6 @@ Errors are :class:`FrameError` with the AMQP reply code the connection closes wi
 
 from __future__ import annotations
 
-import functools
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -130,6 +129,18 @@ class FrameReader:
         self._pos += 8
         self.header_seen = True
         return header
+
+    def window(self) -> tuple[bytearray, int]:
+        """The buffer and where its unread bytes start (for ``hotpath``, which reads
+        frames in place and then calls :meth:`advance`)."""
+        return self._buffer, self._pos
+
+    def advance(self, pos: int) -> None:
+        """The bytes before ``pos`` were read."""
+        self._pos = pos
+        if pos > 65536 and pos * 2 > len(self._buffer):
+            del self._buffer[:pos]
+            self._pos = 0
 
     def next_frame(self) -> tuple[int, int, bytes] | None:
         """The next whole frame, or None until more bytes arrive. Raises FrameError."""
@@ -377,48 +388,45 @@ def _content(channel: int, props: bytes, body: bytes, frame_max: int) -> list[by
     return parts
 
 
-_shortstr_cached = functools.lru_cache(maxsize=4096)(_pack_shortstr)
-_HEADER_FRAME = struct.Struct(">BHIHHQ")
+#: Per (channel, consumer tag, exchange, routing key): a struct packing a delivery's
+#: method frame and content header's fixed part at once, with its constant bytes.
+_deliver_templates: dict[tuple[int, str, str, str], tuple[struct.Struct, bytes, bytes]] = {}
+_BODY_FRAME_HEAD = struct.Struct(">BBHI")  # the header frame's end, then a body frame's head
+
+
+def _deliver_template(channel: int, consumer_tag: str, exchange: str, routing_key: str) -> tuple[struct.Struct, bytes, bytes]:
+    tag, ex, rk = _pack_shortstr(consumer_tag), _pack_shortstr(exchange), _pack_shortstr(routing_key)
+    head = _DELIVER_HEAD.pack(FRAME_METHOD, channel, len(tag) + len(ex) + len(rk) + 13, 60, 60) + tag
+    tail = ex + rk + b"\xce" + bytes((FRAME_HEADER,)) + _U16.pack(channel)
+    template = (struct.Struct(f">{len(head)}sQB{len(tail)}sIHHQ"), head, tail)
+    if len(_deliver_templates) >= 4096:
+        _deliver_templates.clear()
+    _deliver_templates[(channel, consumer_tag, exchange, routing_key)] = template
+    return template
 
 
 def encode_deliver(
-    channel: int,
-    consumer_tag: str,
-    delivery_tag: int,
-    redelivered: bool,
-    exchange: str,
-    routing_key: str,
-    props: bytes,
-    body: bytes,
-    frame_max: int,
+    channel: int, consumer_tag: str, delivery_tag: int, redelivered: bool, exchange: str, routing_key: str,
+    props: bytes, body: bytes, frame_max: int,
 ) -> bytes:
     """``basic.deliver`` with its content header and body frames (``props`` from
-    :func:`encode_properties`), in one join: it runs once per delivery."""
-    tag = _shortstr_cached(consumer_tag)
-    ex = _shortstr_cached(exchange)
-    rk = _shortstr_cached(routing_key)
+    :func:`encode_properties`): it runs once per delivery, so the method frame and
+    the header's fixed part are one ``struct`` pack of a template kept per consumer
+    and routing key, and the body frame's head a second."""
+    template = _deliver_templates.get((channel, consumer_tag, exchange, routing_key))
+    if template is None:
+        template = _deliver_template(channel, consumer_tag, exchange, routing_key)
+    packer, head, tail = template
     size = len(body)
-    parts: list[bytes | memoryview] = [
-        _DELIVER_HEAD.pack(FRAME_METHOD, channel, len(tag) + len(ex) + len(rk) + 13, 60, 60),
-        tag,
-        _U64.pack(delivery_tag),
-        b"\x01" if redelivered else b"\x00",
-        ex,
-        rk,
-        b"\xce",
-        _HEADER_FRAME.pack(FRAME_HEADER, channel, 12 + len(props), 60, 0, size),
-        props,
-        b"\xce",
-    ]
-    if size:
-        chunk = frame_max - FRAME_OVERHEAD
-        if size <= chunk:
-            parts += (_FRAME_HEAD.pack(FRAME_BODY, channel, size), body, b"\xce")
-        else:
-            view = memoryview(body)
-            for start in range(0, size, chunk):
-                piece = view[start : start + chunk]
-                parts += (_FRAME_HEAD.pack(FRAME_BODY, channel, len(piece)), piece, b"\xce")
+    fixed = packer.pack(head, delivery_tag, 1 if redelivered else 0, tail, 12 + len(props), 60, 0, size)
+    chunk = frame_max - FRAME_OVERHEAD
+    if size and size <= chunk:
+        return b"".join((fixed, props, _BODY_FRAME_HEAD.pack(FRAME_END, FRAME_BODY, channel, size), body, b"\xce"))
+    parts: list[bytes | memoryview] = [fixed, props, b"\xce"]
+    view = memoryview(body)
+    for start in range(0, size, chunk):
+        piece = view[start : start + chunk]
+        parts += (_FRAME_HEAD.pack(FRAME_BODY, channel, len(piece)), piece, b"\xce")
     return b"".join(parts)
 
 

@@ -14,6 +14,7 @@ from typing import Any
 from pamqp import commands
 
 from broker.amqp.events import (
+    Acks,
     ChannelClosedByPeer,
     ChannelFailed,
     ChannelOpened,
@@ -24,6 +25,7 @@ from broker.amqp.events import (
     Opened,
 )
 from broker.amqp.frames import (
+    ACK,
     Ack,
     Nack,
     Reject,
@@ -80,6 +82,9 @@ async def handle(s: AMQPSession, event: Any) -> None:
     kind = type(event)
     if kind is Content:  # a publish while publishing is blocked
         await s.publish_when_allowed(event)
+    elif kind is Acks:  # acks on a channel with relayed deliveries: one by one
+        for tag in event.tags:
+            await handle(s, Method(event.channel, ACK, Ack(tag, False)))
     elif kind is Method:
         method = event.method
         ch = s.channels.get(event.channel)
@@ -180,9 +185,8 @@ async def _queue_declare(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
     )
     ch.last_queue = queue
     if not m.nowait:
-        views = s.views  # (a queue another node owns: its counts are not known here, 0)
-        ready = views.queue_counter("messages_ready", queue) or 0
-        s.reply_raw(ch, encode_declare_ok(ch.number, queue, ready, views.queue_counter("consumers", queue) or 0))
+        ready, consumers = await s.bridge.gateway.queue_counts(queue)
+        s.reply_raw(ch, encode_declare_ok(ch.number, queue, ready, consumers))
 
 
 def _queue_name(ch: AMQPChannel, name: str | None) -> str:

@@ -32,6 +32,7 @@ from pamqp import commands
 from broker.amqp.bridge import RuntimeBridge
 from broker.amqp.connection import AMQPConnection
 from broker.amqp.events import (
+    Acks,
     Content,
     Login,
     Method,
@@ -298,6 +299,11 @@ class AMQPSession:
         caller's step, without a coroutine; False for any other event (then
         ``methods.handle``)."""
         kind = type(event)
+        if kind is Acks:
+            if getattr(self.channels.get(event.channel), "relayed", None):
+                return False  # (methods.handle: one by one, as below)
+            self.guard(event.channel, self.bridge.ack_run, event.tags, 60, 80)
+            return True
         if kind is Content:
             if self.bridge.flow_blocked:
                 return False  # it waits (methods.handle: publish_when_allowed)

@@ -102,6 +102,26 @@ class ClusterGatewayPort:
             raise Unavailable(f"queue {queue!r}: its node {owner!r} did not purge it: {reason}", code="queue_unavailable")
         return int(data.get("purged", 0))
 
+    async def queue_counts(self, queue: str) -> tuple[int, int] | None:
+        located = self.owner_of(queue)
+        if located is None or located[1] is None:
+            return None
+        try:
+            async with relay(
+                located[1], "GET", f"/queues/{quote(queue, safe='')}", [], b"", origin=self.node_name,
+                secret=self.secret, ssl_context=self.peer_ssl, answer_timeout_s=self.forwarder.answer_timeout_s,
+            ) as answer:
+                body = b"".join([chunk async for chunk in answer.chunks()])
+        except PeerUnreachable:
+            return None
+        if answer.status != 200:
+            return None
+        try:
+            info = orjson.loads(body)
+            return int(info["messages_ready"]), int(info["consumers"])
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+            return None
+
     # -------------------------------------------------------------- metadata
 
     async def _etcd(self, change: Awaitable[T]) -> T:

@@ -329,6 +329,13 @@ class CommandGateway:
         await self.runtime.wait_durable()
         return name, created
 
+    async def queue_counts(self, name: str) -> tuple[int, int]:
+        """(ready messages, consumers) of queue ``name``: this core's, or (cluster
+        mode) its owner's; (0, 0) while the owner cannot be asked."""
+        if self.views.queue_exists(name) or self.runtime.cluster is None:
+            return self.views.queue_counter("messages_ready", name) or 0, self.views.queue_counter("consumers", name) or 0
+        return await self.runtime.cluster.queue_counts(name) or (0, 0)
+
     def _clustered_queue(self, name: str) -> bool:
         cluster = self.runtime.cluster
         return cluster is not None and cluster.owner_of(name) is not None

@@ -178,6 +178,10 @@ class ClusterPort(PublishForwarder, Protocol):
         Raises ``Unavailable`` (``queue_unavailable``) while it cannot be reached, and
         the owner's refusal."""
 
+    async def queue_counts(self, queue: str) -> tuple[int, int] | None:
+        """(ready messages, consumers) of a queue another node owns, as its owner
+        counts them; None while the owner cannot be asked."""
+
     async def declare_queue(
         self, name: str, *, durable: bool, auto_delete: bool, arguments: dict[str, Any], passive: bool
     ) -> bool:

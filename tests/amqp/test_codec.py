@@ -9,6 +9,7 @@ import struct
 
 import orjson
 import pytest
+from pamqp import body as pbody
 from pamqp import commands
 from pamqp import frame as pframe
 from pamqp import header as pheader
@@ -186,3 +187,21 @@ def test_frame_reader_waits_for_whole_frames() -> None:
         assert reader.next_frame() is None
     reader.feed(data[-1:])
     assert reader.next_frame() == (1, 1, data[7:-1])
+
+
+@pytest.mark.parametrize("size", [0, 1, 4088, 4089, 9000])
+def test_deliveries_are_the_frames_pamqp_makes(size: int) -> None:
+    """encode_deliver (a packed template per consumer and key) against pamqp's
+    marshalling of the same deliver, header and body frames, byte for byte, for bodies
+    that are empty, fill a frame exactly, spill into a second, or take three; the same
+    key twice (the template reused) and another key."""
+    props = {"content_type": "t", "delivery_mode": 2}
+    body = bytes(range(256)) * (size // 256) + b"x" * (size % 256)
+    for tag, redelivered, key in ((7, False, "rk"), (2**40, True, "rk"), (8, False, "other.key")):
+        ours = encode_deliver(5, "ctag-1", tag, redelivered, "ex", key, encode_properties(props), body, 4096)
+        expected = pframe.marshal(commands.Basic.Deliver(
+            consumer_tag="ctag-1", delivery_tag=tag, redelivered=redelivered, exchange="ex", routing_key=key), 5)
+        expected += pframe.marshal(pheader.ContentHeader(0, size, commands.Basic.Properties(**props)), 5)
+        for start in range(0, size, 4088):
+            expected += pframe.marshal(pbody.ContentBody(body[start : start + 4088]), 5)
+        assert ours == expected

@@ -7,6 +7,7 @@ import dataclasses
 
 import trio
 from pamqp import commands
+from pamqp import frame as pframe
 
 from tests.amqp.rawclient import open_amqp
 
@@ -196,6 +197,28 @@ async def test_unknown_delivery_tag_is_406(app) -> None:
         await c.send(1, Basic.Ack(delivery_tag=99))
         code, text = await c.closed_with(1)
         assert code == 406
+
+
+async def test_acks_in_a_row_settle_as_one_by_one_and_an_unknown_tag_among_them_is_406(app) -> None:
+    """Single acks received together are one core call (``Acks``): those before an
+    unknown tag stay acked, the channel closes with 406, the ones after are not taken."""
+    async with open_amqp(app) as c:
+        await c.open_channel(1)
+        await c.declare(1, "r")
+        for i in range(4):
+            await c.publish(1, "", "r", b"%d" % i)
+        for i in range(4):
+            await c.send(1, Basic.Get(queue="r"))
+            method, _p, _body = await c.message()
+            assert method.delivery_tag == i + 1
+        acks = [Basic.Ack(delivery_tag=tag) for tag in (1, 2, 99, 3)]
+        await c.send_bytes(b"".join(pframe.marshal(ack, 1) for ack in acks))
+        code, _text = await c.closed_with(1)
+        assert code == 406
+        queue = app.runtime.core.queues["r"]
+        assert queue.acked == 2
+        # the channel's close returned the unacked ones (3 and 4) to the queue
+        assert queue.ready_count() == 2
 
 
 async def test_qos_prefetch_holds_the_second_delivery_until_the_ack(app) -> None:

@@ -26,15 +26,24 @@ def test_percentile_is_nearest_rank() -> None:
     assert percentile([5.0], 99) == 5.0
 
 
-def test_quorum_tables_show_each_row_the_one_node_caveat_and_failover() -> None:
+def test_quorum_tables_show_each_row_and_the_failover() -> None:
     rows = [{"side": "ackbus", "queue": "quorum, 3 replicas", "publish_msgs_per_s": 1234.4, "consume_msgs_per_s": 800},
-            {"side": "rabbitmq", "queue": "quorum, 1 node", "publish_msgs_per_s": 5000, "consume_msgs_per_s": 4000}]
+            {"side": "rabbitmq", "queue": "quorum, 3 replica(s)", "nodes": 3, "publish_msgs_per_s": 5000,
+             "consume_msgs_per_s": 4000}]
     failover = {"kills": 3, "p50_s": 3.5, "p99_s": 4.25, "max_s": 4.25}
     text = "\n".join(quorum_tables(rows, failover, QUICK))
     assert "| ackbus (3 nodes, via the leader) | quorum, 3 replicas | 1,234 | 800 |" in text
-    assert "| RabbitMQ (one node) | quorum, 1 node | 5,000 | 4,000 |" in text
-    assert "ONE node" in text
+    assert "| RabbitMQ (3 nodes, via the leader) | quorum, 3 replica(s) | 5,000 | 4,000 |" in text
+    assert "ONE node" not in text
     assert "| 3 | 3.50 | 4.25 | 4.25 |" in text
+
+
+def test_quorum_tables_say_when_rabbitmq_ran_as_one_node() -> None:
+    rows = [{"side": "rabbitmq", "queue": "quorum, 1 replica(s)", "nodes": 1, "publish_msgs_per_s": 5000,
+             "consume_msgs_per_s": 4000}]
+    text = "\n".join(quorum_tables(rows, {"kills": 0, "p50_s": 0, "p99_s": 0, "max_s": 0}, QUICK))
+    assert "| RabbitMQ (one node) | quorum, 1 replica(s) | 5,000 | 4,000 |" in text
+    assert "ONE node" in text
 
 
 def test_cluster_allows_rabbitmq_as_peer_from_three_nodes() -> None:
@@ -64,7 +73,7 @@ def test_quick_quorum_part_for_real(tmp_path: Path) -> None:
     assert set(temp.glob("ackbus-bench-cluster-*")) <= before  # the cluster's and RabbitMQ's directories removed
     expected = [("ackbus", "quorum, 3 replicas"), ("ackbus", "classic")]
     if with_rabbit:
-        expected += [("rabbitmq", "quorum, 1 node"), ("rabbitmq", "classic")]
+        expected += [("rabbitmq", "quorum, 3 replica(s)"), ("rabbitmq", "classic")]
     assert [(r["side"], r["queue"]) for r in results["rows"]] == expected
     for row in results["rows"]:
         assert row["count"] == QUICK.forward_count, row

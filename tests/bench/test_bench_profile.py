@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from bench.procs import ROOT
-from bench.profile import BROKER_HOPS, attribute
+from bench.profile import AMQP_BROKER_HOPS, BROKER_HOPS, PIKA_CODE, PIKA_HOPS, attribute
 
 RAW = [
     "<module> (broker/__main__.py:1);serve_reader (broker/api/channel/reader.py:1);"
@@ -41,6 +41,48 @@ def test_stacks_go_to_the_hop_of_their_innermost_named_frame() -> None:
     assert counts["trio: run loop, epoll, thread hand-off"] == 3
     assert counts["other"] == 5
     assert sum(counts.values()) == 60
+
+
+AMQP_RAW = [
+    "<module> (broker/__main__.py:1);AMQPServer._reader (broker/amqp/server.py:1);"
+    "AMQPConnection.receive_data (broker/amqp/connection.py:1);AMQPConnection._parse (broker/amqp/connection.py:2) 20",
+    "<module> (broker/__main__.py:1);AMQPServer._reader (broker/amqp/server.py:1);_drain_events (broker/amqp/server.py:2);"
+    "AMQPSession.handle_nowait (broker/amqp/session.py:1);CommandGateway.publish (broker/runtime/gateway.py:3) 9",
+    "<module> (broker/__main__.py:1);BrokerRuntime.pump (broker/runtime/runtime.py:1);AMQPChannel.push "
+    "(broker/amqp/session.py:1);encode_deliver (broker/amqp/frames.py:1) 4",
+]
+PIKA_RAW = [
+    # the worker's own loop calls into pika: the innermost pika frame names the hop
+    "<module> (bench/worker_rabbitmq.py:1);PipelinedPublisher._fill (bench/worker_rabbitmq.py:2);"
+    "Channel.basic_publish (pika/channel.py:1);Connection._send_message (pika/connection.py:2) 6",
+    "<module> (bench/worker_rabbitmq.py:1);IOLoop.start (pika/adapters/select_connection.py:1);"
+    "_AsyncPlaintextTransport._on_socket_readable (pika/adapters/utils/io_services_utils.py:1);"
+    "Connection._on_data_available (pika/connection.py:1) 3",
+    "<module> (bench/worker_rabbitmq.py:1);ConfirmTracker.settle (bench/worker_rabbitmq.py:3) 2",
+]
+
+
+def test_amqp_stacks_go_to_the_amqp_and_pika_hops() -> None:
+    counts, _idle = attribute(AMQP_RAW, AMQP_BROKER_HOPS)
+    assert counts["amqp: frames split and decoded, publishes assembled"] == 20
+    assert counts["core: publish (checks, dedup, message, record, enqueue, confirm)"] == 9
+    assert counts["amqp: deliveries and confirms encoded"] == 4
+    counts, _idle = attribute(PIKA_RAW, PIKA_HOPS, PIKA_CODE)
+    assert counts["pika: methods out encoded and queued (basic_publish, basic_ack)"] == 6
+    assert counts["pika: frames in decoded, callbacks dispatched"] == 3
+    assert counts["the workload's loop and confirm tracking"] == 2
+
+
+@pytest.mark.slow
+def test_a_short_run_of_the_amqp_port_reports_cpu_per_message() -> None:
+    done = subprocess.run([sys.executable, "-m", "bench.profile", "--amqp", "--seconds", "1"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("publish_pipelined over AMQP (pika), 100 B: ")
+    for side in ("broker", "client"):
+        (line,) = [x for x in lines if x.startswith(f"{side}: ")]
+        assert float(line.split()[1]) > 0, line
 
 
 @pytest.mark.slow

@@ -303,3 +303,30 @@ def test_an_amqp_consumer_relayed_from_a_node_that_dies_is_cancelled(two: tuple[
     a.proc.start()
     wait_for("a back on b", lambda: cluster_nodes(b.proc)["a"]["alive"])
     assert bodies(b.proc, "jobs") == ["j1"]  # delivered, never acked: requeued, not lost
+
+
+def test_a_declare_ok_of_a_queue_another_node_owns_counts_on_the_owner(two: tuple[AMQPNode, AMQPNode]) -> None:
+    """``queue.declare-ok`` on node b of a queue node a owns gives a's counts of ready
+    messages and consumers (kombu's ``queue_declare`` returns them)."""
+    a, b = two
+    conn_a, conn_b = a.connect(), b.connect()
+    try:
+        ch_a = conn_a.channel()
+        ch_a.confirm_delivery()
+        ch_a.queue_declare("counted", durable=True, arguments=CLIENT_LOCAL)
+        for i in range(3):
+            ch_a.basic_publish("", "counted", f"m{i}".encode(), pika.BasicProperties(delivery_mode=2))
+        assert owners(a.proc)["counted"] == "a"
+        wait_for("b sees the queue", lambda: "counted" in owners(b.proc))
+        ch_b = conn_b.channel()
+        ok = ch_b.queue_declare("counted", passive=True).method
+        assert (ok.message_count, ok.consumer_count) == (3, 0), ok
+        # a consumer on the owner taking one message (prefetch 1): 2 ready, 1 consumer
+        ch_a.basic_qos(prefetch_count=1)
+        ch_a.basic_consume("counted", lambda *args: None)
+        wait_for("one delivered on a", lambda: a.proc.request("GET", "/queues/counted")[1]["messages_ready"] == 2)
+        ok = ch_b.queue_declare("counted", durable=True, arguments=CLIENT_LOCAL).method
+        assert (ok.message_count, ok.consumer_count) == (2, 1), ok
+    finally:
+        conn_a.close()
+        conn_b.close()

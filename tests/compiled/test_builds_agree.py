@@ -2,7 +2,9 @@
 (``tests/compiled/core_scenario.py``: publishes with deduplication, routing to durable,
 transient, bounded and fan-out queues, deliveries, acks, nacks, errors, durability and
 time) run under each build, in a process of its own, prints the same effects and
-answers, line for line.
+answers, line for line; and the AMQP listener's frame reading
+(``tests/compiled/amqp_scenario.py``: seeded byte streams, whole and broken) gives the
+same events.
 
 The compiled build's tree comes from ``ACKBUS_COMPILED_TREE`` (``scripts/test`` builds
 it and sets it); without it the test is skipped, saying so.
@@ -20,10 +22,10 @@ import pytest
 _HERE = Path(__file__).resolve().parent.parent.parent
 
 
-def _run(root: Path, seed: int, count: int) -> list[str]:
+def _run(root: Path, seed: int, count: int, scenario: str = "core_scenario") -> list[str]:
     env = {**os.environ, "PYTHONPATH": str(root), "PYTHONHASHSEED": "0"}
     result = subprocess.run(
-        [sys.executable, "-P", "-m", "tests.compiled.core_scenario", str(seed), str(count)],
+        [sys.executable, "-P", "-m", f"tests.compiled.{scenario}", str(seed), str(count)],
         cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=300,
     )
     assert result.returncode == 0, result.stderr[-2000:]
@@ -67,6 +69,20 @@ def test_the_core_does_the_same_in_both_builds(roots: tuple[Path, Path], seed: i
     interpreted = _run(source, seed, 3000)
     compiled = _run(tree, seed, 3000)
     assert len(interpreted) > 3000  # effects and answers were printed
+    for n, (a, b) in enumerate(zip(interpreted, compiled)):
+        assert a == b, f"line {n + 1} differs:\ninterpreted: {a}\ncompiled:    {b}"
+    assert len(interpreted) == len(compiled)
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_the_amqp_frame_reading_does_the_same_in_both_builds(roots: tuple[Path, Path], seed: int) -> None:
+    """``broker/amqp/hotpath.py`` (compiled) with the connection around it: the same
+    events, output and state for the same bytes (``tests/compiled/amqp_scenario.py``)."""
+    source, tree = roots
+    interpreted = _run(source, seed, 150, "amqp_scenario")
+    compiled = _run(tree, seed, 150, "amqp_scenario")
+    assert sum(" Content(" in line for line in interpreted) > 1000  # publishes were read
+    assert sum(" Acks(" in line for line in interpreted) > 100
     for n, (a, b) in enumerate(zip(interpreted, compiled)):
         assert a == b, f"line {n + 1} differs:\ninterpreted: {a}\ncompiled:    {b}"
     assert len(interpreted) == len(compiled)
