@@ -5,7 +5,6 @@ back; a crash of the source queue's node meanwhile leaves it in its source queue
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -167,19 +166,21 @@ def test_a_held_dead_letter_survives_a_checkpoint_and_a_crash_of_its_source_node
         _reject(a, "src", "m1")
         wait_for("m1 in dlq-a", lambda: _queue(a, "dlq-a")["messages_ready"] == 1)
         wait_for("m1 held in src", lambda: _queue(a, "src")["messages_unacked"] == 1)
-        held_at = time.time()
+        _publish(a, "dlq-a", "after")  # a record after the hold: a checkpoint through it has m1 held
+        after_lsn = a.request("GET", "/overview")[1]["storage"]["last_lsn"]
         wait_for("a checkpoint with m1 held", lambda: (
-            a.request("GET", "/overview")[1]["storage"].get("last_checkpoint_at") or 0) > held_at + 0.1)
+            a.request("GET", "/overview")[1]["storage"].get("last_checkpoint_lsn") or 0) >= after_lsn)
         a.kill()
         b.start()
+        wait_for("a shown dead", lambda: not _alive(b, "a"), timeout_s=TTL_S + 10)
         a.start()
         wait_for("both alive again", lambda: _alive(a, "b") and _alive(b, "a"), timeout_s=TTL_S + 15)
         assert _queue(a, "src")["messages_ready"] == 1  # kept across the checkpoint and the crash
-        assert _queue(a, "dlq-a")["messages_ready"] == 1
+        assert _queue(a, "dlq-a")["messages_ready"] == 2  # m1's copy and "after"
         _reject(a, "src", "m1")
         wait_for("m1 on b", lambda: _queue(b, "dlq-b")["messages_ready"] == 1, timeout_s=20)
         wait_for("m1 settled in src", lambda: _queue(a, "src")["messages"] == 0)
-        assert [m["body"] for m in a.drain("dlq-a")] == ["m1"]  # not copied here twice
+        assert [m["body"] for m in a.drain("dlq-a")] == ["m1", "after"]  # m1 not copied here twice
         assert [m["body"] for m in b.drain("dlq-b")] == ["m1"]
     finally:
         a.stop()
