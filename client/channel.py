@@ -57,6 +57,7 @@ from .consumer_registry import ConsumerRegistry
 from .endpoint import Endpoint, StreamOpener
 from .errors import ClientClosed, ClientError, ConfirmTimeout
 from .events import EventDispatcher
+from .failover import NodeSteering
 from .publisher import PendingPublish, PublishTracker
 from .publishing import Body, PropertiesLike, Publisher
 from .requester import Requester
@@ -139,7 +140,7 @@ class Channel:
             endpoint, opener, settings,
             status=status, requests=requests, topology=self._topology, consumers=consumers,
             publisher=publisher, transactions=transactions,
-            events=EventDispatcher(tracker, consumers), give_up=self._fail,
+            events=EventDispatcher(tracker, consumers, NodeSteering(opener)), give_up=self._fail,
         )
         # bound once: the per-publish path (see client.publishing)
         self._prepare = publisher.prepare

@@ -33,6 +33,7 @@ from .codec import (
 )
 from .consumer_registry import ConsumerRegistry
 from .errors import ChannelClosedByBroker, ProtocolError
+from .failover import NodeSteering
 from .pending import UnknownDeliveryTag
 from .publisher import PublishTracker
 from .session import SessionLink
@@ -49,8 +50,10 @@ RAISED = {"ackbus_raised": True}
 class EventDispatcher:
     """Applies the events of a channel's sessions to its publishes and consumers."""
 
-    def __init__(self, tracker: PublishTracker, consumers: ConsumerRegistry) -> None:
+    def __init__(self, tracker: PublishTracker, consumers: ConsumerRegistry, steering: NodeSteering | None = None) -> None:
         self._tracker = tracker
+        #: moves the channel to another node of a cluster that refuses its publishes
+        self._steering = steering
         # bound once: the per-event path
         self._on_ack = tracker.on_ack
         self._on_deliver = consumers.on_deliver
@@ -70,6 +73,8 @@ class EventDispatcher:
             if isinstance(event, Ack):
                 self._on_ack(event.delivery_tag, event.multiple)
                 self.unattributed_errors = 0
+                if self._steering is not None:
+                    self._steering.confirmed()
             elif type(event) is DeliverBatch:
                 self._on_deliveries(session, event.rows)
             elif isinstance(event, Deliver):
@@ -79,6 +84,8 @@ class EventDispatcher:
                             " and before" if event.multiple else "", event.reason, extra=RAISED)
                 self._tracker.on_nack(event.delivery_tag, event.multiple, event.reason)
                 self.unattributed_errors = 0
+                if self._steering is not None:
+                    self._steering.refused(event.reason, session.abort)
             elif isinstance(event, Return):
                 self._tracker.on_return(
                     event.delivery_tag, event.reply_code, event.reason, event.message

@@ -29,6 +29,7 @@ from .codec import decode_json
 from .diagnosis import network_error_text, tls_refused
 from .endpoint import Endpoint, StreamOpener
 from .errors import BrokerRequestError, ConnectionLost, ProtocolError, TLSRefused
+from .failover import FailoverOpener, unavailable_here
 
 __all__ = [
     "Response",
@@ -241,11 +242,30 @@ class RestClient:
         headers = list(headers)
         try:
             with anyio.fail_after(self._timeout_s):
-                return await self._request_with_retry(method, target, headers, body)
+                response = await self._request_with_retry(method, target, headers, body)
         except TimeoutError:
             raise ConnectionLost(
                 f"{method} {target}: no answer from {self._endpoint} within {self._timeout_s} s"
             ) from None
+        if response.status == 503 and isinstance(self._opener, FailoverOpener):
+            await self._move_on_if_unavailable(self._opener, response)
+        return response
+
+    async def _move_on_if_unavailable(self, opener: FailoverOpener, response: Response) -> None:
+        """A ``503`` saying this node cannot serve the queue while another node may
+        (``client/failover.py``): the next request goes to the next node."""
+        try:
+            body = response.json()
+        except ProtocolError:
+            return
+        if not isinstance(body, dict):
+            return
+        if not unavailable_here(str(body.get("error", ""))) and not unavailable_here(str(body.get("reason", ""))):
+            return
+        opener.move_on(opener.endpoint)
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            await conn.aclose()
 
     async def _request_with_retry(
         self, method: str, target: str, headers: list[tuple[str, str]], body: bytes

@@ -5,9 +5,15 @@ Each unary call (range, put, txn, delete, lease) is one POST on a kept-alive
 connection to the endpoint that answered last; when it cannot connect there, it moves
 on to the next endpoint. A call that was sent but got no answer is not repeated
 elsewhere (a txn may have been applied): it raises :class:`EtcdUnavailable` and the
-caller decides. A watch holds a connection of its own and yields the stream's
-messages as they arrive. Requests and answers are built and read by the pure
-functions of ``broker.cluster.etcdproto``.
+caller decides, and the *next* call starts at the next endpoint (the one that did not
+answer may be cut off, hung, or a member partitioned from etcd's majority).
+
+A watch holds a connection of its own and yields the stream's messages as they
+arrive. A watch cannot tell a quiet stream from a dead one (a cut-off member sends
+nothing, not even a close), so it follows the unary calls: once they move to another
+endpoint than the watch's, its read ends with :class:`WatchMoved` and the caller
+watches again from its last revision, there. Requests and answers are built and read
+by the pure functions of ``broker.cluster.etcdproto``.
 """
 
 from __future__ import annotations
@@ -45,7 +51,7 @@ from broker.cluster.etcdproto import (
 )
 from broker.cluster.h11io import next_event
 
-__all__ = ["Endpoint", "EtcdClient", "WatchStream", "parse_endpoints"]
+__all__ = ["Endpoint", "EtcdClient", "WatchMoved", "WatchStream", "parse_endpoints"]
 
 #: The largest answer accepted from etcd (a range over all of a cluster's metadata).
 MAX_ANSWER_BYTES: Final = 64 * 1024 * 1024
@@ -143,6 +149,21 @@ class EtcdClient:
         self.timeout_s = timeout_s
         self._preferred = 0
         self._idle: dict[str, _Conn] = {}
+        #: the cancel scope of each watch read in progress, with the endpoint it reads
+        #: from: cancelled when the calls move to another endpoint
+        self._watch_reads: dict[trio.CancelScope, Endpoint] = {}
+
+    @property
+    def preferred(self) -> Endpoint:
+        """The endpoint the next call starts at (the one that answered last)."""
+        return self.endpoints[self._preferred]
+
+    def _prefer(self, index: int) -> None:
+        self._preferred = index
+        endpoint = self.endpoints[index]
+        for scope, watched in self._watch_reads.items():
+            if watched is not endpoint:
+                scope.cancel()
 
     # ----------------------------------------------------------------- unary calls
 
@@ -162,9 +183,10 @@ class EtcdClient:
                 continue
             except EtcdUnavailable as exc:
                 endpoint.mark(exc.message)
+                self._prefer((index + 1) % count)  # the next call tries another one first
                 raise EtcdUnavailable(f"{endpoint.url}: {exc.message}", code=exc.code) from None
             endpoint.mark(None)
-            self._preferred = index
+            self._prefer(index)
             return answer
         raise EtcdUnavailable("etcd unreachable: " + "; ".join(failures))
 
@@ -297,7 +319,7 @@ class EtcdClient:
         }
         conn = await self._open_watch(orjson.dumps(request))
         try:
-            yield WatchStream(conn)
+            yield WatchStream(conn, self)
         finally:
             await conn.aclose()
 
@@ -327,8 +349,27 @@ class EtcdClient:
                 failures.append(f"{endpoint.url}: watch answered {status}")
                 continue
             endpoint.mark(None)
+            self._prefer(index)
             return conn
         raise EtcdUnavailable("etcd unreachable for a watch: " + "; ".join(failures))
+
+    async def read_watch(self, conn: _Conn) -> Any:
+        """The next h11 event of watch connection ``conn``. Raises WatchMoved when the
+        calls go (or move while it waits) to another endpoint than the watch's."""
+        scope = trio.CancelScope()
+        if self.preferred is conn.endpoint:
+            self._watch_reads[scope] = conn.endpoint
+            try:
+                with scope:
+                    return await conn.next_event()
+            finally:
+                del self._watch_reads[scope]
+        raise WatchMoved(f"etcd calls moved from {conn.endpoint.url} to {self.preferred.url}")
+
+
+class WatchMoved(Exception):
+    """The client's calls moved to another endpoint than the watch's (which may be cut
+    off without a sign): watch again from the last revision, there."""
 
 
 class _NotSent(Exception):
@@ -369,8 +410,9 @@ class WatchStream:
     async iterator. A class rather than an async generator, so that leaving a loop
     early leaves nothing to finalize."""
 
-    def __init__(self, conn: _Conn) -> None:
+    def __init__(self, conn: _Conn, client: EtcdClient) -> None:
         self._conn = conn
+        self._client = client
         self._buffer = b""
         self._ready: list[WatchBatch] = []
 
@@ -378,10 +420,12 @@ class WatchStream:
         return self
 
     async def __anext__(self) -> WatchBatch:
+        """The next message. Raises EtcdUnavailable when the stream ends, WatchMoved
+        when the client's calls moved to another endpoint."""
         conn = self._conn
         while not self._ready:
             try:
-                event = await conn.next_event()
+                event = await self._client.read_watch(conn)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError, h11.ProtocolError) as exc:
                 conn.endpoint.mark(f"watch lost: {exc}")
                 raise EtcdUnavailable(f"{conn.endpoint.url}: watch lost: {exc}") from None

@@ -98,6 +98,9 @@ class Forwarder:
         #: how long an owner may leave a forwarded publish unanswered (then it is nacked)
         self.answer_timeout_s = answer_timeout_s
         self.view = view
+        #: the node serving a queue (its definition given): the view's word, which the
+        #: node refines (``ClusterNode.serving_node``: not this node unless it leads)
+        self.serving: Callable[[str, dict[str, Any]], str | None] = view.serving_node
         self.secret = secret
         self.routes = ClusterRoutes()
         #: channels opened by peers: their publishes are already forwarded
@@ -212,7 +215,7 @@ class Forwarder:
         """The node serving ``queue``: its owner, a quorum queue's leader (None: it has
         none now); this node for a queue the view does not have."""
         d = self.view.get("queues", queue)
-        return self.view.serving_node(queue, d) if d is not None else self.node_name
+        return self.serving(queue, d) if d is not None else self.node_name
 
     def peer_channel(self, channel_id: int, opened: bool) -> None:
         if opened:

@@ -32,7 +32,15 @@ from broker.cluster.etcd import EtcdClient
 from broker.cluster.etcdproto import CompareCreate, CompareMod, OpPut
 from broker.cluster.view import ClusterKeys, ClusterView, canonical
 
-__all__ = ["LeaderInfo", "campaign", "change_isr", "ever_led", "holds_majority", "in_sync_set", "leader_of", "majority"]
+__all__ = [
+    "NO_LEADER", "LeaderInfo", "campaign", "change_isr", "ever_led", "holds_majority", "in_sync_set", "leader_of",
+    "majority",
+]
+
+
+#: the owner a node names for a quorum queue it knows no serving leader of (never a
+#: node's name: the queue is not served here either)
+NO_LEADER = "(no leader)"
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,12 @@ expire the lease (and another process may take the name) before this node hears 
 it. So the node counts itself out at ``last acknowledged keepalive + TTL - margin``
 by its own monotonic clock, measured from when the acknowledged keepalive was *sent*
 (etcd renewed it later than that, never earlier). Past that instant it reports its
-membership as lost and registers afresh as soon as etcd answers; if by then another
-process holds the name, this one must not serve: :class:`NodeNameTaken` ends it.
+membership as lost, and goes on renewing the same lease: when etcd answers that it
+still has it, the lease never expired there, so nothing it holds (the node's key, a
+quorum queue's leadership) went to anyone else, and the node is a member again with
+it. When etcd answers that the lease is gone, the node registers afresh; if by then
+another process holds the name, this one must not serve: :class:`NodeNameTaken` ends
+it.
 """
 
 from __future__ import annotations
@@ -33,6 +37,9 @@ from broker.cluster.view import ClusterKeys
 __all__ = ["Membership", "NodeNameTaken"]
 
 log = logging.getLogger("ackbus.cluster")
+
+#: the first retry of a renewal etcd did not answer (then doubling)
+RETRY_FIRST_S = 0.1
 
 
 class NodeNameTaken(Exception):
@@ -108,14 +115,23 @@ class Membership:
         return True
 
     async def keep_alive(self, on_change: Any) -> None:
-        """Renew the lease every third of its TTL, forever; re-register after a loss.
+        """Renew the lease every third of its TTL, forever; re-register once etcd says
+        it is gone (see the module docstring). A renewal etcd did not answer is tried
+        again at once (from 0.1 s, doubling up to the third of the TTL while none
+        answers): the etcd client tries another endpoint first, and waiting the whole
+        third would leave the margin too thin for one unanswered call to cost nothing
+        (the lease counted lost, this node's leaderships with it).
         ``on_change(error or None)`` reports whether etcd answered."""
         interval = max(0.2, self.ttl_s / 3)
+        wait = interval
+        retry = RETRY_FIRST_S
+        counted_lost = False
         while True:
-            await trio.sleep(interval)
+            await trio.sleep(wait)
+            wait = interval
             sent = trio.current_time()
             try:
-                if self.lease == 0 or sent >= self.alive_until:
+                if self.lease == 0:
                     await self._rejoin()
                 else:
                     ttl = await self.client.lease_keepalive(self.lease)
@@ -123,16 +139,21 @@ class Membership:
                         log.warning("membership lease expired in etcd", extra={"fields": {"node": self.name}})
                         await self._rejoin()
                     else:
+                        if counted_lost:
+                            log.info("membership lease renewed: still held in etcd", extra={"fields": {"node": self.name}})
                         self.alive_until = sent + ttl - self.margin_s
+                counted_lost = False
             except EtcdUnavailable as exc:
                 on_change(exc.message)
-                if trio.current_time() >= self.alive_until and self.lease:
+                if trio.current_time() >= self.alive_until and not counted_lost:
                     log.warning("membership lease counted lost", extra={"fields": {"node": self.name}})
-                    self.lease = 0
+                    counted_lost = True
+                wait, retry = min(interval, retry), min(interval, retry * 2)
                 continue
             except EtcdError as exc:
                 on_change(exc.message)
                 continue
+            retry = RETRY_FIRST_S
             on_change(None)
 
     async def _rejoin(self) -> None:

@@ -21,10 +21,11 @@ from typing import Any
 import trio
 
 from broker.cluster.dead_letters import DeadLetterForwarding
-from broker.cluster.etcd import EtcdClient, parse_endpoints
+from broker.cluster.etcd import EtcdClient, WatchMoved, WatchStream, parse_endpoints
 from broker.cluster.etcdproto import EtcdError, EtcdUnavailable
 from broker.cluster.forget import forget_node, report_depths
 from broker.cluster.forward import Forwarder
+from broker.cluster.leader import NO_LEADER
 from broker.cluster.locks import ClusterLocks
 from broker.cluster.membership import Membership, NodeNameTaken
 from broker.cluster.mirror import CoreMirror
@@ -112,6 +113,7 @@ class ClusterNode:
         self.replication = Replication(self, data_dir) if data_dir is not None else None
         if self.replication is not None:
             self.mirror.holds = self.replication.holds
+        self.forwarder.serving = self.serving_node
 
     # ---------------------------------------------------------------------- running
 
@@ -193,25 +195,35 @@ class ClusterNode:
         await self._notify_seen()
 
     async def _watch(self) -> bool:
-        """Follow the watch until it fails (raises) or its history is gone (returns
-        True: resync)."""
+        """Follow the watch until it fails (raises), its history is gone (returns
+        True: resync), or etcd calls moved to another endpoint than the watch's
+        (returns False: watch there; a cut-off member's watch is silent, not closed,
+        and would leave the view stale, without a sign, until the cut heals)."""
         async with self.client.watch(self.keys.root, self.view.revision + 1) as stream:
-            async for batch in stream:
-                if batch.compacted:
-                    log.info("watch history compacted: resyncing", extra={"fields": {"revision": batch.compacted}})
-                    return True
-                if batch.canceled:
-                    raise EtcdUnavailable(f"etcd cancelled the watch: {batch.reason or 'no reason given'}")
-                self.note_etcd(None)
-                changes = self.view.apply(batch)
-                self._note_deaths(changes)
-                if changes:
-                    self.mirror.apply(changes, self.view)
-                    self.forwarder.routes.apply(changes, self.view)
-                    self.runtime.pump()
-                    if self.replication is not None:
-                        self.replication.changed()
-                await self._notify_seen()
+            try:
+                return await self._follow_watch(stream)
+            except WatchMoved as exc:
+                log.info("watching etcd elsewhere", extra={"fields": {"node": self.name, "why": str(exc)}})
+                return False
+
+    async def _follow_watch(self, stream: WatchStream) -> bool:
+        """Apply the watch's messages; True when its history is gone (resync)."""
+        async for batch in stream:
+            if batch.compacted:
+                log.info("watch history compacted: resyncing", extra={"fields": {"revision": batch.compacted}})
+                return True
+            if batch.canceled:
+                raise EtcdUnavailable(f"etcd cancelled the watch: {batch.reason or 'no reason given'}")
+            self.note_etcd(None)
+            changes = self.view.apply(batch)
+            self._note_deaths(changes)
+            if changes:
+                self.mirror.apply(changes, self.view)
+                self.forwarder.routes.apply(changes, self.view)
+                self.runtime.pump()
+                if self.replication is not None:
+                    self.replication.changed()
+            await self._notify_seen()
         return False
 
     def _note_deaths(self, changes: list[Any]) -> None:
@@ -277,11 +289,27 @@ class ClusterNode:
         d = self.view.get("queues", queue)
         if d is None:
             return None
-        owner = self.view.serving_node(queue, d)  # a quorum queue: its leader
+        owner = self.serving_node(queue, d)  # a quorum queue: its leader
         if owner is None:
-            return str(d.get("owner")), None
+            return NO_LEADER, None
         live = self.view.live_nodes().get(owner)
         return owner, (str(live["url"]) if live else None)
+
+    def serving_node(self, queue: str, d: dict[str, Any]) -> str | None:
+        """The node serving ``queue`` (definition ``d``) as far as this node can tell:
+        its owner; a quorum queue's leader, None while it has none. None too when the
+        leader key names this node but this node does not lead the queue: the key is
+        stale. This node's lease was counted lost (cut off from etcd, whose watch then
+        no longer updates the view, it stepped down), an earlier process of this node
+        wrote it, or the election was won a moment ago and the queue is not in the core
+        yet. Answering as a node that knows no leader (``queue_unavailable``, a
+        retryable ``503``) sends clients to another node, where the queue may already
+        have a new leader; routing the queue here would find no queue (``no_route``,
+        or an ack of a publish routed nowhere)."""
+        owner = self.view.serving_node(queue, d)
+        if owner == self.name and is_quorum(d) and (self.replication is None or not self.replication.holds(queue)):
+            return None
+        return owner
 
     def health(self) -> dict[str, Any]:
         """This node's cluster state, for /healthz."""

@@ -178,8 +178,12 @@ class PeerChannel:
                     if stuck.is_set():
                         reason = f"queue_unavailable: node {self.name!r} did not answer within {self.answer_timeout_s:g} s"
                     nursery.cancel_scope.cancel()
-        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError, h11.ProtocolError) as exc:
-            reason = f"queue_unavailable: the channel to node {self.name!r} failed: {exc}"
+        except* (OSError, trio.BrokenResourceError, trio.ClosedResourceError, h11.ProtocolError) as group:
+            # except*: a failure of the connection inside the nursery (a reset from a
+            # peer killed with bytes unread, in the read or in the writer task) comes
+            # out of it as a group; an ``except`` would let it through and take this
+            # whole node down with its peer
+            reason = f"queue_unavailable: the channel to node {self.name!r} failed: {_first_leaf(group)}"
         finally:
             self.fail_all(reason)
 
@@ -251,6 +255,14 @@ class PeerChannel:
                 continue
             if isinstance(event, (h11.EndOfMessage, h11.ConnectionClosed)):
                 return None
+
+
+def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The first exception of ``group`` that is not itself a group."""
+    found: BaseException = group
+    while isinstance(found, BaseExceptionGroup):
+        found = found.exceptions[0]
+    return found
 
 
 async def _cancel_when(event: trio.Event, scope: trio.CancelScope) -> None:

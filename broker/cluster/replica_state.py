@@ -36,10 +36,16 @@ class QueueReplica:
         self.isr_adding: set[str] = set()
 
 
-def replica_status(view: ClusterView, queue: str, d: dict[str, Any], replica: QueueReplica | None) -> dict[str, Any]:
-    """Quorum queue ``queue`` (definition ``d``) as this node sees it: etcd's word
-    (leader, epoch, in-sync set) and, with ``replica``, this node's copy."""
+def replica_status(
+    view: ClusterView, queue: str, d: dict[str, Any], replica: QueueReplica | None, me: str | None = None
+) -> dict[str, Any]:
+    """Quorum queue ``queue`` (definition ``d``) as this node (``me``) sees it: etcd's
+    word (leader, epoch, in-sync set) and, with ``replica``, this node's copy. A
+    leader key naming this node while it does not lead is shown as no leader (it is
+    stale: ``ClusterNode.serving_node``)."""
     leader = leader_of(view, queue)
+    if leader is not None and leader.node == me and (replica is None or replica.leading is None):
+        leader = None
     isr, _rev = in_sync_set(view, queue)
     replicas = list(d.get("replicas", []))
     side = replica.leading if replica is not None else None

@@ -489,4 +489,4 @@ class Replication:
 
     def status(self, queue: str, d: dict[str, Any]) -> dict[str, Any]:
         """A quorum queue's replication, as this node sees it."""
-        return replica_status(self.node.view, queue, d, self.queues.get(queue))
+        return replica_status(self.node.view, queue, d, self.queues.get(queue), self.me)

@@ -53,11 +53,6 @@ def test_cluster_allows_rabbitmq_as_peer_from_three_nodes() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.skip(
-    reason="in 1 of 4 quick runs one of the 3 failovers got no confirm within 90 s, cause not known "
-    "yet (docs/benchmarks.md); kept out of the suite until found: run `scripts/bench --cluster 3 "
-    "--peer rabbitmq --quick` by hand"
-)
 # bench.procs.run_workers leaves its workers' stdout pipes to the garbage collector
 # (the other bench tests run the benchmark in a subprocess, where nobody looks)
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")

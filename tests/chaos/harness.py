@@ -17,6 +17,7 @@ this process makes the namespaces before and removes them after, whatever happen
 from __future__ import annotations
 
 import json
+import os
 import random
 import signal
 import subprocess
@@ -27,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from tests.chaos.checker import check
-from tests.chaos.cluster import QUEUE, Cluster
-from tests.chaos.nemesis import nemesis
+from tests.chaos.cluster import LIBFAKETIME, QUEUE, Cluster
+from tests.chaos.nemesis import available_kinds, kinds_for, nemesis, select_kinds
 from tests.chaos.netns import (
     NetnsUnavailable,
     Topology,
@@ -42,21 +43,25 @@ __all__ = ["exit_on_sigterm", "run", "run_here"]
 
 
 def run(directory: Path, minutes: float, nodes: int = 3, publishers: int = 2, seed: int = 1, ttl_s: int = 3,
-        netns: bool | None = None) -> dict[str, Any]:
+        netns: bool | None = None, faults: list[str] | None = None) -> dict[str, Any]:
     """Run the fault test and return the checker's findings, with ``placement`` saying
     where it ran. ``netns``: True demands namespaces (raises :class:`NetnsUnavailable`
     with the reason when they cannot be made), False stays on loopback, None (the
-    default) uses them when they can be made."""
+    default) uses them when they can be made. ``faults``: only these kinds (None:
+    every kind the placement can make); ValueError when one cannot be made there."""
     reason = netns_unavailable_reason() if netns is not False else "not asked for"
     if netns and reason:
         raise NetnsUnavailable(reason)
+    select_kinds(available_kinds(not reason, os.path.exists(LIBFAKETIME)), faults)  # fail before starting anything
     if reason:
-        result = run_here(directory, minutes, nodes, publishers, seed, ttl_s, None)
+        result = run_here(directory, minutes, nodes, publishers, seed, ttl_s, None, faults)
         return {"placement": f"loopback (no partitions: {reason})", **result}
-    return {"placement": "network namespaces", **_run_in_namespaces(directory, minutes, nodes, publishers, seed, ttl_s)}
+    return {"placement": "network namespaces",
+            **_run_in_namespaces(directory, minutes, nodes, publishers, seed, ttl_s, faults)}
 
 
-def _run_in_namespaces(directory: Path, minutes: float, nodes: int, publishers: int, seed: int, ttl_s: int) -> dict[str, Any]:
+def _run_in_namespaces(directory: Path, minutes: float, nodes: int, publishers: int, seed: int, ttl_s: int,
+                       faults: list[str] | None) -> dict[str, Any]:
     removed = remove_leftovers()
     if removed:
         print(f"chaos: removed namespaces left by an earlier run: {', '.join(removed)}", file=sys.stderr)
@@ -69,7 +74,7 @@ def _run_in_namespaces(directory: Path, minutes: float, nodes: int, publishers: 
         topology.create()
         spec.write_text(json.dumps({
             "directory": str(directory), "minutes": minutes, "nodes": nodes, "publishers": publishers, "seed": seed,
-            "ttl_s": ttl_s, "out": str(out), "addresses": topology.addresses,
+            "ttl_s": ttl_s, "faults": faults, "out": str(out), "addresses": topology.addresses,
             "topology": {"members": topology.members, "prefix": topology.prefix},
         }))
         child = subprocess.Popen([*topology.exec_prefix(None), sys.executable, "-m", "tests.chaos.inside", str(spec)], cwd=str(ROOT))
@@ -99,17 +104,19 @@ def exit_on_sigterm() -> None:
 
 
 def run_here(directory: Path, minutes: float, nodes: int, publishers: int, seed: int, ttl_s: int,
-             topology: Topology | None) -> dict[str, Any]:
+             topology: Topology | None, faults: list[str] | None = None) -> dict[str, Any]:
     """Start the cluster (in ``topology``'s namespaces, this process in its hub; or
-    on loopback), run the workload and the nemesis for ``minutes``, heal, drain,
-    check."""
+    on loopback), run the workload and the nemesis (``faults``: only these kinds) for
+    ``minutes``, heal, drain, check."""
     rng = random.Random(seed)
     random.seed(seed)
     cluster = Cluster(directory, nodes, ttl_s, topology)
+    kinds_for(cluster, faults)  # ValueError before anything starts
     history = History()
     stop = threading.Event()
     chaos_stop = threading.Event()
-    chaos = threading.Thread(target=nemesis, args=(cluster, history, chaos_stop, max(5.0, ttl_s * 3.0), rng), daemon=True)
+    chaos = threading.Thread(target=nemesis, args=(cluster, history, chaos_stop, max(5.0, ttl_s * 3.0), rng, faults),
+                             daemon=True)
     try:
         cluster.start()
         first = next(iter(cluster.nodes.values()))

@@ -18,7 +18,8 @@ def main() -> int:
     spec = json.loads(Path(sys.argv[1]).read_text())
     topo = spec["topology"]
     topology = Topology(topo["members"], prefix=topo["prefix"], addresses=spec["addresses"])
-    result = run_here(Path(spec["directory"]), spec["minutes"], spec["nodes"], spec["publishers"], spec["seed"], spec["ttl_s"], topology)
+    result = run_here(Path(spec["directory"]), spec["minutes"], spec["nodes"], spec["publishers"], spec["seed"], spec["ttl_s"], topology,
+                      spec.get("faults"))
     Path(spec["out"]).write_text(json.dumps(result))
     return 0
 

@@ -18,7 +18,7 @@ Kinds (every one on loopback, the network ones only in namespaces):
   the leader from every other member, the other direction untouched.
 
 The kinds are taken in a shuffled round (each once before any twice), so a short run
-sees each.
+sees each; ``only`` (``scripts/chaos --faults split,kill``) restricts them.
 """
 
 from __future__ import annotations
@@ -31,25 +31,53 @@ import time
 from tests.chaos.cluster import Cluster
 from tests.chaos.workload import History
 
-__all__ = ["LEADER_FAULTS", "kinds_for", "nemesis"]
+__all__ = ["ALL_KINDS", "LEADER_FAULTS", "available_kinds", "kinds_for", "nemesis", "parse_kinds", "select_kinds"]
 
 LOCAL_KINDS = ("kill", "kill-follower", "pause", "wipe", "clock-jump", "etcd-pause", "etcd-kill")
 NETWORK_KINDS = ("isolate", "split", "one-way")
+ALL_KINDS = (*LOCAL_KINDS, *NETWORK_KINDS)
 #: faults after which the queue needs a new leader (failover times are theirs)
 LEADER_FAULTS = ("kill", "pause", "isolate", "split", "one-way")
 
 
-def kinds_for(cluster: Cluster) -> list[str]:
-    kinds = list(LOCAL_KINDS)
-    if cluster.clock_node is None:
-        kinds.remove("clock-jump")
-    if cluster.topology is not None:
-        kinds.extend(NETWORK_KINDS)
+def parse_kinds(text: str) -> list[str]:
+    """``"split,kill"`` as a list of fault kinds. Raises ValueError naming an unknown
+    one."""
+    kinds = [k.strip() for k in text.split(",") if k.strip()]
+    unknown = [k for k in kinds if k not in ALL_KINDS]
+    if unknown or not kinds:
+        raise ValueError(f"unknown fault kind(s) {', '.join(unknown) or '(none given)'}: choose from {', '.join(ALL_KINDS)}")
     return kinds
 
 
-def nemesis(cluster: Cluster, history: History, stop: threading.Event, every_s: float, rng: random.Random) -> None:
-    kinds = kinds_for(cluster)
+def available_kinds(network: bool, clock: bool) -> list[str]:
+    """The kinds a run can make: the network ones in namespaces only, ``clock-jump``
+    only with a clock node (libfaketime)."""
+    kinds = [k for k in LOCAL_KINDS if clock or k != "clock-jump"]
+    return kinds + list(NETWORK_KINDS) if network else kinds
+
+
+def kinds_for(cluster: Cluster, only: list[str] | None = None) -> list[str]:
+    """The kinds this cluster can be given (``only`` those, when given). Raises
+    ValueError when one of ``only`` cannot be made here."""
+    return select_kinds(available_kinds(cluster.topology is not None, cluster.clock_node is not None), only)
+
+
+def select_kinds(kinds: list[str], only: list[str] | None) -> list[str]:
+    """``kinds`` restricted to ``only`` (None: all). Raises ValueError when one of
+    ``only`` is not among ``kinds``."""
+    if only is None:
+        return kinds
+    missing = [k for k in only if k not in kinds]
+    if missing:
+        raise ValueError(f"fault kind(s) {', '.join(missing)} cannot be made here (network faults need namespaces, "
+                         "clock-jump needs libfaketime)")
+    return [k for k in kinds if k in only]
+
+
+def nemesis(cluster: Cluster, history: History, stop: threading.Event, every_s: float, rng: random.Random,
+            only: list[str] | None = None) -> None:
+    kinds = kinds_for(cluster, only)
     round_: list[str] = []
     while not stop.wait(every_s):
         if not round_:

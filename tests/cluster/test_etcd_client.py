@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from broker.cluster.etcd import EtcdClient, parse_endpoints
+from broker.cluster.etcd import EtcdClient, WatchMoved, parse_endpoints
 from broker.cluster.etcdproto import (
     CompareCreate,
     EtcdUnavailable,
@@ -22,6 +22,7 @@ from broker.cluster.etcdproto import (
     prefix_end,
     txn_body,
 )
+from tests.cluster.silent_proxy import SilentProxy
 from tests.support.broker import free_port
 from tests.support.etcd import EtcdProcess, require_etcd
 
@@ -166,3 +167,50 @@ async def test_a_kept_alive_connection_that_died_with_etcd_is_replaced(etcd: Etc
         assert (await client.get(b"/r/a"))[1] is not None  # no EtcdUnavailable on the first call
     finally:
         await client.aclose()
+
+
+async def test_a_call_with_no_answer_moves_the_next_call_and_the_watch_to_another_endpoint(etcd: EtcdProcess) -> None:
+    etcd_port = int(etcd.url.rsplit(":", 1)[1])
+    proxy = SilentProxy(etcd_port)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(proxy.serve)
+        client = EtcdClient(parse_endpoints(f"http://127.0.0.1:{proxy.port},{etcd.url}"), timeout_s=1)
+        other = EtcdClient(parse_endpoints(etcd.url))
+        try:
+            start = await client.put(b"/m/a", b"1")
+            assert client.preferred is client.endpoints[0]  # through the proxy
+            moved: list[BaseException] = []
+            seen: list[bytes] = []
+
+            async def follow() -> None:
+                async with client.watch(b"/m/", start) as stream:
+                    try:
+                        async for batch in stream:
+                            seen.extend(e.kv.value for e in batch.events)
+                    except WatchMoved as exc:
+                        moved.append(exc)
+
+            nursery.start_soon(follow)
+            with trio.fail_after(10):
+                while seen != [b"1"]:
+                    await trio.sleep(0.01)
+            proxy.silent = True  # the watch's member is cut off: its stream just stops
+            await other.put(b"/m/b", b"2")
+            with pytest.raises(EtcdUnavailable, match="no answer"):
+                await client.get(b"/m/b")  # sent, never answered: not repeated elsewhere
+            with trio.fail_after(5):
+                while not moved:
+                    await trio.sleep(0.01)  # the watch's read ended at once
+            assert seen == [b"1"] and "moved" in str(moved[0])
+            assert (await client.get(b"/m/b"))[1] is not None  # the next call went elsewhere
+            assert client.preferred is client.endpoints[1]
+            with trio.fail_after(10):
+                async with client.watch(b"/m/", start + 1) as stream:  # watched again there
+                    batch = await stream.__anext__()
+                    while not batch.events:
+                        batch = await stream.__anext__()
+            assert [e.kv.value for e in batch.events] == [b"2"]
+        finally:
+            await client.aclose()
+            await other.aclose()
+            nursery.cancel_scope.cancel()

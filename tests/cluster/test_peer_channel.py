@@ -1,8 +1,12 @@
-"""The forwarding channel's confirms, without sockets: a copy the owner routes to none
-of its queues (a quorum queue's leadership moved, or the queue was deleted, since this
-node routed the publish) must not be confirmed to the publisher as taken."""
+"""The forwarding channel: its confirms, without sockets (a copy the owner routes to
+none of its queues, a quorum queue's leadership moved or the queue deleted since this
+node routed the publish, must not be confirmed to the publisher as taken); and its
+end when the owner's connection is reset (a loopback socket): only the channel ends."""
 
 from __future__ import annotations
+
+import socket
+import struct
 
 import h11
 import orjson
@@ -50,3 +54,29 @@ async def test_a_copy_the_owner_routed_nowhere_is_a_nack() -> None:
 async def test_without_returns_every_ack_confirms() -> None:
     results = await _settled_after({"ev": "ack", "delivery_tag": 3, "multiple": True})
     assert results == [(True, None)] * 3
+
+
+async def _owner_that_resets(task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+    """A node killed (-9) with bytes unread: the kernel ends its connections with a
+    reset (RST), so the forwarding node's read fails with ECONNRESET, not an end."""
+    listener = (await trio.open_tcp_listeners(0, host="127.0.0.1"))[0]
+    async with listener:
+        task_status.started(listener.socket.getsockname()[1])
+        stream = await listener.accept()
+        await stream.receive_some(65536)  # the request head: the channel is open
+        await trio.sleep(0.2)  # publishes arrive, unread
+        stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        stream.socket.close()  # RST
+
+
+async def test_a_reset_from_a_killed_owner_nacks_what_waits_and_ends_only_the_channel() -> None:
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(_owner_that_resets)
+        channel = PeerChannel("a", f"http://127.0.0.1:{port}", origin="b", secret=None)
+        results: list[tuple[bool, str | None]] = []
+        channel.queue_publish("", "q", b"m", None, None, lambda ok, reason: results.append((ok, reason)))
+        with trio.fail_after(10):
+            await channel.serve()  # returns: a broken peer must not take this node down with it
+    assert channel.closed
+    assert results and results[0][0] is False, results
+    assert (results[0][1] or "").startswith("queue_unavailable: the channel to node 'a' failed: socket connection broken")
