@@ -56,6 +56,10 @@ COMPILED = [
     "broker/storage/framing.py",
     # the runtime's book of publishes waiting for their confirm (two calls a publish)
     "broker/runtime/confirms.py",
+    # a channel's received chunk: its lines split, decoded at once, runs of publishes and
+    # acks applied in one call, through the channel's commands
+    "broker/api/channel/chunk.py",
+    "broker/runtime/channelops.py",
     # the client's publish handle, pending window and confirm handling; its events
     "client/pending.py",
     "client/publisher.py",

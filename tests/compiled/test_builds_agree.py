@@ -1,8 +1,9 @@
 """The compiled build and the interpreted source do the same: the core's scenario
 (``tests/compiled/core_scenario.py``: publishes with deduplication, routing to durable,
 transient, bounded and fan-out queues, deliveries, acks, nacks, errors, durability and
-time) run under each build, in a process of its own, prints the same effects and
-answers, line for line.
+time) and the channel's (``tests/compiled/channel_scenario.py``: received blocks of op
+lines through the compiled per-chunk path into the core) run under each build, in a
+process of its own, print the same effects and answers, line for line.
 
 The compiled build's tree comes from ``ACKBUS_COMPILED_TREE`` (``scripts/test`` builds
 it and sets it); without it the test is skipped, saying so.
@@ -20,10 +21,10 @@ import pytest
 _HERE = Path(__file__).resolve().parent.parent.parent
 
 
-def _run(root: Path, seed: int, count: int) -> list[str]:
+def _run(root: Path, seed: int, count: int, scenario: str = "core_scenario") -> list[str]:
     env = {**os.environ, "PYTHONPATH": str(root), "PYTHONHASHSEED": "0"}
     result = subprocess.run(
-        [sys.executable, "-P", "-m", "tests.compiled.core_scenario", str(seed), str(count)],
+        [sys.executable, "-P", "-m", f"tests.compiled.{scenario}", str(seed), str(count)],
         cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=300,
     )
     assert result.returncode == 0, result.stderr[-2000:]
@@ -67,6 +68,30 @@ def test_the_core_does_the_same_in_both_builds(roots: tuple[Path, Path], seed: i
     interpreted = _run(source, seed, 3000)
     compiled = _run(tree, seed, 3000)
     assert len(interpreted) > 3000  # effects and answers were printed
+    for n, (a, b) in enumerate(zip(interpreted, compiled)):
+        assert a == b, f"line {n + 1} differs:\ninterpreted: {a}\ncompiled:    {b}"
+    assert len(interpreted) == len(compiled)
+
+
+def test_the_channel_path_is_compiled_in_the_tree(roots: tuple[Path, Path]) -> None:
+    """The compiled tree runs the per-chunk path as extension modules (else the test
+    below would compare the source with itself)."""
+    _source, tree = roots
+    result = subprocess.run(
+        [sys.executable, "-P", "-c",
+         "import broker.api.channel.chunk as c, broker.runtime.channelops as o; print(c.__file__, o.__file__)"],
+        cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, stdout=subprocess.PIPE, text=True, timeout=60,
+    )
+    assert all(path.endswith(".so") for path in result.stdout.split()), result.stdout
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_channel_path_does_the_same_in_both_builds(roots: tuple[Path, Path], seed: int) -> None:
+    source, tree = roots
+    interpreted = _run(source, seed, 1500, "channel_scenario")
+    compiled = _run(tree, seed, 1500, "channel_scenario")
+    assert sum(line.startswith("Deliver(") for line in interpreted) > 500  # publishes and acks went through
+    assert any(line.startswith("error ") for line in interpreted)
     for n, (a, b) in enumerate(zip(interpreted, compiled)):
         assert a == b, f"line {n + 1} differs:\ninterpreted: {a}\ncompiled:    {b}"
     assert len(interpreted) == len(compiled)

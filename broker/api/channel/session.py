@@ -81,6 +81,8 @@ class ServedChannel:
         #: bookkeeping through ``gateway``; ``views`` answers its questions.
         self.gateway = gateway if gateway is not None else CommandGateway(runtime)
         self.batch = self.gateway.batch()
+        #: The channel's publish and acks for the compiled per-chunk path (``chunk.py``).
+        self.channel_ops = self.gateway.channel_ops(channel_id)
         self.views = self.gateway.views
         #: What the channel's user may do (docs/security.md), and who it is (None: no
         #: users exist), for the per-user caps.

@@ -22,7 +22,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import UNSET, Meta, Raw, Struct, UnsetType
 
-__all__ = ["UNSET", "AckOp", "PublishOp", "decode_hot", "properties_dict"]
+__all__ = ["UNSET", "AckOp", "PublishOp", "decode_hot", "decoder", "properties_dict"]
 
 # Integers orjson decodes as ``int`` (larger ones become floats, which the general
 # path refuses or reads differently): the decoder refuses the rest, so they take
@@ -81,8 +81,9 @@ class AckOp(Struct, tag="ack", tag_field="op", forbid_unknown_fields=True):
     delivery_tags: list[_Int64] | UnsetType = UNSET
 
 
-_decoder = msgspec.json.Decoder(PublishOp | AckOp)
-_decode = _decoder.decode
+#: Decodes a line (or, ``decode_lines``, a block of lines) as a typed op.
+decoder = msgspec.json.Decoder(PublishOp | AckOp)
+_decode = decoder.decode
 _to_builtins = msgspec.to_builtins
 _BACKSLASH = 0x5C
 
