@@ -60,6 +60,8 @@ COMPILED = [
     # acks applied in one call, through the channel's commands
     "broker/api/channel/chunk.py",
     "broker/runtime/channelops.py",
+    # a channel's outbox encoded: deliveries as rows of deliveries events, their credit
+    "broker/api/channel/outbox.py",
     # the client's publish handle, pending window and confirm handling; its events
     "client/pending.py",
     "client/publisher.py",

@@ -9,7 +9,10 @@ The blocks are a seeded mix of what clients send: publishes to queues, a fan-out
 invalid, some too long); properties, headers, delays (some out of range),
 deadlines; acks of delivered tags one by one, ``multiple``, as ``delivery_tags``,
 and unknown; other ops, blank and non-ASCII lines (left to the general path, which
-this scenario only names). ``python -m tests.compiled.channel_scenario SEED COUNT``
+this scenario only names; some deliveries are nacked and redelivered as that path
+would). Each block's events for the channel are then encoded as its outbox would be
+(``broker/api/channel/outbox.py``), with and without ``deliveries`` batches, and the
+bytes printed. ``python -m tests.compiled.channel_scenario SEED COUNT``
 runs it in whichever build is imported; ``tests/compiled/test_builds_agree.py`` runs
 it under both and requires the same output. ``--measure``: nothing printed, the
 publishes and acks only (for timing the path).
@@ -26,6 +29,7 @@ import orjson
 
 from broker.api.channel.chunk import apply_typed, split_block
 from broker.api.channel.ops import echo_id
+from broker.api.channel.outbox import encode_outbox
 from broker.core import AccessRefused, Broker, Confirm, CoreConfig, ErrorReply
 from broker.runtime.channelops import ChannelOps
 from broker.runtime.confirms import PendingConfirms
@@ -73,7 +77,8 @@ def _publish(rng: random.Random, n: int) -> dict[str, Any]:
     op["routing_key"] = key
     body = "b" * (rng.choice([0, 1, 10, 100, 300]) if rng.random() < 0.98 else 301)
     if rng.random() < 0.2:
-        op["body_b64"] = base64.b64encode(body.encode()).decode() if rng.random() < 0.9 else "!!"  # (1 in 50)
+        raw = body.encode() if rng.random() < 0.7 else b"\xff\xfe" + body.encode()  # (not UTF-8)
+        op["body_b64"] = base64.b64encode(raw).decode() if rng.random() < 0.9 else "!!"  # (1 in 50)
     else:
         op["body"] = body
     if rng.random() < 0.5:
@@ -148,15 +153,23 @@ def run(seed: int, count: int, out: Any) -> None:
         except ErrorReply as exc:
             say(f"error {exc.code}: {exc}; echoes {echo_id(s.current_op) if s.current_op else None}")
             s.current_op = None
+        if delivered and rng.random() < 0.1:  # as the general path's nack would (redelivered)
+            core.nack(cid, delivered.pop(rng.randrange(len(delivered))), False, True)
         if rng.random() < 0.5:
             core.durable(core.last_lsn)
+        outbox: list[Any] = [{"ev": "ok", "id": n}] if rng.random() < 0.2 else []
         for effect in core.take_effects():
             if type(effect).__name__ == "Deliver":
                 delivered.append(effect.delivery_tag)
             elif isinstance(effect, Confirm):
                 book.confirmed(effect)
                 say(f"unconfirmed bytes {book.unconfirmed_bytes(cid)}")
+            if getattr(effect, "channel_id", None) == cid:
+                outbox.append(effect)
             say(effect)
+        if outbox:
+            data, credit = encode_outbox(outbox, n % 2 == 0)
+            say(f"outbox: {credit} credit, {data!r}")
     say(core.views.queue_info("q1"))
 
 

@@ -74,15 +74,17 @@ def test_the_core_does_the_same_in_both_builds(roots: tuple[Path, Path], seed: i
 
 
 def test_the_channel_path_is_compiled_in_the_tree(roots: tuple[Path, Path]) -> None:
-    """The compiled tree runs the per-chunk path as extension modules (else the test
+    """The compiled tree runs the per-chunk path and the outbox as extension modules (else the test
     below would compare the source with itself)."""
     _source, tree = roots
     result = subprocess.run(
         [sys.executable, "-P", "-c",
-         "import broker.api.channel.chunk as c, broker.runtime.channelops as o; print(c.__file__, o.__file__)"],
+         "import broker.api.channel.chunk as c, broker.runtime.channelops as o, broker.api.channel.outbox as b;"
+         "print(c.__file__, o.__file__, b.__file__)"],
         cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, stdout=subprocess.PIPE, text=True, timeout=60,
     )
-    assert all(path.endswith(".so") for path in result.stdout.split()), result.stdout
+    paths = result.stdout.split()
+    assert len(paths) == 3 and all(path.endswith(".so") for path in paths), result.stdout
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
