@@ -65,6 +65,7 @@ COMPILED = [
     # the client's publish handle, pending window and confirm handling; its events
     "client/pending.py",
     "client/publisher.py",
+    "client/publishing.py",
     "client/codec.py",
     "client/events.py",
 ]
