@@ -66,6 +66,9 @@ COMPILED = [
     "client/pending.py",
     "client/publisher.py",
     "client/publishing.py",
+    # the client's consume path: rows handed out as messages, their streams
+    "client/consumer.py",
+    "client/consumer_registry.py",
     "client/codec.py",
     "client/events.py",
 ]
