@@ -56,9 +56,19 @@ COMPILED = [
     "broker/storage/framing.py",
     # the runtime's book of publishes waiting for their confirm (two calls a publish)
     "broker/runtime/confirms.py",
+    # a channel's received chunk: its lines split, decoded at once, runs of publishes and
+    # acks applied in one call, through the channel's commands
+    "broker/api/channel/chunk.py",
+    "broker/runtime/channelops.py",
+    # a channel's outbox encoded: deliveries as rows of deliveries events, their credit
+    "broker/api/channel/outbox.py",
     # the client's publish handle, pending window and confirm handling; its events
     "client/pending.py",
     "client/publisher.py",
+    "client/publishing.py",
+    # the client's consume path: rows handed out as messages, their streams
+    "client/consumer.py",
+    "client/consumer_registry.py",
     "client/codec.py",
     "client/events.py",
     # the AMQP listener's one-pass reader of publishes and acks (sans-IO)

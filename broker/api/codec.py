@@ -28,7 +28,6 @@ from broker.core import (
 )
 
 __all__ = [
-    "delivery_row",
     "message_json",
     "event_json",
     "body_from_json",
@@ -58,29 +57,6 @@ def message_json(message: StoredMessage, delivery_count: int | None = None) -> d
     if delivery_count is not None:
         out["delivery_count"] = delivery_count
     return out
-
-
-def delivery_row(effect: Deliver) -> list[Any]:
-    """One delivery as a row of a ``deliveries`` event (docs/protocol.md, "Batched
-    deliveries"): ``[consumer_tag, delivery_tag, redelivered, delivery_count,
-    exchange, routing_key, properties, body]``, the body as text when it is UTF-8,
-    else ``{"b64": ...}``; the properties as in a ``deliver`` event."""
-    message = effect.message
-    body = message.body
-    text: Any
-    try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError:
-        text = {"b64": base64.b64encode(body).decode("ascii")}
-    properties = message.properties or {}
-    count = effect.delivery_count
-    if count:
-        properties = dict(properties)
-        properties["headers"] = {**(properties.get("headers") or {}), "x-delivery-count": count}
-    return [
-        effect.consumer_tag, effect.delivery_tag, effect.redelivered, count,
-        message.exchange, message.routing_key, properties, text,
-    ]
 
 
 def event_json(effect: Any) -> dict[str, Any]:

@@ -25,6 +25,8 @@ The interface, in full:
 * ``gateway.publish(...)`` / ``await gateway.publish_and_confirm(...)``: a publish
   from a channel (its confirm arrives as a ``Confirm`` effect on that channel), or a
   one-shot REST publish, which waits for its confirm (:class:`PublishOutcome`).
+  ``gateway.channel_ops(channel_id)``: a channel's publish and acks as one object
+  (``channelops.py``) for the channel's compiled per-chunk path, single node only.
 * Publishing blocked (``runtime.flow``, a memory or disk alarm: ``flow.py``): a publish
   waits here, once for every protocol. ``publish_and_confirm`` waits by itself; a
   channel awaits ``wait_publishable`` before its publish, and numbers and nacks one it
@@ -73,6 +75,7 @@ from broker.core import (
     NotFound,
     NotLockHolder,
 )
+from broker.runtime.channelops import ChannelOps
 from broker.runtime.confirms import PublishWaiter
 from broker.runtime.ports import ChannelSink, ForwardPlan
 from broker.runtime.runtime import BrokerRuntime, LockWait
@@ -196,6 +199,13 @@ class CommandGateway:
         )
         self.runtime.confirms.track(channel_id, tag, charge)
         return tag
+
+    def channel_ops(self, channel_id: int) -> ChannelOps:
+        """The channel's per-message commands as one object (:class:`ChannelOps`:
+        :meth:`publish` on a single node, and acks), which the compiled channel path
+        calls natively. Its publish does not forward: in cluster mode
+        (``runtime.cluster``) publishes go through :meth:`publish`."""
+        return ChannelOps(self._core, self.runtime.confirms, channel_id)
 
     def _forward(
         self,

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from broker.api.channel.session import BATCH_MAX_BYTES, ServedChannel
+from broker.api.channel.outbox import BATCH_MAX_BYTES
+from broker.api.channel.session import ServedChannel
 from broker.app import BrokerApp
 from broker.core import Deliver
 from broker.core.message import StoredMessage as Message
@@ -90,9 +91,6 @@ class _Outbox:
 
     def __init__(self, items: list[Any]) -> None:
         self.outbox, self.outbox_bytes, self.batch_deliveries = items, 0, True
-
-    def _encode_batched(self, batch: list[Any]) -> tuple[bytes, int]:
-        return ServedChannel._encode_batched(self, batch)  # type: ignore[arg-type]
 
 
 def test_a_run_of_deliveries_is_split_and_keeps_its_place() -> None:

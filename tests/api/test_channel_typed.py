@@ -1,8 +1,9 @@
-"""The channel's typed fast path (``broker/api/channel/typed.py``) against the general
-path: for any op line, applying it through the reader's fast path (falling back to
-the general path when the decoder declines) does exactly what the general path alone
-does: the same publish or ack handed to the core, or the same error (code, message)
-naming the same op."""
+"""The channel's typed fast path (``broker/api/channel/typed.py``, applied per chunk by
+``broker/api/channel/chunk.py``) against the general path: for any op line, and any
+block of lines, applying it as the reader does (runs of typed ops in one call, the
+other lines through the general path) does exactly what the general path alone does,
+line by line: the same publishes and acks handed to the core, or the same error
+(code, message) naming the same op."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from broker.api.channel import reader
+from broker.api.channel import chunk, reader
 from broker.api.channel.ops import echo_id
 from broker.api.channel.typed import AckOp, PublishOp, decode_hot
 from broker.api.codec import parse_op_line
@@ -52,8 +53,13 @@ class _Session:
         class Options:
             max_body_bytes = 300
 
+        class Flow:
+            blocked = False
+
         class Runtime:
             options = Options()
+            flow = Flow()
+            cluster = None
 
         class Batch:
             def run(self, command: Any) -> Any:
@@ -66,7 +72,21 @@ class _Session:
             def publish(self, *args: Any, **kwargs: Any) -> None:
                 session.calls.append(("publish", args, kwargs))
 
+        class ChannelOps:  # records as the gateway's publish and the core's ack do
+            def publish(self, exchange: str, routing_key: str, body: bytes, properties: Any, mandatory: bool,
+                        delay_s: Any, charge: int) -> None:
+                session.calls.append(("publish", (session.channel_id, exchange, routing_key, body, properties),
+                                      {"mandatory": mandatory, "delay_s": delay_s, "charge": charge}))
+
+            def ack(self, tag: Any, multiple: bool) -> None:
+                session.calls.append(("ack", (session.channel_id, tag, multiple), {}))
+
+            def ack_each(self, tags: list[int]) -> None:
+                for tag in tags:
+                    self.ack(tag, False)
+
         self.runtime, self.batch, self.gateway = Runtime(), Batch(), Gateway()
+        self.channel_ops = ChannelOps()
 
 
 def _drive(coro: Any) -> None:
@@ -87,11 +107,19 @@ def _general(s: Any, line: bytes) -> None:
         _drive(reader.apply(s, op))
 
 
-def _fast(s: Any, line: bytes) -> None:
-    typed = decode_hot(line)
-    if typed is not None and reader._apply_typed(s, typed, line):
-        return
-    _general(s, line)
+def _fast(s: Any, block: bytes) -> None:
+    """As the reader applies a block: runs of typed ops in one call, the rest general."""
+    lines, ops = chunk.split_block(block)
+    i = chunk.apply_typed(s, lines, ops, 0)
+    while i < len(lines):
+        _general(s, lines[i])
+        i = chunk.apply_typed(s, lines, ops, i + 1)
+
+
+def _general_lines(s: Any, block: bytes) -> None:
+    for line in block.split(b"\n"):
+        if line and not line.isspace():
+            _general(s, line)
 
 
 def _outcome(path: Any, line: bytes) -> tuple[Any, ...]:
@@ -111,6 +139,10 @@ def _echoed(s: _Session) -> tuple[bool, Any]:
 
 def _same(line: bytes) -> None:
     assert _outcome(_fast, line) == _outcome(_general, line), line
+
+
+def _same_block(block: bytes) -> None:
+    assert _outcome(_fast, block) == _outcome(_general_lines, block), block
 
 
 _scalars = st.one_of(
@@ -213,5 +245,23 @@ def test_the_hot_ops_take_the_fast_path(line: bytes, kind: type) -> None:
     dead code that the differential test above could not tell from none)."""
     assert type(decode_hot(line)) is kind
     s = _Session()
-    assert reader._apply_typed(s, decode_hot(line), line)  # type: ignore[arg-type]
+    lines, ops = chunk.split_block(line + b"\n" + line)
+    assert ops is not None and [type(op) for op in ops] == [kind, kind]  # one decode for the block
+    assert chunk.apply_typed(s, lines, ops, 0) == 2
     assert s.calls
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.one_of(_ops(), st.sampled_from([
+    b'{"op":"publish","routing_key":"q","body":"x"}', b'{"op":"ack","delivery_tag":3}',
+    b'{"op":"ack","delivery_tags":[1,2]}', b"", b"  ", b"\x0b", b'{"op":"qos","prefetch_count":1}',
+])), min_size=1, max_size=6))
+@example([b'{"op":"publish","body":"a"}', b"", b'{"op":"ack","delivery_tag":1}', b'{"op":"publish","body":"b"}'])
+@example([b'{"op":"publish","body":"a"}', b'{"op":"publish","exchange":"forbidden"}', b'{"op":"publish"}'])
+@example([b'{"op":"publish","body":"a"}', b'{"op":"publish","properties":{"headers":{}}}', b'{"op":"publish"}'])
+@example([b'{"op":"publish","body":"a"}', b"\x0b", b'{"op":"publish","body":"\\u00e9"}'])
+@example([b'{"op":"ack","delivery_tag":1}', b'{"op":"qos","prefetch_count":1}', b'{"op":"ack","delivery_tag":2}'])
+def test_a_block_does_what_its_lines_do_one_by_one(lines: list[bytes]) -> None:
+    """A chunk's block decoded at once (or, when any line is not a typed op, line by
+    line) and applied in runs does what applying its lines one by one does."""
+    _same_block(b"\n".join(lines))

@@ -120,6 +120,29 @@ def test_properties_are_checked_like_the_broker_does(bad: dict, exc: type[Except
         Properties.coerce(bad)
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(
+    st.sampled_from(["content_type", "headers", "delivery_mode", "priority", "message_id", "timestamp", "app_id",
+                     "expiration", "reply_to", "correlation_id", "type", "content_encoding", "unknown"]),
+    st.one_of(st.none(), st.text(max_size=5), st.integers(0, 255), st.dictionaries(st.text(max_size=3), st.integers())),
+))
+def test_wire_properties_are_the_dataclass_built_from_them(wire: dict) -> None:
+    """``from_json`` builds its instance without the dataclass's ``__init__``: it is
+    equal to (and hashes, compares and prints as) the one built with it."""
+    try:
+        built = Properties.from_json(wire)
+    except ProtocolError:
+        return
+    fields = {k: v for k, v in wire.items() if k != "unknown" and v is not None}
+    expected = Properties(**fields)
+    assert built == expected and repr(built) == repr(expected)
+    assert built.to_json() == expected.to_json()
+    with pytest.raises(AttributeError):
+        built.priority = 1  # type: ignore[misc]  # still frozen
+    if "headers" not in fields:
+        assert hash(built) == hash(expected)
+
+
 def test_wrongly_typed_wire_properties_are_protocol_errors() -> None:
     with pytest.raises(ProtocolError):
         Properties.from_json({"priority": "high"})

@@ -1,10 +1,11 @@
 """The compiled build and the interpreted source do the same: the core's scenario
 (``tests/compiled/core_scenario.py``: publishes with deduplication, routing to durable,
 transient, bounded and fan-out queues, deliveries, acks, nacks, errors, durability and
-time) run under each build, in a process of its own, prints the same effects and
-answers, line for line; and the AMQP listener's frame reading
-(``tests/compiled/amqp_scenario.py``: seeded byte streams, whole and broken) gives the
-same events.
+time), the channel's (``tests/compiled/channel_scenario.py``: received blocks of op
+lines through the compiled per-chunk path into the core) and the AMQP listener's frame
+reading (``tests/compiled/amqp_scenario.py``: seeded byte streams, whole and broken)
+run under each build, in a process of its own, print the same effects, answers and
+events, line for line.
 
 The compiled build's tree comes from ``ACKBUS_COMPILED_TREE`` (``scripts/test`` builds
 it and sets it); without it the test is skipped, saying so.
@@ -83,6 +84,32 @@ def test_the_amqp_frame_reading_does_the_same_in_both_builds(roots: tuple[Path, 
     compiled = _run(tree, seed, 150, "amqp_scenario")
     assert sum(" Content(" in line for line in interpreted) > 1000  # publishes were read
     assert sum(" Acks(" in line for line in interpreted) > 100
+    for n, (a, b) in enumerate(zip(interpreted, compiled)):
+        assert a == b, f"line {n + 1} differs:\ninterpreted: {a}\ncompiled:    {b}"
+    assert len(interpreted) == len(compiled)
+
+
+def test_the_channel_path_is_compiled_in_the_tree(roots: tuple[Path, Path]) -> None:
+    """The compiled tree runs the per-chunk path and the outbox as extension modules (else the test
+    below would compare the source with itself)."""
+    _source, tree = roots
+    result = subprocess.run(
+        [sys.executable, "-P", "-c",
+         "import broker.api.channel.chunk as c, broker.runtime.channelops as o, broker.api.channel.outbox as b;"
+         "print(c.__file__, o.__file__, b.__file__)"],
+        cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, stdout=subprocess.PIPE, text=True, timeout=60,
+    )
+    paths = result.stdout.split()
+    assert len(paths) == 3 and all(path.endswith(".so") for path in paths), result.stdout
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_channel_path_does_the_same_in_both_builds(roots: tuple[Path, Path], seed: int) -> None:
+    source, tree = roots
+    interpreted = _run(source, seed, 1500, "channel_scenario")
+    compiled = _run(tree, seed, 1500, "channel_scenario")
+    assert sum(line.startswith("Deliver(") for line in interpreted) > 500  # publishes and acks went through
+    assert any(line.startswith("error ") for line in interpreted)
     for n, (a, b) in enumerate(zip(interpreted, compiled)):
         assert a == b, f"line {n + 1} differs:\ninterpreted: {a}\ncompiled:    {b}"
     assert len(interpreted) == len(compiled)

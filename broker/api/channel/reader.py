@@ -10,30 +10,23 @@ settling ops do not. Unknown ops and unknown fields are channel errors
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any
 
 import trio
 
+from broker.api.channel.chunk import apply_typed, split_block
 from broker.api.channel.ops import (
     OP_FIELDS,
     OPS,
     PUBLISH_FIELDS,
     SETTLE_OPS,
     ChannelClosed,
-    ack_each,
     check_fields,
     check_id,
     op_delay,
 )
 from broker.api.channel.session import ServedChannel
-from broker.api.channel.typed import (
-    UNSET,
-    AckOp,
-    PublishOp,
-    decode_hot,
-    properties_dict,
-)
-from broker.api.codec import body_from_b64, body_from_json, parse_op_line
+from broker.api.codec import body_from_json, parse_op_line
 from broker.api.fields import (
     DEFAULT_EXCHANGE_ALIAS,
     deadline_ms,
@@ -42,9 +35,7 @@ from broker.api.fields import (
 )
 from broker.core import (
     ChannelError,
-    ErrorReply,
     InvalidArgument,
-    check_delay,
     check_properties,
     delivery_cost,
 )
@@ -84,23 +75,23 @@ async def serve_reader(s: ServedChannel, request: Request) -> None:
                 block = chunk[:end]
                 pending = bytearray(chunk[end + 1 :])
             try:
-                for line in block.split(b"\n"):
-                    if line and not line.isspace():
-                        typed = decode_hot(line)
-                        # while publishing is blocked, publishes wait: the general path
-                        if typed is not None and not flow.blocked and _apply_typed(s, typed, line):
-                            continue
-                        op = parse_op_line(line)
-                        if op.get("op") == "publish":
-                            # apply()'s publish branch without a coroutine per message
-                            s.current_op = op
-                            if flow.blocked:
-                                await publish_when_allowed(s, op)
-                            else:
-                                publish(s, op)
-                            s.current_op = None
+                # runs of publishes and acks in one compiled call (chunk.py); each
+                # other line through the general path, in order
+                lines, ops = split_block(block)
+                i = apply_typed(s, lines, ops, 0)
+                while i < len(lines):
+                    op = parse_op_line(lines[i])
+                    if op.get("op") == "publish":
+                        # apply()'s publish branch without a coroutine per message
+                        s.current_op = op
+                        if flow.blocked:
+                            await publish_when_allowed(s, op)
                         else:
-                            await apply(s, op)
+                            publish(s, op)
+                        s.current_op = None
+                    else:
+                        await apply(s, op)
+                    i = apply_typed(s, lines, ops, i + 1)
             finally:
                 batch.flush()
             if s.closing_reason is not None:
@@ -214,48 +205,3 @@ def _decode_publish(s: ServedChannel, op: dict[str, Any]) -> tuple[str, str, byt
     if "deadline_ms" in op:
         deadline_ms(op["deadline_ms"], "deadline_ms")
     return exchange_name(exchange), routing_key, body, properties, mandatory
-
-
-def _apply_typed(s: ServedChannel, op: PublishOp | AckOp, line: bytes) -> bool:
-    """Apply a typed ``publish`` or ``ack`` (``broker.api.channel.typed``) as
-    :func:`publish` and the ``ack`` handler would, in the same order of checks; False
-    (nothing done) when the general path must take the line. An error raised here
-    is the general path's own, and names the op (its ``id`` is echoed)."""
-    try:
-        if type(op) is AckOp:
-            if s.relayed is not None:
-                return False  # cluster mode: its deliveries may be settled on other nodes
-            cid, tags = s.channel_id, op.delivery_tags
-            if tags is UNSET:
-                # a null tag goes to the core as the general path sends it (which refuses it)
-                tag = cast(int, None if op.delivery_tag is UNSET else op.delivery_tag)
-                multiple = op.multiple is True
-                s.batch.run(lambda core: core.ack(cid, tag, multiple))
-            elif op.delivery_tag is UNSET and op.multiple is UNSET:
-                s.batch.run(lambda core: ack_each(core, cid, tags))
-            else:
-                return False
-            s.current_op = None  # as after the general path's ack (which has no id)
-            return True
-        assert type(op) is PublishOp
-        properties = properties_dict(op.properties)
-        if properties is UNSET or op.deadline_ms is not UNSET:
-            return False
-        exchange = op.exchange
-        s.access.require("publish", exchange or DEFAULT_EXCHANGE_ALIAS)
-        body_b64 = op.body_b64
-        body = op.body.encode("utf-8", "surrogatepass") if body_b64 is UNSET else body_from_b64(body_b64)
-        max_body = s.runtime.options.max_body_bytes
-        if len(body) > max_body:
-            raise InvalidArgument(f"message body over {max_body} bytes", code="payload_too_large")
-        delay_s = op.delay_s
-        s.gateway.publish(
-            s.channel_id, exchange_name(exchange), op.routing_key, body, properties,
-            mandatory=op.mandatory, delay_s=None if delay_s is None else check_delay(delay_s),
-            charge=delivery_cost(body),
-        )
-        s.current_op = None
-        return True
-    except ErrorReply:
-        s.current_op = parse_op_line(line)
-        raise

@@ -17,8 +17,8 @@ from typing import Any
 
 import trio
 
+from broker.api.channel.outbox import encode_outbox
 from broker.api.channel.relayed import RelayedConsumers
-from broker.api.codec import delivery_row, dumps_line, event_json
 from broker.api.permissions import ALLOW_ALL, Access
 from broker.core import (
     Broker,
@@ -57,9 +57,6 @@ FLUSH_TIMEOUT_S = 10.0
 #: (``Ackbus-Features: batches``: ``deliveries`` events and ``ack`` ops with
 #: ``delivery_tags``), announced back in ``open``.
 FEATURES = frozenset({"batches"})
-# Bodies (delivery_cost) past which a ``deliveries`` event is closed and the next
-# begins: keeps an event line far below a client's longest accepted line.
-BATCH_MAX_BYTES = 256 << 10
 
 
 class ServedChannel:
@@ -81,6 +78,8 @@ class ServedChannel:
         #: bookkeeping through ``gateway``; ``views`` answers its questions.
         self.gateway = gateway if gateway is not None else CommandGateway(runtime)
         self.batch = self.gateway.batch()
+        #: The channel's publish and acks for the compiled per-chunk path (``chunk.py``).
+        self.channel_ops = self.gateway.channel_ops(channel_id)
         self.views = self.gateway.views
         #: What the channel's user may do (docs/security.md), and who it is (None: no
         #: users exist), for the per-user caps.
@@ -329,53 +328,12 @@ class ServedChannel:
             self._grant(credit)
 
     def _take_outbox(self) -> tuple[bytes, int]:
-        """Empty the outbox into one chunk's bytes; also the delivery credit it uses."""
+        """Empty the outbox into one chunk's bytes; also the delivery credit it uses
+        (``outbox.encode_outbox``, compiled in the compiled build)."""
         batch = self.outbox
         self.outbox = []
         self.outbox_bytes = 0
-        if self.batch_deliveries:
-            return self._encode_batched(batch)
-        parts = []
-        credit = 0
-        for item in batch:
-            if type(item) is dict:
-                parts.append(dumps_line(item))
-            else:
-                parts.append(dumps_line(event_json(item)))
-                if type(item) is Deliver:
-                    credit += delivery_cost(item.message.body)
-        return b"".join(parts), credit
-
-    def _encode_batched(self, batch: list[Any]) -> tuple[bytes, int]:
-        """:meth:`_take_outbox`'s encoding when the client takes ``deliveries``
-        events: each run of consecutive deliveries is one event (split past
-        ``BATCH_MAX_BYTES``), everything else one event a line, in order."""
-        parts: list[bytes] = []
-        rows: list[Any] = []
-        credit = run_bytes = 0
-        for item in batch:
-            kind = type(item)
-            if kind is Deliver and item.lease_id is None:
-                cost = delivery_cost(item.message.body)
-                credit += cost
-                run_bytes += cost
-                rows.append(delivery_row(item))
-                if run_bytes >= BATCH_MAX_BYTES:
-                    parts.append(dumps_line({"ev": "deliveries", "d": rows}))
-                    rows, run_bytes = [], 0
-                continue
-            if rows:
-                parts.append(dumps_line({"ev": "deliveries", "d": rows}))
-                rows, run_bytes = [], 0
-            if kind is dict:
-                parts.append(dumps_line(item))
-            else:
-                parts.append(dumps_line(event_json(item)))
-                if kind is Deliver:
-                    credit += delivery_cost(item.message.body)
-        if rows:
-            parts.append(dumps_line({"ev": "deliveries", "d": rows}))
-        return b"".join(parts), credit
+        return encode_outbox(batch, self.batch_deliveries)
 
     def _grant(self, credit: int) -> None:
         """Give back the delivery credit of deliveries the socket took."""

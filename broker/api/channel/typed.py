@@ -17,12 +17,12 @@ for ASCII text is 255 bytes).
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 import msgspec
 from msgspec import UNSET, Meta, Raw, Struct, UnsetType
 
-__all__ = ["UNSET", "AckOp", "PublishOp", "decode_hot", "properties_dict"]
+__all__ = ["UNSET", "AckOp", "PublishOp", "decode_hot", "decoder"]
 
 # Integers orjson decodes as ``int`` (larger ones become floats, which the general
 # path refuses or reads differently): the decoder refuses the rest, so they take
@@ -81,9 +81,9 @@ class AckOp(Struct, tag="ack", tag_field="op", forbid_unknown_fields=True):
     delivery_tags: list[_Int64] | UnsetType = UNSET
 
 
-_decoder = msgspec.json.Decoder(PublishOp | AckOp)
-_decode = _decoder.decode
-_to_builtins = msgspec.to_builtins
+#: Decodes a line (or, ``decode_lines``, a block of lines) as a typed op.
+decoder = msgspec.json.Decoder(PublishOp | AckOp)
+_decode = decoder.decode
 _BACKSLASH = 0x5C
 
 
@@ -96,14 +96,3 @@ def decode_hot(line: bytes) -> PublishOp | AckOp | None:
     except (msgspec.DecodeError, RecursionError):
         return None
     return op
-
-
-def properties_dict(properties: PublishProperties | None) -> dict[str, Any] | None | UnsetType:
-    """The properties as the core takes them (None when empty), or ``UNSET`` when
-    they carry headers (the general path must take the line)."""
-    if properties is None:
-        return None
-    if properties.headers is not UNSET:
-        return UNSET
-    props: dict[str, Any] = _to_builtins(properties)
-    return props or None
