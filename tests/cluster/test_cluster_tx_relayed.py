@@ -8,6 +8,7 @@ owner lost before the commit fails it with a channel error. Over the channel pro
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -114,7 +115,7 @@ def test_amqp_relayed_acks_in_a_transaction_wait_for_the_commit(two: tuple[Broke
         amqp.basic_ack(4)
         amqp.tx_commit()  # (answers once b has committed it: after the rolled back ack)
         assert counts("qb") == (2, 1)
-        # mixed: a multiple ack up to the relayed tag... of a's tag 3: 1 and 3 here, 2 on b
+        # mixed: a multiple ack up to a's tag 3: 1 and 3 here, the relayed 2 on b
         amqp.basic_ack(3, multiple=True)
         assert counts("qa") == (2, 2)
         amqp.tx_commit()
@@ -149,3 +150,30 @@ def test_an_owner_lost_before_the_commit_fails_it(two: tuple[BrokerProcess, Brok
         assert "node 'b'" in error["message"], error
     finally:
         ch.close()
+
+
+def test_amqp_a_relayed_consumers_acks_in_a_transaction(two: tuple[BrokerProcess, BrokerProcess, int]) -> None:
+    a, b, amqp_port = two
+    counts = _fill(a, b, 3)
+    conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", amqp_port, heartbeat=30))
+    try:
+        amqp = conn.channel()
+        amqp.tx_select()
+        got: list[Any] = []
+        amqp.basic_consume("qb", lambda _ch, method, _props, _body: got.append(method))
+        deadline = time.monotonic() + 15
+        while len(got) < 3 and time.monotonic() < deadline:
+            conn.process_data_events(time_limit=0.2)
+        assert len(got) == 3, got
+        tags = [m.delivery_tag for m in got]
+        amqp.basic_ack(tags[1], multiple=True)  # the first two
+        amqp.tx_rollback()
+        amqp.basic_ack(tags[2])
+        amqp.tx_commit()  # (answers once b has committed it: after the rolled back ack)
+        assert counts("qb") == (0, 2)
+        amqp.basic_ack(tags[1], multiple=True)
+        amqp.tx_commit()
+        assert counts("qb") == (0, 0)
+    finally:
+        if conn.is_open:
+            conn.close()
