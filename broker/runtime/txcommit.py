@@ -158,8 +158,8 @@ async def commit_across_nodes(
             failed.extend(await relayed.commit_held())
     if failed:
         raise ChannelError(
-            f"transaction committed only in part: this node's part is applied, but {len(failed)} share(s) "
-            f"sent to other nodes were not taken: {'; '.join(failed[:5])}",
+            "transaction committed only in part: this node's part is applied, but not all of its shares for "
+            f"other nodes were taken: {'; '.join(failed[:5])}",
             code="tx_incomplete",
         )
     return count + relayed_count
