@@ -136,3 +136,15 @@ def test_an_ended_relay_refuses_the_commit_before_anything_and_a_rollback_forget
     assert "nothing of it applied" in refused.value.message and "node 'c'" in refused.value.message
     assert held.rollback() == 2 and len(held) == 0 and not held.tags
     assert b.tags == {1: 1} and b.stream.sent == []  # nothing sent, nothing forgotten
+
+
+def test_a_settle_of_a_delivery_whose_relay_had_ended_refuses_the_commit() -> None:
+    held, _forgotten, _ended = _held()
+    held.add_lost(7, "b")
+    assert len(held) == 1 and held.tags == {7}
+    with pytest.raises(ChannelError) as refused:
+        held.check()
+    assert refused.value.code == "queue_unavailable"
+    assert "delivery tag 7 of node 'b'" in refused.value.message
+    assert held.rollback() == 1 and len(held) == 0
+    held.check()  # (rolled back: nothing left to refuse)

@@ -133,21 +133,32 @@ def test_amqp_relayed_acks_in_a_transaction_wait_for_the_commit(two: tuple[Broke
             conn.close()
 
 
-def test_an_owner_lost_before_the_commit_fails_it(two: tuple[BrokerProcess, BrokerProcess, int]) -> None:
-    a, b, amqp_port = two
-    _fill(a, b, 2)
+@pytest.mark.parametrize("ack_before_the_loss", [True, False])
+def test_an_owner_lost_before_the_commit_refuses_it(
+    two: tuple[BrokerProcess, BrokerProcess, int], ack_before_the_loss: bool,
+) -> None:
+    a, b, _amqp_port = two
+    counts = _fill(a, b, 1)
     ch = RawChannel(a.port)
     try:
-        tag = _get(ch, "qb")
         _op(ch, "tx_select")
-        ch.send({"op": "ack", "delivery_tag": tag})
+        ch.send({"op": "consume", "queue": "qb", "consumer_tag": "c", "prefetch": 1})
+        delivered = next(e for e in iter(ch.next_event, None) if e["ev"] == "deliver")
+        tag = delivered["delivery_tag"]
+        ch.send({"op": "publish", "routing_key": "qa", "body": "in the transaction"})
+        if ack_before_the_loss:
+            ch.send({"op": "ack", "delivery_tag": tag})
         b.kill()
+        # the relayed consumer is cancelled once a sees the connection to b lost
+        cancel = next(e for e in iter(ch.next_event, None) if e["ev"] == "cancel")
+        assert cancel["consumer_tag"] == "c" and "node 'b'" in cancel["reason"], cancel
+        if not ack_before_the_loss:
+            ch.send({"op": "ack", "delivery_tag": tag})
         ch.send({"op": "tx_commit"})
         error = _until(ch, "tx_commit")[1]
-        # seen lost before the commit: refused, nothing applied; lost while it is sent:
-        # partial. Either way an error naming b, and the channel ends
-        assert error["ev"] == "error" and error["error"] in ("queue_unavailable", "tx_incomplete"), error
-        assert "node 'b'" in error["message"], error
+        assert error["ev"] == "error" and error["error"] == "queue_unavailable", error
+        assert "nothing of it applied" in error["message"] and "node 'b'" in error["message"], error
+        assert counts("qa") == (1, 0)  # (the publish was not applied either)
     finally:
         ch.close()
 

@@ -115,7 +115,7 @@ class RelayedConsumers:
         self._by_consumer: dict[str, _Relay] = {}
         self._by_tag: dict[int, _Relay] = {}
         #: tags of relays that ended: settling them is a no-op (the owner requeued them)
-        self._gone: set[int] = set()
+        self._gone: dict[int, str] = {}  # (-> the owner)
         #: owner -> the channel this channel's gets of that node's queues go over
         self._getters: dict[str, _Relay] = {}
         #: the channel's user (``broker.api.auth.Principal``; None: no users), whose
@@ -302,7 +302,7 @@ class RelayedConsumers:
             del self._getters[relay.owner]
         for tag in relay.tags:
             self._by_tag.pop(tag, None)
-            self._gone.add(tag)
+            self._gone[tag] = relay.owner
 
     # --------------------------------------------------------------- settle
 
@@ -329,7 +329,7 @@ class RelayedConsumers:
         else:
             relay_or_none = self._by_tag.get(delivery_tag)
             if relay_or_none is None:
-                self._gone.discard(delivery_tag)
+                self._gone.pop(delivery_tag, None)
                 return  # its relay ended: the owner requeued it
             targets.append((relay_or_none, relay_or_none.tags[delivery_tag]))
             if op["op"] != "touch":
@@ -352,20 +352,22 @@ class RelayedConsumers:
     def _hold(self, op: dict[str, Any], delivery_tag: int, multiple: bool) -> None:
         """Hold a transaction's settle of relayed deliveries until the commit. A tag
         already settled in this transaction is an error at once (``unknown_delivery_tag``,
-        RabbitMQ's check); one whose relay ended is skipped, as outside a transaction
-        (its owner requeued it)."""
+        RabbitMQ's check); one whose relay ended (its owner requeued it) is noted, and
+        refuses the commit (a ``multiple`` one reaches the live relays only, as outside
+        a transaction)."""
         if multiple:
             for relay in [*self._by_consumer.values(), *self._getters.values()]:
                 mine = [tag for tag in relay.tags if tag <= delivery_tag and tag not in self.held.tags]
                 if mine:
                     self.held.add(relay, {**op, "delivery_tag": relay.tags[mine[-1]], "multiple": True}, mine)
             return
-        owner_of_tag = self._by_tag.get(delivery_tag)
-        if owner_of_tag is None:
-            return  # its relay ended: the owner requeued it
         if delivery_tag in self.held.tags:
             raise ChannelError(f"unknown delivery tag {delivery_tag}: settled earlier in this transaction",
                                code="unknown_delivery_tag")
+        owner_of_tag = self._by_tag.get(delivery_tag)
+        if owner_of_tag is None:  # its relay ended: the owner requeued it
+            self.held.add_lost(delivery_tag, self._gone.get(delivery_tag, "?"))
+            return
         self.held.add(owner_of_tag, {**op, "delivery_tag": owner_of_tag.tags[delivery_tag]}, [delivery_tag])
 
     def held_count(self) -> int:

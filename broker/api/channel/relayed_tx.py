@@ -70,16 +70,23 @@ class HeldRelayedSettles:
         self._forget_tag = forget_tag
         self._end_relay = end_relay
         self._held: list[_Held] = []
+        #: settled tags whose relay had already ended (-> its owner): they refuse the commit
+        self._lost: dict[int, str] = {}
         #: the tags they settle (a tag is settled at most once a transaction)
         self.tags: set[int] = set()
 
     def __len__(self) -> int:
-        return len(self._held)
+        return len(self._held) + len(self._lost)
 
     def add(self, relay: RelayLink, op: dict[str, Any], local_tags: list[int]) -> None:
         """Hold ``op`` for ``relay``'s owner, settling this channel's ``local_tags``."""
         self._held.append(_Held(relay, op, local_tags))
         self.tags.update(local_tags)
+
+    def add_lost(self, tag: int, owner: str) -> None:
+        """Note a settle of ``tag``, whose relay (to ``owner``) had already ended."""
+        self._lost[tag] = owner
+        self.tags.add(tag)
 
     def check(self) -> None:
         """Before the commit applies anything: raises ChannelError
@@ -87,8 +94,10 @@ class HeldRelayedSettles:
         relay (the connection to the owner was lost, or the consumer was cancelled:
         the owner requeued them), so that nothing of the transaction is applied."""
         lost = sorted({(h.relay.queue or "(get)", h.relay.owner, h.relay.end_reason) for h in self._held if h.relay.ended})
-        if lost:
-            why = "; ".join(f"queue {q!r} on node {o!r}: {r or 'relay ended'}" for q, o, r in lost)
+        whys = [f"queue {q!r} on node {o!r}: {r or 'relay ended'}" for q, o, r in lost]
+        whys += [f"delivery tag {tag} of node {owner!r}: its relay had ended" for tag, owner in sorted(self._lost.items())]
+        if whys:
+            why = "; ".join(whys)
             raise ChannelError(
                 "transaction not committed, nothing of it applied: deliveries it settles were requeued by their "
                 f"owner (their relayed consumer or get ended): {why}",
@@ -97,14 +106,15 @@ class HeldRelayedSettles:
 
     def rollback(self) -> int:
         """Forget them (the deliveries stay unacked on their owners); how many."""
-        count = len(self._held)
-        self._held, self.tags = [], set()
+        count = len(self)
+        self._held, self._lost, self.tags = [], {}, set()
         return count
 
     async def commit(self) -> list[str]:
         """Send each owner its share inside a transaction of the owner's channel and
         wait until every owner has committed it (durable there). Returns what failed
         (empty: all taken), each naming its node."""
+        assert not self._lost, "check() first"
         held, self._held, self.tags = self._held, [], set()
         by_relay: dict[int, tuple[RelayLink, list[dict[str, Any]]]] = {}
         for h in held:
