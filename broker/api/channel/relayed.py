@@ -114,8 +114,9 @@ class RelayedConsumers:
         self.cluster = cluster
         self._by_consumer: dict[str, _Relay] = {}
         self._by_tag: dict[int, _Relay] = {}
-        #: tags of relays that ended: settling them is a no-op (the owner requeued them)
-        self._gone: dict[int, str] = {}  # (-> the owner)
+        #: tags of relays that ended (-> the owner, which requeued them): settling one
+        #: is a no-op, except in a transaction, whose commit it refuses (:meth:`_hold`)
+        self._gone: dict[int, str] = {}
         #: owner -> the channel this channel's gets of that node's queues go over
         self._getters: dict[str, _Relay] = {}
         #: the channel's user (``broker.api.auth.Principal``; None: no users), whose
