@@ -353,7 +353,7 @@ async def _tx_select(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
 async def _tx_commit(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
     if not ch.tx:
         raise AMQPException(PRECONDITION_FAILED, "PRECONDITION_FAILED - channel is not transactional")
-    await s.bridge.gateway.tx_commit(ch.core_id)  # (in a cluster: forwarded to other owners too)
+    await s.bridge.gateway.tx_commit(ch.core_id, ch.relayed)  # (in a cluster: other owners' shares too)
     s.reply(ch, commands.Tx.CommitOk())
 
 
@@ -361,6 +361,8 @@ async def _tx_rollback(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
     if not ch.tx:
         raise AMQPException(PRECONDITION_FAILED, "PRECONDITION_FAILED - channel is not transactional")
     s.bridge.run(lambda core: core.tx_rollback(ch.core_id))
+    if ch.relayed is not None:  # cluster mode: its settles of relayed deliveries too
+        ch.relayed.rollback_held()
     s.reply(ch, commands.Tx.RollbackOk())
 
 

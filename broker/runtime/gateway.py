@@ -79,7 +79,7 @@ from broker.runtime.channelops import ChannelOps
 from broker.runtime.confirms import PublishWaiter
 from broker.runtime.ports import ChannelSink, ForwardPlan
 from broker.runtime.runtime import BrokerRuntime, LockWait
-from broker.runtime.txcommit import commit_across_nodes
+from broker.runtime.txcommit import RelayedSettles, commit_across_nodes
 
 __all__ = ["CommandBatch", "CommandGateway", "PublishOutcome"]
 
@@ -302,15 +302,16 @@ class CommandGateway:
 
     # ------------------------------------------------------ transactions
 
-    async def tx_commit(self, channel_id: int) -> int:
+    async def tx_commit(self, channel_id: int, relayed: RelayedSettles | None = None) -> int:
         """Commit a channel's transaction (``Broker.tx_commit``): the number of
         operations, once the commit is durable. In cluster mode its publishes that
-        reach queues of other nodes are forwarded to those owners at the commit, and
-        the answer waits for their confirms too (``broker.runtime.txcommit``)."""
+        reach queues of other nodes are forwarded to those owners at the commit, its
+        ``relayed`` settles (of deliveries from other nodes' queues) are sent to theirs,
+        and the answer waits for them too (``broker.runtime.txcommit``)."""
         cluster = self.runtime.cluster
         if cluster is None:
             return await self.run_durable(lambda core: core.tx_commit(channel_id))
-        return await commit_across_nodes(self.runtime, cluster, channel_id)
+        return await commit_across_nodes(self.runtime, cluster, channel_id, relayed)
 
     # --------------------------------------------------------- metadata
 

@@ -11,19 +11,28 @@ What a commit guarantees (docs/cluster.md, "Transactions"):
   leader), the commit is refused (``queue_unavailable``) and **nothing** of the
   transaction is applied, here or elsewhere.
 - Otherwise this node's part (its publishes and settles) is applied in one step, as on
-  a single node, and each other owner is sent its share; the commit answers once this
-  node's part is durable and every owner has answered.
+  a single node, and each other owner is sent its publishes; once this node's part is
+  durable and every publish is confirmed, each owner is sent the transaction's
+  settles of deliveries relayed from its queues (held by the channel's relays,
+  :class:`RelayedSettles`, and committed in one step there: a consumed message is
+  never acked before what was published in its stead is kept); the commit answers
+  once every owner has answered.
+- A settle of a relayed delivery whose relay has ended (the owner was lost, or the
+  consumer cancelled: the owner requeued it) refuses the commit likewise
+  (``queue_unavailable``), nothing applied.
 - An owner that refuses or fails between the routing and its answer leaves the commit
   **partial**: its publishes are nacked, the rest stays applied, and the commit answers
-  ``tx_incomplete`` naming them. RabbitMQ's transactions are not atomic across queues
-  either; ackbus says when it happened.
+  ``tx_incomplete`` naming them. The relayed settles are then not sent at all (the
+  channel ends with the error, and the owners requeue those deliveries); an owner
+  lost while committing them may or may not have applied them. RabbitMQ's
+  transactions are not atomic across queues either; ackbus says when it happened.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
@@ -31,12 +40,36 @@ from broker.core import ChannelError
 from broker.runtime.ports import ClusterPort
 from broker.runtime.runtime import BrokerRuntime
 
-__all__ = ["COMMIT_ANSWERS_WAIT_S", "commit_across_nodes"]
+__all__ = ["COMMIT_ANSWERS_WAIT_S", "RelayedSettles", "commit_across_nodes"]
 
 #: The longest a commit waits for the owners' answers to its forwarded publishes
 #: (the forwarding channel itself nacks one unanswered for the lease TTL, so this is
 #: only a backstop).
 COMMIT_ANSWERS_WAIT_S = 60.0
+
+
+class RelayedSettles(Protocol):
+    """A channel's settles of deliveries relayed from other nodes' queues that its
+    transaction holds (``broker.api.channel.relayed.RelayedConsumers``)."""
+
+    def held_count(self) -> int:
+        """How many the transaction holds."""
+        ...
+
+    def check_held(self) -> None:
+        """Raises ChannelError (``queue_unavailable``) when one can no longer be
+        applied; called before anything of the commit is applied."""
+        ...
+
+    def rollback_held(self) -> int:
+        """Forget them (the deliveries stay unacked on their owners); how many."""
+        ...
+
+    async def commit_held(self) -> list[str]:
+        """Send them to their owners and wait for their commits: what failed (empty:
+        all taken)."""
+        ...
+
 
 @dataclass(frozen=True)
 class _Forward:
@@ -69,11 +102,17 @@ def _plan(cluster: ClusterPort, channel_id: int, publishes: list[Any]) -> list[_
     return forwards
 
 
-async def commit_across_nodes(runtime: BrokerRuntime, cluster: ClusterPort, channel_id: int) -> int:
+async def commit_across_nodes(
+    runtime: BrokerRuntime, cluster: ClusterPort, channel_id: int, relayed: RelayedSettles | None = None,
+) -> int:
     """Commit ``channel_id``'s transaction, forwarding its publishes that reach other
-    nodes (see the module docstring); the number of operations."""
+    nodes and sending its ``relayed`` settles to their owners (see the module
+    docstring); the number of operations."""
     core = runtime.core
     forwards = _plan(cluster, channel_id, core.tx_publishes(channel_id))
+    relayed_count = relayed.held_count() if relayed is not None else 0
+    if relayed is not None and relayed_count:
+        relayed.check_held()
     before = core.last_lsn
     try:
         count = core.tx_commit(channel_id, {f.tag: len(f.owners) for f in forwards})
@@ -109,10 +148,18 @@ async def commit_across_nodes(runtime: BrokerRuntime, cluster: ClusterPort, chan
             await all_answered.wait()
         if waiting:
             failed.append(f"{waiting} forwarded publish(es) not answered within {COMMIT_ANSWERS_WAIT_S:g} s")
+    if relayed is not None and relayed_count:
+        # last, once every publish is durable where it went: a consumed message is
+        # never acked before what the transaction published in its stead is kept
+        if failed:
+            relayed.rollback_held()
+            failed.append(f"{relayed_count} settle(s) of relayed deliveries not sent (their owners requeue them)")
+        else:
+            failed.extend(await relayed.commit_held())
     if failed:
         raise ChannelError(
-            f"transaction committed only in part: this node's part is applied, but {len(failed)} forwarded "
-            f"publish(es) were not taken: {'; '.join(failed[:5])}",
+            "transaction committed only in part: this node's part is applied, but not all of its shares for "
+            f"other nodes were taken: {'; '.join(failed[:5])}",
             code="tx_incomplete",
         )
-    return count
+    return count + relayed_count

@@ -432,13 +432,15 @@ async def _op_tx_commit(s: ServedChannel, op: dict[str, Any]) -> None:
     """Apply the transaction in one step; answer once it is on disk (its publishes'
     confirms come first)."""
     cid = s.channel_id
-    count = await s.gateway.tx_commit(cid)  # (in a cluster: forwarded to other owners too)
+    count = await s.gateway.tx_commit(cid, s.relayed)  # (in a cluster: other owners' shares too)
     s.send_event(reply(op, "ok", op="tx_commit", operations=count))
 
 
 async def _op_tx_rollback(s: ServedChannel, op: dict[str, Any]) -> None:
     cid = s.channel_id
     count = s.batch.run(lambda core: core.tx_rollback(cid))
+    if s.relayed is not None:  # cluster mode: its settles of relayed deliveries too
+        count += s.relayed.rollback_held()
     s.send_event(reply(op, "ok", op="tx_rollback", operations=count))
 
 

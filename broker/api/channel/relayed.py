@@ -29,6 +29,11 @@ token's channel ends, and its relays with it.
 more channel to the owner, kept for this channel's gets of that node's queues: the
 message taken stays unacked there under the owner's tag until settled through this
 channel's tag, like a relayed consumer's delivery.
+
+In a transaction (the channel's ``tx_select``, AMQP's ``tx.select``) the acks, nacks and
+rejects of relayed deliveries are held, as the core holds those of local ones, until
+``tx_commit`` sends them to their owners or ``tx_rollback`` forgets them
+(:meth:`RelayedConsumers.settle` checks and holds them; ``relayed_tx.py`` the rest).
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from typing import Any, Final
 import trio
 
 from broker.api.auth import Principal
+from broker.api.channel.relayed_tx import HeldRelayedSettles
 from broker.api.permissions import Access
 from broker.cluster import PeerStream, PeerUnreachable
 from broker.core import ChannelError, ErrorReply, Unavailable
@@ -52,6 +58,8 @@ CONSUME_TIMEOUT_S: Final = 10.0
 _names = itertools.count(1)
 #: The owner's answers to a relayed consume or get.
 _ANSWERS: Final = frozenset({"consume_ok", "get_ok", "get_empty", "error"})
+#: The settles a transaction holds (``touch`` is never held, as on a local delivery).
+_HELD_OPS: Final = frozenset({"ack", "nack", "reject"})
 
 
 class _Relay:
@@ -72,6 +80,15 @@ class _Relay:
         self.no_ack = False
         #: deliveries that came before the client saw ``consume_ok`` (None: it has)
         self.held: list[dict[str, Any]] | None = []
+        #: the owner's channel is transactional (made so by this channel's first
+        #: commit with settles for it)
+        self.tx_selected = False
+        #: set when the owner answers a commit sent to it, or the relay ends
+        self.committed: trio.Event | None = None
+        #: the owner's answer to that commit (None: the relay ended first)
+        self.commit_answer: dict[str, Any] | None = None
+        #: why the relay ended
+        self.end_reason = ""
 
 
 class RelayedConsumers:
@@ -97,8 +114,9 @@ class RelayedConsumers:
         self.cluster = cluster
         self._by_consumer: dict[str, _Relay] = {}
         self._by_tag: dict[int, _Relay] = {}
-        #: tags of relays that ended: settling them is a no-op (the owner requeued them)
-        self._gone: set[int] = set()
+        #: tags of relays that ended (-> the owner, which requeued them): settling one
+        #: is a no-op, except in a transaction, whose commit it refuses (:meth:`_hold`)
+        self._gone: dict[int, str] = {}
         #: owner -> the channel this channel's gets of that node's queues go over
         self._getters: dict[str, _Relay] = {}
         #: the channel's user (``broker.api.auth.Principal``; None: no users), whose
@@ -107,6 +125,10 @@ class RelayedConsumers:
         self.principal = principal
         if principal is not None:
             principal.open_session(self)
+        #: the channel is transactional (it stays so until it ends)
+        self._transactional = False
+        #: the open transaction's settles of relayed deliveries
+        self.held = HeldRelayedSettles(lambda tag: self._by_tag.pop(tag, None), self._end)
 
     def remote_owner(self, queue: str) -> tuple[str, str | None] | None:
         """(owner, URL or None while down) when ``queue`` is another node's."""
@@ -175,7 +197,7 @@ class RelayedConsumers:
         """Pass the owner's events on until the relay ends (its stream is closed on
         every way out, the channel's own end included)."""
         try:
-            reason = await self._pass_events(relay)
+            reason = relay.end_reason = await self._pass_events(relay)
             relay.answered.set()
             if not relay.ended:
                 self._end(relay)
@@ -205,6 +227,9 @@ class RelayedConsumers:
                         return str(ev.get("reason") or "cancelled by the queue's owner")
                     elif kind == "active":
                         self.send_event(ev)
+                    elif kind == "ok" and ev.get("op") == "tx_commit" and relay.committed is not None:
+                        relay.commit_answer = ev
+                        relay.committed.set()
                     elif kind == "error":
                         return f"queue_unavailable: node {relay.owner!r}: {ev.get('message')}"
             except PeerUnreachable:
@@ -270,13 +295,15 @@ class RelayedConsumers:
     def _end(self, relay: _Relay) -> None:
         relay.ended = True
         relay.scope.cancel()
+        if relay.committed is not None:
+            relay.committed.set()  # (a commit waiting for it fails)
         if relay.consumer_tag:
             self._by_consumer.pop(relay.consumer_tag, None)
         elif self._getters.get(relay.owner) is relay:
             del self._getters[relay.owner]
         for tag in relay.tags:
             self._by_tag.pop(tag, None)
-            self._gone.add(tag)
+            self._gone[tag] = relay.owner
 
     # --------------------------------------------------------------- settle
 
@@ -286,7 +313,11 @@ class RelayedConsumers:
 
     async def settle(self, op: dict[str, Any], delivery_tag: int, multiple: bool) -> None:
         """Send ``op`` (an ack, nack, reject or touch) for the relayed deliveries it
-        names to their owners, with their tags."""
+        names to their owners, with their tags; in a transaction an ack, nack or
+        reject is held for the commit instead (:meth:`_hold`)."""
+        if op["op"] in _HELD_OPS and self._in_transaction():
+            self._hold(op, delivery_tag, multiple)
+            return
         targets: list[tuple[_Relay, int]] = []
         if multiple:
             for relay in [*self._by_consumer.values(), *self._getters.values()]:
@@ -299,7 +330,7 @@ class RelayedConsumers:
         else:
             relay_or_none = self._by_tag.get(delivery_tag)
             if relay_or_none is None:
-                self._gone.discard(delivery_tag)
+                self._gone.pop(delivery_tag, None)
                 return  # its relay ended: the owner requeued it
             targets.append((relay_or_none, relay_or_none.tags[delivery_tag]))
             if op["op"] != "touch":
@@ -310,6 +341,53 @@ class RelayedConsumers:
                 await relay.stream.send({**op, "delivery_tag": remote_tag, **({"multiple": True} if multiple else {})})
             except PeerUnreachable:
                 pass  # the relay ends by itself; the owner requeues
+
+    # ---------------------------------------------------------- transactions
+
+    def _in_transaction(self) -> bool:
+        if not self._transactional:  # (once transactional, a channel stays so)
+            info = self.gateway.views.channel_info(self.channel_id)
+            self._transactional = bool(info and info.get("transactional"))
+        return self._transactional
+
+    def _hold(self, op: dict[str, Any], delivery_tag: int, multiple: bool) -> None:
+        """Hold a transaction's settle of relayed deliveries until the commit. A tag
+        already settled in this transaction is an error at once (``unknown_delivery_tag``,
+        RabbitMQ's check); one whose relay ended (its owner requeued it) is noted, and
+        refuses the commit (a ``multiple`` one reaches the live relays only, as outside
+        a transaction)."""
+        if multiple:
+            for relay in [*self._by_consumer.values(), *self._getters.values()]:
+                mine = [tag for tag in relay.tags if tag <= delivery_tag and tag not in self.held.tags]
+                if mine:
+                    self.held.add(relay, {**op, "delivery_tag": relay.tags[mine[-1]], "multiple": True}, mine)
+            return
+        if delivery_tag in self.held.tags:
+            raise ChannelError(f"unknown delivery tag {delivery_tag}: settled earlier in this transaction",
+                               code="unknown_delivery_tag")
+        owner_of_tag = self._by_tag.get(delivery_tag)
+        if owner_of_tag is None:  # its relay ended: the owner requeued it
+            self.held.add_lost(delivery_tag, self._gone.get(delivery_tag, "?"))
+            return
+        self.held.add(owner_of_tag, {**op, "delivery_tag": owner_of_tag.tags[delivery_tag]}, [delivery_tag])
+
+    def held_count(self) -> int:
+        """How many settles of relayed deliveries the open transaction holds."""
+        return len(self.held)
+
+    def check_held(self) -> None:
+        """Before a commit applies anything (:meth:`HeldRelayedSettles.check`)."""
+        self.held.check()
+
+    def rollback_held(self) -> int:
+        """The transaction is rolled back: its held settles are forgotten (the
+        deliveries stay unacked on their owners); how many there were."""
+        return self.held.rollback()
+
+    async def commit_held(self) -> list[str]:
+        """The transaction is committed: its held settles go to their owners
+        (:meth:`HeldRelayedSettles.commit`); what failed."""
+        return await self.held.commit()
 
     async def qos(self, prefetch: int, global_: bool) -> None:
         """The channel's ``qos`` changed (already applied to its own consumers): a
@@ -340,6 +418,7 @@ class RelayedConsumers:
         """The channel ends: every relay ends (the owners requeue what is unacked)."""
         for relay in [*self._by_consumer.values(), *self._getters.values()]:
             self._end(relay)
+        self.rollback_held()  # (an open transaction ends with its channel)
         if self.principal is not None:
             self.principal.close_session(self)
             self.principal = None
