@@ -11,32 +11,10 @@ import trio
 import trio.testing
 
 from broker.app import BrokerApp
-from broker.core import Deliver, Effect
 from tests.api.test_rest_leases import get, publish, wait_parked
 from tests.core.helpers import ready_entries
 from tests.support.http import HTTPClient, open_memory_client
-
-
-class _Sink:
-    """A channel's sink that keeps what it is handed."""
-
-    def __init__(self) -> None:
-        self.effects: list[Effect] = []
-
-    def push(self, effect: Effect) -> None:
-        self.effects.append(effect)
-
-    def closing(self, reason: str) -> None:
-        pass
-
-    def shutdown(self) -> None:
-        pass
-
-    def flush_nowait(self) -> bool:
-        return False
-
-    def bodies(self) -> list[bytes]:
-        return [e.message.body for e in self.effects if isinstance(e, Deliver)]
+from tests.support.sink import RecordingSink
 
 
 def _lift(app: BrokerApp, queue: str, after_seq: int | None) -> None:
@@ -92,7 +70,7 @@ async def test_a_consumer_of_a_held_queue_is_handed_its_messages_when_the_hold_l
     core.declare_queue("q", durable=False)
     core.hold_deliveries("q", 0)
     channel = core.open_channel()
-    sink = _Sink()
+    sink = RecordingSink()
     runtime.add_sink(channel, sink)
     core.consume(channel, "q", consumer_tag="c")
     async with open_memory_client(broker_app) as publisher:

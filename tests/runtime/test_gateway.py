@@ -18,7 +18,6 @@ from broker.core import (
     REST_CHANNEL,
     Confirm,
     Deliver,
-    Effect,
     NotFound,
     Return,
     StoredMessage,
@@ -32,20 +31,7 @@ from broker.runtime import (
     RuntimeOptions,
 )
 from tests.support.fakewal import FakeWAL
-
-
-class Sink:
-    def __init__(self) -> None:
-        self.effects: list[Effect] = []
-
-    def push(self, effect: Effect) -> None:
-        self.effects.append(effect)
-
-    def closing(self, reason: str) -> None:
-        pass
-
-    def shutdown(self) -> None:
-        pass
+from tests.support.sink import RecordingSink
 
 
 def _runtime(*, wal: bool = False) -> tuple[BrokerRuntime, CommandGateway, FakeWAL | None]:
@@ -58,7 +44,7 @@ def _runtime(*, wal: bool = False) -> tuple[BrokerRuntime, CommandGateway, FakeW
 
 def _consumer(gateway: CommandGateway, queue: str) -> tuple[int, Sink]:
     channel_id = gateway.open_channel()
-    sink = Sink()
+    sink = RecordingSink()
     gateway.attach(channel_id, sink)
     gateway.run(lambda core: core.consume(channel_id, queue, consumer_tag="c"))
     return channel_id, sink
@@ -157,7 +143,7 @@ async def test_a_channel_publish_charges_its_channel_until_confirmed() -> None:
     gateway.run(lambda core: core.declare_queue("q", durable=True))
     runtime._on_durable(wal.last_lsn)
     channel_id = gateway.open_channel()
-    sink = Sink()
+    sink = RecordingSink()
     gateway.attach(channel_id, sink)
     for body in (b"a", b"bb"):
         gateway.publish(channel_id, "", "q", body, None, charge=100 + len(body))

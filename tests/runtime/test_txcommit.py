@@ -14,23 +14,10 @@ import pytest
 import trio
 import trio.testing
 
-from broker.core import ChannelError, Effect
+from broker.core import ChannelError
 from broker.runtime import BrokerRuntime, CommandGateway, ForwardPlan, RuntimeOptions
 from broker.runtime.txcommit import commit_across_nodes
-
-
-class _Sink:
-    def __init__(self) -> None:
-        self.effects: list[Effect] = []
-
-    def push(self, effect: Effect) -> None:
-        self.effects.append(effect)
-
-    def closing(self, reason: str) -> None:
-        pass
-
-    def shutdown(self) -> None:
-        pass
+from tests.support.sink import RecordingSink
 
 
 class _Cluster:
@@ -81,7 +68,7 @@ def _transaction(cluster: _Cluster) -> tuple[BrokerRuntime, CommandGateway, int]
     gateway = CommandGateway(runtime)
     gateway.run(lambda core: core.declare_queue("here", durable=False))
     cid = gateway.open_channel()
-    gateway.attach(cid, _Sink())
+    gateway.attach(cid, RecordingSink())
     gateway.run(lambda core: core.tx_select(cid))
     gateway.run(lambda core: core.publish(cid, "", "here", b"h", None))
     gateway.run(lambda core: core.publish(cid, "", "remote", b"r", None))
