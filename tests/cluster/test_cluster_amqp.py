@@ -7,6 +7,7 @@ consumers and gets over AMQP reach queues other nodes own (relayed from them).""
 from __future__ import annotations
 
 import collections
+import contextlib
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -39,14 +40,16 @@ class AMQPNode:
         return pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", self.amqp_port, heartbeat=30))
 
 
-@pytest.fixture
-def two(tmp_path: Path, etcd: EtcdProcess) -> Iterator[tuple[AMQPNode, AMQPNode]]:
+@contextlib.contextmanager
+def amqp_nodes(tmp_path: Path, etcd: EtcdProcess, extra: tuple[str, ...] = ()) -> Iterator[tuple[AMQPNode, AMQPNode]]:
+    """Nodes ``a`` and ``b``, each with an AMQP port (and ``extra`` arguments), once
+    both are alive; stopped at the end."""
     started: list[BrokerProcess] = []
     out = []
     try:
         for name in ("a", "b"):
             port = free_port()
-            proc = node_process(tmp_path, etcd, name, extra=("--amqp-port", str(port)))
+            proc = node_process(tmp_path, etcd, name, extra=(*extra, "--amqp-port", str(port)))
             started.append(proc)
             proc.start()
             out.append(AMQPNode(proc, port))
@@ -55,6 +58,12 @@ def two(tmp_path: Path, etcd: EtcdProcess) -> Iterator[tuple[AMQPNode, AMQPNode]
     finally:
         for proc in started:
             proc.stop()
+
+
+@pytest.fixture
+def two(tmp_path: Path, etcd: EtcdProcess) -> Iterator[tuple[AMQPNode, AMQPNode]]:
+    with amqp_nodes(tmp_path, etcd) as nodes:
+        yield nodes
 
 
 def owners(node: BrokerProcess) -> dict[str, str]:

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from tests.cluster.conftest import cluster_nodes, node_process, wait_for
-from tests.cluster.test_cluster_amqp import AMQPNode, pump_until
-from tests.support.broker import BrokerProcess, free_port
+from tests.cluster.conftest import wait_for
+from tests.cluster.test_cluster_amqp import AMQPNode, amqp_nodes, pump_until
+from tests.support.broker import BrokerProcess
 from tests.support.etcd import EtcdProcess
 from tests.support.rawchannel import RawChannel
 
@@ -36,20 +36,8 @@ ALICE = _basic("alice", "alice-pw")
 
 @pytest.fixture
 def secured(tmp_path: Path, etcd: EtcdProcess) -> Iterator[tuple[AMQPNode, AMQPNode]]:
-    started: list[BrokerProcess] = []
-    out = []
-    try:
-        for name in ("a", "b"):
-            port = free_port()
-            proc = node_process(tmp_path, etcd, name, extra=("--cluster-secret", "s3cret", "--amqp-port", str(port)))
-            started.append(proc)
-            proc.start()
-            out.append(AMQPNode(proc, port))
-        wait_for("both alive", lambda: sum(n["alive"] for n in cluster_nodes(started[0]).values()) == 2)
-        yield out[0], out[1]
-    finally:
-        for proc in started:
-            proc.stop()
+    with amqp_nodes(tmp_path, etcd, extra=("--cluster-secret", "s3cret")) as nodes:
+        yield nodes
 
 
 def _setup(a: BrokerProcess, b: BrokerProcess, messages: int) -> None:
