@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.cluster.conftest import TTL_S, cluster_nodes, node_process, wait_for
+from tests.cluster.conftest import TTL_S, cluster_nodes, node_process, wait_for, wait_synced
 from tests.support.broker import BrokerProcess
 from tests.support.etcd import EtcdProcess
 
@@ -85,6 +85,7 @@ def test_a_dead_letter_waits_in_its_source_queue_until_the_target_node_took_it(n
     wait_for("m3 held in src", lambda: _queue(a, "src")["messages_unacked"] == 1)
     a.kill()
     b.start()
+    wait_synced(b)  # b's view read from etcd: it lists a (alive or not) from then on
     wait_for("a shown dead", lambda: not _alive(b, "a"), timeout_s=TTL_S + 10)
     a.start()
     assert _queue(a, "src")["messages_ready"] == 1  # kept across the crash
