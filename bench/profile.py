@@ -21,6 +21,7 @@ Examples::
     python -m bench.profile --op consume --count 100000 --prefetch 100 --sample
     python -m bench.profile --amqp                             # the AMQP port, pika worker
     python -m bench.profile --amqp --op consume --sample
+    python -m bench.profile --op consume --sample --keep /tmp/stacks   # and keep the raw stacks
 
 With ``--amqp`` the broker serves AMQP 0-9-1 too and the worker is the pika one of
 ``scripts/bench --peer rabbitmq --amqp`` (``bench/worker_rabbitmq.py``) against that
@@ -230,6 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sample", action="store_true", help="sample both processes with py-spy")
     parser.add_argument("--amqp", action="store_true",
                         help="the AMQP port with the pika worker (as scripts/bench --peer rabbitmq --amqp)")
+    parser.add_argument("--keep", type=Path, metavar="DIR",
+                        help="with --sample, also copy py-spy's raw stacks (broker.txt, client.txt) into DIR")
     args = parser.parse_args(argv)
     if args.sample and shutil.which("py-spy") is None:
         parser.error("--sample needs py-spy on PATH (pip install py-spy)")
@@ -257,6 +260,11 @@ def main(argv: list[str] | None = None) -> int:
         broker_us = broker_s / count * 1e6
         print(f"broker: {broker_us:.1f} µs of CPU per message")
         print(f"client: {client_s / count * 1e6:.1f} µs of CPU per message")
+        if args.sample and args.keep is not None:
+            args.keep.mkdir(parents=True, exist_ok=True)
+            for name in ("broker.txt", "client.txt"):
+                if (workdir / name).exists():
+                    shutil.copy(workdir / name, args.keep / name)
         if args.sample:
             for title, path, hops, cpu_us in (
                 ("broker", workdir / "broker.txt", AMQP_BROKER_HOPS if args.amqp else BROKER_HOPS, broker_us),

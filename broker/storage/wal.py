@@ -20,7 +20,11 @@ Theory of operation
   and fsynced on the calling (event loop) thread instead: for a lone publisher the
   thread hand-off costs as much as the fsync. 0 (the default) never does this, nor
   does a batch for which ``inline_allowed()`` (if given) says no: the owner keeps its
-  event loop free while that loop has other clients to serve.
+  event loop free while that loop has other clients to serve. A batch that is not to
+  be fsynced (lazy records, or a policy other than ``always``) and of at most
+  ``inline_write_max_bytes`` bytes is written on the event loop too, whatever
+  ``inline_allowed()`` says: a write into the page cache takes microseconds, the hand-off
+  to a thread and back tens of them (0, the default, never does this).
 * **Fsync policies** (:class:`FsyncPolicy`): ``always`` reports after the fsync (the only
   policy that survives power loss); ``interval=N`` reports after the write and fsyncs
   at most every N ms; ``never`` reports after the write and fsyncs only on
@@ -216,6 +220,7 @@ class WriteAheadLog:
         max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
         inline_max_records: int = 0,
         inline_allowed: InlineAllowed | None = None,
+        inline_write_max_bytes: int = 0,
         preallocate_bytes: int = DEFAULT_PREALLOCATE_BYTES,
         reserve_bytes: int = 0,
         fs: FileSystem | None = None,
@@ -263,6 +268,7 @@ class WriteAheadLog:
             lazy_sync_s=lazy_sync_s,
             inline_max_records=inline_max_records,
             inline_allowed=inline_allowed,
+            inline_write_max_bytes=inline_write_max_bytes,
         )
 
     @classmethod
@@ -280,6 +286,7 @@ class WriteAheadLog:
         retry_interval_s: float = DEFAULT_RETRY_INTERVAL_S,
         inline_max_records: int = 0,
         inline_allowed: InlineAllowed | None = None,
+        inline_write_max_bytes: int = 0,
         preallocate_bytes: int = DEFAULT_PREALLOCATE_BYTES,
         reserve_bytes: int = 0,
     ) -> WriteAheadLog:
@@ -303,6 +310,7 @@ class WriteAheadLog:
             max_record_bytes=recovery.max_record_bytes,
             inline_max_records=inline_max_records,
             inline_allowed=inline_allowed,
+            inline_write_max_bytes=inline_write_max_bytes,
             preallocate_bytes=preallocate_bytes,
             reserve_bytes=reserve_bytes,
             fs=recovery.fs,

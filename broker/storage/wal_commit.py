@@ -8,7 +8,9 @@ the active segment (``wal_segments.py``) and say so through ``on_durable(lsn)``.
   (policy permitting, in a worker thread), then reports the batch's last LSN. Whatever
   is appended meanwhile forms the next batch. A batch of at most
   ``inline_max_records`` that fits the active segment is written and fsynced on the
-  event loop instead, when ``inline_allowed()`` (if given) agrees.
+  event loop instead, when ``inline_allowed()`` (if given) agrees; so is a batch that
+  is not to be fsynced and of at most ``inline_write_max_bytes`` (a write into the page
+  cache costs less than the thread hand-off).
 * **Write groups.** A batch is one group (``group.py``): a header carrying
   ``synced_lsn``, the highest LSN fsynced before it, then the frames; a batch over
   16 MiB is several groups, in the same write.
@@ -103,6 +105,7 @@ class GroupCommitter:
         lazy_sync_s: float,
         inline_max_records: int,
         inline_allowed: InlineAllowed | None,
+        inline_write_max_bytes: int = 0,
     ) -> None:
         self._buffer = buffer
         self._files = files
@@ -117,6 +120,7 @@ class GroupCommitter:
         self._lazy_sync_s = lazy_sync_s
         self._inline_max_records = inline_max_records
         self._inline_allowed = inline_allowed
+        self._inline_write_max_bytes = inline_write_max_bytes
 
         start = buffer.last_lsn
         self._good_lsn = start  # last LSN written whole (and synced under "always")
@@ -262,11 +266,16 @@ class GroupCommitter:
         )
         active = self._files.active
         inline = (
-            last - first < self._inline_max_records
-            and active is not None
+            active is not None
             and active.size + GROUP_HEADER_BYTES + len(data) <= self._files.segment_max_bytes
             and len(data) <= GROUP_SPLIT_BYTES
-            and (self._inline_allowed is None or self._inline_allowed())
+            and (
+                (not do_sync and len(data) <= self._inline_write_max_bytes)
+                or (
+                    last - first < self._inline_max_records
+                    and (self._inline_allowed is None or self._inline_allowed())
+                )
+            )
         )
         synced = self.synced_lsn
         try:
@@ -274,7 +283,9 @@ class GroupCommitter:
                 # A small batch (a lone publisher's one record): write and fsync on
                 # this thread. Handing it to a worker thread and back costs more than
                 # the fsync itself (measured: ~150 us vs ~200 us here), and with so
-                # few records there is nothing to overlap the fsync with anyway.
+                # few records there is nothing to overlap the fsync with anyway. Or a
+                # batch that is only written (a consumer's delivery marks and
+                # settles): a write into the page cache is cheaper than the hand-off.
                 result = self._io_write(data, first, do_sync, batch.sizes, synced, batch.together)
             else:
                 result = await trio.to_thread.run_sync(

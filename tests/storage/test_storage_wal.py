@@ -121,6 +121,41 @@ async def test_inline_allowed_decides_whether_a_small_batch_stays_on_the_event_l
     assert [r[2] for r in records] == [b"a", b"b", b"c"]
 
 
+async def test_a_small_batch_that_is_not_fsynced_is_written_on_the_event_loop(
+    tmp_path: Path, recover_all: RecoverAll
+) -> None:
+    """A batch of lazy records (nothing waits for its fsync) of at most
+    ``inline_write_max_bytes`` is written on the event loop's thread even while
+    ``inline_allowed()`` says no; a batch to be fsynced, or a bigger one, goes to a
+    worker thread."""
+    events = Events()
+    wal = WriteAheadLog(
+        tmp_path, inline_max_records=8, inline_allowed=lambda: False, inline_write_max_bytes=1024,
+        **events.callbacks(),
+    )
+    threads: list[threading.Thread] = []
+    io_write = wal._committer._io_write
+
+    def recording_io_write(*args: Any) -> Any:
+        threads.append(threading.current_thread())
+        return io_write(*args)
+
+    wal._committer._io_write = recording_io_write  # type: ignore[method-assign]
+    async with serving(wal):
+        wal.append_nowait([(1, b"first")])  # opens the first segment: never inline
+        await events.wait_durable(1)
+        wal.append_nowait([(1, b"lazy")], lazy=True)
+        await events.wait_durable(2)
+        wal.append_nowait([(1, b"x" * 2000)], lazy=True)  # over inline_write_max_bytes
+        await events.wait_durable(3)
+        wal.append_nowait([(1, b"synced")])
+        await events.wait_durable(4)
+    on_loop = [t is threading.main_thread() for t in threads[:4]]
+    assert on_loop == [False, True, False, False]
+    _, records = recover_all(tmp_path)
+    assert [r[2] for r in records] == [b"first", b"lazy", b"x" * 2000, b"synced"]
+
+
 async def test_bad_records_are_rejected_whole_and_assign_no_lsn(tmp_path: Path) -> None:
     wal = WriteAheadLog(tmp_path, max_record_bytes=100)
     with pytest.raises(ValueError):
