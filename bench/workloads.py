@@ -33,7 +33,7 @@ from bench.harness import (
     kill_and_restart,
 )
 from bench.params import Params
-from bench.servers import AckbusServer, rss_bytes
+from bench.servers import AckbusServer, cpu_seconds, rss_bytes
 from bench.stats import Figure
 
 __all__ = ["Context", "WORKLOADS", "Workload", "all_figures"]
@@ -93,6 +93,9 @@ def _pipelined_figures(p: Params) -> list[Figure]:
                "WAL bytes/msg", False)
         for size in p.body_sizes
     ]
+    out.append(Figure("publish_pipelined/broker_cpu_us_per_msg", "publish_pipelined",
+                      "broker CPU per confirmed message, pipelined publish (every size and publisher count)",
+                      "broker CPU µs/msg", False))
     return out
 
 
@@ -104,6 +107,7 @@ def _pipelined_run(ctx: Context, server: Server) -> tuple[dict[str, float], dict
     thousands)."""
     p = ctx.params
     figures, extra = {}, {}
+    cpu_s, messages = 0.0, 0
     for size in p.body_sizes:
         wal_before, confirmed_total = server.wal_bytes_written(), 0
         for n in p.pipelined_procs:
@@ -111,8 +115,11 @@ def _pipelined_run(ctx: Context, server: Server) -> tuple[dict[str, float], dict
             queue = f"bench.pipe.{size}.{n}"
             spec = {"op": "publish_pipelined", "queues": [queue], "routing_key": queue, "size": size,
                     "duration_s": p.pipelined_duration_s, "window": p.pipelined_window}
+            cpu0 = cpu_seconds(server.pid)
             results = ctx.workers(server, [spec] * n, p.pipelined_duration_s + p.slack_s)
+            cpu_s += cpu_seconds(server.pid) - cpu0
             confirmed = sum(r["count"] for r in results)
+            messages += confirmed
             elapsed = max(r["elapsed_s"] for r in results)
             figures[f"publish_pipelined/{size}/x{n}/msgs_per_s"] = confirmed / elapsed
             extra[f"{size}/x{n}"] = results
@@ -121,7 +128,19 @@ def _pipelined_run(ctx: Context, server: Server) -> tuple[dict[str, float], dict
         if wal_before is not None and wal_after is not None and confirmed_total:
             figures[f"publish_pipelined/{size}/wal_bytes_per_msg"] = (wal_after - wal_before) / confirmed_total
             extra[f"{size}/wal"] = {"bytes_written": wal_after - wal_before, "messages": confirmed_total}
+    _broker_cpu_figure(figures, extra, "publish_pipelined", cpu_s, messages)
     return figures, extra
+
+
+def _broker_cpu_figure(
+    figures: dict[str, float], extra: dict[str, Any], workload: str, cpu_s: float, messages: int
+) -> None:
+    """The broker's CPU time (``/proc``, user + system) over a workload's timed steps
+    divided by the messages they handled: what a message costs the broker alone, apart
+    from the client that shares the machine with it."""
+    if messages and cpu_s == cpu_s:  # (NaN: the process was gone)
+        figures[f"{workload}/broker_cpu_us_per_msg"] = cpu_s * 1e6 / messages
+        extra["broker_cpu"] = {"cpu_s": cpu_s, "messages": messages}
 
 
 # --------------------------------------------------------------------------- 2b. in flight
@@ -193,21 +212,30 @@ def _consume_figures(p: Params) -> list[Figure]:
         )
         for size in p.body_sizes
         for prefetch in p.consume_prefetch
+    ] + [
+        Figure("consume/broker_cpu_us_per_msg", "consume",
+               "broker CPU per message consumed + acked (every size and prefetch; the fill left out)",
+               "broker CPU µs/msg", False),
     ]
 
 
 def _consume_run(ctx: Context, server: Server) -> tuple[dict[str, float], dict[str, Any]]:
     p = ctx.params
     figures, extra = {}, {}
+    cpu_s, messages = 0.0, 0
     for size in p.body_sizes:
         queues = {prefetch: f"bench.consume.{size}.p{prefetch}" for prefetch in p.consume_prefetch}
         ctx.status(f"consume: filling {len(queues)} × {p.consume_count:,} messages of {size_name(size)}")
         extra[f"{size}/fill"] = _fill(ctx, server, list(queues.values()), size, p.consume_count)
         for prefetch, queue in queues.items():
             ctx.status(f"consume {p.consume_count:,} × {size_name(size)}, prefetch {prefetch}")
+            cpu0 = cpu_seconds(server.pid)
             result = _drain(ctx, server, queue, p.consume_count, prefetch)
+            cpu_s += cpu_seconds(server.pid) - cpu0
+            messages += result["count"]
             figures[f"consume/{size}/prefetch{prefetch}/msgs_per_s"] = result["count"] / result["elapsed_s"]
             extra[f"{size}/prefetch{prefetch}"] = result
+    _broker_cpu_figure(figures, extra, "consume", cpu_s, messages)
     return figures, extra
 
 

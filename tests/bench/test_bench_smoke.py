@@ -57,6 +57,7 @@ def test_quick_run_yields_positive_figures(tmp_path: Path, capsys: pytest.Captur
     assert len(markdown) == 1
     text = markdown[0].read_text()
     assert text.startswith("| figure |") and "64 in flight per channel" in text and "WAL bytes/msg" in text
+    assert "broker CPU µs/msg" in text
     assert "pipelined publish (window 1000), 1 publisher, 100 B" in done.stdout
     if plot:
         assert png.read_bytes().startswith(b"\x89PNG")
