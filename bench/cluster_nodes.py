@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
@@ -54,9 +56,11 @@ class Cluster:
         self.pids: list[int] = []
 
     def __enter__(self) -> Cluster:
+        # The nodes run on this interpreter, from this tree: from a compiled build's tree
+        # (.build/compiled/<key>, which has no .venv of its own) they are compiled too.
         done = subprocess.run(
             [str(ROOT / "scripts" / "cluster"), "up", str(self.count), "--dir", str(self.dir)],
-            capture_output=True, text=True, timeout=180,
+            capture_output=True, text=True, timeout=180, env={**os.environ, "PYTHON": sys.executable},
         )
         for line in done.stdout.splitlines():  # "node-1 http://127.0.0.1:PORT pid PID"
             parts = line.split()
@@ -78,7 +82,7 @@ class Cluster:
     def __exit__(self, *exc: object) -> None:
         """Stop the nodes and etcd (by the PIDs in the directory), then remove it."""
         subprocess.run([str(ROOT / "scripts" / "cluster"), "down", "--dir", str(self.dir)],
-                       capture_output=True, timeout=120)
+                       capture_output=True, timeout=120, env={**os.environ, "PYTHON": sys.executable})
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
