@@ -87,6 +87,19 @@ async def test_append_assigns_consecutive_lsns_and_reports_them_durable(
     assert records == [(1, 1, b"a"), (2, 2, b"b"), (3, 3, b"c"), (4, 4, b"d")]
 
 
+def _record_io_threads(wal: WriteAheadLog) -> list[threading.Thread]:
+    """The thread each batch's write (and fsync) ran on, in order, from now on."""
+    threads: list[threading.Thread] = []
+    io_write = wal._committer._io_write
+
+    def recording_io_write(*args: Any) -> Any:
+        threads.append(threading.current_thread())
+        return io_write(*args)
+
+    wal._committer._io_write = recording_io_write  # type: ignore[method-assign]
+    return threads
+
+
 @pytest.mark.parametrize("allowed", [True, False])
 async def test_inline_allowed_decides_whether_a_small_batch_stays_on_the_event_loop(
     tmp_path: Path, recover_all: RecoverAll, allowed: bool
@@ -101,14 +114,7 @@ async def test_inline_allowed_decides_whether_a_small_batch_stays_on_the_event_l
 
     events = Events()
     wal = WriteAheadLog(tmp_path, inline_max_records=8, inline_allowed=inline_allowed, **events.callbacks())
-    threads: list[threading.Thread] = []
-    io_write = wal._committer._io_write
-
-    def recording_io_write(*args: Any) -> Any:
-        threads.append(threading.current_thread())
-        return io_write(*args)
-
-    wal._committer._io_write = recording_io_write  # type: ignore[method-assign]
+    threads = _record_io_threads(wal)
     async with serving(wal):
         for lsn, payload in enumerate([b"a", b"b", b"c"], start=1):
             wal.append_nowait([(1, payload)])
@@ -133,14 +139,7 @@ async def test_a_small_batch_that_is_not_fsynced_is_written_on_the_event_loop(
         tmp_path, inline_max_records=8, inline_allowed=lambda: False, inline_write_max_bytes=1024,
         **events.callbacks(),
     )
-    threads: list[threading.Thread] = []
-    io_write = wal._committer._io_write
-
-    def recording_io_write(*args: Any) -> Any:
-        threads.append(threading.current_thread())
-        return io_write(*args)
-
-    wal._committer._io_write = recording_io_write  # type: ignore[method-assign]
+    threads = _record_io_threads(wal)
     async with serving(wal):
         wal.append_nowait([(1, b"first")])  # opens the first segment: never inline
         await events.wait_durable(1)
