@@ -218,8 +218,10 @@ class GroupCommitter:
                             self._fail_buffered()
                 finally:
                     failed = self.failed
-                    await self._io.run(lambda: self._files.io_close_active(failed))
-                    self._io.stop()  # idle: we hold _io_lock
+                    try:
+                        await self._io.run(lambda: self._files.io_close_active(failed))
+                    finally:
+                        self._io.stop()  # idle: we hold _io_lock
                     self._reader.close()
                     self._closed = True
 
