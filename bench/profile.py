@@ -9,10 +9,10 @@ always``) and one client worker running one workload operation, and reports:
   for the whole run, each stack attributed to a *hop*: the first entry of
   :data:`BROKER_HOPS` / :data:`CLIENT_HOPS` one of whose names appears in the stack.
   A hop's share of the samples times the process's CPU per message estimates its
-  microseconds per message. Samples of threads parked in the trio thread cache, or
-  of the worker's handshake thread, are left out; a thread waiting in ``fdatasync``
-  is counted (py-spy sees a thread in a syscall as active), so the WAL thread's hop
-  is mostly waiting, not CPU.
+  microseconds per message. Samples of threads parked in the trio thread cache or in
+  the WAL's IO thread, or of the worker's handshake thread, are left out; a thread
+  waiting in ``fdatasync`` is counted (py-spy sees a thread in a syscall as active),
+  so the WAL thread's hop is mostly waiting, not CPU.
 
 Examples::
 
@@ -62,7 +62,8 @@ __all__ = ["AMQP_BROKER_HOPS", "BROKER_HOPS", "CLIENT_HOPS", "PIKA_CODE", "PIKA_
 #: name the runtime's calls into the core (``CommandGateway.publish``, the settling
 #: lambdas, ``_on_durable``, the pump, whose ``take_effects`` runs the core's
 #: deliveries). Stacks whose innermost frame is a parked worker thread
-#: (``WorkerThread._work``, nothing below it) or the worker's handshake are idle.
+#: (``WorkerThread._work`` or the WAL's ``IOThread._serve``, nothing below it) or the
+#: worker's handshake are idle.
 BROKER_HOPS: list[tuple[str, tuple[str, ...]]] = [
     ("WAL thread: write + fdatasync (mostly waiting)", ("_io_write", "_io_sync")),
     ("core: publish (checks, dedup, message, record, enqueue, confirm)",
@@ -128,7 +129,7 @@ PIKA_HOPS: list[tuple[str, tuple[str, ...]]] = [
     ("the workload's loop and confirm tracking", ("_fill", "settle", "_on_message", "ConfirmTracker")),
 ]
 PIKA_CODE = (" (pika/",)
-_IDLE_LEAVES = ("WorkerThread._work ", "wait_go ")
+_IDLE_LEAVES = ("WorkerThread._work ", "IOThread._serve ", "wait_go ")
 _OWN_CODE = (" (broker/", " (client/", " (bench/")
 
 

@@ -13,7 +13,8 @@ Theory of operation
   never reused, even if its record could not be written.
 * **Group commit.** ``append_nowait`` only frames the records and buffers them. A single
   writer task, :meth:`WriteAheadLog.serve`, waits until something is buffered, takes all
-  of it, writes it with one ``write`` and fsyncs once (``fdatasync``, in a worker thread),
+  of it, writes it with one ``write`` and fsyncs once (``fdatasync``, in the WAL's IO
+  thread, ``wal_thread.py``: one long-lived thread while :meth:`serve` runs),
   then calls ``on_durable(last_lsn)``. Whatever is appended during that write and fsync
   forms the next batch: under load, batches grow and fsyncs per record fall. A batch
   of at most ``inline_max_records`` records that fits the active segment is written
@@ -72,14 +73,15 @@ Theory of operation
   (``reserve.py``), a preallocated file of at least that size (twice the newest
   checkpoint if larger) that a checkpoint on a full disk deletes to make room. The
   writer makes it when it starts and again after segments were released, when idle.
-* **Cancellation.** IO runs in worker threads that are never abandoned: cancelling
+* **Cancellation.** IO runs in a thread and is never abandoned: cancelling
   :meth:`serve` waits for the current write/fsync to finish. A batch taken for writing
   but not yet handed to its thread is put back, so cancellation never loses a record.
 
 Where each part lives: :class:`WriteAheadLog` is the facade (the API the runtime's
 ``LogPort`` and the tests use) over three parts that own their state:
 ``wal_append.py`` (the append buffer and LSN counter), ``wal_commit.py`` (the writer
-task: group commit, fsync, the failed state and probes) and ``wal_segments.py`` (the
+task: group commit, fsync, the failed state and probes, with its IO thread in
+``wal_thread.py``) and ``wal_segments.py`` (the
 segment files, the active segment, rollover, preallocation, release, the space
 reserve). The policy is ``fsync_policy.py``; the formats written are ``segment.py``
 and ``group.py``.

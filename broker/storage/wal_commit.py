@@ -5,7 +5,7 @@ the active segment (``wal_segments.py``) and say so through ``on_durable(lsn)``.
 
 * **Group commit.** One writer task (:meth:`GroupCommitter.serve`) waits until
   something is buffered, takes all of it, writes it with one ``write`` and fsyncs once
-  (policy permitting, in a worker thread), then reports the batch's last LSN. Whatever
+  (policy permitting, in the WAL's IO thread), then reports the batch's last LSN. Whatever
   is appended meanwhile forms the next batch. A batch of at most
   ``inline_max_records`` that fits the active segment is written and fsynced on the
   event loop instead, when ``inline_allowed()`` (if given) agrees; so is a batch that
@@ -22,10 +22,15 @@ the active segment (``wal_segments.py``) and say so through ``on_durable(lsn)``.
   to its last good offset, later batches fail at once, and every ``retry_interval_s`` a
   probe tries a fresh segment whose header voids the failed LSNs; ``on_recovered()``
   when it works. After ``ENOSPC``, :meth:`sync` probes at once.
-* **Cancellation.** IO runs in worker threads that are never abandoned; a batch taken
-  but not yet handed to its thread is put back.
+* **The IO thread** (``wal_thread.py``): one long-lived thread, started by
+  :meth:`~GroupCommitter.serve` and stopped and joined when it ends or by
+  :meth:`~GroupCommitter.aclose`, runs the blocking calls; handing it a batch costs
+  less than ``trio.to_thread.run_sync`` (a thread from trio's cache, a context copy,
+  a scheduling round per call). IO while it is not running goes to trio's threads.
+* **Cancellation.** IO once handed to a thread is never abandoned; a batch taken but
+  not yet handed over is put back.
 
-All of it runs under one trio lock (``_io_lock``), and IO in one thread at a time
+All of it runs under one trio lock (``_io_lock``), and one IO call at a time
 (``limiter``): writes, fsyncs and probes are strictly ordered.
 """
 
@@ -52,6 +57,7 @@ from .reserve import is_disk_full
 from .segment import SegmentHeader
 from .wal_append import AppendBuffer
 from .wal_segments import SegmentFiles, fsync_segment
+from .wal_thread import IOThread
 
 __all__ = [
     "GroupCommitter",
@@ -138,9 +144,11 @@ class GroupCommitter:
         #: set when there is work: records buffered, the reserve wanted, closing
         self.wakeup = trio.Event()
         self._io_lock = trio.Lock()
-        # One IO thread at a time: writes, fsyncs and probes are strictly ordered, and the
+        # One IO call at a time: writes, fsyncs and probes are strictly ordered, and the
         # WAL never waits behind unrelated work in trio's shared default thread pool.
         self.limiter = trio.CapacityLimiter(1)
+        #: The WAL's own IO thread (``wal_thread.py``), running while :meth:`serve` does.
+        self._io = IOThread(self.limiter)
 
         self.bytes_written = 0
         self.records_written = 0
@@ -155,12 +163,19 @@ class GroupCommitter:
         if self.closing:
             raise WALClosed("the write-ahead log is closed")
         self._serving = True
+        self._io.start()
         try:
             task_status.started()
             while not self.closing:
                 await self._serve_once()
         finally:
             self._serving = False
+            # Stop the IO thread once no call is in flight (a sync() may hold the lock;
+            # its IO is never abandoned), so the join is immediate. aclose() may have
+            # stopped it already.
+            with trio.CancelScope(shield=True):
+                async with self._io_lock:
+                    self._io.stop()
 
     async def sync(self) -> int:
         """Write and fsync everything now (see ``WriteAheadLog.sync``)."""
@@ -202,9 +217,11 @@ class GroupCommitter:
                         if self.failed:
                             self._fail_buffered()
                 finally:
-                    await trio.to_thread.run_sync(
-                        self._files.io_close_active, self.failed, limiter=self.limiter
-                    )
+                    failed = self.failed
+                    try:
+                        await self._io.run(lambda: self._files.io_close_active(failed))
+                    finally:
+                        self._io.stop()  # idle: we hold _io_lock
                     self._reader.close()
                     self._closed = True
 
@@ -244,7 +261,7 @@ class GroupCommitter:
                 await self._sync_active()
             elif self._reserve_due():
                 files.reserve_wanted = False
-                in_place = await trio.to_thread.run_sync(files.io_ensure_reserve, limiter=self.limiter)
+                in_place = await self._io.run(files.io_ensure_reserve)
                 if self._on_reserve is not None:
                     self._on_reserve(in_place)
 
@@ -288,15 +305,10 @@ class GroupCommitter:
                 # settles): a write into the page cache is cheaper than the hand-off.
                 result = self._io_write(data, first, do_sync, batch.sizes, synced, batch.together)
             else:
-                result = await trio.to_thread.run_sync(
-                    self._io_write,
-                    data,
-                    first,
-                    do_sync,
-                    batch.sizes,
-                    synced,
-                    batch.together,
-                    limiter=self.limiter,
+                sizes = batch.sizes
+                together = batch.together
+                result = await self._io.run(
+                    lambda: self._io_write(data, first, do_sync, sizes, synced, together)
                 )
         except trio.Cancelled:
             # Raised only before the thread started: nothing was written. Put it back.
@@ -327,7 +339,7 @@ class GroupCommitter:
         """fsync the active segment (interval tick, sync(), close). Holds _io_lock."""
         target = self._good_lsn
         try:
-            duration = await trio.to_thread.run_sync(self._files.io_sync_active, limiter=self.limiter)
+            duration = await self._io.run(self._files.io_sync_active)
         except OSError as exc:
             logger.error(
                 "fsync of the write-ahead log failed: %s; LSNs %d..%d were reported durable "
@@ -367,7 +379,7 @@ class GroupCommitter:
                 self._retry_interval_s,
             )
         with trio.CancelScope(shield=True):
-            await trio.to_thread.run_sync(self._files.io_abandon_active, limiter=self.limiter)
+            await self._io.run(self._files.io_abandon_active)
         if first is not None and last is not None and self._on_failure is not None:
             self._on_failure(first, last, exc)
 
@@ -385,7 +397,7 @@ class GroupCommitter:
         next_lsn = self._buffer.last_lsn + 1
         header = SegmentHeader(next_lsn, void_from_lsn=self._good_lsn + 1)
         try:
-            await trio.to_thread.run_sync(self._files.io_probe, header, limiter=self.limiter)
+            await self._io.run(lambda: self._files.io_probe(header))
         except OSError as exc:
             self._failure = exc
             self._retry_at = trio.current_time() + self._retry_interval_s
