@@ -118,6 +118,9 @@ class SessionLink:
         self._splitter = splitter
         self._backlog = backlog
         self._out: deque[bytes] = deque()
+        # Ops queued so far, counting an ack merged into the queued ack before it: how
+        # the writer's coalescing sees that ops are still coming (see _coalesce).
+        self._queued = 0
         self._out_ready = anyio.Event()
         # True only while the writer is parked with nothing queued or left over: an
         # op may then be written directly (see the module docstring).
@@ -160,6 +163,7 @@ class SessionLink:
                 self._out_ready.set()
             return
         self._direct = False  # an op is queued: nothing may overtake it
+        self._queued += 1
         self._out.append(line)
         self._out_ready.set()
 
@@ -194,6 +198,7 @@ class SessionLink:
             line = encode_op({"op": "ack", "delivery_tags": tags})
             if extend:
                 out[-1] = line
+                self._queued += 1
             else:
                 self.send_nowait(line, direct=False)
             self._ack_list_line = line if out and out[-1] is line else None
@@ -201,6 +206,7 @@ class SessionLink:
         line = encode_op({"op": "ack", "delivery_tag": tag, "multiple": True})
         if self._ack_tail is not None and out and out[-1] is self._ack_tail:
             out[-1] = line
+            self._queued += 1
         else:
             self.send_nowait(line, direct=False)
         self._ack_tail = line if out and out[-1] is line else None
@@ -290,12 +296,13 @@ class SessionLink:
                     await anyio.sleep_forever()
                 self._out_ready = anyio.Event()
                 self._direct = exchange.can_write_nowait
+                parked_at = self._queued
                 try:
                     await self._out_ready.wait()
                 finally:
                     self._direct = False
                 if out:
-                    await self._coalesce()
+                    await self._coalesce(self._queued - parked_at)
                 continue
             batch: list[bytes] = []
             size = 0
@@ -305,16 +312,21 @@ class SessionLink:
                 size += len(line)
             await exchange.send(b"".join(batch))
 
-    async def _coalesce(self) -> None:
+    async def _coalesce(self, queued_while_parked: int) -> None:
         """Wait while ops may still be coming, so that one chunk carries many.
 
-        The writer has just been woken by a first op. Tasks producing ops right now (a
-        publishing loop, a consumer acking) queue more in the next scheduling rounds:
-        wait for them while the queue grows, up to ``COALESCE_ROUNDS`` rounds, until
-        two rounds in a row add nothing. But a lone op with no other task runnable
-        goes at once: nobody is about to queue another (its publisher awaits the
-        confirm, a paced producer sleeps), and waiting would only add latency (two
-        of the six passes of the run loop per one-at-a-time publish).
+        The writer has just been woken by a first op (``queued_while_parked`` ops were
+        queued since it parked). Tasks producing ops right now (a publishing loop, a
+        consumer acking) queue more in the next scheduling rounds: wait for them while
+        ops keep coming, up to ``COALESCE_ROUNDS`` rounds, until two rounds in a row
+        add nothing. Ops are counted as queued, not by the queue's length: an in-order
+        ack merged into the queued ``multiple`` ack before it (:meth:`send_ack`)
+        leaves the length at one, and judged by the length a consumer acking in order
+        had its acks sent every other round, a chunk per ~16 messages instead of one
+        per batch of deliveries. But a lone op with no other task runnable goes at
+        once: nobody is about to queue another (its publisher awaits the confirm, a
+        paced producer sleeps), and waiting would only add latency (two of the six
+        passes of the run loop per one-at-a-time publish).
 
         ``tasks_runnable`` does not count tasks still to run in the current batch: a
         producer among them that queues more right after this send just wakes the
@@ -323,14 +335,13 @@ class SessionLink:
         ops per chunk of pipelined publishing and acking (64 to 32 publishes, 29 to
         14 acks): with several ops queued the two quiet rounds stay.
         """
-        out = self._out
-        if len(out) <= 1 and not tasks_runnable():
+        if queued_while_parked <= 1 and not tasks_runnable():
             return
         quiet = 0
         for _ in range(COALESCE_ROUNDS):
-            queued = len(out)
+            queued = self._queued
             await anyio.lowlevel.cancel_shielded_checkpoint()
-            if len(out) != queued:
+            if self._queued != queued:
                 quiet = 0
                 continue
             quiet += 1
