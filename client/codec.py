@@ -47,7 +47,9 @@ __all__ = [
     "Return",
     "Deliver",
     "DeliverBatch",
+    "check_properties",
     "delivery_fields",
+    "delivery_row",
     "ConsumeOk",
     "ConsumerActive",
     "CancelOk",
@@ -391,6 +393,38 @@ def delivery_fields(row: Any) -> tuple[str, int, bool, int, str, str, Properties
     Raises:
         ProtocolError: not a row of eight values of the right types.
     """
+    consumer_tag, tag, redelivered, count, exchange, routing_key, props, data = delivery_row(row)
+    return consumer_tag, tag, redelivered, count, exchange, routing_key, Properties.from_json(props), data
+
+
+def check_properties(obj: object) -> dict[str, Any] | None:
+    """``obj`` checked as :meth:`Properties.from_json` checks it, without building the
+    :class:`Properties` (a delivery's are built when first read:
+    :attr:`client.consumer.Message.properties`).
+
+    Raises:
+        ProtocolError: ``obj`` is not an object or a known field has a wrong type.
+    """
+    if obj is None:
+        return None
+    if not isinstance(obj, dict):
+        raise ProtocolError(f"properties must be an object, got {type(obj).__name__}")
+    for field, value in obj.items():
+        kind = _PROPERTY_TYPES.get(field)
+        if kind is None or value is None:
+            continue
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise ProtocolError(f"property {field!r} has the wrong type: {value!r}")
+    return obj
+
+
+def delivery_row(row: Any) -> tuple[str, int, bool, int, str, str, dict[str, Any] | None, bytes]:
+    """:func:`delivery_fields` with the properties checked but left as received (for
+    :meth:`Properties.from_json`, when they are read).
+
+    Raises:
+        ProtocolError: not a row of eight values of the right types.
+    """
     try:
         consumer_tag, tag, redelivered, count, exchange, routing_key, props, body = row
     except (TypeError, ValueError):
@@ -406,7 +440,7 @@ def delivery_fields(row: Any) -> tuple[str, int, bool, int, str, str, Properties
         data = decode_body({"body_b64": body["b64"]})
     else:
         raise ProtocolError(_ROW)
-    return consumer_tag, tag, redelivered, count, exchange, routing_key, Properties.from_json(props), data
+    return consumer_tag, tag, redelivered, count, exchange, routing_key, check_properties(props), data
 
 
 @dataclass(frozen=True, slots=True)

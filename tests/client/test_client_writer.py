@@ -141,7 +141,8 @@ async def test_a_consumer_acking_in_order_is_coalesced(fake: FakeBroker) -> None
                 message = await messages.receive()
                 assert await message.ack()
             await anyio.wait_all_tasks_blocked()
-            # (COALESCE_ROUNDS bounds each wait: about 80 acks a chunk here; 9 chunks
-            # when the writer judged by the queue's length)
-            assert len(ack_writes(writes)) <= 3
+            # (COALESCE_ROUNDS bounds each wait: about 80 acks a chunk here; 7 to 13
+            # chunks when the writer judged by the queue's length, sent a lone op at
+            # once, and sent what came during a send with no wait)
+            assert len(ack_writes(writes)) <= 2
         assert fake.bodies("q") == [] and fake.queues["q"].unacked == 0
