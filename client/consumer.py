@@ -132,7 +132,7 @@ class Message:
     """
 
     __slots__ = (
-        "body", "properties", "exchange", "routing_key", "redelivered", "delivery_tag",
+        "body", "_properties", "_raw_properties", "exchange", "routing_key", "redelivered", "delivery_tag",
         "consumer_tag", "generation", "_settler", "_settled", "delivery_count",
     )
 
@@ -142,7 +142,7 @@ class Message:
         generation: int,
         *,
         body: bytes,
-        properties: Properties,
+        properties: Properties | None = None,
         exchange: str,
         routing_key: str,
         redelivered: bool,
@@ -150,10 +150,16 @@ class Message:
         consumer_tag: str,
         settled: bool = False,
         delivery_count: int = 0,
+        raw_properties: dict[str, Any] | None = None,
     ) -> None:
+        """``properties``, or ``raw_properties``: the wire object, already checked
+        (:func:`~client.codec.check_properties`), made :class:`Properties` when
+        first read. Building them is most of what handing out a delivery costs, and
+        many consumers never read them."""
         self.body = body
         self.delivery_count = delivery_count
-        self.properties = properties
+        self._properties = properties
+        self._raw_properties = raw_properties
         self.exchange = exchange
         self.routing_key = routing_key
         self.redelivered = redelivered
@@ -163,6 +169,17 @@ class Message:
         self.generation = generation
         self._settler = settler
         self._settled = settled
+
+    @property
+    def properties(self) -> Properties:
+        props = self._properties
+        if props is None:
+            props = self._properties = Properties.from_json(self._raw_properties)
+        return props
+
+    @properties.setter
+    def properties(self, value: Properties) -> None:
+        self._properties = value
 
     @property
     def message_id(self) -> str | None:

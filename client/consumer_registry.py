@@ -19,7 +19,7 @@ from typing import Any
 
 import anyio
 
-from .codec import Deliver, delivery_fields
+from .codec import Deliver, delivery_row
 from .consumer import Message, MessageStream
 from .errors import ChannelClosedByBroker, ClientError, ConnectionLost
 from .requester import Requester
@@ -236,12 +236,12 @@ class ConsumerRegistry:
         last_tag: str | None = None
         stream: MessageStream | None = None
         for row in rows:
-            consumer_tag, tag, redelivered, count, exchange, routing_key, properties, body = delivery_fields(row)
+            consumer_tag, tag, redelivered, count, exchange, routing_key, properties, body = delivery_row(row)
             if consumer_tag != last_tag:
                 last_tag, stream = consumer_tag, streams.get(consumer_tag)
             no_ack = stream is not None and stream.no_ack
             message = Message(
-                settler, generation, body=body, properties=properties, exchange=exchange,
+                settler, generation, body=body, raw_properties=properties, exchange=exchange,
                 routing_key=routing_key, redelivered=redelivered, delivery_count=count,
                 delivery_tag=tag, consumer_tag=consumer_tag, settled=no_ack,
             )

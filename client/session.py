@@ -79,6 +79,9 @@ COALESCE_ROUNDS = 8
 #: Most delivery tags in one ``ack`` op's ``delivery_tags`` (each extension of the
 #: queued op re-encodes it).
 ACK_LIST_MAX = 128
+# The ``multiple`` ack line, formatted rather than encoded from a dict (once per
+# message a consumer acks in order; the same bytes ``encode_op`` makes of an int tag).
+_MULTIPLE_ACK = b'{"op":"ack","delivery_tag":%d,"multiple":true}\n'
 
 
 class SessionEnded(Exception):
@@ -118,6 +121,11 @@ class SessionLink:
         self._splitter = splitter
         self._backlog = backlog
         self._out: deque[bytes] = deque()
+        # Ops queued so far, counting an ack merged into the queued ack before it: how
+        # the writer's coalescing sees that ops are still coming (see _coalesce).
+        self._queued = 0
+        # Only settling ops were queued since the writer last parked (see _coalesce).
+        self._settles_only = True
         self._out_ready = anyio.Event()
         # True only while the writer is parked with nothing queued or left over: an
         # op may then be written directly (see the module docstring).
@@ -140,13 +148,17 @@ class SessionLink:
     def alive(self) -> bool:
         return not self.ended.is_set()
 
-    def send_nowait(self, line: bytes, *, direct: bool = True) -> None:
+    def send_nowait(self, line: bytes, *, direct: bool = True, settling: bool = False) -> None:
         """Queue one encoded op line (no effect once the session is finishing), or,
         with ``direct``, write it at once when the writer is idle (see the module
         docstring). A connection found broken by that write ends the session (the op
-        is then lost with it, as a queued one would be)."""
+        is then lost with it, as a queued one would be). ``settling``: an ``ack``,
+        ``nack``, ``reject`` or ``touch``, which nobody waits on (never ``direct``;
+        see :meth:`_coalesce`)."""
         if self._finish or self.ended.is_set():
             return
+        if not settling:
+            self._settles_only = False
         if self._direct and direct:
             try:
                 leftover = self._exchange.write_nowait(line)
@@ -160,6 +172,7 @@ class SessionLink:
                 self._out_ready.set()
             return
         self._direct = False  # an op is queued: nothing may overtake it
+        self._queued += 1
         self._out.append(line)
         self._out_ready.set()
 
@@ -181,7 +194,7 @@ class SessionLink:
         out = self._out
         if floor != tag:
             if not self.batches:
-                self.send_op({"op": "ack", "delivery_tag": tag}, direct=False)
+                self.send_op({"op": "ack", "delivery_tag": tag}, direct=False, settling=True)
                 return
             # Out of order: acks queued back to back leave as one op listing them.
             tags = self._ack_list
@@ -194,20 +207,22 @@ class SessionLink:
             line = encode_op({"op": "ack", "delivery_tags": tags})
             if extend:
                 out[-1] = line
+                self._queued += 1
             else:
-                self.send_nowait(line, direct=False)
+                self.send_nowait(line, direct=False, settling=True)
             self._ack_list_line = line if out and out[-1] is line else None
             return
-        line = encode_op({"op": "ack", "delivery_tag": tag, "multiple": True})
+        line = _MULTIPLE_ACK % tag
         if self._ack_tail is not None and out and out[-1] is self._ack_tail:
             out[-1] = line
+            self._queued += 1
         else:
-            self.send_nowait(line, direct=False)
+            self.send_nowait(line, direct=False, settling=True)
         self._ack_tail = line if out and out[-1] is line else None
 
-    def send_op(self, op: dict[str, Any], *, direct: bool = True) -> None:
-        """Encode and queue one op (``direct``: see :meth:`send_nowait`)."""
-        self.send_nowait(encode_op(op), direct=direct)
+    def send_op(self, op: dict[str, Any], *, direct: bool = True, settling: bool = False) -> None:
+        """Encode and queue one op (``direct``, ``settling``: see :meth:`send_nowait`)."""
+        self.send_nowait(encode_op(op), direct=direct, settling=settling)
 
     def request(self, op: dict[str, Any], op_id: int) -> Reply:
         """Queue ``op`` with ``id`` = ``op_id`` and return the awaitable reply."""
@@ -279,6 +294,8 @@ class SessionLink:
     async def _write_loop(self) -> None:
         out = self._out
         exchange = self._exchange
+        # The ops queued now have had their coalescing wait (see below).
+        coalesced = False
         while True:
             if self._leftover:
                 leftover, self._leftover = self._leftover, b""
@@ -290,12 +307,22 @@ class SessionLink:
                     await anyio.sleep_forever()
                 self._out_ready = anyio.Event()
                 self._direct = exchange.can_write_nowait
+                parked_at = self._queued
+                self._settles_only = True
                 try:
                     await self._out_ready.wait()
                 finally:
                     self._direct = False
                 if out:
-                    await self._coalesce()
+                    await self._coalesce(self._queued - parked_at, self._settles_only)
+                    coalesced = True
+                continue
+            if not coalesced and self._settles_only:
+                # Only settling ops came while the last chunk was being sent: a consumer
+                # still acking. Let it add more, as after a park, rather than sending a
+                # chunk per pass of the run loop from here on.
+                coalesced = True
+                await self._coalesce(2, True)
                 continue
             batch: list[bytes] = []
             size = 0
@@ -303,18 +330,30 @@ class SessionLink:
                 line = out.popleft()
                 batch.append(line)
                 size += len(line)
+            self._settles_only = True
+            coalesced = False
             await exchange.send(b"".join(batch))
 
-    async def _coalesce(self) -> None:
+    async def _coalesce(self, queued_while_parked: int, settles_only: bool) -> None:
         """Wait while ops may still be coming, so that one chunk carries many.
 
-        The writer has just been woken by a first op. Tasks producing ops right now (a
-        publishing loop, a consumer acking) queue more in the next scheduling rounds:
-        wait for them while the queue grows, up to ``COALESCE_ROUNDS`` rounds, until
-        two rounds in a row add nothing. But a lone op with no other task runnable
-        goes at once: nobody is about to queue another (its publisher awaits the
-        confirm, a paced producer sleeps), and waiting would only add latency (two
-        of the six passes of the run loop per one-at-a-time publish).
+        The writer has just been woken by a first op (``queued_while_parked`` ops were
+        queued since it parked). Tasks producing ops right now (a publishing loop, a
+        consumer acking) queue more in the next scheduling rounds: wait for them while
+        ops keep coming, up to ``COALESCE_ROUNDS`` rounds, until two rounds in a row
+        add nothing. Ops are counted as queued, not by the queue's length: an in-order
+        ack merged into the queued ``multiple`` ack before it (:meth:`send_ack`)
+        leaves the length at one, and judged by the length a consumer acking in order
+        had its acks sent every other round, a chunk per ~16 messages instead of one
+        per batch of deliveries. But a lone op with no other task runnable goes at
+        once: nobody is about to queue another (its publisher awaits the confirm, a
+        paced producer sleeps), and waiting would only add latency (two of the six
+        passes of the run loop per one-at-a-time publish). Not when only settling ops
+        were queued (``settles_only``): nobody waits on them, and the consumer
+        settling them may well be among the tasks of this very pass, which
+        ``tasks_runnable`` does not see; sent at once, its acks left in a chunk per
+        one or two of its schedule points again. They wait the two quiet rounds (two
+        passes of the run loop with nothing else to do).
 
         ``tasks_runnable`` does not count tasks still to run in the current batch: a
         producer among them that queues more right after this send just wakes the
@@ -323,14 +362,13 @@ class SessionLink:
         ops per chunk of pipelined publishing and acking (64 to 32 publishes, 29 to
         14 acks): with several ops queued the two quiet rounds stay.
         """
-        out = self._out
-        if len(out) <= 1 and not tasks_runnable():
+        if queued_while_parked <= 1 and not settles_only and not tasks_runnable():
             return
         quiet = 0
         for _ in range(COALESCE_ROUNDS):
-            queued = len(out)
+            queued = self._queued
             await anyio.lowlevel.cancel_shielded_checkpoint()
-            if len(out) != queued:
+            if self._queued != queued:
                 quiet = 0
                 continue
             quiet += 1

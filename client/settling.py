@@ -69,7 +69,7 @@ class DeliverySettler:
             settle: dict[str, Any] = {"op": op, "delivery_tag": message.delivery_tag, "requeue": requeue}
             if delay_s:
                 settle["delay_s"] = delay_s
-            session.send_op(settle, direct=False)
+            session.send_op(settle, direct=False, settling=True)
         return True
 
     async def settle(self, message: Message, op: str, requeue: bool, delay_s: float | None = None) -> bool:
@@ -86,5 +86,5 @@ class DeliverySettler:
         session = self._delivering_session(message)
         if session is None:
             return False
-        session.send_op({"op": "touch", "delivery_tag": message.delivery_tag}, direct=False)
+        session.send_op({"op": "touch", "delivery_tag": message.delivery_tag}, direct=False, settling=True)
         return True

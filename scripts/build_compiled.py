@@ -69,7 +69,9 @@ COMPILED = [
     # the client's consume path: rows handed out as messages, their streams
     "client/consumer.py",
     "client/consumer_registry.py",
+    "client/settling.py",
     "client/codec.py",
+    "client/properties.py",
     "client/events.py",
     # the AMQP listener's one-pass reader of publishes and acks (sans-IO)
     "broker/amqp/hotpath.py",

@@ -145,3 +145,11 @@ async def test_out_of_order_acks_leave_as_delivery_tags_lists(mb: MemoryBroker) 
     sent = b"".join(bytes(s.sent) for s in streams)
     assert sent.count(b'"delivery_tags":[') < 99  # many acks to an op
     assert b'"delivery_tags":[100,99' in sent
+
+
+def test_the_formatted_multiple_ack_is_the_encoded_one() -> None:
+    from client.codec import encode_op
+    from client.session import _MULTIPLE_ACK
+
+    for tag in (1, 255, 2**31, 2**63 - 1):
+        assert _MULTIPLE_ACK % tag == encode_op({"op": "ack", "delivery_tag": tag, "multiple": True})

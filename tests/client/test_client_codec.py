@@ -227,3 +227,33 @@ def test_a_deliveries_event_and_its_rows() -> None:
             delivery_fields(bad)
     with pytest.raises(ProtocolError):
         decode_event(b'{"ev":"deliveries","d":{}}')
+
+
+def test_a_rows_properties_are_checked_at_once_and_built_when_read() -> None:
+    from client.codec import Properties, delivery_row
+    from client.consumer import Message
+
+    props = {"message_id": "m", "delivery_mode": 2, "unknown": 1}
+    row = ["c", 1, False, 0, "", "q", props, "hi"]
+    fields = delivery_row(row)
+    assert fields[6] is props and fields[7] == b"hi"
+    assert delivery_row(["c", 1, False, 0, "", "q", None, "hi"])[6] is None
+    # a wrong type is refused on arrival, as Properties.from_json refuses it
+    bads: list[object] = [{"message_id": 5}, {"delivery_mode": True}, {"headers": []}, [], "x"]
+    for bad in bads:
+        with pytest.raises(ProtocolError):
+            delivery_row(["c", 1, False, 0, "", "q", bad, "hi"])
+        with pytest.raises(ProtocolError):
+            Properties.from_json(bad)
+    message = Message(
+        None, 1, body=b"hi", raw_properties=props, exchange="", routing_key="q", redelivered=False,  # type: ignore[arg-type]
+        delivery_tag=1, consumer_tag="c",
+    )
+    built = message.properties
+    assert built == Properties.from_json(props) == Properties(message_id="m", delivery_mode=2)
+    assert message.properties is built and message.message_id == "m"
+    empty = Message(
+        None, 1, body=b"", exchange="", routing_key="q", redelivered=False,  # type: ignore[arg-type]
+        delivery_tag=2, consumer_tag="c",
+    )
+    assert empty.properties == Properties() and empty.message_id is None

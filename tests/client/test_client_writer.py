@@ -118,3 +118,31 @@ async def test_ops_queued_together_leave_in_one_chunk(fake: FakeBroker) -> None:
         for handle in handles:
             await handle
         assert [n for _, n in publish_writes(writes)] == [5]
+
+
+def ack_writes(writes: list[tuple[int, bytes]]) -> list[bytes]:
+    return [data for _, data in writes if b'"op":"ack"' in data]
+
+
+async def test_a_consumer_acking_in_order_is_coalesced(fake: FakeBroker) -> None:
+    # In-order acks merge into the one queued ``multiple`` ack, so the queue does not
+    # grow while the consumer acks: the writer must still see them coming and wait,
+    # not send after two rounds (a chunk per couple of the consumer's schedule points).
+    count = 8 * YIELD_EVERY
+    async with recording_channel(fake) as (ch, writes, _):
+        for i in range(count):
+            ch.publish_nowait("", "q", b"%d" % i)
+        await ch.wait_for_confirms()
+        async with ch.consume("q", prefetch=count) as messages:
+            await anyio.wait_all_tasks_blocked()
+            writes.clear()
+            assert messages.buffered == count
+            for _ in range(count):
+                message = await messages.receive()
+                assert await message.ack()
+            await anyio.wait_all_tasks_blocked()
+            # (COALESCE_ROUNDS bounds each wait: about 80 acks a chunk here; 7 to 13
+            # chunks when the writer judged by the queue's length, sent a lone op at
+            # once, and sent what came during a send with no wait)
+            assert len(ack_writes(writes)) <= 2
+        assert fake.bodies("q") == [] and fake.queues["q"].unacked == 0
