@@ -132,7 +132,7 @@ class LeaderSide:
                 continue
             self.advance(None)
             safe = self.held_by_all()
-            if safe - self.log.first_offset >= self.compact_after:
+            if self.log.wants_compaction(safe, self.compact_after):
                 try:
                     await self.log.compact(safe, snapshot)
                 except OSError as exc:  # the log is as it was: compaction is tried again later

@@ -79,6 +79,9 @@ class ReplicaLog:
         self._unwritten: list[bytes] = []
         self._lock = trio.Lock()
         self.cut_bytes = 0
+        #: no compaction is tried up to an offset below this: the last try found its
+        #: prefix not worth compacting (:meth:`wants_compaction`)
+        self._compact_retry_at = 0
 
     # ----------------------------------------------------------------- reading
 
@@ -217,11 +220,21 @@ class ReplicaLog:
         finally:
             os.close(fd)
 
+    def wants_compaction(self, upto: int, after: int) -> bool:
+        """Whether compacting up to offset ``upto`` is worth trying: at least ``after``
+        entries precede it, and, when a shorter prefix was found not worth it (a deep
+        queue: most of it live), this one is half as long again. Folding the whole
+        prefix at every sync only to decline again would cost time growing with the
+        log at each batch; trying again at geometric steps costs a bounded multiple
+        of the log's length in all."""
+        return upto - self.first_offset >= after and upto >= self._compact_retry_at
+
     async def compact(self, upto: int, snapshot: Callable[[list[Entry]], dict[str, Any] | None]) -> int:
         """Replace the synced entries up to offset ``upto`` by one snapshot entry
         (``snapshot(prefix)``: its op, or None: not worth it now); returns how many
         entries went. Only for a prefix every replica holds: no truncation reaches
-        below it."""
+        below it. A prefix found not worth it is tried again only once half as long
+        again (:meth:`wants_compaction`)."""
         async with self._lock:
             upto = min(upto, self.synced)
             first = self.first_offset
@@ -232,6 +245,7 @@ class ReplicaLog:
             epochs = {e: s for e, s in self.epoch_starts.items() if s <= upto}
             op = snapshot(prefix)
             if op is None:
+                self._compact_retry_at = upto + max(1, len(prefix) // 2)
                 return 0
             snap: Entry = (prefix[-1][0], upto, {**op, "t": "snap", "epochs": [[e, s] for e, s in sorted(epochs.items())]})
             written = self.entries[i + 1 : i + 1 + (self.synced - upto)]  # the rest is in _unwritten

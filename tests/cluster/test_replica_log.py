@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import orjson
+import pytest
 import trio
 
+from broker.cluster import replica_follower
 from broker.cluster.replica_follower import take_answer
 from broker.cluster.replica_leader import LeaderSide
 from broker.cluster.replica_log import ReplicaLog
@@ -177,6 +180,37 @@ def test_compaction_keeps_what_the_log_folds_into_and_survives_a_reopen(tmp_path
         reopened = ReplicaLog(path)
         reopened.open()
         assert reopened.entries == log.entries and reopened.epoch_starts == log.epoch_starts
+
+    _run(main)
+
+
+def test_a_prefix_not_worth_compacting_is_folded_again_only_once_half_as_long_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A deep queue (every message live): the follower's compaction declines, and the
+    next fetch answers do not fold the whole prefix again each time (the cost grew
+    with the log at every batch: confirmed publishes slowed down as the queue grew)."""
+    folds: list[int] = []
+
+    def counting(prefix: list[Any]) -> dict[str, Any] | None:
+        folds.append(len(prefix))
+        return snapshot_op(prefix, 0.0)
+
+    monkeypatch.setattr(replica_follower, "snapshot", counting)
+
+    async def main() -> None:
+        log = ReplicaLog(tmp_path / "q.log")
+        log.open()
+        offset = 0
+        for _batch in range(40):  # 40 fetch answers of 10 publishes, none settled
+            entries = [(3, offset + i + 1, _pub(offset + i + 1)) for i in range(10)]
+            offset += 10
+            await take_answer("q", log, {"entries": entries, "safe": offset}, compact_after=100)
+        assert log.first_offset == 1  # nothing compacted: all live
+        # tried once 100 entries precede the safe offset, then each time the prefix
+        # is half as long again: not at each of the 30 answers past the first try
+        assert folds == [110, 170, 260, 390]
+        assert not log.wants_compaction(584, 100) and log.wants_compaction(585, 100)
 
     _run(main)
 
