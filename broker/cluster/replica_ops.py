@@ -80,8 +80,11 @@ class RecordTranslator:
     """Core records of led quorum queues -> replicated-log ops (see the module
     docstring)."""
 
-    def __init__(self, append: Append) -> None:
+    def __init__(self, append: Append, batch_done: Callable[[], None] | None = None) -> None:
         self.append = append
+        #: called once after each batch of records (the appends of one batch wake the
+        #: log's readers and writer once, not once per op)
+        self.batch_done = batch_done
         #: qid -> the led queue
         self.led: dict[int, LedQueue] = {}
 
@@ -95,6 +98,8 @@ class RecordTranslator:
             lsn += 1
             if rtype in _WATCHED:
                 self._record(rtype, payload, lsn, led)
+        if self.batch_done is not None:
+            self.batch_done()
 
     def _record(self, rtype: int, payload: bytes, lsn: int, led: dict[int, LedQueue]) -> None:
         if rtype == _ENQUEUE:
