@@ -184,6 +184,66 @@ def test_compaction_keeps_what_the_log_folds_into_and_survives_a_reopen(tmp_path
     _run(main)
 
 
+def test_a_failed_sync_keeps_its_entries_for_the_next_one(tmp_path: Path) -> None:
+    """A write that fails (here: the file cannot be opened) counts nothing as synced
+    and keeps what it was to write: the next sync writes it before the later entries.
+    (Dropping it made the next sync claim every offset synced while the file began
+    after the failed batch.)"""
+    path = tmp_path / "q.log"
+
+    async def main() -> None:
+        log = ReplicaLog(path)
+        log.open()
+        for i in range(1, 4):
+            log.append(5, _pub(i))
+        path.mkdir()  # in the way of the log's file
+        with pytest.raises(OSError):
+            await log.sync()
+        assert log.synced == 0
+        path.rmdir()
+        for i in range(4, 6):
+            log.append(5, _pub(i))
+        assert await log.sync() == 5
+
+    _run(main)
+    reopened = ReplicaLog(path)
+    reopened.open()
+    assert [e[1] for e in reopened.entries] == [1, 2, 3, 4, 5] and reopened.cut_bytes == 0
+
+
+def test_a_failed_fsync_is_cut_back_and_written_again_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Written but not fsynced (the fsync failed): the bytes are cut off the file and
+    written again by the next sync, not left there to be written a second time."""
+    path = tmp_path / "q.log"
+
+    async def main() -> None:
+        log = ReplicaLog(path)
+        log.open()
+        log.append(5, _pub(1))
+        assert await log.sync() == 1
+        failing = [OSError(5, "EIO")]
+        real = log._fsync
+
+        def fsync() -> None:
+            if failing:
+                raise failing.pop()
+            real()
+
+        monkeypatch.setattr(log, "_fsync", fsync)
+        for i in range(2, 4):
+            log.append(5, _pub(i))
+        with pytest.raises(OSError):
+            await log.sync()
+        assert log.synced == 1
+        log.append(5, _pub(4))
+        assert await log.sync() == 4
+
+    _run(main)
+    reopened = ReplicaLog(path)
+    reopened.open()
+    assert [e[1] for e in reopened.entries] == [1, 2, 3, 4] and reopened.cut_bytes == 0
+
+
 def test_a_prefix_not_worth_compacting_is_folded_again_only_once_half_as_long_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
