@@ -4,6 +4,7 @@ truncation by epoch (KIP-101/279), and the fold a new leader restores its queue 
 
 from __future__ import annotations
 
+import random
 import time
 from pathlib import Path
 from typing import Any
@@ -332,3 +333,24 @@ def test_published_ids_name_the_pub_entries_a_stepping_down_leader_forgets() -> 
         (5, 13, {"t": "pub", "x": "ex", "k": "q", "p": {"message_id": "m3", "priority": 1}, "b": "", "w": 1.0}),
     ]
     assert published_ids(tail) == [("", "m1"), ("ex", "m3")]
+
+
+def test_snapshot_op_declines_by_count_exactly_where_the_fold_would() -> None:
+    """The count that declines a deep prefix without folding it agrees with the fold:
+    a prefix is compacted when at most a quarter of it is live, whatever mix of
+    publishes, settles (some twice) and an earlier snapshot it holds."""
+    rng = random.Random(7)
+    for _case in range(200):
+        ops: list[dict[str, Any]] = []
+        published: list[int] = []
+        for offset in range(1, rng.randint(2, 80)):
+            if published and rng.random() < 0.5:
+                ids = rng.sample(published, min(len(published), rng.randint(1, 3)))
+                ops.append({"t": "set", "ids": ids})
+            else:
+                ops.append(_pub(offset))
+                published.append(offset)
+        entries = [(1, i + 1, op) for i, op in enumerate(ops)]
+        live, _settled = fold(entries)
+        expected_none = len(live) > 0.25 * len(entries)
+        assert (snapshot_op(entries, 0.0) is None) == expected_none
