@@ -17,9 +17,11 @@ turns into a queue in its core only when it becomes the leader (``replication.py
 
 On disk an entry is framed ``length u32 | crc32 u32 | JSON [epoch, offset, op]``; a
 torn or damaged tail (a crash in the middle of a write) is cut when the file is opened.
-:meth:`sync` writes what was appended and fsyncs it in a worker thread: a follower
-acknowledges an offset only once it is synced, and the leader counts itself in a
-majority the same way. Truncation (a follower dropping a tail its new leader does not
+:meth:`sync` writes what was appended (one write on the file it keeps open) and
+fdatasyncs it in a worker thread: a follower acknowledges an offset only once it is
+synced, and the leader counts itself in a majority the same way. A failed write or
+fsync counts nothing as synced and keeps the entries for the next sync, which first
+cuts the file back to its last whole frame. Truncation (a follower dropping a tail its new leader does not
 have: truncation by epoch, as in Kafka's KIP-101/279) rewrites the file.
 
 **Compaction.** The log stays in memory and on disk, so its prefix is compacted once
