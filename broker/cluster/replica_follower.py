@@ -10,13 +10,8 @@ The follower holds one kept-alive HTTP/1.1 connection to its leader
    epoch: it keeps nothing and fetches everything;
 2. **fetches** (``POST /cluster/replicas/{queue}/fetch``) from its end + 1, long-polled:
    the leader answers at once when it has entries, else when some arrive (or after a
-   second). The follower appends them and fetches on at once while a task of its own
-   (:class:`LogSyncer`) writes and fsyncs them (what arrived meanwhile in the same
-   fsync); each fetch carries ``synced``, the offset up to which its log is on its
-   disk: that, not the fetch's offset, acknowledges. While it has entries not yet
-   synced it asks the leader not to wait (``wait_s`` 0), and when the leader has
-   nothing more it waits for its sync and then fetches again, so an acknowledgement
-   never waits behind a long poll.
+   second); the follower appends them and fsyncs them before it asks for more, so the
+   offset of each fetch acknowledges everything before it.
 
 It accepts entries only from the epoch it was started for (the leader answers for its
 own epoch only, and says so); when etcd names another leader or epoch, the replication
@@ -36,17 +31,14 @@ import trio
 
 from broker.cluster.h11io import next_event
 from broker.cluster.peers import SECRET_HEADER, open_peer
-from broker.cluster.replica_leader import COMPACT_AFTER_ENTRIES, FETCH_MAX_ENTRIES, snapshot
+from broker.cluster.replica_leader import COMPACT_AFTER_ENTRIES, snapshot
 from broker.cluster.replica_log import ReplicaLog, is_snapshot
 
-__all__ = ["LogSyncer", "PeerConnection", "PeerError", "PeerSettings", "follow", "take_answer"]
+__all__ = ["PeerConnection", "PeerError", "PeerSettings", "follow", "take_answer"]
 
 log = logging.getLogger("ackbus.cluster")
 
 MAX_ANSWER_BYTES = 256 * 1024 * 1024
-#: A follower fetches on while its log's last entries are synced, as long as fewer
-#: than this many wait for its disk.
-UNSYNCED_MAX_ENTRIES = 2 * FETCH_MAX_ENTRIES
 
 
 class PeerError(Exception):
@@ -158,132 +150,55 @@ async def follow(
     wait a little and go again (the manager restarts this with a new leader). ``settings``:
     how to reach it (the cluster secret, the CAs that verify an https leader)."""
     peer = PeerConnection(leader_url, secret=settings.secret, ssl_context=settings.peer_ssl) if settings else PeerConnection(leader_url)
-    syncer = LogSyncer(queue, log_, state, compact_after)
     try:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(syncer.run)
-            await _fetch_on(queue, me, epoch, log_, state, peer, syncer, timeout_s)
+        truncated = False
+        delay = 0.05
+        while True:
+            try:
+                if not truncated:
+                    status, answer = await peer.post(
+                        replica_path(queue, "epoch-end"), {"epoch": log_.last_epoch, "leader_epoch": epoch}, timeout_s
+                    )
+                    if status != 200:
+                        raise PeerError(f"epoch-end: {status} {answer.get('message', '')}")
+                    end = int(answer["end_offset"])
+                    if end < log_.end_offset:
+                        dropped = await log_.truncate_after(end)
+                        state.truncated += dropped
+                        log.warning(
+                            "replica log truncated by epoch",
+                            extra={"fields": {"queue": queue, "after": end, "dropped": dropped, "epoch": epoch}},
+                        )
+                    truncated = True
+                status, answer = await peer.post(
+                    replica_path(queue, "fetch"),
+                    {"node": me, "epoch": epoch, "offset": log_.end_offset + 1, "wait_s": 1.0},
+                    timeout_s + 1.0,
+                )
+                if status != 200:
+                    raise PeerError(f"fetch: {status} {answer.get('message', '')}")
+                if int(answer.get("epoch", -1)) != epoch:
+                    raise PeerError(f"fetch answered for epoch {answer.get('epoch')}, not {epoch}")
+                if "truncate_to" in answer:
+                    truncated = False
+                    continue
+                await take_answer(queue, log_, answer, compact_after)
+                state.fetches += 1
+                state.error = None
+                delay = 0.05
+            except (PeerError, OSError, ValueError, KeyError, TypeError) as exc:
+                state.error = str(exc)
+                truncated = False
+                await trio.sleep(delay)
+                delay = min(1.0, delay * 2)
     finally:
         await peer.aclose()
 
 
-async def _fetch_on(
-    queue: str, me: str, epoch: int, log_: ReplicaLog, state: FollowerState, peer: PeerConnection, syncer: LogSyncer,
-    timeout_s: float,
-) -> None:
-    """The fetch loop of :func:`follow` (until cancelled)."""
-    truncated = False
-    delay = 0.05
-    while True:
-        try:
-            if not truncated:
-                status, answer = await peer.post(
-                    replica_path(queue, "epoch-end"), {"epoch": log_.last_epoch, "leader_epoch": epoch}, timeout_s
-                )
-                if status != 200:
-                    raise PeerError(f"epoch-end: {status} {answer.get('message', '')}")
-                end = int(answer["end_offset"])
-                if end < log_.end_offset:
-                    dropped = await log_.truncate_after(end)
-                    state.truncated += dropped
-                    log.warning(
-                        "replica log truncated by epoch",
-                        extra={"fields": {"queue": queue, "after": end, "dropped": dropped, "epoch": epoch}},
-                    )
-                truncated = True
-            while log_.end_offset - log_.synced >= UNSYNCED_MAX_ENTRIES:
-                await syncer.progress()  # (a disk that fails or stalls: the fetches wait)
-            synced = log_.synced
-            status, answer = await peer.post(
-                replica_path(queue, "fetch"),
-                {
-                    "node": me, "epoch": epoch, "offset": log_.end_offset + 1, "synced": synced,
-                    "wait_s": 0.0 if synced < log_.end_offset else 1.0,
-                },
-                timeout_s + 1.0,
-            )
-            if status != 200:
-                raise PeerError(f"fetch: {status} {answer.get('message', '')}")
-            if int(answer.get("epoch", -1)) != epoch:
-                raise PeerError(f"fetch answered for epoch {answer.get('epoch')}, not {epoch}")
-            if "truncate_to" in answer:
-                truncated = False
-                continue
-            appended = await _append_answer(queue, log_, answer)
-            syncer.took(appended, int(answer.get("safe") or 0))
-            if not appended and log_.synced < log_.end_offset:
-                await syncer.progress()  # nothing new: acknowledge the sync under way once done
-            state.fetches += 1
-            if syncer.error is None:
-                state.error = None
-            delay = 0.05
-        except (PeerError, OSError, ValueError, KeyError, TypeError) as exc:
-            state.error = str(exc)
-            truncated = False
-            await trio.sleep(delay)
-            delay = min(1.0, delay * 2)
-
-
-class LogSyncer:
-    """A follower's log written and fsynced behind its fetches (see the module
-    docstring): each round syncs whatever was appended meanwhile, then compacts the
-    prefix every replica holds once long enough."""
-
-    def __init__(self, queue: str, log_: ReplicaLog, state: FollowerState, compact_after: int) -> None:
-        self.queue = queue
-        self.log = log_
-        self.state = state
-        self.compact_after = compact_after
-        #: the leader's word: every replica holds the log up to here (may be compacted)
-        self.safe = 0
-        #: the last sync's failure (None: it worked)
-        self.error: str | None = None
-        self._wanted = trio.Event()
-        self._progress = trio.Event()
-
-    def took(self, appended: bool, safe: int) -> None:
-        """A fetch answer was taken: entries appended (or not), ``safe`` the leader's
-        latest word. A round is due for new entries or a prefix to compact."""
-        self.safe = max(self.safe, safe)
-        if appended or self.log.wants_compaction(self.safe, self.compact_after):
-            self._wanted.set()
-
-    async def progress(self) -> None:
-        """Until the sync under way, or else the next one, has ended (worked or
-        failed)."""
-        self._wanted.set()
-        await self._progress.wait()
-
-    async def run(self) -> None:
-        while True:
-            await self._wanted.wait()
-            self._wanted = trio.Event()
-            try:
-                await self.log.sync()
-                self.error = None
-            except OSError as exc:
-                # nothing past the synced offset counts; the entries are written again
-                self.error = self.state.error = f"replica log write failed: {exc}"
-                log.error("replica log write failed", extra={"fields": {"queue": self.queue, "error": str(exc)}})
-                self._wanted.set()
-                self._signal()
-                await trio.sleep(0.5)
-                continue
-            self._signal()
-            if self.log.wants_compaction(self.safe, self.compact_after):
-                try:
-                    await self.log.compact(self.safe, snapshot)
-                except OSError as exc:  # the log is as it was: compaction is tried again later
-                    log.error("replica log compaction failed", extra={"fields": {"queue": self.queue, "error": str(exc)}})
-
-    def _signal(self) -> None:
-        self._progress.set()
-        self._progress = trio.Event()
-
-
-async def _append_answer(queue: str, log_: ReplicaLog, answer: dict[str, Any]) -> bool:
-    """Append one fetch answer's entries (a snapshot installed first when this log
-    ends before it); whether some were appended, to be synced."""
+async def take_answer(queue: str, log_: ReplicaLog, answer: dict[str, Any], compact_after: int = COMPACT_AFTER_ENTRIES) -> None:
+    """Take one fetch answer of the leader: its entries appended and fsynced (the next
+    fetch's offset acknowledges them), a snapshot installed first when this log ends
+    before it, and the prefix every replica holds (``safe``) compacted once long."""
     entries = answer.get("entries") or []
     if entries and is_snapshot(entries[0]) and int(entries[0][1]) > log_.end_offset:
         # behind the leader's compacted prefix: its snapshot replaces this log
@@ -291,20 +206,10 @@ async def _append_answer(queue: str, log_: ReplicaLog, answer: dict[str, Any]) -
         log.info("replica log installed from a snapshot", extra={"fields": {"queue": queue, "offset": log_.end_offset}})
         entries = entries[1:]
     if entries:
-        log_.append_entries(entries)
-        return True
-    return False
-
-
-async def take_answer(queue: str, log_: ReplicaLog, answer: dict[str, Any], compact_after: int = COMPACT_AFTER_ENTRIES) -> None:
-    """Take one fetch answer of the leader in one step (what :func:`follow` does in
-    two: :func:`_append_answer`, then its :class:`LogSyncer`): its entries appended and
-    fsynced, a snapshot installed first when this log ends before it, and the prefix
-    every replica holds (``safe``) compacted once long."""
-    try:
-        await _append_answer(queue, log_, answer)
-    finally:  # (what was appended is synced: an acknowledgement may count it)
-        await log_.sync()
+        try:
+            log_.append_entries(entries)
+        finally:  # the next fetch's offset acknowledges: on disk first
+            await log_.sync()
     safe = int(answer.get("safe") or 0)
     if log_.wants_compaction(safe, compact_after):
         await log_.compact(safe, snapshot)

@@ -15,9 +15,8 @@ someone; a forced removal or a replica being added can leave it smaller, and
 confirms wait then), so a released confirm is on a majority's disk.
 
 Followers pull (``fetch``): a long-polled request on a kept-alive HTTP/1.1
-connection; the entries travel leader -> follower in its answer, and the next fetch
-acknowledges what the follower has synced (``synced``: it fetches on while it syncs
-the last answer, so a fetch's offset may run ahead of its disk). A fetch names the epoch the follower believes
+connection; the entries travel leader -> follower in its answer, and the offset of the
+next fetch acknowledges the ones before. A fetch names the epoch the follower believes
 in; the leader answers only for its own epoch (``StaleEpoch`` otherwise), and only
 while its lease holds.
 """
@@ -152,11 +151,8 @@ class LeaderSide:
 
     # ------------------------------------------------------------------ followers
 
-    async def fetch(
-        self, node: str, epoch: int, offset: int, wait_s: float, synced: int | None = None
-    ) -> dict[str, Any]:
-        """A follower's fetch from ``offset`` (it holds everything before, and has
-        everything up to ``synced`` on its disk; None: everything before ``offset``)."""
+    async def fetch(self, node: str, epoch: int, offset: int, wait_s: float) -> dict[str, Any]:
+        """A follower's fetch from ``offset`` (it holds everything before)."""
         if epoch != self.epoch or self.stopped or not self.alive():
             raise StaleEpoch(f"this node does not lead epoch {epoch} of queue {self.name!r}")
         if node not in self.acked:
@@ -165,16 +161,15 @@ class LeaderSide:
         if offset > end + 1:
             return {"epoch": self.epoch, "truncate_to": end, "entries": [], "commit": self.commit}
         self.seen[node] = trio.current_time()
-        ack = offset - 1 if synced is None else min(offset - 1, synced)
-        if ack > self.acked[node]:
-            self.acked[node] = ack
-            if node in self.regressed and ack >= end:
+        if offset - 1 > self.acked[node]:
+            self.acked[node] = offset - 1
+            if node in self.regressed and offset > end:
                 self.regressed.discard(node)  # caught up again
             self.advance(None)
-        elif ack < self.acked[node]:
+        elif offset - 1 < self.acked[node]:
             # it lost entries it had acknowledged (a wiped or damaged data directory):
             # it leaves the in-sync set and counts for nothing until caught up
-            self.acked[node] = ack
+            self.acked[node] = offset - 1
             self.regressed.add(node)
         if offset > end:
             with trio.move_on_after(wait_s):

@@ -486,10 +486,8 @@ class Replication:
         replica = self.queues.get(queue)
         if replica is None or replica.leading is None:
             raise StaleEpoch(f"this node does not lead queue {queue!r}")
-        synced = body.get("synced")
         return await replica.leading.fetch(
-            str(body.get("node")), int(body.get("epoch", 0)), int(body.get("offset", 1)),
-            min(5.0, float(body.get("wait_s", 1.0))), None if synced is None else int(synced),
+            str(body.get("node")), int(body.get("epoch", 0)), int(body.get("offset", 1)), min(5.0, float(body.get("wait_s", 1.0)))
         )
 
     def epoch_end(self, queue: str, body: dict[str, Any]) -> dict[str, Any]:

@@ -5,7 +5,6 @@ truncation by epoch (KIP-101/279), and the fold a new leader restores its queue 
 from __future__ import annotations
 
 import random
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -15,8 +14,8 @@ import pytest
 import trio
 
 from broker.cluster import replica_follower
-from broker.cluster.replica_follower import FollowerState, LogSyncer, _fetch_on, take_answer
-from broker.cluster.replica_leader import COMPACT_AFTER_ENTRIES, FETCH_MAX_ENTRIES, LeaderSide
+from broker.cluster.replica_follower import take_answer
+from broker.cluster.replica_leader import LeaderSide
 from broker.cluster.replica_log import ReplicaLog
 from broker.cluster.replica_ops import LedQueue, RecordTranslator, fold, published_ids, snapshot_op
 from broker.core import AppendRecords, Broker
@@ -355,76 +354,3 @@ def test_snapshot_op_declines_by_count_exactly_where_the_fold_would() -> None:
         live, _settled = fold(entries)
         expected_none = len(live) > 0.25 * len(entries)
         assert (snapshot_op(entries, 0.0) is None) == expected_none
-
-
-class _LocalPeer:
-    """The leader's side reached without HTTP (answers pass through JSON as on the wire)."""
-
-    def __init__(self, side: LeaderSide) -> None:
-        self.side = side
-
-    async def post(self, path: str, body: dict[str, Any], timeout_s: float) -> tuple[int, dict[str, Any]]:
-        if path.endswith("/epoch-end"):
-            return 200, {"end_offset": self.side.log.end_of_epoch(body["epoch"]), "epoch": self.side.epoch}
-        answer = await self.side.fetch(body["node"], body["epoch"], body["offset"], body["wait_s"], body.get("synced"))
-        return 200, orjson.loads(orjson.dumps(answer))
-
-    async def aclose(self) -> None:
-        pass
-
-
-def test_a_follower_fetches_on_while_it_syncs_and_acknowledges_only_what_is_synced(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The follower does not wait for its fsync before it fetches the next entries
-    (the leader's next answer travels while the disk works), and the leader counts
-    only the offset the follower says is synced: no confirm before the follower's
-    fsync, every one right after it."""
-    gate = threading.Event()
-
-    async def main() -> None:
-        leader_log = ReplicaLog(tmp_path / "leader.log")
-        leader_log.open()
-        released: list[int] = []
-        side = LeaderSide(
-            "q", 5, "a", ["a", "b"], leader_log,
-            release=released.extend, deliverable=lambda seq: None, alive=lambda: True,
-        )
-        total = FETCH_MAX_ENTRIES + 500  # two fetch answers
-        for i in range(1, total + 1):
-            side.appended(leader_log.append(5, _pub(i)), i, wake=False)
-        side.wake()
-        follower = ReplicaLog(tmp_path / "b.log")
-        follower.open()
-        real = follower._fsync
-
-        def slow_fsync() -> None:
-            gate.wait(10)
-            real()
-
-        monkeypatch.setattr(follower, "_fsync", slow_fsync)
-        syncer = LogSyncer("q", follower, FollowerState(), COMPACT_AFTER_ENTRIES)
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(side.serve_sync)
-            nursery.start_soon(syncer.run)
-            nursery.start_soon(
-                _fetch_on, "q", "b", 5, follower, FollowerState(), _LocalPeer(side), syncer, 5.0  # type: ignore[arg-type]
-            )
-            with trio.fail_after(10):
-                while follower.end_offset < total:  # both answers taken while the first fsync waits
-                    await trio.sleep(0.01)
-                while leader_log.synced < total:
-                    await trio.sleep(0.01)
-            assert follower.synced == 0 and side.acked["b"] == 0 and side.commit == 0 and not released
-            gate.set()
-            with trio.fail_after(10):
-                while side.commit < total:
-                    await trio.sleep(0.01)
-            assert side.acked["b"] == total == follower.synced and released == list(range(1, total + 1))
-            nursery.cancel_scope.cancel()
-        side.stop()
-
-    try:
-        _run(main)
-    finally:
-        gate.set()

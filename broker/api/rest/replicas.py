@@ -75,7 +75,7 @@ def add_replica_routes(router: Router, node: ClusterNode, views: BrokerViews) ->
     async def fetch(request: Request, response: Response) -> None:
         require_node(request)
         check_query(request, frozenset())
-        f = await body_fields(request, {"node", "epoch", "offset", "wait_s", "synced"})
+        f = await body_fields(request, {"node", "epoch", "offset", "wait_s"})
         try:
             answer = await replication().fetch(request.path_params["name"], f.obj)
         except StaleEpoch as exc:
