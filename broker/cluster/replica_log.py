@@ -21,8 +21,9 @@ torn or damaged tail (a crash in the middle of a write) is cut when the file is 
 fdatasyncs it in a worker thread: a follower acknowledges an offset only once it is
 synced, and the leader counts itself in a majority the same way. A failed write or
 fsync counts nothing as synced and keeps the entries for the next sync, which first
-cuts the file back to its last whole frame. Truncation (a follower dropping a tail its new leader does not
-have: truncation by epoch, as in Kafka's KIP-101/279) rewrites the file.
+cuts the file back to its last whole frame. Truncation (a follower dropping a tail
+its new leader does not have: truncation by epoch, as in Kafka's KIP-101/279)
+rewrites the file.
 
 **Compaction.** The log stays in memory and on disk, so its prefix is compacted once
 every replica holds it (:meth:`compact`): the entries up to an offset are replaced by
