@@ -211,5 +211,5 @@ async def take_answer(queue: str, log_: ReplicaLog, answer: dict[str, Any], comp
         finally:  # the next fetch's offset acknowledges: on disk first
             await log_.sync()
     safe = int(answer.get("safe") or 0)
-    if safe - log_.first_offset >= compact_after:
+    if log_.wants_compaction(safe, compact_after):
         await log_.compact(safe, snapshot)

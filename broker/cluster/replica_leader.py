@@ -106,13 +106,19 @@ class LeaderSide:
 
     # ------------------------------------------------------------------- appends
 
-    def appended(self, offset: int, lsn: int, seq: int = 0) -> None:
+    def appended(self, offset: int, lsn: int, seq: int = 0, *, wake: bool = True) -> None:
         """An op was appended at ``offset``; ``lsn``: the core record to hold; ``seq``:
-        the local seq of the message it brings."""
+        the local seq of the message it brings. ``wake=False``: one of a batch, whose
+        end calls :meth:`wake` once."""
         if lsn:
             self.held.append((offset, lsn, trio.current_time()))
         if seq:
             self.unreleased.append((offset, seq))
+        if wake:
+            self.wake()
+
+    def wake(self) -> None:
+        """Entries were appended: answer the waiting fetches, sync them."""
         self._appended.set()
         self._appended = trio.Event()
         self._to_sync.set()
@@ -132,7 +138,7 @@ class LeaderSide:
                 continue
             self.advance(None)
             safe = self.held_by_all()
-            if safe - self.log.first_offset >= self.compact_after:
+            if self.log.wants_compaction(safe, self.compact_after):
                 try:
                     await self.log.compact(safe, snapshot)
                 except OSError as exc:  # the log is as it was: compaction is tried again later

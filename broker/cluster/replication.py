@@ -122,7 +122,10 @@ class Replication:
         self.core = node.runtime.core
         self.data_dir = data_dir
         self.me = node.name
-        self.translator = RecordTranslator(self._append)
+        self.translator = RecordTranslator(self._append, self._appended_batch)
+        #: LSNs held, and leader sides appended to, by the current batch of records
+        self._to_hold: list[int] = []
+        self._to_wake: dict[str, LeaderSide] = {}
         self.queues: dict[str, QueueReplica] = {}
         self._tapped = False
         self._swept = False
@@ -328,9 +331,21 @@ class Replication:
             return 0
         offset = replica.log.append(side.epoch, op)
         if lsn:
-            self.core.hold_confirms((lsn,))
-        side.appended(offset, lsn, seq)
+            self._to_hold.append(lsn)
+        side.appended(offset, lsn, seq, wake=False)
+        self._to_wake[led.name] = side
         return offset
+
+    def _appended_batch(self) -> None:
+        """The end of a batch of records (still before the WAL writes it): its
+        confirms held, its logs' fetches and sync woken, each once."""
+        if self._to_hold:
+            self.core.hold_confirms(self._to_hold)
+            self._to_hold = []
+        if self._to_wake:
+            for side in self._to_wake.values():
+                side.wake()
+            self._to_wake = {}
 
     def _deliverable(self, queue: str, seq: int) -> None:
         self.core.hold_deliveries(queue, seq)

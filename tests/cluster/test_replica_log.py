@@ -4,12 +4,16 @@ truncation by epoch (KIP-101/279), and the fold a new leader restores its queue 
 
 from __future__ import annotations
 
+import random
 import time
 from pathlib import Path
+from typing import Any
 
 import orjson
+import pytest
 import trio
 
+from broker.cluster import replica_follower
 from broker.cluster.replica_follower import take_answer
 from broker.cluster.replica_leader import LeaderSide
 from broker.cluster.replica_log import ReplicaLog
@@ -181,6 +185,97 @@ def test_compaction_keeps_what_the_log_folds_into_and_survives_a_reopen(tmp_path
     _run(main)
 
 
+def test_a_failed_sync_keeps_its_entries_for_the_next_one(tmp_path: Path) -> None:
+    """A write that fails (here: the file cannot be opened) counts nothing as synced
+    and keeps what it was to write: the next sync writes it before the later entries.
+    (Dropping it made the next sync claim every offset synced while the file began
+    after the failed batch.)"""
+    path = tmp_path / "q.log"
+
+    async def main() -> None:
+        log = ReplicaLog(path)
+        log.open()
+        for i in range(1, 4):
+            log.append(5, _pub(i))
+        path.mkdir()  # in the way of the log's file
+        with pytest.raises(OSError):
+            await log.sync()
+        assert log.synced == 0
+        path.rmdir()
+        for i in range(4, 6):
+            log.append(5, _pub(i))
+        assert await log.sync() == 5
+
+    _run(main)
+    reopened = ReplicaLog(path)
+    reopened.open()
+    assert [e[1] for e in reopened.entries] == [1, 2, 3, 4, 5] and reopened.cut_bytes == 0
+
+
+def test_a_failed_fsync_is_cut_back_and_written_again_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Written but not fsynced (the fsync failed): the bytes are cut off the file and
+    written again by the next sync, not left there to be written a second time."""
+    path = tmp_path / "q.log"
+
+    async def main() -> None:
+        log = ReplicaLog(path)
+        log.open()
+        log.append(5, _pub(1))
+        assert await log.sync() == 1
+        failing = [OSError(5, "EIO")]
+        real = log._fsync
+
+        def fsync() -> None:
+            if failing:
+                raise failing.pop()
+            real()
+
+        monkeypatch.setattr(log, "_fsync", fsync)
+        for i in range(2, 4):
+            log.append(5, _pub(i))
+        with pytest.raises(OSError):
+            await log.sync()
+        assert log.synced == 1
+        log.append(5, _pub(4))
+        assert await log.sync() == 4
+
+    _run(main)
+    reopened = ReplicaLog(path)
+    reopened.open()
+    assert [e[1] for e in reopened.entries] == [1, 2, 3, 4] and reopened.cut_bytes == 0
+
+
+def test_a_prefix_not_worth_compacting_is_folded_again_only_once_half_as_long_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A deep queue (every message live): the follower's compaction declines, and the
+    next fetch answers do not fold the whole prefix again each time (the cost grew
+    with the log at every batch: confirmed publishes slowed down as the queue grew)."""
+    folds: list[int] = []
+
+    def counting(prefix: list[Any]) -> dict[str, Any] | None:
+        folds.append(len(prefix))
+        return snapshot_op(prefix, 0.0)
+
+    monkeypatch.setattr(replica_follower, "snapshot", counting)
+
+    async def main() -> None:
+        log = ReplicaLog(tmp_path / "q.log")
+        log.open()
+        offset = 0
+        for _batch in range(40):  # 40 fetch answers of 10 publishes, none settled
+            entries = [(3, offset + i + 1, _pub(offset + i + 1)) for i in range(10)]
+            offset += 10
+            await take_answer("q", log, {"entries": entries, "safe": offset}, compact_after=100)
+        assert log.first_offset == 1  # nothing compacted: all live
+        # tried once 100 entries precede the safe offset, then each time the prefix
+        # is half as long again: not at each of the 30 answers past the first try
+        assert folds == [110, 170, 260, 390]
+        assert not log.wants_compaction(584, 100) and log.wants_compaction(585, 100)
+
+    _run(main)
+
+
 def test_a_follower_behind_the_compacted_prefix_installs_the_snapshot(tmp_path: Path) -> None:
     """The leader compacts once every replica holds the prefix (``held_by_all``); a
     follower that comes back empty (wiped, or newly added) gets the snapshot as the
@@ -238,3 +333,24 @@ def test_published_ids_name_the_pub_entries_a_stepping_down_leader_forgets() -> 
         (5, 13, {"t": "pub", "x": "ex", "k": "q", "p": {"message_id": "m3", "priority": 1}, "b": "", "w": 1.0}),
     ]
     assert published_ids(tail) == [("", "m1"), ("ex", "m3")]
+
+
+def test_snapshot_op_declines_by_count_exactly_where_the_fold_would() -> None:
+    """The count that declines a deep prefix without folding it agrees with the fold:
+    a prefix is compacted when at most a quarter of it is live, whatever mix of
+    publishes, settles (some twice) and an earlier snapshot it holds."""
+    rng = random.Random(7)
+    for _case in range(200):
+        ops: list[dict[str, Any]] = []
+        published: list[int] = []
+        for offset in range(1, rng.randint(2, 80)):
+            if published and rng.random() < 0.5:
+                ids = rng.sample(published, min(len(published), rng.randint(1, 3)))
+                ops.append({"t": "set", "ids": ids})
+            else:
+                ops.append(_pub(offset))
+                published.append(offset)
+        entries = [(1, i + 1, op) for i, op in enumerate(ops)]
+        live, _settled = fold(entries)
+        expected_none = len(live) > 0.25 * len(entries)
+        assert (snapshot_op(entries, 0.0) is None) == expected_none
