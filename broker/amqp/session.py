@@ -186,6 +186,8 @@ class AMQPChannel:
             )
             self.credit += delivery_cost(body)
             s.credit_pending = True
+            s.output_ready()  # sent at the end of this pump, without waking the writer
+            return
         elif kind is Confirm:
             self._settle_unconfirmed(effect.delivery_tag)
             s.confirmed.set()
@@ -291,6 +293,12 @@ class AMQPSession:
         self.confirmed: Any = _NoEvent()
         #: Set by the IO layer: the nursery (trio's) relayed consumers' tasks run in.
         self.tasks: Any = None
+        #: Set by the IO layer: send the connection's output in the caller's step if
+        #: its writer is idle; True if the socket took all of it (else the writer
+        #: sends what is left).
+        self.write_nowait: Callable[[], bool] = lambda: False
+        #: Asked the runtime for a ``flush_nowait`` (see ``output_ready``).
+        self._flush_asked = False
 
     # -- events -------------------------------------------------------------------
 
@@ -473,6 +481,35 @@ class AMQPSession:
                 bridge.grant_credit(ch.core_id, ch.credit)
                 ch.credit = 0
         bridge.flush()
+
+    def output_ready(self) -> None:
+        """Deliveries were queued while the runtime pumps: the pump's end sends them
+        (:meth:`flush_nowait`), once for all the deliveries of that pump."""
+        if not self._flush_asked:
+            self._flush_asked = True
+            self.bridge.want_flush(self)
+
+    def flush_nowait(self) -> bool:
+        """Send the queued output now, in the pumping task's step, when the writer is
+        idle (one write for a pump's deliveries, no task switch); else wake the
+        writer. Called by the runtime's pump (``Flushable``). True if deliveries went
+        out and their credit was granted (the pump carries out what the core does
+        with it: the next deliveries)."""
+        self._flush_asked = False
+        if not self.write_nowait():
+            self.wake()
+            return False
+        if not self.credit_pending:
+            return False
+        self.credit_pending = False
+        granted = False
+        bridge = self.bridge
+        for ch in self.channels.values():
+            if ch.credit:
+                bridge.grant_credit(ch.core_id, ch.credit)
+                ch.credit = 0
+                granted = True
+        return granted
 
     def must_pause(self) -> bool:
         return self.unconfirmed_bytes > UNCONFIRMED_MAX_BYTES or self.conn.pending_output() > OUTPUT_MAX_BYTES
