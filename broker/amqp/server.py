@@ -169,7 +169,7 @@ class AMQPServer:
             conn, self.bridge, remote=remote_text, loopback=_is_loopback(remote) or remote is None,
             login=self.login, has_users=lambda: bool(views.user_infos()), wake=wake,
         )
-        session.write_nowait = write_nowait
+        session.credit.write_nowait = write_nowait
         self.connections += 1
         stop_flow_events = self.bridge.subscribe_flow(session.flow_changed)
         try:
@@ -233,8 +233,8 @@ class AMQPServer:
             # is idle, else by the writer (woken only then, or to end the connection)
             if conn.closed or (conn.pending_output() and not write_nowait()):
                 wake()
-            elif session.credit_pending:
-                session.grant_credit()
+            elif session.credit.pending:
+                session.credit.grant()
             # Back-pressure: stop reading while confirms or output are over their bounds
             # (each confirm and each write wakes this up).
             while session.must_pause() and not conn.closed and session.closing_reason is None:
@@ -279,7 +279,7 @@ class AMQPServer:
             finally:
                 output.busy = False
             state["room"].set()
-            session.grant_credit()
+            session.credit.grant()
             session.run_failures()
 
     async def _timers(self, conn: AMQPConnection, session: AMQPSession, wake: Callable[[], None], scope: trio.CancelScope) -> None:

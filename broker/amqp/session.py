@@ -31,6 +31,7 @@ from pamqp import commands
 
 from broker.amqp.bridge import RuntimeBridge
 from broker.amqp.connection import AMQPConnection
+from broker.amqp.credit import DeliveryCredit
 from broker.amqp.events import (
     Acks,
     Content,
@@ -185,8 +186,7 @@ class AMQPChannel:
                 )
             )
             self.credit += delivery_cost(body)
-            s.credit_pending = True
-            s.output_ready()  # sent at the end of this pump, without waking the writer
+            s.credit.delivered()  # sent at the pump's end, without waking the writer
             return
         elif kind is Confirm:
             self._settle_unconfirmed(effect.delivery_tag)
@@ -201,6 +201,8 @@ class AMQPChannel:
                 tag = effect.delivery_tag - self.confirm_offset
                 if tag > 0:
                     conn.send_raw(encode_confirm(self.number, tag, effect.multiple, effect.ack))
+            s.credit.queued()  # (sent, or the writer woken, at the pump's end: the reader's room too)
+            return
         elif kind is Return:
             msg = effect.message
             try:
@@ -278,7 +280,8 @@ class AMQPSession:
         #: with the first channel, closed by ``release_all``).
         self.connection_id: int | None = None
         self.unconfirmed_bytes = 0
-        self.credit_pending = False
+        #: When queued output goes out, and the delivery credit it gives back.
+        self.credit = DeliveryCredit(bridge, lambda: self.channels.values(), wake)
         self.cancel_notify = False
         self.closing_reason: str | None = None
         self.blocked = False
@@ -293,12 +296,6 @@ class AMQPSession:
         self.confirmed: Any = _NoEvent()
         #: Set by the IO layer: the nursery (trio's) relayed consumers' tasks run in.
         self.tasks: Any = None
-        #: Set by the IO layer: send the connection's output in the caller's step if
-        #: its writer is idle; True if the socket took all of it (else the writer
-        #: sends what is left).
-        self.write_nowait: Callable[[], bool] = lambda: False
-        #: Asked the runtime for a ``flush_nowait`` (see ``output_ready``).
-        self._flush_asked = False
 
     # -- events -------------------------------------------------------------------
 
@@ -469,47 +466,6 @@ class AMQPSession:
             self.closing_reason = reason
             self.stop_reading()
             self.wake()
-
-    def grant_credit(self) -> None:
-        """The socket took what was queued: give back its delivery credit."""
-        if not self.credit_pending:
-            return
-        self.credit_pending = False
-        bridge = self.bridge
-        for ch in self.channels.values():
-            if ch.credit:
-                bridge.grant_credit(ch.core_id, ch.credit)
-                ch.credit = 0
-        bridge.flush()
-
-    def output_ready(self) -> None:
-        """Deliveries were queued while the runtime pumps: the pump's end sends them
-        (:meth:`flush_nowait`), once for all the deliveries of that pump."""
-        if not self._flush_asked:
-            self._flush_asked = True
-            self.bridge.want_flush(self)
-
-    def flush_nowait(self) -> bool:
-        """Send the queued output now, in the pumping task's step, when the writer is
-        idle (one write for a pump's deliveries, no task switch); else wake the
-        writer. Called by the runtime's pump (``Flushable``). True if deliveries went
-        out and their credit was granted (the pump carries out what the core does
-        with it: the next deliveries)."""
-        self._flush_asked = False
-        if not self.write_nowait():
-            self.wake()
-            return False
-        if not self.credit_pending:
-            return False
-        self.credit_pending = False
-        granted = False
-        bridge = self.bridge
-        for ch in self.channels.values():
-            if ch.credit:
-                bridge.grant_credit(ch.core_id, ch.credit)
-                ch.credit = 0
-                granted = True
-        return granted
 
     def must_pause(self) -> bool:
         return self.unconfirmed_bytes > UNCONFIRMED_MAX_BYTES or self.conn.pending_output() > OUTPUT_MAX_BYTES
