@@ -2,9 +2,12 @@
 
 :class:`AMQPServer` listens (plain or TLS) and runs one task per accepted connection
 in its own nursery. A connection's task reads bytes into the state machine and hands
-its events to the session; a writer task sends what they queued (and gives back the
-delivery credit the socket took); a timer task does heartbeats and watches the
-broker's publish refusal (``connection.blocked``). However a connection ends, its
+its events to the session; what they queue is written in the step that queued it
+while the writer task is idle (plain TCP: the deliveries of a pump at its end, the
+reader's replies after each read; ``_Output``), else, and for what the socket did not
+take, by a writer task, woken only then (either gives back the delivery credit the
+socket took); a timer task does heartbeats and watches the broker's publish refusal
+(``connection.blocked``). However a connection ends, its
 session closes its core channels once, and a failure in one connection is logged and
 touches no other.
 """
