@@ -2,8 +2,8 @@
 
 The core stops delivering to a channel once the bytes of its deliveries not yet taken
 by the socket pass a bound (its delivery credit); the connection gives that credit back
-once the socket took them. Deliveries (and confirms) are queued while the runtime
-pumps, so the pump's end (:meth:`DeliveryCredit.flush_nowait`, the runtime's
+once the socket took them. Deliveries are queued while the runtime pumps, so the
+pump's end (:meth:`DeliveryCredit.flush_nowait`, the runtime's
 ``Flushable``) sends them in that same step when the writer task is idle: one write
 for all of them, no wake-up of the writer, and their credit back at once, so the same
 pump goes on with the next deliveries (as the HTTP channel's
@@ -43,12 +43,6 @@ class DeliveryCredit:
     def delivered(self) -> None:
         """A delivery was queued while the runtime pumps (its channel counted its credit)."""
         self.pending = True
-        if not self._flush_asked:
-            self._flush_asked = True
-            self._bridge.want_flush(self)
-
-    def queued(self) -> None:
-        """Output other than a delivery (a confirm) was queued while the runtime pumps."""
         if not self._flush_asked:
             self._flush_asked = True
             self._bridge.want_flush(self)

@@ -10,8 +10,8 @@ channel exception with RabbitMQ's reply code (``replies.py``); one the spec make
 connection exception (5xx) closes the connection.
 
 It never touches sockets: it writes into the connection's output buffer and tells the
-IO layer (``server.py``) through ``wake``, or, for deliveries and confirms queued while
-the runtime pumps, through the pump's end (``credit.py``).
+IO layer (``server.py``) through ``wake``, or, for deliveries queued while the runtime
+pumps, through the pump's end (``credit.py``).
 
 Why one module of ~600 lines: the channels (the runtime's sinks), the login, the
 back-pressure and the per-message methods all read and write one connection's state
@@ -202,8 +202,6 @@ class AMQPChannel:
                 tag = effect.delivery_tag - self.confirm_offset
                 if tag > 0:
                     conn.send_raw(encode_confirm(self.number, tag, effect.multiple, effect.ack))
-            s.credit.queued()  # (sent, or the writer woken, at the pump's end: the reader's room too)
-            return
         elif kind is Return:
             msg = effect.message
             try:
