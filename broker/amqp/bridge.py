@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import trio
 
 from broker.core import Broker, BrokerViews
-from broker.runtime import BrokerRuntime, ChannelSink, CommandGateway
+from broker.runtime import BrokerRuntime, ChannelSink, CommandGateway, Flushable
 
 __all__ = ["RuntimeBridge"]
 
@@ -115,6 +115,11 @@ class RuntimeBridge:
     def flush(self) -> None:
         """Carry out every effect the core has produced (deliveries, confirms, log)."""
         self.gateway.flush()
+
+    def want_flush(self, sink: Flushable) -> None:
+        """``sink`` queued output while the runtime pumps: the pump's end calls its
+        ``flush_nowait`` (once per request)."""
+        self.runtime.want_flush(sink)
 
     # publishing blocked (the runtime's flow signal: a memory or disk alarm) ---------
 

@@ -2,9 +2,12 @@
 
 :class:`AMQPServer` listens (plain or TLS) and runs one task per accepted connection
 in its own nursery. A connection's task reads bytes into the state machine and hands
-its events to the session; a writer task sends what they queued (and gives back the
-delivery credit the socket took); a timer task does heartbeats and watches the
-broker's publish refusal (``connection.blocked``). However a connection ends, its
+its events to the session; what they queue is written in the step that queued it
+while the writer task is idle (plain TCP: the deliveries of a pump at its end, the
+reader's replies after each read; ``_Output``), else, and for what the socket did not
+take, by a writer task, woken only then (either gives back the delivery credit the
+socket took); a timer task does heartbeats and watches the broker's publish refusal
+(``connection.blocked``). However a connection ends, its
 session closes its core channels once, and a failure in one connection is logged and
 touches no other.
 """
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import ssl
 from collections.abc import Awaitable, Callable
 from functools import partial
@@ -151,27 +155,35 @@ class AMQPServer:
         remote_text = f"{remote[0]}:{remote[1]}" if isinstance(remote, tuple) and len(remote) >= 2 else None
         conn = AMQPConnection(self.limits, self._properties, now=trio.current_time())
         state = {"wakeup": trio.Event(), "room": trio.Event()}
+        output = _Output(stream)
 
         def wake() -> None:
             state["wakeup"].set()
             state["room"].set()
+
+        def write_nowait() -> bool:
+            if not output.write_nowait(conn):
+                return False
+            state["room"].set()
+            return True
 
         views = self.bridge.views
         session = AMQPSession(
             conn, self.bridge, remote=remote_text, loopback=_is_loopback(remote) or remote is None,
             login=self.login, has_users=lambda: bool(views.user_infos()), wake=wake,
         )
+        session.credit.write_nowait = write_nowait
         self.connections += 1
         stop_flow_events = self.bridge.subscribe_flow(session.flow_changed)
         try:
             async with trio.open_nursery() as nursery:
                 session.tasks = nursery
-                nursery.start_soon(self._writer, stream, conn, session, state, nursery.cancel_scope)
+                nursery.start_soon(self._writer, stream, output, conn, session, state, nursery.cancel_scope)
                 nursery.start_soon(self._timers, conn, session, wake, nursery.cancel_scope)
                 reading = trio.CancelScope()
                 session.stop_reading = reading.cancel
                 with reading:
-                    await self._reader(stream, conn, session, wake, state)
+                    await self._reader(stream, conn, session, wake, write_nowait, state)
                 if session.closing_reason is not None and conn.state is State.OPEN:
                     await self._close_for_shutdown(conn, session, wake)
                 # the connection is over (or closing): flush, wait for close-ok
@@ -204,7 +216,7 @@ class AMQPServer:
 
     async def _reader(
         self, stream: trio.abc.Stream, conn: AMQPConnection, session: AMQPSession, wake: Callable[[], None],
-        state: dict[str, trio.Event],
+        write_nowait: Callable[[], bool], state: dict[str, trio.Event],
     ) -> None:
         bridge = self.bridge
         while not conn.closed and conn.state is not State.CLOSING:
@@ -218,9 +230,14 @@ class AMQPServer:
             conn.receive_data(data, trio.current_time())
             await _drain_events(conn, session)
             session.run_failures()
-            bridge.flush()
+            bridge.flush()  # deliveries the acks made room for go out in its step
             session.update_blocked()
-            wake()
+            # replies, or output the pump could not send: written here if the writer
+            # is idle, else by the writer (woken only then, or to end the connection)
+            if conn.closed or (conn.pending_output() and not write_nowait()):
+                wake()
+            elif session.credit.pending:
+                session.credit.grant()
             # Back-pressure: stop reading while confirms or output are over their bounds
             # (each confirm and each write wakes this up).
             while session.must_pause() and not conn.closed and session.closing_reason is None:
@@ -241,10 +258,13 @@ class AMQPServer:
         session.release_all("broker shut down")
         wake()
 
-    async def _writer(self, stream: trio.abc.Stream, conn: AMQPConnection, session: AMQPSession, state: dict[str, trio.Event], scope: trio.CancelScope) -> None:
+    async def _writer(
+        self, stream: trio.abc.Stream, output: _Output, conn: AMQPConnection, session: AMQPSession,
+        state: dict[str, trio.Event], scope: trio.CancelScope,
+    ) -> None:
         while True:
             session.run_failures()  # channels to close (an operator's close, an ack timeout)
-            data = conn.data_to_send(trio.current_time())
+            data = output.take_unsent() + conn.data_to_send(trio.current_time())
             if not data:
                 if conn.closed:
                     scope.cancel()
@@ -252,13 +272,17 @@ class AMQPServer:
                 state["wakeup"] = trio.Event()
                 await state["wakeup"].wait()
                 continue
+            output.busy = True
             try:
                 await stream.send_all(data)
             except (trio.BrokenResourceError, trio.ClosedResourceError, ssl.SSLError, OSError):
                 session.release_all("client disconnected")
                 scope.cancel()
                 return
-            session.grant_credit()
+            finally:
+                output.busy = False
+            state["room"].set()
+            session.credit.grant()
             session.run_failures()
 
     async def _timers(self, conn: AMQPConnection, session: AMQPSession, wake: Callable[[], None], scope: trio.CancelScope) -> None:
@@ -274,6 +298,43 @@ class AMQPServer:
             log.info("amqp connection ended", extra={"fields": {"remote": session.remote, "reason": conn.ended.text}})
         session.release_all("connection ended")
         scope.cancel()
+
+
+class _Output:
+    """A connection's socket as written outside its writer task: from the runtime's
+    pump (``AMQPSession.flush_nowait``) and the reader, one write of everything queued
+    in their own step instead of a wake-up of the writer and its ``send_all`` (as the
+    HTTP channel's ``write_nowait``). Plain TCP only: TLS goes through the writer."""
+
+    def __init__(self, stream: trio.abc.Stream) -> None:
+        self._fileno = stream.socket.fileno if isinstance(stream, trio.SocketStream) else None
+        #: The writer task is in ``send_all``: nothing may be written around it.
+        self.busy = False
+        #: What the socket did not take of a write here: the writer sends it first.
+        self.unsent = b""
+
+    def write_nowait(self, conn: AMQPConnection) -> bool:
+        """Write the connection's queued output if the writer is idle; True if the
+        socket took all of it (or there was none). A failed write keeps it all for
+        the writer, whose ``send_all`` reports the failure."""
+        if self._fileno is None or self.busy or self.unsent:
+            return False
+        data = conn.data_to_send(trio.current_time())
+        if not data:
+            return True
+        try:
+            # a closed socket's fileno() is -1: EBADF, never another file
+            written = os.write(self._fileno(), data)
+        except OSError:  # BlockingIOError included
+            written = 0
+        if written < len(data):
+            self.unsent = data[written:]
+            return False
+        return True
+
+    def take_unsent(self) -> bytes:
+        unsent, self.unsent = self.unsent, b""
+        return unsent
 
 
 async def _receive(stream: trio.abc.Stream) -> bytes:

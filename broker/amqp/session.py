@@ -10,7 +10,8 @@ channel exception with RabbitMQ's reply code (``replies.py``); one the spec make
 connection exception (5xx) closes the connection.
 
 It never touches sockets: it writes into the connection's output buffer and tells the
-IO layer (``server.py``) through ``wake``.
+IO layer (``server.py``) through ``wake``, or, for deliveries queued while the runtime
+pumps, through the pump's end (``credit.py``).
 
 Why one module of ~600 lines: the channels (the runtime's sinks), the login, the
 back-pressure and the per-message methods all read and write one connection's state
@@ -31,6 +32,7 @@ from pamqp import commands
 
 from broker.amqp.bridge import RuntimeBridge
 from broker.amqp.connection import AMQPConnection
+from broker.amqp.credit import DeliveryCredit
 from broker.amqp.events import (
     Acks,
     Content,
@@ -185,7 +187,8 @@ class AMQPChannel:
                 )
             )
             self.credit += delivery_cost(body)
-            s.credit_pending = True
+            s.credit.delivered()  # sent at the pump's end, without waking the writer
+            return
         elif kind is Confirm:
             self._settle_unconfirmed(effect.delivery_tag)
             s.confirmed.set()
@@ -276,7 +279,8 @@ class AMQPSession:
         #: with the first channel, closed by ``release_all``).
         self.connection_id: int | None = None
         self.unconfirmed_bytes = 0
-        self.credit_pending = False
+        #: When queued output goes out, and the delivery credit it gives back.
+        self.credit = DeliveryCredit(bridge, lambda: self.channels.values(), wake)
         self.cancel_notify = False
         self.closing_reason: str | None = None
         self.blocked = False
@@ -461,18 +465,6 @@ class AMQPSession:
             self.closing_reason = reason
             self.stop_reading()
             self.wake()
-
-    def grant_credit(self) -> None:
-        """The socket took what was queued: give back its delivery credit."""
-        if not self.credit_pending:
-            return
-        self.credit_pending = False
-        bridge = self.bridge
-        for ch in self.channels.values():
-            if ch.credit:
-                bridge.grant_credit(ch.core_id, ch.credit)
-                ch.credit = 0
-        bridge.flush()
 
     def must_pause(self) -> bool:
         return self.unconfirmed_bytes > UNCONFIRMED_MAX_BYTES or self.conn.pending_output() > OUTPUT_MAX_BYTES
