@@ -79,3 +79,24 @@ def test_quick_cluster_run_against_redis(tmp_path: Path) -> None:
                                           for path in ("owner", "other node")}
     assert all(rate > 0 for rate in results["forwarding"].values())
     assert "| Redis (one server) | 1 |" in done.stdout and "| nodes | ackbus / Redis |" in done.stdout
+
+
+def test_the_nodes_run_on_the_benchmarks_own_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``scripts/cluster`` is told which Python to start the nodes with (``PYTHON``):
+    this one, from this tree. From a compiled build's tree, which has no ``.venv`` of
+    its own, it would otherwise fall back to a bare ``python3``."""
+    import bench.cluster_nodes as cluster_nodes
+
+    calls: list[tuple[list[str], dict[str, str]]] = []
+
+    def fake_run(argv: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
+        env = kwargs.get("env")
+        assert isinstance(env, dict)
+        calls.append((argv, env))
+        return subprocess.CompletedProcess(argv, 1, "", "refused by the test")
+
+    monkeypatch.setattr(cluster_nodes.subprocess, "run", fake_run)
+    with pytest.raises(RuntimeError, match="refused by the test"):
+        cluster_nodes.Cluster(1).__enter__()
+    assert [argv[1] for argv, _ in calls] == ["up", "down"]
+    assert all(env["PYTHON"] == sys.executable for _, env in calls)
