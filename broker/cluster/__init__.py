@@ -13,7 +13,7 @@ from broker.cluster.peers import (
     relay,
 )
 from broker.cluster.replica_leader import StaleEpoch
-from broker.cluster.replication import is_quorum
+from broker.cluster.view import is_replicated
 
 __all__ = [
     "ClusterConfig",
@@ -29,6 +29,6 @@ __all__ = [
     "PeerUnreachable",
     "relay",
     "StaleEpoch",
-    "is_quorum",
+    "is_replicated",
     "parse_endpoints",
 ]

@@ -32,10 +32,10 @@ from broker.cluster.mirror import CoreMirror
 from broker.cluster.port import ClusterGatewayPort
 from broker.cluster.replica_leader import COMPACT_AFTER_ENTRIES
 from broker.cluster.replica_set import change_replicas
-from broker.cluster.replication import Replication, is_quorum
+from broker.cluster.replication import Replication
 from broker.cluster.schedules import ClusterSchedules
 from broker.cluster.users import UserWriter, seed_users
-from broker.cluster.view import ClusterKeys, ClusterView
+from broker.cluster.view import ClusterKeys, ClusterView, is_replicated
 from broker.cluster.writes import MetadataWriter
 from broker.core import ErrorReply, Unavailable
 from broker.runtime import BrokerRuntime, CommandGateway, take_held_dead_letters
@@ -307,7 +307,7 @@ class ClusterNode:
         have a new leader; routing the queue here would find no queue (``no_route``,
         or an ack of a publish routed nowhere)."""
         owner = self.view.serving_node(queue, d)
-        if owner == self.name and is_quorum(d) and (self.replication is None or not self.replication.holds(queue)):
+        if owner == self.name and is_replicated(d) and (self.replication is None or not self.replication.holds(queue)):
             return None
         return owner
 
@@ -369,5 +369,5 @@ class ClusterNode:
         return {
             name: self.replication.status(name, d)
             for name, (d, _rev) in sorted(self.view.entries["queues"].items())
-            if is_quorum(d)
+            if is_replicated(d)
         }

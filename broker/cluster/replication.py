@@ -71,22 +71,16 @@ from broker.cluster.replica_leader import LeaderSide, StaleEpoch
 from broker.cluster.replica_log import ReplicaLog, replica_log_path
 from broker.cluster.replica_ops import LedQueue, RecordTranslator, fold, published_ids
 from broker.cluster.replica_state import QueueReplica, replica_status
-from broker.cluster.view import ClusterKeys, ClusterView
+from broker.cluster.view import ClusterKeys, ClusterView, is_replicated
 from broker.core import ErrorReply
 from broker.runtime import BrokerRuntime, tap_records
 
-__all__ = ["NO_QUORUM", "QUORUM", "Replication", "is_quorum"]
+__all__ = ["NO_QUORUM", "Replication"]
 
 log = logging.getLogger("ackbus.cluster")
 
-QUORUM = "quorum"
 NO_QUORUM = "no quorum"
 TICK_S = 0.25
-
-
-def is_quorum(definition: dict[str, Any] | None) -> bool:
-    """Whether a queue definition (etcd's) is a replicated queue."""
-    return bool(definition) and (definition or {}).get("arguments", {}).get("x-queue-type") == QUORUM
 
 
 class _Config(PeerSettings, Protocol):
@@ -165,7 +159,7 @@ class Replication:
         wanted = {
             name: d
             for name, (d, _rev) in view.entries["queues"].items()
-            if is_quorum(d) and self.me in d.get("replicas", [])
+            if is_replicated(d) and self.me in d.get("replicas", [])
         }
         for name in [n for n in self.queues if n not in wanted]:
             self._forget(name)
