@@ -14,6 +14,7 @@ Errors are :class:`FrameError` with the AMQP reply code the connection closes wi
 
 from __future__ import annotations
 
+import logging
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -52,9 +53,12 @@ __all__ = [
     "encode_cancel",
     "encode_heartbeat",
     "encode_properties",
+    "encode_sent_properties",
     "decode_properties",
     "PamqpMethod",
 ]
+
+log = logging.getLogger("ackbus.amqp")
 
 PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
 FRAME_METHOD = 1
@@ -357,6 +361,16 @@ def encode_properties(props: dict[str, Any] | None) -> bytes:
 
 # -- methods out ---------------------------------------------------------------------
 
+
+def encode_sent_properties(props: dict[str, Any] | None) -> bytes:
+    """:func:`encode_properties` for a message going out (deliver, get-ok, return):
+    headers with no AMQP form (a table published over HTTP can hold what AMQP cannot
+    say) are left out, with a warning, rather than the message held back."""
+    try:
+        return encode_properties(props)
+    except TableError as exc:
+        log.warning("message headers have no AMQP form; sent without them", extra={"fields": {"error": str(exc)}})
+        return encode_properties({k: v for k, v in (props or {}).items() if k != "headers"})
 
 def _frame(kind: int, channel: int, payload: bytes) -> bytes:
     return _FRAME_HEAD.pack(kind, channel, len(payload)) + payload + b"\xce"
