@@ -6,7 +6,8 @@ content frames). The per-message methods, on the hot path, are parsed and writte
 hand with ``struct`` (``basic.publish``, ``basic.ack``/``nack``/``reject``, content
 headers, ``basic.deliver``, confirms, ``basic.return``): about five times cheaper than
 a general codec. Every other method (the handshake, declares, binds) goes through
-pamqp, which knows all of them in both directions.
+pamqp, which knows all of them in both directions. The module is long (over 500
+lines) because each hand-written method sits beside its twin in the other direction.
 
 Errors are :class:`FrameError` with the AMQP reply code the connection closes with
 (501 frame error, 502 syntax error, 505 unexpected frame).
