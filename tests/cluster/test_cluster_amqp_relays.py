@@ -206,3 +206,35 @@ def test_a_global_qos_bounds_a_local_and_a_relayed_consumer_of_one_channel_each_
         if conn.is_open:
             conn.close()
 
+
+def test_a_higher_priority_relayed_consumer_is_served_before_a_lower_one_on_the_owner(
+    two: tuple[AMQPNode, AMQPNode],
+) -> None:
+    """docs/amqp.md: ``x-priority`` of a relayed consumer applies on the owner, against
+    the owner's own consumers too: a higher-priority relayed consumer with room gets
+    every message before a lower-priority consumer on the owner node itself."""
+    a, b = two
+    _work_on_a(a, b, "work", 0)
+    conn_a, conn_b = a.connect(), b.connect()
+    try:
+        ch_a, ch_b = conn_a.channel(), conn_b.channel()
+        ch_a.basic_qos(prefetch_count=5)
+        ch_b.basic_qos(prefetch_count=5)
+        local: list[Any] = []
+        relayed: list[Any] = []
+        ch_a.basic_consume("work", lambda _ch, m, _p, _b: local.append(m), arguments={"x-priority": 1})
+        ch_b.basic_consume("work", lambda _ch, m, _p, _b: relayed.append(m), arguments={"x-priority": 5})
+        wait_for("both consumers on the owner", lambda: a.proc.request("GET", "/queues/work")[1]["consumers"] == 2)
+        _publish_on_a(a, "work", ["p1", "p2", "p3", "p4"])
+        pump_until(conn_b, "4 delivered to the relayed consumer", lambda: len(relayed) == 4)
+        _settled_for(conn_a, 0.5)
+        assert local == [] and queue_counts(a.proc, "work") == (0, 4)
+        # once the higher one is full, the lower one on the owner gets the rest
+        _publish_on_a(a, "work", ["p5", "p6"])
+        pump_until(conn_a, "the rest to the owner's own consumer", lambda: len(local) == 1)
+        pump_until(conn_b, "one more to the relayed consumer", lambda: len(relayed) == 5)
+        assert len(local) == 1
+    finally:
+        for conn in (conn_a, conn_b):
+            if conn.is_open:
+                conn.close()
