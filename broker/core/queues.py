@@ -454,15 +454,23 @@ class QueueStore:
         return entry
 
     def pop_live(self, queue: Queue) -> Entry | None:
-        """The next ready entry, dropping expired ones on the way; None also when the
-        next one is held back (``Queue.hold_after``)."""
+        """The next ready entry, dropping expired ones on the way; None also when every
+        lane's next one is held back (``Queue.hold_after``)."""
         while True:
             entry = self.pop(queue)
             if entry is None:
                 return None
-            if queue.hold_after is not None and entry.message.seq > queue.hold_after:
-                queue.requeue(entry)
-                return None
+            bound = queue.hold_after
+            if bound is not None and entry.message.seq > bound:
+                queue.requeue(entry)  # (a priority queue's lower lanes may hold older ones)
+                lane = queue.lane_at_most(bound) if len(queue.lanes) > 1 else None
+                if lane is None:
+                    return None
+                if lane.head() is None:
+                    self._pager.page_in(queue, lane)
+                entry = queue.pop_lane(lane)
+                if entry is None:  # its read failed: tried again with backoff
+                    return None
             expires = entry.expires_at
             if expires is not None:
                 if entry.message.expires_at is not None:
