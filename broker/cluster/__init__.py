@@ -13,6 +13,7 @@ from broker.cluster.peers import (
     relay,
 )
 from broker.cluster.replica_leader import StaleEpoch
+from broker.cluster.replication import NO_QUORUM
 from broker.cluster.view import is_replicated
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "EtcdClient",
     "EtcdError",
     "EtcdUnavailable",
+    "NO_QUORUM",
     "NodeNameTaken",
     "PeerStream",
     "PeerUnreachable",

@@ -162,11 +162,13 @@ class Replication:
             if is_replicated(d) and self.me in d.get("replicas", [])
         }
         for name in [n for n in self.queues if n not in wanted]:
-            self._forget(name)
+            await self._forget(name)
         if not self._swept:  # once: the logs of queues deleted, or replicas removed, while this node was down
             self._swept = True
             keep = {replica_log_path(self.data_dir, n) for n in (*wanted, *self.queues)}
-            for path in (self.data_dir / "replicas").glob("*.log"):
+            folder = self.data_dir / "replicas"
+            # (and every .tmp: no log is open yet, so none is a rewrite under way)
+            for path in [*folder.glob("*.log"), *folder.glob("*.tmp")]:
                 try:
                     if path not in keep:
                         path.unlink(missing_ok=True)
@@ -194,12 +196,19 @@ class Replication:
             self.runtime.pump()
         return replica
 
-    def _forget(self, name: str) -> None:
+    async def _forget(self, name: str) -> None:
+        """The queue was deleted, or this node left its replica set: stop serving it and
+        remove its log. The removal waits for a rewrite of the log under way (its
+        cancelled follower's, its leader's compaction) to end: a later queue of the
+        same name opens its log only once this one is gone for good."""
         replica = self.queues.pop(name)
         if replica.leading is not None:
             self._step_down(replica, "queue deleted")
         self._stop_following(replica)
-        replica.log.remove()
+        try:
+            await replica.log.remove()
+        except OSError as exc:
+            log.error("replica log not deleted", extra={"fields": {"queue": name, "path": str(replica.log.path), "error": str(exc)}})
 
     async def _reconcile_one(self, replica: QueueReplica, d: dict[str, Any]) -> None:
         view = self.node.view
