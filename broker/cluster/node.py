@@ -20,6 +20,7 @@ from typing import Any
 
 import trio
 
+from broker.cluster.auto_deleted import AutoDeletedQueues
 from broker.cluster.dead_letters import DeadLetterForwarding
 from broker.cluster.etcd import EtcdClient, WatchMoved, WatchStream, parse_endpoints
 from broker.cluster.etcdproto import EtcdError, EtcdUnavailable
@@ -38,7 +39,12 @@ from broker.cluster.users import UserWriter, seed_users
 from broker.cluster.view import ClusterKeys, ClusterView, is_replicated
 from broker.cluster.writes import MetadataWriter
 from broker.core import ErrorReply, Unavailable
-from broker.runtime import BrokerRuntime, CommandGateway, take_held_dead_letters
+from broker.runtime import (
+    BrokerRuntime,
+    CommandGateway,
+    take_held_dead_letters,
+    tap_auto_deleted_queues,
+)
 
 __all__ = ["ClusterConfig", "ClusterNode", "NodeNameTaken"]
 
@@ -95,6 +101,11 @@ class ClusterNode:
             ssl_context=config.peer_ssl,
         )
         self.dead_letters = DeadLetterForwarding(self.forwarder, self._settle_dead_letter)
+        #: queues the core deleted by itself, deleted from etcd too (auto_deleted.py)
+        self.auto_deleted = AutoDeletedQueues(
+            self.writer, lambda queue: self.view.get("queues", queue),
+            lambda queue, d: self.serving_node(queue, d) == self.name, lambda queue: queue in runtime.core.queues,
+        )
         self.locks = ClusterLocks(self.client, self.keys)
         self.schedules = ClusterSchedules(self.client, self.keys, self.view, self.name)
         runtime.cluster = ClusterGatewayPort(
@@ -121,6 +132,7 @@ class ClusterNode:
         """Register (raising NodeNameTaken or EtcdUnavailable), report started, then
         keep the lease and the view current until cancelled; leaves on the way out."""
         self._hold_dead_letters()  # (before the runtime recovers: one dead at start is held too)
+        tap_auto_deleted_queues(self.runtime, self.auto_deleted.take)
         await self.membership.register()
         try:
             async with trio.open_nursery() as nursery:
@@ -129,6 +141,7 @@ class ClusterNode:
                 task_status.started()
                 await self.runtime.ready_event.wait()
                 await nursery.start(self.dead_letters.serve)
+                await nursery.start(self.auto_deleted.serve)
                 nursery.start_soon(report_depths, self.client, self.keys, self.name, self.runtime.core.views)
                 nursery.start_soon(self.schedules.run, self._lease, self._publish_tick)
                 if self.replication is not None:

@@ -24,7 +24,7 @@ from .constants import (
     check_entity_arguments,
 )
 from .delays import Delays
-from .effects import LogReadFailed, QueueReady
+from .effects import LogReadFailed, QueueAutoDeleted, QueueReady
 from .entities import ChannelState, Queue
 from .errors import (
     InvalidArgument,
@@ -242,12 +242,7 @@ class QueueStore:
         return queue
 
     def delete_queue(
-        self,
-        name: str,
-        *,
-        if_unused: bool = False,
-        if_empty: bool = False,
-        channel_id: int = REST_CHANNEL,
+        self, name: str, *, if_unused: bool = False, if_empty: bool = False, channel_id: int = REST_CHANNEL
     ) -> int:
         """Delete a queue; return how many ready messages it held.
 
@@ -262,11 +257,14 @@ class QueueStore:
             raise PreconditionFailed(f"queue {name!r} is not empty")
         return self.remove_queue(queue, "queue deleted")
 
-    def remove_queue(self, queue: Queue, reason: str) -> int:
+    def remove_queue(self, queue: Queue, reason: str, *, by_itself: bool = False) -> int:
         """Delete ``queue`` (consumers cancelled with ``reason``, bindings dropped);
-        return how many ready messages it held."""
+        return how many ready messages it held. ``by_itself``: no client asked for it
+        (``QueueAutoDeleted``: auto-delete, x-expires)."""
         count = queue.ready_count()
         queue.deleted = True
+        if by_itself:
+            self._outbox.emit(QueueAutoDeleted(queue.name, reason))
         if queue.getters:
             self._outbox.emit(QueueReady(queue.name))  # parked gets answer 404 now
         self._cancel_consumers(queue, reason)
@@ -488,12 +486,12 @@ class QueueStore:
         queue.wake_at = None
         expire_at = self._delays.expire_at(queue)
         if expire_at is not None and expire_at <= now:
-            self.remove_queue(queue, "queue expired (unused for its x-expires)")
+            self.remove_queue(queue, "queue expired (unused for its x-expires)", by_itself=True)
             return
         if queue.read_at is not None:
             idle_until = self._delays.auto_delete_at(queue)
             if idle_until is not None and idle_until <= now:
-                self.remove_queue(queue, "auto-delete queue left idle by its readers")
+                self.remove_queue(queue, "auto-delete queue left idle by its readers", by_itself=True)
                 return
         woke = False
         if queue.read_blocked_until is not None and queue.read_blocked_until <= now:
