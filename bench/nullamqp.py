@@ -375,7 +375,7 @@ class Connection:
             self.send_method(0, spec.Connection.Start(server_properties=props, mechanisms="PLAIN AMQPLAIN"))
             self.state, pos = START_OK, 8
         channels, broker = self.channels, self.broker
-        while n - pos >= 8:
+        while n - pos >= 7:
             ftype, number, size = _FRAME.unpack_from(buf, pos)
             if size > self.frame_max:
                 self.close_with(ConnectionError_(501, f"FRAME_ERROR - frame of {size} bytes"), readable=False)
