@@ -225,13 +225,21 @@ class Channel:
 
     def settle(self, tag: int, multiple: bool, requeue: bool | None, index: int) -> None:
         """Ack (``requeue`` None), nack or reject deliveries; their consumers refill."""
+        broker = self.conn.broker
+        if not multiple and requeue is None:  # the per-message path: one ack
+            consumer = self.unacked.pop(tag, None)
+            if consumer is None:
+                raise ChannelError(406, f"PRECONDITION_FAILED - unknown delivery tag {tag}", index)
+            consumer.outstanding -= 1
+            if consumer.queue.consumers:
+                broker.dirty.add(consumer.queue)
+            return
         if multiple:
             tags = [t for t in self.unacked if t <= tag] if tag else list(self.unacked)
         elif tag in self.unacked:
             tags = [tag]
         else:
             raise ChannelError(406, f"PRECONDITION_FAILED - unknown delivery tag {tag}", index)
-        broker = self.conn.broker
         for t in tags:
             consumer = self.unacked.pop(t)
             consumer.outstanding -= 1
@@ -369,7 +377,7 @@ class Connection:
                 self.out.append(PROTOCOL_HEADER)  # the one we speak, as the spec asks
                 self.state, self.drop_when_sent = CLOSING, True
                 return
-            props = {"product": "ackbus bench null AMQP peer", "version": "0", "capabilities": {
+            props: dict[str, Any] = {"product": "ackbus bench null AMQP peer", "version": "0", "capabilities": {
                 "publisher_confirms": True, "consumer_cancel_notify": True, "basic.nack": True,
                 "per_consumer_qos": True, "exchange_exchange_bindings": False}}
             self.send_method(0, spec.Connection.Start(server_properties=props, mechanisms="PLAIN AMQPLAIN"))
@@ -431,7 +439,7 @@ class Connection:
             pos = end + 1
         self.inbuf = buf[pos:]
         for ch in channels.values():
-            if ch.confirm and ch.published > ch.confirmed:
+            if ch.confirm and ch.published > ch.confirmed and not ch.closing:
                 multiple = ch.published - ch.confirmed > 1
                 self.out.append(_ACK_FRAME.pack(1, ch.number, 13, _ACK, ch.published, multiple, 0xCE))
                 ch.confirmed = ch.published
@@ -502,7 +510,8 @@ class Connection:
             raise ConnectionError_(503, f"COMMAND_INVALID - {name} on channel {number}", index)
 
     def channel_method(self, ch: Channel, method: Any, index: int) -> None:
-        broker, reply = self.broker, None
+        broker = self.broker
+        reply: Any = None
         if isinstance(method, spec.Channel.Close):
             ch.release()
             del self.channels[ch.number]
@@ -535,14 +544,14 @@ class Connection:
         elif isinstance(method, spec.Basic.Consume):
             reply = self.consume(ch, method, index)
         elif isinstance(method, spec.Basic.Cancel):
-            consumer = ch.consumers.pop(method.consumer_tag, None)
+            consumer = ch.consumers.pop(method.consumer_tag or "", None)
             if consumer is not None:
                 consumer.active = False
                 consumer.queue.consumers.remove(consumer)
             reply = None if method.nowait else spec.Basic.CancelOk(method.consumer_tag)
         elif isinstance(method, (spec.Basic.Ack, spec.Basic.Nack, spec.Basic.Reject)):
             requeue = None if isinstance(method, spec.Basic.Ack) else method.requeue
-            ch.settle(method.delivery_tag, getattr(method, "multiple", False), requeue, index)
+            ch.settle(method.delivery_tag or 0, getattr(method, "multiple", False), requeue, index)
         elif isinstance(method, (spec.Queue.Declare, spec.Queue.Purge, spec.Queue.Delete)):
             reply = self.queue_method(method, index)
         elif isinstance(method, (spec.Queue.Bind, spec.Queue.Unbind)):
@@ -557,7 +566,7 @@ class Connection:
             broker.topology_changed()
             bind = isinstance(method, spec.Queue.Bind)
             reply = spec.Queue.BindOk() if bind else spec.Queue.UnbindOk()
-            reply = None if bind and method.nowait else reply
+            reply = None if getattr(method, "nowait", False) else reply
         elif isinstance(method, (spec.Exchange.Declare, spec.Exchange.Delete)):
             reply = self.exchange_method(method, index)
         else:

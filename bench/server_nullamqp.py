@@ -101,7 +101,7 @@ class NullAMQPServer:
 
     def queue_messages(self, queue: str) -> int:
         """The count a passive queue.declare answers (pika, as for RabbitMQ)."""
-        import pika
+        import pika  # type: ignore[import-untyped]
 
         conn = pika.BlockingConnection(pika.ConnectionParameters(
             host="127.0.0.1", port=self.port, connection_attempts=1, socket_timeout=5))
