@@ -20,6 +20,7 @@ from bench.stats import SIDE_NAMES, SIDES, Summary, fmt
 __all__ = ["plot"]
 
 COLORS = {"ackbus": "#2b6cb0", "rabbitmq": "#f08c00", "redis": "#c53030", "null": "#718096"}
+LEGEND = {"null": "null (no broker: pika's ceiling)"}
 
 PANELS = (
     ("throughput (msgs/s, log scale) — higher is better", lambda s: "msgs/s" in s.figure.metric, True),
@@ -85,7 +86,7 @@ def plot(summaries: Sequence[Summary], results: dict[str, Any], path: Path) -> N
                 medians.append(median)
                 lows.append(median - s.stat(side, "min"))
                 highs.append(s.stat(side, "max") - median)
-            ax.barh(ys, medians, height=bar * 0.92, color=COLORS[side], label=SIDE_NAMES[side],
+            ax.barh(ys, medians, height=bar * 0.92, color=COLORS[side], label=LEGEND.get(side, SIDE_NAMES[side]),
                     xerr=[lows, highs], error_kw={"elinewidth": 0.8, "capsize": 2, "ecolor": "#333"})
             for y, m in zip(ys, medians):
                 ax.text(m, y, " " + fmt(m), va="center", ha="left", fontsize=7, color="#222")
