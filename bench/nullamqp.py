@@ -45,10 +45,10 @@ import signal
 import socket
 import struct
 import time
+import traceback
 from typing import Any
 
 from pamqp import commands as spec
-from pamqp import exceptions as pamqp_exceptions
 from pamqp import frame as pamqp_frame
 
 __all__ = ["PROTOCOL_HEADER", "serve"]
@@ -403,6 +403,8 @@ class Connection:
                 if self.state == CLOSED:
                     return
             elif ftype == 1:
+                if size < 4:
+                    raise ConnectionError_(502, f"SYNTAX_ERROR - a method frame of {size} bytes")
                 index = _U32.unpack_from(buf, pos + 7)[0]
                 if ch.route is not None:
                     raise ConnectionError_(505, "UNEXPECTED_FRAME - a method frame inside a publish's content", index)
@@ -410,7 +412,7 @@ class Connection:
                     if index == _PUBLISH:
                         ch.route = broker.route(buf[pos + 11:end])
                         ch.remaining = -1
-                    elif index == _ACK:
+                    elif index == _ACK and size >= 13:
                         ch.settle(_U64.unpack_from(buf, pos + 11)[0], bool(buf[pos + 19] & 1), None, index)
                     else:
                         self.control(buf[pos:end + 1], number, ch)
@@ -421,6 +423,8 @@ class Connection:
             elif ftype == 2:
                 if ch.route is None or ch.remaining != -1:
                     raise ConnectionError_(505, "UNEXPECTED_FRAME - a content header outside a publish")
+                if size < 14:
+                    raise ConnectionError_(502, f"SYNTAX_ERROR - a content header of {size} bytes")
                 ch.remaining = _U64.unpack_from(buf, pos + 11)[0]
                 if ch.route.needs_sample():
                     ch.sampling = [buf[pos + 7:end]]
@@ -462,7 +466,7 @@ class Connection:
             return
         try:
             _, _, method = pamqp_frame.unmarshal(raw)
-        except pamqp_exceptions.UnmarshalingException as exc:
+        except Exception as exc:  # (pamqp's UnmarshalingException, and what a fuzzed frame makes it raise)
             raise ConnectionError_(502, f"SYNTAX_ERROR - {exc}") from exc
         index = getattr(method, "index", 0)
         if self.state != READY or number == 0:
@@ -679,7 +683,11 @@ def serve(port: int) -> None:
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                     connections.add(Connection(broker, sock, selector))
                 elif mask & selectors.EVENT_READ:
-                    conn.on_readable()
+                    try:
+                        conn.on_readable()
+                    except Exception:  # a bug here must cost this connection, not the server
+                        traceback.print_exc()
+                        conn.drop()
                 elif mask & selectors.EVENT_WRITE:
                     broker.to_flush.add(conn)
             broker.dispatch()  # (consumers of queues a dropped connection gave back to)

@@ -218,6 +218,53 @@ def test_unimplemented_methods_and_broken_frames_close_the_connection(
     _still_serves(null_server)
 
 
+def _valid_script() -> bytes:
+    """Frames a pika publisher and consumer send on channel 1 after the handshake."""
+    methods = [spec.Queue.Declare(queue="f"), spec.Confirm.Select(), spec.Basic.Qos(prefetch_count=5),
+               spec.Basic.Consume(queue="f", consumer_tag="c")]
+    out = b"".join(pamqp_frame.marshal(m, 1) for m in methods)
+    for _ in range(3):
+        out += (pamqp_frame.marshal(spec.Basic.Publish(routing_key="f"), 1)
+                + pamqp_frame.marshal(pamqp_header.ContentHeader(0, 3, spec.Basic.Properties(delivery_mode=2)), 1)
+                + pamqp_frame.marshal(pamqp_body.ContentBody(b"abc"), 1))
+    return out + pamqp_frame.marshal(spec.Basic.Ack(delivery_tag=1), 1)
+
+
+def test_broken_input_never_takes_the_server_down(null_server: NullAMQPServer, seeded_random: Any) -> None:
+    """Valid frames with bytes flipped, cut, inserted or replaced by garbage: each
+    connection ends or goes on, and a fresh one still gets through the handshake."""
+    script = _valid_script()
+    for case in range(40):
+        data = bytearray(script)
+        for _ in range(seeded_random.randint(1, 4)):
+            at = seeded_random.randrange(len(data))
+            what = seeded_random.choice(("flip", "cut", "insert", "garbage"))
+            if what == "flip":
+                data[at] ^= 1 << seeded_random.randrange(8)
+            elif what == "cut":
+                del data[at:at + seeded_random.randint(1, 20)]
+            elif what == "insert":
+                data[at:at] = seeded_random.randbytes(seeded_random.randint(1, 20))
+            else:
+                data[at:] = seeded_random.randbytes(seeded_random.randint(1, 200))
+        client = RawAMQP(null_server.port)
+        try:
+            client.open()
+            client.sock.sendall(bytes(data))
+            client.sock.shutdown(socket.SHUT_WR)
+            client.sock.settimeout(2)
+            try:
+                while client.sock.recv(65536):
+                    pass
+            except (TimeoutError, ConnectionResetError):
+                pass
+        finally:
+            client.close()
+        assert null_server.proc is not None and null_server.proc.poll() is None, f"case {case}: the server died"
+        _still_serves(null_server)
+    assert "Traceback" not in null_server.log_tail(200)
+
+
 # --------------------------------------------------------------------------- the harness
 
 
