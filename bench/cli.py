@@ -45,7 +45,6 @@ from bench.workloads import WORKLOADS, Context, all_figures
 __all__ = ["main"]
 
 
-
 def _nothing_to_install(say: Any) -> None:
     """The null AMQP peer is part of the harness (pamqp is a dependency of ackbus)."""
 

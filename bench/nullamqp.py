@@ -31,9 +31,10 @@ rather than trio: one thread and no scheduler, so that the least Python runs per
 message and pika, sharing the machine with it, is what bounds the rate.
 
 Bounded: 127.0.0.1 only, at most ``MAX_CONNECTIONS`` connections, ``MAX_ENTITIES``
-queues and exchanges, frames up to ``FRAME_MAX``, a connection's unsent output up to
-``OUT_LIMIT`` before it is read no more, ``DEADLINE_S`` to finish a handshake or a
-close. It exits on SIGTERM, and by itself once the process that started it is gone.
+queues, exchanges and bindings per exchange, ``MAX_CONSUMERS`` per channel, frames up
+to ``FRAME_MAX``, bodies up to ``MAX_BODY``, a connection's unsent output up to
+``OUT_LIMIT`` before it is read no more (and a consumer's deliveries of one chunk to
+about that much), ``DEADLINE_S`` to finish a handshake or a close. It exits on SIGTERM, and by itself once the process that started it is gone.
 """
 
 from __future__ import annotations
@@ -56,7 +57,9 @@ __all__ = ["PROTOCOL_HEADER", "serve"]
 FRAME_MAX = 131_072
 CHANNEL_MAX = 2047
 MAX_CONNECTIONS = 512
-MAX_ENTITIES = 100_000
+MAX_ENTITIES = 100_000  # queues, exchanges, bindings of an exchange
+MAX_CONSUMERS = 1024  # per channel
+MAX_BODY = 16 * 1024 * 1024
 OUT_LIMIT = 8 * 1024 * 1024
 UNLIMITED_PREFETCH = 10_000
 DEADLINE_S = 10.0
@@ -194,6 +197,7 @@ class Consumer:
         if self.frames is None:
             self.frames = self._encode(queue.sample)
         prefix, suffix = self.frames
+        n = min(n, max(1, OUT_LIMIT // (len(prefix) + 8 + len(suffix))))
         ch = self.channel
         first = ch.delivery_tag + 1
         ch.delivery_tag += n
@@ -214,7 +218,7 @@ class Channel:
         self.confirm = False
         self.published = 0  # publish sequence number (confirm mode)
         self.confirmed = 0
-        self.tx: list[Queue] | None = None  # the queues of the publishes of an open transaction
+        self.tx: dict[Queue, int] | None = None  # an open transaction's publishes per queue
         self.prefetch = 0
         self.consumers: dict[str, Consumer] = {}
         self.delivery_tag = 0
@@ -257,7 +261,8 @@ class Channel:
                 queue.sample = queue.sample or sample
             self.sampling = None
         if self.tx is not None:
-            self.tx.extend(route.queues)
+            for queue in route.queues:
+                self.tx[queue] = self.tx.get(queue, 0) + 1
         else:
             dirty = self.conn.broker.dirty
             for queue in route.queues:
@@ -426,6 +431,11 @@ class Connection:
                 if size < 14:
                     raise ConnectionError_(502, f"SYNTAX_ERROR - a content header of {size} bytes")
                 ch.remaining = _U64.unpack_from(buf, pos + 11)[0]
+                if ch.remaining > MAX_BODY:
+                    self.channel_error(ch, ChannelError(406, f"PRECONDITION_FAILED - a body of {ch.remaining} bytes "
+                                                             f"(the null peer takes up to {MAX_BODY})", 0))
+                    pos = end + 1
+                    continue
                 if ch.route.needs_sample():
                     ch.sampling = [buf[pos + 7:end]]
                 if ch.remaining == 0:
@@ -530,17 +540,17 @@ class Connection:
         elif isinstance(method, spec.Tx.Select):
             if ch.confirm:
                 raise ChannelError(406, "PRECONDITION_FAILED - a confirm channel cannot be made transactional", index)
-            ch.tx = ch.tx or []
+            ch.tx = ch.tx or {}
             reply = spec.Tx.SelectOk()
         elif isinstance(method, (spec.Tx.Commit, spec.Tx.Rollback)):
             if ch.tx is None:
                 raise ChannelError(406, "PRECONDITION_FAILED - channel is not transactional", index)
             if isinstance(method, spec.Tx.Commit):
-                for queue in ch.tx:
-                    queue.count += 1
+                for queue, n in ch.tx.items():
+                    queue.count += n
                     if queue.consumers:
                         broker.dirty.add(queue)
-            ch.tx = []
+            ch.tx = {}
             reply = spec.Tx.CommitOk() if isinstance(method, spec.Tx.Commit) else spec.Tx.RollbackOk()
         elif isinstance(method, spec.Basic.Qos):
             ch.prefetch = method.prefetch_count
@@ -560,9 +570,13 @@ class Connection:
             reply = self.queue_method(method, index)
         elif isinstance(method, (spec.Queue.Bind, spec.Queue.Unbind)):
             queue = broker.queue(method.queue, index)
-            if method.exchange not in broker.exchanges or method.exchange == "":
-                raise ChannelError(404 if method.exchange else 403, f"no exchange '{method.exchange}' to bind", index)
+            if method.exchange == "":
+                raise ChannelError(403, "ACCESS_REFUSED - the default exchange takes no bindings", index)
+            if method.exchange not in broker.exchanges:
+                raise ChannelError(404, f"NOT_FOUND - no exchange '{method.exchange}'", index)
             bindings = broker.bindings.setdefault(method.exchange, [])
+            if len(bindings) >= MAX_ENTITIES:
+                raise ChannelError(406, f"PRECONDITION_FAILED - at most {MAX_ENTITIES} bindings an exchange", index)
             if (method.routing_key, queue) in bindings:
                 bindings.remove((method.routing_key, queue))
             if isinstance(method, spec.Queue.Bind):
@@ -586,6 +600,8 @@ class Connection:
         tag = method.consumer_tag or f"null-ctag-{ch.number}-{len(ch.consumers) + 1}"
         if tag in ch.consumers:
             raise ConnectionError_(530, f"NOT_ALLOWED - consumer tag '{tag}' in use", index)
+        if len(ch.consumers) >= MAX_CONSUMERS:
+            raise ChannelError(406, f"PRECONDITION_FAILED - at most {MAX_CONSUMERS} consumers a channel", index)
         consumer = ch.consumers[tag] = Consumer(ch, tag, queue, ch.prefetch)
         queue.consumers.append(consumer)
         if not method.nowait:

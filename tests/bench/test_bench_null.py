@@ -193,6 +193,19 @@ def test_unknown_exchange_and_queue_close_the_channel_with_404(null_server: Null
     raw.send(3, spec.Basic.Ack(delivery_tag=7))
     channel, close = raw.read()
     assert channel == 3 and isinstance(close, spec.Channel.Close) and close.reply_code == 406
+    # a body over the null peer's bound: 406 too, and the body frames after it are ignored
+    raw.send(4, spec.Channel.Open(), spec.Queue.Declare(queue="big"))
+    assert isinstance(raw.read()[1], spec.Channel.OpenOk) and isinstance(raw.read()[1], spec.Queue.DeclareOk)
+    raw.send(4, spec.Basic.Publish(routing_key="big"))
+    raw.sock.sendall(pamqp_frame.marshal(pamqp_header.ContentHeader(0, 1 << 30, spec.Basic.Properties()), 4)
+                     + pamqp_frame.marshal(pamqp_body.ContentBody(b"x" * 1000), 4))
+    channel, close = raw.read()
+    assert channel == 4 and isinstance(close, spec.Channel.Close) and close.reply_code == 406
+    raw.send(4, spec.Channel.CloseOk())
+    raw.send(5, spec.Channel.Open(), spec.Queue.Declare(queue="big", passive=True))
+    assert isinstance(raw.read()[1], spec.Channel.OpenOk)
+    _, declared = raw.read()
+    assert isinstance(declared, spec.Queue.DeclareOk) and declared.message_count == 0
 
 
 def test_unimplemented_methods_and_broken_frames_close_the_connection(
