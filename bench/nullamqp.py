@@ -155,6 +155,22 @@ class NullBroker:
         self.dirty.clear()
 
 
+def _reply_text(text: str) -> str:
+    """``text`` cut to what a short string holds (255 bytes of UTF-8)."""
+    return text.encode()[:255].decode(errors="ignore")
+
+
+def _validate(method: Any, error: ConnectionError_) -> None:
+    """pamqp's checks of a channel method's fields (names, lengths) before anything is
+    applied: a name the replies could not carry is refused with ``error`` (its code and
+    name). (Not the handshake's: pika's Connection.Open sets ``insist``, which pamqp
+    refuses and RabbitMQ ignores.)"""
+    try:
+        method.validate()
+    except (ValueError, AttributeError) as exc:
+        raise type(error)(error.code, f"{error.text} - {exc}", error.index) from exc
+
+
 def _publish_names(payload: bytes) -> tuple[str, str]:
     """(exchange, routing key) of a basic.publish's arguments (after the reserved short)."""
     try:
@@ -364,7 +380,7 @@ class Connection:
     def close_with(self, exc: ConnectionError_, readable: bool = True) -> None:
         """Connection.Close with ``exc``'s code; wait (bounded) for Close-Ok, or, when
         the input cannot be parsed any more (``readable`` False), drop once it is out."""
-        self.send_method(0, spec.Connection.Close(exc.code, exc.text[:255], exc.index >> 16, exc.index & 0xFFFF))
+        self.send_method(0, spec.Connection.Close(exc.code, _reply_text(exc.text), exc.index >> 16, exc.index & 0xFFFF))
         self.state, self.deadline = CLOSING, time.monotonic() + DEADLINE_S
         self.drop_when_sent = not readable
         self.inbuf = b""
@@ -460,7 +476,7 @@ class Connection:
         broker.dispatch()
 
     def channel_error(self, ch: Channel, exc: ChannelError) -> None:
-        self.send_method(ch.number, spec.Channel.Close(exc.code, exc.text[:255], exc.index >> 16, exc.index & 0xFFFF))
+        self.send_method(ch.number, spec.Channel.Close(exc.code, _reply_text(exc.text), exc.index >> 16, exc.index & 0xFFFF))
         ch.closing, ch.route, ch.sampling = True, None, None
         ch.release()
 
@@ -495,6 +511,7 @@ class Connection:
                     self.send_method(number, spec.Channel.CloseOk())
         else:
             try:
+                _validate(method, ChannelError(406, "PRECONDITION_FAILED", index))
                 self.channel_method(ch, method, index)
             except ChannelError as exc:
                 self.channel_error(ch, exc)
