@@ -15,7 +15,8 @@ Layout:
   its time budget.
 - ``servers``: start, crash (``kill -9``) and stop the brokers, by PID;
   ``server_redis``: the same for redis-server; ``server_nullamqp``: for the null AMQP
-  peer, whose process is ``nullamqp`` (an AMQP server that does no broker work).
+  peer, whose process is ``nullamqp`` (an AMQP server that does no broker work; what it
+  keeps: ``nullamqp_state``).
 - ``procs``: client worker processes with a ready/go handshake, under timeouts.
 - ``worker_ackbus`` / ``worker_rabbitmq`` / ``worker_redis``: the client side of each
   workload, one process each (ackbus's own client library; pika for RabbitMQ;

@@ -34,7 +34,11 @@ Bounded: 127.0.0.1 only, at most ``MAX_CONNECTIONS`` connections, ``MAX_ENTITIES
 queues, exchanges and bindings per exchange, ``MAX_CONSUMERS`` per channel, frames up
 to ``FRAME_MAX``, bodies up to ``MAX_BODY``, a connection's unsent output up to
 ``OUT_LIMIT`` before it is read no more (and a consumer's deliveries of one chunk to
-about that much), ``DEADLINE_S`` to finish a handshake or a close. It exits on SIGTERM, and by itself once the process that started it is gone.
+about that much), ``DEADLINE_S`` to finish a handshake or a close. It exits on
+SIGTERM, and by itself once the process that started it is gone.
+
+The entities (queues as counts, routes, consumers, channels) are in
+``bench.nullamqp_state``; this module is the connections, their frames and the loop.
 """
 
 from __future__ import annotations
@@ -52,108 +56,33 @@ from typing import Any
 from pamqp import commands as spec
 from pamqp import frame as pamqp_frame
 
+from bench.nullamqp_state import (
+    FRAME_HEADER,
+    MAX_ENTITIES,
+    OUT_LIMIT,
+    PUBLISH,
+    U32,
+    U64,
+    Channel,
+    ChannelError,
+    ConnectionError_,
+    Consumer,
+    NullBroker,
+    Queue,
+)
+
 __all__ = ["PROTOCOL_HEADER", "serve"]
 
 FRAME_MAX = 131_072
 CHANNEL_MAX = 2047
 MAX_CONNECTIONS = 512
-MAX_ENTITIES = 100_000  # queues, exchanges, bindings of an exchange
 MAX_CONSUMERS = 1024  # per channel
 MAX_BODY = 16 * 1024 * 1024
-OUT_LIMIT = 8 * 1024 * 1024
-UNLIMITED_PREFETCH = 10_000
 DEADLINE_S = 10.0
 PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
 
-_FRAME = struct.Struct(">BHI")
-_U32 = struct.Struct(">I")
-_U64 = struct.Struct(">Q")
-_PUBLISH, _ACK = spec.Basic.Publish.index, spec.Basic.Ack.index
+_ACK = spec.Basic.Ack.index
 _ACK_FRAME = struct.Struct(">BHII QB B")  # type, channel, size, class+method, tag, multiple, frame end
-
-
-class ConnectionError_(Exception):
-    """A connection exception: Connection.Close with this reply code."""
-
-    def __init__(self, code: int, text: str, index: int = 0) -> None:
-        super().__init__(text)
-        self.code, self.text, self.index = code, text, index
-
-
-class ChannelError(ConnectionError_):
-    """A channel exception: Channel.Close with this reply code."""
-
-
-def _shortstr(text: str) -> bytes:
-    raw = text.encode()
-    return bytes([len(raw)]) + raw
-
-
-class Queue:
-    """A queue's count of messages and the one message every delivery repeats."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.count = 0
-        self.sample: tuple[str, str, bytes, bytes] | None = None  # exchange, key, header payload, body
-        self.consumers: list[Consumer] = []
-
-
-class Route:
-    """Where one publish method (its bytes) goes: the queues, and its exchange and key."""
-
-    def __init__(self, exchange: str, key: str, queues: list[Queue]) -> None:
-        self.exchange, self.key, self.queues = exchange, key, queues
-        self.sampled = False  # every queue has its message to repeat
-
-    def needs_sample(self) -> bool:
-        if not self.sampled:
-            self.sampled = all(queue.sample is not None for queue in self.queues)
-        return not self.sampled
-
-
-class NullBroker:
-    """The entities all connections share: queues, exchanges, bindings, routes."""
-
-    def __init__(self) -> None:
-        self.queues: dict[str, Queue] = {}
-        self.exchanges: dict[str, str] = {"": "direct", "amq.direct": "direct", "amq.fanout": "fanout"}
-        self.bindings: dict[str, list[tuple[str, Queue]]] = {}  # exchange -> (key, queue)
-        self.routes: dict[bytes, Route] = {}  # publish method payload -> its route
-        self.dirty: set[Queue] = set()  # queues with consumers that got messages
-        self.to_flush: set[Connection] = set()
-        self.names = 0
-
-    def route(self, payload: bytes) -> Route:
-        route = self.routes.get(payload)
-        if route is None:
-            exchange, key = _publish_names(payload)
-            if exchange not in self.exchanges:
-                raise ChannelError(404, f"NOT_FOUND - no exchange '{exchange}'", _PUBLISH)
-            if exchange == "":
-                queues = [self.queues[key]] if key in self.queues else []
-            else:
-                fanout = self.exchanges[exchange] == "fanout"
-                queues = list({q.name: q for k, q in self.bindings.get(exchange, ()) if fanout or k == key}.values())
-            if len(self.routes) >= MAX_ENTITIES:
-                self.routes.clear()
-            route = self.routes[payload] = Route(exchange, key, queues)
-        return route
-
-    def topology_changed(self) -> None:
-        self.routes.clear()
-
-    def queue(self, name: str, index: int) -> Queue:
-        if name not in self.queues:
-            raise ChannelError(404, f"NOT_FOUND - no queue '{name}'", index)
-        return self.queues[name]
-
-    def dispatch(self) -> None:
-        for queue in self.dirty:
-            for consumer in queue.consumers:
-                consumer.fill()
-        self.dirty.clear()
-
 
 def _reply_text(text: str) -> str:
     """``text`` cut to what a short string holds (255 bytes of UTF-8)."""
@@ -169,136 +98,6 @@ def _validate(method: Any, error: ConnectionError_) -> None:
         method.validate()
     except (ValueError, AttributeError) as exc:
         raise type(error)(error.code, f"{error.text} - {exc}", error.index) from exc
-
-
-def _publish_names(payload: bytes) -> tuple[str, str]:
-    """(exchange, routing key) of a basic.publish's arguments (after the reserved short)."""
-    try:
-        n = payload[2]
-        exchange = payload[3:3 + n].decode()
-        m = payload[3 + n]
-        return exchange, payload[4 + n:4 + n + m].decode()
-    except (IndexError, UnicodeDecodeError) as exc:
-        raise ConnectionError_(502, f"SYNTAX_ERROR - basic.publish: {exc}", _PUBLISH) from exc
-
-
-class Consumer:
-    """One basic.consume: kept at ``prefetch`` deliveries outstanding."""
-
-    def __init__(self, channel: Channel, tag: str, queue: Queue, prefetch: int) -> None:
-        self.channel, self.tag, self.queue = channel, tag, queue
-        self.prefetch = prefetch or UNLIMITED_PREFETCH
-        self.outstanding = 0
-        self.active = True
-        self.frames: tuple[bytes, bytes] | None = None  # a delivery's bytes before and after its tag
-
-    def _encode(self, sample: tuple[str, str, bytes, bytes]) -> tuple[bytes, bytes]:
-        exchange, key, header, body = sample
-        ch = self.channel.number
-        ctag, tail = _shortstr(self.tag), b"\x00" + _shortstr(exchange) + _shortstr(key)
-        prefix = _FRAME.pack(1, ch, 4 + len(ctag) + 8 + len(tail)) + _U32.pack(spec.Basic.Deliver.index) + ctag
-        parts = [tail, b"\xce", _FRAME.pack(2, ch, len(header)), header, b"\xce"]
-        step = self.channel.conn.frame_max - 8
-        for at in range(0, len(body), step):
-            piece = body[at:at + step]
-            parts += [_FRAME.pack(3, ch, len(piece)), piece, b"\xce"]
-        return prefix, b"".join(parts)
-
-    def fill(self) -> None:
-        """Send as many deliveries as the prefetch allows and the queue holds."""
-        queue = self.queue
-        n = min(self.prefetch - self.outstanding, queue.count)
-        if n <= 0 or not self.active or queue.sample is None:
-            return
-        if self.frames is None:
-            self.frames = self._encode(queue.sample)
-        prefix, suffix = self.frames
-        n = min(n, max(1, OUT_LIMIT // (len(prefix) + 8 + len(suffix))))
-        ch = self.channel
-        first = ch.delivery_tag + 1
-        ch.delivery_tag += n
-        queue.count -= n
-        self.outstanding += n
-        ch.unacked.update(dict.fromkeys(range(first, first + n), self))
-        pack = _U64.pack
-        ch.conn.out.append(b"".join([prefix + pack(tag) + suffix for tag in range(first, first + n)]))
-        ch.conn.broker.to_flush.add(ch.conn)
-
-
-class Channel:
-    """A channel's modes, its publish in progress, its consumers and unacked deliveries."""
-
-    def __init__(self, conn: Connection, number: int) -> None:
-        self.conn, self.number = conn, number
-        self.closing = False
-        self.confirm = False
-        self.published = 0  # publish sequence number (confirm mode)
-        self.confirmed = 0
-        self.tx: dict[Queue, int] | None = None  # an open transaction's publishes per queue
-        self.prefetch = 0
-        self.consumers: dict[str, Consumer] = {}
-        self.delivery_tag = 0
-        self.unacked: dict[int, Consumer] = {}
-        self.route: Route | None = None  # a publish whose content is being read
-        self.remaining = 0
-        self.sampling: list[bytes] | None = None  # header payload, then body pieces
-
-    def settle(self, tag: int, multiple: bool, requeue: bool | None, index: int) -> None:
-        """Ack (``requeue`` None), nack or reject deliveries; their consumers refill."""
-        broker = self.conn.broker
-        if not multiple and requeue is None:  # the per-message path: one ack
-            consumer = self.unacked.pop(tag, None)
-            if consumer is None:
-                raise ChannelError(406, f"PRECONDITION_FAILED - unknown delivery tag {tag}", index)
-            consumer.outstanding -= 1
-            if consumer.queue.consumers:
-                broker.dirty.add(consumer.queue)
-            return
-        if multiple:
-            tags = [t for t in self.unacked if t <= tag] if tag else list(self.unacked)
-        elif tag in self.unacked:
-            tags = [tag]
-        else:
-            raise ChannelError(406, f"PRECONDITION_FAILED - unknown delivery tag {tag}", index)
-        for t in tags:
-            consumer = self.unacked.pop(t)
-            consumer.outstanding -= 1
-            if requeue:
-                consumer.queue.count += 1
-            if consumer.queue.consumers:
-                broker.dirty.add(consumer.queue)
-
-    def published_one(self) -> None:
-        route = self.route
-        assert route is not None
-        if self.sampling is not None:
-            sample = (route.exchange, route.key, self.sampling[0], b"".join(self.sampling[1:]))
-            for queue in route.queues:
-                queue.sample = queue.sample or sample
-            self.sampling = None
-        if self.tx is not None:
-            for queue in route.queues:
-                self.tx[queue] = self.tx.get(queue, 0) + 1
-        else:
-            dirty = self.conn.broker.dirty
-            for queue in route.queues:
-                queue.count += 1
-                if queue.consumers:
-                    dirty.add(queue)
-        if self.confirm:
-            self.published += 1
-        self.route = None
-
-    def release(self) -> None:
-        """The channel is gone: its consumers stop, its unacked deliveries go back."""
-        for consumer in self.consumers.values():
-            consumer.active = False
-            consumer.queue.consumers.remove(consumer)
-        for consumer in self.unacked.values():
-            consumer.queue.count += 1
-            self.conn.broker.dirty.add(consumer.queue)
-        self.unacked.clear()
-        self.consumers.clear()
 
 
 # handshake states of a connection
@@ -405,7 +204,7 @@ class Connection:
             self.state, pos = START_OK, 8
         channels, broker = self.channels, self.broker
         while n - pos >= 7:
-            ftype, number, size = _FRAME.unpack_from(buf, pos)
+            ftype, number, size = FRAME_HEADER.unpack_from(buf, pos)
             if size > self.frame_max:
                 self.close_with(ConnectionError_(501, f"FRAME_ERROR - frame of {size} bytes"), readable=False)
                 return
@@ -426,15 +225,15 @@ class Connection:
             elif ftype == 1:
                 if size < 4:
                     raise ConnectionError_(502, f"SYNTAX_ERROR - a method frame of {size} bytes")
-                index = _U32.unpack_from(buf, pos + 7)[0]
+                index = U32.unpack_from(buf, pos + 7)[0]
                 if ch.route is not None:
                     raise ConnectionError_(505, "UNEXPECTED_FRAME - a method frame inside a publish's content", index)
                 try:
-                    if index == _PUBLISH:
+                    if index == PUBLISH:
                         ch.route = broker.route(buf[pos + 11:end])
                         ch.remaining = -1
                     elif index == _ACK and size >= 13:
-                        ch.settle(_U64.unpack_from(buf, pos + 11)[0], bool(buf[pos + 19] & 1), None, index)
+                        ch.settle(U64.unpack_from(buf, pos + 11)[0], bool(buf[pos + 19] & 1), None, index)
                     else:
                         self.control(buf[pos:end + 1], number, ch)
                         if self.state == CLOSED:
@@ -446,7 +245,7 @@ class Connection:
                     raise ConnectionError_(505, "UNEXPECTED_FRAME - a content header outside a publish")
                 if size < 14:
                     raise ConnectionError_(502, f"SYNTAX_ERROR - a content header of {size} bytes")
-                ch.remaining = _U64.unpack_from(buf, pos + 11)[0]
+                ch.remaining = U64.unpack_from(buf, pos + 11)[0]
                 if ch.remaining > MAX_BODY:
                     self.channel_error(ch, ChannelError(406, f"PRECONDITION_FAILED - a body of {ch.remaining} bytes "
                                                              f"(the null peer takes up to {MAX_BODY})", 0))
@@ -483,7 +282,7 @@ class Connection:
     def control(self, raw: bytes, number: int, ch: Channel | None) -> None:
         """Every frame off the per-message path, decoded with pamqp."""
         if self.state == CLOSING:  # only Close-Ok (or the client's own Close) matters now
-            index = _U32.unpack_from(raw, 7)[0] if raw[0] == 1 and len(raw) >= 12 else 0
+            index = U32.unpack_from(raw, 7)[0] if raw[0] == 1 and len(raw) >= 12 else 0
             if index == spec.Connection.Close.index:
                 self.send_method(0, spec.Connection.CloseOk())
                 self.flush()
@@ -652,7 +451,8 @@ class Connection:
         for consumer in list(queue.consumers):
             consumer.active = False
             del consumer.channel.consumers[consumer.tag]
-            consumer.channel.conn.send_method(consumer.channel.number, spec.Basic.Cancel(consumer.tag, nowait=True))
+            cancel = spec.Basic.Cancel(consumer.tag, nowait=True)  # (consumer_cancel_notify)
+            consumer.channel.conn.out.append(pamqp_frame.marshal(cancel, consumer.channel.number))
             broker.to_flush.add(consumer.channel.conn)
         queue.consumers.clear()
         for exchange, bindings in broker.bindings.items():
