@@ -54,7 +54,7 @@ from urllib.parse import quote
 import orjson
 import trio
 
-__all__ = ["Entry", "ReplicaLog", "ReplicaLogRemoved", "is_snapshot", "replica_log_path"]
+__all__ = ["Entry", "RenamedNotDurable", "ReplicaLog", "ReplicaLogRemoved", "is_snapshot", "replica_log_path"]
 
 #: (epoch, offset, op)
 Entry = tuple[int, int, dict[str, Any]]
@@ -67,6 +67,14 @@ INLINE_WRITE_MAX_BYTES = 256 * 1024
 
 def replica_log_path(data_dir: Path, queue: str) -> Path:
     return data_dir / "replicas" / (quote(queue, safe="") + ".log")
+
+
+class RenamedNotDurable(OSError):
+    """A rewrite renamed its new content over the log's file, but the folder's fsync
+    that makes the rename durable failed: the file holds the new content, and after a
+    crash it may hold either. The log keeps the new content (as the file does) and
+    writes it whole, durably, at the next sync; nothing new counts as synced until
+    then."""
 
 
 class ReplicaLogRemoved(OSError):
@@ -326,6 +334,12 @@ class ReplicaLog:
         end = self.end_offset
         try:
             await trio.to_thread.run_sync(self._rewrite, b"".join(_frame(e) for e in entries))
+        except RenamedNotDurable:
+            # the file holds the new content already: so does the log, to be written
+            # again whole (durably) before anything counts as synced
+            self._rewrite_pending = True
+            self.synced = 0
+            raise
         except OSError:
             if self.end_offset == end:
                 self.entries, self.epoch_starts, self._unwritten = before
@@ -360,7 +374,10 @@ class ReplicaLog:
             raise
         self._close_file()  # (it was the replaced file)
         self._good_size = len(data)
-        _fsync_dir(self.path.parent)
+        try:
+            _fsync_dir(self.path.parent)
+        except OSError as exc:
+            raise RenamedNotDurable(exc.errno, f"the rename over {self.path} is not durable: {exc.strerror or exc}") from exc
 
     def wants_compaction(self, upto: int, after: int) -> bool:
         """Whether compacting up to offset ``upto`` is worth trying: at least ``after``
@@ -392,7 +409,14 @@ class ReplicaLog:
                 return 0
             snap: Entry = (prefix[-1][0], upto, {**op, "t": "snap", "epochs": [[e, s] for e, s in sorted(epochs.items())]})
             written = self.entries[i + 1 : i + 1 + (self.synced - upto)]  # the rest is in _unwritten
-            await trio.to_thread.run_sync(self._rewrite, b"".join(_frame(e) for e in [snap, *written]))
+            try:
+                await trio.to_thread.run_sync(self._rewrite, b"".join(_frame(e) for e in [snap, *written]))
+            except RenamedNotDurable:
+                # the file is compacted, the old one may come back after a crash: both
+                # hold every synced entry, and the next sync writes the log whole
+                self.entries = [snap, *self.entries[i + 1 :]]
+                self._rewrite_pending = True
+                raise
             # (appends made meanwhile are at the end: the index still holds)
             self.entries = [snap, *self.entries[i + 1 :]]
             return i
