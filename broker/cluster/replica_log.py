@@ -32,6 +32,12 @@ landing after the unlink would bring the file back, and a later queue of the sam
 would read the deleted queue's entries as its own. A removed log refuses every later
 write (:class:`ReplicaLogRemoved`); its file and any ``.tmp`` are gone.
 
+**Incarnation.** Beside the log, ``<queue>.incarnation`` holds the create revision
+of the queue's definition key in etcd when the log was opened: a queue deleted and
+declared again under the same name (while this node was down, or between two of its
+reconciling rounds) has a later one, and its replica starts with an empty log rather
+than the deleted queue's (``replication.py``).
+
 **Compaction.** The log stays in memory and on disk, so its prefix is compacted once
 every replica holds it (:meth:`compact`): the entries up to an offset are replaced by
 one ``snap`` entry at that offset (``replica_ops.snapshot_op``: the live messages and
@@ -355,6 +361,35 @@ class ReplicaLog:
         """Where a rewrite writes the file's next content before renaming it over."""
         return self.path.with_suffix(".tmp")
 
+    @property
+    def incarnation_path(self) -> Path:
+        """Where the incarnation of the queue this log belongs to is kept."""
+        return self.path.with_suffix(".incarnation")
+
+    def read_incarnation(self) -> int:
+        """The incarnation written beside the log (0: none, or unreadable: a log
+        written before incarnations were kept)."""
+        try:
+            return int(self.incarnation_path.read_text().strip() or 0)
+        except (OSError, ValueError):
+            return 0
+
+    def write_incarnation(self, incarnation: int) -> None:
+        """Record, durably, which incarnation of its queue this log belongs to (before
+        any entry of it is written). Raises OSError."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.incarnation_path, "w") as f:
+            f.write(f"{incarnation}\n")
+            f.flush()
+            os.fsync(f.fileno())
+        _fsync_dir(self.path.parent)
+
+    def discard_files(self) -> None:
+        """Delete the files of a log not opened (one of a deleted queue, found at
+        start): the log, a ``.tmp``, its incarnation. Raises OSError."""
+        for path in (self.tmp_path, self.path, self.incarnation_path):
+            path.unlink(missing_ok=True)
+
     def _check_not_removed(self) -> None:
         if self.removed:
             raise ReplicaLogRemoved(f"the replica log {self.path} was removed")
@@ -429,8 +464,8 @@ class ReplicaLog:
             await self._replace_with([(int(snap[0]), int(snap[1]), snap[2])])
 
     async def remove(self) -> None:
-        """The queue was deleted (or this node left its replica set): its log goes, file
-        and ``.tmp`` alike, once a write under way has ended (the lock), and no later
+        """The queue was deleted (or this node left its replica set): its log goes, file,
+        ``.tmp`` and incarnation alike, once a write under way has ended (the lock), and no later
         write brings it back (:class:`ReplicaLogRemoved`). Raises OSError when the
         file could not be deleted (the log is removed all the same)."""
         async with self._lock:
@@ -441,5 +476,4 @@ class ReplicaLog:
             self.synced = 0
             self._close_file()
             self._good_size = 0
-            self.tmp_path.unlink(missing_ok=True)
-            self.path.unlink(missing_ok=True)
+            self.discard_files()
