@@ -108,6 +108,17 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _free(entries: list[Entry]) -> None:
+    """Empty ``entries`` a slice at a time, so that a thread freeing a long list lets
+    the event loop run between slices (freeing it at once holds the GIL throughout)."""
+    while entries:
+        del entries[-_FREE_SLICE:]
+
+
+#: how many entries :func:`_free` frees at a time (a millisecond or so)
+_FREE_SLICE = 4096
+
+
 class ReplicaLog:
     """One queue's replicated log on this node (see the module docstring)."""
 
@@ -428,7 +439,10 @@ class ReplicaLog:
         (``snapshot(prefix)``: its op, or None: not worth it now); returns how many
         entries went. Only for a prefix every replica holds: no truncation reaches
         below it. A prefix found not worth it is tried again only once half as long
-        again (:meth:`wants_compaction`)."""
+        again (:meth:`wants_compaction`). The look at the prefix (``snapshot``: a
+        count, a fold) and the framing run in the rewrite's worker thread: for a long
+        log they take seconds, which the event loop (every queue's traffic) would
+        otherwise stall for."""
         async with self._lock:
             self._check_not_removed()
             upto = min(upto, self.synced)
@@ -436,25 +450,38 @@ class ReplicaLog:
             if not self.entries or upto <= first:
                 return 0
             i = upto - first
-            prefix = self.entries[: i + 1]
-            epochs = {e: s for e, s in self.epoch_starts.items() if s <= upto}
-            op = snapshot(prefix)
-            if op is None:
-                self._compact_retry_at = upto + max(1, len(prefix) // 2)
-                return 0
-            snap: Entry = (prefix[-1][0], upto, {**op, "t": "snap", "epochs": [[e, s] for e, s in sorted(epochs.items())]})
-            written = self.entries[i + 1 : i + 1 + (self.synced - upto)]  # the rest is in _unwritten
+            entries = self.entries  # (appends meanwhile go at its end; nothing else changes it while the lock is held)
+            epochs = [[e, s] for e, s in sorted(self.epoch_starts.items()) if s <= upto]
+            synced = self.synced
+            made: list[Entry] = []
+
+            def fold_and_rewrite() -> bool:
+                prefix = entries[: i + 1]
+                op = snapshot(prefix)
+                if op is None:
+                    return False
+                made.append((prefix[-1][0], upto, {**op, "t": "snap", "epochs": epochs}))
+                written = entries[i + 1 : i + 1 + (synced - upto)]  # the rest is in _unwritten
+                self._rewrite(b"".join(_frame(e) for e in [made[0], *written]))
+                return True
+
             try:
-                await trio.to_thread.run_sync(self._rewrite, b"".join(_frame(e) for e in [snap, *written]))
+                compacted = await trio.to_thread.run_sync(fold_and_rewrite)
             except RenamedNotDurable:
                 # the file is compacted, the old one may come back after a crash: both
                 # hold every synced entry, and the next sync writes the log whole
-                self.entries = [snap, *self.entries[i + 1 :]]
+                self.entries = [made[0], *self.entries[i + 1 :]]
                 self._rewrite_pending = True
                 raise
+            if not compacted:
+                self._compact_retry_at = upto + max(1, (i + 1) // 2)
+                return 0
             # (appends made meanwhile are at the end: the index still holds)
-            self.entries = [snap, *self.entries[i + 1 :]]
-            return i
+            self.entries = [made[0], *self.entries[i + 1 :]]
+        # the compacted entries are freed in the worker thread too, a slice at a time
+        # (freed here, a long prefix's objects would hold the event loop as its fold did)
+        await trio.to_thread.run_sync(_free, entries)
+        return i
 
     async def install(self, snap: Entry) -> None:
         """A follower behind the leader's compacted prefix: the leader's snapshot
