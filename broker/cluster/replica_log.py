@@ -1,5 +1,8 @@
 """A replicated queue's log on one node: the file every replica of the queue keeps.
 
+(Over 500 lines: every write and its failure handling must keep the file and the
+in-memory entries in step under one lock, so they stay one class.)
+
 Where the replicated log lives
 ------------------------------
 
