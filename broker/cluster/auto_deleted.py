@@ -8,6 +8,10 @@ has no such queue), and a declare with other settings would be refused. So that 
 deletes the definition and its bindings from etcd as well, as a client's delete does,
 retrying while etcd cannot be reached. It stops as soon as the definition is gone,
 belongs to another node, or the queue is in this node's core again (declared anew).
+
+A connection's own queue (exclusive or server-named, in etcd for every node's routing:
+``MetadataWriter.register_local_queue``) leaves etcd the same way when its connection
+ends (``QueueAutoDeleted`` too) or a client deletes it (:meth:`AutoDeletedQueues.forget`).
 """
 
 from __future__ import annotations
@@ -62,10 +66,14 @@ class AutoDeletedQueues:
 
     def take(self, effect: QueueAutoDeleted) -> None:
         """The runtime's tap of ``QueueAutoDeleted`` (in its pump: starts the delete)."""
+        self.forget(effect.queue)
+
+    def forget(self, queue: str) -> None:
+        """``queue`` left this core: delete its definition from etcd (in the background)."""
         if self._nursery is not None:
-            self._nursery.start_soon(self._forget, effect.queue)
+            self._nursery.start_soon(self._forget, queue)
         else:
-            self._early.append(effect.queue)
+            self._early.append(queue)
 
     def _still_ours(self, queue: str) -> bool:
         d = self._definition(queue)

@@ -56,6 +56,12 @@ class _EveryQueue(CoreMirror):
     def replicated(self, d: dict[str, Any] | None) -> bool:
         return False
 
+    def connections_own(self, d: dict[str, Any] | None) -> bool:
+        return False
+
+    def made_by_gateway(self, name: str) -> bool:
+        return False
+
 
 class ClusterRoutes:
     """The whole cluster's topology in a message-less core, for routing only."""

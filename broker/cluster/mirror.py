@@ -70,7 +70,8 @@ class CoreMirror:
                 else:
                     self._ensure_exchange(change.name, change.new, view)
             elif change.kind == "queues":
-                if self.replicated(change.new if change.new is not None else change.old):
+                d = change.new if change.new is not None else change.old
+                if self.replicated(d) or self.connections_own(d):
                     continue  # replicated queues: the replication layer holds them
                 if change.new is None or not self.keeps(change.new):
                     self._remove_queue(change.name)
@@ -100,10 +101,13 @@ class CoreMirror:
         for name in [n for n, x in core.exchanges.items() if not x.builtin and n not in wanted_x]:
             self._remove_exchange(name)
         wanted_q = {
-            n for n, (q, _r) in view.entries["queues"].items() if self.keeps(q) and not self.replicated(q)
+            n for n, (q, _r) in view.entries["queues"].items()
+            if self.keeps(q) and not self.replicated(q) and not self.connections_own(q)
         }
+        local_q = {n for n, (q, _r) in view.entries["queues"].items() if self.connections_own(q)}
         for name in [
-            n for n, q in core.queues.items() if q.exclusive_owner is None and n not in wanted_q and not self.holds(n)
+            n for n, q in core.queues.items()
+            if q.exclusive_owner is None and n not in wanted_q and n not in local_q and not self.holds(n)
         ]:
             self._remove_queue(name)
         for name, (value, _rev) in view.entries["exchanges"].items():
@@ -130,6 +134,16 @@ class CoreMirror:
         """Whether the core keeps the classic queue defined by ``d``: its owner's does
         (the cluster-wide routing table of ``broker.cluster.forward`` keeps every queue)."""
         return d.get("owner") == self.node_name
+
+    def connections_own(self, d: dict[str, Any] | None) -> bool:
+        """Whether queue ``d`` is a connection's own (exclusive or server-named:
+        ``local``), made in its node's core by the gateway, not by this mirror."""
+        return bool(d and d.get("local"))
+
+    def made_by_gateway(self, name: str) -> bool:
+        """Whether queue ``name`` of this core is a connection's own (see
+        :meth:`connections_own`): this mirror neither deletes it nor binds it."""
+        return self.core.views.is_local_queue(name)
 
     def replicated(self, d: dict[str, Any] | None) -> bool:
         """Whether queue ``d`` is left to the replication layer (a quorum queue: the
@@ -195,6 +209,7 @@ class CoreMirror:
             durable=d["durable"],
             auto_delete=d["auto_delete"],
             arguments=arguments,
+            reserved_ok=True,  # (its name was checked where it was made: amq.gen-* by a node)
         )
         if rebind:
             for b in view.bindings_touching("queues", name).values():
@@ -207,7 +222,7 @@ class CoreMirror:
 
     def _remove_queue(self, name: str) -> None:
         queue = self.core.queues.get(name)
-        if queue is not None and queue.exclusive_owner is None:
+        if queue is not None and not self.made_by_gateway(name):
             self._attempt(f"delete queue {name!r}", self.core.delete_queue, name)
 
     def _local(self, b: dict[str, Any]) -> bool:
@@ -216,8 +231,7 @@ class CoreMirror:
             return False
         if b["to_exchange"]:
             return b["destination"] in self.core.exchanges
-        queue = self.core.queues.get(b["destination"])
-        return queue is not None and queue.exclusive_owner is None
+        return b["destination"] in self.core.queues and not self.made_by_gateway(b["destination"])
 
     def _bind(self, b: dict[str, Any]) -> None:
         if self._local(b):

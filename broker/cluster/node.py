@@ -110,7 +110,8 @@ class ClusterNode:
         self.schedules = ClusterSchedules(self.client, self.keys, self.view, self.name)
         runtime.cluster = ClusterGatewayPort(
             self.forwarder, self.writer, runtime.core.views, self.name, self.check_writable, self.note_etcd, self.owner_of,
-            lambda queue: is_replicated(self.view.get("queues", queue)), self.locks, config.secret, config.peer_ssl,
+            lambda queue: is_replicated(self.view.get("queues", queue)), lambda: self.membership.lease,
+            lambda queue: self.auto_deleted.forget(queue), self.locks, config.secret, config.peer_ssl,
         )
         #: None while etcd answers; else why it does not
         self.etcd_error: str | None = None

@@ -43,6 +43,8 @@ class ClusterGatewayPort:
         note_etcd: Callable[[str | None], None],
         owner_of: Callable[[str], tuple[str, str | None] | None],
         is_replicated: Callable[[str], bool],
+        lease: Callable[[], int],
+        forget_local_queue: Callable[[str], None],
         locks: ClusterLocks,
         secret: str | None = None,
         peer_ssl: ssl.SSLContext | None = None,
@@ -58,6 +60,8 @@ class ClusterGatewayPort:
         self.note_etcd = note_etcd
         self.owner_of = owner_of
         self.is_replicated = is_replicated
+        self._lease = lease
+        self.forget_local_queue = forget_local_queue
 
     # ------------------------------------------------------------ forwarding
 
@@ -188,3 +192,21 @@ class ClusterGatewayPort:
     async def unbind(self, source: str, destination: str, routing_key: str, arguments: dict[str, Any], *, to_exchange: bool) -> None:
         self.check_writable()
         await self._etcd(self.writer.unbind(source, destination, routing_key, arguments, to_exchange=to_exchange))
+
+    def _lease_now(self) -> int:
+        lease = self._lease()
+        if not lease:
+            raise Unavailable("this node holds no lease in etcd now: try again", code="etcd_unavailable")
+        return lease
+
+    async def register_local_queue(
+        self, name: str, *, durable: bool, auto_delete: bool, exclusive: bool, arguments: dict[str, Any]
+    ) -> None:
+        self.check_writable()
+        await self._etcd(self.writer.register_local_queue(
+            name, durable=durable, auto_delete=auto_delete, exclusive=exclusive, arguments=arguments, lease=self._lease_now()
+        ))
+
+    async def bind_local(self, source: str, queue: str, routing_key: str, arguments: dict[str, Any]) -> None:
+        self.check_writable()
+        await self._etcd(self.writer.bind(source, queue, routing_key, arguments, to_exchange=False, lease=self._lease_now()))

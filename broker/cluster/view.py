@@ -208,9 +208,11 @@ class ClusterView:
         return str(leader.get("node")) if leader is not None else None
 
     def queue_counts(self) -> dict[str, int]:
-        """How many queues each node owns."""
+        """How many queues each node owns (a connection's own, ``local``, left out)."""
         counts: dict[str, int] = {}
         for value in self.values("queues"):
+            if value.get("local"):
+                continue
             owner = str(value.get("owner"))
             counts[owner] = counts.get(owner, 0) + 1
         return counts

@@ -39,6 +39,7 @@ from broker.core import (
     InvalidArgument,
     NotFound,
     PreconditionFailed,
+    ResourceLocked,
 )
 
 __all__ = ["LOCATORS", "MetadataWriter", "queue_settings_message"]
@@ -56,6 +57,11 @@ def queue_settings_message(name: str, d: dict[str, Any]) -> str:
         f"queue {name!r} exists with other settings (durable={d['durable']}, "
         f"auto_delete={d['auto_delete']}, arguments={core_arguments(d['arguments'])})"
     )
+
+
+def _local_message(name: str, d: dict[str, Any]) -> str:
+    return (f"queue {name!r} is an exclusive or server-named queue of a connection to node {d.get('owner')!r}: "
+            "cannot obtain exclusive access to locked queue")
 
 
 def _exchange_settings_message(name: str, d: dict[str, Any]) -> str:
@@ -144,6 +150,8 @@ class MetadataWriter:
         existing = await self._create(key, puts)
         if existing is None:
             return d, True
+        if existing.get("local"):
+            raise ResourceLocked(_local_message(name, existing))
         if (existing["durable"], existing["auto_delete"], core_arguments(existing["arguments"])) != (
             durable,
             auto_delete,
@@ -224,12 +232,33 @@ class MetadataWriter:
             raise PreconditionFailed(f"exchange {name!r} changed while it was being deleted: try again")
         await self.wait_seen(result.revision)
 
+    async def register_local_queue(
+        self, name: str, *, durable: bool, auto_delete: bool, exclusive: bool, arguments: dict[str, Any], lease: int
+    ) -> None:
+        """Put a queue that lives in this node's core alone (exclusive or server-named,
+        made there) in etcd, held by this node's ``lease``, so that every node routes
+        to it and no other takes its name; it goes when the node does. Raises
+        ResourceLocked when the cluster has a queue of that name."""
+        key = self.keys.meta("queues", name)
+        d = {"durable": durable, "auto_delete": auto_delete, "arguments": arguments, "owner": self.node_name,
+             "local": True, "exclusive": exclusive}
+        result = await self.client.txn([CompareCreate(key)], [OpPut(key, canonical(d), lease=lease)], [OpGet(key)])
+        if not result.succeeded:
+            found = result.ranges[0][0].json()
+            raise ResourceLocked(
+                _local_message(name, found) if found.get("local") else
+                f"queue {name!r} exists in the cluster (node {found.get('owner')!r}): cannot obtain exclusive access to locked queue"
+            )
+        await self.wait_seen(result.revision)
+
     # -------------------------------------------------------------------- bindings
 
     async def bind(
-        self, source: str, destination: str, routing_key: str, arguments: dict[str, Any], *, to_exchange: bool
+        self, source: str, destination: str, routing_key: str, arguments: dict[str, Any], *, to_exchange: bool,
+        lease: int = 0,
     ) -> bool:
-        """Bind; returns False when the binding existed already."""
+        """Bind; returns False when the binding existed already. ``lease``: the binding
+        goes with it (one to a queue of this node's alone: :meth:`register_local_queue`)."""
         compares, scratch = await self._binding_ends(source, destination, to_exchange)
         scratch.bind(source, destination, routing_key, arguments, to_exchange=to_exchange)
         b = {
@@ -240,7 +269,7 @@ class MetadataWriter:
             "arguments": arguments,
         }
         key = self.keys.meta("bindings", binding_digest(b))
-        result = await self.client.txn(list(compares), [OpGet(key), OpPut(key, canonical(b))], [])
+        result = await self.client.txn(list(compares), [OpGet(key), OpPut(key, canonical(b), lease=lease)], [])
         if not result.succeeded:
             raise PreconditionFailed("the exchange or destination changed while binding: try again")
         await self.wait_seen(result.revision)
@@ -329,5 +358,5 @@ class MetadataWriter:
                         name, d["type"], durable=d["durable"], internal=d["internal"], arguments=d["arguments"]
                     )
             else:
-                scratch.declare_queue(name, durable=d["durable"], arguments=core_arguments(d["arguments"]))
+                scratch.declare_queue(name, durable=d["durable"], arguments=core_arguments(d["arguments"]), reserved_ok=True)
         return compares, scratch

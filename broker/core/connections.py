@@ -21,7 +21,7 @@ def remove_exclusive(store: QueueStore, names: set[str]) -> None:
     for name in list(names):
         queue = store.queues.get(name)
         if queue is not None:
-            store.remove_queue(queue, "exclusive queue owner closed")
+            store.remove_queue(queue, "exclusive queue owner closed", by_itself=True)
 
 
 class Connections:

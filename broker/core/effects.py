@@ -116,8 +116,8 @@ class QueueReady(Effect):
 @dataclass(slots=True)
 class QueueAutoDeleted(Effect):
     """The broker deleted ``queue`` by itself, for ``reason``: an auto-delete queue
-    left unused, or one unused for its ``x-expires``. (In a cluster its definition,
-    kept by etcd, goes too.)"""
+    left unused, one unused for its ``x-expires``, or an exclusive queue whose
+    connection closed. (In a cluster its definition, kept by etcd, goes too.)"""
 
     queue: str
     reason: str

@@ -164,10 +164,12 @@ class QueueStore:
         arguments: object = None,
         passive: bool = False,
         channel_id: int = REST_CHANNEL,
+        reserved_ok: bool = False,
     ) -> tuple[Queue, bool]:
         """Declare a queue; return it and whether it was created.
 
-        An empty name asks for a server-generated one. Raises NotFound (passive,
+        An empty name asks for a server-generated one; ``reserved_ok``: an ``amq.``
+        name a broker made (a cluster's routing copy of another node's). Raises NotFound (passive,
         missing), PreconditionFailed (exists with other settings), ResourceLocked
         (exclusive to another channel), AccessRefused, InvalidArgument, Unavailable,
         ChannelError (exclusive on a channel that is not open).
@@ -209,8 +211,7 @@ class QueueStore:
             return existing, False
         if passive:
             raise NotFound(f"no queue {name!r}")
-        if not generated:
-            # only the broker may create amq.* queues (amq.gen-* included)
+        if not generated and not reserved_ok:  # only the broker may create amq.* queues
             check_name("queue", name)
         if exclusive:
             self._channel_open(channel_id)  # ChannelError before anything changes
@@ -260,7 +261,7 @@ class QueueStore:
     def remove_queue(self, queue: Queue, reason: str, *, by_itself: bool = False) -> int:
         """Delete ``queue`` (consumers cancelled with ``reason``, bindings dropped);
         return how many ready messages it held. ``by_itself``: no client asked for it
-        (``QueueAutoDeleted``: auto-delete, x-expires)."""
+        (``QueueAutoDeleted``: auto-delete, x-expires, exclusive owner gone)."""
         count = queue.ready_count()
         queue.deleted = True
         if by_itself:

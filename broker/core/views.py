@@ -86,6 +86,12 @@ class BrokerViews:
     def queue_exists(self, name: str) -> bool:
         return name in self._core.queues
 
+    def is_local_queue(self, name: str) -> bool:
+        """Whether queue ``name`` is in this core for one connection alone: exclusive,
+        or server-named (``amq.gen-``); in a cluster it lives on this node only."""
+        queue = self._core.queues.get(name)
+        return queue is not None and (queue.exclusive_owner is not None or name.startswith("amq.gen-"))
+
     def queue_count(self) -> int:
         return len(self._core.queues)
 

@@ -77,7 +77,7 @@ from broker.core import (
 )
 from broker.runtime.channelops import ChannelOps
 from broker.runtime.confirms import PublishWaiter
-from broker.runtime.ports import ChannelSink, ForwardPlan
+from broker.runtime.ports import ChannelSink, ClusterPort, ForwardPlan
 from broker.runtime.runtime import BrokerRuntime, LockWait
 from broker.runtime.txcommit import RelayedSettles, commit_across_nodes
 
@@ -335,6 +335,15 @@ class CommandGateway:
                     arguments=arguments, passive=passive, channel_id=channel_id,
                 )
             )
+            if cluster is not None and created:
+                # a connection's own queue: in etcd too, for every node's routing
+                try:
+                    await cluster.register_local_queue(
+                        queue.name, durable=durable, auto_delete=auto_delete, exclusive=exclusive, arguments=arguments
+                    )
+                except ErrorReply:
+                    await self.run_durable(lambda core: core.delete_queue(queue.name, channel_id=channel_id))
+                    raise
             return queue.name, created
         created = await cluster.declare_queue(name, durable=durable, auto_delete=auto_delete, arguments=arguments, passive=passive)
         await self.runtime.wait_durable()
@@ -359,10 +368,13 @@ class CommandGateway:
     async def delete_queue(self, channel_id: int, name: str, *, if_unused: bool, if_empty: bool) -> int:
         """Delete a queue: the ready messages it dropped."""
         cluster = self.runtime.cluster
-        if cluster is None or not self._clustered_queue(name):
-            return await self.run_durable(
+        if cluster is None or not self._clustered_queue(name) or self.views.is_local_queue(name):
+            count = await self.run_durable(
                 lambda core: core.delete_queue(name, if_unused=if_unused, if_empty=if_empty, channel_id=channel_id)
             )
+            if cluster is not None:
+                cluster.forget_local_queue(name)  # (a connection's own: in etcd too)
+            return count
         count = await cluster.delete_queue(name, if_unused=if_unused, if_empty=if_empty)
         await self.runtime.wait_durable()
         return count
@@ -400,6 +412,9 @@ class CommandGateway:
     ) -> None:
         """Bind (or, with ``unbind``, unbind) ``destination`` to ``source``."""
         cluster = self.runtime.cluster
+        if cluster is not None and not to_exchange and self.views.is_local_queue(destination):
+            await self._bind_local(cluster, channel_id, source, destination, routing_key, arguments, unbind)
+            return
         if cluster is None or (not to_exchange and not self._clustered_queue(destination)):
             await self.run_durable(
                 lambda core: (core.unbind if unbind else core.bind)(
@@ -410,6 +425,31 @@ class CommandGateway:
         change = cluster.unbind if unbind else cluster.bind
         await change(source, destination, routing_key, arguments, to_exchange=to_exchange)
         await self.runtime.wait_durable()
+
+    async def _bind_local(
+        self, cluster: ClusterPort, channel_id: int, source: str, queue: str, routing_key: str,
+        arguments: dict[str, Any], unbind: bool,
+    ) -> None:
+        """Bind (or unbind) a connection's own queue (``is_local_queue``) in this core
+        and in etcd, where every node's routing finds it: bound here first, unbound
+        there first, so that no node forwards to it what this core would route
+        nowhere."""
+        if unbind:
+            try:
+                await cluster.unbind(source, queue, routing_key, arguments, to_exchange=False)
+            except NotFound:
+                pass  # (not in etcd: unbound here all the same, or refused here)
+            await self.run_durable(
+                lambda core: core.unbind(source, queue, routing_key, arguments, channel_id=channel_id)
+            )
+            return
+        created = await self.run_durable(lambda core: core.bind(source, queue, routing_key, arguments, channel_id=channel_id))
+        try:
+            await cluster.bind_local(source, queue, routing_key, arguments)
+        except ErrorReply:
+            if created:
+                await self.run_durable(lambda core: core.unbind(source, queue, routing_key, arguments, channel_id=channel_id))
+            raise
 
     # --------------------------------------------------------- channels
 

@@ -203,3 +203,18 @@ class ClusterPort(PublishForwarder, Protocol):
     async def bind(self, source: str, destination: str, routing_key: str, arguments: dict[str, Any], *, to_exchange: bool) -> None: ...
 
     async def unbind(self, source: str, destination: str, routing_key: str, arguments: dict[str, Any], *, to_exchange: bool) -> None: ...
+
+    async def register_local_queue(
+        self, name: str, *, durable: bool, auto_delete: bool, exclusive: bool, arguments: dict[str, Any]
+    ) -> None:
+        """A queue this node's core made for a connection alone (exclusive or
+        server-named) is put in etcd with the node's lease: every node routes to it,
+        none takes its name. Raises ``ResourceLocked`` when the name is taken."""
+
+    async def bind_local(self, source: str, queue: str, routing_key: str, arguments: dict[str, Any]) -> None:
+        """A binding to such a queue (already in this core) is put in etcd with the
+        node's lease, for every node's routing."""
+
+    def forget_local_queue(self, name: str) -> None:
+        """Such a queue left this core: its definition and bindings leave etcd (in the
+        background, retried while etcd cannot be reached)."""

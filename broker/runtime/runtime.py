@@ -352,7 +352,7 @@ class BrokerRuntime:
 
     def _queue_auto_deleted(self, effect: QueueAutoDeleted) -> None:
         # (cluster mode taps it: the queue's definition goes from etcd too)
-        log.info("queue deleted", extra={"fields": {"queue": effect.queue, "reason": effect.reason}})
+        log.debug("queue deleted", extra={"fields": {"queue": effect.queue, "reason": effect.reason}})
 
     def _message_lost(self, effect: MessageLost) -> None:
         self.messages_lost += 1

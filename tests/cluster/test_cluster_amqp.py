@@ -125,9 +125,14 @@ def test_declares_binds_and_deletes_over_amqp_are_cluster_wide(two: tuple[AMQPNo
         assert a.proc.request("GET", "/queues/qa")[0] == 404
         wait_for("the exchange gone on a", lambda: a.proc.request("GET", "/exchanges/amqp-fan")[0] == 404)
         assert owners(b.proc) == {"qb": "b"}
-        # a server-named, exclusive queue stays on its node, outside etcd
+        # a server-named, exclusive queue lives on its node, and every node routes to it
+        # (an RPC reply from another node)
         private = ch_a.queue_declare("", exclusive=True).method.queue
-        assert private.startswith("amq.gen-") and private not in owners(a.proc)
+        assert private.startswith("amq.gen-") and owners(a.proc)[private] == "a"
+        wait_for("b routes to it", lambda: owners(b.proc).get(private) == "a")
+        ch_b.basic_publish("", private, b"reply")
+        got = pump_until(conn_a, "the reply on a", lambda: ch_a.basic_get(private, auto_ack=True)[2])
+        assert got == b"reply"
     finally:
         for conn in (conn_a, conn_b):
             if conn.is_open:

@@ -1,0 +1,99 @@
+"""A connection's own queues (exclusive or server-named) in a cluster
+(docs/cluster.md): they live on their node, but every node routes to them, as
+RabbitMQ's do: an RPC reply published on another node reaches the caller's reply
+queue, a fanout exchange reaches the subscribers' queues on every node, and no other
+node takes their names. They leave etcd with their connection, or with their node
+(its lease). Two real nodes on a private etcd."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.cluster.conftest import TTL_S, cluster_nodes, wait_for
+from tests.support.broker import BrokerProcess
+from tests.support.rawchannel import RawChannel
+
+pytestmark = pytest.mark.slow
+
+
+def _next(ch: RawChannel, kind: str) -> dict[str, Any]:
+    ev = ch.next_event()
+    while ev["ev"] != kind:
+        assert ev["ev"] != "error", ev
+        ev = ch.next_event()
+    return ev
+
+
+def _publish(node: BrokerProcess, exchange: str, key: str, body: bytes) -> dict[str, Any]:
+    status, answer = node.request("POST", f"/exchanges/{exchange}/publish?routing_key={key}", body)
+    assert status == 200 and answer["confirm"] == "ack", (status, answer)
+    return dict(answer)
+
+
+def _known(node: BrokerProcess, queue: str) -> bool:
+    return any(queue in n["queues"] for n in cluster_nodes(node).values())
+
+
+def test_a_connections_own_queues_are_routed_to_from_every_node(nodes: Any) -> None:
+    a, b = nodes("a"), nodes("b")
+    wait_for("both alive", lambda: sum(n["alive"] for n in cluster_nodes(a).values()) == 2)
+    assert b.request("PUT", "/exchanges/logs", {"type": "fanout"})[0] == 201
+    ch = RawChannel(a.port)
+    try:
+        # an RPC caller's reply queue on a: server-named, exclusive
+        ch.send({"op": "declare_queue", "queue": "", "exclusive": True, "id": 1})
+        reply_to = _next(ch, "ok")["queue"]
+        assert reply_to.startswith("amq.gen-")
+        # and a subscriber's queue, bound to the fanout exchange
+        ch.send({"op": "declare_queue", "queue": "sub-a", "exclusive": True, "id": 2},
+                {"op": "bind", "exchange": "logs", "queue": "sub-a", "id": 3})
+        _next(ch, "ok")
+        _next(ch, "ok")
+        ch.send({"op": "consume", "queue": reply_to, "consumer_tag": "r", "no_ack": True, "id": 4},
+                {"op": "consume", "queue": "sub-a", "consumer_tag": "s", "no_ack": True, "id": 5})
+        _next(ch, "consume_ok")
+        _next(ch, "consume_ok")
+        wait_for("b knows both", lambda: _known(b, reply_to) and _known(b, "sub-a"))
+        # the RPC server on b replies; the publisher on b logs
+        assert _publish(b, "amq.default", reply_to, b"the answer")["routed"] == 1
+        assert _publish(b, "logs", "", b"a line")["routed"] == 1
+        got = {}
+        while len(got) < 2:
+            ev = _next(ch, "deliver")
+            got[ev["consumer_tag"]] = ev["message"]["body"]
+        assert got == {"r": "the answer", "s": "a line"}
+        # its name is taken in the whole cluster (RabbitMQ's 405 RESOURCE_LOCKED)
+        status, body = b.request("PUT", "/queues/sub-a", {"durable": True})
+        assert status == 409 and body["error"] == "resource_locked", body
+        # an unbind leaves every node's routing too
+        ch.send({"op": "unbind", "exchange": "logs", "queue": "sub-a", "id": 6})
+        _next(ch, "ok")
+        assert _publish(b, "logs", "", b"nobody")["routed"] == 0
+    finally:
+        ch.close()
+    # the connection's end takes them out of etcd
+    wait_for("both gone from b's view", lambda: not _known(b, reply_to) and not _known(b, "sub-a"))
+    assert _publish(b, "amq.default", reply_to, b"late")["routed"] == 0  # unroutable: acked, not nacked
+    assert b.request("PUT", "/queues/sub-a", {"durable": True})[0] == 201  # the name is free
+
+
+def test_a_dead_nodes_own_queues_leave_with_its_lease(nodes: Any) -> None:
+    a, b = nodes("a"), nodes("b")
+    wait_for("both alive", lambda: sum(n["alive"] for n in cluster_nodes(a).values()) == 2)
+    assert b.request("PUT", "/exchanges/events", {"type": "fanout"})[0] == 201
+    ch = RawChannel(a.port)
+    try:
+        ch.send({"op": "declare_queue", "queue": "", "exclusive": True, "id": 1})
+        mine = _next(ch, "ok")["queue"]
+        ch.send({"op": "bind", "exchange": "events", "queue": mine, "id": 2})
+        _next(ch, "ok")
+        wait_for("b routes to it", lambda: _publish(b, "events", "", b"x")["routed"] == 1)
+        a.kill()
+        # once a's lease lapsed, its queue and binding are gone: publishes on b are
+        # routed nowhere and acked, not nacked for an unreachable owner
+        wait_for("a's queue gone", lambda: not _known(b, mine), timeout_s=TTL_S * 4 + 10)
+        assert _publish(b, "events", "", b"after")["routed"] == 0
+    finally:
+        ch.close()
