@@ -233,9 +233,18 @@ async def _queue_delete(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
 async def _basic_qos(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
     if m.prefetch_size:
         raise AMQPException(NOT_IMPLEMENTED, f"NOT_IMPLEMENTED - prefetch_size!=0 ({m.prefetch_size})")
-    s.bridge.run(lambda core: core.qos(ch.core_id, m.prefetch_count or 0, bool(m.global_)))
+    prefetch, global_ = m.prefetch_count or 0, bool(m.global_)
+
+    def apply(core: Any) -> None:
+        core.qos(ch.core_id, prefetch, global_)
+        if not global_:  # RabbitMQ's rule: a per-consumer qos lifts the channel-wide limit
+            core.qos(ch.core_id, 0, True)
+
+    s.bridge.run(apply)
     if ch.relayed is not None:  # cluster mode: the owners of relayed consumers too
-        await ch.relayed.qos(m.prefetch_count or 0, bool(m.global_))
+        await ch.relayed.qos(prefetch, global_)
+        if not global_:
+            await ch.relayed.qos(0, True)
     s.reply(ch, commands.Basic.QosOk())
 
 

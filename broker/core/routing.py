@@ -142,6 +142,12 @@ class _TrieNode:
         self.dests: dict[Dest, int] = {}
 
 
+def topic_words(key: str) -> list[str]:
+    """The words of a topic routing key or binding key. The empty key has none (so `*`
+    does not match it and `#` does, as in RabbitMQ); `"."` has two empty words."""
+    return key.split(".") if key else []
+
+
 class TopicTable(RoutingTable):
     """Topic bindings in a trie of words, so matching cost follows the key, not the binding count."""
 
@@ -151,13 +157,13 @@ class TopicTable(RoutingTable):
 
     def _added(self, dest: Dest, key: str, arguments: dict[str, Any]) -> None:
         node = self._root
-        for word in key.split("."):
+        for word in topic_words(key):
             node = node.children.setdefault(word, _TrieNode())
         node.dests[dest] = node.dests.get(dest, 0) + 1
 
     def _removed(self, dest: Dest, key: str, arguments: dict[str, Any]) -> None:
         path = [self._root]
-        words = key.split(".")
+        words = topic_words(key)
         for word in words:
             path.append(path[-1].children[word])
         leaf = path[-1]
@@ -173,7 +179,7 @@ class TopicTable(RoutingTable):
 
     def match(self, routing_key: str, headers: dict[str, Any] | None) -> Iterable[Dest]:
         found: set[Dest] = set()
-        words = routing_key.split(".")
+        words = topic_words(routing_key)
         n = len(words)
         # Iterative walk; (node, index) pairs already visited are skipped so that
         # patterns with several '#' cannot explode.
@@ -207,8 +213,8 @@ class TopicTable(RoutingTable):
 
 def topic_matches(pattern: str, routing_key: str) -> bool:
     """Whether a topic binding ``pattern`` matches ``routing_key`` (reference implementation)."""
-    pwords = pattern.split(".")
-    kwords = routing_key.split(".")
+    pwords = topic_words(pattern)
+    kwords = topic_words(routing_key)
     memo: dict[tuple[int, int], bool] = {}
 
     def go(p: int, k: int) -> bool:

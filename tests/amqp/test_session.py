@@ -128,6 +128,20 @@ async def test_publish_to_missing_exchange_closes_the_channel_only(app) -> None:
         await c.open_channel(1)  # the number is free again after close-ok
 
 
+async def test_user_id_of_another_user_is_406_also_for_guest(app) -> None:
+    """Without users the connection is guest's: a user_id other than "guest" is refused
+    as RabbitMQ refuses it; "guest" itself is accepted."""
+    async with open_amqp(app) as c:
+        await c.open_channel(1)
+        ok = await c.declare(1, "")
+        await c.publish(1, "", ok.queue, b"mine", properties=Basic.Properties(user_id="guest"))
+        await c.publish(1, "", ok.queue, b"theirs", properties=Basic.Properties(user_id="someone"))
+        code, text = await c.closed_with(1)
+        assert code == 406
+        assert text == "PRECONDITION_FAILED - user_id property set to 'someone' but authenticated user was 'guest'"
+        assert app.runtime.core.queues[ok.queue].ready_count() == 1
+
+
 async def test_declare_errors_have_rabbitmq_codes(app) -> None:
     async with open_amqp(app) as c:
         await c.open_channel(1)
@@ -239,6 +253,27 @@ async def test_qos_prefetch_holds_the_second_delivery_until_the_ack(app) -> None
         await c.send(1, Basic.Ack(delivery_tag=first.delivery_tag))
         second, _p, body = await c.message()
         assert body == b"2" and second.delivery_tag == 2
+
+
+async def test_a_per_consumer_qos_lifts_the_channel_wide_one(app) -> None:
+    """RabbitMQ's rule: basic.qos without global after one with it removes the
+    channel-wide limit; the per-consumer one applies to consumers made after it."""
+    async with open_amqp(app) as c:
+        await c.open_channel(1)
+        await c.declare(1, "lift")
+        for body in (b"1", b"2", b"3"):
+            await c.publish(1, "", "lift", body)
+        await c.send(1, Basic.Qos(prefetch_count=1, global_=True))
+        await c.expect(Basic.QosOk, 1)
+        await c.send(1, Basic.Qos(prefetch_count=2))
+        await c.expect(Basic.QosOk, 1)
+        await c.send(1, Basic.Consume(queue="lift", consumer_tag="c"))
+        await c.expect(Basic.ConsumeOk, 1)
+        assert [(await c.message())[2] for _ in range(2)] == [b"1", b"2"]
+        # a barrier: a third delivery would arrive before the qos-ok
+        await c.send(1, Basic.Qos(prefetch_count=2))
+        await c.expect(Basic.QosOk, 1)
+        assert app.runtime.core.queues["lift"].ready_count() == 1
 
 
 async def test_tx_commit_and_rollback(app) -> None:

@@ -34,7 +34,7 @@ def oracle_topic(pattern: str, key: str) -> bool:
             return False
         return (head == "*" or head == k[0]) and go(rest, k[1:])
 
-    return go(pattern.split("."), key.split("."))
+    return go(pattern.split(".") if pattern else [], key.split(".") if key else [])
 
 
 TOPIC_CASES = [
@@ -63,7 +63,7 @@ TOPIC_CASES = [
     ("a.*.#", "a.b.c.d", True),
     ("a.*.#", "b.b", False),
     ("*", "a", True),
-    ("*", "", True),  # "" is one empty word
+    ("*", "", False),  # "" has no words (RabbitMQ's rule)
     ("*", "a.b", False),
     ("*", ".", False),  # two empty words
     ("*.*", "a.b", True),
@@ -79,9 +79,13 @@ TOPIC_CASES = [
     ("", "", True),
     ("", "a", False),
     ("a", "", False),
-    ("#.*", "", True),
+    ("#.*", "", False),
     ("#.*", "a.b", True),
-    ("*.#", "", True),
+    ("*.#", "", False),
+    (".", "", False),
+    (".", ".", True),
+    ("#.", "", False),
+    ("#.", "a.", True),
     ("*.#.*", "a", False),
     ("*.#.*", "a.b", True),
     ("a.b.c", "a.b.c", True),
