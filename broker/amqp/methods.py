@@ -51,7 +51,7 @@ from broker.amqp.session import (
     exchange_alias,
 )
 from broker.amqp.tables import TableError
-from broker.core import EXCHANGE_TYPES, ErrorReply
+from broker.core import EXCHANGE_TYPES, ErrorReply, NotFound
 
 __all__ = ["handle"]
 
@@ -163,8 +163,21 @@ async def _exchange_bind(s: AMQPSession, ch: AMQPChannel, m: Any, unbind: bool =
     s.access.require(op, dest or DEFAULT_EXCHANGE_ALIAS, source=source or DEFAULT_EXCHANGE_ALIAS)
     args = _plain(m.arguments or {})
     key = m.routing_key or ""
-    await s.bridge.gateway.bind(ch.core_id, source, dest, key, args, to_exchange=True, unbind=unbind)
+    await _bind(s, ch, source, dest, key, args, to_exchange=True, unbind=unbind)
     s.reply(ch, commands.Exchange.UnbindOk() if unbind else commands.Exchange.BindOk(), m.nowait)
+
+
+async def _bind(
+    s: AMQPSession, ch: AMQPChannel, source: str, dest: str, key: str, args: dict[str, Any], *, to_exchange: bool,
+    unbind: bool,
+) -> None:
+    """Bind or unbind. An unbind succeeds when the binding, its exchange or its
+    destination is not there: RabbitMQ 3.x answers unbind-ok then too."""
+    try:
+        await s.bridge.gateway.bind(ch.core_id, source, dest, key, args, to_exchange=to_exchange, unbind=unbind)
+    except NotFound:
+        if not unbind:
+            raise
 
 
 async def _exchange_unbind(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
@@ -200,7 +213,7 @@ async def _queue_bind(s: AMQPSession, ch: AMQPChannel, m: Any, unbind: bool = Fa
     s.access.require(op, queue, source=source or DEFAULT_EXCHANGE_ALIAS)
     args = _plain(m.arguments or {})
     key = m.routing_key or ""
-    await s.bridge.gateway.bind(ch.core_id, source, queue, key, args, to_exchange=False, unbind=unbind)
+    await _bind(s, ch, source, queue, key, args, to_exchange=False, unbind=unbind)
     if unbind:
         s.reply(ch, commands.Queue.UnbindOk())
         return

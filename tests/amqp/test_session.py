@@ -351,6 +351,22 @@ async def test_exchange_to_exchange_binding_and_headers_routing(app) -> None:
         await c.expect(commands.Queue.UnbindOk, 1)
 
 
+async def test_unbind_of_what_is_not_there_is_ok_as_in_rabbitmq(app) -> None:
+    async with open_amqp(app) as c:
+        await c.open_channel(1)
+        await c.declare(1, "ub")
+        for method in (commands.Queue.Unbind(queue="ub", exchange="amq.direct", routing_key="never"),
+                       commands.Queue.Unbind(queue="missing", exchange="amq.direct", routing_key="k"),
+                       commands.Queue.Unbind(queue="ub", exchange="missing", routing_key="k")):
+            await c.send(1, method)
+            await c.expect(commands.Queue.UnbindOk, 1)
+        await c.send(1, commands.Exchange.Unbind(destination="amq.fanout", source="missing", routing_key="k"))
+        await c.expect(commands.Exchange.UnbindOk, 1)
+        await c.send(1, commands.Queue.Bind(queue="ub", exchange="missing", routing_key="k"))
+        code, _text = await c.closed_with(1)
+        assert code == 404  # a bind is still refused
+
+
 async def test_channel_close_requeues_unacked(app) -> None:
     async with open_amqp(app) as c:
         await c.open_channel(1)
