@@ -199,6 +199,10 @@ class QueueStore:
         if existing is not None:
             if existing.exclusive_owner is not None and existing.exclusive_owner != owner:
                 raise ResourceLocked(f"queue {name!r} is exclusive to another channel")
+            if not passive and (existing.exclusive_owner is not None) != exclusive:
+                # RabbitMQ: a redeclare that asks for other exclusivity is 405 RESOURCE_LOCKED
+                want = "exclusive" if exclusive else "shared"
+                raise ResourceLocked(f"cannot obtain {want} access to queue {name!r}: it exists with other exclusivity")
             if not passive and existing.settings() != (durable, exclusive, auto_delete, arguments):
                 raise PreconditionFailed(
                     f"queue {name!r} exists with other settings (durable={existing.durable}, "
