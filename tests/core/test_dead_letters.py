@@ -379,6 +379,25 @@ def test_a_cycle_with_a_rejection_is_allowed_retry_queue_pattern() -> None:
     assert [(x["queue"], x["reason"]) for x in deaths] == [("retry", "expired"), ("work", "rejected")]
 
 
+@pytest.mark.parametrize("count", [{"$amqp": "int64", "value": 3}, 3, "three", None, {"odd": 1}, True, -2])
+def test_a_client_sent_x_death_count_of_any_shape_is_counted_not_a_crash(count: Any) -> None:
+    """A consumer that republishes a dead letter sends its x-death back; an AMQP long
+    (RabbitMQ's and Java's type for the count) arrives as a tagged int64. Dead-lettering
+    it again counts on from it (or from 1 when it is no count at all)."""
+    h = Harness()
+    with_dlq(h)
+    death = {"queue": "work", "reason": "rejected", "count": count, "exchange": "", "routing-keys": ["work"]}
+    h.publish(0, "", "work", b"m", {"headers": {"x-death": [death]}})
+    h.sync()
+    ch = h.channel()
+    h.b.consume(ch, "work")
+    h.b.reject(ch, deliver_one(h, ch).delivery_tag, requeue=False)
+    h.sync()
+    (headers,) = headers_of(h, "dead")
+    assert headers["x-death"][0]["count"] == (4 if count in (3, {"$amqp": "int64", "value": 3}) else 2)
+    assert h.b.queues["work"].ready_count() == 0
+
+
 def test_missing_dead_letter_exchange_drops_and_reports() -> None:
     h = Harness()
     h.queue("q", arguments={"x-dead-letter-exchange": "nowhere"})

@@ -47,8 +47,15 @@ def _wait_get(ch: Any, queue: str, timeout_s: float = 10, auto_ack: bool = True)
 
 
 def _death(props: Any) -> list[dict[str, Any]]:
-    """A dead letter's x-death entries without their time (not deterministic)."""
-    return [{k: v for k, v in entry.items() if k != "time"} for entry in props.headers["x-death"]]
+    """A dead letter's x-death entries, their time (not deterministic) replaced by its
+    type, and the count's type beside it (clients cast them: Java's Long and Date)."""
+    out = []
+    for entry in props.headers["x-death"]:
+        typed = {k: v for k, v in entry.items() if k != "time"}
+        typed["time is a"] = type(entry.get("time")).__name__
+        typed["count is a"] = type(entry.get("count")).__name__
+        out.append(typed)
+    return out
 
 
 def _first_death(props: Any) -> dict[str, Any]:
@@ -127,6 +134,11 @@ def script_expiry(port: int) -> Log:
     method, props, body = _wait_get(ch, "e.sink")
     log.append(("lower ttl wins", body, props.expiration, _death(props)))
     log.append(("sink empty", get_all(ch, "e.sink")))
+    # a consumer republishes a dead letter as it got it (x-death and its long count
+    # included), and it is dead-lettered again: the count goes on from the one sent
+    ch.basic_publish("", "e.both", body, props)
+    method, props, body = _wait_get(ch, "e.sink")
+    log.append(("republished dead letter", body, _death(props)))
     _fresh(ch, (*queues, "e.sink"), ("e.in", "e.dlx"))
     conn.close()
     return log
