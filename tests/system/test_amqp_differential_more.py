@@ -533,6 +533,72 @@ def script_refused_declares(port: int) -> Log:
     return log
 
 
+def script_redeclares_and_refusals(port: int) -> Log:
+    """Redeclares with other settings (exclusivity is 405 in RabbitMQ, the rest 406),
+    refused publishes, binds and methods, and auto-delete exchanges."""
+    log: Log = []
+    conn = connect(port)
+    ch = conn.channel()
+    _fresh(ch, ("m.a", "m.b"), ("m.d", "m.auto", "m.int", "m.h", "m.ae2"))
+    ch.confirm_delivery()
+    ch.queue_declare("m.a")
+    ch.queue_declare("m.b")
+    ch.exchange_declare("m.d", "direct")
+    ch.queue_bind("m.a", "m.d", "a")
+    ch.exchange_declare("m.auto", "fanout", auto_delete=True)
+    ch.queue_bind("m.a", "m.auto")
+    ch.queue_unbind("m.a", "m.auto")
+    ch.exchange_declare("m.int", "fanout", internal=True)
+    ch.exchange_declare("m.h", "headers")
+    ch.queue_declare("m.mine", exclusive=True)
+    cases: list[tuple[str, Any]] = [
+        ("auto-delete exchange after its last binding", lambda c: c.exchange_declare("m.auto", passive=True)),
+        ("publish to an internal exchange", lambda c: c.basic_publish("m.int", "", b"x")),
+        ("x-match any-with-x", lambda c: c.queue_bind("m.a", "m.h", arguments={"x-match": "any-with-x", "x-k": "v"})),
+        ("x-match not a string", lambda c: c.queue_bind("m.a", "m.h", arguments={"x-match": 1})),
+        ("exclusive consume beside a consumer",
+         lambda c: (c.basic_consume("m.a", lambda *a: None), conn.channel().basic_consume("m.a", lambda *a: None,
+                                                                                           exclusive=True))),
+        ("passive exchange of another type", lambda c: c.exchange_declare("m.d", "fanout", passive=True)),
+        ("passive queue with other arguments", lambda c: c.queue_declare("m.a", passive=True,
+                                                                         arguments={"x-max-length": 3})),
+        ("shared queue redeclared exclusive", lambda c: c.queue_declare("m.a", exclusive=True)),
+        ("own exclusive queue redeclared shared", lambda c: c.queue_declare("m.mine")),
+        ("own exclusive queue redeclared exclusive", lambda c: c.queue_declare("m.mine", exclusive=True)),
+        ("redeclare other auto_delete", lambda c: c.queue_declare("m.a", auto_delete=True)),
+        ("exchange redeclared durable", lambda c: c.exchange_declare("m.d", "direct", durable=True)),
+        ("exchange redeclared auto_delete", lambda c: c.exchange_declare("m.d", "direct", auto_delete=True)),
+        ("exchange redeclared internal", lambda c: c.exchange_declare("m.d", "direct", internal=True)),
+        ("exchange redeclared with arguments",
+         lambda c: c.exchange_declare("m.d", "direct", arguments={"alternate-exchange": "m.h"})),
+        # (binding through "amq.default" is 403 on ackbus, 404 on RabbitMQ: ackbus names
+        # the default exchange amq.default too — docs/amqp.md, "What differs from RabbitMQ")
+        ("bind to the default exchange", lambda c: c.queue_bind("m.a", "", "m.a")),
+        ("exchange bound to the default exchange", lambda c: c.exchange_bind("", "m.d", "k")),
+        ("delete amq.direct", lambda c: c.exchange_delete("amq.direct")),
+        ("get from a missing queue", lambda c: c.basic_get("m.none")),
+        ("purge a missing queue", lambda c: c.queue_purge("m.none")),
+        ("expiration negative", lambda c: c.basic_publish("", "m.a", b"x", pika.BasicProperties(expiration="-1"))),
+        ("expiration not a number", lambda c: c.basic_publish("", "m.a", b"x",
+                                                              pika.BasicProperties(expiration="soon"))),
+        ("routing key of 255 bytes", lambda c: c.basic_publish("m.d", "k" * 255, b"x")),
+        ("alternate exchange missing", lambda c: (c.exchange_declare("m.ae2", "direct",
+                                                                     arguments={"alternate-exchange": "m.none"}),
+                                                  c.basic_publish("m.ae2", "x", b"x"))),
+        ("recover without requeue", lambda c: c.basic_recover(requeue=False)),
+        ("qos prefetch_size", lambda c: c.basic_qos(prefetch_size=10)),
+    ]
+    for what, op in cases:
+        if refused(log, conn, what, op) == "reconnect":
+            conn = connect(port)
+    log.append(("m.a holds", get_all(conn.channel(), "m.a")))
+    conn.close()
+    conn = connect(port)  # (m.mine went with the first connection)
+    _fresh(conn.channel(), ("m.a", "m.b"), ("m.d", "m.auto", "m.int", "m.h", "m.ae2"))
+    conn.close()
+    return log
+
+
 # 8. exchange-to-exchange, topic and headers edge cases ------------------------------------
 
 TOPIC_BINDINGS = ("#", "a.#", "#.b", "a.*", "*", "a.#.b", "*.*", "a..b", "", "#.#", "a.*.#", "*.#.*", "#.*", "*.#",
@@ -607,7 +673,7 @@ def script_routing(port: int) -> Log:
 
 
 SCRIPTS = [script_expiry, script_overflow, script_nack_reject, script_headers, script_cancel_autodelete, script_qos,
-           script_refused_declares, script_routing]
+           script_refused_declares, script_redeclares_and_refusals, script_routing]
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=[s.__name__.removeprefix("script_") for s in SCRIPTS])
