@@ -134,6 +134,22 @@ def script_expiry(port: int) -> Log:
     method, props, body = _wait_get(ch, "e.sink")
     log.append(("lower ttl wins", body, props.expiration, _death(props)))
     log.append(("sink empty", get_all(ch, "e.sink")))
+    # a message held unacked past its TTL expires when it is requeued; one a consumer
+    # takes in time does not expire
+    ch.basic_publish("", "e.both", b"held")
+    method, _p, _b = ch.basic_get("e.both")
+    time.sleep(0.2)  # (past its 50 ms: no race, it cannot expire while held)
+    log.append(("held past its ttl", get_all(ch, "e.sink")))
+    ch.basic_nack(method.delivery_tag, requeue=True)
+    method, props, body = _wait_get(ch, "e.sink")
+    log.append(("requeued past its ttl", body, _death(props)))
+    taker = conn.channel()
+    got: list[bytes] = []
+    taker.basic_consume("e.both", lambda _c, _m, _p, b: got.append(b), auto_ack=True)
+    ch.basic_publish("", "e.both", b"taken in time")
+    collect(conn, got, 1)
+    log.append(("consumed in time", got, get_all(ch, "e.sink")))
+    taker.close()
     # a consumer republishes a dead letter as it got it (x-death and its long count
     # included), and it is dead-lettered again: the count goes on from the one sent
     ch.basic_publish("", "e.both", body, props)
@@ -150,7 +166,7 @@ def script_overflow(port: int) -> Log:
     log: Log = []
     conn = connect(port)
     ch = conn.channel()
-    queues = ("o.dead", "o.head", "o.bytes", "o.reject", "o.rdlx", "o.free", "o.rbytes")
+    queues = ("o.dead", "o.head", "o.bytes", "o.reject", "o.rdlx", "o.free", "o.rbytes", "o.ready")
     _fresh(ch, queues, ("o.fan",))
     ch.confirm_delivery()
     ch.queue_declare("o.dead")
@@ -190,7 +206,18 @@ def script_overflow(port: int) -> Log:
         method, props, body = _wait_get(ch, "o.dead")
         log.append(("reject-publish-dlx dead", body, _death(props)))
     log.append(("reject-publish-dlx kept", get_all(ch, "o.rdlx")))
-    log.append(("redeclare other overflow", ))
+    # x-max-length counts ready messages only: unacked ones take no room
+    ch.queue_declare("o.ready", arguments={"x-max-length": 2, **dlx})
+    for i in range(2):
+        ch.basic_publish("", "o.ready", b"u%d" % i)
+    for _ in range(2):
+        ch.basic_get("o.ready")
+    log.append(("beside unacked", [_publish_confirmed(ch, "", "o.ready", b"u%d" % i) for i in (2, 3)],
+                ch.queue_declare("o.ready", passive=True).method.message_count, get_all(ch, "o.dead")))
+    # (acked, not requeued: a requeue past x-max-length drops from the head in RabbitMQ
+    # and is kept over the limit in ackbus — docs/amqp.md, "What differs from RabbitMQ")
+    ch.basic_ack(0, multiple=True)
+    log.append(("ready ones", get_all(ch, "o.ready")))
     refused(log, conn, "redeclare other overflow",
             lambda c: c.queue_declare("o.rdlx", arguments={"x-max-length": 1, "x-overflow": "drop-head", **dlx}))
     _fresh(ch, queues, ("o.fan",))
