@@ -19,8 +19,17 @@ from typing import Any
 import pytest
 
 from tests.support.broker import BrokerProcess
-from tests.system.amqp_diff_support import Log, RabbitServer, collect, compare, connect, get_all, refused
-from tests.system.amqp_diff_support import ackbus, rabbit  # noqa: F401 (module fixtures)
+from tests.system.amqp_diff_support import (  # noqa: F401 (module fixtures)
+    Log,
+    RabbitServer,
+    ackbus,
+    collect,
+    compare,
+    connect,
+    get_all,
+    rabbit,
+    refused,
+)
 
 pika = pytest.importorskip("pika")
 
