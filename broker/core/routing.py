@@ -25,6 +25,7 @@ Rules (AMQP 0-9-1 §3.1.3 and RabbitMQ's documented semantics):
 
 from __future__ import annotations
 
+import base64
 import hashlib
 from bisect import bisect_left
 from typing import Any, Iterable
@@ -239,6 +240,40 @@ def topic_matches(pattern: str, routing_key: str) -> bool:
 X_MATCH_MODES = ("all", "any", "all-with-x", "any-with-x")
 
 
+#: Tagged header values (docs/amqp.md: the AMQP types JSON has no form for) that are
+#: numbers, and those that are bytes (base64).
+_NUMBER_TAGS = frozenset({"int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "timestamp", "float"})
+_BYTES_TAGS = frozenset({"bytes", "longstr"})
+
+
+def _comparable(value: Any) -> tuple[str, Any]:
+    """A header value as RabbitMQ compares it in a headers binding: by value whatever
+    its AMQP width (a long 1 equals an int 1), a text equal to the same bytes, a
+    boolean never equal to a number."""
+    if value is True or value is False:
+        return "bool", value
+    if isinstance(value, (int, float)):
+        return "number", value
+    if isinstance(value, str):
+        return "bytes", value.encode("utf-8", "surrogatepass")
+    if isinstance(value, dict) and len(value) == 2 and "value" in value:
+        tag = value.get("$amqp")
+        if tag in _NUMBER_TAGS:
+            return "number", value["value"]
+        if tag in _BYTES_TAGS:
+            try:
+                return "bytes", base64.b64decode(str(value["value"]), validate=True)
+            except ValueError:
+                pass
+    return "other", value
+
+
+def _same_header_value(want: Any, got: Any) -> bool:
+    if type(want) is str and type(got) is str:  # (the common case)
+        return want == got
+    return _comparable(want) == _comparable(got)
+
+
 def headers_match(arguments: dict[str, Any], headers: dict[str, Any] | None) -> bool:
     """Whether message ``headers`` satisfy a headers-exchange binding's ``arguments``."""
     mode = arguments.get("x-match", "all")
@@ -251,7 +286,7 @@ def headers_match(arguments: dict[str, Any], headers: dict[str, Any] | None) -> 
         if name == "x-match" or (name.startswith("x-") and not with_x):
             continue
         checked += 1
-        if name in headers and (value is None or headers[name] == value):
+        if name in headers and (value is None or _same_header_value(value, headers[name])):
             any_matched = True
             if not want_all:
                 return True

@@ -193,6 +193,17 @@ HEADERS_CASES: list[tuple[dict[str, Any], dict[str, Any] | None, bool]] = [
     # values compare as values
     ({"a": "1"}, {"a": 1}, False),
     ({"a": [1, 2]}, {"a": [1, 2]}, True),
+    # ... as RabbitMQ compares them: whatever the AMQP width of a number, text and bytes
+    # alike, a boolean never a number
+    ({"a": 1}, {"a": {"$amqp": "int64", "value": 1}}, True),
+    ({"a": 1}, {"a": {"$amqp": "uint8", "value": 1}}, True),
+    ({"a": 1}, {"a": True}, False),
+    ({"a": True}, {"a": 1}, False),
+    ({"a": True}, {"a": True}, True),
+    ({"a": "1"}, {"a": {"$amqp": "bytes", "value": "MQ=="}}, True),
+    ({"a": "1"}, {"a": {"$amqp": "bytes", "value": "Mg=="}}, False),
+    ({"a": 1}, {"a": {"$amqp": "decimal", "value": "1"}}, False),
+    ({"a": {"b": 1}}, {"a": {"b": 1}}, True),
 ]
 
 

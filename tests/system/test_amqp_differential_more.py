@@ -707,6 +707,31 @@ def script_routing(port: int) -> Log:
     for q in header_queues:
         log.append(("headers", q, sorted(body for body, _r in get_all(ch, q))))
     refused(log, conn, "x-match unknown", lambda c: c.queue_bind("x.q", "hx.x", arguments={"x-match": "some"}))
+
+    # typed header values: compared by value (an AMQP long 1 is the int 1, a text is the
+    # same bytes), a boolean is no number, a nested table compares with its types
+    typed_bindings: dict[str, dict[str, Any]] = {
+        "int": {"n": 1}, "void": {"v": None}, "str": {"s": "1"}, "bool": {"b": True}, "bytes": {"x": b"1"},
+        "any-with-x": {"x-match": "any-with-x", "x-h": "1"},
+        "all-with-x": {"x-match": "all-with-x", "x-h": "1", "k": "2"},
+        "nested": {"t": {"a": 1}}, "array": {"a": [1, 2]},
+    }
+    typed_queues = tuple(f"ht.{name}" for name in typed_bindings)
+    _fresh(ch, typed_queues)
+    for q, arguments in zip(typed_queues, typed_bindings.values()):
+        ch.queue_declare(q)
+        ch.queue_bind(q, "hx.x", arguments=arguments)
+    typed_samples: list[dict[str, Any]] = [
+        {"n": pika.compat.long(1)}, {"n": True}, {"n": "1"}, {"n": decimal.Decimal(1)}, {"v": "x"}, {"v": None},
+        {"v": 0}, {"s": b"1"}, {"s": "1"}, {"b": 1}, {"b": True}, {"x": "1"}, {"x": b"1"}, {"x-h": "1"},
+        {"x-h": "1", "k": "2"}, {"k": "2"}, {"t": {"a": 1}}, {"t": {"a": pika.compat.long(1)}}, {"a": [1, 2]},
+        {"a": [2, 1]},
+    ]
+    for i, headers in enumerate(typed_samples):
+        ch.basic_publish("hx.x", "", b"%d" % i, pika.BasicProperties(headers=headers))
+    for q in typed_queues:
+        log.append(("typed headers", q, sorted(int(body) for body, _r in get_all(ch, q))))
+    _fresh(ch, typed_queues)
     _fresh(ch, queues, exchanges)
     conn.close()
     return log
