@@ -74,10 +74,11 @@ def _first_death(props: Any) -> dict[str, Any]:
     return {k: v for k, v in props.headers.items() if k.startswith("x-first-death")}
 
 
-def _publish_confirmed(ch: Any, exchange: str, key: str, body: bytes, props: Any = None) -> str:
+def _publish_confirmed(ch: Any, exchange: str, key: str, body: bytes, props: Any = None,
+                       mandatory: bool = False) -> str:
     """Publish on a confirm channel; "ack", "nack" or "returned"."""
     try:
-        ch.basic_publish(exchange, key, body, props)
+        ch.basic_publish(exchange, key, body, props, mandatory=mandatory)
         return "ack"
     except pika.exceptions.NackError:
         return "nack"
@@ -311,6 +312,41 @@ def _reject_after_multiple(ch: Any) -> None:
     method, _p, _b = ch.basic_get("n.q")
     ch.basic_ack(method.delivery_tag, multiple=True)
     ch.basic_reject(1, requeue=False)
+
+
+def script_mandatory_and_tx_settles(port: int) -> Log:
+    """mandatory publishes to full queues and to none; acks and nacks in a transaction
+    (rolled back: nothing happens; committed: all at once)."""
+    log: Log = []
+    conn = connect(port)
+    ch = conn.channel()
+    _fresh(ch, ("t.full", "t.zero", "t.q"))
+    ch.confirm_delivery()
+    ch.queue_declare("t.full", arguments={"x-max-length": 0, "x-overflow": "reject-publish"})
+    ch.queue_declare("t.zero", arguments={"x-max-length": 0})
+    log.append(("mandatory to a full reject-publish queue", _publish_confirmed(ch, "", "t.full", b"x", None, True)))
+    log.append(("mandatory to x-max-length 0", _publish_confirmed(ch, "", "t.zero", b"x", None, True)))
+    log.append(("mandatory to no queue", _publish_confirmed(ch, "", "t.none", b"x", None, True)))
+    ch.queue_declare("t.q")
+    for i in range(4):
+        ch.basic_publish("", "t.q", b"m%d" % i)
+    tx = conn.channel()
+    tags = [tx.basic_get("t.q")[0].delivery_tag for _ in range(3)]
+    tx.tx_select()
+    tx.basic_ack(tags[0])
+    tx.basic_nack(tags[1], requeue=True)
+    tx.tx_rollback()
+    log.append(("after rollback", ch.queue_declare("t.q", passive=True).method.message_count))
+    tx.basic_ack(tags[0])
+    tx.basic_nack(tags[1], requeue=True)
+    tx.basic_publish("", "t.q", b"tx-pub")
+    log.append(("before commit", ch.queue_declare("t.q", passive=True).method.message_count))
+    tx.tx_commit()  # (no count here: RabbitMQ's requeue is asynchronous to a passive declare)
+    tx.close()  # m2, still unacked, back too
+    log.append(("after commit and close", get_all(ch, "t.q")))
+    _fresh(ch, ("t.full", "t.zero", "t.q"))
+    conn.close()
+    return log
 
 
 # 4. header tables -----------------------------------------------------------------------
@@ -737,8 +773,8 @@ def script_routing(port: int) -> Log:
     return log
 
 
-SCRIPTS = [script_expiry, script_overflow, script_nack_reject, script_headers, script_cancel_autodelete, script_qos,
-           script_refused_declares, script_redeclares_and_refusals, script_routing]
+SCRIPTS = [script_expiry, script_overflow, script_nack_reject, script_mandatory_and_tx_settles, script_headers,
+           script_cancel_autodelete, script_qos, script_refused_declares, script_redeclares_and_refusals, script_routing]
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=[s.__name__.removeprefix("script_") for s in SCRIPTS])
