@@ -773,8 +773,10 @@ def script_routing(port: int) -> Log:
     return log
 
 
-SCRIPTS = [script_expiry, script_overflow, script_nack_reject, script_mandatory_and_tx_settles, script_headers,
-           script_cancel_autodelete, script_qos, script_refused_declares, script_redeclares_and_refusals, script_routing]
+SCRIPTS = [
+    script_expiry, script_overflow, script_nack_reject, script_mandatory_and_tx_settles, script_headers,
+    script_cancel_autodelete, script_qos, script_refused_declares, script_redeclares_and_refusals, script_routing,
+]
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=[s.__name__.removeprefix("script_") for s in SCRIPTS])
