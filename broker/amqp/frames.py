@@ -22,7 +22,7 @@ from pamqp import commands
 from pamqp import frame as pamqp_frame
 from pamqp.base import Frame as PamqpMethod
 
-from broker.amqp.tables import TAG, TableError, decode_table, encode_table
+from broker.amqp.tables import TableError, decode_table, encode_table
 
 __all__ = [
     "FRAME_BODY",
@@ -314,26 +314,6 @@ def _pack_shortstr(text: str) -> bytes:
     return bytes((len(raw),)) + raw
 
 
-def _rabbit_death_types(headers: dict[str, Any]) -> dict[str, Any]:
-    """``x-death`` with RabbitMQ's field types: each entry's ``count`` a long (``l``) and
-    its ``time`` a timestamp (``T``), which clients cast to (Java's ``Long`` and
-    ``Date``); ackbus keeps them as plain numbers (a JSON number would go out as ``I``)."""
-    deaths = headers["x-death"]
-    if not isinstance(deaths, list):
-        return headers
-    typed: list[Any] = []
-    for death in deaths:
-        if isinstance(death, dict) and TAG not in death:
-            death = dict(death)
-            count, when = death.get("count"), death.get("time")
-            if type(count) is int and -(1 << 63) <= count < (1 << 63):
-                death["count"] = {TAG: "int64", "value": count}
-            if type(when) is int and 0 <= when < (1 << 63):
-                death["time"] = {TAG: "timestamp", "value": when}
-        typed.append(death)
-    return {**headers, "x-death": typed}
-
-
 def encode_properties(props: dict[str, Any] | None) -> bytes:
     """The property flags and list of a content header (from ackbus's properties)."""
     if not props:
@@ -349,8 +329,6 @@ def encode_properties(props: dict[str, Any] | None) -> bytes:
     headers = get("headers")
     if headers is not None:
         flags |= 1 << 13
-        if "x-death" in headers:
-            headers = _rabbit_death_types(headers)
         parts.append(encode_table(headers))
     value = get("delivery_mode")
     if value is not None:

@@ -199,10 +199,8 @@ class QueueStore:
         if existing is not None:
             if existing.exclusive_owner is not None and existing.exclusive_owner != owner:
                 raise ResourceLocked(f"queue {name!r} is exclusive to another channel")
-            if not passive and (existing.exclusive_owner is not None) != exclusive:
-                # RabbitMQ: a redeclare that asks for other exclusivity is 405 RESOURCE_LOCKED
-                want = "exclusive" if exclusive else "shared"
-                raise ResourceLocked(f"cannot obtain {want} access to queue {name!r}: it exists with other exclusivity")
+            if not passive and (existing.exclusive_owner is not None) != exclusive:  # (RabbitMQ's 405)
+                raise ResourceLocked(f"queue {name!r} exists with exclusive={not exclusive}")
             if not passive and existing.settings() != (durable, exclusive, auto_delete, arguments):
                 raise PreconditionFailed(
                     f"queue {name!r} exists with other settings (durable={existing.durable}, "
@@ -378,9 +376,8 @@ class QueueStore:
             queue.ready_bytes += len(message.body)
         if schedule:
             self._delays.schedule_queue(queue)
-        if (queue.max_length is not None or queue.max_length_bytes is not None) and queue.overflow == "drop-head":
-            while queue.over_limit():
-                self._drop_head(queue)
+        if queue.max_length is not None or queue.max_length_bytes is not None:
+            self.drop_over_limit(queue)
         if queue.consumers:
             self._dispatch[queue.name] = queue
         if queue.getters:
@@ -390,6 +387,12 @@ class QueueStore:
         """How many ready messages each lane of a priority queue keeps in memory: the
         queue's share, divided among its lanes."""
         return max(1, self.memory_messages_per_queue // len(queue.lanes))
+
+    def drop_over_limit(self, queue: Queue) -> None:
+        """drop-head: drop while past the length limits (after a requeue too: RabbitMQ)."""
+        if queue.overflow == "drop-head":
+            while queue.over_limit():
+                self._drop_head(queue)
 
     def _drop_head(self, queue: Queue) -> None:
         """Drop the oldest ready message (x-overflow drop-head): dead-letter it

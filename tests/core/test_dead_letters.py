@@ -343,6 +343,26 @@ def test_maxlen_drop_head_dead_letters_the_oldest() -> None:
     assert {hd["x-death"][0]["reason"] for hd in headers_of(h, "dead")} == {"maxlen"}
 
 
+@pytest.mark.parametrize("limit", [{"x-max-length": 2}, {"x-max-length-bytes": 4}])
+def test_a_requeue_past_the_length_limit_drops_from_the_head(limit: dict[str, int]) -> None:
+    """RabbitMQ applies drop-head after a requeue too: unacked messages take no room,
+    but once back they count, and the oldest (the requeued ones) go."""
+    h = Harness()
+    with_dlq(h, "work", **limit)
+    ch = consuming(h, "work", b"m0", b"m1")
+    tags = [d.delivery_tag for d in h.delivers(h.step(), ch)]
+    h.b.cancel(ch, next(iter(h.b.deliveries.channels[ch].consumers)))
+    for body in (b"m2", b"m3"):
+        h.publish(0, "", "work", body)
+    h.sync()
+    assert [e.message.body for e in ready_entries(h.b, "work")] == [b"m2", b"m3"]
+    h.b.nack(ch, tags[-1], True, True)
+    h.sync()
+    assert [e.message.body for e in ready_entries(h.b, "work")] == [b"m2", b"m3"]
+    assert [e.message.body for e in ready_entries(h.b, "dead")] == [b"m0", b"m1"]
+    assert {hd["x-death"][0]["reason"] for hd in headers_of(h, "dead")} == {"maxlen"}
+
+
 def test_reject_publish_dlx_nacks_and_dead_letters() -> None:
     h = Harness()
     with_dlq(h, "work", **{"x-max-length": 1, "x-overflow": "reject-publish-dlx"})

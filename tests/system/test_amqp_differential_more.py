@@ -224,9 +224,11 @@ def script_overflow(port: int) -> Log:
         ch.basic_get("o.ready")
     log.append(("beside unacked", [_publish_confirmed(ch, "", "o.ready", b"u%d" % i) for i in (2, 3)],
                 ch.queue_declare("o.ready", passive=True).method.message_count, get_all(ch, "o.dead")))
-    # (acked, not requeued: a requeue past x-max-length drops from the head in RabbitMQ
-    # and is kept over the limit in ackbus — docs/amqp.md, "What differs from RabbitMQ")
-    ch.basic_ack(0, multiple=True)
+    # requeued, they count again: the oldest (the requeued ones) are dropped from the head
+    ch.basic_nack(0, multiple=True, requeue=True)
+    for _ in range(2):
+        method, props, body = _wait_get(ch, "o.dead")
+        log.append(("requeued past the limit", body, _death(props)))
     log.append(("ready ones", get_all(ch, "o.ready")))
     refused(log, conn, "redeclare other overflow",
             lambda c: c.queue_declare("o.rdlx", arguments={"x-max-length": 1, "x-overflow": "drop-head", **dlx}))
