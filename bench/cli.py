@@ -1,7 +1,7 @@
 """``scripts/bench`` / ``python -m bench``: run the workloads, print and save the results.
 
 Order of runs: for each workload, for each round, ackbus then (with ``--peer``)
-RabbitMQ and/or Redis — A B C A B C … — each run on a freshly started server that is stopped (by PID)
+RabbitMQ, Redis and/or the null AMQP peer — A B C A B C … — each run on a freshly started server that is stopped (by PID)
 afterwards. Every step of a run has its own time limit, and a watchdog kills the
 broker of a run that goes over the sum of them (the run then fails, the next goes on). Results go to ``bench-results/<timestamp>.json`` after every run, so an
 interrupted benchmark keeps what it measured; the table goes to stdout (and to
@@ -28,6 +28,7 @@ from typing import Any, TextIO
 from bench.cluster import run_cluster_bench
 from bench.params import FULL, QUICK, Params
 from bench.procs import ROOT, abort_workers, snapshot_code
+from bench.server_nullamqp import NullAMQPServer
 from bench.server_redis import RedisServer, ensure_redis
 from bench.servers import AckbusServer, RabbitServer, cpu_seconds, ensure_rabbitmq
 from bench.stats import (
@@ -43,9 +44,15 @@ from bench.workloads import WORKLOADS, Context, all_figures
 
 __all__ = ["main"]
 
+
+def _nothing_to_install(say: Any) -> None:
+    """The null AMQP peer is part of the harness (pamqp is a dependency of ackbus)."""
+
+
 # per peer: how to install it if missing, and its server
-ENSURE = {"rabbitmq": ensure_rabbitmq, "redis": ensure_redis}
-PEER_SERVERS: dict[str, type[RabbitServer] | type[RedisServer]] = {"rabbitmq": RabbitServer, "redis": RedisServer}
+ENSURE = {"rabbitmq": ensure_rabbitmq, "redis": ensure_redis, "null": _nothing_to_install}
+PEER_SERVERS: dict[str, type[RabbitServer] | type[RedisServer] | type[NullAMQPServer]] = {
+    "rabbitmq": RabbitServer, "redis": RedisServer, "null": NullAMQPServer}
 
 
 class Progress:
@@ -167,10 +174,13 @@ def _write_json(path: Path, data: Any) -> None:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="scripts/bench",
-        description="Benchmark ackbus, and with --peer also RabbitMQ and/or Redis on this machine (runs interleaved).",
+        description="Benchmark ackbus, and with --peer also RabbitMQ, Redis and/or (with --amqp) the null AMQP peer "
+        "on this machine (runs interleaved).",
     )
     parser.add_argument("--peer", metavar="NAME[,NAME]",
-                        help=f"also benchmark these (comma-separated: {', '.join(PEERS)}; installed if missing)")
+                        help=f"also benchmark these (comma-separated: {', '.join(PEERS)}; installed if missing). "
+                        "null (with --amqp only): a do-nothing AMQP server for the pika worker, whose figures are "
+                        "pika's ceiling, the most any broker could reach with that client workload")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of every workload per broker (default 3)")
     parser.add_argument("--quick", action="store_true", help="tiny counts and durations: a smoke run")
     parser.add_argument("--only", default="", metavar="NAME,...",
@@ -202,6 +212,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.peers = parse_peers(args.peer)
     except ValueError as exc:
         parser.error(f"--peer: {exc}")
+    if "null" in args.peers and (not args.amqp or args.cluster):
+        parser.error("--peer null needs --amqp (and no --cluster): the null peer is an AMQP server for the pika "
+                     "worker, so it is compared with ackbus's AMQP port")
     names = [n.strip() for n in args.only.split(",") if n.strip()] or list(WORKLOADS)
     unknown = [n for n in names if n not in WORKLOADS]
     if unknown:
@@ -227,6 +240,10 @@ def report(results: dict[str, Any], args: argparse.Namespace, out: TextIO | None
         out.write(f"ratio = ackbus median / {names} median, then (with 2+ rounds) the min–max of the per-round "
                   "ratios; 'better' says which direction is better; '–': not measured on that side (WAL "
                   "bytes/msg: ackbus only; a workload the peer has no equivalent for) or every round failed.\n")
+        if "null" in peers:
+            out.write("null: the null AMQP peer, a server that does no broker work, driven by the same pika "
+                      "workers: its figures are pika's ceiling on this machine, an upper bound for any broker "
+                      "with that client workload; ackbus/null is the share of that ceiling ackbus reaches.\n")
     failed = [r for r in results["runs"] if r.get("error")]
     for run in failed:
         out.write(f"FAILED: {run['workload']} round {run['round']} {run['side']}: {run['error'].splitlines()[0]}\n")
@@ -332,7 +349,7 @@ def _one_run(
     progress: Progress, results: dict[str, Any], tls: bool = False, amqp: bool = False,
 ) -> dict[str, Any]:
     workdir = tmp_root / f"{workload.name}-{round_no}-{side}"
-    server: AckbusServer | RabbitServer | RedisServer = (
+    server: AckbusServer | RabbitServer | RedisServer | NullAMQPServer = (
         AckbusServer(workdir, tls=tls, amqp=amqp) if side == "ackbus" else PEER_SERVERS[side](workdir))
     run: dict[str, Any] = {"workload": workload.name, "round": round_no, "side": side, "figures": {},
                            "loadavg_before": os.getloadavg()}

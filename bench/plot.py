@@ -2,7 +2,7 @@
 
 Five panels, because the figures live on very different scales: throughput (msgs/s),
 latency (ms), recovery time (s), memory (MiB) and WAL bytes per message (ackbus only). Each figure is a group of horizontal
-bars, one per side present (ackbus, RabbitMQ, Redis; a colour each) at the median,
+bars, one per side present (ackbus, RabbitMQ, Redis, the null AMQP peer; a colour each) at the median,
 with a whisker from min to max over the rounds, and the ackbus/peer ratio written at
 the right edge, level with that peer's bar. Throughput and latency use a log
 scale so that a 10× gap and a 1.1× gap are both readable.
@@ -19,7 +19,8 @@ from bench.stats import SIDE_NAMES, SIDES, Summary, fmt
 
 __all__ = ["plot"]
 
-COLORS = {"ackbus": "#2b6cb0", "rabbitmq": "#f08c00", "redis": "#c53030"}
+COLORS = {"ackbus": "#2b6cb0", "rabbitmq": "#f08c00", "redis": "#c53030", "null": "#718096"}
+LEGEND = {"null": "null (no broker: pika's ceiling)"}
 
 PANELS = (
     ("throughput (msgs/s, log scale) — higher is better", lambda s: "msgs/s" in s.figure.metric, True),
@@ -85,7 +86,7 @@ def plot(summaries: Sequence[Summary], results: dict[str, Any], path: Path) -> N
                 medians.append(median)
                 lows.append(median - s.stat(side, "min"))
                 highs.append(s.stat(side, "max") - median)
-            ax.barh(ys, medians, height=bar * 0.92, color=COLORS[side], label=SIDE_NAMES[side],
+            ax.barh(ys, medians, height=bar * 0.92, color=COLORS[side], label=LEGEND.get(side, SIDE_NAMES[side]),
                     xerr=[lows, highs], error_kw={"elinewidth": 0.8, "capsize": 2, "ecolor": "#333"})
             for y, m in zip(ys, medians):
                 ax.text(m, y, " " + fmt(m), va="center", ha="left", fontsize=7, color="#222")
@@ -119,6 +120,8 @@ def plot(summaries: Sequence[Summary], results: dict[str, Any], path: Path) -> N
     if "redis" in versions:
         caption += (f", Redis {versions['redis']} (appendfsync always; redis-py {versions.get('redis-py')}, "
                     f"hiredis {versions.get('hiredis')})")
+    if "null" in versions:
+        caption += ", null: no broker, pika's ceiling (bench/nullamqp.py)"
     peers = " and ".join(SIDE_NAMES[side] for side in sides if side != "ackbus")
     fig.suptitle(f"ackbus{' vs ' + peers if peers else ''}, persistent messages, durable queues, publisher confirms",
                  fontsize=12)

@@ -28,6 +28,14 @@ With ``--amqp`` the broker serves AMQP 0-9-1 too and the worker is the pika one 
 port: the broker's figure is its CPU per AMQP message, the client's is pika's, the
 same client the RabbitMQ side of that benchmark runs.
 
+With ``--null`` (which implies ``--amqp``) the same pika worker runs against the null
+AMQP peer (``bench.server_nullamqp``) instead of a broker: a server that does no broker
+work, so the client's figure is pika's own CPU per message when the other side costs
+next to nothing, and the rate is pika's ceiling on this machine. ``--sample`` then
+samples the client only.
+
+    python -m bench.profile --null --op consume        # pika's CPU per consumed + acked message
+
 The broker's hops are named after the code they cover (``docs/architecture.md``
 follows one publish through the same functions). docs/benchmarks.md, "Where the
 time goes per message", shows what this printed.
@@ -47,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.procs import code_root
+from bench.server_nullamqp import NullAMQPServer
 from bench.servers import AckbusServer, cpu_seconds
 
 __all__ = ["AMQP_BROKER_HOPS", "BROKER_HOPS", "CLIENT_HOPS", "PIKA_CODE", "PIKA_HOPS", "attribute", "main"]
@@ -187,8 +196,8 @@ def _spec(args: argparse.Namespace) -> dict[str, Any]:
     return {"op": "consume", "queue": "profile", "count": args.count, "prefetch": args.prefetch}
 
 
-def _worker(server: AckbusServer, spec: dict[str, Any]) -> subprocess.Popen[str]:
-    module = "bench.worker_rabbitmq" if server.amqp_port else "bench.worker_ackbus"
+def _worker(server: AckbusServer | NullAMQPServer, spec: dict[str, Any]) -> subprocess.Popen[str]:
+    module = "bench.worker_rabbitmq" if server.worker_side == "rabbitmq" else "bench.worker_ackbus"
     proc = subprocess.Popen(
         [sys.executable, "-m", module, json.dumps({**server.client_spec(), **spec})],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=str(code_root()),
@@ -232,13 +241,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sample", action="store_true", help="sample both processes with py-spy")
     parser.add_argument("--amqp", action="store_true",
                         help="the AMQP port with the pika worker (as scripts/bench --peer rabbitmq --amqp)")
+    parser.add_argument("--null", action="store_true",
+                        help="the pika worker against the null AMQP peer (no broker: pika's ceiling); implies --amqp")
+    parser.add_argument("--peer", choices=["null"], help="--peer null: the same as --null")
     parser.add_argument("--keep", type=Path, metavar="DIR",
                         help="with --sample, also copy py-spy's raw stacks (broker.txt, client.txt) into DIR")
     args = parser.parse_args(argv)
     if args.sample and shutil.which("py-spy") is None:
         parser.error("--sample needs py-spy on PATH (pip install py-spy)")
+    args.null = args.null or args.peer == "null"
+    args.amqp = args.amqp or args.null
     workdir = Path(tempfile.mkdtemp(prefix="ackbus-profile-"))
-    server = AckbusServer(workdir, amqp=args.amqp)
+    server = NullAMQPServer(workdir) if args.null else AckbusServer(workdir, amqp=args.amqp)
     try:
         server.start(timeout_s=60)
         if args.op == "consume":
@@ -249,17 +263,20 @@ def main(argv: list[str] | None = None) -> int:
         spies = []
         seconds = args.seconds if args.op != "consume" else args.count / 20_000
         if args.sample:
-            spies = [_spy(server.pid, workdir / "broker.txt", seconds), _spy(worker.pid, workdir / "client.txt", seconds)]
+            spies = [_spy(worker.pid, workdir / "client.txt", seconds)]
+            if not args.null:
+                spies.append(_spy(server.pid, workdir / "broker.txt", seconds))
         broker0, children0 = cpu_seconds(server.pid), _children_cpu()
         result = _run(worker)  # (reaps the worker; the samplers are reaped after)
         broker_s, client_s = cpu_seconds(server.pid) - broker0, _children_cpu() - children0
         for spy in spies:
             spy.wait()
         count = result["count"]
-        print(f"{args.op}{' over AMQP (pika)' if args.amqp else ''}, {args.size} B: {count:,} messages in {result['elapsed_s']:.2f} s "
+        over = " against the null AMQP peer (pika)" if args.null else " over AMQP (pika)" if args.amqp else ""
+        print(f"{args.op}{over}, {args.size} B: {count:,} messages in {result['elapsed_s']:.2f} s "
               f"({count / result['elapsed_s']:,.0f} msgs/s)")
         broker_us = broker_s / count * 1e6
-        print(f"broker: {broker_us:.1f} µs of CPU per message")
+        print(f"{'null server' if args.null else 'broker'}: {broker_us:.1f} µs of CPU per message")
         print(f"client: {client_s / count * 1e6:.1f} µs of CPU per message")
         if args.sample and args.keep is not None:
             args.keep.mkdir(parents=True, exist_ok=True)

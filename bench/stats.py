@@ -29,9 +29,10 @@ __all__ = [
     "text_table",
 ]
 
-PEERS = ("rabbitmq", "redis")
+#: "null" is the null AMQP peer (``bench.server_nullamqp``): no broker, pika's ceiling
+PEERS = ("rabbitmq", "redis", "null")
 SIDES = ("ackbus", *PEERS)
-SIDE_NAMES = {"ackbus": "ackbus", "rabbitmq": "RabbitMQ", "redis": "Redis"}
+SIDE_NAMES = {"ackbus": "ackbus", "rabbitmq": "RabbitMQ", "redis": "Redis", "null": "null"}
 
 
 def parse_peers(text: str | None) -> list[str]:

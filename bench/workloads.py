@@ -638,25 +638,29 @@ def _budget_locks(p: Params) -> float:
 
 # the workloads Redis Streams have an equivalent for
 BOTH_PEERS = frozenset({"rabbitmq", "redis"})
+# the null AMQP peer (bench.server_nullamqp) runs those of RabbitMQ's that need no
+# broker work beyond counting, routing and confirming: not latency at a fixed rate
+# (the bodies would have to be carried), recovery, or dead letters
+NULL_TOO = frozenset({"null"})
 
 
 WORKLOADS: dict[str, Workload] = {
     w.name: w
     for w in (
         Workload("publish_seq", "1. one-at-a-time confirmed publish", _seq_figures, ignore_start(_seq_run),
-                 _budget_seq, peers=BOTH_PEERS),
+                 _budget_seq, peers=BOTH_PEERS | NULL_TOO),
         Workload("publish_pipelined", "2. pipelined confirmed publish", _pipelined_figures,
-                 ignore_start(_pipelined_run), _budget_pipelined, peers=BOTH_PEERS),
+                 ignore_start(_pipelined_run), _budget_pipelined, peers=BOTH_PEERS | NULL_TOO),
         Workload("inflight", "3. confirmed publish, 1/8/64 in flight", _inflight_figures,
-                 ignore_start(_inflight_run), _budget_inflight, peers=BOTH_PEERS),
+                 ignore_start(_inflight_run), _budget_inflight, peers=BOTH_PEERS | NULL_TOO),
         Workload("consume", "4. consume with manual ack", _consume_figures, ignore_start(_consume_run),
-                 _budget_consume, peers=BOTH_PEERS),
+                 _budget_consume, peers=BOTH_PEERS | NULL_TOO),
         Workload("e2e", "5. end-to-end latency at a fixed rate", _e2e_figures, ignore_start(_e2e_run),
                  _budget_e2e, peers=BOTH_PEERS),
         Workload("recovery", "6. recovery after kill -9", _recovery_figures, _recovery_run, _budget_recovery,
                  peers=BOTH_PEERS),
         Workload("fanout", "7. fan-out to 10 queues", _fanout_figures, ignore_start(_fanout_run),
-                 _budget_fanout),
+                 _budget_fanout, peers=frozenset({"rabbitmq"}) | NULL_TOO),
         Workload("failures", "8. failures: retries and dead letters", _failures_figures,
                  ignore_start(_failures_run), _budget_failures),
         Workload("delayed", "9. delayed messages (ackbus only)", _delayed_figures, ignore_start(_delayed_run),
@@ -664,9 +668,9 @@ WORKLOADS: dict[str, Workload] = {
         Workload("get_any", "10. one long poll over several queues (ackbus only)", _get_any_figures,
                  ignore_start(_get_any_run), _budget_get_any, ackbus_only=True),
         Workload("tx", "11. transactions of 1 and 100 publishes", _tx_figures, ignore_start(_tx_run),
-                 _budget_tx),
+                 _budget_tx, peers=frozenset({"rabbitmq"}) | NULL_TOO),
         Workload("priority", "12. priority queues beside plain ones", _priority_figures,
-                 ignore_start(_priority_run), _budget_priority),
+                 ignore_start(_priority_run), _budget_priority, peers=frozenset({"rabbitmq"}) | NULL_TOO),
         Workload("priority_memory", "13. priority queue memory and recovery (ackbus only)",
                  _priority_memory_figures, ignore_start(_priority_memory_run), _budget_priority_memory,
                  ackbus_only=True),

@@ -6,7 +6,8 @@ content frames). The per-message methods, on the hot path, are parsed and writte
 hand with ``struct`` (``basic.publish``, ``basic.ack``/``nack``/``reject``, content
 headers, ``basic.deliver``, confirms, ``basic.return``): about five times cheaper than
 a general codec. Every other method (the handshake, declares, binds) goes through
-pamqp, which knows all of them in both directions.
+pamqp, which knows all of them in both directions. The module is long (over 500
+lines) because each hand-written method sits beside its twin in the other direction.
 
 Errors are :class:`FrameError` with the AMQP reply code the connection closes with
 (501 frame error, 502 syntax error, 505 unexpected frame).
@@ -14,6 +15,7 @@ Errors are :class:`FrameError` with the AMQP reply code the connection closes wi
 
 from __future__ import annotations
 
+import logging
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -52,9 +54,12 @@ __all__ = [
     "encode_cancel",
     "encode_heartbeat",
     "encode_properties",
+    "encode_sent_properties",
     "decode_properties",
     "PamqpMethod",
 ]
+
+log = logging.getLogger("ackbus.amqp")
 
 PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
 FRAME_METHOD = 1
@@ -357,6 +362,16 @@ def encode_properties(props: dict[str, Any] | None) -> bytes:
 
 # -- methods out ---------------------------------------------------------------------
 
+
+def encode_sent_properties(props: dict[str, Any] | None) -> bytes:
+    """:func:`encode_properties` for a message going out (deliver, get-ok, return):
+    headers with no AMQP form (a table published over HTTP can hold what AMQP cannot
+    say) are left out, with a warning, rather than the message held back."""
+    try:
+        return encode_properties(props)
+    except TableError as exc:
+        log.warning("message headers have no AMQP form; sent without them", extra={"fields": {"error": str(exc)}})
+        return encode_properties({k: v for k, v in (props or {}).items() if k != "headers"})
 
 def _frame(kind: int, channel: int, payload: bytes) -> bytes:
     return _FRAME_HEAD.pack(kind, channel, len(payload)) + payload + b"\xce"

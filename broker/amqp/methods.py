@@ -33,7 +33,7 @@ from broker.amqp.frames import (
     encode_consume_ok,
     encode_declare_ok,
     encode_get_ok,
-    encode_properties,
+    encode_sent_properties,
 )
 from broker.amqp.relays import relay_consume, relay_get, remote_owner, settle_relayed
 from broker.amqp.replies import (
@@ -50,7 +50,6 @@ from broker.amqp.session import (
     AMQPSession,
     exchange_alias,
 )
-from broker.amqp.tables import TableError
 from broker.core import EXCHANGE_TYPES, ErrorReply, NotFound
 
 __all__ = ["handle"]
@@ -306,10 +305,7 @@ async def _basic_get(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
         return
     ch.max_tag = got.delivery_tag
     msg = got.message
-    try:
-        props = encode_properties(msg.properties)
-    except TableError:  # headers with no AMQP form: delivered without them, as deliver does
-        props = encode_properties({k: v for k, v in (msg.properties or {}).items() if k != "headers"})
+    props = encode_sent_properties(msg.properties)
     s.conn.send_raw(
         encode_get_ok(
             ch.number, got.delivery_tag, got.redelivered, msg.exchange, msg.routing_key,

@@ -24,7 +24,7 @@ from broker.amqp.frames import (
     encode_consume_ok,
     encode_deliver,
     encode_get_ok,
-    encode_properties,
+    encode_sent_properties,
 )
 from broker.amqp.replies import (
     ACCESS_REFUSED,
@@ -34,7 +34,6 @@ from broker.amqp.replies import (
     RESOURCE_LOCKED,
 )
 from broker.amqp.session import AMQPChannel, AMQPException, AMQPSession
-from broker.amqp.tables import TableError
 from broker.api import RelayedConsumers
 from broker.core import ChannelError, ErrorReply, Unavailable
 
@@ -138,10 +137,7 @@ def _message(ev: dict[str, Any]) -> tuple[bytes, bytes]:
         # the channel protocol's x-delivery-count: not in a local AMQP delivery either
         headers = {k: v for k, v in properties["headers"].items() if k != "x-delivery-count"}
         properties = {**properties, "headers": headers} if headers else {k: v for k, v in properties.items() if k != "headers"}
-    try:
-        return body, encode_properties(properties)
-    except TableError:
-        return body, encode_properties({k: v for k, v in (properties or {}).items() if k != "headers"})
+    return body, encode_sent_properties(properties)
 
 
 def _event(s: AMQPSession, ch: AMQPChannel, ev: dict[str, Any]) -> None:

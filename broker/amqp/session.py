@@ -46,8 +46,8 @@ from broker.amqp.frames import (
     encode_cancel,
     encode_confirm,
     encode_deliver,
-    encode_properties,
     encode_return,
+    encode_sent_properties,
 )
 from broker.amqp.replies import (
     ACCESS_REFUSED,
@@ -61,7 +61,6 @@ from broker.amqp.replies import (
     refusal_text,
     reply_for,
 )
-from broker.amqp.tables import TableError
 from broker.api import ALLOW_ALL, Access, RelayedConsumers
 from broker.core import (
     Confirm,
@@ -173,12 +172,7 @@ class AMQPChannel:
                 # messages share one properties dict when they have no message id: encode once
                 props = self._last_encoded
             else:
-                try:
-                    props = encode_properties(properties)
-                except TableError as exc:
-                    log.warning("message headers have no AMQP form; delivered without them",
-                                extra={"fields": {"error": str(exc)}})
-                    props = encode_properties({k: v for k, v in (properties or {}).items() if k != "headers"})
+                props = encode_sent_properties(properties)
                 self._last_properties, self._last_encoded = properties, props
             conn.send_raw(
                 encode_deliver(
@@ -204,10 +198,7 @@ class AMQPChannel:
                     conn.send_raw(encode_confirm(self.number, tag, effect.multiple, effect.ack))
         elif kind is Return:
             msg = effect.message
-            try:
-                props = encode_properties(msg.properties)
-            except TableError:
-                props = encode_properties({k: v for k, v in (msg.properties or {}).items() if k != "headers"})
+            props = encode_sent_properties(msg.properties)
             text = "NO_ROUTE" if effect.reply_code == 312 else effect.reason
             conn.send_raw(
                 encode_return(self.number, effect.reply_code, text, msg.exchange, msg.routing_key, props, msg.body,

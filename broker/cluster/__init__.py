@@ -13,7 +13,8 @@ from broker.cluster.peers import (
     relay,
 )
 from broker.cluster.replica_leader import StaleEpoch
-from broker.cluster.replication import is_quorum
+from broker.cluster.replication import NO_QUORUM
+from broker.cluster.view import is_replicated
 
 __all__ = [
     "ClusterConfig",
@@ -24,11 +25,12 @@ __all__ = [
     "EtcdClient",
     "EtcdError",
     "EtcdUnavailable",
+    "NO_QUORUM",
     "NodeNameTaken",
     "PeerStream",
     "PeerUnreachable",
     "relay",
     "StaleEpoch",
-    "is_quorum",
+    "is_replicated",
     "parse_endpoints",
 ]

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from broker.cluster.users import UserMirror
-from broker.cluster.view import LEADER_LOCATOR, Change, ClusterView
+from broker.cluster.view import LEADER_LOCATOR, Change, ClusterView, is_replicated
 from broker.core import Broker, ErrorReply
 
 __all__ = ["CoreMirror", "core_arguments"]
@@ -134,7 +134,7 @@ class CoreMirror:
     def replicated(self, d: dict[str, Any] | None) -> bool:
         """Whether queue ``d`` is left to the replication layer (a quorum queue: the
         core of its leader holds it, put there by :meth:`hold_queue`)."""
-        return _quorum(d)
+        return is_replicated(d)
 
     # ------------------------------------------------------- replicated queues
 
@@ -238,10 +238,6 @@ class CoreMirror:
             self.core.unbind(b["source"], b["destination"], b["routing_key"], b["arguments"], to_exchange=b["to_exchange"])
         except ErrorReply:
             pass  # not bound here: nothing to undo
-
-
-def _quorum(d: dict[str, Any] | None) -> bool:
-    return d is not None and d.get("arguments", {}).get("x-queue-type") == "quorum"
 
 
 def _binding_tuple(b: dict[str, Any]) -> tuple[Any, ...]:

@@ -20,6 +20,7 @@ from typing import Any
 
 import trio
 
+from broker.cluster.auto_deleted import AutoDeletedQueues
 from broker.cluster.dead_letters import DeadLetterForwarding
 from broker.cluster.etcd import EtcdClient, WatchMoved, WatchStream, parse_endpoints
 from broker.cluster.etcdproto import EtcdError, EtcdUnavailable
@@ -32,13 +33,18 @@ from broker.cluster.mirror import CoreMirror
 from broker.cluster.port import ClusterGatewayPort
 from broker.cluster.replica_leader import COMPACT_AFTER_ENTRIES
 from broker.cluster.replica_set import change_replicas
-from broker.cluster.replication import Replication, is_quorum
+from broker.cluster.replication import Replication
 from broker.cluster.schedules import ClusterSchedules
 from broker.cluster.users import UserWriter, seed_users
-from broker.cluster.view import ClusterKeys, ClusterView
+from broker.cluster.view import ClusterKeys, ClusterView, is_replicated
 from broker.cluster.writes import MetadataWriter
 from broker.core import ErrorReply, Unavailable
-from broker.runtime import BrokerRuntime, CommandGateway, take_held_dead_letters
+from broker.runtime import (
+    BrokerRuntime,
+    CommandGateway,
+    take_held_dead_letters,
+    tap_auto_deleted_queues,
+)
 
 __all__ = ["ClusterConfig", "ClusterNode", "NodeNameTaken"]
 
@@ -95,11 +101,16 @@ class ClusterNode:
             ssl_context=config.peer_ssl,
         )
         self.dead_letters = DeadLetterForwarding(self.forwarder, self._settle_dead_letter)
+        #: queues the core deleted by itself, deleted from etcd too (auto_deleted.py)
+        self.auto_deleted = AutoDeletedQueues(
+            self.writer, lambda queue: self.view.get("queues", queue),
+            lambda queue, d: self.serving_node(queue, d) == self.name, lambda queue: queue in runtime.core.queues,
+        )
         self.locks = ClusterLocks(self.client, self.keys)
         self.schedules = ClusterSchedules(self.client, self.keys, self.view, self.name)
         runtime.cluster = ClusterGatewayPort(
             self.forwarder, self.writer, runtime.core.views, self.name, self.check_writable, self.note_etcd, self.owner_of,
-            self.locks, config.secret, config.peer_ssl,
+            lambda queue: is_replicated(self.view.get("queues", queue)), self.locks, config.secret, config.peer_ssl,
         )
         #: None while etcd answers; else why it does not
         self.etcd_error: str | None = None
@@ -121,6 +132,7 @@ class ClusterNode:
         """Register (raising NodeNameTaken or EtcdUnavailable), report started, then
         keep the lease and the view current until cancelled; leaves on the way out."""
         self._hold_dead_letters()  # (before the runtime recovers: one dead at start is held too)
+        tap_auto_deleted_queues(self.runtime, self.auto_deleted.take)
         await self.membership.register()
         try:
             async with trio.open_nursery() as nursery:
@@ -129,6 +141,7 @@ class ClusterNode:
                 task_status.started()
                 await self.runtime.ready_event.wait()
                 await nursery.start(self.dead_letters.serve)
+                await nursery.start(self.auto_deleted.serve)
                 nursery.start_soon(report_depths, self.client, self.keys, self.name, self.runtime.core.views)
                 nursery.start_soon(self.schedules.run, self._lease, self._publish_tick)
                 if self.replication is not None:
@@ -307,7 +320,7 @@ class ClusterNode:
         have a new leader; routing the queue here would find no queue (``no_route``,
         or an ack of a publish routed nowhere)."""
         owner = self.view.serving_node(queue, d)
-        if owner == self.name and is_quorum(d) and (self.replication is None or not self.replication.holds(queue)):
+        if owner == self.name and is_replicated(d) and (self.replication is None or not self.replication.holds(queue)):
             return None
         return owner
 
@@ -369,5 +382,5 @@ class ClusterNode:
         return {
             name: self.replication.status(name, d)
             for name, (d, _rev) in sorted(self.view.entries["queues"].items())
-            if is_quorum(d)
+            if is_replicated(d)
         }

@@ -30,7 +30,8 @@ class ClusterGatewayPort:
 
     ``check_writable()`` raises ``Unavailable`` while metadata cannot change;
     ``note_etcd(error)`` records an etcd failure; ``owner_of(queue)`` is the node's
-    placement question (owner, URL or None)."""
+    placement question (owner, URL or None); ``is_replicated(queue)`` whether it is a
+    quorum queue."""
 
     def __init__(
         self,
@@ -41,6 +42,7 @@ class ClusterGatewayPort:
         check_writable: Callable[[], None],
         note_etcd: Callable[[str | None], None],
         owner_of: Callable[[str], tuple[str, str | None] | None],
+        is_replicated: Callable[[str], bool],
         locks: ClusterLocks,
         secret: str | None = None,
         peer_ssl: ssl.SSLContext | None = None,
@@ -55,6 +57,7 @@ class ClusterGatewayPort:
         self.check_writable = check_writable
         self.note_etcd = note_etcd
         self.owner_of = owner_of
+        self.is_replicated = is_replicated
 
     # ------------------------------------------------------------ forwarding
 

@@ -23,7 +23,14 @@ synced, and the leader counts itself in a majority the same way. A failed write 
 fsync counts nothing as synced and keeps the entries for the next sync, which first
 cuts the file back to its last whole frame. Truncation (a follower dropping a tail
 its new leader does not have: truncation by epoch, as in Kafka's KIP-101/279)
-rewrites the file.
+rewrites the file (a ``.tmp`` beside it, fsynced, renamed over it).
+
+**Removal.** When the queue is deleted, or this node leaves its replica set,
+:meth:`remove` takes the log's lock, so it waits for a rewrite in a worker thread
+(compaction, truncation, a snapshot installed) to end rather than racing it: a rename
+landing after the unlink would bring the file back, and a later queue of the same name
+would read the deleted queue's entries as its own. A removed log refuses every later
+write (:class:`ReplicaLogRemoved`); its file and any ``.tmp`` are gone.
 
 **Compaction.** The log stays in memory and on disk, so its prefix is compacted once
 every replica holds it (:meth:`compact`): the entries up to an offset are replaced by
@@ -47,7 +54,7 @@ from urllib.parse import quote
 import orjson
 import trio
 
-__all__ = ["Entry", "ReplicaLog", "is_snapshot", "replica_log_path"]
+__all__ = ["Entry", "ReplicaLog", "ReplicaLogRemoved", "is_snapshot", "replica_log_path"]
 
 #: (epoch, offset, op)
 Entry = tuple[int, int, dict[str, Any]]
@@ -60,6 +67,13 @@ INLINE_WRITE_MAX_BYTES = 256 * 1024
 
 def replica_log_path(data_dir: Path, queue: str) -> Path:
     return data_dir / "replicas" / (quote(queue, safe="") + ".log")
+
+
+class ReplicaLogRemoved(OSError):
+    """The log was removed (its queue deleted, or this node no longer one of its
+    replicas): nothing more is written to its file. An ``OSError``, so that a task
+    still holding the log (a follower being cancelled, a leader's sync) treats it as
+    a write that did not happen."""
 
 
 def is_snapshot(entry: Entry) -> bool:
@@ -101,6 +115,11 @@ class ReplicaLog:
         #: no compaction is tried up to an offset below this: the last try found its
         #: prefix not worth compacting (:meth:`wants_compaction`)
         self._compact_retry_at = 0
+        #: set by :meth:`remove`: every later write is refused
+        self.removed = False
+        #: a rewrite failed after entries were appended to its new content: the next
+        #: sync writes the whole log anew (:meth:`_replace_with`)
+        self._rewrite_pending = False
 
     # ----------------------------------------------------------------- reading
 
@@ -199,6 +218,15 @@ class ReplicaLog:
         OSError: nothing more counts as synced, the file is cut back to its last whole
         frame, and what was to be written stays for the next sync."""
         async with self._lock:
+            self._check_not_removed()
+            if self._rewrite_pending:
+                target = self.end_offset
+                data = b"".join(_frame(e) for e in self.entries)
+                self._unwritten = []  # (in data; what is appended meanwhile is not)
+                await trio.to_thread.run_sync(self._rewrite, data)
+                self._rewrite_pending = False
+                self.synced = target
+                return target
             if not self._unwritten:
                 return self.synced
             chunks, self._unwritten = self._unwritten, []
@@ -274,28 +302,62 @@ class ReplicaLog:
     async def truncate_after(self, offset: int) -> int:
         """Drop every entry after ``offset`` (rewriting the file); returns how many."""
         async with self._lock:
+            self._check_not_removed()
             if offset >= self.end_offset:
                 return 0
             kept = [e for e in self.entries if e[1] <= offset]
             dropped = len(self.entries) - len(kept)
-            self.entries = []
-            self.epoch_starts = {}
-            for entry in kept:
-                self._remember(entry)
-            self._unwritten = []
-            data = b"".join(_frame(e) for e in kept)
-            await trio.to_thread.run_sync(self._rewrite, data)
-            self.synced = self.end_offset
+            await self._replace_with(kept)
             return dropped
 
+    async def _replace_with(self, entries: list[Entry]) -> None:
+        """Make ``entries`` the whole log (the lock held): in memory at once, so that
+        an entry appended while the file is rewritten (this node become the leader
+        while its cancelled follower's rewrite ends) follows them instead of being
+        dropped with what they replace; then on disk. A failed rewrite leaves the log
+        as it was when nothing was appended meanwhile; else the next sync rewrites
+        the file whole, and nothing counts as synced until then."""
+        before = (self.entries, self.epoch_starts, self._unwritten)
+        self.entries = []
+        self.epoch_starts = {}
+        self._unwritten = []
+        for entry in entries:
+            self._remember(entry)
+        end = self.end_offset
+        try:
+            await trio.to_thread.run_sync(self._rewrite, b"".join(_frame(e) for e in entries))
+        except OSError:
+            if self.end_offset == end:
+                self.entries, self.epoch_starts, self._unwritten = before
+            else:
+                self._rewrite_pending = True
+                self.synced = 0
+            raise
+        self._rewrite_pending = False
+        self.synced = end  # (not what was appended meanwhile: it is not written yet)
+
+    @property
+    def tmp_path(self) -> Path:
+        """Where a rewrite writes the file's next content before renaming it over."""
+        return self.path.with_suffix(".tmp")
+
+    def _check_not_removed(self) -> None:
+        if self.removed:
+            raise ReplicaLogRemoved(f"the replica log {self.path} was removed")
+
     def _rewrite(self, data: bytes) -> None:
-        """Replace the file by ``data`` (whole frames), durably."""
-        tmp = self.path.with_suffix(".tmp")
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        """Replace the file by ``data`` (whole frames), durably. Run with the lock
+        held (:meth:`remove` waits for it); a failed rewrite leaves no ``.tmp``."""
+        tmp = self.tmp_path
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+        except OSError:
+            tmp.unlink(missing_ok=True)
+            raise
         self._close_file()  # (it was the replaced file)
         self._good_size = len(data)
         _fsync_dir(self.path.parent)
@@ -316,6 +378,7 @@ class ReplicaLog:
         below it. A prefix found not worth it is tried again only once half as long
         again (:meth:`wants_compaction`)."""
         async with self._lock:
+            self._check_not_removed()
             upto = min(upto, self.synced)
             first = self.first_offset
             if not self.entries or upto <= first:
@@ -338,23 +401,21 @@ class ReplicaLog:
         """A follower behind the leader's compacted prefix: the leader's snapshot
         entry replaces everything this log held (durably, before it is acknowledged)."""
         async with self._lock:
-            entry = (int(snap[0]), int(snap[1]), snap[2])
-            await trio.to_thread.run_sync(self._rewrite, _frame(entry))
+            self._check_not_removed()
+            await self._replace_with([(int(snap[0]), int(snap[1]), snap[2])])
+
+    async def remove(self) -> None:
+        """The queue was deleted (or this node left its replica set): its log goes, file
+        and ``.tmp`` alike, once a write under way has ended (the lock), and no later
+        write brings it back (:class:`ReplicaLogRemoved`). Raises OSError when the
+        file could not be deleted (the log is removed all the same)."""
+        async with self._lock:
+            self.removed = True
             self.entries = []
             self.epoch_starts = {}
             self._unwritten = []
-            self._remember(entry)
-            self.synced = self.end_offset
-
-    def remove(self) -> None:
-        """The queue was deleted: its log goes."""
-        self.entries = []
-        self.epoch_starts = {}
-        self._unwritten = []
-        self.synced = 0
-        self._close_file()
-        self._good_size = 0
-        try:
-            self.path.unlink()
-        except FileNotFoundError:
-            pass
+            self.synced = 0
+            self._close_file()
+            self._good_size = 0
+            self.tmp_path.unlink(missing_ok=True)
+            self.path.unlink(missing_ok=True)

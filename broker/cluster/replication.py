@@ -71,22 +71,16 @@ from broker.cluster.replica_leader import LeaderSide, StaleEpoch
 from broker.cluster.replica_log import ReplicaLog, replica_log_path
 from broker.cluster.replica_ops import LedQueue, RecordTranslator, fold, published_ids
 from broker.cluster.replica_state import QueueReplica, replica_status
-from broker.cluster.view import ClusterKeys, ClusterView
+from broker.cluster.view import ClusterKeys, ClusterView, is_replicated
 from broker.core import ErrorReply
 from broker.runtime import BrokerRuntime, tap_records
 
-__all__ = ["NO_QUORUM", "QUORUM", "Replication", "is_quorum"]
+__all__ = ["NO_QUORUM", "Replication"]
 
 log = logging.getLogger("ackbus.cluster")
 
-QUORUM = "quorum"
 NO_QUORUM = "no quorum"
 TICK_S = 0.25
-
-
-def is_quorum(definition: dict[str, Any] | None) -> bool:
-    """Whether a queue definition (etcd's) is a replicated queue."""
-    return bool(definition) and (definition or {}).get("arguments", {}).get("x-queue-type") == QUORUM
 
 
 class _Config(PeerSettings, Protocol):
@@ -165,14 +159,16 @@ class Replication:
         wanted = {
             name: d
             for name, (d, _rev) in view.entries["queues"].items()
-            if is_quorum(d) and self.me in d.get("replicas", [])
+            if is_replicated(d) and self.me in d.get("replicas", [])
         }
         for name in [n for n in self.queues if n not in wanted]:
-            self._forget(name)
+            await self._forget(name)
         if not self._swept:  # once: the logs of queues deleted, or replicas removed, while this node was down
             self._swept = True
             keep = {replica_log_path(self.data_dir, n) for n in (*wanted, *self.queues)}
-            for path in (self.data_dir / "replicas").glob("*.log"):
+            folder = self.data_dir / "replicas"
+            # (and every .tmp: no log is open yet, so none is a rewrite under way)
+            for path in [*folder.glob("*.log"), *folder.glob("*.tmp")]:
                 try:
                     if path not in keep:
                         path.unlink(missing_ok=True)
@@ -200,12 +196,19 @@ class Replication:
             self.runtime.pump()
         return replica
 
-    def _forget(self, name: str) -> None:
+    async def _forget(self, name: str) -> None:
+        """The queue was deleted, or this node left its replica set: stop serving it and
+        remove its log. The removal waits for a rewrite of the log under way (its
+        cancelled follower's, its leader's compaction) to end: a later queue of the
+        same name opens its log only once this one is gone for good."""
         replica = self.queues.pop(name)
         if replica.leading is not None:
             self._step_down(replica, "queue deleted")
         self._stop_following(replica)
-        replica.log.remove()
+        try:
+            await replica.log.remove()
+        except OSError as exc:
+            log.error("replica log not deleted", extra={"fields": {"queue": name, "path": str(replica.log.path), "error": str(exc)}})
 
     async def _reconcile_one(self, replica: QueueReplica, d: dict[str, Any]) -> None:
         view = self.node.view

@@ -50,10 +50,10 @@ def binding_digest(binding: dict[str, Any]) -> str:
     return hashlib.sha256(canonical(binding)).hexdigest()[:32]
 
 
-def is_replicated(d: dict[str, Any]) -> bool:
-    """Whether queue definition ``d`` is a replicated (quorum) queue, which lives on its
-    replicas rather than on its owner alone."""
-    return bool(d.get("arguments", {}).get("x-queue-type") == "quorum")
+def is_replicated(d: dict[str, Any] | None) -> bool:
+    """Whether queue definition ``d`` (etcd's; None: no such queue) is a replicated
+    (quorum) queue, which lives on its replicas rather than on its owner alone."""
+    return d is not None and d.get("arguments", {}).get("x-queue-type") == "quorum"
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ from .effects import (
     Effect,
     LogReadFailed,
     MessageLost,
+    QueueAutoDeleted,
     QueueReady,
     Return,
 )
@@ -116,6 +117,7 @@ __all__ = [
     "MAX_BROWSE",
     "MAX_REDRIVE",
     "check_delay",
+    "QueueAutoDeleted",
     "QueueReady",
     "Return",
     "ChannelState",

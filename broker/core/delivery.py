@@ -257,7 +257,7 @@ class Deliveries:
             and not queue.getters  # (a long-poll still reads it: see Delays.rest_read)
             and not queue.deleted
         ):
-            self._store.remove_queue(queue, "auto-delete queue lost its last consumer")
+            self._store.remove_queue(queue, "auto-delete queue lost its last consumer", by_itself=True)
         elif queue.consumers:
             self._dispatch_due[queue.name] = queue
         elif not queue.deleted:

@@ -21,6 +21,7 @@ __all__ = [
     "DeliveryExpired",
     "AppendRecords",
     "QueueReady",
+    "QueueAutoDeleted",
     "MessageLost",
     "LogReadFailed",
     "DeadLetterDropped",
@@ -110,6 +111,16 @@ class QueueReady(Effect):
 
     queue: str
 
+
+
+@dataclass(slots=True)
+class QueueAutoDeleted(Effect):
+    """The broker deleted ``queue`` by itself, for ``reason``: an auto-delete queue
+    left unused, or one unused for its ``x-expires``. (In a cluster its definition,
+    kept by etcd, goes too.)"""
+
+    queue: str
+    reason: str
 
 
 @dataclass(slots=True)

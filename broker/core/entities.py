@@ -291,6 +291,27 @@ class Queue:
                 self.ready_bytes -= len(entry.message.body)
         return entry
 
+    def lane_at_most(self, bound: int) -> Lane | None:
+        """The highest lane whose next message (in memory or paged out) has a seq at
+        or below ``bound``: where a priority queue's next message waits while its head
+        is held back (``hold_after``). Seqs number a queue's messages across its lanes
+        but only grow within one, so each lane's next message decides."""
+        for lane in reversed(self.lanes):
+            head = lane.head()
+            seq = head.message.seq if head is not None else lane.paged.first_seq()
+            if seq is not None and seq <= bound:
+                return lane
+        return None
+
+    def pop_lane(self, lane: Lane) -> Entry | None:
+        """:meth:`pop` from ``lane`` rather than the highest non-empty one."""
+        entry = lane.pop()
+        if entry is not None:
+            self.totals.ready -= 1
+            if self.max_length_bytes is not None:
+                self.ready_bytes -= len(entry.message.body)
+        return entry
+
     def memory_head(self) -> Entry | None:
         """The entry :meth:`pop` would return, without taking it (None: none in memory)."""
         lane = self.next_lane()

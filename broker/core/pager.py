@@ -17,6 +17,7 @@ from .constants import PAGE_IN_BATCH
 from .delays import Delays
 from .effects import LogReadFailed, MessageLost
 from .entities import Queue
+from .lanes import Lane
 from .log import MessageLog
 from .message import Entry, StoredMessage
 from .shared import Outbox
@@ -65,8 +66,9 @@ class Pager:
         self._wall_clock = wall_clock
         self._repair = repair
 
-    def page_in(self, queue: Queue) -> None:
-        """Read the next paged-out messages of ``queue`` back into its in-memory head.
+    def page_in(self, queue: Queue, lane: Lane | None = None) -> None:
+        """Read the next paged-out messages of ``queue`` back into its in-memory head
+        (of ``lane``: by default the lane the next message comes from).
 
         A read that fails never discards a message, and a ``LogReadFailed`` effect
         raises the alarm. The message and those after it go back to the front of the
@@ -79,9 +81,10 @@ class Pager:
         When the very next record fails too, the log cannot be read at all: the queue
         waits as before. Only with ``repair`` is a record that is really
         unreadable (not a transient error) given up, as MessageLost."""
-        lane = queue.next_lane()
         if lane is None:
-            return
+            lane = queue.next_lane()
+            if lane is None:
+                return
         set_aside = False  # one message per call: a second failure means the log is down
         while lane.paged and not lane.ready:
             if queue.read_blocked_until is not None:

@@ -101,6 +101,15 @@ class PagedRefs:
         self._count += n
         self.totals.paged += n
 
+    def first_seq(self) -> int | None:
+        """The seq of the oldest paged-out message (None: there is none)."""
+        head = self._head
+        for chunk in self._chunks:
+            if head < len(chunk):
+                return chunk[head]
+            head = 0
+        return None
+
     def take(self, n: int) -> list[tuple[int, int]]:
         """Remove and return up to ``n`` ``(seq, locator)`` pairs from the front."""
         out: list[tuple[int, int]] = []

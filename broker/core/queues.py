@@ -24,7 +24,7 @@ from .constants import (
     check_entity_arguments,
 )
 from .delays import Delays
-from .effects import LogReadFailed, QueueReady
+from .effects import LogReadFailed, QueueAutoDeleted, QueueReady
 from .entities import ChannelState, Queue
 from .errors import (
     InvalidArgument,
@@ -244,12 +244,7 @@ class QueueStore:
         return queue
 
     def delete_queue(
-        self,
-        name: str,
-        *,
-        if_unused: bool = False,
-        if_empty: bool = False,
-        channel_id: int = REST_CHANNEL,
+        self, name: str, *, if_unused: bool = False, if_empty: bool = False, channel_id: int = REST_CHANNEL
     ) -> int:
         """Delete a queue; return how many ready messages it held.
 
@@ -264,11 +259,14 @@ class QueueStore:
             raise PreconditionFailed(f"queue {name!r} is not empty")
         return self.remove_queue(queue, "queue deleted")
 
-    def remove_queue(self, queue: Queue, reason: str) -> int:
+    def remove_queue(self, queue: Queue, reason: str, *, by_itself: bool = False) -> int:
         """Delete ``queue`` (consumers cancelled with ``reason``, bindings dropped);
-        return how many ready messages it held."""
+        return how many ready messages it held. ``by_itself``: no client asked for it
+        (``QueueAutoDeleted``: auto-delete, x-expires)."""
         count = queue.ready_count()
         queue.deleted = True
+        if by_itself:
+            self._outbox.emit(QueueAutoDeleted(queue.name, reason))
         if queue.getters:
             self._outbox.emit(QueueReady(queue.name))  # parked gets answer 404 now
         self._cancel_consumers(queue, reason)
@@ -461,15 +459,23 @@ class QueueStore:
         return entry
 
     def pop_live(self, queue: Queue) -> Entry | None:
-        """The next ready entry, dropping expired ones on the way; None also when the
-        next one is held back (``Queue.hold_after``)."""
+        """The next ready entry, dropping expired ones on the way; None also when every
+        lane's next one is held back (``Queue.hold_after``)."""
         while True:
             entry = self.pop(queue)
             if entry is None:
                 return None
-            if queue.hold_after is not None and entry.message.seq > queue.hold_after:
-                queue.requeue(entry)
-                return None
+            bound = queue.hold_after
+            if bound is not None and entry.message.seq > bound:
+                queue.requeue(entry)  # (a priority queue's lower lanes may hold older ones)
+                lane = queue.lane_at_most(bound) if len(queue.lanes) > 1 else None
+                if lane is None:
+                    return None
+                if lane.head() is None:
+                    self._pager.page_in(queue, lane)
+                entry = queue.pop_lane(lane)
+                if entry is None:  # its read failed: tried again with backoff
+                    return None
             expires = entry.expires_at
             if expires is not None:
                 if entry.message.expires_at is not None:
@@ -487,12 +493,12 @@ class QueueStore:
         queue.wake_at = None
         expire_at = self._delays.expire_at(queue)
         if expire_at is not None and expire_at <= now:
-            self.remove_queue(queue, "queue expired (unused for its x-expires)")
+            self.remove_queue(queue, "queue expired (unused for its x-expires)", by_itself=True)
             return
         if queue.read_at is not None:
             idle_until = self._delays.auto_delete_at(queue)
             if idle_until is not None and idle_until <= now:
-                self.remove_queue(queue, "auto-delete queue left idle by its readers")
+                self.remove_queue(queue, "auto-delete queue left idle by its readers", by_itself=True)
                 return
         woke = False
         if queue.read_blocked_until is not None and queue.read_blocked_until <= now:

@@ -38,7 +38,11 @@ from broker.runtime.ports import (
 )
 from broker.runtime.resources import disk_info, fd_info
 from broker.runtime.runtime import BrokerRuntime, LockWait
-from broker.runtime.taps import take_held_dead_letters, tap_records
+from broker.runtime.taps import (
+    take_held_dead_letters,
+    tap_auto_deleted_queues,
+    tap_records,
+)
 
 __all__ = [
     "build_name",
@@ -54,6 +58,7 @@ __all__ = [
     "resolve_watermark",
     "BrokerRuntime",
     "take_held_dead_letters",
+    "tap_auto_deleted_queues",
     "ChannelSink",
     "ClusterLocksPort",
     "ClusterPort",

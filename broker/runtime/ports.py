@@ -173,6 +173,9 @@ class ClusterPort(PublishForwarder, Protocol):
         """(owner node, its URL or None while it is down) of a queue of the cluster;
         None for a queue etcd does not have (an exclusive one is this node's own)."""
 
+    def is_replicated(self, queue: str) -> bool:
+        """Whether ``queue`` is a quorum queue of the cluster (its leader can change)."""
+
     async def purge_remote(self, queue: str) -> int:
         """Purge a queue another node owns, on its owner: the ready messages dropped.
         Raises ``Unavailable`` (``queue_unavailable``) while it cannot be reached, and

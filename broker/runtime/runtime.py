@@ -42,6 +42,7 @@ from broker.core import (
     LockWaitEnded,
     LogReadFailed,
     MessageLost,
+    QueueAutoDeleted,
     QueueReady,
     Return,
     TickFired,
@@ -164,6 +165,7 @@ class BrokerRuntime:
             DeliveryExpired: self._to_channel,
             AppendRecords: self._append_records,
             QueueReady: self._queue_ready,
+            QueueAutoDeleted: self._queue_auto_deleted,
             MessageLost: self._message_lost,
             LogReadFailed: self._log_read_failed,
             DeadLetterDropped: self._dead_letter_dropped,
@@ -347,6 +349,10 @@ class BrokerRuntime:
         event = self._queue_events.pop(effect.queue, None)
         if event is not None:
             event.set()
+
+    def _queue_auto_deleted(self, effect: QueueAutoDeleted) -> None:
+        # (cluster mode taps it: the queue's definition goes from etcd too)
+        log.info("queue deleted", extra={"fields": {"queue": effect.queue, "reason": effect.reason}})
 
     def _message_lost(self, effect: MessageLost) -> None:
         self.messages_lost += 1

@@ -8,17 +8,23 @@ the node's WAL writes them, and the confirms of their publishes are held by the 
 
 Cluster mode also takes the dead letters that route to no queue of this node
 (``DeadLetterHeld``, :func:`take_held_dead_letters`): they stay in their source
-queues until another node has taken them.
+queues until another node has taken them; and the queues the broker deletes by itself
+(``QueueAutoDeleted``, :func:`tap_auto_deleted_queues`), whose definitions etcd keeps.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from broker.core import AppendRecords, DeadLetterHeld, DeadLetterRoutes
+from broker.core import (
+    AppendRecords,
+    DeadLetterHeld,
+    DeadLetterRoutes,
+    QueueAutoDeleted,
+)
 from broker.runtime.runtime import BrokerRuntime
 
-__all__ = ["tap_records", "take_held_dead_letters"]
+__all__ = ["tap_auto_deleted_queues", "tap_records", "take_held_dead_letters"]
 
 
 def tap_records(runtime: BrokerRuntime, tap: Callable[[AppendRecords], None]) -> None:
@@ -46,3 +52,14 @@ def take_held_dead_letters(
     again (a single node's rule)."""
     runtime.effect_handlers[DeadLetterHeld] = handler
     runtime.core.hold_dead_letters(channel_id, routes)
+
+
+def tap_auto_deleted_queues(runtime: BrokerRuntime, tap: Callable[[QueueAutoDeleted], None]) -> None:
+    """``tap`` sees each queue the broker deleted by itself (auto-delete, x-expires)."""
+    carry_out = runtime.effect_handlers[QueueAutoDeleted]
+
+    def tapped(effect: QueueAutoDeleted) -> None:
+        carry_out(effect)
+        tap(effect)
+
+    runtime.effect_handlers[QueueAutoDeleted] = tapped

@@ -61,6 +61,19 @@ def test_unknown_peer_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> No
     assert "--peer: unknown peer(s) 'nats'" in capsys.readouterr().err
 
 
+def test_null_peer_needs_amqp(capsys: pytest.CaptureFixture[str]) -> None:
+    """The null peer is an AMQP server for the pika worker: without --amqp, ackbus's
+    side would run its own client and the two columns would not measure one workload."""
+    for argv in (["--peer", "null"], ["--peer", "rabbitmq,null"], ["--peer", "null", "--amqp", "--cluster", "3"]):
+        with pytest.raises(SystemExit) as exc:
+            parse_args(argv)
+        assert exc.value.code == 2
+        assert "--peer null needs --amqp" in capsys.readouterr().err
+    args = parse_args(["--peer", "null,rabbitmq", "--amqp"])
+    assert args.peers == ["rabbitmq", "null"]
+    assert "e2e" in args.names and "recovery" in args.names  # RabbitMQ's; the null side skips them
+
+
 def test_saved_results_name_their_peers_old_and_new() -> None:
     assert peers_of({"peer": "rabbitmq"}) == ["rabbitmq"]  # saved before there were several
     assert peers_of({"peer": None}) == []
@@ -74,6 +87,9 @@ def test_workloads_say_which_peers_run_them() -> None:
         assert WORKLOADS[name].peers == frozenset() and WORKLOADS[name].ackbus_only
         assert not WORKLOADS[name].runs_on("rabbitmq") and WORKLOADS[name].runs_on("ackbus")
     assert WORKLOADS["fanout"].runs_on("rabbitmq") and not WORKLOADS["fanout"].runs_on("redis")
+    with_null = {name for name, w in WORKLOADS.items() if w.runs_on("null")}
+    assert with_null == {"publish_seq", "publish_pipelined", "inflight", "consume", "fanout", "tx", "priority"}
+    assert all(WORKLOADS[name].runs_on("rabbitmq") for name in with_null)  # (--amqp keeps RabbitMQ's only)
 
 
 def test_ratio_per_peer_and_range_of_paired_rounds() -> None:
@@ -99,6 +115,16 @@ def test_ratio_per_peer_and_range_of_paired_rounds() -> None:
         assert column in header
     assert header.index("ackbus/RabbitMQ") < header.index("Redis median") < header.index("ackbus/Redis")
     assert "2.22 (2.00–3.00)" in row and "0.67 (0.50–1.20)" in row and row.rstrip().endswith("higher")
+
+
+def test_null_column_beside_rabbitmq() -> None:
+    runs = [_run("ackbus", 1, 30.0), _run("rabbitmq", 1, 15.0), _run("null", 1, 60.0)]
+    (summary,) = summarize([RATE], runs)
+    assert summary.ratio_to("null") == pytest.approx(0.5)
+    assert summary.as_json()["null"]["median"] == 60.0
+    header, _rule, row = markdown_table([summary], ["rabbitmq", "null"]).splitlines()
+    assert header.endswith("| RabbitMQ median (min–max) | ackbus/RabbitMQ | null median (min–max) | ackbus/null | better |")
+    assert "| 2.00 |" in row and "| 0.50 |" in row
 
 
 def test_table_has_only_the_peers_asked_for() -> None:

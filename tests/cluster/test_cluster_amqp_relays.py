@@ -168,3 +168,73 @@ def test_a_multiple_ack_over_local_and_relayed_deliveries_settles_both(two: tupl
     finally:
         if conn.is_open:
             conn.close()
+
+
+def test_a_global_qos_bounds_a_local_and_a_relayed_consumer_of_one_channel_each_on_its_own(
+    two: tuple[AMQPNode, AMQPNode],
+) -> None:
+    """docs/amqp.md: a ``global`` prefetch bounds each relayed consumer on its own, not
+    all of the channel's consumers together: on a channel consuming a queue of this
+    node and one of another node, each gets up to the limit (the relayed deliveries
+    count on the owner's channel, the local ones on this node's)."""
+    a, b = two
+    _work_on_a(a, b, "remote", 10)
+    conn = b.connect()
+    try:
+        ch = conn.channel()
+        ch.confirm_delivery()
+        ch.queue_declare("local", durable=True, arguments=CLIENT_LOCAL)
+        for i in range(10):
+            ch.basic_publish("", "local", f"local-{i}".encode(), pika.BasicProperties(delivery_mode=2))
+        ch.basic_qos(prefetch_count=2, global_qos=True)
+        got: list[Any] = []
+        ch.basic_consume("remote", lambda _ch, m, _p, _b: got.append(m))
+        ch.basic_consume("local", lambda _ch, m, _p, _b: got.append(m))
+        pump_until(conn, "4 delivered", lambda: len(got) == 4)
+        wait_for("2 unacked on the owner", lambda: queue_counts(a.proc, "remote") == (8, 2))
+        assert queue_counts(b.proc, "local") == (8, 2)
+        _settled_for(conn, 0.5)
+        assert len(got) == 4 and queue_counts(a.proc, "remote") == (8, 2) and queue_counts(b.proc, "local") == (8, 2)
+        # an ack of a relayed delivery makes room for the relayed consumer only
+        relayed = [m for m in got if m.routing_key == "remote"]
+        ch.basic_ack(relayed[0].delivery_tag)
+        pump_until(conn, "one more relayed delivered", lambda: len(got) == 5)
+        assert got[-1].routing_key == "remote"
+        _settled_for(conn, 0.5)
+        assert queue_counts(a.proc, "remote") == (7, 2) and queue_counts(b.proc, "local") == (8, 2)
+    finally:
+        if conn.is_open:
+            conn.close()
+
+
+def test_a_higher_priority_relayed_consumer_is_served_before_a_lower_one_on_the_owner(
+    two: tuple[AMQPNode, AMQPNode],
+) -> None:
+    """docs/amqp.md: ``x-priority`` of a relayed consumer applies on the owner, against
+    the owner's own consumers too: a higher-priority relayed consumer with room gets
+    every message before a lower-priority consumer on the owner node itself."""
+    a, b = two
+    _work_on_a(a, b, "work", 0)
+    conn_a, conn_b = a.connect(), b.connect()
+    try:
+        ch_a, ch_b = conn_a.channel(), conn_b.channel()
+        ch_a.basic_qos(prefetch_count=5)
+        ch_b.basic_qos(prefetch_count=5)
+        local: list[Any] = []
+        relayed: list[Any] = []
+        ch_a.basic_consume("work", lambda _ch, m, _p, _b: local.append(m), arguments={"x-priority": 1})
+        ch_b.basic_consume("work", lambda _ch, m, _p, _b: relayed.append(m), arguments={"x-priority": 5})
+        wait_for("both consumers on the owner", lambda: a.proc.request("GET", "/queues/work")[1]["consumers"] == 2)
+        _publish_on_a(a, "work", ["p1", "p2", "p3", "p4"])
+        pump_until(conn_b, "4 delivered to the relayed consumer", lambda: len(relayed) == 4)
+        _settled_for(conn_a, 0.5)
+        assert local == [] and queue_counts(a.proc, "work") == (0, 4)
+        # once the higher one is full, the lower one on the owner gets the rest
+        _publish_on_a(a, "work", ["p5", "p6"])
+        pump_until(conn_a, "the rest to the owner's own consumer", lambda: len(local) == 1)
+        pump_until(conn_b, "one more to the relayed consumer", lambda: len(relayed) == 5)
+        assert len(local) == 1
+    finally:
+        for conn in (conn_a, conn_b):
+            if conn.is_open:
+                conn.close()

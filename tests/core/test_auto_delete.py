@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from broker.core import NotFound
+from broker.core import NotFound, QueueAutoDeleted
 
 from .helpers import Harness
 
@@ -148,3 +148,22 @@ def test_the_last_consumer_going_while_a_long_poll_waits_leaves_it_to_the_grace(
     h.b.unpark_getter("reply")
     h.sleep(GRACE)
     assert "reply" not in h.b.queues
+
+
+def test_a_queue_the_broker_deletes_by_itself_is_told_apart_from_a_clients_delete() -> None:
+    """``QueueAutoDeleted`` (a cluster deletes the queue's definition in etcd on it):
+    for an auto-delete queue its readers left, or one unused for its x-expires; never
+    for a client's delete."""
+    h = setup()
+    h.queue("expiring", arguments={"x-expires": 2000})
+    h.queue("plain")
+    ch = h.channel()
+    h.b.cancel(ch, h.b.consume(ch, "reply"))
+    h.b.delete_queue("plain")
+    h.sleep(2.0)
+    assert not {"reply", "expiring", "plain"} & set(h.b.queues)
+    h.step()
+    assert [(e.queue, e.reason) for e in h.of_type(QueueAutoDeleted)] == [
+        ("reply", "auto-delete queue lost its last consumer"),
+        ("expiring", "queue expired (unused for its x-expires)"),
+    ]

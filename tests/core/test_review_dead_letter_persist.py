@@ -5,9 +5,10 @@ replicated as persistent, like a transient publish; elsewhere it stays transient
 
 from __future__ import annotations
 
-from broker.core import DeadLetterDropped
+from broker.core import Broker, DeadLetterDropped
 from broker.core.records import RecordType
 
+from .durable_view import fresh_broker, replay_into, restart_from_log
 from .helpers import Harness, ready_entries
 
 TRANSIENT = {"delivery_mode": 1}
@@ -99,3 +100,37 @@ def test_while_storage_fails_a_transient_dead_letter_bound_to_be_persisted_is_dr
     assert "storage is failing" in dropped.why
     assert len(_message_records(h)) == written  # nothing appended to a failing log
     assert ready_entries(h.b, "qq") == []
+
+
+def _bodies_and_modes(b: Broker, queue: str) -> list[tuple[bytes, int]]:
+    return [(e.message.body, e.message.properties["delivery_mode"]) for e in ready_entries(b, queue)]
+
+
+def test_a_transient_dead_letter_made_persistent_survives_a_restart_from_the_log_and_a_checkpoint() -> None:
+    """docs/cluster.md "Every message is persistent": a transient message that reaches
+    a persisting queue is persistent in every queue it reaches (one message), so it is
+    still in both after a restart: from the log, and from a checkpoint."""
+    h = Harness()
+    ch = _setup(h, persist=True)
+    _reject(h, ch)
+    h.sync()
+    expected = [(b"m", 2)]
+    restarted = restart_from_log(h)
+    for queue in ("qq", "plain"):
+        assert _bodies_and_modes(restarted, queue) == expected, queue
+    assert ready_entries(restarted, "work") == []  # dead-lettered: not back at its source
+    covered, chunks = h.b.snapshot(chunk_entries=1)
+    records = [(0, rtype, payload) for chunk in chunks for rtype, payload in chunk]
+    from_checkpoint = replay_into(fresh_broker(h), records, covered)
+    for queue in ("qq", "plain"):
+        assert _bodies_and_modes(from_checkpoint, queue) == expected, queue
+
+
+def test_a_transient_dead_letter_into_ordinary_queues_is_gone_after_a_restart() -> None:
+    h = Harness()
+    ch = _setup(h, persist=False)
+    _reject(h, ch)
+    h.sync()
+    restarted = restart_from_log(h)
+    for queue in ("qq", "plain", "work"):
+        assert ready_entries(restarted, queue) == [], queue

@@ -8,8 +8,10 @@ import asyncio
 import base64
 import datetime
 import decimal
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -164,6 +166,32 @@ def test_http_publish_reaches_an_amqp_consumer(broker: BrokerProcess) -> None:
         method, props, body = ch.basic_get("from-http", auto_ack=True)
         assert body == b"hi" and props.content_type == "text/plain" and props.expiration == "60000"
         assert props.headers == {"n": 5, "l": [1, 2], "t": 3}
+    finally:
+        conn.close()
+
+
+def test_headers_with_no_amqp_form_are_left_out_of_get_ok_and_deliver(broker: BrokerProcess) -> None:
+    """A header name over 255 bytes can be published over HTTP but has no AMQP form: the
+    message still goes out over AMQP (get-ok, deliver), without its headers."""
+    conn = _pika(broker)
+    try:
+        ch = conn.channel()
+        ch.queue_declare("no-form")
+        channel = RawChannel(broker.port)
+        properties = {"headers": {"k" * 300: 1}, "content_type": "text/plain"}
+        channel.send(*[{"op": "publish", "exchange": "", "routing_key": "no-form", "body": f"m{i}",
+                        "properties": properties} for i in range(2)], {"op": "close"})
+        while channel.next_event().get("ev") != "close_ok":
+            pass
+        channel.close()
+        method, props, body = ch.basic_get("no-form", auto_ack=True)
+        assert body == b"m0" and props.content_type == "text/plain" and props.headers is None
+        got: list[Any] = []
+        ch.basic_consume("no-form", lambda c, m, p, b: got.append((p, b)), auto_ack=True)
+        deadline = time.monotonic() + 10
+        while not got and time.monotonic() < deadline:
+            conn.process_data_events(time_limit=0.05)
+        assert [(p.content_type, p.headers, b) for p, b in got] == [("text/plain", None, b"m1")]
     finally:
         conn.close()
 

@@ -11,7 +11,8 @@ the owner, which requeues what it delivered and was not acked, as for any channe
 When the owner is down, ``consume`` fails with the channel error
 ``queue_unavailable``; when it dies while consumed from, the consumer gets a
 ``cancel`` event whose reason starts with ``queue_unavailable`` (the channel stays
-open; consume again once the node is back). A ``multiple`` settle whose tag is a
+open; consume again once the node is back). A consumer of a quorum queue goes on
+from the queue's next leader instead (``relay_resume.py``). A ``multiple`` settle whose tag is a
 relayed delivery settles the relayed deliveries up to it (on their owners), not this
 node's own; one whose tag is this node's settles both.
 
@@ -45,6 +46,7 @@ from typing import Any, Final
 import trio
 
 from broker.api.auth import Principal
+from broker.api.channel.relay_resume import Resumption
 from broker.api.channel.relayed_tx import HeldRelayedSettles
 from broker.api.permissions import Access
 from broker.cluster import PeerStream, PeerUnreachable
@@ -89,6 +91,8 @@ class _Relay:
         self.commit_answer: dict[str, Any] | None = None
         #: why the relay ended
         self.end_reason = ""
+        #: what the consume asked of the owner besides the queue and the tag
+        self.consume_op: dict[str, Any] = {}
 
 
 class RelayedConsumers:
@@ -113,6 +117,8 @@ class RelayedConsumers:
         self.nursery = nursery
         self.cluster = cluster
         self._by_consumer: dict[str, _Relay] = {}
+        #: consumer tag -> a quorum queue's consumer waiting for its next leader
+        self._resuming: dict[str, Resumption] = {}
         self._by_tag: dict[int, _Relay] = {}
         #: tags of relays that ended (-> the owner, which requeued them): settling one
         #: is a no-op, except in a transaction, whose commit it refuses (:meth:`_hold`)
@@ -146,15 +152,8 @@ class RelayedConsumers:
         if url is None:
             raise Unavailable(f"queue {queue!r} is on node {owner!r}, which is down; retry later", code="queue_unavailable")
         consumer_tag = op.get("consumer_tag") or f"amq.ctag-relayed-{next(_names)}"
-        if consumer_tag in self._by_consumer or self.gateway.views.has_consumer(self.channel_id, consumer_tag):
+        if self.has_consumer(consumer_tag) or self.gateway.views.has_consumer(self.channel_id, consumer_tag):
             raise ChannelError(f"consumer tag {consumer_tag!r} is in use on this channel", code="not_allowed")
-        stream = PeerStream(url, origin=self.cluster.node_name, secret=self.cluster.secret, ssl_context=self.cluster.peer_ssl)
-        try:
-            await stream.connect()
-        except PeerUnreachable as exc:
-            raise Unavailable(f"queue {queue!r}: its node {owner!r} cannot be reached: {exc}", code="queue_unavailable") from None
-        relay = _Relay(owner, queue, consumer_tag, stream)
-        relay.no_ack = bool(op.get("no_ack"))
         remote_op = {k: v for k, v in op.items() if k in ("prefetch", "no_ack", "exclusive", "ack_timeout_ms", "arguments")}
         # the channel's qos, as a local consume takes it: the per-consumer default as
         # the consumer's prefetch, the channel-wide limit as the owner's channel's
@@ -163,6 +162,25 @@ class RelayedConsumers:
         info = self.gateway.views.channel_info(self.channel_id) or {}
         if remote_op.get("prefetch") is None and info.get("default_prefetch"):
             remote_op["prefetch"] = info["default_prefetch"]
+        return await self._consume_at(queue, owner, url, consumer_tag, remote_op)
+
+    async def _consume_at(
+        self, queue: str, owner: str, url: str, consumer_tag: str, remote_op: dict[str, Any],
+        made: list[_Relay] | None = None,
+    ) -> tuple[str, bool]:
+        """Consume ``queue`` as ``consumer_tag`` with ``remote_op`` on ``owner`` (at
+        ``url``): a new relay. Raises as :meth:`consume` does."""
+        stream = PeerStream(url, origin=self.cluster.node_name, secret=self.cluster.secret, ssl_context=self.cluster.peer_ssl)
+        try:
+            await stream.connect()
+        except PeerUnreachable as exc:
+            raise Unavailable(f"queue {queue!r}: its node {owner!r} cannot be reached: {exc}", code="queue_unavailable") from None
+        relay = _Relay(owner, queue, consumer_tag, stream)
+        relay.no_ack = bool(remote_op.get("no_ack"))
+        relay.consume_op = remote_op
+        if made is not None:
+            made.append(relay)
+        info = self.gateway.views.channel_info(self.channel_id) or {}
         self._by_consumer[consumer_tag] = relay
         self.nursery.start_soon(self._serve, relay)
         if info.get("prefetch"):
@@ -202,10 +220,31 @@ class RelayedConsumers:
             if not relay.ended:
                 self._end(relay)
                 if relay.answer is not None and relay.answer.get("ev") == "consume_ok" and not self.finished():
-                    self.send_event({"ev": "cancel", "consumer_tag": relay.consumer_tag, "reason": reason})
+                    if relay.consumer_tag and self.cluster.is_replicated(relay.queue):
+                        resumption = Resumption(relay.queue, relay.consumer_tag, relay.consume_op, reason)
+                        self._resuming[relay.consumer_tag] = resumption
+                        self.nursery.start_soon(self._resume, resumption)
+                    else:
+                        self.send_event({"ev": "cancel", "consumer_tag": relay.consumer_tag, "reason": reason})
         finally:
             relay.answered.set()
             await relay.stream.aclose()
+
+    async def _resume(self, resumption: Resumption) -> None:
+        """Consume again from the quorum queue's next leader (``relay_resume.py``), or
+        cancel the consumer with a ``cancel`` event when that fails."""
+        resumed = await resumption.run(self.cluster.owner_of, self._consume_at, self.finished)
+        tag = resumption.consumer_tag
+        if self._resuming.get(tag) is resumption:
+            del self._resuming[tag]
+        if resumption.withdrawn:  # cancelled meanwhile, maybe with a consume under way
+            for relay in resumption.relays:
+                if not relay.ended:
+                    self._end(relay)
+        elif resumed:
+            self.started(tag)
+        elif not self.finished():
+            self.send_event({"ev": "cancel", "consumer_tag": tag, "reason": resumption.reason})
 
     async def _pass_events(self, relay: _Relay) -> str:
         """The owner's events, passed on; returns why they ended."""
@@ -298,7 +337,8 @@ class RelayedConsumers:
         if relay.committed is not None:
             relay.committed.set()  # (a commit waiting for it fails)
         if relay.consumer_tag:
-            self._by_consumer.pop(relay.consumer_tag, None)
+            if self._by_consumer.get(relay.consumer_tag) is relay:  # (not its resumed successor)
+                del self._by_consumer[relay.consumer_tag]
         elif self._getters.get(relay.owner) is relay:
             del self._getters[relay.owner]
         for tag in relay.tags:
@@ -403,11 +443,16 @@ class RelayedConsumers:
                 pass  # the relay ends by itself
 
     def has_consumer(self, consumer_tag: str) -> bool:
-        """Whether ``consumer_tag`` names one of these relayed consumers."""
-        return consumer_tag in self._by_consumer
+        """Whether ``consumer_tag`` names one of these relayed consumers (one waiting
+        for its quorum queue's next leader included)."""
+        return consumer_tag in self._by_consumer or consumer_tag in self._resuming
 
     async def cancel(self, consumer_tag: str) -> bool:
         """Cancel a relayed consumer; False when ``consumer_tag`` is not one."""
+        resumption = self._resuming.pop(consumer_tag, None)
+        if resumption is not None:
+            resumption.withdraw()
+            return True
         relay = self._by_consumer.get(consumer_tag)
         if relay is None:
             return False
@@ -416,6 +461,9 @@ class RelayedConsumers:
 
     def close_all(self) -> None:
         """The channel ends: every relay ends (the owners requeue what is unacked)."""
+        for resumption in self._resuming.values():
+            resumption.withdraw()
+        self._resuming.clear()
         for relay in [*self._by_consumer.values(), *self._getters.values()]:
             self._end(relay)
         self.rollback_held()  # (an open transaction ends with its channel)
@@ -436,6 +484,13 @@ class RelayedConsumers:
         with a ``cancel`` event that says why, as a local consumer is cancelled (an
         AMQP client that asked for it gets ``basic.cancel``); the owner requeues what
         it delivered unacked. The channel goes on."""
+        for consumer_tag, resumption in list(self._resuming.items()):
+            if not access.allows("read", resumption.queue):
+                del self._resuming[consumer_tag]
+                resumption.withdraw()
+                if not self.finished():
+                    reason = f"read permission on queue {resumption.queue!r} was revoked for user {access.username!r}"
+                    self.send_event({"ev": "cancel", "consumer_tag": consumer_tag, "reason": reason})
         for relay in list(self._by_consumer.values()):
             if relay.ended or access.allows("read", relay.queue):
                 continue

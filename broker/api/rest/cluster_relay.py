@@ -16,13 +16,12 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
+from broker.api.errors import cluster_retry_after_s, retry_after
 from broker.cluster import FORWARDED_HEADER, ClusterNode, PeerUnreachable, relay
 from broker.http import HTTPError, Request, Response, split_path
 
 __all__ = ["relay_to_owner", "relayed_queue", "unavailable"]
 
-#: Seconds a client is asked to wait before retrying a queue whose owner is down.
-RETRY_AFTER_S: Final = 2
 #: The largest request body relayed (acks, gets: small JSON).
 MAX_RELAYED_BODY: Final = 1 << 20
 
@@ -61,11 +60,14 @@ def _answer_timeout(node: ClusterNode, request: Request) -> float:
 
 
 def unavailable(queue: str, owner: str, reason: str = "which is down") -> HTTPError:
+    """``503 queue_unavailable``, with the ``Retry-After`` of every such refusal
+    (``broker.api.errors``)."""
+    code = "queue_unavailable"
     return HTTPError(
         f"queue {queue!r} is on node {owner!r}, {reason}; retry later",
-        code="queue_unavailable",
+        code=code,
         status=503,
-        headers=(("retry-after", str(RETRY_AFTER_S)),),
+        headers=retry_after(cluster_retry_after_s(code) or 0),
     )
 
 

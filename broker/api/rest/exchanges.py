@@ -8,6 +8,7 @@ from typing import Any
 import trio
 
 from broker.api.codec import properties_from_headers
+from broker.api.errors import nack_retry_after_s, retry_after
 from broker.api.fields import (
     EXCHANGE_DECLARE_FIELDS,
     deadline_ms,
@@ -95,8 +96,11 @@ async def publish(ctx: RestContext, request: Request, response: Response) -> Non
         raise refusal
     if not outcome.ack:
         reason = outcome.reason
-        # Refused while publishing is blocked (memory or disk alarm): when to try again.
-        retry = [("retry-after", str(outcome.retry_after_s))] if outcome.retry_after_s is not None else None
+        # Refused while publishing is blocked (memory or disk alarm), or by the cluster
+        # for a passing reason (an owner down, a quorum queue without a leader or
+        # below its majority): when to try again.
+        retry_s = outcome.retry_after_s if outcome.retry_after_s is not None else nack_retry_after_s(reason)
+        retry = retry_after(retry_s) if retry_s is not None else None
         await response.send_json(
             503,
             {"error": "nack", "message": f"message not taken: {reason}", "confirm": "nack", "reason": reason or ""},

@@ -35,7 +35,7 @@ from broker.cluster import (
     SECRET_HEADER,
     ClusterNode,
     StaleEpoch,
-    is_quorum,
+    is_replicated,
 )
 from broker.core import (
     AccessRefused,
@@ -97,7 +97,7 @@ def add_replica_routes(router: Router, node: ClusterNode, views: BrokerViews) ->
         name = request.path_params["name"]
         info = views.queue_info(name)
         d = node.view.get("queues", name)
-        if d is not None and is_quorum(d):
+        if d is not None and is_replicated(d):
             if info is None:
                 info = {"name": name, "durable": d["durable"], "exclusive": False, "auto_delete": d["auto_delete"], "arguments": d["arguments"]}
             info["replication"] = node.replicated_queues().get(name)
