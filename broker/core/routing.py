@@ -11,10 +11,12 @@ Rules (AMQP 0-9-1 §3.1.3 and RabbitMQ's documented semantics):
 * fanout: every binding matches; keys are ignored.
 * topic: keys are dot-separated words; ``*`` matches exactly one word, ``#`` matches
   zero or more words. Words may be empty (``a..b`` has three words, the middle one
-  empty), and ``""`` is a single empty word.
+  empty), and ``""`` has no words (RabbitMQ's rule: ``#`` matches it, ``*`` does not).
 * headers: ``x-match`` = ``all`` (default) or ``any``; arguments whose name starts with
   ``x-`` are ignored unless ``x-match`` is ``all-with-x`` / ``any-with-x``. A binding
-  argument with value None matches when the header is merely present.
+  argument with value None matches when the header is merely present; other values
+  compare as RabbitMQ compares them (numbers whatever their AMQP width, text and bytes
+  alike, booleans apart).
 * x-consistent-hash (RabbitMQ's plugin): each binding's key is a weight (an integer
   1..100); the routing key (or, with the exchange argument ``hash-header``, that
   header) is hashed onto a ring where each binding holds points in proportion to its
