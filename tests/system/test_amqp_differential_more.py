@@ -485,6 +485,69 @@ def script_cancel_autodelete(port: int) -> Log:
     return log
 
 
+def script_purge_delete_sac_recover(port: int) -> Log:
+    """purge and delete beside unacked messages, exchange if-unused and auto-delete with
+    exchange-to-exchange bindings, single active consumer, recover with a consumer."""
+    log: Log = []
+    conn = connect(port)
+    ch = conn.channel()
+    _fresh(ch, ("p.q", "p.sac"), ("p.src", "p.dst", "p.ad"))
+    ch.confirm_delivery()
+    ch.queue_declare("p.q")
+    for i in range(4):
+        ch.basic_publish("", "p.q", b"m%d" % i)
+    holder = conn.channel()
+    holder.basic_get("p.q")
+    log.append(("purge with one unacked", ch.queue_purge("p.q").method.message_count))
+    holder.close()
+    log.append(("after its holder closed", get_all(ch, "p.q")))
+    for i in range(3):
+        ch.basic_publish("", "p.q", b"d%d" % i)
+    holder = conn.channel()
+    holder.basic_get("p.q")
+    log.append(("delete with one unacked", ch.queue_delete("p.q").method.message_count))
+    ch.exchange_declare("p.src", "fanout")
+    ch.exchange_declare("p.dst", "fanout")
+    ch.exchange_bind("p.dst", "p.src")
+    refused(log, conn, "delete if-unused: a destination only", lambda c: c.exchange_delete("p.dst", if_unused=True))
+    ch.exchange_declare("p.dst", "fanout")
+    ch.exchange_declare("p.ad", "fanout", auto_delete=True)
+    ch.exchange_bind("p.dst", "p.ad")
+    ch.exchange_unbind("p.dst", "p.ad")
+    refused(log, conn, "auto-delete source after its binding went", lambda c: c.exchange_declare("p.ad", passive=True))
+
+    ch.queue_declare("p.sac", arguments={"x-single-active-consumer": True})
+    got: list[tuple[str, bytes]] = []
+    a, b = conn.channel(), conn.channel()
+    a.basic_consume("p.sac", lambda _c, _m, _p, body: got.append(("a", body)), auto_ack=True, consumer_tag="a")
+    b.basic_consume("p.sac", lambda _c, _m, _p, body: got.append(("b", body)), auto_ack=True, consumer_tag="b")
+    for i in range(3):
+        ch.basic_publish("", "p.sac", b"s%d" % i)
+    collect(conn, got, 3)
+    log.append(("single active consumer", got[:], ch.queue_declare("p.sac", passive=True).method.consumer_count))
+    a.basic_cancel("a")
+    ch.basic_publish("", "p.sac", b"after")
+    collect(conn, got, 4)
+    log.append(("the next one takes over", got[3:]))
+    a.close()
+    b.close()
+
+    ch.queue_declare("p.q")
+    for i in range(2):
+        ch.basic_publish("", "p.q", b"r%d" % i)
+    rc = conn.channel()
+    again: list[tuple[bytes, bool]] = []
+    rc.basic_consume("p.q", lambda _c, m, _p, body: again.append((body, m.redelivered)), consumer_tag="r")
+    collect(conn, again, 2)
+    rc.basic_recover(requeue=True)
+    collect(conn, again, 4)
+    log.append(("recover with a consumer", again))
+    rc.close()
+    _fresh(ch, ("p.q", "p.sac"), ("p.src", "p.dst", "p.ad"))
+    conn.close()
+    return log
+
+
 # 6. qos -----------------------------------------------------------------------------------
 
 def script_qos(port: int) -> Log:
@@ -777,7 +840,8 @@ def script_routing(port: int) -> Log:
 
 SCRIPTS = [
     script_expiry, script_overflow, script_nack_reject, script_mandatory_and_tx_settles, script_headers,
-    script_cancel_autodelete, script_qos, script_refused_declares, script_redeclares_and_refusals, script_routing,
+    script_cancel_autodelete, script_purge_delete_sac_recover, script_qos, script_refused_declares,
+    script_redeclares_and_refusals, script_routing,
 ]
 
 
