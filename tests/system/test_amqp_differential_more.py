@@ -567,10 +567,10 @@ def script_qos(port: int) -> Log:
         """Deliveries per consumer, once nothing more comes (RabbitMQ's limits are
         applied as its queues and channel exchange messages: let them settle)."""
         count = len(got)
-        conn.process_data_events(time_limit=0.3)
+        conn.process_data_events(time_limit=0.5)
         while len(got) != count:
             count = len(got)
-            conn.process_data_events(time_limit=0.3)
+            conn.process_data_events(time_limit=0.5)
         counts: dict[str, int] = {}
         for tag, _t in got[acked:]:
             counts[tag] = counts.get(tag, 0) + 1
