@@ -133,6 +133,7 @@ class ClusterNode:
         keep the lease and the view current until cancelled; leaves on the way out."""
         self._hold_dead_letters()  # (before the runtime recovers: one dead at start is held too)
         tap_auto_deleted_queues(self.runtime, self.auto_deleted.take)
+        self.runtime.core.auto_delete_exchanges_here(False)  # etcd decides (writes.py)
         await self.membership.register()
         try:
             async with trio.open_nursery() as nursery:

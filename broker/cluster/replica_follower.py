@@ -11,7 +11,9 @@ The follower holds one kept-alive HTTP/1.1 connection to its leader
 2. **fetches** (``POST /cluster/replicas/{queue}/fetch``) from its end + 1, long-polled:
    the leader answers at once when it has entries, else when some arrive (or after a
    second); the follower appends them and fsyncs them before it asks for more, so the
-   offset of each fetch acknowledges everything before it.
+   offset of each fetch acknowledges everything before it. After a failed write (a
+   sync, a snapshot's install, a truncation) it fetches again only once its whole log
+   is on disk (:func:`durable_end`): never acknowledging what it does not durably hold.
 
 It accepts entries only from the epoch it was started for (the leader answers for its
 own epoch only, and says so); when etcd names another leader or epoch, the replication
@@ -34,7 +36,7 @@ from broker.cluster.peers import SECRET_HEADER, open_peer
 from broker.cluster.replica_leader import COMPACT_AFTER_ENTRIES, snapshot
 from broker.cluster.replica_log import ReplicaLog, is_snapshot
 
-__all__ = ["PeerConnection", "PeerError", "PeerSettings", "follow", "take_answer"]
+__all__ = ["PeerConnection", "PeerError", "PeerSettings", "durable_end", "follow", "take_answer"]
 
 log = logging.getLogger("ackbus.cluster")
 
@@ -172,7 +174,7 @@ async def follow(
                     truncated = True
                 status, answer = await peer.post(
                     replica_path(queue, "fetch"),
-                    {"node": me, "epoch": epoch, "offset": log_.end_offset + 1, "wait_s": 1.0},
+                    {"node": me, "epoch": epoch, "offset": await durable_end(log_) + 1, "wait_s": 1.0},
                     timeout_s + 1.0,
                 )
                 if status != 200:
@@ -193,6 +195,19 @@ async def follow(
                 delay = min(1.0, delay * 2)
     finally:
         await peer.aclose()
+
+
+async def durable_end(log_: ReplicaLog) -> int:
+    """The offset this follower may acknowledge (the next fetch asks for the one after
+    it): the end of its log, once all of it is on disk. What a failed sync left
+    unwritten, or a failed rewrite left to write again (a snapshot installed, a
+    truncation), is synced first; while that fails (raises OSError) the follower
+    acknowledges nothing, rather than entries it does not durably hold."""
+    if log_.synced != log_.end_offset:
+        await log_.sync()
+    if log_.synced != log_.end_offset:
+        raise OSError(f"the replica log is synced up to {log_.synced}, not to its end {log_.end_offset}")
+    return log_.end_offset
 
 
 async def take_answer(queue: str, log_: ReplicaLog, answer: dict[str, Any], compact_after: int = COMPACT_AFTER_ENTRIES) -> None:

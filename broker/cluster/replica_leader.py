@@ -32,7 +32,7 @@ from typing import Any
 import trio
 
 from broker.cluster.leader import holds_majority
-from broker.cluster.replica_log import Entry, ReplicaLog
+from broker.cluster.replica_log import Entry, ReplicaLog, ReplicaLogRemoved
 from broker.cluster.replica_ops import snapshot_op
 
 __all__ = ["COMPACT_AFTER_ENTRIES", "FETCH_MAX_ENTRIES", "LeaderSide", "StaleEpoch", "snapshot"]
@@ -124,12 +124,19 @@ class LeaderSide:
         self._to_sync.set()
 
     async def serve_sync(self) -> None:
-        """Keep the leader's own copy synced; each sync may move the majority point."""
+        """Keep the leader's own copy synced; each sync may move the majority point.
+        Ends when stopped, or when the log was removed (its queue deleted: no failure
+        to report)."""
         while not self.stopped:
             await self._to_sync.wait()
             self._to_sync = trio.Event()
             try:
                 await self.log.sync()
+            except ReplicaLogRemoved:
+                # the queue was deleted, or this node left its replica set: not a failed
+                # write, and nothing more to sync (the log refuses every later write)
+                log.debug("replica log removed: its sync loop ends", extra={"fields": {"queue": self.name}})
+                return
             except OSError as exc:
                 # nothing past the synced offset counts; the write is tried again
                 log.error("replica log write failed", extra={"fields": {"queue": self.name, "error": str(exc)}})
@@ -141,6 +148,9 @@ class LeaderSide:
             if self.log.wants_compaction(safe, self.compact_after):
                 try:
                     await self.log.compact(safe, snapshot)
+                except ReplicaLogRemoved:
+                    log.debug("replica log removed: its sync loop ends", extra={"fields": {"queue": self.name}})
+                    return
                 except OSError as exc:  # the log is as it was: compaction is tried again later
                     log.error("replica log compaction failed", extra={"fields": {"queue": self.name, "error": str(exc)}})
 

@@ -1,5 +1,8 @@
 """A replicated queue's log on one node: the file every replica of the queue keeps.
 
+(Over 500 lines: every write and its failure handling must keep the file and the
+in-memory entries in step under one lock, so they stay one class.)
+
 Where the replicated log lives
 ------------------------------
 
@@ -32,6 +35,12 @@ landing after the unlink would bring the file back, and a later queue of the sam
 would read the deleted queue's entries as its own. A removed log refuses every later
 write (:class:`ReplicaLogRemoved`); its file and any ``.tmp`` are gone.
 
+**Incarnation.** Beside the log, ``<queue>.incarnation`` holds the create revision
+of the queue's definition key in etcd when the log was opened: a queue deleted and
+declared again under the same name (while this node was down, or between two of its
+reconciling rounds) has a later one, and its replica starts with an empty log rather
+than the deleted queue's (``replication.py``).
+
 **Compaction.** The log stays in memory and on disk, so its prefix is compacted once
 every replica holds it (:meth:`compact`): the entries up to an offset are replaced by
 one ``snap`` entry at that offset (``replica_ops.snapshot_op``: the live messages and
@@ -54,7 +63,7 @@ from urllib.parse import quote
 import orjson
 import trio
 
-__all__ = ["Entry", "ReplicaLog", "ReplicaLogRemoved", "is_snapshot", "replica_log_path"]
+__all__ = ["Entry", "RenamedNotDurable", "ReplicaLog", "ReplicaLogRemoved", "is_snapshot", "replica_log_path"]
 
 #: (epoch, offset, op)
 Entry = tuple[int, int, dict[str, Any]]
@@ -67,6 +76,14 @@ INLINE_WRITE_MAX_BYTES = 256 * 1024
 
 def replica_log_path(data_dir: Path, queue: str) -> Path:
     return data_dir / "replicas" / (quote(queue, safe="") + ".log")
+
+
+class RenamedNotDurable(OSError):
+    """A rewrite renamed its new content over the log's file, but the folder's fsync
+    that makes the rename durable failed: the file holds the new content, and after a
+    crash it may hold either. The log keeps the new content (as the file does) and
+    writes it whole, durably, at the next sync; nothing new counts as synced until
+    then."""
 
 
 class ReplicaLogRemoved(OSError):
@@ -92,6 +109,17 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _free(entries: list[Entry]) -> None:
+    """Empty ``entries`` a slice at a time, so that a thread freeing a long list lets
+    the event loop run between slices (freeing it at once holds the GIL throughout)."""
+    while entries:
+        del entries[-_FREE_SLICE:]
+
+
+#: how many entries :func:`_free` frees at a time (a millisecond or so)
+_FREE_SLICE = 4096
 
 
 class ReplicaLog:
@@ -326,6 +354,12 @@ class ReplicaLog:
         end = self.end_offset
         try:
             await trio.to_thread.run_sync(self._rewrite, b"".join(_frame(e) for e in entries))
+        except RenamedNotDurable:
+            # the file holds the new content already: so does the log, to be written
+            # again whole (durably) before anything counts as synced
+            self._rewrite_pending = True
+            self.synced = 0
+            raise
         except OSError:
             if self.end_offset == end:
                 self.entries, self.epoch_starts, self._unwritten = before
@@ -340,6 +374,35 @@ class ReplicaLog:
     def tmp_path(self) -> Path:
         """Where a rewrite writes the file's next content before renaming it over."""
         return self.path.with_suffix(".tmp")
+
+    @property
+    def incarnation_path(self) -> Path:
+        """Where the incarnation of the queue this log belongs to is kept."""
+        return self.path.with_suffix(".incarnation")
+
+    def read_incarnation(self) -> int:
+        """The incarnation written beside the log (0: none, or unreadable: a log
+        written before incarnations were kept)."""
+        try:
+            return int(self.incarnation_path.read_text().strip() or 0)
+        except (OSError, ValueError):
+            return 0
+
+    def write_incarnation(self, incarnation: int) -> None:
+        """Record, durably, which incarnation of its queue this log belongs to (before
+        any entry of it is written). Raises OSError."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.incarnation_path, "w") as f:
+            f.write(f"{incarnation}\n")
+            f.flush()
+            os.fsync(f.fileno())
+        _fsync_dir(self.path.parent)
+
+    def discard_files(self) -> None:
+        """Delete the files of a log not opened (one of a deleted queue, found at
+        start): the log, a ``.tmp``, its incarnation. Raises OSError."""
+        for path in (self.tmp_path, self.path, self.incarnation_path):
+            path.unlink(missing_ok=True)
 
     def _check_not_removed(self) -> None:
         if self.removed:
@@ -360,7 +423,10 @@ class ReplicaLog:
             raise
         self._close_file()  # (it was the replaced file)
         self._good_size = len(data)
-        _fsync_dir(self.path.parent)
+        try:
+            _fsync_dir(self.path.parent)
+        except OSError as exc:
+            raise RenamedNotDurable(exc.errno, f"the rename over {self.path} is not durable: {exc.strerror or exc}") from exc
 
     def wants_compaction(self, upto: int, after: int) -> bool:
         """Whether compacting up to offset ``upto`` is worth trying: at least ``after``
@@ -376,7 +442,10 @@ class ReplicaLog:
         (``snapshot(prefix)``: its op, or None: not worth it now); returns how many
         entries went. Only for a prefix every replica holds: no truncation reaches
         below it. A prefix found not worth it is tried again only once half as long
-        again (:meth:`wants_compaction`)."""
+        again (:meth:`wants_compaction`). The look at the prefix (``snapshot``: a
+        count, a fold) and the framing run in the rewrite's worker thread: for a long
+        log they take seconds, which the event loop (every queue's traffic) would
+        otherwise stall for."""
         async with self._lock:
             self._check_not_removed()
             upto = min(upto, self.synced)
@@ -384,18 +453,38 @@ class ReplicaLog:
             if not self.entries or upto <= first:
                 return 0
             i = upto - first
-            prefix = self.entries[: i + 1]
-            epochs = {e: s for e, s in self.epoch_starts.items() if s <= upto}
-            op = snapshot(prefix)
-            if op is None:
-                self._compact_retry_at = upto + max(1, len(prefix) // 2)
+            entries = self.entries  # (appends meanwhile go at its end; nothing else changes it while the lock is held)
+            epochs = [[e, s] for e, s in sorted(self.epoch_starts.items()) if s <= upto]
+            synced = self.synced
+            made: list[Entry] = []
+
+            def fold_and_rewrite() -> bool:
+                prefix = entries[: i + 1]
+                op = snapshot(prefix)
+                if op is None:
+                    return False
+                made.append((prefix[-1][0], upto, {**op, "t": "snap", "epochs": epochs}))
+                written = entries[i + 1 : i + 1 + (synced - upto)]  # the rest is in _unwritten
+                self._rewrite(b"".join(_frame(e) for e in [made[0], *written]))
+                return True
+
+            try:
+                compacted = await trio.to_thread.run_sync(fold_and_rewrite)
+            except RenamedNotDurable:
+                # the file is compacted, the old one may come back after a crash: both
+                # hold every synced entry, and the next sync writes the log whole
+                self.entries = [made[0], *self.entries[i + 1 :]]
+                self._rewrite_pending = True
+                raise
+            if not compacted:
+                self._compact_retry_at = upto + max(1, (i + 1) // 2)
                 return 0
-            snap: Entry = (prefix[-1][0], upto, {**op, "t": "snap", "epochs": [[e, s] for e, s in sorted(epochs.items())]})
-            written = self.entries[i + 1 : i + 1 + (self.synced - upto)]  # the rest is in _unwritten
-            await trio.to_thread.run_sync(self._rewrite, b"".join(_frame(e) for e in [snap, *written]))
             # (appends made meanwhile are at the end: the index still holds)
-            self.entries = [snap, *self.entries[i + 1 :]]
-            return i
+            self.entries = [made[0], *self.entries[i + 1 :]]
+        # the compacted entries are freed in the worker thread too, a slice at a time
+        # (freed here, a long prefix's objects would hold the event loop as its fold did)
+        await trio.to_thread.run_sync(_free, entries)
+        return i
 
     async def install(self, snap: Entry) -> None:
         """A follower behind the leader's compacted prefix: the leader's snapshot
@@ -405,8 +494,8 @@ class ReplicaLog:
             await self._replace_with([(int(snap[0]), int(snap[1]), snap[2])])
 
     async def remove(self) -> None:
-        """The queue was deleted (or this node left its replica set): its log goes, file
-        and ``.tmp`` alike, once a write under way has ended (the lock), and no later
+        """The queue was deleted (or this node left its replica set): its log goes, file,
+        ``.tmp`` and incarnation alike, once a write under way has ended (the lock), and no later
         write brings it back (:class:`ReplicaLogRemoved`). Raises OSError when the
         file could not be deleted (the log is removed all the same)."""
         async with self._lock:
@@ -417,5 +506,4 @@ class ReplicaLog:
             self.synced = 0
             self._close_file()
             self._good_size = 0
-            self.tmp_path.unlink(missing_ok=True)
-            self.path.unlink(missing_ok=True)
+            self.discard_files()

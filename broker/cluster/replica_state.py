@@ -24,6 +24,9 @@ class QueueReplica:
     def __init__(self, name: str, log_: ReplicaLog) -> None:
         self.name = name
         self.log = log_
+        #: the create revision of the queue's definition key when this replica was
+        #: opened: a later one is another queue of the same name (0: unknown)
+        self.incarnation = 0
         self.leading: LeaderSide | None = None
         self.led: LedQueue | None = None
         self.follow_target: tuple[str, int] | None = None

@@ -161,14 +161,17 @@ class Replication:
             for name, (d, _rev) in view.entries["queues"].items()
             if is_replicated(d) and self.me in d.get("replicas", [])
         }
-        for name in [n for n in self.queues if n not in wanted]:
+        for name in [n for n in self.queues if n not in wanted or self._declared_again(n)]:
+            # (declared again: the deleted queue's log goes, and the new queue opens
+            # an empty one below, as if the two rounds had seen the gap)
             await self._forget(name)
         if not self._swept:  # once: the logs of queues deleted, or replicas removed, while this node was down
             self._swept = True
-            keep = {replica_log_path(self.data_dir, n) for n in (*wanted, *self.queues)}
+            logs = [replica_log_path(self.data_dir, n) for n in (*wanted, *self.queues)]
+            keep = {*logs, *(p.with_suffix(".incarnation") for p in logs)}
             folder = self.data_dir / "replicas"
             # (and every .tmp: no log is open yet, so none is a rewrite under way)
-            for path in [*folder.glob("*.log"), *folder.glob("*.tmp")]:
+            for path in [*folder.glob("*.log"), *folder.glob("*.tmp"), *folder.glob("*.incarnation")]:
                 try:
                     if path not in keep:
                         path.unlink(missing_ok=True)
@@ -185,10 +188,30 @@ class Replication:
                 # stop the others: it is retried at the next round
                 log.error("quorum queue not reconciled", extra={"fields": {"queue": name, "error": str(exc)}})
 
+    def _declared_again(self, name: str) -> bool:
+        """Whether quorum queue ``name`` was deleted and declared again (same name)
+        since this node opened its replica: its definition's key was created anew
+        (etcd's ``create_revision``), even if both happened between two rounds and
+        the definition is the same. The new queue must not take the old one's log."""
+        replica = self.queues[name]
+        created = self.node.view.created_revision("queues", name)
+        return bool(replica.incarnation and created and created != replica.incarnation)
+
     def _open(self, name: str) -> QueueReplica:
+        """Open this node's replica of quorum queue ``name``: its log as the disk has
+        it, unless the disk's is a deleted queue's of the same name (another
+        incarnation: deleted and declared again while this node was down)."""
         log_ = ReplicaLog(replica_log_path(self.data_dir, name))
+        incarnation = self.node.view.created_revision("queues", name)
+        kept = log_.read_incarnation()
+        if incarnation and kept and kept != incarnation:
+            log_.discard_files()
+            log.info("replica log of a deleted queue of the same name removed", extra={"fields": {"queue": name}})
         log_.open()
+        if incarnation and kept != incarnation:
+            log_.write_incarnation(incarnation)  # (before any entry: a log unmarked is from before incarnations)
         replica = self.queues[name] = QueueReplica(name, log_)
+        replica.incarnation = incarnation
         # a queue this node's WAL still holds from an earlier leadership: the log,
         # not the WAL, is the truth; the queue comes back only if this node leads
         if name in self.core.queues:

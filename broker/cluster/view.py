@@ -120,15 +120,21 @@ class ClusterView:
         self.entries: dict[str, dict[str, tuple[dict[str, Any], int]]] = {
             kind: {} for kind in ("nodes", "known", *KINDS, *REPLICA_KINDS)
         }
+        #: kind -> name -> create_revision: which incarnation of a key this is (a key
+        #: deleted and put again, e.g. a queue deleted and declared again under the same
+        #: name, is created anew at a later revision even when its value is the same)
+        self.created: dict[str, dict[str, int]] = {kind: {} for kind in self.entries}
 
     def reset(self, revision: int, kvs: list[KeyValue]) -> list[Change]:
         """Replace everything with a range read at ``revision``; returns every change."""
         fresh: dict[str, dict[str, tuple[dict[str, Any], int]]] = {kind: {} for kind in self.entries}
+        created: dict[str, dict[str, int]] = {kind: {} for kind in self.entries}
         for kv in kvs:
             where = self.keys.parse(kv.key)
             value = _decode(kv.value)
             if where is not None and value is not None:
                 fresh[where[0]][where[1]] = (value, kv.mod_revision)
+                created[where[0]][where[1]] = kv.create_revision
         changes = []
         for kind, old_items in self.entries.items():
             new_items = fresh[kind]
@@ -137,6 +143,7 @@ class ClusterView:
                 if old is None or new is None or old[0] != new[0]:
                     changes.append(Change(kind, name, old and old[0], new and new[0]))
         self.entries = fresh
+        self.created = created
         self.revision = max(self.revision, revision)
         return changes
 
@@ -151,6 +158,7 @@ class ClusterView:
             items = self.entries[kind]
             old = items.get(name)
             if event.deleted:
+                self.created[kind].pop(name, None)
                 if old is not None:
                     del items[name]
                     changes.append(Change(kind, name, old[0], None))
@@ -159,6 +167,7 @@ class ClusterView:
             if value is None:
                 continue
             items[name] = (value, event.kv.mod_revision)
+            self.created[kind][name] = event.kv.create_revision
             changes.append(Change(kind, name, old and old[0], value))
         if batch.events:
             # Not the header's revision: a watcher still catching up gets batches
@@ -181,6 +190,11 @@ class ClusterView:
         """The mod revision of a key (0: absent)."""
         found = self.entries[kind].get(name)
         return found[1] if found else 0
+
+    def created_revision(self, kind: str, name: str) -> int:
+        """The create revision of a key: its incarnation, the same across puts until
+        it is deleted (0: absent, or unknown)."""
+        return self.created[kind].get(name, 0)
 
     def live_nodes(self) -> dict[str, dict[str, Any]]:
         return {name: value for name, (value, _rev) in self.entries["nodes"].items()}

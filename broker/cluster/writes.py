@@ -162,9 +162,10 @@ class MetadataWriter:
             raise NotFound(f"no queue {name!r}")
         if local_check is not None:
             local_check()
+        touching = set(self.view.bindings_touching("queues", name))
         deletes = [OpDelete(key), OpDelete(self.keys.replica("isr", name)), OpDelete(self.keys.replica("leaders", name))] + [
-            OpDelete(self.keys.meta("bindings", digest)) for digest in self.view.bindings_touching("queues", name)
-        ]
+            OpDelete(self.keys.meta("bindings", digest)) for digest in touching
+        ] + self._auto_deleted_exchanges(touching)
         result = await self.client.txn([CompareMod(key, found.mod_revision)], list(deletes), [])
         if not result.succeeded:
             raise PreconditionFailed(f"queue {name!r} changed while it was being deleted: try again")
@@ -215,7 +216,9 @@ class MetadataWriter:
         touching = self.view.bindings_touching("exchanges", name)
         if if_unused and any(b["source"] == name for b in touching.values()):
             raise PreconditionFailed(f"exchange {name!r} has bindings")
-        deletes = [OpDelete(key), OpDelete(self.keys.replica("isr", name)), OpDelete(self.keys.replica("leaders", name))] + [OpDelete(self.keys.meta("bindings", digest)) for digest in touching]
+        deletes: list[Op] = [OpDelete(key), OpDelete(self.keys.replica("isr", name)), OpDelete(self.keys.replica("leaders", name))]
+        deletes += [OpDelete(self.keys.meta("bindings", digest)) for digest in touching]
+        deletes += self._auto_deleted_exchanges(set(touching), {name})
         result = await self.client.txn([CompareMod(key, found.mod_revision)], list(deletes), [])
         if not result.succeeded:
             raise PreconditionFailed(f"exchange {name!r} changed while it was being deleted: try again")
@@ -255,11 +258,40 @@ class MetadataWriter:
             "routing_key": routing_key,
             "arguments": arguments,
         }
-        key = self.keys.meta("bindings", binding_digest(b))
-        result = await self.client.txn([CompareCreate(key)], [], [OpDelete(key)])
+        digest = binding_digest(b)
+        key = self.keys.meta("bindings", digest)
+        result = await self.client.txn([CompareCreate(key)], [], [OpDelete(key), *self._auto_deleted_exchanges({digest})])
         if result.succeeded:  # create_revision 0: absent
             raise NotFound("no such binding")
         await self.wait_seen(result.revision)
+
+    def _auto_deleted_exchanges(self, removed: set[str], deleted: set[str] | None = None) -> list[Op]:
+        """The deletes of the auto-delete exchanges left without a binding from them once
+        the bindings ``removed`` (digests) are gone, and of the bindings to those (which
+        may leave another bare, in turn); ``deleted``: exchanges going anyway. etcd's
+        bindings decide, for the whole cluster (RabbitMQ's rule; the cores leave it to
+        this: ``auto_delete_exchanges_here``). ``removed`` grows with those bindings."""
+        deleted = set(deleted or ())
+        bindings = self.view.entries["bindings"]
+        ops: list[Op] = []
+        looked: set[str] = set()
+        while True:
+            sources = {bindings[d][0]["source"] for d in removed if d in bindings} - deleted - looked
+            if not sources:
+                return ops
+            looked |= sources
+            for source in sorted(sources):
+                d = self.view.get("exchanges", source)
+                if d is None or not d.get("auto_delete") or source in BUILTIN_EXCHANGES:
+                    continue
+                if any(b["source"] == source and digest not in removed for digest, (b, _rev) in bindings.items()):
+                    continue  # another binding keeps it
+                deleted.add(source)
+                ops.append(OpDelete(self.keys.meta("exchanges", source)))
+                for digest in self.view.bindings_touching("exchanges", source):
+                    if digest not in removed:
+                        removed.add(digest)
+                        ops.append(OpDelete(self.keys.meta("bindings", digest)))
 
     async def _create(self, key: bytes, puts: list[Any]) -> dict[str, Any] | None:
         """Write ``puts`` if ``key`` does not exist yet (one compare transaction): None

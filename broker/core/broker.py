@@ -214,6 +214,7 @@ class Broker:
         self.unbind = topology.unbind
         self.list_bindings = topology.list_bindings
         self.route = topology.route
+        self.auto_delete_exchanges_here = topology.auto_delete_exchanges_here
         # queues
         self.declare_queue = store.declare_queue
         self.delete_queue = store.delete_queue

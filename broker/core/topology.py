@@ -46,6 +46,9 @@ class Topology:
         self._log = log
         self._max_exchanges = max_exchanges
         self.exchanges: dict[str, Exchange] = {}
+        #: False in a cluster, where etcd decides it for every node
+        #: (:meth:`auto_delete_exchanges_here`)
+        self._auto_deletes = True
         for name, etype in BUILTIN_EXCHANGES.items():
             self.exchanges[name] = Exchange(name, etype, True, False, False, {}, builtin=True)
 
@@ -143,11 +146,19 @@ class Topology:
             raise NotFound(f"no exchange {name!r}")
         return exchange
 
+    def auto_delete_exchanges_here(self, on: bool) -> None:
+        """Whether an auto-delete exchange goes with its last binding in this core
+        (the default). A cluster turns it off: its nodes share the exchanges and
+        bindings, kept by etcd, and the exchange is deleted there with its last
+        binding, for every node at once; one node's own bindings (to exclusive
+        queues) do not keep it."""
+        self._auto_deletes = on
+
     def _maybe_auto_delete_exchange(self, exchange: Exchange) -> None:
         # Not during replay: it sees only durable bindings (one to a transient queue
         # may have kept the exchange alive), and every auto-delete that happened
         # live is in the log as its own DELETE_EXCHANGE record.
-        if self._log.replaying:
+        if self._log.replaying or not self._auto_deletes:
             return
         if exchange.auto_delete and not exchange.table.bindings and not exchange.builtin:
             self.remove_exchange(exchange)

@@ -5,6 +5,7 @@ truncation by epoch (KIP-101/279), and the fold a new leader restores its queue 
 from __future__ import annotations
 
 import random
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -354,3 +355,42 @@ def test_snapshot_op_declines_by_count_exactly_where_the_fold_would() -> None:
         live, _settled = fold(entries)
         expected_none = len(live) > 0.25 * len(entries)
         assert (snapshot_op(entries, 0.0) is None) == expected_none
+
+
+def test_compaction_looks_at_its_prefix_off_the_event_loop_and_decides_as_before(tmp_path: Path) -> None:
+    """The count that declines a deep queue's prefix and the fold of a drained one run
+    in the rewrite's worker thread, not on the event loop (a log of a million entries
+    stalled it for seconds); what they decide is what the same fold decides on the
+    same prefix: declined with the same next try, or the same snapshot entry."""
+    on_loop: list[bool] = []
+
+    def looking(prefix: list[Any]) -> dict[str, Any] | None:
+        on_loop.append(threading.current_thread() is threading.main_thread())
+        return snapshot_op(prefix, 0.0)
+
+    async def main() -> None:
+        deep = ReplicaLog(tmp_path / "deep.log")
+        deep.open()
+        for i in range(1, 201):
+            deep.append(3, _pub(i))
+        await deep.sync()
+        assert snapshot_op(deep.entries[:150], 0.0) is None  # (a deep queue: declined)
+        assert await deep.compact(150, looking) == 0
+        assert deep.first_offset == 1 and not deep.wants_compaction(224, 10) and deep.wants_compaction(225, 10)
+        drained = ReplicaLog(tmp_path / "drained.log")
+        drained.open()
+        for i in range(1, 101):
+            offset = drained.append(3, _pub(i))
+            drained.append(4, {"t": "set", "ids": [offset]})
+        await drained.sync()
+        prefix = list(drained.entries[:150])
+        expected = (4, 150, {**(snapshot_op(prefix, 0.0) or {}), "t": "snap", "epochs": [[3, 1], [4, 2]]})
+        assert await drained.compact(150, looking) == 149
+        assert [list(e) for e in drained.entries[:1]] == [list(expected)]
+        assert [e[1] for e in drained.entries] == list(range(150, 201))
+        reopened = ReplicaLog(tmp_path / "drained.log")
+        reopened.open()
+        assert [list(e) for e in reopened.entries] == [list(e) for e in drained.entries]
+
+    _run(main)
+    assert on_loop == [False, False], "the prefix was looked at on the event loop"

@@ -10,10 +10,12 @@ event, so each race happens every time, not now and then.
   recreated the deleted queue's file, and a new quorum queue of that name took its
   entries for its own).
 - A snapshot installed while this node, become leader, appends keeps the append.
+- The leader's sync loop meeting its removed log ends quietly (no error logged).
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from pathlib import Path
@@ -214,3 +216,35 @@ def test_an_entry_appended_while_a_snapshot_is_installed_follows_it(tmp_path: Pa
         assert reopened.epoch_starts == {3: 1, 7: 11}
 
     trio.run(main)
+
+
+def test_the_leaders_sync_loop_ends_quietly_when_its_log_was_removed(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The queue is deleted while its leader's sync loop waits for appends: the loop's
+    next sync meets the removed log. Not a failed write: no error is logged, and the
+    loop ends (before, it logged "replica log write failed" and tried again every
+    half second)."""
+    from broker.cluster.replica_leader import LeaderSide
+
+    async def main() -> None:
+        log = ReplicaLog(tmp_path / "q.log")
+        log.open()
+        side = LeaderSide(
+            "q", 3, "a", ["a", "b"], log, release=lambda lsns: None, deliverable=lambda seq: None, alive=lambda: True
+        )
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(side.serve_sync)
+            side.appended(log.append(3, _pub(1)), 0)
+            with trio.fail_after(PATIENCE_S):
+                while log.synced < 1:
+                    await trio.sleep(0.01)
+            await log.remove()
+            side.appended(log.append(3, _pub(2)), 0)  # (an append racing the removal)
+            with trio.fail_after(PATIENCE_S):  # the loop ends by itself
+                while nursery.child_tasks:
+                    await trio.sleep(0.01)
+        assert not side.stopped  # (it ended for the removal, not for a step down)
+        errors = [r for r in caplog.records if r.levelno >= logging.WARNING]
+        assert errors == [], [r.getMessage() for r in errors]
+
+    with caplog.at_level(logging.DEBUG, logger="ackbus.cluster"):
+        trio.run(main)

@@ -179,6 +179,23 @@ def test_auto_delete_exchange_after_unbind_and_after_dest_exchange_deleted() -> 
     assert "ad" not in h.b.exchanges
 
 
+def test_auto_delete_of_exchanges_can_be_left_to_a_cluster() -> None:
+    """In a cluster etcd's bindings decide (a core holds only those to its own
+    queues): with ``auto_delete_exchanges_here(False)`` the last local binding going
+    leaves the exchange in place."""
+    h = Harness()
+    h.b.auto_delete_exchanges_here(False)
+    h.queue("q")
+    h.b.declare_exchange("ad", "fanout", auto_delete=True)
+    h.b.bind("ad", "q")
+    h.b.unbind("ad", "q")
+    h.b.bind("ad", "q")
+    h.b.delete_queue("q")
+    assert "ad" in h.b.exchanges
+    h.b.delete_exchange("ad")  # (deleted as any exchange, when etcd says so)
+    assert "ad" not in h.b.exchanges
+
+
 # ------------------------------------------------------------------ queues
 
 
