@@ -50,7 +50,7 @@ from broker.amqp.session import (
     AMQPSession,
     exchange_alias,
 )
-from broker.core import EXCHANGE_TYPES, ErrorReply
+from broker.core import EXCHANGE_TYPES, ErrorReply, NotFound
 
 __all__ = ["handle"]
 
@@ -162,8 +162,21 @@ async def _exchange_bind(s: AMQPSession, ch: AMQPChannel, m: Any, unbind: bool =
     s.access.require(op, dest or DEFAULT_EXCHANGE_ALIAS, source=source or DEFAULT_EXCHANGE_ALIAS)
     args = _plain(m.arguments or {})
     key = m.routing_key or ""
-    await s.bridge.gateway.bind(ch.core_id, source, dest, key, args, to_exchange=True, unbind=unbind)
+    await _bind(s, ch, source, dest, key, args, to_exchange=True, unbind=unbind)
     s.reply(ch, commands.Exchange.UnbindOk() if unbind else commands.Exchange.BindOk(), m.nowait)
+
+
+async def _bind(
+    s: AMQPSession, ch: AMQPChannel, source: str, dest: str, key: str, args: dict[str, Any], *, to_exchange: bool,
+    unbind: bool,
+) -> None:
+    """Bind or unbind. An unbind succeeds when the binding, its exchange or its
+    destination is not there: RabbitMQ 3.x answers unbind-ok then too."""
+    try:
+        await s.bridge.gateway.bind(ch.core_id, source, dest, key, args, to_exchange=to_exchange, unbind=unbind)
+    except NotFound:
+        if not unbind:
+            raise
 
 
 async def _exchange_unbind(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
@@ -199,7 +212,7 @@ async def _queue_bind(s: AMQPSession, ch: AMQPChannel, m: Any, unbind: bool = Fa
     s.access.require(op, queue, source=source or DEFAULT_EXCHANGE_ALIAS)
     args = _plain(m.arguments or {})
     key = m.routing_key or ""
-    await s.bridge.gateway.bind(ch.core_id, source, queue, key, args, to_exchange=False, unbind=unbind)
+    await _bind(s, ch, source, queue, key, args, to_exchange=False, unbind=unbind)
     if unbind:
         s.reply(ch, commands.Queue.UnbindOk())
         return
@@ -232,9 +245,18 @@ async def _queue_delete(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
 async def _basic_qos(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
     if m.prefetch_size:
         raise AMQPException(NOT_IMPLEMENTED, f"NOT_IMPLEMENTED - prefetch_size!=0 ({m.prefetch_size})")
-    s.bridge.run(lambda core: core.qos(ch.core_id, m.prefetch_count or 0, bool(m.global_)))
+    prefetch, global_ = m.prefetch_count or 0, bool(m.global_)
+
+    def apply(core: Any) -> None:
+        core.qos(ch.core_id, prefetch, global_)
+        if not global_:  # RabbitMQ's rule: a per-consumer qos lifts the channel-wide limit
+            core.qos(ch.core_id, 0, True)
+
+    s.bridge.run(apply)
     if ch.relayed is not None:  # cluster mode: the owners of relayed consumers too
-        await ch.relayed.qos(m.prefetch_count or 0, bool(m.global_))
+        await ch.relayed.qos(prefetch, global_)
+        if not global_:
+            await ch.relayed.qos(0, True)
     s.reply(ch, commands.Basic.QosOk())
 
 

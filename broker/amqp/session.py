@@ -539,10 +539,10 @@ class AMQPSession:
         if mode is not None and mode not in (1, 2):
             del props["delivery_mode"]
         user_id = props.get("user_id")
-        if user_id is not None and self.principal is not None and user_id != self.principal.username:
+        username = "guest" if self.principal is None else self.principal.username  # (no users: guest logged in)
+        if user_id is not None and user_id != username:
             raise PreconditionFailed(
-                f"PRECONDITION_FAILED - user_id property set to '{user_id}' but authenticated user was "
-                f"'{self.principal.username}'"
+                f"PRECONDITION_FAILED - user_id property set to '{user_id}' but authenticated user was '{username}'"
             )
         return check_properties(props)
 

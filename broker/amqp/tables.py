@@ -172,6 +172,8 @@ def encode_table(table: dict[str, Any] | None) -> bytes:
     Raises TableError for a value with no AMQP form."""
     if not table:
         return b"\x00\x00\x00\x00"
+    if "x-death" in table:  # (a dead letter's headers)
+        table = rabbit_death_types(table)
     parts: list[bytes] = []
     _encode_table_items(table, parts, 0)
     body = b"".join(parts)
@@ -266,3 +268,23 @@ def _encode_tagged(name: str, value: Any) -> bytes:
 
 def encode_bytes(raw: bytes) -> bytes:
     return b"x" + _U32.pack(len(raw)) + raw
+
+
+def rabbit_death_types(headers: dict[str, Any]) -> dict[str, Any]:
+    """``x-death`` with RabbitMQ's field types: each entry's ``count`` a long (``l``) and
+    its ``time`` a timestamp (``T``), which clients cast to (Java's ``Long`` and
+    ``Date``); ackbus keeps them as plain numbers (a JSON number would go out as ``I``)."""
+    deaths = headers["x-death"]
+    if not isinstance(deaths, list):
+        return headers
+    typed: list[Any] = []
+    for death in deaths:
+        if isinstance(death, dict) and TAG not in death:
+            death = dict(death)
+            count, when = death.get("count"), death.get("time")
+            if type(count) is int and -(1 << 63) <= count < (1 << 63):
+                death["count"] = {TAG: "int64", "value": count}
+            if type(when) is int and 0 <= when < (1 << 63):
+                death["time"] = {TAG: "timestamp", "value": when}
+        typed.append(death)
+    return {**headers, "x-death": typed}

@@ -81,7 +81,7 @@ QUEUE_ARGUMENTS: dict[str, Callable[[Any], bool]] = {
     "x-delivery-limit": _int_in(0, _INT63),
     "x-expires": _int_in(1, _MAX_MS),
     "x-single-active-consumer": lambda v: isinstance(v, bool),
-    "x-max-priority": _int_in(1, 255),
+    "x-max-priority": _int_in(0, 255),  # 0: one level, a FIFO queue (RabbitMQ accepts it)
     # a single node has one kind of queue (quorum is accepted, a no-op); in a cluster
     # (docs/cluster.md) quorum is a queue replicated on that many nodes
     "x-queue-type": lambda v: v in ("classic", "quorum"),

@@ -276,6 +276,18 @@ class DeadLetters:
         return moved, stopped
 
 
+def _death_count(value: Any) -> int:
+    """An ``x-death`` entry's count as a client may have sent it back: a number, or a
+    tagged AMQP int64 (``{"$amqp": "int64", "value": n}``: Java clients and RabbitMQ
+    send counts as AMQP longs); anything else counts as 1 rather than failing the
+    dead-lettering."""
+    if isinstance(value, dict):
+        value = value.get("value")
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return value
+    return 1
+
+
 def _with_death(message: StoredMessage, queue: str, reason: str, wall: float) -> dict[str, Any]:
     """The dead-lettered copy's properties: the original's, without ``expiration``
     (kept in the history instead, so the copy does not expire again for it), and
@@ -288,7 +300,7 @@ def _with_death(message: StoredMessage, queue: str, reason: str, wall: float) ->
     deaths = [dict(d) for d in headers.get("x-death") or () if isinstance(d, dict)]
     for i, death in enumerate(deaths):
         if death.get("queue") == queue and death.get("reason") == reason:
-            death["count"] = int(death.get("count", 1)) + 1
+            death["count"] = _death_count(death.get("count")) + 1
             death["time"] = now
             deaths.insert(0, deaths.pop(i))
             break

@@ -568,6 +568,8 @@ class Deliveries:
             queue.requeue(entry)
             if entry.expires_at is not None:
                 self._delays.wake_by(queue, entry.expires_at)  # (it may expire before anyone reads)
+            if queue.max_length is not None or queue.max_length_bytes is not None:
+                self._store.drop_over_limit(queue)
             if queue.consumers:
                 self._dispatch_due[queue.name] = queue
             if queue.getters:

@@ -201,6 +201,8 @@ class QueueStore:
         if existing is not None:
             if existing.exclusive_owner is not None and existing.exclusive_owner != owner:
                 raise ResourceLocked(f"queue {name!r} is exclusive to another channel")
+            if not passive and (existing.exclusive_owner is not None) != exclusive:  # (RabbitMQ's 405)
+                raise ResourceLocked(f"queue {name!r} exists with exclusive={not exclusive}")
             if not passive and existing.settings() != (durable, exclusive, auto_delete, arguments):
                 raise PreconditionFailed(
                     f"queue {name!r} exists with other settings (durable={existing.durable}, "
@@ -373,9 +375,8 @@ class QueueStore:
             queue.ready_bytes += len(message.body)
         if schedule:
             self._delays.schedule_queue(queue)
-        if (queue.max_length is not None or queue.max_length_bytes is not None) and queue.overflow == "drop-head":
-            while queue.over_limit():
-                self._drop_head(queue)
+        if queue.max_length is not None or queue.max_length_bytes is not None:
+            self.drop_over_limit(queue)
         if queue.consumers:
             self._dispatch[queue.name] = queue
         if queue.getters:
@@ -386,25 +387,27 @@ class QueueStore:
         queue's share, divided among its lanes."""
         return max(1, self.memory_messages_per_queue // len(queue.lanes))
 
-    def _drop_head(self, queue: Queue) -> None:
-        """Drop the oldest ready message (x-overflow drop-head): dead-letter it
-        (reason ``maxlen``), reading it back first only when there is somewhere to
+    def drop_over_limit(self, queue: Queue) -> None:
+        """x-overflow drop-head: drop the oldest ready messages while the queue is past
+        its length limits, after a publish or a requeue (RabbitMQ's rule); dead-letter
+        each (reason ``maxlen``), reading it back first only when there is somewhere to
         dead-letter it to."""
-        entry = queue.pop()
-        if entry is None and queue.dead_letter_exchange is not None:
-            self._pager.page_in(queue)
+        while queue.overflow == "drop-head" and queue.over_limit():
             entry = queue.pop()
-        if entry is not None:
-            if entry.message.expires_at is not None:
-                queue.expiring.discard(entry.message.seq)
-            self._dead_letter(queue, entry, "maxlen")
-            return
-        lane = queue.next_lane()
-        for seq, _loc in lane.paged.take(1) if lane is not None else ():
-            self._totals.ready -= 1
-            queue.dead_lettered["maxlen"] = queue.dead_lettered.get("maxlen", 0) + 1
-            queue.paged_counts.pop(seq, None)
-            self._log.settle_seqs(queue.qid, [seq])
+            if entry is None and queue.dead_letter_exchange is not None:
+                self._pager.page_in(queue)
+                entry = queue.pop()
+            if entry is not None:
+                if entry.message.expires_at is not None:
+                    queue.expiring.discard(entry.message.seq)
+                self._dead_letter(queue, entry, "maxlen")
+                continue
+            lane = queue.next_lane()
+            for seq, _loc in lane.paged.take(1) if lane is not None else ():
+                self._totals.ready -= 1
+                queue.dead_lettered["maxlen"] = queue.dead_lettered.get("maxlen", 0) + 1
+                queue.paged_counts.pop(seq, None)
+                self._log.settle_seqs(queue.qid, [seq])
 
     def page_out(self) -> None:
         """Records are durable up to the log's ``durable_lsn``: move the messages at the front of each due queue's tails whose records are

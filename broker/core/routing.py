@@ -11,10 +11,12 @@ Rules (AMQP 0-9-1 §3.1.3 and RabbitMQ's documented semantics):
 * fanout: every binding matches; keys are ignored.
 * topic: keys are dot-separated words; ``*`` matches exactly one word, ``#`` matches
   zero or more words. Words may be empty (``a..b`` has three words, the middle one
-  empty), and ``""`` is a single empty word.
+  empty), and ``""`` has no words (RabbitMQ's rule: ``#`` matches it, ``*`` does not).
 * headers: ``x-match`` = ``all`` (default) or ``any``; arguments whose name starts with
   ``x-`` are ignored unless ``x-match`` is ``all-with-x`` / ``any-with-x``. A binding
-  argument with value None matches when the header is merely present.
+  argument with value None matches when the header is merely present; other values
+  compare as RabbitMQ compares them (numbers whatever their AMQP width, text and bytes
+  alike, booleans apart).
 * x-consistent-hash (RabbitMQ's plugin): each binding's key is a weight (an integer
   1..100); the routing key (or, with the exchange argument ``hash-header``, that
   header) is hashed onto a ring where each binding holds points in proportion to its
@@ -25,6 +27,7 @@ Rules (AMQP 0-9-1 §3.1.3 and RabbitMQ's documented semantics):
 
 from __future__ import annotations
 
+import base64
 import hashlib
 from bisect import bisect_left
 from typing import Any, Iterable
@@ -142,6 +145,12 @@ class _TrieNode:
         self.dests: dict[Dest, int] = {}
 
 
+def topic_words(key: str) -> list[str]:
+    """The words of a topic routing key or binding key. The empty key has none (so `*`
+    does not match it and `#` does, as in RabbitMQ); `"."` has two empty words."""
+    return key.split(".") if key else []
+
+
 class TopicTable(RoutingTable):
     """Topic bindings in a trie of words, so matching cost follows the key, not the binding count."""
 
@@ -151,13 +160,13 @@ class TopicTable(RoutingTable):
 
     def _added(self, dest: Dest, key: str, arguments: dict[str, Any]) -> None:
         node = self._root
-        for word in key.split("."):
+        for word in topic_words(key):
             node = node.children.setdefault(word, _TrieNode())
         node.dests[dest] = node.dests.get(dest, 0) + 1
 
     def _removed(self, dest: Dest, key: str, arguments: dict[str, Any]) -> None:
         path = [self._root]
-        words = key.split(".")
+        words = topic_words(key)
         for word in words:
             path.append(path[-1].children[word])
         leaf = path[-1]
@@ -173,7 +182,7 @@ class TopicTable(RoutingTable):
 
     def match(self, routing_key: str, headers: dict[str, Any] | None) -> Iterable[Dest]:
         found: set[Dest] = set()
-        words = routing_key.split(".")
+        words = topic_words(routing_key)
         n = len(words)
         # Iterative walk; (node, index) pairs already visited are skipped so that
         # patterns with several '#' cannot explode.
@@ -207,8 +216,8 @@ class TopicTable(RoutingTable):
 
 def topic_matches(pattern: str, routing_key: str) -> bool:
     """Whether a topic binding ``pattern`` matches ``routing_key`` (reference implementation)."""
-    pwords = pattern.split(".")
-    kwords = routing_key.split(".")
+    pwords = topic_words(pattern)
+    kwords = topic_words(routing_key)
     memo: dict[tuple[int, int], bool] = {}
 
     def go(p: int, k: int) -> bool:
@@ -233,6 +242,40 @@ def topic_matches(pattern: str, routing_key: str) -> bool:
 X_MATCH_MODES = ("all", "any", "all-with-x", "any-with-x")
 
 
+#: Tagged header values (docs/amqp.md: the AMQP types JSON has no form for) that are
+#: numbers, and those that are bytes (base64).
+_NUMBER_TAGS = frozenset({"int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "timestamp", "float"})
+_BYTES_TAGS = frozenset({"bytes", "longstr"})
+
+
+def _comparable(value: Any) -> tuple[str, Any]:
+    """A header value as RabbitMQ compares it in a headers binding: by value whatever
+    its AMQP width (a long 1 equals an int 1), a text equal to the same bytes, a
+    boolean never equal to a number."""
+    if value is True or value is False:
+        return "bool", value
+    if isinstance(value, (int, float)):
+        return "number", value
+    if isinstance(value, str):
+        return "bytes", value.encode("utf-8", "surrogatepass")
+    if isinstance(value, dict) and len(value) == 2 and "value" in value:
+        tag = value.get("$amqp")
+        if tag in _NUMBER_TAGS:
+            return "number", value["value"]
+        if tag in _BYTES_TAGS:
+            try:
+                return "bytes", base64.b64decode(str(value["value"]), validate=True)
+            except ValueError:
+                pass
+    return "other", value
+
+
+def _same_header_value(want: Any, got: Any) -> bool:
+    if type(want) is str and type(got) is str:  # (the common case)
+        return want == got
+    return _comparable(want) == _comparable(got)
+
+
 def headers_match(arguments: dict[str, Any], headers: dict[str, Any] | None) -> bool:
     """Whether message ``headers`` satisfy a headers-exchange binding's ``arguments``."""
     mode = arguments.get("x-match", "all")
@@ -245,7 +288,7 @@ def headers_match(arguments: dict[str, Any], headers: dict[str, Any] | None) -> 
         if name == "x-match" or (name.startswith("x-") and not with_x):
             continue
         checked += 1
-        if name in headers and (value is None or headers[name] == value):
+        if name in headers and (value is None or _same_header_value(value, headers[name])):
             any_matched = True
             if not want_all:
                 return True

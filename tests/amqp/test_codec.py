@@ -205,3 +205,18 @@ def test_deliveries_are_the_frames_pamqp_makes(size: int) -> None:
         for start in range(0, size, 4088):
             expected += pframe.marshal(pbody.ContentBody(body[start : start + 4088]), 5)
         assert ours == expected
+
+
+def test_x_death_goes_out_with_rabbitmq_field_types() -> None:
+    """ackbus keeps an x-death count and time as plain numbers; over AMQP they are a
+    long and a timestamp, as RabbitMQ sends them (Java clients cast them to Long and
+    Date). Other headers and the stored properties are untouched."""
+    death = {"queue": "q", "reason": "expired", "count": 2, "time": 1700000000, "routing-keys": ["q"]}
+    props = {"headers": {"x-death": [death], "n": 2}}
+    raw = encode_properties(props)
+    parsed, _end = decode_table(raw, 2)  # (after the property flags)
+    (entry,) = parsed["x-death"]
+    assert entry["count"] == {"$amqp": "int64", "value": 2}
+    assert entry["time"] == {"$amqp": "timestamp", "value": 1700000000}
+    assert parsed["n"] == 2 and entry["routing-keys"] == ["q"]
+    assert props["headers"]["x-death"][0]["count"] == 2  # (the message's own copy stays)

@@ -128,6 +128,20 @@ async def test_publish_to_missing_exchange_closes_the_channel_only(app) -> None:
         await c.open_channel(1)  # the number is free again after close-ok
 
 
+async def test_user_id_of_another_user_is_406_also_for_guest(app) -> None:
+    """Without users the connection is guest's: a user_id other than "guest" is refused
+    as RabbitMQ refuses it; "guest" itself is accepted."""
+    async with open_amqp(app) as c:
+        await c.open_channel(1)
+        ok = await c.declare(1, "")
+        await c.publish(1, "", ok.queue, b"mine", properties=Basic.Properties(user_id="guest"))
+        await c.publish(1, "", ok.queue, b"theirs", properties=Basic.Properties(user_id="someone"))
+        code, text = await c.closed_with(1)
+        assert code == 406
+        assert text == "PRECONDITION_FAILED - user_id property set to 'someone' but authenticated user was 'guest'"
+        assert app.runtime.core.queues[ok.queue].ready_count() == 1
+
+
 async def test_declare_errors_have_rabbitmq_codes(app) -> None:
     async with open_amqp(app) as c:
         await c.open_channel(1)
@@ -241,6 +255,27 @@ async def test_qos_prefetch_holds_the_second_delivery_until_the_ack(app) -> None
         assert body == b"2" and second.delivery_tag == 2
 
 
+async def test_a_per_consumer_qos_lifts_the_channel_wide_one(app) -> None:
+    """RabbitMQ's rule: basic.qos without global after one with it removes the
+    channel-wide limit; the per-consumer one applies to consumers made after it."""
+    async with open_amqp(app) as c:
+        await c.open_channel(1)
+        await c.declare(1, "lift")
+        for body in (b"1", b"2", b"3"):
+            await c.publish(1, "", "lift", body)
+        await c.send(1, Basic.Qos(prefetch_count=1, global_=True))
+        await c.expect(Basic.QosOk, 1)
+        await c.send(1, Basic.Qos(prefetch_count=2))
+        await c.expect(Basic.QosOk, 1)
+        await c.send(1, Basic.Consume(queue="lift", consumer_tag="c"))
+        await c.expect(Basic.ConsumeOk, 1)
+        assert [(await c.message())[2] for _ in range(2)] == [b"1", b"2"]
+        # a barrier: a third delivery would arrive before the qos-ok
+        await c.send(1, Basic.Qos(prefetch_count=2))
+        await c.expect(Basic.QosOk, 1)
+        assert app.runtime.core.queues["lift"].ready_count() == 1
+
+
 async def test_tx_commit_and_rollback(app) -> None:
     async with open_amqp(app) as c:
         await c.open_channel(1)
@@ -314,6 +349,22 @@ async def test_exchange_to_exchange_binding_and_headers_routing(app) -> None:
         await c.expect(Basic.GetEmpty, 1)
         await c.send(1, commands.Queue.Unbind(queue="hq", exchange="hdr", arguments={"x-match": "all", "k": "v"}))
         await c.expect(commands.Queue.UnbindOk, 1)
+
+
+async def test_unbind_of_what_is_not_there_is_ok_as_in_rabbitmq(app) -> None:
+    async with open_amqp(app) as c:
+        await c.open_channel(1)
+        await c.declare(1, "ub")
+        for method in (commands.Queue.Unbind(queue="ub", exchange="amq.direct", routing_key="never"),
+                       commands.Queue.Unbind(queue="missing", exchange="amq.direct", routing_key="k"),
+                       commands.Queue.Unbind(queue="ub", exchange="missing", routing_key="k")):
+            await c.send(1, method)
+            await c.expect(commands.Queue.UnbindOk, 1)
+        await c.send(1, commands.Exchange.Unbind(destination="amq.fanout", source="missing", routing_key="k"))
+        await c.expect(commands.Exchange.UnbindOk, 1)
+        await c.send(1, commands.Queue.Bind(queue="ub", exchange="missing", routing_key="k"))
+        code, _text = await c.closed_with(1)
+        assert code == 404  # a bind is still refused
 
 
 async def test_channel_close_requeues_unacked(app) -> None:

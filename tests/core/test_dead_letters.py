@@ -343,6 +343,26 @@ def test_maxlen_drop_head_dead_letters_the_oldest() -> None:
     assert {hd["x-death"][0]["reason"] for hd in headers_of(h, "dead")} == {"maxlen"}
 
 
+@pytest.mark.parametrize("limit", [{"x-max-length": 2}, {"x-max-length-bytes": 4}])
+def test_a_requeue_past_the_length_limit_drops_from_the_head(limit: dict[str, int]) -> None:
+    """RabbitMQ applies drop-head after a requeue too: unacked messages take no room,
+    but once back they count, and the oldest (the requeued ones) go."""
+    h = Harness()
+    with_dlq(h, "work", **limit)
+    ch = consuming(h, "work", b"m0", b"m1")
+    tags = [d.delivery_tag for d in h.delivers(h.step(), ch)]
+    h.b.cancel(ch, next(iter(h.b.deliveries.channels[ch].consumers)))
+    for body in (b"m2", b"m3"):
+        h.publish(0, "", "work", body)
+    h.sync()
+    assert [e.message.body for e in ready_entries(h.b, "work")] == [b"m2", b"m3"]
+    h.b.nack(ch, tags[-1], True, True)
+    h.sync()
+    assert [e.message.body for e in ready_entries(h.b, "work")] == [b"m2", b"m3"]
+    assert [e.message.body for e in ready_entries(h.b, "dead")] == [b"m0", b"m1"]
+    assert {hd["x-death"][0]["reason"] for hd in headers_of(h, "dead")} == {"maxlen"}
+
+
 def test_reject_publish_dlx_nacks_and_dead_letters() -> None:
     h = Harness()
     with_dlq(h, "work", **{"x-max-length": 1, "x-overflow": "reject-publish-dlx"})
@@ -377,6 +397,25 @@ def test_a_cycle_with_a_rejection_is_allowed_retry_queue_pattern() -> None:
     assert [x.message.body for x in d] == [b"m"]
     deaths = d[0].message.properties["headers"]["x-death"]
     assert [(x["queue"], x["reason"]) for x in deaths] == [("retry", "expired"), ("work", "rejected")]
+
+
+@pytest.mark.parametrize("count", [{"$amqp": "int64", "value": 3}, 3, "three", None, {"odd": 1}, True, -2])
+def test_a_client_sent_x_death_count_of_any_shape_is_counted_not_a_crash(count: Any) -> None:
+    """A consumer that republishes a dead letter sends its x-death back; an AMQP long
+    (RabbitMQ's and Java's type for the count) arrives as a tagged int64. Dead-lettering
+    it again counts on from it (or from 1 when it is no count at all)."""
+    h = Harness()
+    with_dlq(h)
+    death = {"queue": "work", "reason": "rejected", "count": count, "exchange": "", "routing-keys": ["work"]}
+    h.publish(0, "", "work", b"m", {"headers": {"x-death": [death]}})
+    h.sync()
+    ch = h.channel()
+    h.b.consume(ch, "work")
+    h.b.reject(ch, deliver_one(h, ch).delivery_tag, requeue=False)
+    h.sync()
+    (headers,) = headers_of(h, "dead")
+    assert headers["x-death"][0]["count"] == (4 if count in (3, {"$amqp": "int64", "value": 3}) else 2)
+    assert h.b.queues["work"].ready_count() == 0
 
 
 def test_missing_dead_letter_exchange_drops_and_reports() -> None:

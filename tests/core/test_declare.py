@@ -209,9 +209,14 @@ def test_queue_redeclare_equal_and_different() -> None:
         with pytest.raises(PreconditionFailed):
             h.b.declare_queue("q", **{"arguments": {"x-max-length": 5}, **change})
     ch = h.channel()
-    with pytest.raises(PreconditionFailed):
+    # other exclusivity is RESOURCE_LOCKED, as RabbitMQ answers it (405), both ways
+    with pytest.raises(ResourceLocked):
         h.b.declare_queue("q", exclusive=True, arguments={"x-max-length": 5}, channel_id=ch)
     assert h.b.queues["q"] is q and q.exclusive_owner is None
+    h.b.declare_queue("mine", exclusive=True, channel_id=ch)
+    with pytest.raises(ResourceLocked):
+        h.b.declare_queue("mine", channel_id=ch)
+    assert h.b.queues["mine"].exclusive_owner is not None
 
 
 def test_queue_passive() -> None:

@@ -92,7 +92,15 @@ def test_get_and_queue_info_follow_priorities() -> None:
     assert [d.entry.message.body for _lid, d, _r in got] == [b"b", b"d", b"a"]
 
 
-@pytest.mark.parametrize("value", [0, 256, -1, "5", True, 2.5, None])
+def test_x_max_priority_0_is_one_level_first_in_first_out() -> None:
+    """RabbitMQ accepts 0: a priority queue of one level, every message at 0."""
+    h = Harness()
+    h.queue("q", arguments={"x-max-priority": 0})
+    publish_all(h, "q", [(b"a0", None), (b"b3", 3), (b"c0", 0), (b"d9", 9)])
+    assert drain(h, "q") == [b"a0", b"b3", b"c0", b"d9"]
+
+
+@pytest.mark.parametrize("value", [256, -1, "5", True, 2.5, None])
 def test_x_max_priority_out_of_range_is_refused(value: object) -> None:
     h = Harness()
     with pytest.raises(InvalidArgument, match="x-max-priority"):

@@ -34,7 +34,7 @@ def oracle_topic(pattern: str, key: str) -> bool:
             return False
         return (head == "*" or head == k[0]) and go(rest, k[1:])
 
-    return go(pattern.split("."), key.split("."))
+    return go(pattern.split(".") if pattern else [], key.split(".") if key else [])
 
 
 TOPIC_CASES = [
@@ -63,7 +63,7 @@ TOPIC_CASES = [
     ("a.*.#", "a.b.c.d", True),
     ("a.*.#", "b.b", False),
     ("*", "a", True),
-    ("*", "", True),  # "" is one empty word
+    ("*", "", False),  # "" has no words (RabbitMQ's rule)
     ("*", "a.b", False),
     ("*", ".", False),  # two empty words
     ("*.*", "a.b", True),
@@ -79,9 +79,13 @@ TOPIC_CASES = [
     ("", "", True),
     ("", "a", False),
     ("a", "", False),
-    ("#.*", "", True),
+    ("#.*", "", False),
     ("#.*", "a.b", True),
-    ("*.#", "", True),
+    ("*.#", "", False),
+    (".", "", False),
+    (".", ".", True),
+    ("#.", "", False),
+    ("#.", "a.", True),
     ("*.#.*", "a", False),
     ("*.#.*", "a.b", True),
     ("a.b.c", "a.b.c", True),
@@ -189,6 +193,17 @@ HEADERS_CASES: list[tuple[dict[str, Any], dict[str, Any] | None, bool]] = [
     # values compare as values
     ({"a": "1"}, {"a": 1}, False),
     ({"a": [1, 2]}, {"a": [1, 2]}, True),
+    # ... as RabbitMQ compares them: whatever the AMQP width of a number, text and bytes
+    # alike, a boolean never a number
+    ({"a": 1}, {"a": {"$amqp": "int64", "value": 1}}, True),
+    ({"a": 1}, {"a": {"$amqp": "uint8", "value": 1}}, True),
+    ({"a": 1}, {"a": True}, False),
+    ({"a": True}, {"a": 1}, False),
+    ({"a": True}, {"a": True}, True),
+    ({"a": "1"}, {"a": {"$amqp": "bytes", "value": "MQ=="}}, True),
+    ({"a": "1"}, {"a": {"$amqp": "bytes", "value": "Mg=="}}, False),
+    ({"a": 1}, {"a": {"$amqp": "decimal", "value": "1"}}, False),
+    ({"a": {"b": 1}}, {"a": {"b": 1}}, True),
 ]
 
 

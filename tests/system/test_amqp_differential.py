@@ -7,53 +7,21 @@ installed; RabbitMQ is started by PID as the bench does (bench/servers.py)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support.broker import BrokerProcess, free_port
+from tests.support.broker import BrokerProcess
+from tests.system.amqp_diff_support import Log, RabbitServer, ackbus, compare, rabbit  # noqa: F401 (module fixtures)
+from tests.system.amqp_diff_support import collect as _collect
+from tests.system.amqp_diff_support import connect as _connect
+from tests.system.amqp_diff_support import get_all as _get_all
+from tests.system.amqp_diff_support import refused as _refused
 
 pika = pytest.importorskip("pika")
-from bench.servers import RabbitServer, rabbitmq_installed  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
-
-Log = list[Any]
-
-
-def _connect(port: int) -> Any:
-    return pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port, heartbeat=0, connection_attempts=3,
-                                                             retry_delay=0.5))
-
-
-def _refused(log: Log, conn: Any, what: str, op: Callable[[Any], Any]) -> Any:
-    """Run ``op`` on a fresh channel; log the reply code it was refused with (or "ok")."""
-    ch = conn.channel()
-    try:
-        op(ch)
-        # an asynchronous refusal (an ack of an unknown tag) arrives by the next round trip
-        ch.basic_qos(prefetch_count=0)
-        log.append((what, "ok"))
-    except pika.exceptions.ChannelClosedByBroker as exc:
-        log.append((what, exc.reply_code))
-        return None
-    except pika.exceptions.ConnectionClosedByBroker as exc:
-        log.append((what, "connection", exc.reply_code))
-        return "reconnect"
-    if ch.is_open:
-        ch.close()
-    return None
-
-
-def _get_all(ch: Any, queue: str) -> list[tuple[bytes, bool]]:
-    out = []
-    while True:
-        method, _props, body = ch.basic_get(queue, auto_ack=True)
-        if method is None:
-            return out
-        out.append((body, method.redelivered))
 
 
 def script(port: int) -> Log:
@@ -220,13 +188,6 @@ def script(port: int) -> Log:
     return log
 
 
-def _collect(conn: Any, got: list[Any], n: int, timeout_s: float = 10) -> None:
-    """Let pika deliver until ``got`` holds ``n`` items (or the deadline passes)."""
-    deadline = time.monotonic() + timeout_s
-    while len(got) < n and time.monotonic() < deadline:
-        conn.process_data_events(time_limit=0.05)
-
-
 def script_gets_exclusive_priorities(port: int) -> Log:
     """basic.get (get-empty, message-count, exchange and routing key, redelivered),
     exclusive queues per connection, consumer priorities."""
@@ -313,39 +274,13 @@ def script_gets_exclusive_priorities(port: int) -> Log:
     return log
 
 
-@pytest.fixture(scope="module")
-def rabbit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RabbitServer]:
-    if not rabbitmq_installed():
-        pytest.skip("rabbitmq-server is not installed (Debian: apt-get install rabbitmq-server)")
-    server = RabbitServer(tmp_path_factory.mktemp("rabbit"))
-    try:
-        server.start(120)
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture(scope="module")
-def ackbus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    port = free_port()
-    proc = BrokerProcess(tmp_path_factory.mktemp("ackbus") / "data", env={"ACKBUS_AMQP_PORT": str(port)})
-    proc.amqp_port = port  # type: ignore[attr-defined]
-    proc.start()
-    try:
-        yield proc
-    finally:
-        proc.stop()
-
-
 def test_the_same_script_observes_the_same_results(rabbit: RabbitServer, ackbus: BrokerProcess, tmp_path: Path) -> None:
     theirs = script(rabbit.port)
     ours = script(ackbus.amqp_port)  # type: ignore[attr-defined]
-    differences = [(a, b) for a, b in zip(theirs, ours) if a != b]
-    assert not differences and len(theirs) == len(ours), "\n".join(f"rabbitmq: {a}\nackbus:   {b}" for a, b in differences)
+    compare(theirs, ours)
 
 
 def test_gets_exclusive_queues_and_consumer_priorities_match(rabbit: RabbitServer, ackbus: BrokerProcess) -> None:
     theirs = script_gets_exclusive_priorities(rabbit.port)
     ours = script_gets_exclusive_priorities(ackbus.amqp_port)  # type: ignore[attr-defined]
-    differences = [(a, b) for a, b in zip(theirs, ours) if a != b]
-    assert not differences and len(theirs) == len(ours), "\n".join(f"rabbitmq: {a}\nackbus:   {b}" for a, b in differences)
+    compare(theirs, ours)

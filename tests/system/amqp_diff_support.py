@@ -1,0 +1,96 @@
+"""Shared pieces of the differential AMQP tests (test_amqp_differential*.py): the module
+fixtures that start one private RabbitMQ and one ackbus broker, pika helpers that turn
+what a script observes into log lines, and the comparison of two logs."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from tests.support.broker import BrokerProcess, free_port
+
+pika = pytest.importorskip("pika")
+from bench.servers import RabbitServer, rabbitmq_installed  # noqa: E402
+
+Log = list[Any]
+
+
+def connect(port: int) -> Any:
+    return pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port, heartbeat=0, connection_attempts=3,
+                                                             retry_delay=0.5))
+
+
+def refused(log: Log, conn: Any, what: str, op: Callable[[Any], Any]) -> Any:
+    """Run ``op`` on a fresh channel; log the reply code it was refused with (or "ok")."""
+    ch = conn.channel()
+    try:
+        op(ch)
+        # an asynchronous refusal (an ack of an unknown tag) arrives by the next round trip
+        ch.basic_qos(prefetch_count=0)
+        log.append((what, "ok"))
+    except pika.exceptions.ChannelClosedByBroker as exc:
+        log.append((what, exc.reply_code))
+        return None
+    except pika.exceptions.ConnectionClosedByBroker as exc:
+        log.append((what, "connection", exc.reply_code))
+        return "reconnect"
+    if ch.is_open:
+        ch.close()
+    return None
+
+
+def get_all(ch: Any, queue: str) -> list[tuple[bytes, bool]]:
+    """Take every ready message of ``queue`` (auto-ack): (body, redelivered) in order."""
+    out = []
+    while True:
+        method, _props, body = ch.basic_get(queue, auto_ack=True)
+        if method is None:
+            return out
+        out.append((body, method.redelivered))
+
+
+def collect(conn: Any, got: list[Any], n: int, timeout_s: float = 10) -> None:
+    """Let pika deliver until ``got`` holds ``n`` items (or the deadline passes)."""
+    deadline = time.monotonic() + timeout_s
+    while len(got) < n and time.monotonic() < deadline:
+        conn.process_data_events(time_limit=0.05)
+
+
+def compare(theirs: Log, ours: Log) -> None:
+    """Fail naming every line where ackbus's log differs from RabbitMQ's."""
+    differences = [(a, b) for a, b in zip(theirs, ours) if a != b]
+    if len(theirs) != len(ours):
+        longer = theirs if len(theirs) > len(ours) else ours
+        side = "rabbitmq" if longer is theirs else "ackbus"
+        differences.append((f"{side} logged {len(longer) - min(len(theirs), len(ours))} more lines",
+                            longer[min(len(theirs), len(ours)):]))
+    assert not differences, "\n".join(f"rabbitmq: {a}\nackbus:   {b}" for a, b in differences)
+
+
+@pytest.fixture(scope="module")
+def rabbit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RabbitServer]:
+    """A private RabbitMQ node for one test module (skipped where it is not installed)."""
+    if not rabbitmq_installed():
+        pytest.skip("rabbitmq-server is not installed (Debian: apt-get install rabbitmq-server)")
+    server = RabbitServer(tmp_path_factory.mktemp("rabbit"))
+    try:
+        server.start(120)
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def ackbus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    """An ackbus broker subprocess with its AMQP port (``amqp_port``) for one test module."""
+    port = free_port()
+    proc = BrokerProcess(tmp_path_factory.mktemp("ackbus") / "data", env={"ACKBUS_AMQP_PORT": str(port)})
+    proc.amqp_port = port  # type: ignore[attr-defined]
+    proc.start()
+    try:
+        yield proc
+    finally:
+        proc.stop()
