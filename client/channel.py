@@ -334,7 +334,7 @@ class Channel:
         ``dead_letter_exchange`` (``x-dead-letter-exchange``; ``""`` is the default
         exchange), ``dead_letter_routing_key``, ``delivery_limit``, ``message_ttl_s``
         and ``expires_s`` (``x-message-ttl`` and ``x-expires``, in seconds here), and
-        ``max_priority`` (``x-max-priority``: a priority queue, 1..255).
+        ``max_priority`` (``x-max-priority``: a priority queue, 0..255; 0 is one level, first in first out).
 
         Raises:
             ChannelClosedByBroker: the broker refused.

@@ -155,16 +155,8 @@ class QueueStore:
     # ------------------------------------------------------------- queues
 
     def declare_queue(
-        self,
-        name: object,
-        *,
-        durable: bool = True,
-        exclusive: bool = False,
-        auto_delete: bool = False,
-        arguments: object = None,
-        passive: bool = False,
-        channel_id: int = REST_CHANNEL,
-        reserved_ok: bool = False,
+        self, name: object, *, durable: bool = True, exclusive: bool = False, auto_delete: bool = False,
+        arguments: object = None, passive: bool = False, channel_id: int = REST_CHANNEL, reserved_ok: bool = False,
     ) -> tuple[Queue, bool]:
         """Declare a queue; return it and whether it was created.
 
