@@ -43,16 +43,19 @@ SLOW_FOLDERS = ("ui",)  # a real browser against a broker subprocess
 #: the xdist workers take tests in collection order, and a 90 s test started last
 #: leaves one worker running it alone while the other has finished.
 LONG_MODULES = (
-    "tests/bench/test_bench_cluster_quorum.py",  # ~95 s: a 3-node cluster and a 3-node RabbitMQ
+    "tests/bench/test_bench_cluster_quorum.py",  # ~95 s: a 3-node cluster, 3 failovers, a 3-node RabbitMQ
     "tests/chaos/test_chaos.py",  # ~85 s: one minute of faults
-    "tests/client/test_client_system.py",  # a real broker per test, restarts, the CLI
-    "tests/system/test_paging.py",  # ~35 s: kill -9 with a paged backlog
+    "tests/client/test_client_system.py",  # a real broker per test, restarts, the CLI (up to ~20 s)
     "tests/bench/test_bench_smoke.py",  # ~20 s: the benchmark's quick run
-    "tests/system/test_crash_recovery.py",  # ~25 s: a publish storm under kill -9
-    "tests/system/test_security.py",
+    "tests/bench/test_bench_growth.py",  # ~15 s
+    "tests/system/test_coordination_crash.py",  # ~15 s each: a schedule ticking across kill -9
+    "tests/system/test_celery_amqp.py",  # ~15 s: a Celery worker across a broker kill
+    "tests/system/test_celery_docs.py",  # ~12 s
+    "tests/cluster/test_replication.py",  # 10-15 s each: leases lapsing, failovers
+    "tests/system/test_crash_recovery.py",  # ~12 s: a publish storm under kill -9
+    "tests/system/test_paging.py",
     "tests/system/test_full_disk.py",
-    "tests/system/test_coordination_crash.py",
-    "tests/bench/test_bench_growth.py",
+    "tests/system/test_security.py",
 )
 
 
