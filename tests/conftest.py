@@ -41,8 +41,11 @@ SLOW_FOLDERS = ("ui",)  # a real browser against a broker subprocess
 #: The modules holding the suite's longest tests, longest first (seconds of one test
 #: on the 2-core machine; ``scripts/test --durations=80`` finds them). They run first:
 #: the xdist workers take tests in collection order, and a 90 s test started last
-#: leaves one worker running it alone while the other has finished.
+#: leaves one worker running it alone while the other has finished. Being first also
+#: keeps a module on one worker (work stealing takes from the end of a worker's
+#: list), so that its module-scoped server is started once.
 LONG_MODULES = (
+    "tests/system/test_amqp_differential.py",  # a module-scoped RabbitMQ (~9 s to start)
     "tests/bench/test_bench_cluster_quorum.py",  # ~95 s: a 3-node cluster, 3 failovers, a 3-node RabbitMQ
     "tests/chaos/test_chaos.py",  # ~85 s: one minute of faults
     "tests/client/test_client_system.py",  # a real broker per test, restarts, the CLI (up to ~20 s)
