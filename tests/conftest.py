@@ -38,6 +38,29 @@ from tests.support.seeds import test_seed
 #: Folders whose every test is ``slow`` (left out by ``scripts/test --fast``).
 SLOW_FOLDERS = ("ui",)  # a real browser against a broker subprocess
 
+#: The modules holding the suite's longest tests, longest first (seconds of one test
+#: on the 2-core machine; ``scripts/test --durations=80`` finds them). They run first:
+#: the xdist workers take tests in collection order, and a 90 s test started last
+#: leaves one worker running it alone while the other has finished. Being first also
+#: keeps a module on one worker (work stealing takes from the end of a worker's
+#: list), so that its module-scoped server is started once.
+LONG_MODULES = (
+    "tests/system/test_amqp_differential.py",  # a module-scoped RabbitMQ (~9 s to start)
+    "tests/bench/test_bench_cluster_quorum.py",  # ~95 s: a 3-node cluster, 3 failovers, a 3-node RabbitMQ
+    "tests/chaos/test_chaos.py",  # ~85 s: one minute of faults
+    "tests/client/test_client_system.py",  # a real broker per test, restarts, the CLI (up to ~20 s)
+    "tests/bench/test_bench_smoke.py",  # ~20 s: the benchmark's quick run
+    "tests/bench/test_bench_growth.py",  # ~15 s
+    "tests/system/test_coordination_crash.py",  # ~15 s each: a schedule ticking across kill -9
+    "tests/system/test_celery_amqp.py",  # ~15 s: a Celery worker across a broker kill
+    "tests/system/test_celery_docs.py",  # ~12 s
+    "tests/cluster/test_replication.py",  # 10-15 s each: leases lapsing, failovers
+    "tests/system/test_crash_recovery.py",  # ~12 s: a publish storm under kill -9
+    "tests/system/test_paging.py",
+    "tests/system/test_full_disk.py",
+    "tests/system/test_security.py",
+)
+
 
 def _mark_slow_by_rule(item: pytest.Item) -> None:
     """``slow`` for the tests of :data:`SLOW_FOLDERS`, and for the asyncio runs of the
@@ -56,10 +79,25 @@ def _mark_slow_by_rule(item: pytest.Item) -> None:
         item.add_marker(pytest.mark.slow)
 
 
+def _long_modules_first(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Reorder ``items`` in place: the tests of :data:`LONG_MODULES` first, in that
+    order; every module keeps its tests together and in their order, the rest keep
+    theirs (a stable sort)."""
+    rank = {module: i for i, module in enumerate(LONG_MODULES)}
+    last = len(LONG_MODULES)
+
+    def key(item: pytest.Item) -> int:
+        return rank.get(item.path.relative_to(config.rootpath).as_posix(), last)
+
+    items.sort(key=key)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """pytest-trio's trio mode, except for the tests marked ``anyio`` (the client's,
     run under trio and asyncio by anyio's plugin): every other async test runs under
-    trio. Marks ``slow`` by rule (:func:`_mark_slow_by_rule`)."""
+    trio. Marks ``slow`` by rule (:func:`_mark_slow_by_rule`). Puts the modules of
+    :data:`LONG_MODULES` first (:func:`_long_modules_first`)."""
+    _long_modules_first(config, items)
     for item in items:
         _mark_slow_by_rule(item)
         if not isinstance(item, pytest.Function) or item.get_closest_marker("anyio") is not None:

@@ -27,7 +27,10 @@ POLICY = ReconnectPolicy(initial_delay_s=0.05, max_delay_s=0.5, give_up_after_s=
 
 @pytest.fixture
 async def broker(tmp_path: Path) -> AsyncIterator[BrokerProcess]:
-    proc = BrokerProcess(tmp_path / "data")
+    # A SIGTERM (``_restart(..., "terminate")``) lands while the test, awaiting it, holds
+    # a prefetch of deliveries unacked: the broker waits out its whole shutdown timeout
+    # for them (10 s by default; the same graceful path in 2 s)
+    proc = BrokerProcess(tmp_path / "data", args=("--shutdown-timeout-s", "2"))
     await anyio.to_thread.run_sync(proc.start)
     try:
         yield proc

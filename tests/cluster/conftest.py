@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.broker import BrokerProcess, free_port
+from tests.support.broker import BrokerProcess, free_port, stop_all
 from tests.support.etcd import EtcdProcess, require_etcd
 
 #: A short lease, so that a lapse is seen within a test's patience.
@@ -91,5 +91,4 @@ def nodes(tmp_path: Path, etcd: EtcdProcess) -> Iterator[Callable[[str], BrokerP
     try:
         yield start
     finally:
-        for proc in started:
-            proc.stop()
+        stop_all(started)

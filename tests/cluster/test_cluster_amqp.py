@@ -19,7 +19,7 @@ from pamqp import commands
 
 from tests.amqp.rawclient import RawAMQP
 from tests.cluster.conftest import TTL_S, cluster_nodes, node_process, wait_for
-from tests.support.broker import BrokerProcess, free_port
+from tests.support.broker import BrokerProcess, free_port, stop_all
 from tests.support.etcd import EtcdProcess
 
 pika = pytest.importorskip("pika")
@@ -56,8 +56,7 @@ def amqp_nodes(tmp_path: Path, etcd: EtcdProcess, extra: tuple[str, ...] = ()) -
         wait_for("both alive", lambda: sum(n["alive"] for n in cluster_nodes(started[0]).values()) == 2)
         yield out[0], out[1]
     finally:
-        for proc in started:
-            proc.stop()
+        stop_all(started)
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.cluster.conftest import cluster_nodes, node_process, wait_for
-from tests.support.broker import BrokerProcess
+from tests.support.broker import BrokerProcess, stop_all
 from tests.support.etcd import EtcdProcess
 
 pytestmark = pytest.mark.slow
@@ -38,8 +38,7 @@ def secured(tmp_path: Path, etcd: EtcdProcess) -> Iterator[list[BrokerProcess]]:
             p.start()
         yield procs
     finally:
-        for p in procs:
-            p.stop()
+        stop_all(procs)
 
 
 def test_permissions_and_the_cluster_secret(secured: list[BrokerProcess]) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.broker import BrokerProcess, free_port
+from tests.support.broker import BrokerProcess, free_port, stop_all
 from tests.support.etcd import EtcdProcess
 
 trustme = pytest.importorskip("trustme")
@@ -69,8 +69,7 @@ def tls_nodes(tmp_path: Path, etcd: EtcdProcess) -> Iterator[tuple[list[BrokerPr
             _wait(f"{p.port} up", lambda p=p: _https(p.port, ca_path, "GET", "/healthz")[0] == 200)
         yield procs, ca_path
     finally:
-        for p in procs:
-            p.stop()
+        stop_all(procs)
 
 
 def test_forwarding_over_tls(tls_nodes: tuple[list[BrokerProcess], Path]) -> None:

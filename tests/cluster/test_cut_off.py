@@ -26,7 +26,7 @@ import trio
 import client
 from tests.cluster.conftest import TTL_S, node_process, wait_for, wait_synced
 from tests.cluster.silent_proxy import SilentProxy, silent_proxies
-from tests.support.broker import BrokerProcess
+from tests.support.broker import BrokerProcess, stop_all
 from tests.support.etcd import EtcdProcess
 
 pytestmark = pytest.mark.slow
@@ -105,8 +105,7 @@ def proxied(tmp_path: Path, etcd: EtcdProcess) -> Iterator[tuple[dict[str, Broke
                 nodes[name] = proc
             yield nodes, by_name
         finally:
-            for proc in started:
-                proc.stop()
+            stop_all(started)
 
 
 def test_a_leader_cut_off_from_etcd_answers_queue_unavailable_not_no_route(

@@ -18,7 +18,7 @@ import pytest
 
 from broker.config import Settings
 from tests.cluster.conftest import TTL_S, node_process, wait_for
-from tests.support.broker import BrokerProcess
+from tests.support.broker import BrokerProcess, stop_all
 from tests.support.etcd import EtcdProcess
 
 pytestmark = pytest.mark.slow
@@ -286,8 +286,7 @@ def test_with_the_default_lease_a_killed_leader_is_replaced_within_seconds(tmp_p
         print(f"failover with the default lease: {failover_s:.2f} s")
         assert failover_s <= 10.0, failover_s
     finally:
-        for proc in started.values():
-            proc.stop()
+        stop_all(started.values())
 
 
 def test_transient_messages_are_replicated_and_delays_are_kept_across_a_failover(three: dict[str, BrokerProcess]) -> None:
@@ -375,5 +374,4 @@ def test_logs_are_compacted_and_a_wiped_follower_catches_up_from_the_snapshot(tm
         assert status == 200 and answer["confirm"] == "ack", answer
         assert new.drain("q") == []
     finally:
-        for proc in procs.values():
-            proc.stop()
+        stop_all(procs.values())

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from typing import Any
 # other pytest-xdist workers rarely pick the same one)
 from bench.servers import free_port
 
-__all__ = ["BrokerProcess", "free_port"]
+__all__ = ["BrokerProcess", "free_port", "stop_all"]
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -182,6 +183,11 @@ class BrokerProcess:
                 self.proc.kill()
                 self.proc.wait()
 
+    def signal_stop(self) -> None:
+        """SIGTERM without waiting (:func:`stop_all` waits)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+
     def log_tail(self, n: int = 60) -> str:
         try:
             lines = self.log_path.read_text(errors="replace").splitlines()
@@ -195,3 +201,21 @@ class BrokerProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def stop_all(procs: Iterable[BrokerProcess]) -> None:
+    """Stop several brokers (a cluster's nodes) as :meth:`BrokerProcess.stop` does each,
+    but all at once: every one is sent SIGTERM first, then each is waited for (20 s,
+    then SIGKILL). One after the other, each node's graceful shutdown waited for the
+    previous one's (a second or more a test with replicated queues)."""
+    procs = list(procs)
+    for proc in procs:
+        proc.signal_stop()
+    for proc in procs:
+        if proc.proc is None:
+            continue
+        try:
+            proc.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.proc.kill()
+            proc.proc.wait()

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow
 
 DISK_BYTES = 12 * 1024 * 1024
 RESERVE_BYTES = 2 * 1024 * 1024
-BODY = b"x" * 4000
+BODY = b"x" * 16_000  # a 12 MiB disk fills in ~650 publishes (one HTTP request each)
 ARGS = (
     "--segment-max-bytes", str(256 * 1024),
     "--checkpoint-wal-bytes", str(1024 * 1024),

@@ -47,7 +47,9 @@ def publish(broker: BrokerProcess, queue: str, first: int, count: int) -> None:
 
 
 def consume_and_ack(broker: BrokerProcess, queue: str, count: int) -> list[str]:
-    """Consume ``count`` messages with manual acks; return their bodies in order."""
+    """Consume ``count`` messages with manual acks; return their bodies in order, once
+    the broker has taken every one of those acks."""
+    acked_before = broker.request("GET", f"/queues/{queue}")[1]["message_stats"]["acked"]
     ch = RawChannel(broker.port)
     got: list[str] = []
     try:
@@ -58,12 +60,15 @@ def consume_and_ack(broker: BrokerProcess, queue: str, count: int) -> list[str]:
                 continue
             got.append(ev["message"]["body"])
             ch.send({"op": "ack", "delivery_tag": ev["delivery_tag"]})
-        # the acks are sent; wait until the broker has taken them all
+        # the acks are sent; wait until the broker has taken them all (counted by the
+        # queue: with more backlog than ``count``, the consumer is still being sent a
+        # prefetch of messages, so "nothing unacked" would never come)
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
+        while True:
             status, info = broker.request("GET", f"/queues/{queue}")
-            if info["messages_unacked"] == 0 and info["consumers"] == 1:
+            if info["message_stats"]["acked"] >= acked_before + count and info["consumers"] == 1:
                 break
+            assert time.monotonic() < deadline, f"the broker did not take {count} acks within 30 s: {info}"
             time.sleep(0.02)
     finally:
         ch.close()

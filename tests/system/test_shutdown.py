@@ -301,7 +301,9 @@ class Consumer(threading.Thread):
 
 
 def test_sigterm_during_consumption_requeues_unacked(tmp_path: Path) -> None:
-    broker = BrokerProcess(tmp_path / "data", args=BROKER_ARGS)
+    # the held deliveries are never acked: the shutdown waits its whole timeout for
+    # them (10 s by default), then requeues them
+    broker = BrokerProcess(tmp_path / "data", args=(*BROKER_ARGS, "--shutdown-timeout-s", "3"))
     broker.start()
     try:
         assert broker.request("PUT", "/queues/work", {})[0] == 201
