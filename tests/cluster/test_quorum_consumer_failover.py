@@ -16,7 +16,7 @@ import pytest
 
 from broker.api.channel.relay_resume import RESUME_POLL_S
 from tests.cluster.conftest import TTL_S, cluster_nodes, node_process, wait_for
-from tests.support.broker import BrokerProcess, free_port
+from tests.support.broker import BrokerProcess, free_port, stop_all
 from tests.support.etcd import EtcdProcess
 from tests.support.rawchannel import RawChannel
 
@@ -41,8 +41,7 @@ def three(tmp_path: Path, etcd: EtcdProcess) -> Iterator[dict[str, tuple[BrokerP
         wait_for("three alive", lambda: sum(n["alive"] for n in cluster_nodes(first).values()) == 3)
         yield started
     finally:
-        for proc, _port in started.values():
-            proc.stop()
+        stop_all(proc for proc, _port in started.values())
 
 
 def _replication(node: BrokerProcess, queue: str) -> dict[str, Any]:
