@@ -28,15 +28,23 @@ from typing import Any
 
 from bench.nullamqp import PROTOCOL_HEADER
 from bench.procs import code_root
-from bench.servers import ServerError, _abort_tree, _end, _refuse_if_aborted, free_port
+from bench.servers import (
+    ServerError,
+    ServerProcess,
+    _abort_tree,
+    _end,
+    _refuse_if_aborted,
+    free_port,
+)
 
 __all__ = ["NullAMQPServer"]
 
 
-class NullAMQPServer:
+class NullAMQPServer(ServerProcess):
     """The null peer as the benchmark starts it: a subprocess, by PID (see the module)."""
 
     side = "null"
+    name = "the null AMQP peer"
     worker_side = "rabbitmq"  # the pika workers, unchanged
 
     def __init__(self, workdir: Path) -> None:
@@ -45,11 +53,6 @@ class NullAMQPServer:
         self.log_path = workdir / "nullamqp.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.aborted = False
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
 
     def spawn(self) -> None:
         assert self.proc is None or self.proc.poll() is not None, "already running"
@@ -61,28 +64,6 @@ class NullAMQPServer:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "bench.nullamqp", "--port", str(self.port)],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=str(code_root()), env=env)
-
-    def start(self, timeout_s: float) -> float:
-        """Start and wait until ready; return the seconds that took (a port taken
-        meanwhile: a new port and a new try)."""
-        for attempt in range(3):
-            t0 = time.perf_counter()
-            self.spawn()
-            try:
-                self.wait_ready(t0 + timeout_s - time.perf_counter())
-            except ServerError:
-                if attempt == 2 or "Address already in use" not in self.log_tail():
-                    raise
-                self.stop()
-                self.port = free_port()
-                continue
-            return time.perf_counter() - t0
-        raise AssertionError("unreachable")
-
-    def _check_alive(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            code = None if self.proc is None else self.proc.returncode
-            raise ServerError(f"the null AMQP peer exited with {code}:\n{self.log_tail()}")
 
     def wait_ready(self, timeout_s: float) -> None:
         """Ready: it answers the protocol header with Connection.Start."""

@@ -30,6 +30,7 @@ from typing import Any
 
 from bench.servers import (
     ServerError,
+    ServerProcess,
     _abort_tree,
     _descendants,
     _end,
@@ -60,8 +61,9 @@ def ensure_redis(say: Any) -> None:
     apt_install("redis-server", redis_installed, "redis-server", say)
 
 
-class RedisServer:
+class RedisServer(ServerProcess):
     side = "redis"
+    name = "redis-server"
 
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
@@ -73,11 +75,6 @@ class RedisServer:
         self.proc: subprocess.Popen[bytes] | None = None
         self.aborted = False
         self.info: dict[str, Any] = {}
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
 
     def config(self) -> str:
         """The whole config file (paths quoted: Redis splits config lines on spaces)."""
@@ -109,28 +106,6 @@ class RedisServer:
                 [binary, str(self.conf_path)], stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                 cwd=str(self.workdir),
             )
-
-    def start(self, timeout_s: float) -> float:
-        """Start and wait until ready; return the seconds that took. A port taken by
-        someone else between choosing and binding it means a new port and a new try."""
-        for attempt in range(3):
-            t0 = time.perf_counter()
-            self.spawn()
-            try:
-                self.wait_ready(t0 + timeout_s - time.perf_counter())
-            except ServerError:
-                if attempt == 2 or "Address already in use" not in self.log_tail(50):
-                    raise
-                self.stop()
-                self.port = free_port()
-                continue
-            return time.perf_counter() - t0
-        raise AssertionError("unreachable")
-
-    def _check_alive(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            code = None if self.proc is None else self.proc.returncode
-            raise ServerError(f"redis-server exited with {code}:\n{self.log_tail()}")
 
     def _client(self, timeout_s: float = 5.0) -> Any:
         import redis

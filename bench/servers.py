@@ -43,6 +43,7 @@ __all__ = [
     "AckbusServer",
     "RabbitServer",
     "ServerError",
+    "ServerProcess",
     "apt_install",
     "cpu_seconds",
     "ensure_rabbitmq",
@@ -176,11 +177,67 @@ def _abort_tree(proc: subprocess.Popen[bytes] | None) -> None:
     _kill_pids([(proc.pid, start), *_descendants(proc.pid)])
 
 
+class ServerProcess:
+    """What the benchmark's servers share: one process on ports of 127.0.0.1 chosen
+    free beforehand, known by PID. Each server has its own ``spawn``, ``wait_ready``,
+    ``stop`` and ``log_tail``; ``start`` tries again on new ports (:meth:`new_ports`)
+    when a chosen one was taken meanwhile, which the server's log says in its own
+    words (``port_taken``)."""
+
+    #: how errors name it; what its log says when a port is taken
+    name = "server"
+    port_taken = "Address already in use"
+    proc: subprocess.Popen[bytes] | None
+    port: int
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def spawn(self) -> None:
+        raise NotImplementedError
+
+    def wait_ready(self, timeout_s: float) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def log_tail(self, n: int = 30) -> str:
+        raise NotImplementedError
+
+    def new_ports(self) -> None:
+        self.port = free_port()
+
+    def start(self, timeout_s: float) -> float:
+        """Start and wait until ready; return the seconds that took."""
+        for attempt in range(3):
+            t0 = time.perf_counter()
+            self.spawn()
+            try:
+                self.wait_ready(t0 + timeout_s - time.perf_counter())
+            except ServerError:
+                if attempt == 2 or self.port_taken not in self.log_tail(200):
+                    raise
+                self.stop()
+                self.new_ports()
+                continue
+            return time.perf_counter() - t0
+        raise AssertionError("unreachable")
+
+    def _check_alive(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            code = None if self.proc is None else self.proc.returncode
+            raise ServerError(f"{self.name} exited with {code}:\n{self.log_tail()}")
+
+
 # --------------------------------------------------------------------------- ackbus
 
 
-class AckbusServer:
+class AckbusServer(ServerProcess):
     side = "ackbus"
+    name = "ackbus broker"
 
     def __init__(self, workdir: Path, *, fsync: str = "always", tls: bool = False, amqp: bool = False) -> None:
         self.workdir = workdir
@@ -217,11 +274,6 @@ class AckbusServer:
         ca.cert_pem.write_to_path(str(self.ca_file))
         return ["--tls-cert", str(cert_path), "--tls-key", str(key_path)]
 
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
     def spawn(self) -> None:
         """Start the broker process; do not wait for it."""
         assert self.proc is None or self.proc.poll() is not None, "already running"
@@ -245,17 +297,6 @@ class AckbusServer:
                 env=env,
             )
 
-    def start(self, timeout_s: float) -> float:
-        """Start and wait until ready; return the seconds that took."""
-        t0 = time.perf_counter()
-        self.spawn()
-        self.wait_ready(t0 + timeout_s - time.perf_counter())
-        return time.perf_counter() - t0
-
-    def _check_alive(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            code = None if self.proc is None else self.proc.returncode
-            raise ServerError(f"ackbus broker exited with {code}:\n{self.log_tail()}")
 
     def wait_ready(self, timeout_s: float) -> None:
         deadline = time.perf_counter() + timeout_s
@@ -420,11 +461,14 @@ def ensure_rabbitmq(say: Any) -> None:
     apt_install("rabbitmq-server", rabbitmq_installed, f"{RABBITMQ_SERVER} or epmd", say)
 
 
-class RabbitServer:
+class RabbitServer(ServerProcess):
     """One private RabbitMQ node; with ``epmd_port``, ``cookie`` and ``cluster`` (the
     node names of every member), a member of a cluster that forms by itself on first
     boot (``cluster_formation`` with ``classic_config``): the epmd on that port is then
     the cluster's (``bench.rabbit_cluster``), not this node's to start or stop."""
+
+    name = "RabbitMQ"
+    port_taken = "eaddrinuse"
 
     side = "rabbitmq"
 
@@ -446,11 +490,7 @@ class RabbitServer:
         self.server_properties: dict[str, Any] = {}
         self.aborted = False
 
-    @property
-    def pid(self) -> int:
-        """PID of the Erlang VM (beam.smp)."""
-        assert self.proc is not None
-        return self.proc.pid
+    # (``pid``: the Erlang VM's, beam.smp)
 
     def _env(self) -> dict[str, str]:
         base = self.workdir
@@ -501,30 +541,11 @@ class RabbitServer:
                 [str(RABBITMQ_SERVER)], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
             )
 
-    def start(self, timeout_s: float) -> float:
-        """Start and wait until ready; return the seconds that took. A port taken by
-        someone else between choosing and binding it means new ports and a new try."""
-        for attempt in range(3):
-            t0 = time.perf_counter()
-            self.spawn()
-            try:
-                self.wait_ready(t0 + timeout_s - time.perf_counter())
-            except ServerError:
-                if attempt == 2 or "eaddrinuse" not in self.log_tail(200):
-                    raise
-                self.stop()
-                self.port, self.dist_port = free_port(), free_port()
-                if self.own_epmd:
-                    self.epmd_port = free_port()
-                shutil.rmtree(self.workdir / "mnesia", ignore_errors=True)
-                continue
-            return time.perf_counter() - t0
-        raise AssertionError("unreachable")
-
-    def _check_alive(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            code = None if self.proc is None else self.proc.returncode
-            raise ServerError(f"RabbitMQ exited with {code}:\n{self.log_tail()}")
+    def new_ports(self) -> None:
+        self.port, self.dist_port = free_port(), free_port()
+        if self.own_epmd:
+            self.epmd_port = free_port()
+        shutil.rmtree(self.workdir / "mnesia", ignore_errors=True)
 
     def _connect(self) -> Any:
         import pika
