@@ -25,14 +25,6 @@ def _cluster_queues(node: BrokerProcess) -> set[str]:
     return {q for n in cluster_nodes(node).values() for q in n["queues"]}
 
 
-def _next(ch: RawChannel, kind: str) -> dict[str, Any]:
-    ev = ch.next_event()
-    while ev["ev"] != kind:
-        assert ev["ev"] != "error", ev
-        ev = ch.next_event()
-    return ev
-
-
 def test_auto_deleted_and_expired_queues_leave_etcd(nodes: Any, tmp_path: Path) -> None:
     a, b = nodes("a"), nodes("b")
     wait_for("both alive", lambda: sum(n["alive"] for n in cluster_nodes(a).values()) == 2)
@@ -45,9 +37,9 @@ def test_auto_deleted_and_expired_queues_leave_etcd(nodes: Any, tmp_path: Path) 
     ch = RawChannel(b.port)
     try:
         ch.send({"op": "consume", "queue": "replies", "consumer_tag": "c", "id": 1})
-        _next(ch, "consume_ok")
+        ch.next_of("consume_ok")
         ch.send({"op": "cancel", "consumer_tag": "c", "id": 2})
-        _next(ch, "cancel_ok")
+        ch.next_of("cancel_ok")
     finally:
         ch.close()
     for node in (a, b):

@@ -18,14 +18,6 @@ from tests.support.rawchannel import RawChannel
 pytestmark = pytest.mark.slow
 
 
-def _next(ch: RawChannel, kind: str) -> dict[str, Any]:
-    ev = ch.next_event()
-    while ev["ev"] != kind:
-        assert ev["ev"] != "error", ev
-        ev = ch.next_event()
-    return ev
-
-
 def _publish(node: BrokerProcess, exchange: str, key: str, body: bytes) -> dict[str, Any]:
     status, answer = node.request("POST", f"/exchanges/{exchange}/publish?routing_key={key}", body)
     assert status == 200 and answer["confirm"] == "ack", (status, answer)
@@ -44,24 +36,24 @@ def test_a_connections_own_queues_are_routed_to_from_every_node(nodes: Any) -> N
     try:
         # an RPC caller's reply queue on a: server-named, exclusive
         ch.send({"op": "declare_queue", "queue": "", "exclusive": True, "id": 1})
-        reply_to = _next(ch, "ok")["queue"]
+        reply_to = ch.next_of("ok")["queue"]
         assert reply_to.startswith("amq.gen-")
         # and a subscriber's queue, bound to the fanout exchange
         ch.send({"op": "declare_queue", "queue": "sub-a", "exclusive": True, "id": 2},
                 {"op": "bind", "exchange": "logs", "queue": "sub-a", "id": 3})
-        _next(ch, "ok")
-        _next(ch, "ok")
+        ch.next_of("ok")
+        ch.next_of("ok")
         ch.send({"op": "consume", "queue": reply_to, "consumer_tag": "r", "no_ack": True, "id": 4},
                 {"op": "consume", "queue": "sub-a", "consumer_tag": "s", "no_ack": True, "id": 5})
-        _next(ch, "consume_ok")
-        _next(ch, "consume_ok")
+        ch.next_of("consume_ok")
+        ch.next_of("consume_ok")
         wait_for("b knows both", lambda: _known(b, reply_to) and _known(b, "sub-a"))
         # the RPC server on b replies; the publisher on b logs
         assert _publish(b, "amq.default", reply_to, b"the answer")["routed"] == 1
         assert _publish(b, "logs", "", b"a line")["routed"] == 1
         got = {}
         while len(got) < 2:
-            ev = _next(ch, "deliver")
+            ev = ch.next_of("deliver")
             got[ev["consumer_tag"]] = ev["message"]["body"]
         assert got == {"r": "the answer", "s": "a line"}
         # its name is taken in the whole cluster (RabbitMQ's 405 RESOURCE_LOCKED)
@@ -69,7 +61,7 @@ def test_a_connections_own_queues_are_routed_to_from_every_node(nodes: Any) -> N
         assert status == 409 and body["error"] == "resource_locked", body
         # an unbind leaves every node's routing too
         ch.send({"op": "unbind", "exchange": "logs", "queue": "sub-a", "id": 6})
-        _next(ch, "ok")
+        ch.next_of("ok")
         assert _publish(b, "logs", "", b"nobody")["routed"] == 0
     finally:
         ch.close()
@@ -86,9 +78,9 @@ def test_a_dead_nodes_own_queues_leave_with_its_lease(nodes: Any) -> None:
     ch = RawChannel(a.port)
     try:
         ch.send({"op": "declare_queue", "queue": "", "exclusive": True, "id": 1})
-        mine = _next(ch, "ok")["queue"]
+        mine = ch.next_of("ok")["queue"]
         ch.send({"op": "bind", "exchange": "events", "queue": mine, "id": 2})
-        _next(ch, "ok")
+        ch.next_of("ok")
         wait_for("b routes to it", lambda: _publish(b, "events", "", b"x")["routed"] == 1)
         a.kill()
         # once a's lease lapsed, its queue and binding are gone: publishes on b are

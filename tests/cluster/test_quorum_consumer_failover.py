@@ -16,6 +16,7 @@ import pytest
 
 from broker.api.channel.relay_resume import RESUME_POLL_S
 from tests.cluster.conftest import TTL_S, cluster_nodes, node_process, wait_for
+from tests.cluster.test_cluster_amqp import pump_until
 from tests.support.broker import BrokerProcess, free_port, stop_all
 from tests.support.etcd import EtcdProcess
 from tests.support.rawchannel import RawChannel
@@ -68,24 +69,23 @@ def _publish(node: BrokerProcess, queue: str, body: str) -> bool:
     return status == 200 and answer.get("confirm") == "ack"
 
 
-def _pump_until(conn: Any, what: str, check: Any, timeout_s: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        result = check()
-        if result:
-            return result
-        conn.process_data_events(time_limit=0.05)
-    raise AssertionError(f"{what}: not within {timeout_s} s")
+def _pump_until(conn: Any, what: str, check: Any) -> Any:
+    return pump_until(conn, what, check, timeout_s=30.0)
+
+
+def _quorum_queue_and_a_follower(procs: dict[str, BrokerProcess]) -> tuple[str, str]:
+    """Quorum queue ``work`` declared: (its leader, another node for the client)."""
+    status, body = procs["a"].request("PUT", "/queues/work", QUORUM)
+    assert status == 201, body
+    old = _leader(procs, "work")
+    return old, next(name for name in procs if name != old)
 
 
 def test_a_relayed_consumer_of_a_quorum_queue_goes_on_from_the_next_leader(
     three: dict[str, tuple[BrokerProcess, int]],
 ) -> None:
     procs = {name: proc for name, (proc, _port) in three.items()}
-    status, body = procs["a"].request("PUT", "/queues/work", QUORUM)
-    assert status == 201, body
-    old = _leader(procs, "work")
-    client_node = next(name for name in procs if name != old)
+    old, client_node = _quorum_queue_and_a_follower(procs)
     for i in range(5):
         assert _publish(procs[old], "work", f"m{i}")
     conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", three[client_node][1], heartbeat=30))
@@ -145,10 +145,7 @@ def test_a_channel_consumer_cancelled_while_it_waits_for_the_next_leader_stays_c
     three: dict[str, tuple[BrokerProcess, int]],
 ) -> None:
     procs = {name: proc for name, (proc, _port) in three.items()}
-    status, body = procs["a"].request("PUT", "/queues/work", QUORUM)
-    assert status == 201, body
-    old = _leader(procs, "work")
-    client_node = next(name for name in procs if name != old)
+    old, client_node = _quorum_queue_and_a_follower(procs)
     assert _publish(procs[old], "work", "m0")
     ch = RawChannel(procs[client_node].port)
     try:

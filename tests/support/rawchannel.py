@@ -72,6 +72,15 @@ class RawChannel:
             self._pending.extend(orjson.loads(line) for line in data.split(b"\n") if line)
         return self._pending.pop(0)
 
+    def next_of(self, kind: str) -> dict[str, Any]:
+        """The next event of kind ``kind`` (``ok``, ``deliver``...), skipping others;
+        an ``error`` event on the way fails."""
+        ev = self.next_event()
+        while ev["ev"] != kind:
+            assert ev["ev"] != "error", ev
+            ev = self.next_event()
+        return ev
+
     def close(self) -> None:
         for thing in (self._file, self.sock):
             try:
