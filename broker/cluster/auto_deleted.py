@@ -17,7 +17,7 @@ ends (``QueueAutoDeleted`` too) or a client deletes it (:meth:`AutoDeletedQueues
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 import trio
@@ -74,6 +74,12 @@ class AutoDeletedQueues:
             self._nursery.start_soon(self._forget, queue)
         else:
             self._early.append(queue)
+
+    def again(self, put_back: Callable[[], Awaitable[None]]) -> None:
+        """Run ``put_back`` in the background (this node joined again with a new lease:
+        its connections' own queues, held by the old one, are put in etcd again)."""
+        if self._nursery is not None:
+            self._nursery.start_soon(put_back)
 
     def _still_ours(self, queue: str) -> bool:
         d = self._definition(queue)

@@ -19,6 +19,7 @@ import logging
 import os
 import secrets
 import time
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -62,6 +63,9 @@ class Membership:
         self.since = time.time()
         self.alive_until = 0.0
         self.registrations = 0
+        #: called after a registration with a new lease that follows a lost one (what
+        #: the old lease held in etcd is gone: the node puts it back)
+        self.on_rejoined: Callable[[], None] = lambda: None
         #: tells this process's own stale key (an old lease it counted lost) from
         #: another process's
         self.incarnation = secrets.token_hex(8)
@@ -159,6 +163,7 @@ class Membership:
     async def _rejoin(self) -> None:
         self.lease = 0
         await self.register()
+        self.on_rejoined()
 
     async def leave(self) -> None:
         """Revoke the lease (the node key goes with it): shown dead at once."""

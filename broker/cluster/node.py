@@ -134,6 +134,7 @@ class ClusterNode:
         keep the lease and the view current until cancelled; leaves on the way out."""
         self._hold_dead_letters()  # (before the runtime recovers: one dead at start is held too)
         tap_auto_deleted_queues(self.runtime, self.auto_deleted.take)
+        self.membership.on_rejoined = lambda: self.auto_deleted.again(self._put_back_local_queues)
         self.runtime.core.auto_delete_exchanges_here(False)  # etcd decides (writes.py)
         await self.membership.register()
         try:
@@ -163,6 +164,34 @@ class ClusterNode:
         gateway = CommandGateway(self.runtime)
         channel_id = gateway.open_channel()
         take_held_dead_letters(self.runtime, channel_id, self.dead_letters.take, self.forwarder)
+
+    async def _put_back_local_queues(self) -> None:
+        """This node joined again with a new lease: put its connections' own queues
+        (exclusive, server-named) and the bindings to them in etcd again. The old
+        lease took them away, and with them every other node's routing to them."""
+        core, lease = self.runtime.core, self.membership.lease
+        names = {name for name in core.views.queue_names() if core.views.is_local_queue(name)}
+        for name in sorted(names):
+            queue = core.queues.get(name)
+            if queue is None:
+                continue
+            try:
+                await self.writer.register_local_queue(
+                    name, durable=queue.durable, auto_delete=queue.auto_delete,
+                    exclusive=queue.exclusive_owner is not None, arguments=dict(queue.arguments), lease=lease,
+                )
+            except (ErrorReply, EtcdError) as exc:
+                names.discard(name)
+                log.warning("a connection's own queue is not routed to from other nodes any more",
+                            extra={"fields": {"queue": name, "error": str(exc)}})
+        for b in core.list_bindings():
+            if b.get("queue") in names and b["exchange"]:
+                try:
+                    await self.writer.bind(b["exchange"], b["queue"], b["routing_key"], b["arguments"],
+                                           to_exchange=False, lease=lease)
+                except (ErrorReply, EtcdError) as exc:
+                    log.warning("a binding to a connection's own queue is not in etcd any more",
+                                extra={"fields": {"queue": b["queue"], "exchange": b["exchange"], "error": str(exc)}})
 
     def _settle_dead_letter(self, channel_id: int, tag: int) -> None:
         CommandGateway(self.runtime).run(lambda core: core.settle_held_dead_letter(channel_id, tag))

@@ -7,6 +7,8 @@ node takes their names. They leave etcd with their connection, or with their nod
 
 from __future__ import annotations
 
+import os
+import signal
 from typing import Any
 
 import pytest
@@ -87,5 +89,33 @@ def test_a_dead_nodes_own_queues_leave_with_its_lease(nodes: Any) -> None:
         # routed nowhere and acked, not nacked for an unreachable owner
         wait_for("a's queue gone", lambda: not _known(b, mine), timeout_s=TTL_S * 4 + 10)
         assert _publish(b, "events", "", b"after")["routed"] == 0
+    finally:
+        ch.close()
+
+
+def test_a_node_that_joins_again_with_a_new_lease_puts_its_own_queues_back(nodes: Any) -> None:
+    """Hung past its lease (SIGSTOP), a node loses what the lease held in etcd; once it
+    runs again and joins with a new lease, its connections' own queues and their
+    bindings are routed to from every node again (the connection never ended)."""
+    a, b = nodes("a"), nodes("b")
+    wait_for("both alive", lambda: sum(n["alive"] for n in cluster_nodes(a).values()) == 2)
+    assert b.request("PUT", "/exchanges/feed", {"type": "fanout"})[0] == 201
+    ch = RawChannel(a.port)
+    try:
+        ch.send({"op": "declare_queue", "queue": "", "exclusive": True, "id": 1})
+        mine = ch.next_of("ok")["queue"]
+        ch.send({"op": "bind", "exchange": "feed", "queue": mine, "id": 2},
+                {"op": "consume", "queue": mine, "consumer_tag": "c", "no_ack": True, "id": 3})
+        ch.next_of("ok")
+        ch.next_of("consume_ok")
+        wait_for("b routes to it", lambda: _publish(b, "feed", "", b"before")["routed"] == 1)
+        assert ch.next_of("deliver")["message"]["body"] == "before"
+        os.kill(a.proc.pid, signal.SIGSTOP)  # hung: no keepalives, its lease lapses
+        try:
+            wait_for("a's queue gone from b", lambda: not _known(b, mine), timeout_s=TTL_S * 4 + 10)
+        finally:
+            os.kill(a.proc.pid, signal.SIGCONT)
+        wait_for("b routes to it again", lambda: _publish(b, "feed", "", b"after")["routed"] == 1, timeout_s=TTL_S * 4 + 10)
+        assert ch.next_of("deliver")["message"]["body"] == "after"
     finally:
         ch.close()
