@@ -18,7 +18,6 @@ the ackbus-only ones) are not run on it (``Workload.peers``).
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -31,8 +30,6 @@ from bench.procs import code_root
 from bench.servers import (
     ServerError,
     ServerProcess,
-    _abort_tree,
-    _end,
     _refuse_if_aborted,
     free_port,
 )
@@ -45,6 +42,7 @@ class NullAMQPServer(ServerProcess):
 
     side = "null"
     name = "the null AMQP peer"
+    stop_timeout_s = 10.0
     worker_side = "rabbitmq"  # the pika workers, unchanged
 
     def __init__(self, workdir: Path) -> None:
@@ -107,19 +105,6 @@ class NullAMQPServer(ServerProcess):
     def wal_bytes_written(self) -> int | None:
         """It writes nothing: not measured."""
         return None
-
-    def kill9(self) -> None:
-        assert self.proc is not None
-        _end(self.proc, signal.SIGKILL, 30)
-
-    def abort(self) -> None:
-        """From the run's watchdog thread: SIGKILL, no restart; ``stop`` reaps."""
-        self.aborted = True
-        _abort_tree(self.proc)
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            _end(self.proc, signal.SIGTERM, 10)
 
     def versions(self) -> dict[str, str]:
         from importlib.metadata import PackageNotFoundError, version

@@ -31,7 +31,6 @@ from typing import Any
 from bench.servers import (
     ServerError,
     ServerProcess,
-    _abort_tree,
     _descendants,
     _end,
     _kill_pids,
@@ -174,16 +173,6 @@ class RedisServer(ServerProcess):
         children = _descendants(self.proc.pid)
         _end(self.proc, signal.SIGKILL, 30)
         _kill_pids(children)
-
-    def abort(self) -> None:
-        """From another thread (the run's watchdog): SIGKILL redis-server (and an AOF
-        rewrite child, if one runs) and refuse to start it again. ``stop`` reaps."""
-        self.aborted = True
-        _abort_tree(self.proc)
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            _end(self.proc, signal.SIGTERM, 60)
 
     def versions(self) -> dict[str, str]:
         from importlib.metadata import PackageNotFoundError, version

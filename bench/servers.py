@@ -187,8 +187,11 @@ class ServerProcess:
     #: how errors name it; what its log says when a port is taken
     name = "server"
     port_taken = "Address already in use"
+    #: how long ``stop`` waits after SIGTERM before SIGKILL
+    stop_timeout_s = 60.0
     proc: subprocess.Popen[bytes] | None
     port: int
+    aborted: bool
 
     @property
     def pid(self) -> int:
@@ -202,7 +205,19 @@ class ServerProcess:
         raise NotImplementedError
 
     def stop(self) -> None:
-        raise NotImplementedError
+        if self.proc is not None:
+            _end(self.proc, signal.SIGTERM, self.stop_timeout_s)
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        _end(self.proc, signal.SIGKILL, 30)
+
+    def abort(self) -> None:
+        """From another thread (the run's watchdog): SIGKILL the server (and what it
+        started) and refuse to start it again, so that whatever waits on it fails
+        now. ``stop`` reaps."""
+        self.aborted = True
+        _abort_tree(self.proc)
 
     def log_tail(self, n: int = 30) -> str:
         raise NotImplementedError
@@ -371,20 +386,6 @@ class AckbusServer(ServerProcess):
             raise ServerError(f"GET /overview: {status} {overview!r}")
         value = overview.get("storage", {}).get("wal_bytes_written")
         return None if value is None else int(value)
-
-    def kill9(self) -> None:
-        assert self.proc is not None
-        _end(self.proc, signal.SIGKILL, 30)
-
-    def abort(self) -> None:
-        """From another thread (the run's watchdog): SIGKILL the broker and refuse to
-        start it again, so that whatever waits on it fails now. ``stop`` reaps."""
-        self.aborted = True
-        _abort_tree(self.proc)
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            _end(self.proc, signal.SIGTERM, 60)
 
     def versions(self) -> dict[str, str]:
         from importlib.metadata import version
@@ -617,12 +618,6 @@ class RabbitServer(ServerProcess):
     def wal_bytes_written(self) -> int | None:
         """RabbitMQ has no single WAL counter to compare with: not measured."""
         return None
-
-    def abort(self) -> None:
-        """From another thread (the run's watchdog): SIGKILL the Erlang VM and its
-        helpers and refuse to start it again; ``stop`` reaps and ends epmd."""
-        self.aborted = True
-        _abort_tree(self.proc)
 
     def kill9(self) -> None:
         """SIGKILL the Erlang VM and the helpers it started (erl_child_setup, ...)."""
