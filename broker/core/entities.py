@@ -278,18 +278,8 @@ class Queue:
         """The next entry held in memory; None when there is none or the next message
         is paged out (the broker pages it in first)."""
         lanes = self.lanes
-        if len(lanes) == 1:
-            entry = lanes[0].pop()
-        else:
-            lane = self.next_lane()
-            if lane is None:
-                return None
-            entry = lane.pop()
-        if entry is not None:
-            self.totals.ready -= 1
-            if self.max_length_bytes is not None:
-                self.ready_bytes -= len(entry.message.body)
-        return entry
+        lane = lanes[0] if len(lanes) == 1 else self.next_lane()
+        return None if lane is None else self.pop_lane(lane)
 
     def lane_at_most(self, bound: int) -> Lane | None:
         """The highest lane whose next message (in memory or paged out) has a seq at
