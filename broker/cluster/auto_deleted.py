@@ -75,7 +75,7 @@ class AutoDeletedQueues:
         else:
             self._early.append(queue)
 
-    def again(self, put_back: Callable[[], Awaitable[None]]) -> None:
+    def run_soon(self, put_back: Callable[[], Awaitable[None]]) -> None:
         """Run ``put_back`` in the background (this node joined again with a new lease:
         its connections' own queues, held by the old one, are put in etcd again)."""
         if self._nursery is not None:

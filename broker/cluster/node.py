@@ -134,7 +134,7 @@ class ClusterNode:
         keep the lease and the view current until cancelled; leaves on the way out."""
         self._hold_dead_letters()  # (before the runtime recovers: one dead at start is held too)
         tap_auto_deleted_queues(self.runtime, self.auto_deleted.take)
-        self.membership.on_rejoined = lambda: self.auto_deleted.again(self._put_back_local_queues)
+        self.membership.on_rejoined = lambda: self.auto_deleted.run_soon(self._put_back_local_queues)
         self.runtime.core.auto_delete_exchanges_here(False)  # etcd decides (writes.py)
         await self.membership.register()
         try:
