@@ -157,13 +157,26 @@ def test_a_queue_the_broker_deletes_by_itself_is_told_apart_from_a_clients_delet
     h = setup()
     h.queue("expiring", arguments={"x-expires": 2000})
     h.queue("plain")
+    h.queue("polled", auto_delete=True)
     ch = h.channel()
     h.b.cancel(ch, h.b.consume(ch, "reply"))
     h.b.delete_queue("plain")
-    h.sleep(2.0)
-    assert not {"reply", "expiring", "plain"} & set(h.b.queues)
+    h.b.get("polled")  # a REST reader, gone idle
+    h.sleep(GRACE)
+    assert not {"reply", "expiring", "plain", "polled"} & set(h.b.queues)
     h.step()
     assert [(e.queue, e.reason) for e in h.of_type(QueueAutoDeleted)] == [
         ("reply", "auto-delete queue lost its last consumer"),
         ("expiring", "queue expired (unused for its x-expires)"),
+        ("polled", "auto-delete queue left idle by its readers"),
     ]
+
+
+def test_an_exclusive_queue_whose_owner_closed_is_told_as_deleted_by_the_broker() -> None:
+    h = Harness()
+    ch = h.channel()
+    h.b.declare_queue("mine", exclusive=True, channel_id=ch)
+    h.b.close_channel(ch)
+    assert "mine" not in h.b.queues
+    h.step()
+    assert [(e.queue, e.reason) for e in h.of_type(QueueAutoDeleted)] == [("mine", "exclusive queue owner closed")]
