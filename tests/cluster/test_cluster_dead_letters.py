@@ -151,6 +151,8 @@ def test_a_held_dead_letter_survives_a_checkpoint_and_a_crash_of_its_source_node
     try:
         a.start()
         b.start()
+        wait_synced(a)
+        wait_synced(b)  # each view read from etcd: it lists the other (alive or not) from then on
         wait_for("both alive", lambda: _alive(a, "b") and _alive(b, "a"))
         assert a.request("PUT", "/exchanges/dlx", {"type": "fanout"})[0] == 201
         assert a.request("PUT", "/queues/dlq-a", {"durable": True, "arguments": LOCAL})[0] == 201
@@ -173,8 +175,10 @@ def test_a_held_dead_letter_survives_a_checkpoint_and_a_crash_of_its_source_node
             a.request("GET", "/overview")[1]["storage"].get("last_checkpoint_lsn") or 0) >= after_lsn)
         a.kill()
         b.start()
+        wait_synced(b)  # (before, b's view may not list a at all)
         wait_for("a shown dead", lambda: not _alive(b, "a"), timeout_s=TTL_S + 10)
         a.start()
+        wait_synced(a)
         wait_for("both alive again", lambda: _alive(a, "b") and _alive(b, "a"), timeout_s=TTL_S + 15)
         assert _queue(a, "src")["messages_ready"] == 1  # kept across the checkpoint and the crash
         assert _queue(a, "dlq-a")["messages_ready"] == 2  # m1's copy and "after"
