@@ -11,8 +11,18 @@ from typing import Any
 
 import pytest
 
-from broker.core import InvalidArgument, RecordType, Return, check_properties, decode_enqueue
-from broker.core.senderselected import check_routing_headers, header_routes, publish_keys
+from broker.core import (
+    InvalidArgument,
+    RecordType,
+    Return,
+    check_properties,
+    decode_enqueue,
+)
+from broker.core.senderselected import (
+    check_routing_headers,
+    header_routes,
+    publish_keys,
+)
 
 from .durable_view import restart_from_log
 from .helpers import Harness, ready_entries
