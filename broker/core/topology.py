@@ -339,6 +339,8 @@ class Topology:
         included, matches every key (RabbitMQ passes them all along); the default
         exchange takes each key as a queue name. (:meth:`route` is this with one key,
         kept apart: it is every publish's path.)"""
+        if not keys:
+            return []
         if exchange.name == DEFAULT_EXCHANGE:
             return self._queues_named(keys)
         found: dict[str, Queue] = {}

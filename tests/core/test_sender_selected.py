@@ -322,3 +322,26 @@ def test_a_dead_letter_routing_key_replaces_every_key_and_drops_cc() -> None:
     assert "CC" not in dead and "BCC" not in dead
     assert dead["x-death"][0]["routing-keys"] == ["w", "b"]  # as RabbitMQ: the keys it was published with
     assert ready_entries(h.b, "qa")[0].message.routing_key == "a"
+
+
+def test_routing_by_one_key_is_routing_without_cc() -> None:
+    # route_keys walks the exchanges as route does: with one key, the same queues
+    h = Harness()
+    for queue in (*QUEUES, "qae"):
+        h.queue(queue)
+    h.b.declare_exchange("ae", "fanout")
+    h.b.bind("ae", "qae")
+    h.b.declare_exchange("t", "topic", arguments={"alternate-exchange": "ae"})
+    h.b.bind("t", "qa", "a.*")
+    h.b.bind("t", "qb", "#.b")
+    h.b.declare_exchange("d", "direct", arguments={"alternate-exchange": ""})
+    h.b.bind("t", "d", "x.#", to_exchange=True)
+    h.b.bind("d", "qc", "x.c")
+    h.b.bind("d", "t", "x.c", to_exchange=True)  # a cycle
+    for name in ("t", "d", "ae", ""):
+        ex = h.b.exchanges[name]
+        for key in ("a.1", "a.b", "x.c", "x.qa", "qb", "qae", "", "none"):
+            expected = {q.name for q in h.b.route(ex, key, None)}
+            assert {q.name for q in h.b.topology.route_keys(ex, [key], None)} == expected, (name, key)
+            assert {q.name for q in h.b.route_publish(ex, key, {"CC": [key], "BCC": []})} == expected, (name, key)
+    assert h.b.topology.route_keys(h.b.exchanges["t"], [], None) == []
