@@ -289,40 +289,11 @@ class Topology:
 
     def route(self, exchange: Exchange, routing_key: str, headers: dict[str, Any] | None) -> list[Queue]:
         """The queues a message reaches, each once, following exchange-to-exchange
-        bindings without looping on cycles."""
+        bindings without looping on cycles (:meth:`route_keys` with one key)."""
         if exchange.name == DEFAULT_EXCHANGE:
             queue = self._queues.get(routing_key)
             return [queue] if queue is not None else []
-        found: dict[str, Queue] = {}
-        visited = {exchange.name}
-        pending = [exchange]
-        while pending:
-            ex = pending.pop()
-            for kind, name in ex.table.match(routing_key, headers):
-                if kind == "q":
-                    if name not in found:
-                        queue = self._queues.get(name)
-                        if queue is not None:
-                            found[name] = queue
-                elif name not in visited:
-                    visited.add(name)
-                    target = self.exchanges.get(name)
-                    if target is not None:
-                        pending.append(target)
-            if not found and not pending:
-                # routed nowhere: its alternate exchange, if any, takes it (RabbitMQ)
-                alternate = ex.arguments.get("alternate-exchange")
-                if alternate is not None and alternate not in visited:
-                    visited.add(alternate)
-                    target = self.exchanges.get(alternate)
-                    if target is not None:
-                        if target.name == DEFAULT_EXCHANGE:
-                            queue = self._queues.get(routing_key)
-                            if queue is not None:
-                                found[queue.name] = queue
-                        else:
-                            pending.append(target)
-        return list(found.values())
+        return self.route_keys(exchange, [routing_key], headers)
 
     def route_publish(self, exchange: Exchange, routing_key: str, headers: dict[str, Any] | None) -> list[Queue]:
         """The queues a publish reaches: :meth:`route`, or, when its headers carry
@@ -337,8 +308,7 @@ class Topology:
         """:meth:`route` with several routing keys (``keys[0]`` the publish's own): a
         queue any key reaches, once. Every exchange on the way, an alternate exchange
         included, matches every key (RabbitMQ passes them all along); the default
-        exchange takes each key as a queue name. (:meth:`route` is this with one key,
-        kept apart: it is every publish's path.)"""
+        exchange takes each key as a queue name."""
         if not keys:
             return []
         if exchange.name == DEFAULT_EXCHANGE:
@@ -381,7 +351,7 @@ def _matches(exchange: Exchange, keys: list[str], headers: dict[str, Any] | None
     """The destinations ``exchange``'s own bindings give a message of several routing
     keys (each once, in a dict's keys)."""
     table = exchange.table
-    if exchange.type in _ONE_KEY_TYPES:
+    if len(keys) == 1 or exchange.type in _ONE_KEY_TYPES:
         return table.match(keys[0], headers)
     dests: dict[Dest, None] = {}
     for key in keys:
