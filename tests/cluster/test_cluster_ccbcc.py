@@ -6,35 +6,15 @@ etcd, real broker subprocesses on loopback)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import pytest
 
-from tests.cluster.conftest import cluster_nodes, wait_for
+from tests.cluster.conftest import channel_publish, cluster_nodes, wait_for
 from tests.support.broker import BrokerProcess
-from tests.support.rawchannel import RawChannel
 
 pytestmark = pytest.mark.slow
 
 Nodes = Callable[[str], BrokerProcess]
-
-
-def _channel_publish(node: BrokerProcess, ops: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Publish ``ops`` on one channel of ``node``; the confirms (and returns), in order."""
-    ch = RawChannel(node.port)
-    try:
-        ch.send(*[{"op": "publish", **op} for op in ops])
-        events: list[dict[str, Any]] = []
-        settled = 0
-        while settled < len(ops):
-            ev = ch.next_event()
-            events.append(ev)
-            if ev["ev"] in ("ack", "nack"):
-                settled = ev["delivery_tag"]
-            assert ev["ev"] in ("ack", "nack", "return"), ev
-        return events
-    finally:
-        ch.close()
 
 
 def test_cc_and_bcc_keys_reach_queues_on_other_nodes_without_bcc(nodes: Nodes) -> None:
@@ -61,7 +41,7 @@ def test_cc_and_bcc_keys_reach_queues_on_other_nodes_without_bcc(nodes: Nodes) -
 
     wait_for("c routing to every queue", routes_everywhere, timeout_s=30)
     headers = {"CC": ["kb", "nowhere"], "BCC": ["kq"], "h": "v"}
-    events = _channel_publish(c, [
+    events = channel_publish(c, [
         {"exchange": "x", "routing_key": "ka", "body": "sent", "properties": {"headers": headers}, "mandatory": True},
         {"exchange": "x", "routing_key": "none", "body": "lost", "mandatory": True,
          "properties": {"headers": {"CC": ["n2"], "BCC": ["n3"]}}},
