@@ -84,11 +84,13 @@ class ClusterRoutes:
         self.synced = True
 
     def route(self, exchange: str, routing_key: str, headers: Any) -> list[str] | None:
-        """The names of every queue a publish reaches; None for an unknown exchange."""
+        """The names of every queue a publish reaches (with the keys of its ``CC``
+        and ``BCC`` headers too, as the owners' cores route it); None for an unknown
+        exchange."""
         x = self.core.exchanges.get(exchange)
         if x is None:
             return None
-        return [q.name for q in self.core.route(x, routing_key, headers if isinstance(headers, dict) else None)]
+        return [q.name for q in self.core.route_publish(x, routing_key, headers if isinstance(headers, dict) else None)]
 
 
 class Forwarder:

@@ -214,6 +214,7 @@ class Broker:
         self.unbind = topology.unbind
         self.list_bindings = topology.list_bindings
         self.route = topology.route
+        self.route_publish = topology.route_publish
         self.auto_delete_exchanges_here = topology.auto_delete_exchanges_here
         # queues
         self.declare_queue = store.declare_queue

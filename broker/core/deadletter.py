@@ -26,6 +26,7 @@ from .errors import InvalidArgument, NotFound
 from .log import MessageLog
 from .message import Entry, StoredMessage
 from .queues import QueueStore
+from .senderselected import header_routes
 from .shared import Outbox, Wakeups
 from .topology import Topology
 
@@ -96,9 +97,11 @@ class DeadLetters:
         exchange.messages_in += 1
         wall = self._wall_clock()
         routing_key = queue.dead_letter_routing_key or message.routing_key
-        properties = _with_death(message, queue.name, reason, wall)
+        properties = _with_death(message, queue.name, reason, wall, bool(queue.dead_letter_routing_key))
         headers = properties["headers"]
-        targets = self._topology.route(exchange, routing_key, headers)
+        # with its own key, the CC keys too (senderselected.py; RabbitMQ also its BCC
+        # keys, which ackbus does not keep); with x-dead-letter-routing-key, that alone
+        targets = self._topology.route_publish(exchange, routing_key, headers)
         if not any(d.get("reason") == "rejected" for d in headers["x-death"]):
             # A cycle without any rejection would go round for ever (RabbitMQ drops it).
             dead_from = {d.get("queue") for d in headers["x-death"]}
@@ -288,11 +291,13 @@ def _death_count(value: Any) -> int:
     return 1
 
 
-def _with_death(message: StoredMessage, queue: str, reason: str, wall: float) -> dict[str, Any]:
+def _with_death(message: StoredMessage, queue: str, reason: str, wall: float, new_key: bool) -> dict[str, Any]:
     """The dead-lettered copy's properties: the original's, without ``expiration``
     (kept in the history instead, so the copy does not expire again for it), and
     headers with RabbitMQ's ``x-death`` history updated (newest first, one entry per
-    queue and reason, with a count) and ``x-first-death-*`` / ``x-last-death-*``."""
+    queue and reason, with a count; its ``routing-keys`` the publish's key and those
+    of ``CC``) and ``x-first-death-*`` / ``x-last-death-*``. ``new_key``: the queue
+    dead-letters with its own routing key, so the copy loses ``CC`` (RabbitMQ)."""
     properties = dict(message.properties or {})
     headers = dict(properties.get("headers") or {})
     original_expiration = properties.pop("expiration", None)
@@ -311,7 +316,7 @@ def _with_death(message: StoredMessage, queue: str, reason: str, wall: float) ->
             "count": 1,
             "time": now,
             "exchange": message.exchange,
-            "routing-keys": [message.routing_key],
+            "routing-keys": [message.routing_key, *header_routes(headers)],
         }
         if original_expiration is not None:
             death["original-expiration"] = str(original_expiration)
@@ -324,5 +329,7 @@ def _with_death(message: StoredMessage, queue: str, reason: str, wall: float) ->
     headers["x-last-death-queue"] = queue
     headers["x-last-death-reason"] = reason
     headers["x-last-death-exchange"] = message.exchange
+    if new_key:
+        headers.pop("CC", None)
     properties["headers"] = headers
     return properties

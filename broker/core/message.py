@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from .errors import InvalidArgument
+from .senderselected import check_routing_headers
 
 __all__ = [
     "MAX_EXPIRATION_MS",
@@ -113,6 +114,8 @@ def check_properties(props: object) -> dict[str, Any] | None:
             if not isinstance(value, dict):
                 raise InvalidArgument("property headers must be an object")
             check_json_value(value, "property headers")
+            if "CC" in value or "BCC" in value:
+                check_routing_headers(value)
         elif key == "delivery_mode":
             if value not in (1, 2) or isinstance(value, bool):
                 raise InvalidArgument("property delivery_mode must be 1 (transient) or 2 (persistent)")

@@ -1,13 +1,14 @@
 """Publishing: taking a message into its queues, and its confirm.
 
-``publish`` routes (topology), deduplicates (the log's window) and enqueues (queue
-store) a message and logs its ENQUEUE record; the confirm waits for that record's LSN
-(``MessageLog.release_confirms``). A publish made with ``dedup=False`` (AMQP's, unless
-its connection asks for deduplication) skips the window: it is neither looked up nor
-remembered, and its record carries no deduplication id (the record's ``message_id``
-field is that id, which replay remembers; the message's properties keep its
-``message_id`` for delivery). A transactional channel's publishes are held until
-its commit (transactions.py).
+``publish`` routes (topology; with the keys of the ``CC`` and ``BCC`` headers too,
+taking ``BCC`` out of the message: senderselected.py), deduplicates (the log's window)
+and enqueues (queue store) a message and logs its ENQUEUE record; the confirm waits
+for that record's LSN (``MessageLog.release_confirms``). A publish made with
+``dedup=False`` (AMQP's, unless its connection asks for deduplication) skips the
+window: it is neither looked up nor remembered, and its record carries no
+deduplication id (the record's ``message_id`` field is that id, which replay
+remembers; the message's properties keep its ``message_id`` for delivery). A
+transactional channel's publishes are held until its commit (transactions.py).
 
 This is the per-message path: collaborators' methods are bound once, in the
 constructor, not looked up through other objects per message.
@@ -29,6 +30,7 @@ from .log import MessageLog
 from .message import Entry, StoredMessage
 from .names import check_routing_key
 from .queues import QueueStore
+from .senderselected import without_bcc
 from .shared import Outbox
 from .topology import Topology
 
@@ -54,6 +56,7 @@ class Publishing:
         self._channels = deliveries.channels
         self._exchanges = topology.exchanges
         self._route = topology.route
+        self._route_publish = topology.route_publish
         self._take_seq = queues.take_seq
         self._enqueue = queues.enqueue
         self._dead_letter = dead_letters.dead_letter
@@ -153,7 +156,14 @@ class Publishing:
                 return 0
 
         headers = properties.get("headers") if properties else None
-        queues = self._route(exchange, routing_key, headers)
+        if headers and ("CC" in headers or "BCC" in headers):
+            # sender-selected distribution (senderselected.py): routed with the keys
+            # of CC and BCC too; BCC is not kept (not logged, delivered, or returned)
+            queues = self._route_publish(exchange, routing_key, headers)
+            if "BCC" in headers:
+                properties = dict(properties or {}, headers=without_bcc(headers))  # (a copy: the caller's stays)
+        else:
+            queues = self._route(exchange, routing_key, headers)
         if not queues:
             if mandatory:
                 # handed back, not taken: a resend (once a queue is bound) must land

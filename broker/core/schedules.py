@@ -283,10 +283,11 @@ class Schedules:
             s.last_error = f"exchange {s.exchange!r} does not exist: the tick of {stamp} published nothing"
         else:
             queues = [
-                q for q in self._topology.route(exchange, s.routing_key, headers)
+                q for q in self._topology.route_publish(exchange, s.routing_key, headers)
                 if q.overflow == "drop-head" or not q.is_full(len(s.body))
             ]
             s.last_error = None if queues else f"the tick of {stamp} routed to no queue"
+        headers.pop("BCC", None)  # routed with, not kept (senderselected.py)
         persistent = properties.get("delivery_mode", 2) == 2
         durable_qids = [q.qid for q in queues if q.persistent_log] if persistent else []
         seq = self._queues.take_seq()

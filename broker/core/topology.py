@@ -2,13 +2,16 @@
 
 Declares, deletes and looks up exchanges and bindings, validates their arguments, logs
 the durable ones (DECLARE_EXCHANGE/DELETE_EXCHANGE/BIND/UNBIND records), and routes a
-message through exchange-to-exchange bindings to the set of queues it reaches. Queues
+message through exchange-to-exchange bindings to the set of queues it reaches: with one
+routing key (:meth:`Topology.route`), or, for a publish, with the keys of its ``CC``
+and ``BCC`` headers too (:meth:`Topology.route_publish`, senderselected.py). Queues
 themselves belong to the queue store (queues.py); a binding names one, and a deleted
 queue's bindings go with it (:meth:`Topology.queue_deleted`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from . import records as rec
@@ -31,9 +34,16 @@ from .errors import (
 from .log import MessageLog
 from .names import check_name, check_routing_key
 from .queues import QueueStore
-from .routing import EXCHANGE_TYPES
+from .routing import EXCHANGE_TYPES, Dest
+from .senderselected import publish_keys, without_bcc
 
 __all__ = ["Topology", "binding_record"]
+
+#: Exchange types that route a message of several routing keys by its own key alone:
+#: fanout and headers ignore keys, and a consistent-hash exchange sends each message
+#: to exactly one queue (RabbitMQ hashes the keys together; ackbus hashes the
+#: publish's own key, so CC and BCC do not move a message to another queue).
+_ONE_KEY_TYPES = frozenset({"fanout", "headers", "x-consistent-hash"})
 
 
 class Topology:
@@ -279,16 +289,36 @@ class Topology:
 
     def route(self, exchange: Exchange, routing_key: str, headers: dict[str, Any] | None) -> list[Queue]:
         """The queues a message reaches, each once, following exchange-to-exchange
-        bindings without looping on cycles."""
+        bindings without looping on cycles (:meth:`route_keys` with one key)."""
         if exchange.name == DEFAULT_EXCHANGE:
             queue = self._queues.get(routing_key)
             return [queue] if queue is not None else []
+        return self.route_keys(exchange, [routing_key], headers)
+
+    def route_publish(self, exchange: Exchange, routing_key: str, headers: dict[str, Any] | None) -> list[Queue]:
+        """The queues a publish reaches: :meth:`route`, or, when its headers carry
+        ``CC`` or ``BCC`` (sender-selected distribution, senderselected.py), with
+        every key they name as well (:meth:`route_keys`), a headers exchange
+        matching the headers without ``BCC`` (as RabbitMQ, which strips it first)."""
+        if headers and ("CC" in headers or "BCC" in headers):
+            return self.route_keys(exchange, publish_keys(routing_key, headers), without_bcc(headers))
+        return self.route(exchange, routing_key, headers)
+
+    def route_keys(self, exchange: Exchange, keys: list[str], headers: dict[str, Any] | None) -> list[Queue]:
+        """:meth:`route` with several routing keys (``keys[0]`` the publish's own): a
+        queue any key reaches, once. Every exchange on the way, an alternate exchange
+        included, matches every key (RabbitMQ passes them all along); the default
+        exchange takes each key as a queue name."""
+        if not keys:
+            return []
+        if exchange.name == DEFAULT_EXCHANGE:
+            return self._queues_named(keys)
         found: dict[str, Queue] = {}
         visited = {exchange.name}
         pending = [exchange]
         while pending:
             ex = pending.pop()
-            for kind, name in ex.table.match(routing_key, headers):
+            for kind, name in _matches(ex, keys, headers):
                 if kind == "q":
                     if name not in found:
                         queue = self._queues.get(name)
@@ -300,19 +330,33 @@ class Topology:
                     if target is not None:
                         pending.append(target)
             if not found and not pending:
-                # routed nowhere: its alternate exchange, if any, takes it (RabbitMQ)
+                # no key routed anywhere: the alternate exchange, if any, takes them all
                 alternate = ex.arguments.get("alternate-exchange")
                 if alternate is not None and alternate not in visited:
                     visited.add(alternate)
                     target = self.exchanges.get(alternate)
                     if target is not None:
                         if target.name == DEFAULT_EXCHANGE:
-                            queue = self._queues.get(routing_key)
-                            if queue is not None:
-                                found[queue.name] = queue
-                        else:
-                            pending.append(target)
+                            return self._queues_named(keys)
+                        pending.append(target)
         return list(found.values())
+
+    def _queues_named(self, keys: list[str]) -> list[Queue]:
+        """The default exchange's routing of several keys: the queues they name."""
+        queues = self._queues
+        return [queues[key] for key in dict.fromkeys(keys) if key in queues]
+
+
+def _matches(exchange: Exchange, keys: list[str], headers: dict[str, Any] | None) -> Iterable[Dest]:
+    """The destinations ``exchange``'s own bindings give a message of several routing
+    keys (each once, in a dict's keys)."""
+    table = exchange.table
+    if len(keys) == 1 or exchange.type in _ONE_KEY_TYPES:
+        return table.match(keys[0], headers)
+    dests: dict[Dest, None] = {}
+    for key in keys:
+        dests.update(dict.fromkeys(table.match(key, headers)))
+    return dests
 
 
 

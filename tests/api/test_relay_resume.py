@@ -38,16 +38,22 @@ class _Cluster:
         relays.append(("relay", owner))
 
 
-async def test_it_resumes_on_the_first_leader_that_takes_the_consume(autojump_clock: trio.testing.MockClock) -> None:
-    cluster = _Cluster()
-    resumption = Resumption("q", "c1", OP, "queue_unavailable: leader lost")
+
+def _start(nursery: trio.Nursery, resumption: Resumption, cluster: _Cluster) -> list[bool]:
+    """Run ``resumption`` in ``nursery``; its outcome lands in the list returned."""
     outcome: list[bool] = []
 
     async def run() -> None:
         outcome.append(await resumption.run(cluster.owner_of, cluster.consume_at, lambda: False))
 
+    nursery.start_soon(run)
+    return outcome
+
+async def test_it_resumes_on_the_first_leader_that_takes_the_consume(autojump_clock: trio.testing.MockClock) -> None:
+    cluster = _Cluster()
+    resumption = Resumption("q", "c1", OP, "queue_unavailable: leader lost")
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(run)
+        outcome = _start(nursery, resumption, cluster)
         await trio.sleep(3 * RESUME_POLL_S)
         assert cluster.consumes == [] and not outcome  # no leader named: nothing asked
         cluster.located = ("c", "http://127.0.0.1:1")
@@ -78,13 +84,8 @@ async def test_it_gives_up_after_resume_s_with_the_last_refusal_as_its_reason(
 async def test_a_queue_deleted_while_it_waits_ends_it_at_once(autojump_clock: trio.testing.MockClock) -> None:
     cluster = _Cluster()
     resumption = Resumption("q", "c1", OP, "queue_unavailable: leader lost")
-    outcome: list[bool] = []
-
-    async def run() -> None:
-        outcome.append(await resumption.run(cluster.owner_of, cluster.consume_at, lambda: False))
-
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(run)
+        outcome = _start(nursery, resumption, cluster)
         await trio.sleep(1.0)
         cluster.located = None  # gone from the cluster's definitions
         deleted_at = trio.current_time()
@@ -96,13 +97,8 @@ async def test_a_queue_deleted_while_it_waits_ends_it_at_once(autojump_clock: tr
 async def test_withdrawn_while_it_waits_it_ends_marked_withdrawn(autojump_clock: trio.testing.MockClock) -> None:
     cluster = _Cluster()
     resumption = Resumption("q", "c1", OP, "queue_unavailable: leader lost")
-    outcome: list[bool] = []
-
-    async def run() -> None:
-        outcome.append(await resumption.run(cluster.owner_of, cluster.consume_at, lambda: False))
-
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(run)
+        outcome = _start(nursery, resumption, cluster)
         await trio.sleep(2.0)
         resumption.withdraw()
         withdrawn_at = trio.current_time()

@@ -12,6 +12,7 @@ import pytest
 
 from tests.support.broker import BrokerProcess, free_port, stop_all
 from tests.support.etcd import EtcdProcess, require_etcd
+from tests.support.rawchannel import RawChannel
 
 #: A short lease, so that a lapse is seen within a test's patience.
 TTL_S = 2
@@ -57,6 +58,24 @@ def wait_synced(node: BrokerProcess, timeout_s: float = 15.0) -> None:
         return status == 200 and bool(body.get("synced")) and bool(body.get("member"))
 
     wait_for(f"node on port {node.port} synced with etcd", synced, timeout_s)
+
+
+def channel_publish(node: BrokerProcess, ops: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Publish ``ops`` on one channel of ``node``; the confirms (and returns), in order."""
+    ch = RawChannel(node.port)
+    try:
+        ch.send(*[{"op": "publish", **op} for op in ops])
+        events: list[dict[str, Any]] = []
+        settled = 0
+        while settled < len(ops):
+            ev = ch.next_event()
+            events.append(ev)
+            if ev["ev"] in ("ack", "nack"):
+                settled = ev["delivery_tag"]
+            assert ev["ev"] in ("ack", "nack", "return"), ev
+        return events
+    finally:
+        ch.close()
 
 
 def cluster_nodes(node: BrokerProcess) -> dict[str, dict[str, Any]]:

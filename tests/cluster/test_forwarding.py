@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.cluster.conftest import TTL_S, cluster_nodes, wait_for
+from tests.cluster.conftest import TTL_S, channel_publish, cluster_nodes, wait_for
 from tests.support.broker import BrokerProcess
 from tests.support.rawchannel import RawChannel
 
@@ -37,24 +37,6 @@ def _declare_on(node: BrokerProcess, name: str, owner_node: BrokerProcess, **bod
     wait_for(f"{name} seen on {node.url}", lambda: node.request("GET", f"/queues/{name}")[0] == 200)
 
 
-def _channel_publish(node: BrokerProcess, ops: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Publish ``ops`` on one channel of ``node``; the confirms (and returns), in order."""
-    ch = RawChannel(node.port)
-    try:
-        ch.send(*[{"op": "publish", **op} for op in ops])
-        events: list[dict[str, Any]] = []
-        settled = 0
-        while settled < len(ops):
-            ev = ch.next_event()
-            events.append(ev)
-            if ev["ev"] in ("ack", "nack"):
-                settled = ev["delivery_tag"]
-            assert ev["ev"] in ("ack", "nack", "return"), ev
-        return events
-    finally:
-        ch.close()
-
-
 def _bodies(node: BrokerProcess, queue: str) -> list[str]:
     return [m["body"] for m in node.drain(queue)]
 
@@ -71,10 +53,10 @@ def test_declare_on_one_publish_on_a_second_consume_on_a_third(nodes: Nodes) -> 
     status, answer = b.request("POST", "/exchanges/fan/publish", b"rest-1")
     assert status == 200 and answer["confirm"] == "ack" and answer["routed"] == 3, answer
     # channel publishes on b, batched over the node-to-node channels
-    events = _channel_publish(b, [{"exchange": "fan", "body": f"ch-{i}"} for i in range(50)])
+    events = channel_publish(b, [{"exchange": "fan", "body": f"ch-{i}"} for i in range(50)])
     assert all(e["ev"] == "ack" for e in events), events
     # the default exchange, to a queue owned elsewhere
-    events = _channel_publish(c, [{"routing_key": "qa", "body": "direct-1"}])
+    events = channel_publish(c, [{"routing_key": "qa", "body": "direct-1"}])
     assert events[-1]["ev"] == "ack"
     forwarding = b.request("GET", "/cluster")[1]["forwarding"]
     assert forwarding["forwarded"] >= 2 * 51 and set(forwarding["peers"]) == {"a", "c"}, forwarding
@@ -115,7 +97,7 @@ def test_mandatory_return_and_alternate_exchange_across_owners(nodes: Nodes) -> 
     assert a.request("POST", "/bindings", {"exchange": "alt", "queue": "unrouted"})[0] == 201
     assert a.request("PUT", "/exchanges/lonely", {"type": "direct"})[0] == 201
     wait_for("bindings on a", lambda: len(a.request("GET", "/bindings")[1]["bindings"]) >= 0)
-    events = _channel_publish(a, [
+    events = channel_publish(a, [
         {"exchange": "main", "routing_key": "k", "body": "to-b"},
         {"exchange": "main", "routing_key": "other", "body": "to-alt"},
         {"exchange": "lonely", "routing_key": "x", "body": "back", "mandatory": True},
@@ -133,7 +115,7 @@ def test_a_dead_owner_gives_503_for_its_queues_only_and_keeps_what_it_confirmed(
     _declare_on(a, "on-c", c)
     for q in ("on-b", "on-c"):
         assert a.request("POST", "/bindings", {"exchange": "fan", "queue": q})[0] == 201
-    events = _channel_publish(a, [{"exchange": "fan", "body": f"m{i}"} for i in range(20)])
+    events = channel_publish(a, [{"exchange": "fan", "body": f"m{i}"} for i in range(20)])
     assert all(e["ev"] == "ack" for e in events)
     c.kill()
     wait_for("c dead on a", lambda: not cluster_nodes(a)["c"]["alive"], timeout_s=TTL_S + 8)
@@ -142,7 +124,7 @@ def test_a_dead_owner_gives_503_for_its_queues_only_and_keeps_what_it_confirmed(
     # the other queue keeps working
     status, answer = a.request("POST", "/exchanges/fan/publish", b"while-down")
     assert status == 503 and answer["confirm"] == "nack" and answer["reason"].startswith("queue_unavailable"), answer
-    events = _channel_publish(b, [{"exchange": "fan", "body": "ch-while-down"}])
+    events = channel_publish(b, [{"exchange": "fan", "body": "ch-while-down"}])
     assert events[-1]["ev"] == "nack" and events[-1]["reason"].startswith("queue_unavailable"), events
     assert _bodies(b, "on-b") == [f"m{i}" for i in range(20)] + ["while-down", "ch-while-down"]
     c.start()
@@ -190,7 +172,7 @@ def test_channel_declares_and_binds_go_through_etcd(nodes: Nodes) -> None:
     finally:
         ch.close()
     wait_for("bindings on c", lambda: a.request("GET", "/queues/mail")[0] == 200)
-    events = _channel_publish(c, [{"exchange": "events", "routing_key": "user.new", "body": "u1"},
+    events = channel_publish(c, [{"exchange": "events", "routing_key": "user.new", "body": "u1"},
                                   {"exchange": "events", "routing_key": "disk.full", "body": "d1"}])
     assert all(e["ev"] == "ack" for e in events)
     assert _bodies(a, "audit") == ["u1", "d1"]
@@ -212,7 +194,7 @@ def test_a_relayed_consumer_without_prefetch_takes_the_channels_qos(nodes: Nodes
     wait_for("two alive on each", lambda: all(
         sum(v["alive"] for v in cluster_nodes(n).values()) == 2 for n in (a, b)))
     _declare_on(b, "work", a)
-    assert all(e["ev"] == "ack" for e in _channel_publish(a, [{"routing_key": "work", "body": f"w{i}"} for i in range(6)]))
+    assert all(e["ev"] == "ack" for e in channel_publish(a, [{"routing_key": "work", "body": f"w{i}"} for i in range(6)]))
     ch = RawChannel(b.port)
     try:
         ch.send({"op": "qos", "prefetch": 2, "id": 1}, {"op": "consume", "queue": "work", "id": 2})
@@ -241,7 +223,7 @@ def test_a_channel_consumer_on_one_node_consumes_a_queue_owned_by_another(nodes:
     # c routes the publishes: it must have seen both declares (its watch)
     wait_for("work and local seen on c", lambda: all(
         c.request("GET", f"/queues/{name}")[0] == 200 for name in ("work", "local")))
-    events = _channel_publish(c, [{"routing_key": "work", "body": f"w{i}"} for i in range(5)]
+    events = channel_publish(c, [{"routing_key": "work", "body": f"w{i}"} for i in range(5)]
                               + [{"routing_key": "local", "body": "l0"}])
     assert all(e["ev"] == "ack" for e in events)
     ch = RawChannel(b.port)
@@ -276,7 +258,7 @@ def test_a_channel_consumer_on_one_node_consumes_a_queue_owned_by_another(nodes:
     wait_for("acks reached the owner", lambda: a.request("GET", "/queues/work")[1]["messages_unacked"] == 0)
     assert a.request("GET", "/queues/work")[1]["messages_ready"] == 0
     # unacked relayed deliveries go back to the owner's queue when the channel ends
-    _channel_publish(c, [{"routing_key": "work", "body": "again"}])
+    channel_publish(c, [{"routing_key": "work", "body": "again"}])
     ch = RawChannel(c.port)
     try:
         ch.send({"op": "consume", "queue": "work", "id": 1})
@@ -300,7 +282,7 @@ def test_delays_and_priorities_cross_owners(nodes: Nodes) -> None:
     a, b, c = _three(nodes)
     _declare_on(a, "prio", b, arguments={"x-max-priority": 9})
     _declare_on(a, "later", c)
-    events = _channel_publish(a, [
+    events = channel_publish(a, [
         {"routing_key": "prio", "body": "low", "properties": {"priority": 1}},
         {"routing_key": "prio", "body": "high", "properties": {"priority": 8}},
         {"routing_key": "later", "body": "delayed", "delay_s": 1.5},
@@ -320,7 +302,7 @@ def test_a_dead_letter_reaches_a_queue_on_another_node(nodes: Nodes) -> None:
     assert a.request("POST", "/bindings", {"exchange": "dlx", "queue": "dead"})[0] == 201
     _declare_on(c, "work", a, arguments={"x-dead-letter-exchange": "dlx"})
     wait_for("the binding on a", lambda: a.request("GET", "/queues/dead")[0] == 200)
-    events = _channel_publish(c, [{"routing_key": "work", "body": "doomed"}])
+    events = channel_publish(c, [{"routing_key": "work", "body": "doomed"}])
     assert events[-1]["ev"] == "ack"
     status, got = c.request("POST", "/queues/work/get?lease=60")
     assert status == 200 and len(got["messages"]) == 1, got
@@ -345,7 +327,7 @@ def test_exchange_to_exchange_bindings_and_a_stream_across_owners(nodes: Nodes) 
     for q in ("q1", "q2"):
         assert a.request("POST", "/bindings", {"exchange": "back", "queue": q})[0] == 201
     wait_for("the bindings on c", lambda: c.request("GET", "/exchanges/back")[0] == 200)
-    events = _channel_publish(c, [{"exchange": "front", "routing_key": "k", "body": f"e{i}"} for i in range(3)]
+    events = channel_publish(c, [{"exchange": "front", "routing_key": "k", "body": f"e{i}"} for i in range(3)]
                               + [{"exchange": "front", "routing_key": "other", "body": "nowhere"}])
     assert all(e["ev"] == "ack" for e in events)
     assert _bodies(b, "q1") == ["e0", "e1", "e2"]
@@ -365,7 +347,7 @@ def test_exchange_to_exchange_bindings_and_a_stream_across_owners(nodes: Nodes) 
 def test_a_channel_purges_a_queue_another_node_owns(nodes: Nodes) -> None:
     a, b, c = _three(nodes)
     _declare_on(c, "full", a)
-    assert all(e["ev"] == "ack" for e in _channel_publish(c, [{"routing_key": "full", "body": f"m{i}"} for i in range(4)]))
+    assert all(e["ev"] == "ack" for e in channel_publish(c, [{"routing_key": "full", "body": f"m{i}"} for i in range(4)]))
     replies = _channel_ops(b, [{"op": "purge_queue", "queue": "full"}])
     assert replies[0]["ev"] == "ok" and replies[0]["messages"] == 4, replies
     assert a.request("GET", "/queues/full")[1]["messages_ready"] == 0
@@ -374,7 +356,7 @@ def test_a_channel_purges_a_queue_another_node_owns(nodes: Nodes) -> None:
 def test_a_channel_get_of_a_queue_another_node_owns_is_settled_there(nodes: Nodes) -> None:
     a, b, _c = _three(nodes)
     _declare_on(b, "gq", a)
-    assert all(e["ev"] == "ack" for e in _channel_publish(b, [{"routing_key": "gq", "body": f"g{i}"} for i in range(3)]))
+    assert all(e["ev"] == "ack" for e in channel_publish(b, [{"routing_key": "gq", "body": f"g{i}"} for i in range(3)]))
     ch = RawChannel(b.port)
     try:
         ch.send({"op": "get", "queue": "gq", "id": 1})
@@ -407,17 +389,17 @@ def test_a_hung_owner_does_not_hold_confirms_for_ever(nodes: Nodes) -> None:
     _declare_on(c, "qb", b)
     for q in ("qa", "qb"):
         assert a.request("POST", "/bindings", {"exchange": "both", "queue": q})[0] == 201
-    assert all(e["ev"] == "ack" for e in _channel_publish(a, [{"exchange": "both", "body": "warm"}]))
+    assert all(e["ev"] == "ack" for e in channel_publish(a, [{"exchange": "both", "body": "warm"}]))
     assert b.proc is not None
     os.kill(b.proc.pid, signal.SIGSTOP)  # hung: its connections stay open, it answers nothing
     try:
         started = time.monotonic()
-        events = _channel_publish(a, [{"exchange": "both", "body": "stuck"}])
+        events = channel_publish(a, [{"exchange": "both", "body": "stuck"}])
         waited = time.monotonic() - started
         assert events[-1]["ev"] == "nack" and events[-1]["reason"].startswith("queue_unavailable"), events
         assert waited < TTL_S + 10, waited
         # a publish to this node's own queue is not held behind it
-        assert _channel_publish(a, [{"routing_key": "qa", "body": "fine"}])[-1]["ev"] == "ack"
+        assert channel_publish(a, [{"routing_key": "qa", "body": "fine"}])[-1]["ev"] == "ack"
         assert [m["body"] for m in a.drain("qa")] == ["warm", "stuck", "fine"]
     finally:
         os.kill(b.proc.pid, signal.SIGCONT)
@@ -458,11 +440,11 @@ def test_a_get_over_queues_on_several_nodes(nodes: Nodes) -> None:
     a, b, c = _three(nodes)
     for name, owner in (("g-a", a), ("g-b", b), ("g-c", c)):
         _declare_on(a, name, owner)
-    assert all(e["ev"] == "ack" for e in _channel_publish(a, [{"routing_key": "g-c", "body": "from-c"}]))
+    assert all(e["ev"] == "ack" for e in channel_publish(a, [{"routing_key": "g-c", "body": "from-c"}]))
     status, got = a.request("POST", "/get", {"queues": ["g-a", "g-b", "g-c"], "lease": 60})
     assert status == 200 and [m["body"] for m in got["messages"]] == ["from-c"] and got["queue"] == "g-c", got
     # preference across nodes: g-b (listed first) before g-a
-    _channel_publish(a, [{"routing_key": "g-a", "body": "from-a"}, {"routing_key": "g-b", "body": "from-b"}])
+    channel_publish(a, [{"routing_key": "g-a", "body": "from-a"}, {"routing_key": "g-b", "body": "from-b"}])
     status, got = c.request("POST", "/get", {"queues": ["g-b", "g-a"], "lease": 60})
     assert status == 200 and [m["body"] for m in got["messages"]] == ["from-b"], got
     # a long poll over several nodes' queues answers when one of them gets a message
@@ -473,7 +455,7 @@ def test_a_get_over_queues_on_several_nodes(nodes: Nodes) -> None:
 
     thread = threading.Thread(target=poll)
     thread.start()
-    _channel_publish(a, [{"routing_key": "g-b", "body": "late"}])
+    channel_publish(a, [{"routing_key": "g-b", "body": "late"}])
     thread.join(timeout=20)
     status, got = result["answer"]  # type: ignore[misc]
     assert status == 200 and [m["body"] for m in got["messages"]] == ["late"], got
