@@ -106,11 +106,12 @@ class RuntimeBridge:
 
     def publish(
         self, channel_id: int, exchange: str, routing_key: str, body: bytes, properties: dict[str, Any] | None,
-        mandatory: bool, charge: int,
+        mandatory: bool, charge: int, dedup: bool,
     ) -> int:
-        """A publish on a channel (effects at :meth:`flush`); its publish tag."""
+        """A publish on a channel (effects at :meth:`flush`); its publish tag. ``dedup``:
+        whether its ``message_id`` deduplicates it (the connection asked for it)."""
         return self.gateway.publish(channel_id, exchange, routing_key, body, properties, mandatory=mandatory,
-                                    charge=charge)
+                                    charge=charge, dedup=dedup)
 
     def flush(self) -> None:
         """Carry out every effect the core has produced (deliveries, confirms, log)."""

@@ -273,6 +273,9 @@ class AMQPSession:
         #: When queued output goes out, and the delivery credit it gives back.
         self.credit = DeliveryCredit(bridge, lambda: self.channels.values(), wake)
         self.cancel_notify = False
+        #: Whether this connection's publishes are deduplicated by ``message_id``: only
+        #: when it asked (client property ``x-deduplicate: true``); RabbitMQ never does.
+        self.deduplicate = False
         self.closing_reason: str | None = None
         self.blocked = False
         #: When this connection's publishes started waiting in the current alarm.
@@ -362,6 +365,7 @@ class AMQPSession:
         self.user_agent = str(event.client_properties.get("product", ""))[:128] or None
         caps = event.client_properties.get("capabilities")
         self.cancel_notify = isinstance(caps, dict) and bool(caps.get("consumer_cancel_notify"))
+        self.deduplicate = event.client_properties.get("x-deduplicate") is True
         if not self._has_users():
             # As RabbitMQ's guest: guest/guest, from loopback only.
             if event.username == "guest" and event.password == "guest" and self.loopback:
@@ -522,7 +526,9 @@ class AMQPSession:
         if props:
             props = self._properties(props)
         charge = delivery_cost(event.body)
-        tag = self.bridge.publish(ch.core_id, exchange, publish.routing_key, event.body, props, publish.mandatory, charge)
+        tag = self.bridge.publish(
+            ch.core_id, exchange, publish.routing_key, event.body, props, publish.mandatory, charge, self.deduplicate
+        )
         ch.published += 1
         if tag:
             ch.unconfirmed.append((tag, charge))

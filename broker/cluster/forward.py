@@ -240,13 +240,15 @@ class Forwarder:
         properties: dict[str, Any] | None,
         delay_s: float | None,
         settle: Callable[[bool, str | None], None],
+        *,
+        dedup: bool = True,
     ) -> None:
         peer = self._peer(owner)
         if peer is None:
             self._later(settle, f"queue_unavailable: node {owner!r} is down")
             return
         self.forwarded += 1
-        peer.queue_publish(exchange, routing_key, body, properties, delay_s, settle)
+        peer.queue_publish(exchange, routing_key, body, properties, delay_s, settle, dedup=dedup)
 
     # ------------------------------------------------------------------- peers
 

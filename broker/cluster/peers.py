@@ -8,7 +8,10 @@ with the cluster secret (``X-Ackbus-Cluster-Secret``). Publishes queued while a
 write is in progress leave together as one chunk; the peer's ``ack``/``nack`` events
 settle them in tag order (its confirms never skip). When the connection fails, every
 publish still waiting is settled as a nack (``queue_unavailable``): the client's
-resend with the same ``message_id`` is deduplicated by the owner.
+resend with the same ``message_id`` is deduplicated by the owner. A publish made
+without deduplication (AMQP's, by default) is forwarded with ``"dedup": false`` and
+the owner does not deduplicate it either: if the owner took it but its answer was
+lost, the resend is enqueued again (at least once, as RabbitMQ).
 """
 
 from __future__ import annotations
@@ -88,7 +91,10 @@ async def open_peer(url: str, ssl_context: ssl.SSLContext | None) -> tuple[trio.
         return tls, f"{host}:{port}"
 
 
-def _publish_line(exchange: str, routing_key: str, body: bytes, properties: dict[str, Any] | None, delay_s: float | None) -> bytes:
+def _publish_line(
+    exchange: str, routing_key: str, body: bytes, properties: dict[str, Any] | None, delay_s: float | None,
+    dedup: bool = True,
+) -> bytes:
     # mandatory: a copy the owner routes to none of its queues (the queue moved to
     # another leader, or was deleted, since this node routed it) comes back as a
     # return, and its confirm is taken as a nack (see ForwardingChannel._read)
@@ -101,6 +107,8 @@ def _publish_line(exchange: str, routing_key: str, body: bytes, properties: dict
         op["properties"] = properties
     if delay_s:
         op["delay_s"] = delay_s
+    if not dedup:
+        op["dedup"] = False
     return orjson.dumps(op) + b"\n"
 
 
@@ -135,9 +143,10 @@ class PeerChannel:
         self._wakeup.set()
 
     def queue_publish(
-        self, exchange: str, routing_key: str, body: bytes, properties: dict[str, Any] | None, delay_s: float | None, settle: Settle
+        self, exchange: str, routing_key: str, body: bytes, properties: dict[str, Any] | None, delay_s: float | None, settle: Settle,
+        *, dedup: bool = True,
     ) -> None:
-        self.send(_publish_line(exchange, routing_key, body, properties, delay_s), settle)
+        self.send(_publish_line(exchange, routing_key, body, properties, delay_s, dedup), settle)
 
     def fail_all(self, reason: str) -> None:
         """Nack every publish queued or waiting for its confirm."""

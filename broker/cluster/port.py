@@ -83,8 +83,10 @@ class ClusterGatewayPort:
         properties: dict[str, Any] | None,
         delay_s: float | None,
         settle: Callable[[bool, str | None], None],
+        *,
+        dedup: bool = True,
     ) -> None:
-        self.forwarder.send(owner, exchange, routing_key, body, properties, delay_s, settle)
+        self.forwarder.send(owner, exchange, routing_key, body, properties, delay_s, settle, dedup=dedup)
 
     async def purge_remote(self, queue: str) -> int:
         located = self.owner_of(queue)

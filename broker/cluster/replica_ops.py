@@ -8,9 +8,12 @@ node leads into ops of the queue's replicated log, naming a message by the offse
 its ``pub`` entry, which every replica shares:
 
 - ``{"t": "pub", "x": exchange, "k": routing key, "p": properties, "b": body (base64),
-  "w": publish time, "d": due time}``: a message entered the queue (a publish, or a
-  dead letter moved into it); ``d`` (wall-clock seconds) only for one held back until
-  then (a publish's ``delay``);
+  "w": publish time, "d": due time, "nd": 1}``: a message entered the queue (a publish,
+  or a dead letter moved into it); ``d`` (wall-clock seconds) only for one held back
+  until then (a publish's ``delay``); ``nd`` only for one whose ``message_id`` is not a
+  deduplication id (its core record carries none: a publish made without
+  deduplication, AMQP's by default, or one the core does not remember, such as a
+  nacked publish or a dead letter), which a new leader must not remember either;
 - ``{"t": "due", "n": [[id, due in ms], ...]}``: messages held back again until a
   time (a nack or reject with a delay);
 - ``{"t": "dlv", "ids": [...]}``: messages handed to a consumer (each once more);
@@ -25,7 +28,7 @@ its ``pub`` entry, which every replica shares:
 in log order, with how many times each was delivered (a message delivered before comes
 back marked redelivered) and when each is due if it is held back, and the message ids
 of settled publishes (the deduplication window: a publish resent to the new leader
-lands once).
+lands once), leaving out those marked ``nd``.
 """
 
 from __future__ import annotations
@@ -142,28 +145,32 @@ class RecordTranslator:
                 continue
             if record is None:
                 record = decode_enqueue(payload)
+            properties = record.properties
             op = {
                 "t": "pub",
                 "x": record.exchange,
                 "k": record.routing_key,
-                "p": _properties(record.properties, record.message_id),
+                "p": _properties(properties, record.message_id),
                 "b": base64.b64encode(record.body).decode(),
                 "w": record.wall_s,
             }
             if due is not None:
                 op["d"] = due
+            if record.message_id is None and properties and properties.get("message_id") is not None:
+                op["nd"] = 1  # its id is no deduplication id (see the module docstring)
             queue.ids[record.seq] = self.append(queue, op, lsn, record.seq)
 
 
 def published_ids(entries: list[tuple[int, int, dict[str, Any]]]) -> list[tuple[str, str]]:
-    """The (exchange, message id) of every ``pub`` entry among ``entries`` that has an id.
+    """The (exchange, message id) of every ``pub`` entry among ``entries`` that has a
+    deduplication id (an id, and no ``nd`` mark).
 
     A leader that stops leading forgets these for its uncommitted tail: those messages
     leave with the queue and may be truncated by the next leader, so a resend of one
     must be taken again, not answered as a duplicate of a message no node keeps."""
     found = []
     for _epoch, _offset, op in entries:
-        if op.get("t") == "pub":
+        if op.get("t") == "pub" and "nd" not in op:
             message_id = (op.get("p") or {}).get("message_id")
             if isinstance(message_id, str):
                 found.append((op["x"], message_id))
@@ -191,6 +198,8 @@ class LiveMessage:
     deliveries: int = 0
     #: held back until this wall-clock time (None: ready)
     due: float | None = None
+    #: whether its ``message_id`` is a deduplication id (a ``pub`` without ``nd``)
+    dedup: bool = True
 
     @property
     def body(self) -> bytes:
@@ -211,7 +220,7 @@ def fold(entries: list[tuple[int, int, dict[str, Any]]]) -> tuple[list[LiveMessa
             due = op.get("d")
             live[offset] = LiveMessage(
                 offset, op["x"], op["k"], op["b"], op.get("p"), float(op["w"]),
-                due=float(due) if due is not None else None,
+                due=float(due) if due is not None else None, dedup="nd" not in op,
             )
         elif kind == "dlv":
             for i in op["ids"]:
@@ -231,7 +240,7 @@ def fold(entries: list[tuple[int, int, dict[str, Any]]]) -> tuple[list[LiveMessa
         elif kind == "set":
             for i in op["ids"]:
                 m = live.pop(i, None)
-                if m is not None and m.properties and m.properties.get("message_id") is not None:
+                if m is not None and m.dedup and m.properties and m.properties.get("message_id") is not None:
                     settled.append((m.exchange, str(m.properties["message_id"]), m.wall))
     return list(live.values()), settled
 
@@ -251,8 +260,10 @@ def snapshot_op(entries: list[tuple[int, int, dict[str, Any]]], settled_since: f
         return None
     return {
         "t": "snap",
+        # (a ninth column, 1, only for a message without deduplication: ``nd``)
         "live": [
             [m.id, m.exchange, m.routing_key, m.properties, m.b64, m.wall, m.deliveries, m.due]
+            + ([] if m.dedup else [1])
             for m in live
         ],
         "settled": [[x, mid, wall] for x, mid, wall in settled if wall >= settled_since],
@@ -276,8 +287,8 @@ def _live_at_least(entries: list[tuple[int, int, dict[str, Any]]]) -> int:
 
 
 def _live_from_row(row: list[Any]) -> LiveMessage:
-    mid, exchange, routing_key, properties, body, wall, deliveries, due = row
+    mid, exchange, routing_key, properties, body, wall, deliveries, due, *no_dedup = row
     return LiveMessage(
         int(mid), str(exchange), str(routing_key), str(body), properties, float(wall), int(deliveries),
-        float(due) if due is not None else None,
+        float(due) if due is not None else None, dedup=not no_dedup,
     )

@@ -305,7 +305,8 @@ class Replication:
                 # back (a delay) stays held back until it is due
                 due = m.due if m.due is not None and m.due > now else None
                 seq = core.restore_message(
-                    name, m.exchange, m.routing_key, m.body, m.properties, m.wall, max(1, m.deliveries), due
+                    name, m.exchange, m.routing_key, m.body, m.properties, m.wall, max(1, m.deliveries), due,
+                    dedup=m.dedup,
                 )
                 led.ids[seq] = m.id
                 restored.append((m.id, seq))

@@ -509,14 +509,17 @@ class Broker:
         wall: float,
         deliveries: int = 0,
         due: float | None = None,
+        *,
+        dedup: bool = True,
     ) -> int:
         """Put a message into ``queue`` as another copy of it held the message
-        (``Publishing.restore``), held back until wall-clock ``due`` if given; returns
-        its seq. Raises ``NotFound``."""
+        (``Publishing.restore``), held back until wall-clock ``due`` if given, its
+        ``message_id`` remembered for deduplication only with ``dedup``; returns its
+        seq. Raises ``NotFound``."""
         found = self.store.queues.get(queue)
         if found is None:
             raise NotFound(f"no queue {queue!r}")
-        return self.publishing.restore(found, exchange, routing_key, body, properties, wall, deliveries, due)
+        return self.publishing.restore(found, exchange, routing_key, body, properties, wall, deliveries, due, dedup)
 
     def storage_recovered(self) -> None:
         """Writes succeed again: accept persistent publishes again."""

@@ -3,8 +3,12 @@
 ``publish`` routes (topology; with the keys of the ``CC`` and ``BCC`` headers too,
 taking ``BCC`` out of the message: senderselected.py), deduplicates (the log's window)
 and enqueues (queue store) a message and logs its ENQUEUE record; the confirm waits
-for that record's LSN (``MessageLog.release_confirms``). A transactional channel's
-publishes are held until its commit (transactions.py).
+for that record's LSN (``MessageLog.release_confirms``). A publish made with
+``dedup=False`` (AMQP's, unless its connection asks for deduplication) skips the
+window: it is neither looked up nor remembered, and its record carries no
+deduplication id (the record's ``message_id`` field is that id, which replay
+remembers; the message's properties keep its ``message_id`` for delivery). A
+transactional channel's publishes are held until its commit (transactions.py).
 
 This is the per-message path: collaborators' methods are bound once, in the
 constructor, not looked up through other objects per message.
@@ -74,6 +78,7 @@ class Publishing:
         *,
         mandatory: bool = False,
         delay_s: float | None = None,
+        dedup: bool = True,
     ) -> PublishResult:
         """Publish a message; return (publish tag, queues routed to).
 
@@ -83,6 +88,8 @@ class Publishing:
         nack, not an exception. ``properties`` must already be validated
         (``check_properties``). ``delay_s`` (validated: ``check_delay``) holds the
         message back in its queues until then; its TTL counts from that time.
+        ``dedup`` False: the publish is taken even if its ``message_id`` was seen
+        within the window, and is not remembered there (RabbitMQ's way).
 
         Raises: ``InvalidArgument`` for a routing key over 255 bytes (every entry
         point, REST and channels alike, is refused the same way), ``ChannelError``
@@ -91,11 +98,11 @@ class Publishing:
         check_routing_key(routing_key)
         ch = self._channel(channel_id)
         if ch.tx is not None:
-            return self._hold_publish(ch, exchange_name, routing_key, body, properties, mandatory, delay_s), 0
+            return self._hold_publish(ch, exchange_name, routing_key, body, properties, mandatory, delay_s, dedup), 0
         ch.publish_seq += 1
         tag = ch.publish_seq
         self._stats["published"] += 1
-        return tag, self.publish_tagged(ch, tag, exchange_name, routing_key, body, properties, mandatory, delay_s)
+        return tag, self.publish_tagged(ch, tag, exchange_name, routing_key, body, properties, mandatory, delay_s, dedup)
 
     def refuse_publish(self, channel_id: int, reason: str) -> int | None:
         """A publish the runtime refused before routing it (publishing blocked by a
@@ -123,6 +130,7 @@ class Publishing:
         properties: dict[str, Any] | None,
         mandatory: bool,
         delay_s: float | None,
+        dedup: bool = True,
     ) -> int:
         """Route and enqueue a publish already numbered ``tag``; return the number of
         queues it reached (see :meth:`publish`)."""
@@ -138,7 +146,8 @@ class Publishing:
         exchange.messages_in += 1
 
         wall = self._wall_clock()
-        message_id = properties.get("message_id") if properties else None
+        # the deduplication id (None: not deduplicated, see the module docstring)
+        message_id = properties.get("message_id") if properties and dedup else None
         if message_id is not None:
             seen_lsn = self._dedup.lookup(exchange_name, message_id, wall)
             if seen_lsn is not None:
@@ -269,20 +278,21 @@ class Publishing:
         wall: float,
         deliveries: int,
         due: float | None = None,
+        dedup: bool = True,
     ) -> int:
         """Put one message into ``queue`` as another copy of the queue held it (a
         replica taking a replicated queue over): logged like a publish (with its due
         time when it is held back until ``due``), remembered by the deduplication
-        window under its exchange, and counted as delivered ``deliveries`` times
-        (redelivered when more than 0). No confirm: nobody published it here. Returns
-        its seq."""
+        window under its exchange unless it was published with ``dedup`` False, and
+        counted as delivered ``deliveries`` times (redelivered when more than 0). No
+        confirm: nobody published it here. Returns its seq."""
         seq = self._take_seq()
         start = due if due is not None else wall
         msg_expires = None
         if properties is not None and "expiration" in properties:
             msg_expires = start + properties["expiration"] / 1000.0
         message = StoredMessage(seq, exchange_name, routing_key, body, properties, msg_expires, enqueued_at=start)
-        message_id = message.message_id
+        message_id = message.message_id if dedup else None
         lsn = 0
         if queue.persistent_log and message.persistent:
             payload = rec.encode_enqueue(
@@ -315,8 +325,9 @@ class Publishing:
         properties: dict[str, Any] | None,
         mandatory: bool,
         delay_s: float | None,
+        dedup: bool,
     ) -> int:
-        """Hold a publish for the commit; return its tag."""
+        """Hold a publish for the commit (with its ``dedup`` flag); return its tag."""
         tx = ch.tx
         assert tx is not None
         if tx.bytes + len(body) > MAX_TX_BYTES or len(tx.publishes) + len(tx.settles) >= MAX_TX_OPS:
@@ -327,7 +338,7 @@ class Publishing:
         ch.publish_seq += 1
         self._stats["published"] += 1
         tx.bytes += len(body)
-        tx.publishes.append((ch.publish_seq, (exchange_name, routing_key, body, properties, mandatory, delay_s)))
+        tx.publishes.append((ch.publish_seq, (exchange_name, routing_key, body, properties, mandatory, delay_s, dedup)))
         return ch.publish_seq
 
 

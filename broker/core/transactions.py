@@ -31,8 +31,8 @@ from .publishing import Publishing
 __all__ = ["Transactions", "TxPublish", "MAX_TX_BYTES", "MAX_TX_OPS"]
 
 #: A publish a transaction holds: (tag, exchange, routing key, body, properties,
-#: mandatory, delay_s).
-TxPublish = tuple[int, str, str, bytes, dict[str, Any] | None, bool, float | None]
+#: mandatory, delay_s, dedup).
+TxPublish = tuple[int, str, str, bytes, dict[str, Any] | None, bool, float | None, bool]
 
 
 class Transactions:
@@ -58,7 +58,7 @@ class Transactions:
 
     def tx_publishes(self, channel_id: int) -> list[TxPublish]:
         """The publishes the transaction holds, in order: (tag, exchange, routing key,
-        body, properties, mandatory, delay_s). A cluster routes them before the commit
+        body, properties, mandatory, delay_s, dedup). A cluster routes them before the commit
         to learn which reach queues of other nodes. Raises ChannelError when the
         channel is not transactional."""
         tx = self._transactional(channel_id).tx
@@ -100,8 +100,8 @@ class Transactions:
                 if answers is None:
                     self._publishing.publish_tagged(ch, tag, *args)
                     continue
-                exchange, routing_key, body, properties, _mandatory, delay_s = args
-                self._publishing.publish_tagged(ch, tag, exchange, routing_key, body, properties, False, delay_s)
+                exchange, routing_key, body, properties, _mandatory, delay_s, dedup = args
+                self._publishing.publish_tagged(ch, tag, exchange, routing_key, body, properties, False, delay_s, dedup)
                 ch.confirms.hold(tag, answers)
             for kind, tag, multiple, requeue, delay_s in tx.settles:
                 if kind == "ack":

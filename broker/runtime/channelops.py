@@ -43,11 +43,12 @@ class ChannelOps:
         mandatory: bool,
         delay_s: float | None,
         charge: int,
+        dedup: bool = True,
     ) -> int:
         """``CommandGateway.publish`` on a single node; the publish tag."""
         channel_id = self.channel_id
         tag, _routed = self._publishing.publish(
-            channel_id, exchange, routing_key, body, properties, mandatory=mandatory, delay_s=delay_s
+            channel_id, exchange, routing_key, body, properties, mandatory=mandatory, delay_s=delay_s, dedup=dedup
         )
         self._confirms.track(channel_id, tag, charge)
         return tag

@@ -182,20 +182,23 @@ class CommandGateway:
         mandatory: bool = False,
         delay_s: float | None = None,
         charge: int = 0,
+        dedup: bool = True,
     ) -> int:
         """Publish on an open channel without carrying out the effects (a channel
         batches its publishes; see :meth:`CommandBatch.flush`). Its confirm arrives as
         a ``Confirm`` effect on the channel; until then it charges ``charge`` bytes
-        (``runtime.confirms.unconfirmed_bytes``). Returns the publish tag."""
+        (``runtime.confirms.unconfirmed_bytes``). ``dedup`` False: not deduplicated by
+        its ``message_id`` (``Broker.publish``), here nor by the owners it is forwarded
+        to. Returns the publish tag."""
         forwarder = self.runtime.cluster
         if forwarder is not None:
             plan = forwarder.plan(channel_id, exchange, routing_key, properties.get("headers") if properties else None)
             if plan is not None:
-                tag, _routed = self._forward(channel_id, plan, exchange, routing_key, body, properties, mandatory, delay_s)
+                tag, _routed = self._forward(channel_id, plan, exchange, routing_key, body, properties, mandatory, delay_s, dedup)
                 self.runtime.confirms.track(channel_id, tag, charge)
                 return tag
         tag, _routed = self._core.publish(
-            channel_id, exchange, routing_key, body, properties, mandatory=mandatory, delay_s=delay_s
+            channel_id, exchange, routing_key, body, properties, mandatory=mandatory, delay_s=delay_s, dedup=dedup
         )
         self.runtime.confirms.track(channel_id, tag, charge)
         return tag
@@ -217,18 +220,23 @@ class CommandGateway:
         properties: dict[str, Any] | None,
         mandatory: bool,
         delay_s: float | None,
+        dedup: bool = True,
     ) -> tuple[int, int]:
         """Publish the part of ``plan`` on this node (if any), forward the rest to the
         owners, and hold the confirm for their answers: (publish tag, queues routed)."""
         core = self._core
         tag: int | None = None
         if plan.local:
-            tag, _routed = core.publish(channel_id, exchange, routing_key, body, properties, mandatory=mandatory, delay_s=delay_s)
+            tag, _routed = core.publish(
+                channel_id, exchange, routing_key, body, properties, mandatory=mandatory, delay_s=delay_s, dedup=dedup
+            )
         answers = len(plan.owners) + (1 if plan.refused else 0)
         held = core.hold_confirm(channel_id, tag, answers)
         if held is None:  # a transaction: the core holds it; forwarded at the commit (tx_commit)
             if tag is None:
-                tag, _routed = core.publish(channel_id, exchange, routing_key, body, properties, mandatory=mandatory, delay_s=delay_s)
+                tag, _routed = core.publish(
+                    channel_id, exchange, routing_key, body, properties, mandatory=mandatory, delay_s=delay_s, dedup=dedup
+                )
             return tag, 0
         forwarder = self.runtime.cluster
         assert forwarder is not None
@@ -240,7 +248,7 @@ class CommandGateway:
                 self.runtime.pump()
 
         for owner in plan.owners:
-            forwarder.send(owner, exchange, routing_key, body, properties, delay_s, settle)
+            forwarder.send(owner, exchange, routing_key, body, properties, delay_s, settle, dedup=dedup)
         if plan.refused:
             core.settle_held_confirm(channel_id, held, False, plan.refused)
         return held, plan.routed

@@ -62,10 +62,13 @@ class PublishForwarder(Protocol):
         properties: dict[str, Any] | None,
         delay_s: float | None,
         settle: Callable[[bool, str | None], None],
+        *,
+        dedup: bool = True,
     ) -> None:
         """Forward a publish to ``owner``; ``settle(ack, reason)`` is called once, later
         (never from within ``send``), with the owner's confirm (or a nack when it
-        cannot be reached)."""
+        cannot be reached). ``dedup`` False: the owner does not deduplicate it by its
+        ``message_id`` (a resend after a lost answer may then be enqueued twice)."""
 
 
 class ChannelSink(Protocol):

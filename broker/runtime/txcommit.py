@@ -83,13 +83,14 @@ class _Forward:
     body: bytes
     properties: dict[str, Any] | None
     delay_s: float | None
+    dedup: bool
 
 
 def _plan(cluster: ClusterPort, channel_id: int, publishes: list[Any]) -> list[_Forward]:
     """The publishes that reach other nodes, with their owners. Raises ChannelError
     (``queue_unavailable``) when one reaches a queue no node can take now."""
     forwards: list[_Forward] = []
-    for tag, exchange, routing_key, body, properties, _mandatory, delay_s in publishes:
+    for tag, exchange, routing_key, body, properties, _mandatory, delay_s, dedup in publishes:
         headers = properties.get("headers") if properties else None
         plan = cluster.plan(channel_id, exchange, routing_key, headers)
         if plan is None:
@@ -98,7 +99,7 @@ def _plan(cluster: ClusterPort, channel_id: int, publishes: list[Any]) -> list[_
             why = plan.refused.partition(": ")[2] or plan.refused
             raise ChannelError(f"transaction not committed, nothing of it applied: {why}", code="queue_unavailable")
         if plan.owners:
-            forwards.append(_Forward(tag, list(plan.owners), exchange, routing_key, body, properties, delay_s))
+            forwards.append(_Forward(tag, list(plan.owners), exchange, routing_key, body, properties, delay_s, dedup))
     return forwards
 
 
@@ -139,7 +140,9 @@ async def commit_across_nodes(
 
     for f in forwards:
         for owner in f.owners:
-            cluster.send(owner, f.exchange, f.routing_key, f.body, f.properties, f.delay_s, answer(f.tag, owner))
+            cluster.send(
+                owner, f.exchange, f.routing_key, f.body, f.properties, f.delay_s, answer(f.tag, owner), dedup=f.dedup
+            )
     runtime.pump()
     if core.last_lsn > before:  # this node's part, durable
         await runtime.wait_durable(core.last_lsn)

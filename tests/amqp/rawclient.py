@@ -89,8 +89,9 @@ class RawAMQP:
 
     async def handshake(
         self, user: str = "guest", password: str = "guest", *, heartbeat: int = 0, frame_max: int = 131072,
-        mechanism: str = "PLAIN",
+        mechanism: str = "PLAIN", client_properties: dict[str, Any] | None = None,
     ) -> None:
+        """Open the connection; ``client_properties`` are added to the client's own."""
         await self.send_bytes(b"AMQP\x00\x00\x09\x01")
         start = await self.expect(commands.Connection.Start)
         assert start.server_properties["capabilities"]["publisher_confirms"] is True
@@ -102,7 +103,8 @@ class RawAMQP:
             response = encode_table({"LOGIN": user, "PASSWORD": password})[4:].decode()
         await self.send(0, commands.Connection.StartOk(
             client_properties={"product": "rawclient", "capabilities": {"connection.blocked": True,
-                                                                       "consumer_cancel_notify": True}},
+                                                                       "consumer_cancel_notify": True},
+                               **(client_properties or {})},
             mechanism=mechanism, response=response,
         ))
         tune = await self.expect(commands.Connection.Tune)

@@ -74,9 +74,9 @@ class _Session:
 
         class ChannelOps:  # records as the gateway's publish and the core's ack do
             def publish(self, exchange: str, routing_key: str, body: bytes, properties: Any, mandatory: bool,
-                        delay_s: Any, charge: int) -> None:
+                        delay_s: Any, charge: int, dedup: bool = True) -> None:
                 session.calls.append(("publish", (session.channel_id, exchange, routing_key, body, properties),
-                                      {"mandatory": mandatory, "delay_s": delay_s, "charge": charge}))
+                                      {"mandatory": mandatory, "delay_s": delay_s, "charge": charge, "dedup": dedup}))
 
             def ack(self, tag: Any, multiple: bool) -> None:
                 session.calls.append(("ack", (session.channel_id, tag, multiple), {}))
@@ -162,6 +162,7 @@ _properties = st.one_of(_json, st.dictionaries(_property_names, _json, max_size=
 _publish_fields = {
     "exchange": _json, "routing_key": _json, "body": _json, "body_b64": _json, "properties": _properties,
     "mandatory": _json, "delay_s": _json, "id": _json, "multiple": _json, "routng_key": _json, "deadline_ms": _json,
+    "dedup": _json,
 }
 _tag_lists = st.lists(st.one_of(st.integers(min_value=-5, max_value=2**64 + 1), _scalars), max_size=4)
 _ack_fields = {
@@ -213,6 +214,11 @@ def _ops(draw: Any) -> bytes:
 @example(b'{"op":"publish","properties":{"headers":{"a":' + b"[" * 40 + b"]" * 40 + b"}}}")
 @example(b'{"op":"publish","body":"\\ud800"}')
 @example(b'{"op":"publish"} x')
+@example(b'{"op":"publish","routing_key":"q","properties":{"message_id":"m"},"dedup":false}')
+@example(b'{"op":"publish","dedup":true}')
+@example(b'{"op":"publish","dedup":"no"}')
+@example(b'{"op":"publish","dedup":0}')
+@example(b'{"op":"publish","dedup":null}')
 def test_fast_path_does_what_the_general_path_does(line: bytes) -> None:
     _same(line)
 
@@ -237,6 +243,7 @@ def test_delivery_tag_boundaries(tag: Any) -> None:
 
 @pytest.mark.parametrize("line, kind", [
     (b'{"op":"publish","routing_key":"q","body":"x","properties":{"delivery_mode":2,"message_id":"m"},"id":"m"}', PublishOp),
+    (b'{"op":"publish","routing_key":"q","body":"x","properties":{"message_id":"m"},"dedup":false}', PublishOp),
     (b'{"op":"ack","delivery_tag":3,"multiple":true}', AckOp),
     (b'{"op":"ack","delivery_tags":[3,5,9]}', AckOp),
 ])

@@ -343,3 +343,46 @@ def test_a_declare_ok_of_a_queue_another_node_owns_counts_on_the_owner(two: tupl
     finally:
         conn_a.close()
         conn_b.close()
+
+
+def test_amqp_publishes_forwarded_to_the_owner_are_deduplicated_only_when_asked(
+    two: tuple[AMQPNode, AMQPNode],
+) -> None:
+    """Publishes over AMQP on node a to a queue node b owns, each message id twice: b
+    enqueues every copy (as RabbitMQ: the forwarded publish says ``"dedup": false``),
+    in a transaction too; for a connection that sent ``x-deduplicate: true``, b takes
+    one copy of each id (docs/amqp.md, "Deduplication")."""
+    a, b = two
+    conn_b = b.connect()
+    conn_b.channel().queue_declare("dq", durable=True, arguments=CLIENT_LOCAL)
+    conn_b.close()
+    wait_for("a sees dq's owner", lambda: owners(a.proc).get("dq") == "b")
+
+    def publish_twice(client_properties: dict[str, Any], ids: list[str], *, tx: bool = False) -> None:
+        conn = pika.BlockingConnection(pika.ConnectionParameters(
+            "127.0.0.1", a.amqp_port, heartbeat=30, client_properties=client_properties))
+        try:
+            ch = conn.channel()
+            if tx:
+                ch.tx_select()
+            else:
+                ch.confirm_delivery()
+            for message_id in ids:
+                for copy in ("1", "2"):
+                    props = pika.BasicProperties(delivery_mode=2, message_id=message_id)
+                    ch.basic_publish("", "dq", f"{message_id}/{copy}".encode(), props)
+            if tx:
+                ch.tx_commit()
+        finally:
+            conn.close()
+
+    publish_twice({}, ["plain"])
+    publish_twice({}, ["in-tx"], tx=True)
+    publish_twice({"x-deduplicate": True}, ["asked"])
+    publish_twice({"x-deduplicate": True}, ["asked-in-tx"], tx=True)
+    messages = b.proc.drain("dq")
+    assert [(m["body"], m["properties"]["message_id"]) for m in messages] == [
+        ("plain/1", "plain"), ("plain/2", "plain"), ("in-tx/1", "in-tx"), ("in-tx/2", "in-tx"),
+        ("asked/1", "asked"), ("asked-in-tx/1", "asked-in-tx"),
+    ]
+    assert a.proc.request("GET", "/cluster")[1]["forwarding"]["forwarded"] >= 6

@@ -41,6 +41,12 @@ def test_forwarded_publishes_are_mandatory() -> None:
     assert orjson.loads(_publish_line("x", "k", b"b", None, None))["mandatory"] is True
 
 
+def test_a_publish_without_dedup_says_so_and_only_then() -> None:
+    """The owner reads the channel op's ``dedup`` flag (absent: true, old nodes' lines)."""
+    assert "dedup" not in orjson.loads(_publish_line("x", "k", b"b", {"message_id": "m"}, None))
+    assert orjson.loads(_publish_line("x", "k", b"b", {"message_id": "m"}, None, False))["dedup"] is False
+
+
 async def test_a_copy_the_owner_routed_nowhere_is_a_nack() -> None:
     results = await _settled_after(
         {"ev": "ack", "delivery_tag": 1, "multiple": False},

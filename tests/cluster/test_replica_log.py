@@ -394,3 +394,64 @@ def test_compaction_looks_at_its_prefix_off_the_event_loop_and_decides_as_before
 
     _run(main)
     assert on_loop == [False, False], "the prefix was looked at on the event loop"
+
+
+def test_a_publish_without_dedup_is_marked_and_a_new_leader_does_not_remember_it() -> None:
+    """A publish made without deduplication (AMQP's by default) keeps its message_id
+    as a property in its ``pub`` entry, marked ``nd``: the stepping-down leader does not
+    forget its id (published_ids), the fold does not count it among the settled ids,
+    a compacted log (snapshot) keeps the mark, and the new leader restores it without
+    remembering it, while a deduplicated publish's id is still remembered."""
+    wall = 1_700_000_000.0
+    core = Broker(clock=lambda: 0.0, wall_clock=lambda: wall)
+    core.declare_queue("q")
+    ops: list[dict[str, Any]] = []
+
+    def append(queue: LedQueue, op: dict[str, Any], lsn: int, seq: int) -> int:
+        ops.append(op)
+        return len(ops)
+
+    translator = RecordTranslator(append)
+    translator.led[core.queues["q"].qid] = LedQueue("q", core.queues["q"].qid)
+
+    def step() -> None:
+        for effect in core.take_effects():
+            if isinstance(effect, AppendRecords):
+                translator.tap(effect)
+                core.durable(effect.last_lsn)
+
+    ch = core.open_channel()
+    core.publish(ch, "", "q", b"plain, settled", {"message_id": "p1"}, dedup=False)
+    core.publish(ch, "", "q", b"plain, live", {"message_id": "p2"}, dedup=False)
+    core.publish(ch, "", "q", b"dedup, settled", {"message_id": "d1"})
+    core.publish(ch, "", "q", b"dedup, live", {"message_id": "d2"})
+    core.consume(ch, "q", prefetch=4)
+    step()
+    core.ack(ch, 1)
+    core.ack(ch, 3)
+    step()
+    pubs = [op for op in ops if op["t"] == "pub"]
+    assert [op["p"] for op in pubs] == [{"message_id": i} for i in ("p1", "p2", "d1", "d2")]
+    assert ["nd" in op for op in pubs] == [True, True, False, False]
+    entries = [(1, i + 1, op) for i, op in enumerate(ops)]
+    assert published_ids(entries) == [("", "d1"), ("", "d2")]
+    folded = fold(entries)
+    snap = snapshot_op(entries, 0.0, max_live_share=1.0)
+    assert snap is not None
+    assert [len(row) for row in snap["live"]] == [9, 8]  # (old snapshots' rows: 8 columns)
+    for live, settled in (folded, fold([(1, len(ops), snap)])):
+        assert [(m.body, m.dedup) for m in live] == [(b"plain, live", False), (b"dedup, live", True)]
+        assert [(x, mid) for x, mid, _w in settled] == [("", "d1")]
+        # the new leader, as replication.py takes the queue over
+        leader = Broker(clock=lambda: 0.0, wall_clock=lambda: wall)
+        leader.declare_queue("q")
+        for m in live:
+            leader.restore_message("q", m.exchange, m.routing_key, m.body, m.properties, m.wall, 1, m.due, dedup=m.dedup)
+        for x, mid, when in settled:
+            leader.remember_message_id(x, mid, when)
+        assert [leader.dedup.lookup("", i, wall) is not None for i in ("p1", "p2", "d1", "d2")] == [
+            False, False, True, True,
+        ]
+        assert [e.message.properties for e in leader.queues["q"].lanes[0].ready] == [
+            {"message_id": "p2"}, {"message_id": "d2"},
+        ]

@@ -20,6 +20,7 @@ from broker.config import Settings
 from tests.cluster.conftest import TTL_S, node_process, wait_for
 from tests.support.broker import BrokerProcess, stop_all
 from tests.support.etcd import EtcdProcess
+from tests.support.rawchannel import RawChannel
 
 pytestmark = pytest.mark.slow
 
@@ -375,3 +376,45 @@ def test_logs_are_compacted_and_a_wiped_follower_catches_up_from_the_snapshot(tm
         assert new.drain("q") == []
     finally:
         stop_all(procs.values())
+
+
+def test_a_new_leader_does_not_remember_the_ids_of_publishes_made_without_dedup(
+    three: dict[str, BrokerProcess],
+) -> None:
+    """A publish made without deduplication (a channel's ``"dedup": false``, as AMQP
+    publishes are), sent to a follower and forwarded to the leader, keeps its
+    message_id as a property but not as a deduplication id: after the leader is
+    killed, the new leader takes it over without remembering its id (a later publish of
+    that id lands), while a deduplicated publish's id is still remembered."""
+    _declare(three["a"], "dq")
+    leader = leader_of(three, "dq")
+    follower = next(p for p in three.values() if p is not leader)
+    ch = RawChannel(follower.port)
+    try:
+        ch.send(
+            {"op": "publish", "routing_key": "dq", "body": "plain", "properties": {"message_id": "p"}, "dedup": False},
+            {"op": "publish", "routing_key": "dq", "body": "deduplicated", "properties": {"message_id": "d"}},
+        )
+        confirmed: set[int] = set()
+        while confirmed != {1, 2}:
+            ack = ch.next_event()
+            assert ack["ev"] == "ack", ack
+            confirmed.update(range(1, ack["delivery_tag"] + 1) if ack.get("multiple") else [ack["delivery_tag"]])
+    finally:
+        ch.close()
+    wait_for("followers caught up", lambda: set(replication(leader, "dq")["lag"].values()) == {0})
+    old_name = next(n for n, p in three.items() if p is leader)
+    leader.kill()
+    new = leader_of({n: p for n, p in three.items() if n != old_name}, "dq", not_=old_name)
+    status, answer = wait_for(
+        "a confirm from the new leader",
+        lambda: (lambda r: r if r[0] == 200 and r[1].get("confirm") == "ack" else None)(publish(new, "dq", "again", "p")),
+        timeout_s=TTL_S * 4 + 10,
+    )
+    assert answer["routed"] == 1, answer  # "p" was not remembered: taken
+    status, answer = publish(new, "dq", "duplicate", "d")
+    assert status == 200 and answer["confirm"] == "ack" and answer["routed"] == 0, answer  # "d" was
+    messages = new.drain("dq")
+    assert sorted((body, m["properties"]["message_id"]) for body, m in zip(bodies(messages), messages)) == [
+        ("again", "p"), ("deduplicated", "d"), ("plain", "p"),
+    ]

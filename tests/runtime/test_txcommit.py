@@ -27,13 +27,16 @@ class _Cluster:
 
     def __init__(self) -> None:
         self.sent: list[Callable[[bool, str | None], None]] = []
+        #: (body, dedup) of each publish forwarded
+        self.forwarded: list[tuple[bytes, bool]] = []
 
     def plan(self, channel_id: int, exchange: str, routing_key: str, headers: Any) -> ForwardPlan | None:
         return ForwardPlan(False, ["b"], None, 1) if routing_key == "remote" else None
 
     def send(self, owner: str, exchange: str, routing_key: str, body: bytes, properties: Any, delay_s: Any,
-             settle: Callable[[bool, str | None], None]) -> None:
+             settle: Callable[[bool, str | None], None], *, dedup: bool = True) -> None:
         self.sent.append(settle)
+        self.forwarded.append((body, dedup))
 
 
 class _Relayed:
@@ -131,3 +134,35 @@ async def test_a_relayed_settle_refused_before_the_commit_applies_nothing() -> N
         await commit_across_nodes(runtime, cluster, cid, relayed)  # type: ignore[arg-type]
     assert refused.value.code == "queue_unavailable"
     assert relayed.calls == ["check"] and cluster.sent == [] and _ready_here(gateway) == 0
+
+
+async def test_a_publish_without_dedup_is_forwarded_without_it_at_the_commit() -> None:
+    """The owner must not deduplicate a transactional publish made with ``dedup``
+    False (an AMQP connection's): the flag travels from the held publish to the send."""
+    cluster = _Cluster()
+    runtime, gateway, cid = _transaction(cluster)  # (its "remote" publish: dedup on)
+    gateway.run(lambda core: core.publish(cid, "", "remote", b"plain", {"message_id": "m"}, dedup=False))
+
+    async def answer() -> None:
+        await trio.testing.wait_all_tasks_blocked()
+        for settle in cluster.sent:
+            settle(True, None)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(answer)
+        await commit_across_nodes(runtime, cluster, cid)  # type: ignore[arg-type]
+    assert cluster.forwarded == [(b"r", True), (b"plain", False)]
+
+
+async def test_the_gateway_forwards_a_publish_with_its_dedup_flag() -> None:
+    cluster = _Cluster()
+    runtime = BrokerRuntime(RuntimeOptions(data_dir=None))
+    runtime.cluster = cluster  # type: ignore[assignment]
+    gateway = CommandGateway(runtime)
+    cid = gateway.open_channel()
+    gateway.attach(cid, RecordingSink())
+    gateway.publish(cid, "", "remote", b"with", {"message_id": "m"})
+    gateway.publish(cid, "", "remote", b"without", {"message_id": "m"}, dedup=False)
+    assert cluster.forwarded == [(b"with", True), (b"without", False)]
+    for settle in cluster.sent:
+        settle(True, None)

@@ -404,9 +404,6 @@ def script_headers(port: int) -> Log:
     _fresh(ch, ("h.q",))
     ch.confirm_delivery()
     ch.queue_declare("h.q")
-    # A message id new to the broker: ackbus drops a publish whose message_id the same
-    # exchange saw within its deduplication window (docs/amqp.md, "What differs from
-    # RabbitMQ"), so a rerun against the same broker must not reuse one.
     message_id = uuid.uuid4().hex
     props = pika.BasicProperties(
         content_type="application/json", content_encoding="gzip", headers=HEADERS, delivery_mode=2, priority=3,
@@ -434,6 +431,38 @@ def script_headers(port: int) -> Log:
 
 
 # 5. the server's consumer cancel, auto-delete and exclusive queues -------------------------
+
+def script_message_id(port: int) -> Log:
+    """Publishes that share a ``message_id`` (an entity's id on each of its events, a
+    retry that copies the properties): every copy is enqueued and delivered with its
+    id, on a confirm channel and a plain one, whatever exchange it went through
+    (ackbus deduplicates AMQP publishes only for a connection that asks: docs/amqp.md,
+    "Deduplication")."""
+    log: Log = []
+    conn = connect(port)
+    ch = conn.channel()
+    _fresh(ch, ("mid.q",))
+    ch.queue_declare("mid.q")
+    ch.queue_bind("mid.q", "amq.direct", "mid")
+    same = pika.BasicProperties(message_id="order-7", delivery_mode=2)
+    plain = conn.channel()
+    plain.basic_publish("", "mid.q", b"plain 1", same)
+    plain.basic_publish("", "mid.q", b"plain 2", same)
+    ch.confirm_delivery()
+    for body, exchange, key in ((b"confirmed 1", "", "mid.q"), (b"confirmed 2", "", "mid.q"),
+                                (b"via amq.direct", "amq.direct", "mid")):
+        log.append(("publish", body, _publish_confirmed(ch, exchange, key, body, same)))
+    got = []
+    for _ in range(10):
+        method, props, body = ch.basic_get("mid.q", auto_ack=True)
+        if method is None:
+            break
+        got.append((body, props.message_id))
+    log.append(("got", got))
+    _fresh(ch, ("mid.q",))
+    conn.close()
+    return log
+
 
 def script_cancel_autodelete(port: int) -> Log:
     log: Log = []
@@ -840,7 +869,7 @@ def script_routing(port: int) -> Log:
 
 SCRIPTS = [
     script_expiry, script_overflow, script_nack_reject, script_mandatory_and_tx_settles, script_headers,
-    script_cancel_autodelete, script_purge_delete_sac_recover, script_qos, script_refused_declares,
+    script_message_id, script_cancel_autodelete, script_purge_delete_sac_recover, script_qos, script_refused_declares,
     script_redeclares_and_refusals, script_routing,
 ]
 

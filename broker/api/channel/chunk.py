@@ -115,11 +115,11 @@ def apply_typed(s: ServedChannel, lines: list[bytes], ops: list[PublishOp | AckO
             if clustered:
                 gateway.publish(
                     channel_id, exchange, op.routing_key, body, properties,
-                    mandatory=op.mandatory, delay_s=delay_s, charge=delivery_cost(body),
+                    mandatory=op.mandatory, delay_s=delay_s, charge=delivery_cost(body), dedup=op.dedup,
                 )
             else:
                 channel_ops.publish(exchange, op.routing_key, body, properties, op.mandatory, delay_s,
-                                    delivery_cost(body))
+                                    delivery_cost(body), op.dedup)
             i += 1
         return i
     except ErrorReply:

@@ -70,7 +70,7 @@ __all__ = [
 ENVELOPE = frozenset({"op", "id"})
 #: The fields of a publish (besides the envelope).
 PUBLISH_FIELDS = frozenset(
-    {"exchange", "routing_key", "body", "body_b64", "properties", "mandatory", "delay_s", "deadline_ms"}
+    {"exchange", "routing_key", "body", "body_b64", "properties", "mandatory", "delay_s", "deadline_ms", "dedup"}
 )
 #: The name a server-named queue's declare is checked against.
 SERVER_NAMED_QUEUE = "amq.gen-"

@@ -158,10 +158,10 @@ async def apply(s: ServedChannel, op: dict[str, Any]) -> None:
 def publish(s: ServedChannel, op: dict[str, Any]) -> None:
     """A publish op: decoded, authorized, handed to the core (its effects leave with
     the chunk's; its confirm arrives later as an ``ack``/``nack`` event)."""
-    exchange, routing_key, body, properties, mandatory = _decode_publish(s, op)
+    exchange, routing_key, body, properties, mandatory, dedup = _decode_publish(s, op)
     s.gateway.publish(
         s.channel_id, exchange, routing_key, body, properties,
-        mandatory=mandatory, delay_s=op_delay(op), charge=delivery_cost(body),
+        mandatory=mandatory, delay_s=op_delay(op), charge=delivery_cost(body), dedup=dedup,
     )
 
 
@@ -184,9 +184,12 @@ async def publish_when_allowed(s: ServedChannel, op: dict[str, Any]) -> None:
         publish(s, op)
 
 
-def _decode_publish(s: ServedChannel, op: dict[str, Any]) -> tuple[str, str, bytes, dict[str, Any] | None, bool]:
-    """A publish op's exchange, routing key, body, properties and mandatory flag,
-    checked and authorized. Raises ``ErrorReply`` (a channel error)."""
+def _decode_publish(
+    s: ServedChannel, op: dict[str, Any]
+) -> tuple[str, str, bytes, dict[str, Any] | None, bool, bool]:
+    """A publish op's exchange, routing key, body, properties, mandatory flag and
+    ``dedup`` flag (default true: deduplicated by ``message_id``), checked and
+    authorized. Raises ``ErrorReply`` (a channel error)."""
     if not _PUBLISH_ALLOWED.issuperset(op):
         raise unknown_fields(op, _PUBLISH_ALLOWED, "publish op")
     exchange = op.get("exchange", "")
@@ -202,6 +205,9 @@ def _decode_publish(s: ServedChannel, op: dict[str, Any]) -> tuple[str, str, byt
     mandatory = op.get("mandatory", False)
     if not isinstance(mandatory, bool):
         raise InvalidArgument("mandatory must be true or false")
+    dedup = op.get("dedup", True)
+    if not isinstance(dedup, bool):
+        raise InvalidArgument("dedup must be true or false")
     if "deadline_ms" in op:
         deadline_ms(op["deadline_ms"], "deadline_ms")
-    return exchange_name(exchange), routing_key, body, properties, mandatory
+    return exchange_name(exchange), routing_key, body, properties, mandatory, dedup

@@ -63,6 +63,7 @@ class PublishOp(Struct, tag="publish", tag_field="op", forbid_unknown_fields=Tru
     body_b64: str | UnsetType = UNSET
     properties: PublishProperties | None = None
     mandatory: bool = False
+    dedup: bool = True
     delay_s: _Int64 | float | None = None
     # Present: the general path takes the line (it checks the deadline's forms).
     deadline_ms: Raw | UnsetType = UNSET
