@@ -10,10 +10,13 @@ its ``pub`` entry, which every replica shares:
 - ``{"t": "pub", "x": exchange, "k": routing key, "p": properties, "b": body (base64),
   "w": publish time, "d": due time, "nd": 1}``: a message entered the queue (a publish,
   or a dead letter moved into it); ``d`` (wall-clock seconds) only for one held back
-  until then (a publish's ``delay``); ``nd`` only for one whose ``message_id`` is not a
+  until then (a publish's ``delay``); ``p`` as the message has them (its
+  ``message_id`` included); ``nd`` only for one whose ``message_id`` is not its
   deduplication id (its core record carries none: a publish made without
   deduplication, AMQP's by default, or one the core does not remember, such as a
-  nacked publish or a dead letter), which a new leader must not remember either;
+  nacked publish or a dead letter; or another: the copy of a dead letter a node
+  keeps for its own queues while it holds the dead letter for other nodes', whose
+  record carries the copy's key), which a new leader must not remember either;
 - ``{"t": "due", "n": [[id, due in ms], ...]}``: messages held back again until a
   time (a nack or reject with a delay);
 - ``{"t": "dlv", "ids": [...]}``: messages handed to a consumer (each once more);
@@ -150,14 +153,15 @@ class RecordTranslator:
                 "t": "pub",
                 "x": record.exchange,
                 "k": record.routing_key,
-                "p": _properties(properties, record.message_id),
+                "p": properties,
                 "b": base64.b64encode(record.body).decode(),
                 "w": record.wall_s,
             }
             if due is not None:
                 op["d"] = due
-            if record.message_id is None and properties and properties.get("message_id") is not None:
-                op["nd"] = 1  # its id is no deduplication id (see the module docstring)
+            own_id = properties.get("message_id") if properties else None
+            if own_id is not None and record.message_id != own_id:
+                op["nd"] = 1  # its id is not its deduplication id (see the module docstring)
             queue.ids[record.seq] = self.append(queue, op, lsn, record.seq)
 
 
@@ -175,12 +179,6 @@ def published_ids(entries: list[tuple[int, int, dict[str, Any]]]) -> list[tuple[
             if isinstance(message_id, str):
                 found.append((op["x"], message_id))
     return found
-
-
-def _properties(properties: dict[str, Any] | None, message_id: str | None) -> dict[str, Any] | None:
-    if message_id is None:
-        return properties
-    return {**(properties or {}), "message_id": message_id}
 
 
 @dataclass

@@ -20,6 +20,7 @@ from broker.cluster.replica_leader import LeaderSide
 from broker.cluster.replica_log import ReplicaLog
 from broker.cluster.replica_ops import LedQueue, RecordTranslator, fold, published_ids, snapshot_op
 from broker.core import AppendRecords, Broker
+from broker.core import records as rec
 
 
 def _run(fn: object) -> None:
@@ -455,3 +456,42 @@ def test_a_publish_without_dedup_is_marked_and_a_new_leader_does_not_remember_it
         assert [e.message.properties for e in leader.queues["q"].lanes[0].ready] == [
             {"message_id": "p2"}, {"message_id": "d2"},
         ]
+
+
+def test_a_dead_letter_copy_keeps_its_own_message_id_across_a_failover() -> None:
+    """The copy of a dead letter a node keeps for its own queues (here a quorum queue
+    it leads) while it holds the dead letter for other nodes' queues is logged with a
+    copy key as its deduplication id (``DeadLetters._copy_here_once``). Its ``pub``
+    entry carries the message's own properties, and is marked ``nd``: a new leader
+    delivers it with its own ``message_id`` (or none), never the copy key, and does
+    not take the copy key or the id for a deduplication id."""
+    wall = 1_700_000_000.0
+    core = Broker(clock=lambda: 0.0, wall_clock=lambda: wall)
+    core.declare_queue("q")
+    qid = core.queues["q"].qid
+    ops: list[dict[str, Any]] = []
+
+    def append(queue: LedQueue, op: dict[str, Any], lsn: int, seq: int) -> int:
+        ops.append(op)
+        return len(ops)
+
+    translator = RecordTranslator(append)
+    translator.led[qid] = LedQueue("q", qid)
+    copies = [
+        rec.encode_enqueue(7, wall, None, [qid], "dlx", "k", "\x00copy:src\x007", {"message_id": "m1", "priority": 1}, b"with id"),
+        rec.encode_enqueue(8, wall, None, [qid], "dlx", "k", "\x00copy:src\x008", None, b"without"),
+    ]
+    translator.tap(AppendRecords([(rec.RecordType.ENQUEUE, p) for p in copies], 1, 2))
+    assert [(op["p"], "nd" in op) for op in ops] == [({"message_id": "m1", "priority": 1}, True), (None, False)]
+    entries = [(1, i + 1, op) for i, op in enumerate(ops)]
+    assert published_ids(entries) == []
+    live, settled = fold(entries)
+    assert settled == []
+    leader = Broker(clock=lambda: 0.0, wall_clock=lambda: wall)
+    leader.declare_queue("q")
+    for m in live:
+        leader.restore_message("q", m.exchange, m.routing_key, m.body, m.properties, m.wall, 0, m.due, dedup=m.dedup)
+    assert [e.message.properties for e in leader.queues["q"].lanes[0].ready] == [
+        {"message_id": "m1", "priority": 1}, None,
+    ]
+    assert leader.dedup.lookup("dlx", "m1", wall) is None
