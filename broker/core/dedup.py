@@ -256,8 +256,11 @@ class DedupWindow:
         if self._count > self._grow_above:
             self._rebuild(_slots_for(self._count))
 
-    def forget(self, exchange: str, message_id: str) -> None:
-        """Drop the entry of ``message_id`` (a publish whose record was lost), if any.
+    def forget(self, exchange: str, message_id: str, lsn: int = 0) -> None:
+        """Drop the entry of ``message_id`` (a publish whose record was lost), if any;
+        with ``lsn``, only if that entry is the publish whose confirm waits on it (a
+        lost publish made without deduplication must not take away the entry of an
+        earlier one with the same id).
 
         Raises UnicodeEncodeError for a string that is not valid Unicode."""
         d = digest(exchange, message_id)
@@ -267,7 +270,8 @@ class DedupWindow:
         while True:
             k = table[j]
             if k == d:
-                self._delete(j)
+                if not lsn or table[j + 1] >> _MS_BITS == (lsn - 1) % _LSN_MOD + 1:
+                    self._delete(j)
                 return
             if not k:
                 return

@@ -195,9 +195,9 @@ class MessageLog:
         failed = [item for item in self._unsynced if first_lsn <= item[0] <= last_lsn]
         if failed:
             self._unsynced = [item for item in self._unsynced if not first_lsn <= item[0] <= last_lsn]
-            for _lsn, message, _queues in failed:
+            for lsn, message, _queues in failed:
                 if message.message_id is not None:
-                    self.dedup.forget(message.exchange, message.message_id)
+                    self.dedup.forget(message.exchange, message.message_id, lsn)
         return failed
 
     def check_settles_writable(self, queue: Queue, what: str) -> None:

@@ -139,3 +139,27 @@ def test_a_restored_message_without_dedup_is_not_remembered() -> None:
     h.publish(ch, "", "q", b"b", dict(ID))
     h.sync()
     assert h.ready_bodies("q") == [b"a", b"b"]
+
+
+def test_a_lost_publish_without_dedup_leaves_an_earlier_publishs_entry_in_the_window() -> None:
+    """Storage fails under a publish made without deduplication whose ``message_id``
+    an earlier, deduplicated and confirmed publish used: the window keeps the earlier
+    one's entry (only the lost publish's own entry is forgotten), so a resend of the
+    earlier one is still answered as a duplicate."""
+    h = Harness(dedup_window_s=120)
+    h.queue("q")
+    ch = h.channel()
+    first = _publish(h, ch, b"confirmed", dedup=True)
+    h.sync()
+    ok_lsn = h.b.last_lsn
+    lost = _publish(h, ch, b"lost", dedup=False)
+    h.step()
+    h.b.storage_failed(ok_lsn + 1, h.b.last_lsn, "io error")
+    h.step()
+    assert h.acked(ch, first) and h.nacked(ch, lost)
+    h.b.storage_recovered()
+    resend = _publish(h, ch, b"confirmed", dedup=True)
+    h.sync()
+    assert h.acked(ch, resend)
+    assert h.ready_bodies("q") == [b"confirmed"]
+    assert h.b.stats["deduplicated"] == 1
