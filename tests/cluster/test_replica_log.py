@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,30 @@ from broker.core import records as rec
 
 def _run(fn: object) -> None:
     trio.run(fn)  # type: ignore[arg-type]
+
+
+def _translated(wall: float) -> tuple[Broker, RecordTranslator, list[dict[str, Any]], Callable[[], None]]:
+    """A core whose queue ``q`` this node leads, its record translator, the ops the
+    translator appends, and ``step``: the core's effects taken, its records translated
+    and made durable."""
+    core = Broker(clock=lambda: 0.0, wall_clock=lambda: wall)
+    core.declare_queue("q")
+    ops: list[dict[str, Any]] = []
+
+    def append(queue: LedQueue, op: dict[str, Any], lsn: int, seq: int) -> int:
+        ops.append(op)
+        return len(ops)
+
+    translator = RecordTranslator(append)
+    translator.led[core.queues["q"].qid] = LedQueue("q", core.queues["q"].qid)
+
+    def step() -> None:
+        for effect in core.take_effects():
+            if isinstance(effect, AppendRecords):
+                translator.tap(effect)
+                core.durable(effect.last_lsn)
+
+    return core, translator, ops, step
 
 
 def test_entries_survive_a_reopen_and_a_torn_tail_is_cut(tmp_path: Path) -> None:
@@ -119,23 +144,7 @@ def test_due_times_travel_the_log_from_a_delayed_publish_and_a_nack_with_delay()
     time, a nack with a delay appends a ``due`` op, and fold hands both to the new
     leader."""
     now = 1_700_000_000.0
-    core = Broker(clock=lambda: 0.0, wall_clock=lambda: now)
-    core.declare_queue("q")
-    ops: list[dict[str, object]] = []
-
-    def append(queue: LedQueue, op: dict[str, object], lsn: int, seq: int) -> int:
-        ops.append(op)
-        return len(ops)
-
-    translator = RecordTranslator(append)
-    translator.led[core.queues["q"].qid] = LedQueue("q", core.queues["q"].qid)
-
-    def step() -> None:
-        for effect in core.take_effects():
-            if isinstance(effect, AppendRecords):
-                translator.tap(effect)
-                core.durable(effect.last_lsn)
-
+    core, _translator, ops, step = _translated(now)
     ch = core.open_channel()
     core.publish(ch, "", "q", b"later", None, delay_s=60)
     core.publish(ch, "", "q", b"nacked", None)
@@ -404,23 +413,7 @@ def test_a_publish_without_dedup_is_marked_and_a_new_leader_does_not_remember_it
     a compacted log (snapshot) keeps the mark, and the new leader restores it without
     remembering it, while a deduplicated publish's id is still remembered."""
     wall = 1_700_000_000.0
-    core = Broker(clock=lambda: 0.0, wall_clock=lambda: wall)
-    core.declare_queue("q")
-    ops: list[dict[str, Any]] = []
-
-    def append(queue: LedQueue, op: dict[str, Any], lsn: int, seq: int) -> int:
-        ops.append(op)
-        return len(ops)
-
-    translator = RecordTranslator(append)
-    translator.led[core.queues["q"].qid] = LedQueue("q", core.queues["q"].qid)
-
-    def step() -> None:
-        for effect in core.take_effects():
-            if isinstance(effect, AppendRecords):
-                translator.tap(effect)
-                core.durable(effect.last_lsn)
-
+    core, _translator, ops, step = _translated(wall)
     ch = core.open_channel()
     core.publish(ch, "", "q", b"plain, settled", {"message_id": "p1"}, dedup=False)
     core.publish(ch, "", "q", b"plain, live", {"message_id": "p2"}, dedup=False)
@@ -466,17 +459,8 @@ def test_a_dead_letter_copy_keeps_its_own_message_id_across_a_failover() -> None
     delivers it with its own ``message_id`` (or none), never the copy key, and does
     not take the copy key or the id for a deduplication id."""
     wall = 1_700_000_000.0
-    core = Broker(clock=lambda: 0.0, wall_clock=lambda: wall)
-    core.declare_queue("q")
+    core, translator, ops, _step = _translated(wall)
     qid = core.queues["q"].qid
-    ops: list[dict[str, Any]] = []
-
-    def append(queue: LedQueue, op: dict[str, Any], lsn: int, seq: int) -> int:
-        ops.append(op)
-        return len(ops)
-
-    translator = RecordTranslator(append)
-    translator.led[qid] = LedQueue("q", qid)
     copies = [
         rec.encode_enqueue(7, wall, None, [qid], "dlx", "k", "\x00copy:src\x007", {"message_id": "m1", "priority": 1}, b"with id"),
         rec.encode_enqueue(8, wall, None, [qid], "dlx", "k", "\x00copy:src\x008", None, b"without"),
