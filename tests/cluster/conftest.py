@@ -78,6 +78,21 @@ def channel_publish(node: BrokerProcess, ops: list[dict[str, Any]]) -> list[dict
         ch.close()
 
 
+def wait_caught_up(seer: BrokerProcess, *sources: BrokerProcess, timeout_s: float = 15.0) -> None:
+    """Until ``seer``'s view holds every change each of ``sources`` had in its view
+    (etcd's revision): a change one node made, which it sees at once, reaches the
+    others by their watch, a moment later. (A binding to another node's queue is
+    metadata only, in no node's ``/bindings``: this is how a test waits for one.)"""
+
+    def revision(node: BrokerProcess) -> int:
+        status, body = node.request("GET", "/cluster")
+        assert status == 200, body
+        return int(body["revision"])
+
+    target = max(revision(source) for source in sources)
+    wait_for(f"node on port {seer.port} at revision {target}", lambda: revision(seer) >= target, timeout_s)
+
+
 def cluster_nodes(node: BrokerProcess) -> dict[str, dict[str, Any]]:
     status, body = node.request("GET", "/cluster")
     assert status == 200, body

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.cluster.conftest import cluster_nodes, wait_for
+from tests.cluster.conftest import cluster_nodes, wait_caught_up, wait_for
 from tests.support.broker import BrokerProcess
 
 pytestmark = pytest.mark.slow
@@ -45,6 +45,8 @@ def test_an_auto_delete_exchange_goes_with_its_last_binding_on_every_node(nodes:
     _bind(b, "X", "qb")
     status, _ = a.request("DELETE", "/bindings", {"exchange": "X", "queue": "qa", "routing_key": ""})
     assert status == 200
+    wait_caught_up(a, b)  # (b's binding reaches a by a's watch; a's unbind reaches b by b's)
+    wait_caught_up(b, a)
     # one binding left: X stays on both nodes and routes from both
     for node in (a, b):
         assert _exists(node, "X")
@@ -64,6 +66,7 @@ def test_an_auto_delete_exchange_goes_with_its_last_binding_on_every_node(nodes:
     assert a.request("PUT", "/queues/q", _on(a, "here"))[0] == 201
     _bind(a, "T", "q")
     _bind(b, "S", "T", to_exchange=True)
+    wait_caught_up(b, a)  # (T -> q, bound on a)
     status, answer = b.request("POST", "/exchanges/S/publish?routing_key=", b"via S")
     assert status == 200 and answer["routed"] == 1, answer
     assert b.request("DELETE", "/queues/q")[0] == 200

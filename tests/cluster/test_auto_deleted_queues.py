@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.cluster.conftest import cluster_nodes, wait_for
+from tests.cluster.conftest import cluster_nodes, wait_caught_up, wait_for
 from tests.support.broker import BrokerProcess
 from tests.support.rawchannel import RawChannel
 
@@ -50,5 +50,6 @@ def test_auto_deleted_and_expired_queues_leave_etcd(nodes: Any, tmp_path: Path) 
         assert status == 201, (name, body)
         status, answer = b.request("POST", f"/exchanges/amq.default/publish?routing_key={name}", b"x")
         assert status == 200 and answer["confirm"] == "ack", answer
+        wait_caught_up(a, b)  # (declared on b: a learns it by its watch)
         status, shown = a.request("GET", f"/queues/{name}")
         assert status == 200 and shown["messages_ready"] == 1 and not shown["auto_delete"], shown

@@ -18,7 +18,13 @@ import trio
 from pamqp import commands
 
 from tests.amqp.rawclient import RawAMQP
-from tests.cluster.conftest import TTL_S, cluster_nodes, node_process, wait_for
+from tests.cluster.conftest import (
+    TTL_S,
+    cluster_nodes,
+    node_process,
+    wait_for,
+    wait_synced,
+)
 from tests.support.broker import BrokerProcess, free_port, stop_all
 from tests.support.etcd import EtcdProcess
 
@@ -52,6 +58,7 @@ def amqp_nodes(tmp_path: Path, etcd: EtcdProcess, extra: tuple[str, ...] = ()) -
             proc = node_process(tmp_path, etcd, name, extra=(*extra, "--amqp-port", str(port)))
             started.append(proc)
             proc.start()
+            wait_synced(proc)  # its view read from etcd: before, a declare on it answers 503
             out.append(AMQPNode(proc, port))
         wait_for("both alive", lambda: sum(n["alive"] for n in cluster_nodes(started[0]).values()) == 2)
         yield out[0], out[1]
@@ -83,7 +90,8 @@ def test_declares_binds_and_deletes_over_amqp_are_cluster_wide(two: tuple[AMQPNo
         # placement applies to AMQP declares: client-local puts each on its node
         ch_a.queue_declare("qa", durable=True, arguments=CLIENT_LOCAL)
         ch_b.queue_declare("qb", durable=True, arguments=CLIENT_LOCAL)
-        assert owners(a.proc) == {"qa": "a", "qb": "b"}  # read-your-writes on a
+        assert owners(a.proc)["qa"] == "a"  # read-your-writes on a; qb (declared on b) by a's watch
+        wait_for("a sees both owners", lambda: owners(a.proc) == {"qa": "a", "qb": "b"})
         wait_for("b sees both owners", lambda: owners(b.proc) == {"qa": "a", "qb": "b"})
         # the exchange declared over AMQP on a exists on b, and b binds a's queue to it
         # (pika's routing key: the queue's name)
@@ -121,7 +129,7 @@ def test_declares_binds_and_deletes_over_amqp_are_cluster_wide(two: tuple[AMQPNo
         # deletes over AMQP on b remove a's queue and the exchange everywhere
         ch_b.queue_delete("qa")
         ch_b.exchange_delete("amqp-fan")
-        assert a.proc.request("GET", "/queues/qa")[0] == 404
+        wait_for("qa gone on a", lambda: a.proc.request("GET", "/queues/qa")[0] == 404)  # (by a's watch)
         wait_for("the exchange gone on a", lambda: a.proc.request("GET", "/exchanges/amqp-fan")[0] == 404)
         assert owners(b.proc) == {"qb": "b"}
         # a server-named, exclusive queue lives on its node, and every node routes to it
@@ -314,6 +322,7 @@ def test_an_amqp_consumer_relayed_from_a_node_that_dies_is_cancelled(two: tuple[
         if conn.is_open:
             conn.close()
     a.proc.start()
+    wait_synced(a.proc)  # (alive on b as soon as it registered, before it read its view)
     wait_for("a back on b", lambda: cluster_nodes(b.proc)["a"]["alive"])
     assert bodies(b.proc, "jobs") == ["j1"]  # delivered, never acked: requeued, not lost
 

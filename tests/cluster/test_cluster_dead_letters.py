@@ -11,7 +11,13 @@ from typing import Any
 
 import pytest
 
-from tests.cluster.conftest import TTL_S, cluster_nodes, node_process, wait_for, wait_synced
+from tests.cluster.conftest import (
+    TTL_S,
+    cluster_nodes,
+    node_process,
+    wait_for,
+    wait_synced,
+)
 from tests.support.broker import BrokerProcess
 from tests.support.etcd import EtcdProcess
 
@@ -41,7 +47,14 @@ def _publish(node: BrokerProcess, queue: str, body: str) -> None:
 
 
 def _alive(witness: BrokerProcess, name: str) -> bool:
-    return bool(cluster_nodes(witness)[name]["alive"])
+    """``witness``'s view lists ``name``, alive (a view may not list a node yet: its
+    watch has not brought the node's registration)."""
+    return cluster_nodes(witness).get(name, {}).get("alive") is True
+
+
+def _dead(witness: BrokerProcess, name: str) -> bool:
+    """``witness``'s view lists ``name``, dead."""
+    return cluster_nodes(witness).get(name, {}).get("alive") is False
 
 
 def test_a_dead_letter_waits_in_its_source_queue_until_the_target_node_took_it(nodes: Nodes) -> None:
@@ -62,12 +75,13 @@ def test_a_dead_letter_waits_in_its_source_queue_until_the_target_node_took_it(n
 
     # b down: the dead letter stays in src (unacked) and waits for b
     b.kill()
-    wait_for("b shown dead", lambda: not _alive(a, "b"), timeout_s=TTL_S + 10)
+    wait_for("b shown dead", lambda: _dead(a, "b"), timeout_s=TTL_S + 10)
     _publish(a, "src", "m2")
     _reject(a, "src", "m2")
     wait_for("m2 held in src", lambda: a.request("GET", "/cluster")[1]["forwarding"]["dead_letters"]["waiting"] == 1)
     assert _queue(a, "src")["messages_unacked"] == 1
     b.start()
+    wait_synced(b)
     wait_for("m2 delivered to b once it is back", lambda: _queue(b, "dlq")["messages_ready"] == 2, timeout_s=20)
     wait_for("m2 settled in src", lambda: _queue(a, "src")["messages_unacked"] == 0)
     dead = [m for m in b.drain("dlq")]
@@ -79,15 +93,16 @@ def test_a_dead_letter_waits_in_its_source_queue_until_the_target_node_took_it(n
     # back in src after a's restart, and dead-lettered again it reaches b once b is
     # back
     b.terminate()
-    wait_for("b shown dead again", lambda: not _alive(a, "b"), timeout_s=TTL_S + 10)
+    wait_for("b shown dead again", lambda: _dead(a, "b"), timeout_s=TTL_S + 10)
     _publish(a, "src", "m3")
     _reject(a, "src", "m3")
     wait_for("m3 held in src", lambda: _queue(a, "src")["messages_unacked"] == 1)
     a.kill()
     b.start()
     wait_synced(b)  # b's view read from etcd: it lists a (alive or not) from then on
-    wait_for("a shown dead", lambda: not _alive(b, "a"), timeout_s=TTL_S + 10)
+    wait_for("a shown dead", lambda: _dead(b, "a"), timeout_s=TTL_S + 10)
     a.start()
+    wait_synced(a)  # a's view read from etcd: before, it knows neither dlx's binding nor b
     assert _queue(a, "src")["messages_ready"] == 1  # kept across the crash
     _reject(a, "src", "m3")
     # (m1 and m2, leased by drain and never acked, are back in dlq since b's restart)
@@ -124,13 +139,14 @@ def test_a_dead_letter_reaching_queues_on_its_own_node_and_another_goes_to_all(n
 
     # b down: dlq-a gets m2 at once; src holds it (unacked) until b is back
     b.kill()
-    wait_for("b shown dead", lambda: not _alive(a, "b"), timeout_s=TTL_S + 10)
+    wait_for("b shown dead", lambda: _dead(a, "b"), timeout_s=TTL_S + 10)
     _publish(a, "src", "m2")
     _reject(a, "src", "m2")
     wait_for("m2 in dlq-a at once", lambda: _queue(a, "dlq-a")["messages_ready"] == 1)
     wait_for("m2 held in src", lambda: a.request("GET", "/cluster")[1]["forwarding"]["dead_letters"]["waiting"] == 1)
     assert _queue(a, "src")["messages_unacked"] == 1
     b.start()
+    wait_synced(b)
     # (m1, leased by drain and never acked, is back in dlq-b since b's restart)
     wait_for("m2 in dlq-b once b is back", lambda: _queue(b, "dlq-b")["messages_ready"] == 2, timeout_s=20)
     wait_for("m2 settled in src", lambda: _queue(a, "src")["messages"] == 0)
@@ -164,7 +180,7 @@ def test_a_held_dead_letter_survives_a_checkpoint_and_a_crash_of_its_source_node
         wait_for("a knows dlq-b", lambda: a.request("GET", "/queues/dlq-b")[0] == 200)
 
         b.terminate()
-        wait_for("b shown dead", lambda: not _alive(a, "b"), timeout_s=TTL_S + 10)
+        wait_for("b shown dead", lambda: _dead(a, "b"), timeout_s=TTL_S + 10)
         _publish(a, "src", "m1")
         _reject(a, "src", "m1")
         wait_for("m1 in dlq-a", lambda: _queue(a, "dlq-a")["messages_ready"] == 1)
@@ -176,7 +192,7 @@ def test_a_held_dead_letter_survives_a_checkpoint_and_a_crash_of_its_source_node
         a.kill()
         b.start()
         wait_synced(b)  # (before, b's view may not list a at all)
-        wait_for("a shown dead", lambda: not _alive(b, "a"), timeout_s=TTL_S + 10)
+        wait_for("a shown dead", lambda: _dead(b, "a"), timeout_s=TTL_S + 10)
         a.start()
         wait_synced(a)
         wait_for("both alive again", lambda: _alive(a, "b") and _alive(b, "a"), timeout_s=TTL_S + 15)

@@ -67,6 +67,8 @@ def tls_nodes(tmp_path: Path, etcd: EtcdProcess) -> Iterator[tuple[list[BrokerPr
         for p in procs:
             p.start(wait_ready=False)
             _wait(f"{p.port} up", lambda p=p: _https(p.port, ca_path, "GET", "/healthz")[0] == 200)
+            # its view read from etcd and its registration made (before, a declare on it answers 503)
+            _wait(f"{p.port} synced", lambda p=p: (lambda c: c["synced"] and c["member"])(_https(p.port, ca_path, "GET", "/cluster")[1]))
         yield procs, ca_path
     finally:
         stop_all(procs)
@@ -78,7 +80,8 @@ def test_forwarding_over_tls(tls_nodes: tuple[list[BrokerProcess], Path]) -> Non
     status, q = _https(b.port, ca, "PUT", "/queues/secure", {"arguments": {"x-queue-leader-locator": "client-local"}})
     assert status == 201 and q["owner"] == "b"
     _wait("secure seen on a and u", lambda: all(
-        n["queues"] == ["secure"] for n in _https(u.port, ca, "GET", "/cluster")[1]["nodes"] if n["name"] == "b"
+        [n["queues"] for n in _https(node.port, ca, "GET", "/cluster")[1]["nodes"] if n["name"] == "b"] == [["secure"]]
+        for node in (a, u)
     ))
     status, answer = _https(a.port, ca, "POST", "/exchanges/amq.default/publish?routing_key=secure", b"over tls")
     assert status == 200 and answer["confirm"] == "ack", answer

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.cluster.conftest import cluster_nodes, node_process, wait_for
+from tests.cluster.conftest import cluster_nodes, node_process, wait_for, wait_synced
 from tests.support.broker import BrokerProcess, free_port
 from tests.support.etcd import EtcdProcess
 from tests.support.rawchannel import RawChannel
@@ -34,6 +34,8 @@ def two(tmp_path: Path, etcd: EtcdProcess) -> Iterator[tuple[BrokerProcess, Brok
     try:
         a.start()
         b.start()
+        wait_synced(a)
+        wait_synced(b)  # b's view read from etcd: before, its declare and binds answer 503
         wait_for("both alive", lambda: sum(n["alive"] for n in cluster_nodes(a).values()) == 2)
         assert a.request("PUT", "/exchanges/txfan", {"type": "fanout"})[0] == 201
         assert a.request("PUT", "/queues/qa", LOCAL)[0] == 201

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.cluster.conftest import TTL_S, cluster_nodes, wait_for
+from tests.cluster.conftest import TTL_S, cluster_nodes, wait_for, wait_synced
 from tests.support.broker import BrokerProcess
 from tests.support.etcd import EtcdProcess
 
@@ -49,7 +49,7 @@ def test_a_dead_node_is_forgotten_and_its_queues_deleted_or_rehomed(nodes: Nodes
     assert status == 200, answer
     assert answer["queues"] == ["drop", "keep"] and set(answer["rehomed"].values()) <= {"a", "b"}
     assert answer["messages_lost"] == 5 and answer["messages_lost_by_queue"] == {"drop": 1, "keep": 4}
-    assert "c" not in cluster_nodes(a)
+    wait_for("c forgotten on a", lambda: "c" not in cluster_nodes(a))  # (b's change: a learns it by its watch)
     owner = answer["rehomed"]["keep"]
     wait_for("keep usable again", lambda: a.request("POST", "/exchanges/amq.default/publish?routing_key=keep", b"new")[0] == 200)
     assert [m["body"] for m in a.drain("keep")] == ["new"]
@@ -58,6 +58,7 @@ def test_a_dead_node_is_forgotten_and_its_queues_deleted_or_rehomed(nodes: Nodes
     assert b.request("DELETE", "/cluster/nodes/a")[0] == 409
     # the forgotten node comes back: the cluster's word wins, its old copies go
     c.start()
+    wait_synced(c)  # c's view read from etcd: before, it does not know keep's new owner
     wait_for("c alive", lambda: cluster_nodes(a).get("c", {}).get("alive"))
     assert c.request("GET", "/queues/keep")[0] == 200  # relayed to its new owner
     assert "keep" not in cluster_nodes(a)["c"]["queues"]

@@ -10,7 +10,14 @@ from typing import Any
 
 import pytest
 
-from tests.cluster.conftest import TTL_S, channel_publish, cluster_nodes, wait_for
+from tests.cluster.conftest import (
+    TTL_S,
+    channel_publish,
+    cluster_nodes,
+    wait_caught_up,
+    wait_for,
+    wait_synced,
+)
 from tests.support.broker import BrokerProcess
 from tests.support.rawchannel import RawChannel
 
@@ -27,14 +34,16 @@ def _three(nodes: Nodes) -> tuple[BrokerProcess, BrokerProcess, BrokerProcess]:
     return a, b, c
 
 
-def _declare_on(node: BrokerProcess, name: str, owner_node: BrokerProcess, **body: Any) -> None:
+def _declare_on(node: BrokerProcess, name: str, owner_node: BrokerProcess, *also: BrokerProcess, **body: Any) -> None:
     """Declare ``name`` owned by ``owner_node`` (client-local there), from ``node``'s
-    view: wait until ``node`` sees it."""
+    view: wait until ``node`` (and each node in ``also``) sees it. Each node learns it
+    by its own watch: one that has seen it says nothing of another."""
     args = dict(body.pop("arguments", {}))
     args["x-queue-leader-locator"] = "client-local"
     status, answer = owner_node.request("PUT", f"/queues/{name}", {"arguments": args, **body})
     assert status in (200, 201), answer
-    wait_for(f"{name} seen on {node.url}", lambda: node.request("GET", f"/queues/{name}")[0] == 200)
+    for seer in (node, *also):
+        wait_for(f"{name} seen on {seer.url}", lambda seer=seer: seer.request("GET", f"/queues/{name}")[0] == 200)
 
 
 def _bodies(node: BrokerProcess, queue: str) -> list[str]:
@@ -46,9 +55,9 @@ def test_declare_on_one_publish_on_a_second_consume_on_a_third(nodes: Nodes) -> 
     assert a.request("PUT", "/exchanges/fan", {"type": "fanout"})[0] == 201
     # one queue on each node, all bound to one fanout exchange
     for name, owner in (("qa", a), ("qb", b), ("qc", c)):
-        _declare_on(a, name, owner)
+        _declare_on(a, name, owner, c)  # (c publishes to qa and gets from qa and qb)
         assert a.request("POST", "/bindings", {"exchange": "fan", "queue": name})[0] == 201
-    wait_for("bindings seen on b", lambda: b.request("GET", "/queues/qc")[0] == 200)
+    wait_caught_up(b, a)  # the bindings seen on b
     # REST publish on b reaches every owner once; the confirm waits for all of them
     status, answer = b.request("POST", "/exchanges/fan/publish", b"rest-1")
     assert status == 200 and answer["confirm"] == "ack" and answer["routed"] == 3, answer
@@ -71,7 +80,7 @@ def test_declare_on_one_publish_on_a_second_consume_on_a_third(nodes: Nodes) -> 
 
 def test_gets_acks_and_purges_reach_the_owner_from_any_node(nodes: Nodes) -> None:
     a, b, c = _three(nodes)
-    _declare_on(c, "jobs", a)
+    _declare_on(c, "jobs", a, b)
     for i in range(3):
         assert c.request("POST", "/exchanges/amq.default/publish?routing_key=jobs", f"j{i}".encode())[1]["confirm"] == "ack"
     status, got = b.request("POST", "/queues/jobs/get?max=2&lease=60")
@@ -92,7 +101,7 @@ def test_mandatory_return_and_alternate_exchange_across_owners(nodes: Nodes) -> 
     assert a.request("PUT", "/exchanges/alt", {"type": "fanout"})[0] == 201
     assert a.request("PUT", "/exchanges/main", {"type": "direct", "arguments": {"alternate-exchange": "alt"}})[0] == 201
     _declare_on(a, "routed", b)
-    _declare_on(a, "unrouted", c)
+    _declare_on(a, "unrouted", c, b)
     assert a.request("POST", "/bindings", {"exchange": "main", "queue": "routed", "routing_key": "k"})[0] == 201
     assert a.request("POST", "/bindings", {"exchange": "alt", "queue": "unrouted"})[0] == 201
     assert a.request("PUT", "/exchanges/lonely", {"type": "direct"})[0] == 201
@@ -128,6 +137,7 @@ def test_a_dead_owner_gives_503_for_its_queues_only_and_keeps_what_it_confirmed(
     assert events[-1]["ev"] == "nack" and events[-1]["reason"].startswith("queue_unavailable"), events
     assert _bodies(b, "on-b") == [f"m{i}" for i in range(20)] + ["while-down", "ch-while-down"]
     c.start()
+    wait_synced(c)
     wait_for("c alive on a", lambda: cluster_nodes(a)["c"]["alive"])
     # everything c confirmed before it died is there
     assert _bodies(a, "on-c") == [f"m{i}" for i in range(20)]
@@ -180,6 +190,7 @@ def test_channel_declares_and_binds_go_through_etcd(nodes: Nodes) -> None:
     # a restart keeps them: they are in etcd, not only in b's core
     b.terminate()
     b.start()
+    wait_synced(b)  # (alive on a as soon as it registered; its unbind and delete answer 503 until it read its view)
     wait_for("b back", lambda: cluster_nodes(a)["b"]["alive"])
     assert b.request("GET", "/exchanges/events")[0] == 200
     replies = _channel_ops(b, [{"op": "unbind", "exchange": "events", "queue": "mail", "routing_key": "user.*"},
@@ -274,13 +285,14 @@ def test_a_channel_consumer_on_one_node_consumes_a_queue_owned_by_another(nodes:
     finally:
         ch.close()
     a.start()
+    wait_synced(a)
     wait_for("a back on b", lambda: cluster_nodes(b)["a"]["alive"])
     assert _bodies(b, "work") == ["again"]
 
 
 def test_delays_and_priorities_cross_owners(nodes: Nodes) -> None:
     a, b, c = _three(nodes)
-    _declare_on(a, "prio", b, arguments={"x-max-priority": 9})
+    _declare_on(a, "prio", b, c, arguments={"x-max-priority": 9})
     _declare_on(a, "later", c)
     events = channel_publish(a, [
         {"routing_key": "prio", "body": "low", "properties": {"priority": 1}},
@@ -322,11 +334,11 @@ def test_exchange_to_exchange_bindings_and_a_stream_across_owners(nodes: Nodes) 
     assert a.request("PUT", "/exchanges/front", {"type": "direct"})[0] == 201
     assert a.request("PUT", "/exchanges/back", {"type": "fanout"})[0] == 201
     assert a.request("POST", "/bindings", {"exchange": "front", "to_exchange": "back", "routing_key": "k"})[0] == 201
-    _declare_on(c, "q1", a)
+    _declare_on(c, "q1", a, b)
     _declare_on(c, "q2", b)
     for q in ("q1", "q2"):
         assert a.request("POST", "/bindings", {"exchange": "back", "queue": q})[0] == 201
-    wait_for("the bindings on c", lambda: c.request("GET", "/exchanges/back")[0] == 200)
+    wait_caught_up(c, a)  # the bindings seen on c
     events = channel_publish(c, [{"exchange": "front", "routing_key": "k", "body": f"e{i}"} for i in range(3)]
                               + [{"exchange": "front", "routing_key": "other", "body": "nowhere"}])
     assert all(e["ev"] == "ack" for e in events)
@@ -346,7 +358,7 @@ def test_exchange_to_exchange_bindings_and_a_stream_across_owners(nodes: Nodes) 
 
 def test_a_channel_purges_a_queue_another_node_owns(nodes: Nodes) -> None:
     a, b, c = _three(nodes)
-    _declare_on(c, "full", a)
+    _declare_on(c, "full", a, b)
     assert all(e["ev"] == "ack" for e in channel_publish(c, [{"routing_key": "full", "body": f"m{i}"} for i in range(4)]))
     replies = _channel_ops(b, [{"op": "purge_queue", "queue": "full"}])
     assert replies[0]["ev"] == "ok" and replies[0]["messages"] == 4, replies
@@ -386,7 +398,7 @@ def test_a_hung_owner_does_not_hold_confirms_for_ever(nodes: Nodes) -> None:
     a, b, c = _three(nodes)
     assert a.request("PUT", "/exchanges/both", {"type": "fanout"})[0] == 201
     _declare_on(c, "qa", a)
-    _declare_on(c, "qb", b)
+    _declare_on(c, "qb", b, a)
     for q in ("qa", "qb"):
         assert a.request("POST", "/bindings", {"exchange": "both", "queue": q})[0] == 201
     assert all(e["ev"] == "ack" for e in channel_publish(a, [{"exchange": "both", "body": "warm"}]))
@@ -439,7 +451,7 @@ def test_a_get_over_queues_on_several_nodes(nodes: Nodes) -> None:
 
     a, b, c = _three(nodes)
     for name, owner in (("g-a", a), ("g-b", b), ("g-c", c)):
-        _declare_on(a, name, owner)
+        _declare_on(a, name, owner, c)
     assert all(e["ev"] == "ack" for e in channel_publish(a, [{"routing_key": "g-c", "body": "from-c"}]))
     status, got = a.request("POST", "/get", {"queues": ["g-a", "g-b", "g-c"], "lease": 60})
     assert status == 200 and [m["body"] for m in got["messages"]] == ["from-c"] and got["queue"] == "g-c", got

@@ -57,9 +57,10 @@ def test_a_connections_own_queues_are_routed_to_from_every_node(two: tuple[Broke
         ch.next_of("consume_ok")
         ch.next_of("consume_ok")
         wait_for("b knows both", lambda: _known(b, reply_to) and _known(b, "sub-a"))
-        # the RPC server on b replies; the publisher on b logs
+        # the RPC server on b replies; the publisher on b logs (once b has the binding,
+        # which came after the queue: a publish before it is routed nowhere, not delivered)
         assert _publish(b, "amq.default", reply_to, b"the answer")["routed"] == 1
-        assert _publish(b, "fan", "", b"a line")["routed"] == 1
+        wait_for("b routes to sub-a", lambda: _publish(b, "fan", "", b"a line")["routed"] == 1)
         got = {}
         while len(got) < 2:
             ev = ch.next_of("deliver")
@@ -78,7 +79,7 @@ def test_a_connections_own_queues_are_routed_to_from_every_node(two: tuple[Broke
         # an unbind leaves every node's routing too
         ch.send({"op": "unbind", "exchange": "fan", "queue": "sub-a", "id": 6})
         ch.next_of("ok")
-        assert _publish(b, "fan", "", b"nobody")["routed"] == 0
+        wait_for("b routes nowhere", lambda: _publish(b, "fan", "", b"nobody")["routed"] == 0)  # (by b's watch)
     finally:
         ch.close()
     # the connection's end takes them out of etcd

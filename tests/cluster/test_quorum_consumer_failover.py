@@ -15,7 +15,13 @@ from typing import Any
 import pytest
 
 from broker.api.channel.relay_resume import RESUME_POLL_S
-from tests.cluster.conftest import TTL_S, cluster_nodes, node_process, wait_for
+from tests.cluster.conftest import (
+    TTL_S,
+    cluster_nodes,
+    node_process,
+    wait_for,
+    wait_synced,
+)
 from tests.cluster.test_cluster_amqp import pump_until
 from tests.support.broker import BrokerProcess, free_port, stop_all
 from tests.support.etcd import EtcdProcess
@@ -38,6 +44,7 @@ def three(tmp_path: Path, etcd: EtcdProcess) -> Iterator[dict[str, tuple[BrokerP
             proc = node_process(tmp_path, etcd, name, extra=("--amqp-port", str(port)))
             started[name] = (proc, port)
             proc.start()
+            wait_synced(proc)  # its view read from etcd: before, it knows no queue of the others
         first = started["a"][0]
         wait_for("three alive", lambda: sum(n["alive"] for n in cluster_nodes(first).values()) == 3)
         yield started

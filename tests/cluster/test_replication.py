@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from broker.config import Settings
-from tests.cluster.conftest import TTL_S, node_process, wait_for
+from tests.cluster.conftest import TTL_S, node_process, wait_for, wait_synced
 from tests.support.broker import BrokerProcess, stop_all
 from tests.support.etcd import EtcdProcess
 from tests.support.rawchannel import RawChannel
@@ -125,6 +125,7 @@ def _start_after_lapse(node: BrokerProcess, name: str, witness: BrokerProcess) -
     """Start a killed node once its name is free (its lease lapsed in etcd)."""
     wait_for(f"{name} shown dead", lambda: not next(n for n in _nodes(witness) if n["name"] == name)["alive"], timeout_s=TTL_S + 10)
     node.start()
+    wait_synced(node)  # its view read from etcd: before, it knows no queue, nor who leads one
 
 
 def _declare(node: BrokerProcess, name: str) -> None:
@@ -262,6 +263,7 @@ def test_with_the_default_lease_a_killed_leader_is_replaced_within_seconds(tmp_p
     try:
         for proc in started.values():
             proc.start()
+            wait_synced(proc)
         assert started["a"].request("GET", "/cluster")[1]["lease_ttl_s"] == DEFAULT_TTL_S
         wait_for("three members", lambda: len([n for n in _nodes(started["a"]) if n["alive"]]) == 3)
         _declare(started["a"], "q")
@@ -337,6 +339,7 @@ def test_logs_are_compacted_and_a_wiped_follower_catches_up_from_the_snapshot(tm
     try:
         for proc in procs.values():
             proc.start()
+            wait_synced(proc)
         wait_for("three members", lambda: len([n for n in _nodes(procs["a"]) if n["alive"]]) == 3)
         _declare(procs["a"], "q")
         leader = leader_of(procs, "q")

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from broker.cluster.replica_log import replica_log_path
-from tests.cluster.conftest import TTL_S, cluster_nodes, wait_for
+from tests.cluster.conftest import TTL_S, cluster_nodes, wait_for, wait_synced
 from tests.cluster.test_replication import (
     QUORUM,
     Nodes,
@@ -128,5 +128,6 @@ def test_a_replica_down_while_its_queue_is_deleted_deletes_its_log_file_when_it_
     status, answer = leader.request("DELETE", "/queues/q")
     assert status in (200, 204), answer
     down.start()
+    wait_synced(down)
     wait_for(f"{down_name} back", lambda: cluster_nodes(leader)[down_name]["alive"])
     wait_for(f"{down_name}'s stale replica log file deleted", lambda: not _log_file(down, "q").exists())

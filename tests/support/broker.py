@@ -19,14 +19,32 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-# (a port outside the kernel's ephemeral range, chosen at random: no client connection's
-# source port can take it before the broker binds it, and tests running at once in
-# other pytest-xdist workers rarely pick the same one)
-from bench.servers import free_port
+from bench.servers import free_port as any_free_port
 
 __all__ = ["BrokerProcess", "free_port", "stop_all"]
 
 ROOT = Path(__file__).resolve().parents[2]
+
+#: This process's share of the ports: pytest-xdist worker ``gwN`` of ``count`` takes
+#: the ports ``p`` with ``p % count == N`` (one share without xdist).
+_WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+_WORKERS = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+_handed_out: set[int] = set()
+
+
+def free_port() -> int:
+    """A loopback port free now, outside the kernel's ephemeral range (no client
+    connection's source port can take it before the broker binds it), never handed out
+    before by this process, and from this xdist worker's share of the ports. A port is
+    free only until its broker binds it, and again while that broker is down for a
+    restart on the same port: without the shares another worker could pick it then
+    (two brokers on one port: one fails to start, or a test talks to the wrong one)."""
+    for _ in range(1000):
+        port = any_free_port()
+        if port % _WORKERS == _WORKER % _WORKERS and port not in _handed_out:
+            _handed_out.add(port)
+            return port
+    raise RuntimeError("no free port left in this worker's share")
 
 
 # Small segments and frequent checkpoints, so that a crash or a signal under load also

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.cluster.conftest import cluster_nodes, node_process
+from tests.cluster.conftest import cluster_nodes, node_process, wait_synced
 from tests.cluster.conftest import wait_for as wait_until
 from tests.support.broker import BrokerProcess
 from tests.support.etcd import EtcdProcess, require_etcd
@@ -40,6 +40,7 @@ def two_nodes(tmp_path_factory: pytest.TempPathFactory, driver: Any) -> Iterator
             proc = node_process(tmp, etcd, name)
             started.append(proc)
             proc.start()
+            wait_synced(proc)  # its view read from etcd: before, a declare on it answers 503
         a, b = started
         wait_until("both nodes alive", lambda: all(n["alive"] for n in cluster_nodes(a).values()) and len(cluster_nodes(a)) == 2)
         yield a, b
