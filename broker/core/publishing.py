@@ -55,7 +55,6 @@ class Publishing:
         self._channel = deliveries.channel
         self._channels = deliveries.channels
         self._exchanges = topology.exchanges
-        self._route = topology.route
         self._route_publish = topology.route_publish
         self._take_seq = queues.take_seq
         self._enqueue = queues.enqueue
@@ -156,14 +155,10 @@ class Publishing:
                 return 0
 
         headers = properties.get("headers") if properties else None
-        if headers and ("CC" in headers or "BCC" in headers):
-            # sender-selected distribution (senderselected.py): routed with the keys
-            # of CC and BCC too; BCC is not kept (not logged, delivered, or returned)
-            queues = self._route_publish(exchange, routing_key, headers)
-            if "BCC" in headers:
-                properties = dict(properties or {}, headers=without_bcc(headers))  # (a copy: the caller's stays)
-        else:
-            queues = self._route(exchange, routing_key, headers)
+        # (with the keys of CC and BCC too: senderselected.py)
+        queues = self._route_publish(exchange, routing_key, headers)
+        if headers and "BCC" in headers:  # routed with, not kept (logged, delivered or returned)
+            properties = dict(properties or {}, headers=without_bcc(headers))  # (a copy: the caller's stays)
         if not queues:
             if mandatory:
                 # handed back, not taken: a resend (once a queue is bound) must land
