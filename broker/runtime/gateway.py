@@ -376,12 +376,13 @@ class CommandGateway:
     async def delete_queue(self, channel_id: int, name: str, *, if_unused: bool, if_empty: bool) -> int:
         """Delete a queue: the ready messages it dropped."""
         cluster = self.runtime.cluster
-        if cluster is None or not self._clustered_queue(name) or self.views.is_local_queue(name):
+        local = cluster is not None and self.views.is_local_queue(name)  # (a connection's own: in etcd too)
+        if cluster is None or local or not self._clustered_queue(name):
             count = await self.run_durable(
                 lambda core: core.delete_queue(name, if_unused=if_unused, if_empty=if_empty, channel_id=channel_id)
             )
-            if cluster is not None:
-                cluster.forget_local_queue(name)  # (a connection's own: in etcd too)
+            if local and cluster is not None:
+                cluster.forget_local_queue(name)
             return count
         count = await cluster.delete_queue(name, if_unused=if_unused, if_empty=if_empty)
         await self.runtime.wait_durable()
