@@ -50,7 +50,7 @@ from broker.amqp.session import (
     AMQPSession,
     exchange_alias,
 )
-from broker.core import EXCHANGE_TYPES, ErrorReply, NotFound
+from broker.core import EXCHANGE_TYPES, SERVER_NAMED_PREFIX, ErrorReply, NotFound
 
 __all__ = ["handle"]
 
@@ -186,7 +186,7 @@ async def _exchange_unbind(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
 async def _queue_declare(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
     name = m.queue or ""
     if not m.passive:
-        s.access.require("declare_queue", name or "amq.gen-")
+        s.access.require("declare_queue", name or SERVER_NAMED_PREFIX)
     elif not name:
         name = ch.last_queue
     # through the gateway: in cluster mode decided in etcd, placed on a node, and

@@ -68,7 +68,7 @@ from .message import (
     check_json_value,
     check_properties,
 )
-from .names import check_name, check_routing_key
+from .names import SERVER_NAMED_PREFIX, check_name, check_routing_key
 from .records import (
     RecordType,
     decode_counts,
@@ -142,6 +142,7 @@ __all__ = [
     "MAX_EXPIRATION_MS",
     "MAX_JSON_DEPTH",
     "MAX_JSON_ITEMS",
+    "SERVER_NAMED_PREFIX",
     "check_name",
     "check_routing_key",
     "RecordType",

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from .errors import AccessRefused, InvalidArgument
 
-__all__ = ["MAX_NAME_BYTES", "RESERVED_PREFIX", "check_name", "check_routing_key"]
+__all__ = ["MAX_NAME_BYTES", "RESERVED_PREFIX", "SERVER_NAMED_PREFIX", "check_name", "check_routing_key"]
 
 MAX_NAME_BYTES = 255
 RESERVED_PREFIX = "amq."
+#: How the names the broker gives queues declared without one begin (RabbitMQ's).
+SERVER_NAMED_PREFIX = "amq.gen-"
 
 
 def check_name(kind: str, name: object, *, allow_reserved: bool = False) -> str:

@@ -37,7 +37,7 @@ from .expiry import Expiry
 from .lanes import Lane
 from .log import MessageLog
 from .message import Entry, StoredMessage
-from .names import check_name
+from .names import SERVER_NAMED_PREFIX, check_name
 from .pager import Pager, logged_message, retry_delay
 from .shared import Outbox, Wakeups
 from .totals import Totals
@@ -174,7 +174,7 @@ class QueueStore:
             # Skip names already taken (a durable server-named queue recovered
             # from a run that used the same boot id).
             while True:
-                name = f"amq.gen-{self._boot_id}-{self._next_name}"
+                name = f"{SERVER_NAMED_PREFIX}{self._boot_id}-{self._next_name}"
                 self._next_name += 1
                 if name not in self.queues:
                     break

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .entities import Exchange, Queue
+from .names import SERVER_NAMED_PREFIX
 
 __all__ = ["QUEUE_COUNTERS", "BrokerViews"]
 
@@ -90,7 +91,7 @@ class BrokerViews:
         """Whether queue ``name`` is in this core for one connection alone: exclusive,
         or server-named (``amq.gen-``); in a cluster it lives on this node only."""
         queue = self._core.queues.get(name)
-        return queue is not None and (queue.exclusive_owner is not None or name.startswith("amq.gen-"))
+        return queue is not None and (queue.exclusive_owner is not None or name.startswith(SERVER_NAMED_PREFIX))
 
     def queue_count(self) -> int:
         return len(self._core.queues)

@@ -41,6 +41,7 @@ from broker.api.fields import (
     unknown_fields,
 )
 from broker.core import (
+    SERVER_NAMED_PREFIX,
     Broker,
     ErrorReply,
     InvalidArgument,
@@ -73,7 +74,7 @@ PUBLISH_FIELDS = frozenset(
     {"exchange", "routing_key", "body", "body_b64", "properties", "mandatory", "delay_s", "deadline_ms", "dedup"}
 )
 #: The name a server-named queue's declare is checked against.
-SERVER_NAMED_QUEUE = "amq.gen-"
+SERVER_NAMED_QUEUE = SERVER_NAMED_PREFIX
 
 #: Op name -> the fields it takes (envelope included). Anything else is refused.
 OP_FIELDS: dict[str, frozenset[str]] = {
