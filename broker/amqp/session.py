@@ -61,6 +61,7 @@ from broker.amqp.replies import (
     refusal_text,
     reply_for,
 )
+from broker.amqp.replyto import REPLY_TO, reply_address_for
 from broker.api import ALLOW_ALL, Access, RelayedConsumers
 from broker.core import (
     Confirm,
@@ -524,7 +525,7 @@ class AMQPSession:
         self.access.require("publish", exchange or DEFAULT_EXCHANGE_ALIAS)
         props = event.properties
         if props:
-            props = self._properties(props)
+            props = self._properties(props, ch)
         charge = delivery_cost(event.body)
         tag = self.bridge.publish(
             ch.core_id, exchange, publish.routing_key, event.body, props, publish.mandatory, charge, self.deduplicate
@@ -535,7 +536,9 @@ class AMQPSession:
             ch.unconfirmed_bytes += charge
             self.unconfirmed_bytes += charge
 
-    def _properties(self, props: dict[str, Any]) -> dict[str, Any] | None:
+    def _properties(self, props: dict[str, Any], ch: AMQPChannel) -> dict[str, Any] | None:
+        if props.get("reply_to") == REPLY_TO:  # direct reply-to: the channel's own address
+            props["reply_to"] = reply_address_for(self, ch)
         expiration = props.get("expiration")
         if expiration is not None:
             if not (expiration.isascii() and expiration.isdigit()):
