@@ -6,6 +6,7 @@ declare check (docs/amqp.md, "Direct reply-to")."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import Iterator
@@ -120,3 +121,43 @@ def test_a_vanished_requester_a_forged_address_and_the_passive_check(broker: Bro
     other.close()
     responder.queue_delete("rpc_check")
     server.close()
+
+
+def test_aio_pika_rpc_through_direct_reply_to(broker: BrokerProcess) -> None:
+    aio_pika = pytest.importorskip("aio_pika")
+    url = f"amqp://guest:guest@127.0.0.1:{broker.amqp_port}/"  # type: ignore[attr-defined]
+
+    async def main() -> list[tuple[str | None, bytes]]:
+        async with await aio_pika.connect(url) as client, await aio_pika.connect(url) as server:
+            # the responder: answers each request to its reply_to
+            serving = await server.channel()
+            requests = await serving.declare_queue("aio_rpc")
+
+            async def answer(message: Any) -> None:
+                async with message.process():
+                    await serving.default_exchange.publish(
+                        aio_pika.Message(message.body.upper(), correlation_id=message.correlation_id),
+                        routing_key=message.reply_to,
+                    )
+
+            await requests.consume(answer)
+            # the requester: the pseudo-queue, declared passively (aio-pika's way), no-ack
+            ch = await client.channel()
+            replies = await ch.declare_queue(REPLY_TO, passive=True)
+            got: asyncio.Queue[tuple[str | None, bytes]] = asyncio.Queue()
+
+            async def on_reply(message: Any) -> None:
+                await got.put((message.correlation_id, message.body))
+
+            await replies.consume(on_reply, no_ack=True)
+            out = []
+            for n in range(3):
+                await ch.default_exchange.publish(
+                    aio_pika.Message(f"call {n}".encode(), reply_to=REPLY_TO, correlation_id=f"id-{n}"),
+                    routing_key="aio_rpc",
+                )
+                out.append(await asyncio.wait_for(got.get(), 10))
+            await serving.queue_delete("aio_rpc")
+            return out
+
+    assert asyncio.run(main()) == [(f"id-{n}", f"CALL {n}".encode()) for n in range(3)]
