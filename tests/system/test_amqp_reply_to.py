@@ -2,7 +2,8 @@
 the RPC program of RabbitMQ's documentation, unchanged (a requester consuming
 ``amq.rabbitmq.reply-to`` with no-ack, a responder replying to ``reply_to``), a
 requester that vanished, a made-up address, the no-ack rule and the passive
-declare check (docs/amqp.md, "Direct reply-to")."""
+declare check; and the same RPC with aio-pika, which declares the pseudo-queue
+passively before consuming it (docs/amqp.md, "Direct reply-to")."""
 
 from __future__ import annotations
 
