@@ -14,7 +14,12 @@ from typing import Any
 import pytest
 
 from tests.cluster.conftest import wait_for
-from tests.cluster.test_cluster_amqp import CLIENT_LOCAL, AMQPNode, amqp_nodes, pump_until
+from tests.cluster.test_cluster_amqp import (
+    CLIENT_LOCAL,
+    AMQPNode,
+    amqp_nodes,
+    pump_until,
+)
 from tests.support.etcd import EtcdProcess
 
 pika = pytest.importorskip("pika")
