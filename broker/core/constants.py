@@ -10,6 +10,7 @@ from typing import Any
 from . import records as rec
 from .errors import InvalidArgument
 from .message import check_json_value
+from .routing import DELAYED_ROUTING_TYPES
 
 __all__ = [
     "BUILTIN_EXCHANGES",
@@ -107,6 +108,9 @@ QUEUE_ARGUMENTS: dict[str, Callable[[Any], bool]] = {
 EXCHANGE_ARGUMENTS: dict[str, Callable[[Any], bool]] = {
     "alternate-exchange": _name,
     "hash-header": _name,  # x-consistent-hash: hash this header, not the routing key
+    # x-delayed-message (RabbitMQ's plugin): the type it routes as, required there
+    # (routing.routing_type); on another type kept and meaningless, as in RabbitMQ
+    "x-delayed-type": lambda v: isinstance(v, str) and v in DELAYED_ROUTING_TYPES,
 }
 
 PublishResult = tuple[int, int]  # (publish tag, number of queues routed to)
