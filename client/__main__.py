@@ -110,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("declare", help="declare a queue or an exchange")
     p.add_argument("kind", choices=["queue", "exchange"])
     p.add_argument("name")
-    p.add_argument("--type", default="direct", choices=["direct", "fanout", "topic", "headers", "x-consistent-hash"],
+    p.add_argument("--type", default="direct", choices=["direct", "fanout", "topic", "headers", "x-consistent-hash", "x-delayed-message"],
                    help="exchange type (default %(default)s)")
     p.add_argument("--transient", action="store_true", help="not durable")
     p.add_argument("--exclusive", action="store_true", help="queue: exclusive")

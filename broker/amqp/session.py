@@ -108,6 +108,14 @@ def _cancel(channel_id: int, consumer_tag: str, core: Any) -> None:
     core.cancel(channel_id, consumer_tag)
 
 
+def _text(value: Any, limit: int) -> str | None:
+    """A client property shown as text, cut to ``limit`` characters; None when
+    absent, empty or not a string."""
+    if not isinstance(value, str):
+        return None
+    return value[:limit] or None
+
+
 class _NoEvent:
     """Stands in for the IO layer's event until it sets its own."""
 
@@ -126,6 +134,7 @@ class AMQPChannel:
         self.core_id = 0
         self.remote = session.remote
         self.user_agent = session.user_agent
+        self.connection_name = session.connection_name
         self.principal = session.principal
         self.opened_at = time.time()
         self.confirm = False
@@ -262,7 +271,11 @@ class AMQPSession:
         self._login = login
         self._has_users = has_users
         self.wake = wake
+        #: the client library and its version ("product/version"), and the name the
+        #: client gave its connection (RabbitMQ's client-provided name,
+        #: ``connection_name``): what GET /channels lists beside its address
         self.user_agent: str | None = None
+        self.connection_name: str | None = None
         self.principal: Any = None
         self.access: Access = ALLOW_ALL
         self.release_user: Callable[[], None] | None = None
@@ -363,7 +376,12 @@ class AMQPSession:
     # -- login and channels ---------------------------------------------------------
 
     async def authenticate(self, event: Login) -> None:
-        self.user_agent = str(event.client_properties.get("product", ""))[:128] or None
+        props = event.client_properties
+        self.user_agent = _text(props.get("product"), 128)
+        version = _text(props.get("version"), 64)
+        if self.user_agent is not None and version is not None:
+            self.user_agent = f"{self.user_agent}/{version}"
+        self.connection_name = _text(props.get("connection_name"), 255)
         caps = event.client_properties.get("capabilities")
         self.cancel_notify = isinstance(caps, dict) and bool(caps.get("consumer_cancel_notify"))
         self.deduplicate = event.client_properties.get("x-deduplicate") is True

@@ -26,7 +26,13 @@ from collections.abc import Callable
 from typing import Any
 
 from broker.cluster.users import UserMirror
-from broker.cluster.view import LEADER_LOCATOR, Change, ClusterView, is_replicated
+from broker.cluster.view import (
+    LEADER_LOCATOR,
+    MASTER_LOCATOR,
+    Change,
+    ClusterView,
+    is_replicated,
+)
 from broker.core import Broker, ErrorReply
 
 __all__ = ["CoreMirror", "core_arguments"]
@@ -36,7 +42,7 @@ log = logging.getLogger("ackbus.cluster")
 
 def core_arguments(arguments: dict[str, Any]) -> dict[str, Any]:
     """A queue's arguments as the core takes them: placement is the cluster's business."""
-    return {k: v for k, v in arguments.items() if k != LEADER_LOCATOR}
+    return {k: v for k, v in arguments.items() if k not in (LEADER_LOCATOR, MASTER_LOCATOR)}
 
 
 class CoreMirror:

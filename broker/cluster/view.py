@@ -30,10 +30,12 @@ import orjson
 
 from broker.cluster.etcdproto import KeyValue, WatchBatch
 
-__all__ = ["Change", "ClusterKeys", "ClusterView", "LEADER_LOCATOR", "binding_digest", "canonical", "is_replicated"]
+__all__ = ["Change", "ClusterKeys", "ClusterView", "LEADER_LOCATOR", "MASTER_LOCATOR", "binding_digest", "canonical", "is_replicated"]
 
 #: The queue argument naming how its owner is chosen (RabbitMQ's name and values).
 LEADER_LOCATOR: Final = "x-queue-leader-locator"
+#: RabbitMQ's placement argument for classic queues, taken when the first is absent.
+MASTER_LOCATOR: Final = "x-queue-master-locator"
 KINDS: Final = ("exchanges", "queues", "bindings", "users", "tokens")
 #: a quorum queue's leader and in-sync set (``replicas/<kind>/<queue>``)
 REPLICA_KINDS: Final = ("leaders", "isr")

@@ -27,6 +27,7 @@ from broker.cluster.etcdproto import (
 from broker.cluster.mirror import core_arguments
 from broker.cluster.view import (
     LEADER_LOCATOR,
+    MASTER_LOCATOR,
     ClusterKeys,
     ClusterView,
     binding_digest,
@@ -42,9 +43,29 @@ from broker.core import (
     ResourceLocked,
 )
 
-__all__ = ["LOCATORS", "MetadataWriter", "queue_settings_message"]
+__all__ = ["LOCATORS", "MetadataWriter", "placement", "queue_settings_message"]
 
-LOCATORS = ("client-local", "balanced")
+#: Each placement argument's values and the placement they ask for: this node
+#: (``client-local``) or the live node owning the fewest queues (``balanced``).
+#: RabbitMQ's older leader spellings and its classic ``min-masters`` and ``random``
+#: all spread queues out, so they are ``balanced`` here.
+LOCATORS = {
+    LEADER_LOCATOR: {"client-local": "client-local", "balanced": "balanced", "random": "balanced", "least-leaders": "balanced"},
+    MASTER_LOCATOR: {"client-local": "client-local", "min-masters": "balanced", "random": "balanced"},
+}
+
+
+def placement(arguments: dict[str, Any]) -> str:
+    """The placement a declare asks for: ``x-queue-leader-locator``, else the classic
+    ``x-queue-master-locator``, else ``balanced``. A value neither knows is refused."""
+    chosen = None
+    for argument, values in LOCATORS.items():
+        if argument in arguments:
+            value = arguments[argument]
+            if not isinstance(value, str) or value not in values:
+                raise InvalidArgument(f"{argument} must be one of {', '.join(values)}, not {value!r}")
+            chosen = chosen or values[value]
+    return chosen or "balanced"
 
 
 def _scratch() -> Broker:
@@ -137,9 +158,7 @@ class MetadataWriter:
                 raise NotFound(f"no queue {name!r}")
             await self.wait_seen(found.mod_revision)
             return dict(found.json()), False
-        locator = arguments.get(LEADER_LOCATOR, "balanced")
-        if locator not in LOCATORS:
-            raise InvalidArgument(f"{LEADER_LOCATOR} must be one of {', '.join(LOCATORS)}, not {locator!r}")
+        locator = placement(arguments)
         _scratch().declare_queue(name, durable=durable, auto_delete=auto_delete, arguments=core_arguments(arguments))
         d: dict[str, Any] = {"durable": durable, "auto_delete": auto_delete, "arguments": arguments, "owner": self.place(locator)}
         puts: list[Op] = [OpPut(key, canonical(d))]

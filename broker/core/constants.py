@@ -10,6 +10,7 @@ from typing import Any
 from . import records as rec
 from .errors import InvalidArgument
 from .message import check_json_value
+from .routing import DELAYED_ROUTING_TYPES
 
 __all__ = [
     "BUILTIN_EXCHANGES",
@@ -86,11 +87,30 @@ QUEUE_ARGUMENTS: dict[str, Callable[[Any], bool]] = {
     # (docs/cluster.md) quorum is a queue replicated on that many nodes
     "x-queue-type": lambda v: v in ("classic", "quorum"),
     "x-quorum-initial-group-size": _int_in(1, 255),
+    # Where a cluster places the queue (docs/cluster.md); a single node has one place.
+    # RabbitMQ's quorum names, its classic one, and their older spellings:
+    "x-queue-leader-locator": lambda v: v in ("client-local", "balanced", "random", "least-leaders"),
+    "x-queue-master-locator": lambda v: v in ("client-local", "min-masters", "random"),
+    # RabbitMQ's own storage settings, checked as RabbitMQ checks them and otherwise
+    # moot here: every queue pages its messages out to the log past a memory budget
+    # (lazy, v2), and dead-letters as docs/failures.md says whatever the strategy.
+    "x-queue-mode": lambda v: v in ("default", "lazy"),
+    "x-queue-version": lambda v: v in (1, 2) and not isinstance(v, bool),
+    "x-max-in-memory-length": _int_in(0, _INT63),
+    "x-max-in-memory-bytes": _int_in(0, _INT63),
+    "x-dead-letter-strategy": lambda v: v in ("at-most-once", "at-least-once"),
+    # RabbitMQ 2's mirroring arguments: RabbitMQ 3 ignores them, and so does ackbus
+    "x-ha-policy": lambda v: True,
+    "x-ha-nodes": lambda v: True,
+    "x-ha-params": lambda v: True,
 }
 #: The exchange arguments the broker knows.
 EXCHANGE_ARGUMENTS: dict[str, Callable[[Any], bool]] = {
     "alternate-exchange": _name,
     "hash-header": _name,  # x-consistent-hash: hash this header, not the routing key
+    # x-delayed-message (RabbitMQ's plugin): the type it routes as, required there
+    # (routing.routing_type); on another type kept and meaningless, as in RabbitMQ
+    "x-delayed-type": lambda v: isinstance(v, str) and v in DELAYED_ROUTING_TYPES,
 }
 
 PublishResult = tuple[int, int]  # (publish tag, number of queues routed to)

@@ -42,7 +42,7 @@ class Exchange:
         self.auto_delete = auto_delete
         self.internal = internal
         self.arguments = arguments
-        self.table: RoutingTable = make_table(type)
+        self.table: RoutingTable = make_table(type, arguments)
         if isinstance(self.table, ConsistentHashTable):
             self.table.hash_header = arguments.get("hash-header")
         # names of exchanges holding a binding whose destination is this exchange

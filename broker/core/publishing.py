@@ -25,6 +25,7 @@ from typing import Any
 from . import records as rec
 from .constants import NO_ROUTE, PublishResult
 from .deadletter import DeadLetters
+from .delayheader import header_delay
 from .delivery import Deliveries
 from .directreply import REPLY_TO_PREFIX, DirectReplies
 from .effects import Return
@@ -34,6 +35,7 @@ from .log import MessageLog
 from .message import Entry, StoredMessage
 from .names import check_routing_key
 from .queues import QueueStore
+from .routing import DELAYED_MESSAGE
 from .senderselected import without_bcc
 from .shared import Outbox
 from .topology import Topology
@@ -92,7 +94,9 @@ class Publishing:
         the message itself (unknown exchange, storage failing, queue full) become a
         nack, not an exception. ``properties`` must already be validated
         (``check_properties``). ``delay_s`` (validated: ``check_delay``) holds the
-        message back in its queues until then; its TTL counts from that time.
+        message back in its queues until then; its TTL counts from that time. A
+        publish to an ``x-delayed-message`` exchange without ``delay_s`` takes its
+        delay from its ``x-delay`` header (delayheader.py).
         ``dedup`` False: the publish is taken even if its ``message_id`` was seen
         within the window, and is not remembered there (RabbitMQ's way).
 
@@ -181,6 +185,10 @@ class Publishing:
             ch.confirms.add(tag, 0)
             return 0
         exchange.messages_out += 1
+        if exchange.type == DELAYED_MESSAGE and delay_s is None:
+            # RabbitMQ's delayed-message exchange: the x-delay header is the delay (a
+            # return above hands the message back as it was published)
+            delay_s, properties = header_delay(properties)
 
         persistent = properties is None or properties.get("delivery_mode", 2) == 2
         if not persistent and _persists_all(queues):

@@ -23,6 +23,10 @@ Rules (AMQP 0-9-1 §3.1.3 and RabbitMQ's documented semantics):
   weight, and the message goes to exactly one destination. The hash is stable across
   restarts and processes, and adding or removing a destination moves only the keys
   that must move.
+* x-delayed-message (RabbitMQ's delayed-message plugin): routes by the rules of the
+  type its required exchange argument ``x-delayed-type`` names (one of the types
+  above); what makes it delayed, the publish's ``x-delay`` header, is publishing's
+  business (delayheader.py), not the table's.
 """
 
 from __future__ import annotations
@@ -43,6 +47,9 @@ __all__ = [
     "HeadersTable",
     "ConsistentHashTable",
     "make_table",
+    "routing_type",
+    "DELAYED_MESSAGE",
+    "DELAYED_ROUTING_TYPES",
     "topic_matches",
     "headers_match",
 ]
@@ -52,7 +59,12 @@ __all__ = [
 Dest = tuple[str, str]
 BindingKey = tuple[Dest, str, Any]
 
-EXCHANGE_TYPES = ("direct", "fanout", "topic", "headers", "x-consistent-hash")
+#: The delayed-message exchange's type: it routes as its ``x-delayed-type`` says.
+DELAYED_MESSAGE = "x-delayed-message"
+#: The types an ``x-delayed-message`` exchange may route as (its ``x-delayed-type``):
+#: every type but itself (RabbitMQ's plugin would recurse for ever on its own).
+DELAYED_ROUTING_TYPES = ("direct", "fanout", "topic", "headers", "x-consistent-hash")
+EXCHANGE_TYPES = (*DELAYED_ROUTING_TYPES, DELAYED_MESSAGE)
 
 
 class RoutingTable:
@@ -365,8 +377,26 @@ class ConsistentHashTable(RoutingTable):
         return (self._owners[i % len(self._owners)],)
 
 
-def make_table(exchange_type: str) -> RoutingTable:
-    """A routing table for an exchange of ``exchange_type``."""
+def routing_type(exchange_type: str, arguments: dict[str, Any] | None) -> str:
+    """The type whose rules route an exchange's messages: its own, or, for an
+    ``x-delayed-message`` exchange, the one its ``x-delayed-type`` argument names
+    (required: InvalidArgument, with the plugin's words, when it is missing or names
+    no routing type)."""
+    if exchange_type != DELAYED_MESSAGE:
+        return exchange_type
+    delayed = (arguments or {}).get("x-delayed-type")
+    if not isinstance(delayed, str) or delayed not in DELAYED_ROUTING_TYPES:
+        raise InvalidArgument(
+            "Invalid argument, 'x-delayed-type' must be an existing exchange type "
+            f"(one of {', '.join(DELAYED_ROUTING_TYPES)}), not {delayed!r}"
+        )
+    return delayed
+
+
+def make_table(exchange_type: str, arguments: dict[str, Any] | None = None) -> RoutingTable:
+    """A routing table for an exchange of ``exchange_type`` (with ``arguments``: an
+    ``x-delayed-message`` exchange's table is its ``x-delayed-type``'s)."""
+    exchange_type = routing_type(exchange_type, arguments)
     if exchange_type == "direct":
         return DirectTable()
     if exchange_type == "fanout":

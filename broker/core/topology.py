@@ -34,7 +34,7 @@ from .errors import (
 from .log import MessageLog
 from .names import check_name, check_routing_key
 from .queues import QueueStore
-from .routing import EXCHANGE_TYPES, Dest
+from .routing import EXCHANGE_TYPES, Dest, routing_type
 from .senderselected import publish_keys, without_bcc
 
 __all__ = ["Topology", "binding_record"]
@@ -42,7 +42,8 @@ __all__ = ["Topology", "binding_record"]
 #: Exchange types that route a message of several routing keys by its own key alone:
 #: fanout and headers ignore keys, and a consistent-hash exchange sends each message
 #: to exactly one queue (RabbitMQ hashes the keys together; ackbus hashes the
-#: publish's own key, so CC and BCC do not move a message to another queue).
+#: publish's own key, so CC and BCC do not move a message to another queue). An
+#: x-delayed-message exchange counts as the type it routes as (``routing_type``).
 _ONE_KEY_TYPES = frozenset({"fanout", "headers", "x-consistent-hash"})
 
 
@@ -93,6 +94,7 @@ class Topology:
             raise InvalidArgument(
                 f"exchange type must be one of {', '.join(EXCHANGE_TYPES)}, not {type!r}"
             )
+        routing_type(type, arguments)  # (x-delayed-message: its x-delayed-type, required)
         if existing is not None:
             if existing.settings() != (type, durable, auto_delete, internal, arguments):
                 raise PreconditionFailed(
@@ -351,7 +353,7 @@ def _matches(exchange: Exchange, keys: list[str], headers: dict[str, Any] | None
     """The destinations ``exchange``'s own bindings give a message of several routing
     keys (each once, in a dict's keys)."""
     table = exchange.table
-    if len(keys) == 1 or exchange.type in _ONE_KEY_TYPES:
+    if len(keys) == 1 or routing_type(exchange.type, exchange.arguments) in _ONE_KEY_TYPES:
         return table.match(keys[0], headers)
     dests: dict[Dest, None] = {}
     for key in keys:

@@ -465,3 +465,20 @@ async def test_a_failure_sending_an_event_ends_that_channel_only(app, monkeypatc
         await consumer.send(1, Basic.Get(queue="fragile"))
         method, _p, body = await consumer.message()
         assert body == b"x" and method.redelivered
+
+
+async def test_the_client_library_and_connection_name_are_kept_as_text(app) -> None:
+    # RabbitMQ's client-provided name (connection_name) and product/version, as GET
+    # /channels lists them; a property of another type is no name, never an error
+    cases = [
+        ({"connection_name": "worker-1", "version": "2.0"}, "worker-1", "rawclient/2.0"),
+        ({"connection_name": bytearray(b"bytes-name")}, None, "rawclient"),
+        ({"connection_name": "n" * 300}, "n" * 255, "rawclient"),
+        ({"connection_name": 7, "version": {"a": 1}}, None, "rawclient"),
+        ({"connection_name": "", "product": ["x"]}, None, None),
+    ]
+    for props, name, agent in cases:
+        async with open_amqp(app, client_properties=props) as c:
+            await c.open_channel(1)
+            (sink,) = [s for _id, s in app.runtime.sinks.items() if getattr(s, "kind", "") == "amqp"]
+            assert (sink.connection_name, sink.user_agent) == (name, agent), props

@@ -193,6 +193,8 @@ async def test_cli_against_the_real_broker(broker: BrokerProcess) -> None:
 
     assert (await ackbus("declare", "queue", "cliq"))[0] == 0
     assert (await ackbus("declare", "exchange", "clix", "--type", "fanout"))[0] == 0
+    code, out = await ackbus("declare", "exchange", "clid", "--type", "x-delayed-message", "--arg", "x-delayed-type=direct")
+    assert code == 0, out
     assert (await ackbus("bind", "clix", "cliq"))[0] == 0
     code, out = await ackbus("publish", "-e", "clix", stdin=b"".join(b"%d\n" % i for i in range(100)))
     assert code == 0, out
@@ -207,6 +209,7 @@ async def test_cli_against_the_real_broker(broker: BrokerProcess) -> None:
     code, out = await ackbus("exchanges")
     rows = [line.split() for line in out.splitlines()]
     assert code == 0 and rows[0][:3] == ["name", "type", "durable"] and ["clix", "fanout", "yes", "no", "{}"] in rows, out
+    assert any(row[:2] == ["clid", "x-delayed-message"] for row in rows), out
     code, out = await ackbus("bindings", "--json")
     assert code == 0 and [orjson.loads(line)["queue"] for line in out.splitlines()] == ["cliq"], out
     async with client.connect(broker.url) as conn, conn.channel() as ch, ch.consume("cliq", prefetch=1):

@@ -100,6 +100,27 @@ def test_metadata_declared_on_one_node_is_applied_on_the_others(nodes: Nodes) ->
     wait_for("q1 gone from a", lambda: a.request("GET", "/queues/q1")[0] == 404)
 
 
+def test_rabbitmqs_classic_placement_argument_places_a_queue_when_the_quorum_one_is_absent(nodes: Nodes) -> None:
+    a, b = nodes("a"), nodes("b")
+    wait_for("b alive on a", lambda: cluster_nodes(a).get("b", {}).get("alive"))
+    # client-local: here, though b owns fewer queues
+    status, q1 = a.request("PUT", "/queues/q1", {"arguments": {"x-queue-master-locator": "client-local"}})
+    assert status == 201 and q1["owner"] == "a"
+    status, q2 = a.request("PUT", "/queues/q2", {"arguments": {"x-queue-master-locator": "client-local"}})
+    assert status == 201 and q2["owner"] == "a"
+    # min-masters spreads queues out (balanced): b owns none
+    status, q3 = a.request("PUT", "/queues/q3", {"arguments": {"x-queue-master-locator": "min-masters"}})
+    assert status == 201 and q3["owner"] == "b"
+    # the quorum name wins over the classic one
+    status, q4 = a.request("PUT", "/queues/q4", {"arguments": {"x-queue-leader-locator": "client-local",
+                                                               "x-queue-master-locator": "random"}})
+    assert status == 201 and q4["owner"] == "a"
+    status, body = a.request("PUT", "/queues/q5", {"arguments": {"x-queue-master-locator": "balanced"}})
+    assert status == 400 and "x-queue-master-locator" in body["message"]
+    # a placement, not a setting: not compared when the queue is declared again
+    assert b.request("PUT", "/queues/q1", {})[0] == 200
+
+
 def test_racing_declares_one_wins_and_the_other_fails_the_same_everywhere(nodes: Nodes) -> None:
     a, b = nodes("a"), nodes("b")
     for round_ in range(3):

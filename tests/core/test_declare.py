@@ -276,6 +276,54 @@ def test_invalid_queue_arguments(args: dict[str, Any]) -> None:
     assert h.step() == []
 
 
+@pytest.mark.parametrize(
+    ("args"),
+    [
+        {"x-queue-mode": "bogus"},
+        {"x-queue-mode": 1},
+        {"x-queue-version": 3},
+        {"x-queue-version": "2"},
+        {"x-queue-version": True},
+        {"x-queue-leader-locator": "bogus"},
+        {"x-queue-master-locator": "balanced"},
+        {"x-max-in-memory-length": -1},
+        {"x-max-in-memory-bytes": "3"},
+        {"x-dead-letter-strategy": 1},
+        {"x-dead-letter-strategy": "exactly-once"},
+    ],
+)
+def test_rabbitmq_storage_and_placement_arguments_are_checked(args: dict[str, Any]) -> None:
+    h = Harness()
+    with pytest.raises(InvalidArgument, match=next(iter(args))):
+        h.b.declare_queue("q", arguments=args)
+    assert "q" not in h.b.queues
+
+
+def test_rabbitmq_storage_and_placement_arguments_are_kept_and_compared() -> None:
+    # RabbitMQ's own settings (lazy mode, queue version, in-memory limits, placement,
+    # dead-letter strategy, RabbitMQ 2's mirroring) are accepted as RabbitMQ accepts
+    # them, kept with the queue and compared on a redeclare, as RabbitMQ compares them.
+    h = Harness()
+    kept = {
+        "x-queue-mode": "lazy",
+        "x-queue-version": 2,
+        "x-queue-leader-locator": "least-leaders",
+        "x-queue-master-locator": "min-masters",
+        "x-max-in-memory-length": 0,
+        "x-max-in-memory-bytes": 1 << 20,
+        "x-dead-letter-strategy": "at-least-once",
+        "x-ha-policy": "all",
+    }
+    for key, value in kept.items():
+        q, created = h.b.declare_queue(f"q{key}", arguments={key: value})
+        assert created and q.arguments == {key: value}
+        assert h.b.declare_queue(f"q{key}", arguments={key: value})[1] is False
+        with pytest.raises(PreconditionFailed):
+            h.b.declare_queue(f"q{key}", arguments={})
+    h.b.declare_queue("all", arguments=kept)
+    assert h.b.queues["all"].arguments == kept
+
+
 def test_queue_arguments_not_a_dict() -> None:
     h = Harness()
     with pytest.raises(InvalidArgument):

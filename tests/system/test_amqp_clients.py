@@ -197,15 +197,24 @@ def test_headers_with_no_amqp_form_are_left_out_of_get_ok_and_deliver(broker: Br
 
 
 def test_amqp_channels_are_listed_with_the_http_ones(broker: BrokerProcess) -> None:
+    named = pika.BlockingConnection(pika.ConnectionParameters(
+        "127.0.0.1", broker.amqp_port, heartbeat=30,  # type: ignore[attr-defined]
+        client_properties={"connection_name": "billing-worker-3"}))
     conn = _pika(broker)
     try:
+        named.channel()
         conn.channel()
         status, body = broker.request("GET", "/channels")
         assert status == 200
-        kinds = [c["kind"] for c in body["channels"]]
-        assert "amqp" in kinds
+        amqp = [c for c in body["channels"] if c["kind"] == "amqp"]
+        # RabbitMQ's client-provided name, and the library with its version
+        assert sorted(c["connection_name"] or "" for c in amqp) == ["", "billing-worker-3"]
+        assert {c["user_agent"] for c in amqp} == {f"Pika Python Client Library/{pika.__version__}"}
+        status, one = broker.request("GET", f"/channels/{amqp[0]['id']}")
+        assert status == 200 and one["connection_name"] == amqp[0]["connection_name"]
     finally:
         conn.close()
+        named.close()
 
 
 def test_taken_amqp_port_is_a_clear_start_error(broker: BrokerProcess, tmp_path: Path) -> None:

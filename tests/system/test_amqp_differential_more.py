@@ -707,6 +707,77 @@ def script_refused_declares(port: int) -> Log:
     return log
 
 
+def script_rabbitmq_queue_settings(port: int) -> Log:
+    """RabbitMQ's own storage and placement arguments (lazy mode, queue version,
+    in-memory limits, dead-letter strategy, leader and master locators), each on the
+    kind of queue RabbitMQ takes it on: taken, checked and compared on a redeclare as
+    RabbitMQ does. (ackbus takes each on either kind; an argument neither broker knows
+    RabbitMQ keeps and ackbus refuses: docs/amqp.md, "What differs from RabbitMQ".)"""
+    log: Log = []
+    conn = connect(port)
+
+    def declare(name: str, arguments: dict[str, Any], quorum: bool = False, then: Any = None) -> Any:
+        if quorum:
+            arguments = {"x-queue-type": "quorum", **arguments}
+
+        def op(c: Any) -> None:
+            c.queue_declare(name, durable=quorum, arguments=arguments)
+            try:
+                if then is not None:
+                    c.queue_declare(name, durable=quorum, arguments=then if not quorum else {"x-queue-type": "quorum", **then})
+            finally:
+                c.connection.channel().queue_delete(name)
+        return op
+
+    cases: list[tuple[str, Any]] = [
+        ("x-queue-mode lazy", declare("s.q", {"x-queue-mode": "lazy"})),
+        ("x-queue-mode default", declare("s.q", {"x-queue-mode": "default"})),
+        ("x-queue-mode unknown", declare("s.q", {"x-queue-mode": "bogus"})),
+        ("x-queue-mode not a string", declare("s.q", {"x-queue-mode": 1})),
+        ("x-queue-mode redeclared without", declare("s.q", {"x-queue-mode": "lazy"}, then={})),
+        ("x-queue-mode redeclared other", declare("s.q", {"x-queue-mode": "lazy"}, then={"x-queue-mode": "default"})),
+        ("x-queue-version 1", declare("s.q", {"x-queue-version": 1})),
+        ("x-queue-version 2", declare("s.q", {"x-queue-version": 2})),
+        ("x-queue-version 3", declare("s.q", {"x-queue-version": 3})),
+        ("x-queue-version a string", declare("s.q", {"x-queue-version": "2"})),
+        ("x-queue-version redeclared other", declare("s.q", {"x-queue-version": 1}, then={"x-queue-version": 2})),
+        # (a master locator RabbitMQ does not know closes its connection with 541
+        # INTERNAL_ERROR; ackbus answers 406 on the channel)
+        ("x-queue-master-locator client-local", declare("s.q", {"x-queue-master-locator": "client-local"})),
+        ("x-queue-master-locator min-masters", declare("s.q", {"x-queue-master-locator": "min-masters"})),
+        ("x-queue-master-locator random", declare("s.q", {"x-queue-master-locator": "random"})),
+        ("x-queue-master-locator redeclared without",
+         declare("s.q", {"x-queue-master-locator": "random"}, then={})),
+        ("x-ha-policy", declare("s.q", {"x-ha-policy": "all"})),
+        ("quorum x-queue-leader-locator client-local",
+         declare("s.qq", {"x-queue-leader-locator": "client-local"}, quorum=True)),
+        ("quorum x-queue-leader-locator balanced", declare("s.qq", {"x-queue-leader-locator": "balanced"}, quorum=True)),
+        ("quorum x-queue-leader-locator random", declare("s.qq", {"x-queue-leader-locator": "random"}, quorum=True)),
+        ("quorum x-queue-leader-locator least-leaders",
+         declare("s.qq", {"x-queue-leader-locator": "least-leaders"}, quorum=True)),
+        ("quorum x-queue-leader-locator unknown", declare("s.qq", {"x-queue-leader-locator": "bogus"}, quorum=True)),
+        ("quorum x-max-in-memory-length", declare("s.qq", {"x-max-in-memory-length": 5}, quorum=True)),
+        ("quorum x-max-in-memory-length a string", declare("s.qq", {"x-max-in-memory-length": "5"}, quorum=True)),
+        ("quorum x-max-in-memory-bytes", declare("s.qq", {"x-max-in-memory-bytes": 1024}, quorum=True)),
+        ("quorum x-max-in-memory-bytes negative", declare("s.qq", {"x-max-in-memory-bytes": -3}, quorum=True)),
+        ("quorum x-max-in-memory-length redeclared without",
+         declare("s.qq", {"x-max-in-memory-length": 5}, quorum=True, then={})),
+        ("quorum x-dead-letter-strategy at-most-once",
+         declare("s.qq", {"x-dead-letter-strategy": "at-most-once"}, quorum=True)),
+        ("quorum x-dead-letter-strategy at-least-once",
+         declare("s.qq", {"x-dead-letter-strategy": "at-least-once", "x-overflow": "reject-publish"}, quorum=True)),
+        ("quorum x-dead-letter-strategy unknown", declare("s.qq", {"x-dead-letter-strategy": "bogus"}, quorum=True)),
+        ("quorum x-dead-letter-strategy not a string", declare("s.qq", {"x-dead-letter-strategy": 1}, quorum=True)),
+        ("quorum x-dead-letter-strategy redeclared without",
+         declare("s.qq", {"x-dead-letter-strategy": "at-most-once"}, quorum=True, then={})),
+    ]
+    for what, op in cases:
+        if refused(log, conn, what, op) == "reconnect":
+            conn = connect(port)
+    conn.close()
+    return log
+
+
 def script_redeclares_and_refusals(port: int) -> Log:
     """Redeclares with other settings (exclusivity is 405 in RabbitMQ, the rest 406),
     refused publishes, binds and methods, and auto-delete exchanges."""
@@ -874,7 +945,7 @@ def script_routing(port: int) -> Log:
 SCRIPTS = [
     script_expiry, script_overflow, script_nack_reject, script_mandatory_and_tx_settles, script_headers,
     script_message_id, script_cancel_autodelete, script_purge_delete_sac_recover, script_qos, script_refused_declares,
-    script_redeclares_and_refusals, script_routing,
+    script_rabbitmq_queue_settings, script_redeclares_and_refusals, script_routing,
 ]
 
 

@@ -44,6 +44,8 @@ def _channel_info(ctx: RestContext, channel_id: int, sink: Any) -> dict[str, Any
         "kind": getattr(sink, "kind", "channel"),
         "remote": getattr(sink, "remote", None),
         "user_agent": getattr(sink, "user_agent", None),
+        # the name an AMQP client gave its connection (client property connection_name)
+        "connection_name": getattr(sink, "connection_name", None),
         # who opened it, when the broker has users (the session's principal)
         "user": getattr(getattr(sink, "principal", None), "username", None),
         "opened_at": getattr(sink, "opened_at", None),

@@ -30,7 +30,8 @@ export function connectionsPage() {
     chans.sort((a, b) => (a.remote || "").localeCompare(b.remote || "") || a.id - b.id);
     const clients = new Set(chans.map((c) => (c.remote || "").replace(/:\d+$/, "")));
     replace(list, table([
-      { label: "Client", cell: (c) => c.remote || "–" },
+      { label: "Client", cell: (c) => c.connection_name ? `${c.remote || "–"} (${c.connection_name})` : c.remote || "–" },
+      chans.some((c) => c.user_agent) ? { label: "Library", cell: (c) => c.user_agent || "–" } : null,
       chans.some((c) => c.user) ? { label: "User", cell: (c) => c.user || "–" } : null,
       { label: "Channel", cell: (c) => `${c.id} (${c.kind})` },
       { label: "Open since", cell: (c) => when(c.opened_at) },

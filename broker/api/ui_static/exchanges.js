@@ -10,7 +10,7 @@ import { h, replace, json, num, rate, field, parseJsonField, statusLine, table, 
 
 const REFRESH_S = 3;
 const rates = new Rates();
-const TYPES = ["direct", "fanout", "topic", "headers", "x-consistent-hash"];
+const TYPES = ["direct", "fanout", "topic", "headers", "x-consistent-hash", "x-delayed-message"];
 
 export function exchangesPage() {
   const list = h("div", { id: "exchange-list" });
