@@ -43,6 +43,13 @@ class RuntimeBridge:
     def shutting_down(self) -> bool:
         return self.gateway.shutting_down
 
+    @property
+    def node_name(self) -> str | None:
+        """This node's name in a cluster (None on a single node): direct reply-to
+        addresses carry it, so any node can forward a reply to its requester."""
+        cluster = self.runtime.cluster
+        return cluster.node_name if cluster is not None else None
+
     def core_for_limits(self) -> Broker:
         """The core, for ``Principal.check_consumer`` (the API layer's per-user cap
         counts consumers from it, as the HTTP channel's consume does)."""

@@ -43,6 +43,13 @@ from broker.amqp.replies import (
     NOT_IMPLEMENTED,
     PRECONDITION_FAILED,
 )
+from broker.amqp.replyto import (
+    REPLY_TO,
+    is_reply_queue,
+    reply_cancel,
+    reply_consume,
+    reply_declare,
+)
 from broker.amqp.session import (
     DEFAULT_EXCHANGE_ALIAS,
     AMQPChannel,
@@ -185,6 +192,9 @@ async def _exchange_unbind(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
 
 async def _queue_declare(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
     name = m.queue or ""
+    if is_reply_queue(name):  # direct reply-to's check (replyto.py), before any other
+        reply_declare(s, ch, name, bool(m.nowait))
+        return
     if not m.passive:
         s.access.require("declare_queue", name or SERVER_NAMED_PREFIX)
     elif not name:
@@ -261,6 +271,9 @@ async def _basic_qos(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
 
 
 async def _basic_consume(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
+    if m.queue == REPLY_TO:  # direct reply-to (replyto.py): no queue, no permission asked
+        await reply_consume(s, ch, m, m.consumer_tag or s.next_tag("amq.ctag-"))
+        return
     queue = _queue_name(ch, m.queue)
     s.access.require("consume", queue)
     if s.principal is not None:
@@ -283,8 +296,10 @@ async def _basic_consume(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
 async def _basic_cancel(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
     if s.views.has_consumer(ch.core_id, m.consumer_tag):
         s.bridge.run(lambda core: core.cancel(ch.core_id, m.consumer_tag))
-    elif ch.relayed is not None:
+    elif ch.relayed is not None and ch.relayed.has_consumer(m.consumer_tag):
         await ch.relayed.cancel(m.consumer_tag)
+    else:  # direct reply-to's consumer (replyto.py), or none: cancel-ok either way
+        reply_cancel(s, ch, m.consumer_tag)
     if not m.nowait:
         s.reply_raw(ch, encode_cancel_ok(ch.number, m.consumer_tag))
 

@@ -15,7 +15,8 @@ pumps, through the pump's end (``credit.py``).
 
 Why one module of ~600 lines: the channels (the runtime's sinks), the login, the
 back-pressure and the per-message methods all read and write one connection's state
-(the other methods: ``methods.py``; consumers and gets relayed from other nodes: ``relays.py``).
+(the other methods: ``methods.py``; consumers and gets relayed from other nodes: ``relays.py``;
+what a publish's properties mean: ``properties.py``).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from broker.amqp.frames import (
     encode_return,
     encode_sent_properties,
 )
+from broker.amqp.properties import received_properties
 from broker.amqp.replies import (
     ACCESS_REFUSED,
     CONNECTION_FORCED,
@@ -68,10 +70,8 @@ from broker.core import (
     Deliver,
     DeliveryExpired,
     ErrorReply,
-    PreconditionFailed,
     Return,
     Unavailable,
-    check_properties,
     delivery_cost,
 )
 
@@ -542,7 +542,7 @@ class AMQPSession:
         self.access.require("publish", exchange or DEFAULT_EXCHANGE_ALIAS)
         props = event.properties
         if props:
-            props = self._properties(props)
+            props = received_properties(props, self, ch)
         charge = delivery_cost(event.body)
         tag = self.bridge.publish(
             ch.core_id, exchange, publish.routing_key, event.body, props, publish.mandatory, charge, self.deduplicate
@@ -552,23 +552,6 @@ class AMQPSession:
             ch.unconfirmed.append((tag, charge))
             ch.unconfirmed_bytes += charge
             self.unconfirmed_bytes += charge
-
-    def _properties(self, props: dict[str, Any]) -> dict[str, Any] | None:
-        expiration = props.get("expiration")
-        if expiration is not None:
-            if not (expiration.isascii() and expiration.isdigit()):
-                raise PreconditionFailed(f"PRECONDITION_FAILED - invalid expiration '{expiration}': no_integer")
-            props["expiration"] = int(expiration)
-        mode = props.get("delivery_mode")
-        if mode is not None and mode not in (1, 2):
-            del props["delivery_mode"]
-        user_id = props.get("user_id")
-        username = "guest" if self.principal is None else self.principal.username  # (no users: guest logged in)
-        if user_id is not None and user_id != username:
-            raise PreconditionFailed(
-                f"PRECONDITION_FAILED - user_id property set to '{user_id}' but authenticated user was '{username}'"
-            )
-        return check_properties(props)
 
     def ack(self, ch: AMQPChannel, m: Ack) -> None:
         tag = m.delivery_tag

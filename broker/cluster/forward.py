@@ -23,6 +23,13 @@ queue's owner is its leader, ``ClusterView.serving_node``), that is the
 
 The publish's confirm waits for every owner's (the core's ``hold_confirm``): an ack
 once all acked, else the first nack's reason.
+
+**Direct replies** (``amq.rabbitmq.reply-to.<address>`` on the default exchange,
+broker/core/directreply.py) reach no queue, and their address names the requester's
+node: one for another live node is forwarded to it like a publish to its queues, and
+published here too (routing nowhere: its ``mandatory`` return, as RabbitMQ always
+returns one). One for this node, a node that is gone, or no node is published here
+alone, where the core delivers it or drops it.
 """
 
 from __future__ import annotations
@@ -37,7 +44,7 @@ import trio
 from broker.cluster.mirror import CoreMirror
 from broker.cluster.peers import PeerChannel
 from broker.cluster.view import Change, ClusterView
-from broker.core import Broker
+from broker.core import Broker, is_reply_address, reply_node
 from broker.runtime import ForwardPlan
 
 __all__ = ["ClusterRoutes", "Forwarder"]
@@ -134,6 +141,8 @@ class Forwarder:
             return None
         names = self.routes.route(exchange, routing_key, headers)
         if not names:
+            if not exchange and is_reply_address(routing_key):
+                return self._reply_plan(routing_key)
             return None
         local = False
         owners: list[str] = []
@@ -156,6 +165,14 @@ class Forwarder:
         if down:
             refused = "queue_unavailable: the owners of queue " + ", ".join(down) + " are down"
         return ForwardPlan(local=local, owners=owners, refused=refused, routed=len(names))
+
+    def _reply_plan(self, routing_key: str) -> ForwardPlan | None:
+        """Where a direct reply goes (see the module docstring): None to publish it
+        here alone."""
+        node = reply_node(routing_key)
+        if node is None or node == self.node_name or node not in self.view.live_nodes():
+            return None
+        return ForwardPlan(local=True, owners=[node], refused=None, routed=0)
 
     def dead_letter_owners(self, exchange: str, routing_key: str, properties: dict[str, Any]) -> tuple[list[str], list[str]]:
         """Where a dead letter that reached no queue of this node goes in the cluster

@@ -31,6 +31,7 @@ import orjson
 import trio
 
 from broker.cluster.h11io import READ_BYTES, next_event
+from broker.core import is_reply_address
 
 __all__ = [
     "FORWARDED_HEADER",
@@ -97,8 +98,10 @@ def _publish_line(
 ) -> bytes:
     # mandatory: a copy the owner routes to none of its queues (the queue moved to
     # another leader, or was deleted, since this node routed it) comes back as a
-    # return, and its confirm is taken as a nack (see ForwardingChannel._read)
-    op: dict[str, Any] = {"op": "publish", "exchange": exchange, "routing_key": routing_key, "mandatory": True}
+    # return, and its confirm is taken as a nack (see ForwardingChannel._read); not
+    # so a direct reply, which reaches no queue by design (broker/core/directreply.py)
+    mandatory = bool(exchange) or not is_reply_address(routing_key)
+    op: dict[str, Any] = {"op": "publish", "exchange": exchange, "routing_key": routing_key, "mandatory": mandatory}
     try:
         op["body"] = body.decode("utf-8")
     except UnicodeDecodeError:

@@ -19,6 +19,13 @@ from .constants import delivery_cost
 from .coordstate import MISSED_POLICIES, LockGranted, LockWaitEnded, TickFired
 from .deadletter import MAX_REDRIVE
 from .delays import MAX_DELAY_S, check_delay
+from .directreply import (
+    REPLY_TO,
+    REPLY_TO_PREFIX,
+    is_reply_address,
+    reply_node,
+    reply_secret,
+)
 from .effects import (
     AppendRecords,
     Confirm,
@@ -143,6 +150,11 @@ __all__ = [
     "MAX_JSON_DEPTH",
     "MAX_JSON_ITEMS",
     "SERVER_NAMED_PREFIX",
+    "REPLY_TO",
+    "REPLY_TO_PREFIX",
+    "is_reply_address",
+    "reply_node",
+    "reply_secret",
     "check_name",
     "check_routing_key",
     "RecordType",

@@ -52,7 +52,8 @@ collaborators in its constructor (built here, in dependency order):
 * ``deliveries`` (:class:`Deliveries`, delivery.py): channels, consumers, unacked
   deliveries, settling and ack deadlines; ``leases`` (leases.py) and ``publishing``
   (publishing.py) and ``transactions`` (transactions.py) work through it, and
-  ``held_dead_letters`` (heldletters.py: a cluster's dead letters for other nodes);
+  ``held_dead_letters`` (heldletters.py: a cluster's dead letters for other nodes),
+  ``replies`` (directreply.py: direct reply-to's reply consumers and replies);
 * ``coordination`` (coordlog.py): locks (locks.py) and schedules (schedules.py);
 * ``accounts`` (:class:`Users`, users.py): users and tokens (``Broker.users`` is
   their store, read by the API to authenticate);
@@ -94,6 +95,7 @@ from .deadletter import DeadLetters
 from .dedup import DedupWindow
 from .delays import Delays
 from .delivery import Deliveries
+from .directreply import DirectReplies
 from .effects import Effect
 from .entities import ChannelState, Exchange, Queue
 from .errors import NotFound
@@ -182,8 +184,9 @@ class Broker:
         expiry.connect(dead_letter=dead_letters.dead_letter)
         self.held_dead_letters = held = HeldDeadLetters(deliveries, log)
         dead_letters.connect(hold=held.hold, elsewhere=held.reaches_other_nodes)
+        self.replies = replies = DirectReplies(deliveries, outbox)
         self.publishing = publishing = Publishing(
-            deliveries, topology, store, dead_letters, log, outbox, stats, wall_clock=wall_clock
+            deliveries, topology, store, dead_letters, log, outbox, stats, wall_clock=wall_clock, replies=replies
         )
         self.transactions = transactions = Transactions(deliveries, publishing, log)
         self.leases = leases = Leases(
@@ -245,6 +248,7 @@ class Broker:
         self.reject = deliveries.reject
         self.touch = deliveries.touch
         self.reserve_delivery_tag = deliveries.reserve_tag
+        self.reply_consume, self.reply_cancel = replies.reply_consume, replies.reply_cancel
         self.open_connection = connections.open_connection
         self.join_connection = deliveries.join_connection
         self.close_connection = connections.close_connection

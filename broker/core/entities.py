@@ -481,6 +481,7 @@ class ChannelState:
         "expired",
         "closed",
         "tx",
+        "reply_consumer",
     )
 
     def __init__(self, channel_id: int, credit: int) -> None:
@@ -508,3 +509,5 @@ class ChannelState:
         self.closed = False
         #: the transaction being built, when the channel is transactional (tx_select)
         self.tx: Transaction | None = None
+        #: (consumer tag, secret) of its direct reply-to consumer (directreply.py)
+        self.reply_consumer: tuple[str, str] | None = None

@@ -8,7 +8,10 @@ for that record's LSN (``MessageLog.release_confirms``). A publish made with
 window: it is neither looked up nor remembered, and its record carries no
 deduplication id (the record's ``message_id`` field is that id, which replay
 remembers; the message's properties keep its ``message_id`` for delivery). A
-transactional channel's publishes are held until its commit (transactions.py).
+transactional channel's publishes are held until its commit (transactions.py). A
+publish to the default exchange that routes nowhere and whose key is a direct
+reply-to address is a reply, handed to its requester (directreply.py): the one test
+it costs is on that unroutable path, never on a routed publish.
 
 This is the per-message path: collaborators' methods are bound once, in the
 constructor, not looked up through other objects per message.
@@ -24,6 +27,7 @@ from .constants import NO_ROUTE, PublishResult
 from .deadletter import DeadLetters
 from .delayheader import header_delay
 from .delivery import Deliveries
+from .directreply import REPLY_TO_PREFIX, DirectReplies
 from .effects import Return
 from .entities import MAX_TX_BYTES, MAX_TX_OPS, ChannelState, Queue
 from .errors import InvalidArgument
@@ -53,6 +57,7 @@ class Publishing:
         stats: dict[str, int],
         *,
         wall_clock: Callable[[], float],
+        replies: DirectReplies,
     ) -> None:
         self._channel = deliveries.channel
         self._channels = deliveries.channels
@@ -68,6 +73,7 @@ class Publishing:
         self._emit = outbox.emit
         self._stats = stats
         self._wall_clock = wall_clock
+        self._deliver_reply = replies.deliver_reply
 
     def publish(
         self,
@@ -164,6 +170,9 @@ class Publishing:
         if headers and "BCC" in headers:  # routed with, not kept (logged, delivered or returned)
             properties = dict(properties or {}, headers=without_bcc(headers))  # (a copy: the caller's stays)
         if not queues:
+            if not exchange_name and routing_key.startswith(REPLY_TO_PREFIX):
+                # a direct reply: to its requester, if there (and still unroutable)
+                self._deliver_reply(exchange_name, routing_key, body, properties)
             if mandatory:
                 # handed back, not taken: a resend (once a queue is bound) must land
                 self._stats["returned"] += 1

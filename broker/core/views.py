@@ -181,6 +181,16 @@ class BrokerViews:
         ch = self._core.channels.get(channel_id)
         return ch is not None and consumer_tag in ch.consumers
 
+    def reply_exists(self, name: str) -> bool:
+        """Whether ``name`` is direct reply-to's pseudo-queue or a live reply address
+        (``DirectReplies.reply_exists``)."""
+        return bool(self._core.replies.reply_exists(name))
+
+    def reply_address(self, channel_id: int) -> str | None:
+        """The channel's direct reply-to address (None: no reply consumer)."""
+        address: str | None = self._core.replies.reply_address(channel_id)
+        return address
+
     def pending_confirms(self, channel_id: int) -> int:
         """Publishes of the channel still waiting for their confirm (0 if it is not open)."""
         ch = self._core.channels.get(channel_id)
