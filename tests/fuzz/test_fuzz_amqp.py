@@ -49,11 +49,14 @@ FUZZ = settings(
 )
 HEADER = b"AMQP\x00\x00\x09\x01"
 
-NAMES = st.sampled_from(["q", "x", "", "amq.direct", "amq.gen-1", "amq.default", "é", "q" * 200, "fz", "amq.topic"])
-KEYS = st.sampled_from(["", "k", "a.b", "#", "*.x"])
+NAMES = st.sampled_from(["q", "x", "", "amq.direct", "amq.gen-1", "amq.default", "é", "q" * 200, "fz", "amq.topic",
+                         "amq.rabbitmq.reply-to", "amq.rabbitmq.reply-to.x.1"])
+KEYS = st.sampled_from(["", "k", "a.b", "#", "*.x", "amq.rabbitmq.reply-to.x.1"])
 ARGS = st.dictionaries(
     st.sampled_from(["x-max-length", "x-message-ttl", "x-expires", "x-dead-letter-exchange", "x-max-priority",
-                     "x-queue-type", "x-overflow", "x-match", "alternate-exchange", "x-single-active-consumer", "zz"]),
+                     "x-queue-type", "x-overflow", "x-match", "alternate-exchange", "x-single-active-consumer", "zz",
+                     "x-delayed-type", "x-queue-mode", "x-queue-version", "x-queue-leader-locator",
+                     "x-queue-master-locator", "x-dead-letter-strategy", "x-max-in-memory-length"]),
     st.one_of(st.integers(-5, 300), st.text(max_size=8), st.booleans(), st.none()),
     max_size=3,
 )
@@ -90,7 +93,7 @@ def _methods() -> st.SearchStrategy[Any]:
         st.builds(lambda: commands.Channel.Close(reply_code=200, reply_text="", class_id=0, method_id=0)),
         st.builds(partial(_make, commands.Channel.CloseOk)),
         st.builds(partial(_make, commands.Channel.Flow), active=b),
-        st.builds(partial(_make, commands.Exchange.Declare), exchange=NAMES, exchange_type=st.sampled_from(["direct", "fanout", "topic", "headers", "bogus"]),
+        st.builds(partial(_make, commands.Exchange.Declare), exchange=NAMES, exchange_type=st.sampled_from(["direct", "fanout", "topic", "headers", "bogus", "x-delayed-message", "x-consistent-hash"]),
                   passive=b, durable=b, auto_delete=b, internal=b, arguments=ARGS),
         st.builds(partial(_make, commands.Exchange.Delete), exchange=NAMES, if_unused=b),
         st.builds(partial(_make, commands.Exchange.Bind), destination=NAMES, source=NAMES, routing_key=KEYS, arguments=ARGS),
@@ -126,10 +129,15 @@ def _publish(exchange: str, key: str, body: bytes, declared: int, props: Any, ma
 PROPS = st.builds(
     partial(_make, commands.Basic.Properties),
     content_type=st.one_of(st.none(), st.text(max_size=10)),
-    headers=st.one_of(st.none(), st.dictionaries(st.text(max_size=5), st.one_of(st.integers(-(1 << 40), 1 << 40), st.text(max_size=5), st.booleans()), max_size=3)),
+    headers=st.one_of(st.none(), st.dictionaries(
+        st.one_of(st.text(max_size=5), st.sampled_from(["x-delay", "CC", "BCC"])),
+        st.one_of(st.integers(-(1 << 40), 1 << 40), st.text(max_size=5), st.booleans(), st.sampled_from(["300", "-5", "1.5"]),
+                  st.lists(st.sampled_from(["k", "a.b", "q", ""]), max_size=3)),
+        max_size=3)),
     delivery_mode=st.one_of(st.none(), st.sampled_from([1, 2, 0, 7])),
     priority=st.one_of(st.none(), st.integers(0, 255)),
     expiration=st.one_of(st.none(), st.sampled_from(["0", "100", "-1", "abc", "99999999999999"])),
+    reply_to=st.one_of(st.none(), st.sampled_from(["amq.rabbitmq.reply-to", "r"])),
 )
 PUBLISHES = st.builds(
     lambda ex, key, body, delta, props, mandatory, ch: _publish(ex, key, body, max(0, len(body) + delta), props, mandatory, ch),

@@ -121,14 +121,15 @@ BODIES = st.one_of(
     st.builds(
         lambda k, v: {"arguments": {k: v}},
         st.sampled_from(["x-dead-letter-exchange", "x-dead-letter-routing-key", "x-delivery-limit", "x-expires",
-                         "x-max-length-bytes", "x-overflow", "alternate-exchange", "x-max-lenght"]),
+                         "x-max-length-bytes", "x-overflow", "alternate-exchange", "x-max-lenght", "x-delayed-type",
+                         "x-queue-mode", "x-queue-version", "x-queue-master-locator", "x-dead-letter-strategy"]),
         JSON_VALUES,
     ),
     st.binary(max_size=64),
 )
 HEADERS = st.dictionaries(
     st.sampled_from(["X-Timestamp", "X-Expiration", "X-Priority", "X-Delivery-Mode", "X-Message-Id",
-                     "Content-Type", "X-Header-a", "Expect"]),
+                     "Content-Type", "X-Header-a", "Expect", "X-Header-X-Delay", "X-Header-CC"]),
     QUERY_VALUES,
     max_size=3,
 )
