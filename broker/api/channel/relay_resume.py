@@ -93,7 +93,8 @@ class Resumption:
         log.info("consumer lost its quorum queue's leader; consuming from the next one",
                  extra={"fields": {"queue": queue, "consumer_tag": consumer_tag, "reason": self.reason[:200]}})
         with self.scope:
-            while not finished():
+            while not finished() and not self.withdrawn:  # (withdrawn before it began: a cancelled scope
+                # checks at the first await only, after a consume here)
                 located = owner_of(queue)
                 if located is None:
                     self.reason = f"queue {queue!r} was deleted"
