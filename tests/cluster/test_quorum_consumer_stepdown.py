@@ -218,3 +218,45 @@ def test_an_amqp_consumer_on_the_leader_consumes_there_again_when_its_node_leads
     finally:
         if conn.is_open:
             conn.close()
+
+
+def test_an_amqp_consumer_on_the_leader_goes_on_relayed_when_its_node_leaves_the_replica_set(nodes: Nodes) -> None:
+    procs = nodes.procs
+    old = _declare(nodes, "moved", 3)
+    for i in range(3):
+        assert _publish(procs[old], "moved", f"m{i}")
+    conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", nodes.amqp[old], heartbeat=60))
+
+    def pump(what: str, check: Any) -> Any:
+        return pump_until(conn, what, check, timeout_s=ELECTION_S + 20)
+
+    try:
+        ch = conn.channel()
+        ch.basic_qos(prefetch_count=10)
+        cancelled: list[Any] = []
+        got: list[tuple[bytes, bool, int, str]] = []
+        ch.add_on_cancel_callback(cancelled.append)
+        tag = ch.basic_consume(
+            "moved", lambda _c, m, _p, b: got.append((b, m.redelivered, m.delivery_tag, m.consumer_tag)), consumer_tag="mover"
+        )
+        pump("m0..m2 delivered", lambda: len(got) == 3)
+        ch.basic_ack(got[1][2])  # m0 and m2 stay unacked
+        pump("the ack of m1 replicated", lambda: _counts(procs[old], "moved") == (0, 2) and _replicated(procs[old], "moved"))
+        # the leader taken out of the replica set steps down; its node lives on
+        status, body = procs[old].request("POST", "/queues/moved/replicas", {"remove": old})
+        assert status == 200 and body["leader_stepped_down"] is True, body
+        others = [n for n in NAMES if n != old]
+        new = pump("a new leader", lambda: agreed_leader(procs, "moved", others))
+        pump("m0 and m2 again, relayed from the new leader", lambda: len(got) == 5)
+        assert sorted(g[:2] for g in got[3:]) == [(b"m0", True), (b"m2", True)]
+        assert _publish(procs[new], "moved", "after")
+        pump("'after' delivered", lambda: len(got) == 6)
+        assert got[5][:2] == (b"after", False)
+        assert {g[3] for g in got} == {tag} and cancelled == [] and ch.is_open
+        for _body, _r, delivery_tag, _c in [got[0], got[2], *got[3:]]:  # the old tags of m0 and m2: nothing
+            ch.basic_ack(delivery_tag)
+        pump("every message settled on the new leader", lambda: _counts(procs[new], "moved") == (0, 0))
+        assert ch.is_open and cancelled == []
+    finally:
+        if conn.is_open:
+            conn.close()
