@@ -260,6 +260,20 @@ async def test_cancelled_while_it_waits_it_does_not_consume_again(autojump_clock
         nursery.cancel_scope.cancel()
 
 
+async def test_the_channels_end_while_it_waits_ends_it(autojump_clock: trio.testing.MockClock) -> None:
+    async with trio.open_nursery() as nursery:
+        session, gateway, _port = _channel(nursery)
+        await _consume(session)
+        _step_down(gateway)
+        _events(session)
+        session.stop_consumers()  # the channel ends (its close, an error, the broker's shutdown)
+        assert not session.relayed.has_consumer("w")
+        gateway.run(lambda core: core.declare_queue("q", durable=True))
+        await trio.sleep(RESUME_S)
+        assert not gateway.views.has_consumer(session.channel_id, "w") and _events(session) == []
+        nursery.cancel_scope.cancel()
+
+
 async def test_another_nodes_channel_sees_the_step_down_as_a_cancel_for_that_node_to_resume(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
