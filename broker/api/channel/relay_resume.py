@@ -93,8 +93,9 @@ class Resumption:
         log.info("consumer lost its quorum queue's leader; consuming from the next one",
                  extra={"fields": {"queue": queue, "consumer_tag": consumer_tag, "reason": self.reason[:200]}})
         with self.scope:
-            while not finished() and not self.withdrawn:  # (withdrawn before it began: a cancelled scope
-                # checks at the first await only, after a consume here)
+            # (``withdrawn`` too: withdrawn before this task began, its cancelled scope
+            # would stop it at its first await only, and a consume here has none)
+            while not finished() and not self.withdrawn:
                 located = owner_of(queue)
                 if located is None:
                     self.reason = f"queue {queue!r} was deleted"
