@@ -35,7 +35,14 @@ from broker.amqp.frames import (
     encode_get_ok,
     encode_sent_properties,
 )
-from broker.amqp.relays import relay_consume, relay_get, remote_owner, settle_relayed
+from broker.amqp.relays import (
+    consume_fields,
+    quorum_of,
+    relay_consume,
+    relay_get,
+    remote_owner,
+    settle_relayed,
+)
 from broker.amqp.replies import (
     ACCESS_REFUSED,
     COMMAND_INVALID,
@@ -288,6 +295,9 @@ async def _basic_consume(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
     priority = (m.arguments or {}).get("x-priority")
     s.bridge.now(lambda core: core.consume(ch.core_id, queue, consumer_tag=tag, no_ack=bool(m.no_ack),
                                            exclusive=bool(m.exclusive), priority=priority))
+    quorum = quorum_of(s, ch)
+    if quorum is not None:  # cluster mode: a quorum queue's consumer outlives this node's leadership
+        quorum.noted(queue, tag, consume_fields(tag, m))
     # Deliveries leave at the next pump: the consume-ok goes out first.
     if not m.nowait:
         s.reply_raw(ch, encode_consume_ok(ch.number, tag))
@@ -296,6 +306,8 @@ async def _basic_consume(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
 async def _basic_cancel(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
     if s.views.has_consumer(ch.core_id, m.consumer_tag):
         s.bridge.run(lambda core: core.cancel(ch.core_id, m.consumer_tag))
+        if ch.quorum is not None:
+            ch.quorum.forget(m.consumer_tag)
     elif ch.relayed is not None and ch.relayed.has_consumer(m.consumer_tag):
         await ch.relayed.cancel(m.consumer_tag)
     else:  # direct reply-to's consumer (replyto.py), or none: cancel-ok either way

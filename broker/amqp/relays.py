@@ -11,6 +11,10 @@ owner's refusals to RabbitMQ's reply codes: a queue whose owner is down answers
 classic queue whose node is down), and a relayed consumer whose owner goes down, or
 whose queue the owner deletes, or of a queue its user may no longer read (a
 permission revoked on any node), is cancelled with ``basic.cancel`` from the server.
+
+A consumer of a quorum queue goes on from the queue's next leader instead, without a
+``basic.cancel``, whether it was relayed or on this node when this node stopped
+leading the queue (:func:`quorum_of` keeps those; ``broker/api/channel/relay_resume.py``).
 """
 
 from __future__ import annotations
@@ -34,10 +38,10 @@ from broker.amqp.replies import (
     RESOURCE_LOCKED,
 )
 from broker.amqp.session import AMQPChannel, AMQPException, AMQPSession
-from broker.api import RelayedConsumers
+from broker.api import LocalQuorumConsumers, RelayedConsumers
 from broker.core import ChannelError, ErrorReply, Unavailable
 
-__all__ = ["relay_consume", "relay_get", "remote_owner", "settle_relayed"]
+__all__ = ["quorum_of", "relay_consume", "relay_get", "remote_owner", "settle_relayed"]
 
 log = logging.getLogger("ackbus.amqp")
 
@@ -58,9 +62,34 @@ def relays_of(s: AMQPSession, ch: AMQPChannel) -> RelayedConsumers | None:
             return None
         ch.relayed = RelayedConsumers(
             ch.core_id, s.bridge.gateway, lambda ev: _event(s, ch, ev), lambda: ch.closed, s.tasks, cluster,
-            s.principal,
+            s.principal, quorum_of(s, ch),
         )
     return ch.relayed
+
+
+def quorum_of(s: AMQPSession, ch: AMQPChannel) -> LocalQuorumConsumers | None:
+    """The channel's consumers here of quorum queues (made on first use; the
+    channel's relays, which resume them, only when one loses its leader: until then
+    its settles stay on the fast path); None on a single node."""
+    if ch.quorum is None:
+        cluster = s.bridge.runtime.cluster
+        if cluster is None:
+            return None
+
+        def resume(queue: str, consumer_tag: str, consume_op: dict[str, Any], reason: str) -> bool:
+            relayed = relays_of(s, ch)
+            return relayed is not None and relayed.resume(queue, consumer_tag, consume_op, reason)
+
+        ch.quorum = LocalQuorumConsumers(ch.core_id, s.bridge.gateway, cluster, resume)
+    return ch.quorum
+
+
+def consume_fields(tag: str, m: Any) -> dict[str, Any]:
+    """A ``basic.consume``'s fields as a channel's consume op has them."""
+    op: dict[str, Any] = {"consumer_tag": tag, "no_ack": bool(m.no_ack), "exclusive": bool(m.exclusive)}
+    if m.arguments and "x-priority" in m.arguments:
+        op["arguments"] = {"x-priority": m.arguments["x-priority"]}
+    return op
 
 
 def remote_owner(s: AMQPSession, ch: AMQPChannel, queue: str) -> tuple[RelayedConsumers, str, str | None] | None:
@@ -89,9 +118,7 @@ async def relay_consume(s: AMQPSession, ch: AMQPChannel, queue: str, tag: str, m
     """``basic.consume`` of another node's queue: consumed there, its deliveries
     passed on after the consume-ok."""
     relayed, owner, url = located
-    op: dict[str, Any] = {"consumer_tag": tag, "no_ack": bool(m.no_ack), "exclusive": bool(m.exclusive)}
-    if m.arguments and "x-priority" in m.arguments:
-        op["arguments"] = {"x-priority": m.arguments["x-priority"]}
+    op = consume_fields(tag, m)
     s.bridge.flush()
     try:
         await relayed.consume(queue, owner, url, op)

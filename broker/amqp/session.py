@@ -63,7 +63,7 @@ from broker.amqp.replies import (
     refusal_text,
     reply_for,
 )
-from broker.api import ALLOW_ALL, Access, RelayedConsumers
+from broker.api import ALLOW_ALL, Access, LocalQuorumConsumers, RelayedConsumers
 from broker.core import (
     Confirm,
     ConsumerCancelled,
@@ -144,6 +144,8 @@ class AMQPChannel:
         self.last_queue = ""
         #: Cluster mode: its consumers and gets of other nodes' queues (``relays.py``).
         self.relayed: RelayedConsumers | None = None
+        #: Cluster mode: its consumers here of quorum queues (``relays.quorum_of``).
+        self.quorum: LocalQuorumConsumers | None = None
         #: (publish tag, charged bytes) of publishes not yet confirmed, in tag order.
         self.unconfirmed: collections.deque[tuple[int, int]] = collections.deque()
         self.unconfirmed_bytes = 0
@@ -214,7 +216,10 @@ class AMQPChannel:
                               conn.frame_max)
             )
         elif kind is ConsumerCancelled:
-            if s.cancel_notify:
+            quorum = self.quorum
+            if quorum is not None and quorum.cancelled(effect.consumer_tag, effect.reason):
+                pass  # its quorum queue's leader stepped down: it goes on from the next one
+            elif s.cancel_notify:
                 conn.send_raw(encode_cancel(self.number, effect.consumer_tag))
         elif kind is DeliveryExpired:
             s.fail_later(

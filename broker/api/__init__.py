@@ -7,6 +7,7 @@ it reads the core through the core's views.
 """
 
 from broker.api.auth import Authenticator, hash_password, new_token
+from broker.api.channel.relay_resume import LocalQuorumConsumers
 from broker.api.channel.relayed import RelayedConsumers
 from broker.api.csrf import protect
 from broker.api.errors import http_error
@@ -20,6 +21,7 @@ __all__ = [
     "Access",
     "Authenticator",
     "BrokerMetrics",
+    "LocalQuorumConsumers",
     "PUBLIC_ROUTES",
     "RelayedConsumers",
     "build_router",

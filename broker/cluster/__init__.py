@@ -4,6 +4,7 @@ etcd into each node's core through its public commands."""
 
 from broker.cluster.etcd import Endpoint, EtcdClient, parse_endpoints
 from broker.cluster.etcdproto import EtcdError, EtcdUnavailable
+from broker.cluster.mirror import QUEUE_MOVED, is_moved
 from broker.cluster.node import ClusterConfig, ClusterNode, NodeNameTaken
 from broker.cluster.peers import (
     FORWARDED_HEADER,
@@ -26,11 +27,13 @@ __all__ = [
     "EtcdError",
     "EtcdUnavailable",
     "NO_QUORUM",
+    "QUEUE_MOVED",
     "NodeNameTaken",
     "PeerStream",
     "PeerUnreachable",
     "relay",
     "StaleEpoch",
+    "is_moved",
     "is_replicated",
     "parse_endpoints",
 ]

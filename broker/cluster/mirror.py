@@ -7,7 +7,10 @@ What a node's core holds in cluster mode:
   owner; on the other nodes a queue is metadata only (``ClusterView``), which
   :func:`owner_of` answers from;
 - the quorum queues this node leads, put there and taken away by the replication
-  layer (:meth:`CoreMirror.hold_queue`, :meth:`CoreMirror.drop_queue`);
+  layer (:meth:`CoreMirror.hold_queue`, :meth:`CoreMirror.drop_queue`); a queue
+  taken away while it lives on (this node stopped leading it) cancels its consumers
+  with a reason of its own (:data:`QUEUE_MOVED`), which the channels tell apart from
+  a delete: their consumers go on from the queue's next leader;
 - the bindings whose source and destination are both in the core (to its own queues,
   and between exchanges); a binding to a queue owned elsewhere is metadata only;
 - every user and token (``broker.cluster.users``).
@@ -23,7 +26,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 from broker.cluster.users import UserMirror
 from broker.cluster.view import (
@@ -35,9 +38,23 @@ from broker.cluster.view import (
 )
 from broker.core import Broker, ErrorReply
 
-__all__ = ["CoreMirror", "core_arguments"]
+__all__ = ["QUEUE_MOVED", "CoreMirror", "core_arguments", "is_moved", "moved_reason"]
 
 log = logging.getLogger("ackbus.cluster")
+
+#: How the reason of a consumer cancelled by a quorum queue leaving this node's core
+#: while the queue lives on (this node stopped leading it) begins: not a delete.
+QUEUE_MOVED: Final = "queue_moved"
+
+
+def moved_reason(queue: str, why: str) -> str:
+    """The cancel reason of ``queue``'s consumers when it leaves this core for ``why``."""
+    return f"{QUEUE_MOVED}: this node stopped leading quorum queue {queue!r} ({why})"
+
+
+def is_moved(reason: str) -> bool:
+    """Whether a consumer's cancel ``reason`` is a quorum queue's move (not a delete)."""
+    return reason.startswith(QUEUE_MOVED + ":")
 
 
 def core_arguments(arguments: dict[str, Any]) -> dict[str, Any]:
@@ -163,9 +180,11 @@ class CoreMirror:
         leads it)."""
         self._ensure_queue(name, d, view)
 
-    def drop_queue(self, name: str) -> None:
-        """Replicated queue ``name`` leaves the core (this node no longer leads it)."""
-        self._remove_queue(name)
+    def drop_queue(self, name: str, reason: str = "queue deleted") -> None:
+        """Replicated queue ``name`` leaves the core (this node no longer leads it);
+        its consumers are cancelled with ``reason`` (:func:`moved_reason` while the
+        queue lives on elsewhere)."""
+        self._remove_queue(name, reason)
 
     # ---------------------------------------------------------------------- steps
 
@@ -226,10 +245,10 @@ class CoreMirror:
         if exchange is not None and not exchange.builtin:
             self._attempt(f"delete exchange {name!r}", self.core.delete_exchange, name)
 
-    def _remove_queue(self, name: str) -> None:
+    def _remove_queue(self, name: str, reason: str = "queue deleted") -> None:
         queue = self.core.queues.get(name)
         if queue is not None and not self.made_by_gateway(name):
-            self._attempt(f"delete queue {name!r}", self.core.delete_queue, name)
+            self._attempt(f"delete queue {name!r}", self.core.delete_queue, name, reason=reason)
 
     def _local(self, b: dict[str, Any]) -> bool:
         """Whether both ends of binding ``b`` are in this node's core."""

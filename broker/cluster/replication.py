@@ -65,7 +65,7 @@ from broker.cluster.leader import (
     majority,
 )
 from broker.cluster.membership import Membership
-from broker.cluster.mirror import CoreMirror
+from broker.cluster.mirror import CoreMirror, moved_reason
 from broker.cluster.replica_follower import PeerSettings, follow
 from broker.cluster.replica_leader import LeaderSide, StaleEpoch
 from broker.cluster.replica_log import ReplicaLog, replica_log_path
@@ -193,8 +193,11 @@ class Replication:
         since this node opened its replica: its definition's key was created anew
         (etcd's ``create_revision``), even if both happened between two rounds and
         the definition is the same. The new queue must not take the old one's log."""
-        replica = self.queues[name]
-        created = self.node.view.created_revision("queues", name)
+        return self._incarnation_changed(self.queues[name])
+
+    def _incarnation_changed(self, replica: QueueReplica) -> bool:
+        """Whether the definition of ``replica``'s queue is another incarnation's."""
+        created = self.node.view.created_revision("queues", replica.name)
         return bool(replica.incarnation and created and created != replica.incarnation)
 
     def _open(self, name: str) -> QueueReplica:
@@ -226,7 +229,10 @@ class Replication:
         same name opens its log only once this one is gone for good."""
         replica = self.queues.pop(name)
         if replica.leading is not None:
-            self._step_down(replica, "queue deleted")
+            # taken out of the replica set, the queue lives on: its consumers here go
+            # on from its next leader; deleted (or declared anew), they are cancelled
+            lives_on = self.node.view.get("queues", name) is not None and not self._incarnation_changed(replica)
+            self._step_down(replica, "removed from the replica set" if lives_on else "queue deleted", deleted=not lives_on)
         self._stop_following(replica)
         try:
             await replica.log.remove()
@@ -284,7 +290,7 @@ class Replication:
         core = self.core
         name = replica.name
         if name in core.queues:
-            self.node.mirror.drop_queue(name)
+            self.node.mirror.drop_queue(name, moved_reason(name, "leading a new epoch"))
         self.node.mirror.hold_queue(name, d, self.node.view)
         queue = core.queues.get(name)
         if queue is None:
@@ -457,8 +463,11 @@ class Replication:
         if revision:
             log.info("in-sync set changed", extra={"fields": {"queue": replica.name, "isr": sorted(isr), "epoch": epoch}})
 
-    def _step_down(self, replica: QueueReplica, reason: str) -> None:
-        """Stop leading: no more confirms or deliveries; the queue leaves the core."""
+    def _step_down(self, replica: QueueReplica, reason: str, *, deleted: bool = False) -> None:
+        """Stop leading: no more confirms or deliveries; the queue leaves the core. Its
+        consumers here are cancelled as by a delete when ``deleted``; else with the
+        mirror's ``queue_moved`` reason, which their channels take as the sign to go
+        on from the next leader (``broker/api/channel/relay_resume.py``)."""
         side = replica.leading
         if side is None:
             return
@@ -475,7 +484,7 @@ class Replication:
         self.core.nack_held_confirms(side.take_held(), f"{NO_QUORUM}: leadership of queue {replica.name!r} lost")
         replica.refused = False
         try:
-            self.node.mirror.drop_queue(replica.name)
+            self.node.mirror.drop_queue(replica.name, "queue deleted" if deleted else moved_reason(replica.name, reason))
         finally:
             self.runtime.pump()
         log.warning("stopped leading quorum queue", extra={"fields": {"queue": replica.name, "epoch": side.epoch, "reason": reason}})

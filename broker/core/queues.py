@@ -237,12 +237,15 @@ class QueueStore:
         return queue
 
     def delete_queue(
-        self, name: str, *, if_unused: bool = False, if_empty: bool = False, channel_id: int = REST_CHANNEL
+        self, name: str, *, if_unused: bool = False, if_empty: bool = False, channel_id: int = REST_CHANNEL,
+        reason: str = "queue deleted",
     ) -> int:
         """Delete a queue; return how many ready messages it held.
 
-        Its consumers are cancelled (``ConsumerCancelled``); its unacked deliveries
-        stay with their channels and are simply forgotten when settled.
+        Its consumers are cancelled (``ConsumerCancelled`` with ``reason``: a caller
+        that removes the queue from this core for another reason than a delete says
+        so there); its unacked deliveries stay with their channels and are simply
+        forgotten when settled.
         Raises NotFound, ResourceLocked, PreconditionFailed (if_unused / if_empty).
         """
         queue = self.queue(name, channel_id)
@@ -250,7 +253,7 @@ class QueueStore:
             raise PreconditionFailed(f"queue {name!r} has consumers")
         if if_empty and queue.ready_count():
             raise PreconditionFailed(f"queue {name!r} is not empty")
-        return self.remove_queue(queue, "queue deleted")
+        return self.remove_queue(queue, reason)
 
     def remove_queue(self, queue: Queue, reason: str, *, by_itself: bool = False) -> int:
         """Delete ``queue`` (consumers cancelled with ``reason``, bindings dropped);

@@ -43,6 +43,7 @@ from broker.api.fields import (
 from broker.core import (
     SERVER_NAMED_PREFIX,
     Broker,
+    ChannelError,
     ErrorReply,
     InvalidArgument,
     LockBusy,
@@ -220,7 +221,11 @@ async def _op_consume(s: ServedChannel, op: dict[str, Any]) -> None:
         s.send_event(reply(op, "consume_ok", consumer_tag=tag, active=active))
         relayed.started(tag)
         return
+    if relayed is not None and consumer_tag and relayed.has_consumer(consumer_tag):
+        raise ChannelError(f"consumer tag {consumer_tag!r} is in use on this channel", code="not_allowed")
     tag, active = s.batch.run(consume)
+    if relayed is not None and not s.forwarded:  # a quorum queue's consumer outlives this node's leadership
+        relayed.local.noted(queue, tag, op)
     s.send_event(reply(op, "consume_ok", consumer_tag=tag, active=active))
 
 
@@ -234,6 +239,8 @@ async def _op_cancel(s: ServedChannel, op: dict[str, Any]) -> None:
     cid = s.channel_id
     if s.views.has_consumer(cid, tag):
         s.batch.run(lambda core: core.cancel(cid, tag))
+        if s.relayed is not None:
+            s.relayed.local.forget(tag)
     elif s.relayed is not None:
         await s.relayed.cancel(tag)
     s.send_event(reply(op, "cancel_ok", consumer_tag=tag))

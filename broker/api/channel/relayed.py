@@ -12,7 +12,9 @@ When the owner is down, ``consume`` fails with the channel error
 ``queue_unavailable``; when it dies while consumed from, the consumer gets a
 ``cancel`` event whose reason starts with ``queue_unavailable`` (the channel stays
 open; consume again once the node is back). A consumer of a quorum queue goes on
-from the queue's next leader instead (``relay_resume.py``). A ``multiple`` settle whose tag is a
+from the queue's next leader instead (``relay_resume.py``), as does the channel's
+own one when this node stops leading the queue (:meth:`RelayedConsumers.resume`). A
+``multiple`` settle whose tag is a
 relayed delivery settles the relayed deliveries up to it (on their owners), not this
 node's own; one whose tag is this node's settles both.
 
@@ -35,6 +37,9 @@ In a transaction (the channel's ``tx_select``, AMQP's ``tx.select``) the acks, n
 rejects of relayed deliveries are held, as the core holds those of local ones, until
 ``tx_commit`` sends them to their owners or ``tx_rollback`` forgets them
 (:meth:`RelayedConsumers.settle` checks and holds them; ``relayed_tx.py`` the rest).
+
+Why one module of ~500 lines: consumes, gets, settles, qos, permission changes and
+resumptions all read and write the same maps of relays and delivery tags.
 """
 
 from __future__ import annotations
@@ -46,7 +51,8 @@ from typing import Any, Final
 import trio
 
 from broker.api.auth import Principal
-from broker.api.channel.relay_resume import Resumption
+from broker.api.channel.relay_resume import LocalQuorumConsumers as Local
+from broker.api.channel.relay_resume import Resumption, consume_op_of
 from broker.api.channel.relayed_tx import HeldRelayedSettles
 from broker.api.permissions import Access
 from broker.cluster import PeerStream, PeerUnreachable
@@ -98,7 +104,8 @@ class _Relay:
 class RelayedConsumers:
     """The relayed consumers of one channel (see the module docstring): its id, its
     gateway, where its events go (``send_event``), whether it has ended
-    (``finished()``), and the nursery its relays' tasks run in."""
+    (``finished()``), the nursery its relays' tasks run in, and its own consumers of
+    quorum queues (``local``: those a resumption may consume here again)."""
 
     def __init__(
         self,
@@ -109,6 +116,7 @@ class RelayedConsumers:
         nursery: trio.Nursery,
         cluster: ClusterPort,
         principal: Principal | None = None,
+        local: Local | None = None,
     ) -> None:
         self.channel_id = channel_id
         self.gateway = gateway
@@ -135,6 +143,9 @@ class RelayedConsumers:
         self._transactional = False
         #: the open transaction's settles of relayed deliveries
         self.held = HeldRelayedSettles(lambda tag: self._by_tag.pop(tag, None), self._end)
+        #: the channel's own consumers of quorum queues this node leads (made here
+        #: unless the channel keeps them before it has relays: AMQP's)
+        self.local = local if local is not None else Local(channel_id, gateway, cluster, self.resume)
 
     def remote_owner(self, queue: str) -> tuple[str, str | None] | None:
         """(owner, URL or None while down) when ``queue`` is another node's."""
@@ -154,14 +165,12 @@ class RelayedConsumers:
         consumer_tag = op.get("consumer_tag") or f"amq.ctag-relayed-{next(_names)}"
         if self.has_consumer(consumer_tag) or self.gateway.views.has_consumer(self.channel_id, consumer_tag):
             raise ChannelError(f"consumer tag {consumer_tag!r} is in use on this channel", code="not_allowed")
-        remote_op = {k: v for k, v in op.items() if k in ("prefetch", "no_ack", "exclusive", "ack_timeout_ms", "arguments")}
         # the channel's qos, as a local consume takes it: the per-consumer default as
         # the consumer's prefetch, the channel-wide limit as the owner's channel's
         # (a channel-wide limit bounds each relayed consumer on its own: the owners do
         # not share one), changed there by a later global qos (:meth:`qos`)
         info = self.gateway.views.channel_info(self.channel_id) or {}
-        if remote_op.get("prefetch") is None and info.get("default_prefetch"):
-            remote_op["prefetch"] = info["default_prefetch"]
+        remote_op = consume_op_of(op, info.get("default_prefetch"))
         return await self._consume_at(queue, owner, url, consumer_tag, remote_op)
 
     async def _consume_at(
@@ -220,20 +229,28 @@ class RelayedConsumers:
             if not relay.ended:
                 self._end(relay)
                 if relay.answer is not None and relay.answer.get("ev") == "consume_ok" and not self.finished():
-                    if relay.consumer_tag and self.cluster.is_replicated(relay.queue):
-                        resumption = Resumption(relay.queue, relay.consumer_tag, relay.consume_op, reason)
-                        self._resuming[relay.consumer_tag] = resumption
-                        self.nursery.start_soon(self._resume, resumption)
-                    else:
+                    if not (relay.consumer_tag and self.cluster.is_replicated(relay.queue)
+                            and self.resume(relay.queue, relay.consumer_tag, relay.consume_op, reason)):
                         self.send_event({"ev": "cancel", "consumer_tag": relay.consumer_tag, "reason": reason})
         finally:
             relay.answered.set()
             await relay.stream.aclose()
 
+    def resume(self, queue: str, consumer_tag: str, consume_op: dict[str, Any], reason: str) -> bool:
+        """Consumer ``consumer_tag`` of quorum queue ``queue`` lost the queue's leader
+        (its relay's owner, or this node) for ``reason``: consume again with
+        ``consume_op`` from the next one. False when the channel has ended."""
+        if self.finished():
+            return False
+        resumption = Resumption(queue, consumer_tag, consume_op, reason)
+        self._resuming[consumer_tag] = resumption
+        self.nursery.start_soon(self._resume, resumption)
+        return True
+
     async def _resume(self, resumption: Resumption) -> None:
         """Consume again from the quorum queue's next leader (``relay_resume.py``), or
         cancel the consumer with a ``cancel`` event when that fails."""
-        resumed = await resumption.run(self.cluster.owner_of, self._consume_at, self.finished)
+        resumed = await resumption.run(self.cluster.owner_of, self._consume_at, self.finished, self.local)
         tag = resumption.consumer_tag
         if self._resuming.get(tag) is resumption:
             del self._resuming[tag]

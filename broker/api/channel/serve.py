@@ -36,7 +36,8 @@ async def handle_channel(
         gateway = CommandGateway(runtime)
     gateway.check_ready()
     principal = request.principal
-    channel_id = gateway.open_channel(forwarded=FORWARDED_HEADER in request.headers)
+    forwarded = FORWARDED_HEADER in request.headers
+    channel_id = gateway.open_channel(forwarded=forwarded)
     try:
         if principal is not None:
             principal.open_channel(channel_id)  # raises past max_channels_per_user
@@ -45,6 +46,7 @@ async def handle_channel(
         raise
     session = ServedChannel(runtime, channel_id, response, access_for(request), principal, gateway)
     session.remote, session.user_agent = request.remote, request.headers.get("user-agent")
+    session.forwarded = forwarded
     asked = request.headers.get("ackbus-features") or ""
     features = sorted(FEATURES.intersection(name.strip() for name in asked.split(",")))
     session.batch_deliveries = "batches" in features

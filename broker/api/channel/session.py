@@ -92,6 +92,9 @@ class ServedChannel:
         self.kind = "channel"
         self.remote: str | None = None
         self.user_agent: str | None = None
+        #: Another node's channel (a relay): its consumers of a quorum queue are
+        #: cancelled when this node stops leading it, for that node to resume.
+        self.forwarded = False
         self.opened_at = time.time()
         self.outbox: list[Any] = []
         #: Estimated bytes of the non-delivery events in ``outbox``.
@@ -121,7 +124,8 @@ class ServedChannel:
         self.batch_deliveries = False
         #: The nursery the channel's own tasks run in (set by ``handle_channel``).
         self.tasks: trio.Nursery | None = None
-        #: Cluster mode: its consumers of queues other nodes own (``relayed.py``).
+        #: Cluster mode: its consumers of queues other nodes own (``relayed.py``),
+        #: and of quorum queues whose leader is lost (its ``local``: those here).
         self.relayed: RelayedConsumers | None = None
 
     def relayed_consumers(self) -> RelayedConsumers | None:
@@ -137,12 +141,16 @@ class ServedChannel:
     # ChannelSink ---------------------------------------------------------
 
     def push(self, effect: Any) -> None:
+        kind = type(effect)
+        if kind is ConsumerCancelled and self.relayed is not None and self.relayed.local.cancelled(
+            effect.consumer_tag, effect.reason
+        ):
+            return  # its quorum queue's leader stepped down: it goes on from the next one
         self.outbox.append(effect)
         self._wakeup.set()
         if not self._flush_asked:
             self._flush_asked = True
             self.runtime.want_flush(self)
-        kind = type(effect)
         if kind is Deliver:
             return  # bounded by the core's credit
         if kind is Return:
