@@ -332,7 +332,7 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
     # (no fsync: the cases are about parsing and the protocol, not durability)
     proc = BrokerProcess(tmp_path_factory.mktemp("fuzz-amqp") / "data",
                          env={"ACKBUS_AMQP_PORT": str(port), "ACKBUS_FSYNC": "never"})
-    proc.amqp_port = port  # type: ignore[attr-defined]
+    proc.amqp_port = port
     proc.start()
     sentinel = handshake(port)
     sentinel.sendall(pframe.marshal(commands.Queue.Declare(queue="sentinel"), 1))
@@ -358,7 +358,7 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
 @given(opening=st.sampled_from(["handshake", "handshake", "handshake", "fuzzed", "header", "garbage"]),
        fuzzed=FUZZED_HANDSHAKES, frames=FRAMES)
 def test_amqp_frames_never_hurt_the_broker(broker: BrokerProcess, opening: str, fuzzed: tuple[bytes, bytes, bool], frames: list[bytes]) -> None:
-    port = broker.amqp_port  # type: ignore[attr-defined]
+    port = broker.amqp_port
     if opening == "handshake":
         sock = _open(port, START_OK, OPEN)  # (the frames follow the open without waiting)
     elif opening == "fuzzed":

@@ -104,6 +104,8 @@ class BrokerProcess:
         self.port = port or free_port()
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = self.data_dir.parent / f"{self.data_dir.name}-broker.log"
+        #: the AMQP port it listens on, when made by :func:`amqp_broker`
+        self.amqp_port: int | None = None
 
     @property
     def url(self) -> str:
@@ -219,6 +221,15 @@ class BrokerProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def amqp_broker(data_dir: Path, env: dict[str, str] | None = None) -> BrokerProcess:
+    """A broker (not started; a context manager starts and stops it) with its AMQP
+    listener on a free port, ``amqp_port``."""
+    port = free_port()
+    proc = BrokerProcess(data_dir, env={**(env or {}), "ACKBUS_AMQP_PORT": str(port)})
+    proc.amqp_port = port
+    return proc
 
 
 def stop_all(procs: Iterable[BrokerProcess]) -> None:

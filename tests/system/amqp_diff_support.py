@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.broker import BrokerProcess, free_port
+from tests.support.broker import BrokerProcess, amqp_broker
 
 pika = pytest.importorskip("pika")
 from bench.servers import RabbitServer, rabbitmq_installed  # noqa: E402
@@ -86,11 +86,5 @@ def rabbit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RabbitServer]:
 @pytest.fixture(scope="module")
 def ackbus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
     """An ackbus broker subprocess with its AMQP port (``amqp_port``) for one test module."""
-    port = free_port()
-    proc = BrokerProcess(tmp_path_factory.mktemp("ackbus") / "data", env={"ACKBUS_AMQP_PORT": str(port)})
-    proc.amqp_port = port  # type: ignore[attr-defined]
-    proc.start()
-    try:
+    with amqp_broker(tmp_path_factory.mktemp("ackbus") / "data") as proc:
         yield proc
-    finally:
-        proc.stop()

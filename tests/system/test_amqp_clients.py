@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.broker import BrokerProcess, free_port
+from tests.support.broker import BrokerProcess, amqp_broker, free_port
 from tests.support.rawchannel import RawChannel
 
 pika = pytest.importorskip("pika")
@@ -27,18 +27,12 @@ pytestmark = pytest.mark.timeout(120)
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    amqp_port = free_port()
-    proc = BrokerProcess(tmp_path_factory.mktemp("amqp") / "data", env={"ACKBUS_AMQP_PORT": str(amqp_port)})
-    proc.amqp_port = amqp_port  # type: ignore[attr-defined]
-    proc.start()
-    try:
+    with amqp_broker(tmp_path_factory.mktemp("amqp") / "data") as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 def _pika(broker: BrokerProcess) -> pika.BlockingConnection:
-    return pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", broker.amqp_port, heartbeat=30))  # type: ignore[attr-defined]
+    return pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", broker.amqp_port, heartbeat=30))
 
 
 def test_pika_confirms_returns_consume_get_nack_tx(broker: BrokerProcess) -> None:
@@ -82,7 +76,7 @@ def test_pika_confirms_returns_consume_get_nack_tx(broker: BrokerProcess) -> Non
 
 def test_aio_pika(broker: BrokerProcess) -> None:
     async def main() -> list[bytes]:
-        conn = await aio_pika.connect_robust(f"amqp://guest:guest@127.0.0.1:{broker.amqp_port}/")  # type: ignore[attr-defined]
+        conn = await aio_pika.connect_robust(f"amqp://guest:guest@127.0.0.1:{broker.amqp_port}/")
         async with conn:
             channel = await conn.channel(publisher_confirms=True)
             await channel.set_qos(prefetch_count=5)
@@ -105,7 +99,7 @@ def test_aio_pika(broker: BrokerProcess) -> None:
 
 
 def test_kombu_on_py_amqp(broker: BrokerProcess) -> None:
-    with kombu.Connection(f"amqp://guest:guest@127.0.0.1:{broker.amqp_port}//", transport_options={"confirm_publish": True}) as conn:  # type: ignore[attr-defined]
+    with kombu.Connection(f"amqp://guest:guest@127.0.0.1:{broker.amqp_port}//", transport_options={"confirm_publish": True}) as conn:
         queue = conn.SimpleQueue("kombu-q")
         queue.put({"hello": "world"})
         message = queue.get(timeout=10)
@@ -198,7 +192,7 @@ def test_headers_with_no_amqp_form_are_left_out_of_get_ok_and_deliver(broker: Br
 
 def test_amqp_channels_are_listed_with_the_http_ones(broker: BrokerProcess) -> None:
     named = pika.BlockingConnection(pika.ConnectionParameters(
-        "127.0.0.1", broker.amqp_port, heartbeat=30,  # type: ignore[attr-defined]
+        "127.0.0.1", broker.amqp_port, heartbeat=30,
         client_properties={"connection_name": "billing-worker-3"}))
     conn = _pika(broker)
     try:
@@ -218,7 +212,7 @@ def test_amqp_channels_are_listed_with_the_http_ones(broker: BrokerProcess) -> N
 
 
 def test_taken_amqp_port_is_a_clear_start_error(broker: BrokerProcess, tmp_path: Path) -> None:
-    other = BrokerProcess(tmp_path / "data", env={"ACKBUS_AMQP_PORT": str(broker.amqp_port)})  # type: ignore[attr-defined]
+    other = BrokerProcess(tmp_path / "data", env={"ACKBUS_AMQP_PORT": str(broker.amqp_port)})
     with pytest.raises(Exception):
         other.start(timeout_s=15)
     other.stop()

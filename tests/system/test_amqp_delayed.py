@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.broker import BrokerProcess, free_port
+from tests.support.broker import BrokerProcess, amqp_broker
 from tests.support.rawchannel import RawChannel
 from tests.support.wait import wait_until_sync
 
@@ -25,18 +25,12 @@ DELAY_MS = 300
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    amqp_port = free_port()
-    proc = BrokerProcess(tmp_path_factory.mktemp("delayed") / "data", env={"ACKBUS_AMQP_PORT": str(amqp_port)})
-    proc.amqp_port = amqp_port  # type: ignore[attr-defined]
-    proc.start()
-    try:
+    with amqp_broker(tmp_path_factory.mktemp("delayed") / "data") as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 def _pika(broker: BrokerProcess) -> Any:
-    return pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", broker.amqp_port, heartbeat=30))  # type: ignore[attr-defined]
+    return pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", broker.amqp_port, heartbeat=30))
 
 
 def _delayed_exchange_and_queue(ch: Any, name: str) -> None:
@@ -151,9 +145,7 @@ def test_http_channel_and_rest_publish_delay_by_the_header(broker: BrokerProcess
 
 @pytest.mark.slow
 def test_a_delayed_message_keeps_its_delay_across_a_crash(tmp_path: Any) -> None:
-    amqp_port = free_port()
-    proc = BrokerProcess(tmp_path / "data", env={"ACKBUS_AMQP_PORT": str(amqp_port)})
-    proc.amqp_port = amqp_port  # type: ignore[attr-defined]
+    proc = amqp_broker(tmp_path / "data")
     proc.start()
     try:
         conn = _pika(proc)

@@ -276,11 +276,11 @@ def script_gets_exclusive_priorities(port: int) -> Log:
 
 def test_the_same_script_observes_the_same_results(rabbit: RabbitServer, ackbus: BrokerProcess, tmp_path: Path) -> None:
     theirs = script(rabbit.port)
-    ours = script(ackbus.amqp_port)  # type: ignore[attr-defined]
+    ours = script(ackbus.amqp_port)
     compare(theirs, ours)
 
 
 def test_gets_exclusive_queues_and_consumer_priorities_match(rabbit: RabbitServer, ackbus: BrokerProcess) -> None:
     theirs = script_gets_exclusive_priorities(rabbit.port)
-    ours = script_gets_exclusive_priorities(ackbus.amqp_port)  # type: ignore[attr-defined]
+    ours = script_gets_exclusive_priorities(ackbus.amqp_port)
     compare(theirs, ours)

@@ -278,7 +278,7 @@ SCRIPTS = [script_routing, script_mandatory, script_refused, script_dead_letters
 @pytest.mark.parametrize("script", SCRIPTS, ids=[s.__name__.removeprefix("script_") for s in SCRIPTS])
 def test_rabbitmq_and_ackbus_observe_the_same(script: Any, rabbit: RabbitServer, ackbus: BrokerProcess) -> None:
     theirs = script(rabbit.port)
-    ours = script(ackbus.amqp_port)  # type: ignore[attr-defined]
+    ours = script(ackbus.amqp_port)
     compare(theirs, ours)
 
 
@@ -306,4 +306,4 @@ def test_a_dead_letter_is_not_routed_by_its_bcc_keys_in_ackbus_as_it_is_in_rabbi
     rabbit: RabbitServer, ackbus: BrokerProcess
 ) -> None:
     assert script_dead_letter_by_bcc(rabbit.port, True) == [("by cc", 1), ("by bcc", 1)]
-    assert script_dead_letter_by_bcc(ackbus.amqp_port, False) == [("by cc", 1), ("by bcc", 0)]  # type: ignore[attr-defined]
+    assert script_dead_letter_by_bcc(ackbus.amqp_port, False) == [("by cc", 1), ("by bcc", 0)]

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.broker import BrokerProcess, free_port
+from tests.support.broker import BrokerProcess, amqp_broker
 
 pika = pytest.importorskip("pika")
 
@@ -26,18 +26,12 @@ REPLY_TO = "amq.rabbitmq.reply-to"
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    amqp_port = free_port()
-    proc = BrokerProcess(tmp_path_factory.mktemp("replyto") / "data", env={"ACKBUS_AMQP_PORT": str(amqp_port)})
-    proc.amqp_port = amqp_port  # type: ignore[attr-defined]
-    proc.start()
-    try:
+    with amqp_broker(tmp_path_factory.mktemp("replyto") / "data") as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 def _connect(broker: BrokerProcess) -> Any:
-    return pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", broker.amqp_port, heartbeat=0))  # type: ignore[attr-defined]
+    return pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", broker.amqp_port, heartbeat=0))
 
 
 def _serve_one(responder: Any, queue: str, timeout_s: float = 10) -> bool:
@@ -126,7 +120,7 @@ def test_a_vanished_requester_a_forged_address_and_the_passive_check(broker: Bro
 
 def test_aio_pika_rpc_through_direct_reply_to(broker: BrokerProcess) -> None:
     aio_pika = pytest.importorskip("aio_pika")
-    url = f"amqp://guest:guest@127.0.0.1:{broker.amqp_port}/"  # type: ignore[attr-defined]
+    url = f"amqp://guest:guest@127.0.0.1:{broker.amqp_port}/"
 
     async def main() -> list[tuple[str | None, bytes]]:
         async with await aio_pika.connect(url) as client, await aio_pika.connect(url) as server:

@@ -193,5 +193,5 @@ SCRIPTS = [script_round_trip, script_gone_and_forged, script_refused]
 @pytest.mark.parametrize("script", SCRIPTS, ids=[s.__name__.removeprefix("script_") for s in SCRIPTS])
 def test_rabbitmq_and_ackbus_observe_the_same(script: Any, rabbit: RabbitServer, ackbus: BrokerProcess) -> None:
     theirs = script(rabbit.port)
-    ours = script(ackbus.amqp_port)  # type: ignore[attr-defined]
+    ours = script(ackbus.amqp_port)
     compare(theirs, ours)
