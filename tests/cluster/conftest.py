@@ -60,6 +60,26 @@ def wait_synced(node: BrokerProcess, timeout_s: float = 15.0) -> None:
     wait_for(f"node on port {node.port} synced with etcd", synced, timeout_s)
 
 
+#: What a watched pika consumer recorded of one delivery: (body, redelivered, delivery
+#: tag, consumer tag).
+Got = tuple[bytes, bool, int, str]
+
+
+def watched_consumer(conn: Any, queue: str, consumer_tag: str) -> tuple[Any, list[Got], list[Any], str]:
+    """A pika consumer of ``queue`` (prefetch 10, manual acks) on a new channel of
+    ``conn``: (the channel, its deliveries as they come, the ``basic.cancel`` frames the
+    server sent it, its tag)."""
+    ch = conn.channel()
+    ch.basic_qos(prefetch_count=10)
+    cancelled: list[Any] = []
+    got: list[Got] = []
+    ch.add_on_cancel_callback(cancelled.append)
+    tag = ch.basic_consume(
+        queue, lambda _c, m, _p, b: got.append((b, m.redelivered, m.delivery_tag, m.consumer_tag)), consumer_tag=consumer_tag
+    )
+    return ch, got, cancelled, tag
+
+
 def channel_publish(node: BrokerProcess, ops: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Publish ``ops`` on one channel of ``node``; the confirms (and returns), in order."""
     ch = RawChannel(node.port)

@@ -21,6 +21,7 @@ from tests.cluster.conftest import (
     node_process,
     wait_for,
     wait_synced,
+    watched_consumer,
 )
 from tests.cluster.test_cluster_amqp import pump_until
 from tests.support.broker import BrokerProcess, free_port, stop_all
@@ -97,14 +98,7 @@ def test_a_relayed_consumer_of_a_quorum_queue_goes_on_from_the_next_leader(
         assert _publish(procs[old], "work", f"m{i}")
     conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", three[client_node][1], heartbeat=30))
     try:
-        ch = conn.channel()
-        ch.basic_qos(prefetch_count=10)
-        cancelled: list[Any] = []
-        got: list[tuple[bytes, bool, int, str]] = []
-        ch.add_on_cancel_callback(cancelled.append)
-        tag = ch.basic_consume(
-            "work", lambda _c, m, _p, b: got.append((b, m.redelivered, m.delivery_tag, m.consumer_tag)), consumer_tag="worker"
-        )
+        ch, got, cancelled, tag = watched_consumer(conn, "work", "worker")
         _pump_until(conn, "m0..m4 delivered", lambda: len(got) == 5)
         assert [g[0] for g in got] == [b"m0", b"m1", b"m2", b"m3", b"m4"]
         old_m0_tag = got[0][2]

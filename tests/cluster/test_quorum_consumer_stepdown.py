@@ -15,7 +15,13 @@ from typing import Any
 
 import pytest
 
-from tests.cluster.conftest import TTL_S, node_process, wait_for, wait_synced
+from tests.cluster.conftest import (
+    TTL_S,
+    node_process,
+    wait_for,
+    wait_synced,
+    watched_consumer,
+)
 from tests.cluster.silent_proxy import SilentProxy, silent_proxies
 from tests.cluster.test_cluster_amqp import pump_until
 from tests.cluster.test_cut_off import agreed_leader, replication
@@ -172,14 +178,7 @@ def test_an_amqp_consumer_on_the_leader_consumes_there_again_when_its_node_leads
         return pump_until(conn, what, check, timeout_s=ELECTION_S + 20)
 
     try:
-        ch = conn.channel()
-        ch.basic_qos(prefetch_count=10)
-        cancelled: list[Any] = []
-        got: list[tuple[bytes, bool, int, str]] = []
-        ch.add_on_cancel_callback(cancelled.append)
-        tag = ch.basic_consume(
-            "solo", lambda _c, m, _p, b: got.append((b, m.redelivered, m.delivery_tag, m.consumer_tag)), consumer_tag="worker"
-        )
+        ch, got, cancelled, tag = watched_consumer(conn, "solo", "worker")
         pump("m0..m4 delivered", lambda: len(got) == 5)
         assert [g[0] for g in got] == [b"m0", b"m1", b"m2", b"m3", b"m4"]
         old_m0_tag = got[0][2]
@@ -231,14 +230,7 @@ def test_an_amqp_consumer_on_the_leader_goes_on_relayed_when_its_node_leaves_the
         return pump_until(conn, what, check, timeout_s=ELECTION_S + 20)
 
     try:
-        ch = conn.channel()
-        ch.basic_qos(prefetch_count=10)
-        cancelled: list[Any] = []
-        got: list[tuple[bytes, bool, int, str]] = []
-        ch.add_on_cancel_callback(cancelled.append)
-        tag = ch.basic_consume(
-            "moved", lambda _c, m, _p, b: got.append((b, m.redelivered, m.delivery_tag, m.consumer_tag)), consumer_tag="mover"
-        )
+        ch, got, cancelled, tag = watched_consumer(conn, "moved", "mover")
         pump("m0..m2 delivered", lambda: len(got) == 3)
         ch.basic_ack(got[1][2])  # m0 and m2 stay unacked
         pump("the ack of m1 replicated", lambda: _counts(procs[old], "moved") == (0, 2) and _replicated(procs[old], "moved"))

@@ -19,7 +19,13 @@ from broker.cluster import replica_follower
 from broker.cluster.replica_follower import take_answer
 from broker.cluster.replica_leader import LeaderSide
 from broker.cluster.replica_log import ReplicaLog
-from broker.cluster.replica_ops import LedQueue, RecordTranslator, fold, published_ids, snapshot_op
+from broker.cluster.replica_ops import (
+    LedQueue,
+    RecordTranslator,
+    fold,
+    published_ids,
+    snapshot_op,
+)
 from broker.core import AppendRecords, Broker
 from broker.core import records as rec
 
