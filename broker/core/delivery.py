@@ -387,6 +387,13 @@ class Deliveries:
         d = ch.deliveries.get(tag) if ch is not None else None
         if ch is None or d is None or d.deadline != deadline:
             return
+        if d.queue.deleted and ch.id != REST_CHANNEL:
+            # Its queue went (deleted, or left this core when a cluster node stopped
+            # leading it): nothing goes back, and the channel holding it is not at
+            # fault. Kept, without a deadline, so that settling it still does nothing
+            # (until the channel ends; a REST lease of it just lapses, as before).
+            d.deadline = None
+            return
         self.requeue_deliveries(ch, [d])
         consumer = d.consumer
         if consumer is not None or ch.id != REST_CHANNEL:  # (or a channel's get: leases.py)

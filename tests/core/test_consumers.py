@@ -511,6 +511,25 @@ def test_ack_timeout_requeues_and_late_ack_fails() -> None:
     assert h.info("q")["messages"] == 1
 
 
+def test_a_delivery_of_a_deleted_queue_never_times_out_and_its_settle_does_nothing() -> None:
+    # (its queue deleted, or gone from this core with a cluster node's leadership):
+    # nothing can go back, so its ack timeout must not end the client's channel
+    h = Harness(consumer_timeout_s=30)
+    h.queue("q", durable=False)
+    h.queue("other", durable=False)
+    ch = fill(h, "q", 1)
+    fill(h, "other", 1, ch=ch)
+    h.b.consume(ch, "q", consumer_tag="gone", prefetch=1)
+    h.b.consume(ch, "other", consumer_tag="live", prefetch=1)
+    by_tag = {d.consumer_tag: d for d in h.delivers(h.step())}
+    gone, live = by_tag["gone"], by_tag["live"]
+    h.b.delete_queue("q")
+    effects = h.sleep(31)
+    assert h.of_type(DeliveryExpired, effects) == [DeliveryExpired(ch, "live", live.delivery_tag)]
+    assert h.b.ack(ch, gone.delivery_tag) == 1  # no error: it simply goes
+    assert h.b.next_deadline() == pytest.approx(h.mono.now + 30)  # the live one's redelivery
+
+
 def test_touch_postpones_deadline() -> None:
     h = Harness()
     h.queue("q", durable=False)
