@@ -44,7 +44,7 @@ import trio
 from broker.cluster.mirror import CoreMirror
 from broker.cluster.peers import PeerChannel
 from broker.cluster.view import Change, ClusterView
-from broker.core import Broker, is_reply_address, reply_node
+from broker.core import Broker, is_reply, reply_node
 from broker.runtime import ForwardPlan
 
 __all__ = ["ClusterRoutes", "Forwarder"]
@@ -141,7 +141,7 @@ class Forwarder:
             return None
         names = self.routes.route(exchange, routing_key, headers)
         if not names:
-            if not exchange and is_reply_address(routing_key):
+            if is_reply(exchange, routing_key):
                 return self._reply_plan(routing_key)
             return None
         local = False

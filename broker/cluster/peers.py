@@ -31,7 +31,7 @@ import orjson
 import trio
 
 from broker.cluster.h11io import READ_BYTES, next_event
-from broker.core import is_reply_address
+from broker.core import is_reply
 
 __all__ = [
     "FORWARDED_HEADER",
@@ -100,7 +100,7 @@ def _publish_line(
     # another leader, or was deleted, since this node routed it) comes back as a
     # return, and its confirm is taken as a nack (see ForwardingChannel._read); not
     # so a direct reply, which reaches no queue by design (broker/core/directreply.py)
-    mandatory = bool(exchange) or not is_reply_address(routing_key)
+    mandatory = not is_reply(exchange, routing_key)
     op: dict[str, Any] = {"op": "publish", "exchange": exchange, "routing_key": routing_key, "mandatory": mandatory}
     try:
         op["body"] = body.decode("utf-8")

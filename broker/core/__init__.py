@@ -21,8 +21,7 @@ from .deadletter import MAX_REDRIVE
 from .delays import MAX_DELAY_S, check_delay
 from .directreply import (
     REPLY_TO,
-    REPLY_TO_PREFIX,
-    is_reply_address,
+    is_reply,
     reply_node,
     reply_secret,
 )
@@ -151,8 +150,7 @@ __all__ = [
     "MAX_JSON_ITEMS",
     "SERVER_NAMED_PREFIX",
     "REPLY_TO",
-    "REPLY_TO_PREFIX",
-    "is_reply_address",
+    "is_reply",
     "reply_node",
     "reply_secret",
     "check_name",

@@ -32,7 +32,7 @@ from .errors import ChannelError, InvalidArgument, PreconditionFailed
 from .message import StoredMessage
 from .shared import Outbox
 
-__all__ = ["REPLY_TO", "REPLY_TO_PREFIX", "DirectReplies", "is_reply_address", "reply_node", "reply_secret"]
+__all__ = ["REPLY_TO", "REPLY_TO_PREFIX", "DirectReplies", "is_reply", "reply_node", "reply_secret"]
 
 #: The pseudo-queue a requester consumes, and the ``reply_to`` it publishes with.
 REPLY_TO = "amq.rabbitmq.reply-to"
@@ -42,9 +42,11 @@ REPLY_TO_PREFIX = REPLY_TO + "."
 _MAX_SECRET = 200
 
 
-def is_reply_address(name: str) -> bool:
-    """Whether ``name`` has the form of a reply address (not whether one exists)."""
-    return name.startswith(REPLY_TO_PREFIX)
+def is_reply(exchange: str, routing_key: str) -> bool:
+    """Whether a publish to ``exchange`` with ``routing_key`` is a direct reply: to
+    the default exchange, keyed by something of a reply address's form (whether that
+    address exists is :meth:`DirectReplies.deliver_reply`'s business)."""
+    return not exchange and routing_key.startswith(REPLY_TO_PREFIX)
 
 
 def reply_secret(random: str, node: str | None = None) -> str:

@@ -27,7 +27,7 @@ from .constants import NO_ROUTE, PublishResult
 from .deadletter import DeadLetters
 from .delayheader import header_delay
 from .delivery import Deliveries
-from .directreply import REPLY_TO_PREFIX, DirectReplies
+from .directreply import DirectReplies, is_reply
 from .effects import Return
 from .entities import MAX_TX_BYTES, MAX_TX_OPS, ChannelState, Queue
 from .errors import InvalidArgument
@@ -170,7 +170,7 @@ class Publishing:
         if headers and "BCC" in headers:  # routed with, not kept (logged, delivered or returned)
             properties = dict(properties or {}, headers=without_bcc(headers))  # (a copy: the caller's stays)
         if not queues:
-            if not exchange_name and routing_key.startswith(REPLY_TO_PREFIX):
+            if is_reply(exchange_name, routing_key):
                 # a direct reply: to its requester, if there (and still unroutable)
                 self._deliver_reply(exchange_name, routing_key, body, properties)
             if mandatory:
