@@ -36,7 +36,7 @@ from broker.cluster.view import (
     ClusterView,
     is_replicated,
 )
-from broker.core import Broker, ErrorReply
+from broker.core import QUEUE_DELETED, Broker, ErrorReply
 
 __all__ = ["QUEUE_MOVED", "CoreMirror", "core_arguments", "is_moved", "moved_reason"]
 
@@ -180,7 +180,7 @@ class CoreMirror:
         leads it)."""
         self._ensure_queue(name, d, view)
 
-    def drop_queue(self, name: str, reason: str = "queue deleted") -> None:
+    def drop_queue(self, name: str, reason: str = QUEUE_DELETED) -> None:
         """Replicated queue ``name`` leaves the core (this node no longer leads it);
         its consumers are cancelled with ``reason`` (:func:`moved_reason` while the
         queue lives on elsewhere)."""
@@ -245,7 +245,7 @@ class CoreMirror:
         if exchange is not None and not exchange.builtin:
             self._attempt(f"delete exchange {name!r}", self.core.delete_exchange, name)
 
-    def _remove_queue(self, name: str, reason: str = "queue deleted") -> None:
+    def _remove_queue(self, name: str, reason: str = QUEUE_DELETED) -> None:
         queue = self.core.queues.get(name)
         if queue is not None and not self.made_by_gateway(name):
             self._attempt(f"delete queue {name!r}", self.core.delete_queue, name, reason=reason)

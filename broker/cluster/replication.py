@@ -72,7 +72,7 @@ from broker.cluster.replica_log import ReplicaLog, replica_log_path
 from broker.cluster.replica_ops import LedQueue, RecordTranslator, fold, published_ids
 from broker.cluster.replica_state import QueueReplica, replica_status
 from broker.cluster.view import ClusterKeys, ClusterView, is_replicated
-from broker.core import ErrorReply
+from broker.core import QUEUE_DELETED, ErrorReply
 from broker.runtime import BrokerRuntime, tap_records
 
 __all__ = ["NO_QUORUM", "Replication"]
@@ -232,7 +232,7 @@ class Replication:
             # taken out of the replica set, the queue lives on: its consumers here go
             # on from its next leader; deleted (or declared anew), they are cancelled
             lives_on = self.node.view.get("queues", name) is not None and not self._incarnation_changed(replica)
-            self._step_down(replica, "removed from the replica set" if lives_on else "queue deleted", deleted=not lives_on)
+            self._step_down(replica, "removed from the replica set" if lives_on else QUEUE_DELETED, deleted=not lives_on)
         self._stop_following(replica)
         try:
             await replica.log.remove()
@@ -484,7 +484,7 @@ class Replication:
         self.core.nack_held_confirms(side.take_held(), f"{NO_QUORUM}: leadership of queue {replica.name!r} lost")
         replica.refused = False
         try:
-            self.node.mirror.drop_queue(replica.name, "queue deleted" if deleted else moved_reason(replica.name, reason))
+            self.node.mirror.drop_queue(replica.name, QUEUE_DELETED if deleted else moved_reason(replica.name, reason))
         finally:
             self.runtime.pump()
         log.warning("stopped leading quorum queue", extra={"fields": {"queue": replica.name, "epoch": side.epoch, "reason": reason}})

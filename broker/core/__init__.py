@@ -75,6 +75,7 @@ from .message import (
     check_properties,
 )
 from .names import SERVER_NAMED_PREFIX, check_name, check_routing_key
+from .queues import QUEUE_DELETED
 from .records import (
     RecordType,
     decode_counts,
@@ -149,6 +150,7 @@ __all__ = [
     "MAX_JSON_DEPTH",
     "MAX_JSON_ITEMS",
     "SERVER_NAMED_PREFIX",
+    "QUEUE_DELETED",
     "REPLY_TO",
     "is_reply",
     "reply_node",

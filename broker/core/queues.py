@@ -42,7 +42,11 @@ from .pager import Pager, logged_message, retry_delay
 from .shared import Outbox, Wakeups
 from .totals import Totals
 
-__all__ = ["QueueStore", "queue_record"]
+__all__ = ["QUEUE_DELETED", "QueueStore", "queue_record"]
+
+#: The reason a deleted queue's consumers are cancelled with (a caller that takes a
+#: queue out of the core for another reason gives its own: ``delete_queue``).
+QUEUE_DELETED = "queue deleted"
 
 
 def _unconnected(*args: Any) -> None:
@@ -238,7 +242,7 @@ class QueueStore:
 
     def delete_queue(
         self, name: str, *, if_unused: bool = False, if_empty: bool = False, channel_id: int = REST_CHANNEL,
-        reason: str = "queue deleted",
+        reason: str = QUEUE_DELETED,
     ) -> int:
         """Delete a queue; return how many ready messages it held.
 
