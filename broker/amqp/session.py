@@ -216,10 +216,9 @@ class AMQPChannel:
                               conn.frame_max)
             )
         elif kind is ConsumerCancelled:
-            quorum = self.quorum
-            if quorum is not None and quorum.cancelled(effect.consumer_tag, effect.reason):
-                pass  # its quorum queue's leader stepped down: it goes on from the next one
-            elif s.cancel_notify:
+            # (a quorum queue's consumer whose leader stepped down goes on from the next one)
+            goes_on = self.quorum is not None and self.quorum.cancelled(effect.consumer_tag, effect.reason)
+            if not goes_on and s.cancel_notify:
                 conn.send_raw(encode_cancel(self.number, effect.consumer_tag))
         elif kind is DeliveryExpired:
             s.fail_later(
@@ -386,9 +385,9 @@ class AMQPSession:
         if self.user_agent is not None and version is not None:
             self.user_agent = f"{self.user_agent}/{version}"
         self.connection_name = _text(props.get("connection_name"), 255)
-        caps = event.client_properties.get("capabilities")
+        caps = props.get("capabilities")
         self.cancel_notify = isinstance(caps, dict) and bool(caps.get("consumer_cancel_notify"))
-        self.deduplicate = event.client_properties.get("x-deduplicate") is True
+        self.deduplicate = props.get("x-deduplicate") is True
         if not self._has_users():
             # As RabbitMQ's guest: guest/guest, from loopback only.
             if event.username == "guest" and event.password == "guest" and self.loopback:

@@ -74,8 +74,6 @@ ENVELOPE = frozenset({"op", "id"})
 PUBLISH_FIELDS = frozenset(
     {"exchange", "routing_key", "body", "body_b64", "properties", "mandatory", "delay_s", "deadline_ms", "dedup"}
 )
-#: The name a server-named queue's declare is checked against.
-SERVER_NAMED_QUEUE = SERVER_NAMED_PREFIX
 
 #: Op name -> the fields it takes (envelope included). Anything else is refused.
 OP_FIELDS: dict[str, frozenset[str]] = {
@@ -362,7 +360,7 @@ async def _op_declare_queue(s: ServedChannel, op: dict[str, Any]) -> None:
     d = decode_queue_declare(_fields(op))
     if not d.passive:
         # A server-named queue is checked as "amq.gen-" (RabbitMQ names them amq.gen-*).
-        s.access.require_declare("declare_queue", name or SERVER_NAMED_QUEUE, d.arguments)
+        s.access.require_declare("declare_queue", name or SERVER_NAMED_PREFIX, d.arguments)
     s.batch.flush()
     queue, created = await s.gateway.declare_queue(
         s.channel_id, name, durable=d.durable, exclusive=d.exclusive, auto_delete=d.auto_delete,
