@@ -313,6 +313,8 @@ def test_rabbitmq_storage_and_placement_arguments_are_kept_and_compared() -> Non
         "x-max-in-memory-bytes": 1 << 20,
         "x-dead-letter-strategy": "at-least-once",
         "x-ha-policy": "all",
+        "x-ha-nodes": ["rabbit@a", "rabbit@b"],
+        "x-ha-params": 2,
     }
     for key, value in kept.items():
         q, created = h.b.declare_queue(f"q{key}", arguments={key: value})
