@@ -15,7 +15,7 @@ from .broker import (
 )
 from .browsing import MAX_BROWSE
 from .config import CoreConfig
-from .constants import delivery_cost
+from .constants import QUEUE_DELETED, delivery_cost
 from .coordstate import MISSED_POLICIES, LockGranted, LockWaitEnded, TickFired
 from .deadletter import MAX_REDRIVE
 from .delays import MAX_DELAY_S, check_delay
@@ -75,7 +75,6 @@ from .message import (
     check_properties,
 )
 from .names import SERVER_NAMED_PREFIX, check_name, check_routing_key
-from .queues import QUEUE_DELETED
 from .records import (
     RecordType,
     decode_counts,

@@ -24,6 +24,7 @@ __all__ = [
     "PAGE_IN_BATCH",
     "PublishResult",
     "QUEUE_ARGUMENTS",
+    "QUEUE_DELETED",
     "EXCHANGE_ARGUMENTS",
     "REST_CHANNEL",
     "_ENQUEUE",
@@ -112,6 +113,10 @@ EXCHANGE_ARGUMENTS: dict[str, Callable[[Any], bool]] = {
     # (routing.routing_type); on another type kept and meaningless, as in RabbitMQ
     "x-delayed-type": lambda v: isinstance(v, str) and v in DELAYED_ROUTING_TYPES,
 }
+
+#: The reason a deleted queue's consumers are cancelled with (a caller that takes a
+#: queue out of the core for another reason gives its own: ``QueueStore.delete_queue``).
+QUEUE_DELETED = "queue deleted"
 
 PublishResult = tuple[int, int]  # (publish tag, number of queues routed to)
 

@@ -19,6 +19,7 @@ from typing import Any
 from . import records as rec
 from .constants import (
     QUEUE_ARGUMENTS,
+    QUEUE_DELETED,
     REST_CHANNEL,
     check_arguments,
     check_entity_arguments,
@@ -42,11 +43,7 @@ from .pager import Pager, logged_message, retry_delay
 from .shared import Outbox, Wakeups
 from .totals import Totals
 
-__all__ = ["QUEUE_DELETED", "QueueStore", "queue_record"]
-
-#: The reason a deleted queue's consumers are cancelled with (a caller that takes a
-#: queue out of the core for another reason gives its own: ``delete_queue``).
-QUEUE_DELETED = "queue deleted"
+__all__ = ["QueueStore", "queue_record"]
 
 
 def _unconnected(*args: Any) -> None:
