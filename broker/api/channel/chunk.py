@@ -26,7 +26,13 @@ from broker.api.channel.session import ServedChannel
 from broker.api.channel.typed import AckOp, PublishOp, decode_hot, decoder
 from broker.api.codec import body_from_b64, parse_op_line
 from broker.api.fields import DEFAULT_EXCHANGE_ALIAS
-from broker.core import REPLY_TO, ErrorReply, InvalidArgument, check_delay, delivery_cost
+from broker.core import (
+    REPLY_TO,
+    ErrorReply,
+    InvalidArgument,
+    check_delay,
+    delivery_cost,
+)
 
 __all__ = ["apply_typed", "split_block"]
 
