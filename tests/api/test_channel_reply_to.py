@@ -173,6 +173,17 @@ async def test_a_request_without_a_reply_consumer_is_refused_and_nothing_of_it_t
             assert [e["ev"] for e in events[:-1]] == ["ack"] and queue.ready_count() == 1
 
 
+async def test_a_transactions_request_carries_the_address_at_the_commit(broker: MemoryBroker, clients: Clients) -> None:
+    with trio.fail_after(10):  # (an answer that never comes fails, not hangs)
+        ch, address = await requester(clients)
+        await ch.ok({"op": "tx_select"})
+        await ch.send({"op": "publish", "routing_key": "rpc", "body": "in tx", "properties": {"reply_to": REPLY_TO}})
+        assert broker.runtime.core.queues["rpc"].ready_count() == 0  # held
+        await ch.ok({"op": "tx_commit"})
+        got = await ch.ok({"op": "get", "queue": "rpc", "no_ack": True})
+        assert (got["message"]["body"], got["message"]["properties"]["reply_to"]) == ("in tx", address)
+
+
 async def test_cancel_ends_the_address_and_a_new_consume_has_a_new_one(clients: Clients) -> None:
     with trio.fail_after(10):  # (a reply that never comes fails, not hangs)
         ch, address = await requester(clients)
