@@ -85,9 +85,14 @@ class DirectReplies:
         self._channel = deliveries.channel
         self._emit = outbox.emit
 
-    def reply_consume(self, channel_id: int, consumer_tag: str, *, no_ack: bool, secret: str) -> str:
+    def reply_consume(
+        self, channel_id: int, consumer_tag: str, *, no_ack: bool, secret: str, own_tags: bool = False
+    ) -> str:
         """Make ``consumer_tag`` the channel's reply consumer; return its reply
-        address. Raises ChannelError (a consumer of that tag already: ``not_allowed``),
+        address. ``own_tags``: each reply takes a delivery tag of its own (the HTTP
+        channel's numbering, where every delivery has one); else it shares the next
+        delivery's (RabbitMQ 3.10's, AMQP's: see :meth:`deliver_reply`).
+        Raises ChannelError (a consumer of that tag already: ``not_allowed``),
         PreconditionFailed (not ``no_ack``, or a reply consumer already), and
         InvalidArgument for an empty or over-long ``secret``."""
         ch = self._channel(channel_id)
@@ -99,14 +104,17 @@ class DirectReplies:
             raise PreconditionFailed("reply consumer already set")
         if not secret or len(secret) > _MAX_SECRET or not secret.isascii():
             raise InvalidArgument("a reply address's secret must be 1 to 200 ASCII characters")
-        ch.reply_consumer = (consumer_tag, secret)
+        ch.reply_consumer = (consumer_tag, secret, own_tags)
         return f"{REPLY_TO_PREFIX}{secret}.{channel_id}"
 
-    def reply_cancel(self, channel_id: int, consumer_tag: str) -> bool:
-        """End the channel's reply consumer if its tag is ``consumer_tag``: whether it
-        was. Its address routes nowhere from now on."""
+    def reply_cancel(self, channel_id: int, consumer_tag: str | None) -> bool:
+        """End the channel's reply consumer if its tag is ``consumer_tag`` (None:
+        whatever its tag, as a channel that is ending stops all its consumers):
+        whether it was. Its address routes nowhere from now on."""
         ch = self._channels.get(channel_id)
-        if ch is None or ch.reply_consumer is None or ch.reply_consumer[0] != consumer_tag:
+        if ch is None or ch.reply_consumer is None:
+            return False
+        if consumer_tag is not None and ch.reply_consumer[0] != consumer_tag:
             return False
         ch.reply_consumer = None
         return True
@@ -128,7 +136,8 @@ class DirectReplies:
         requester's consumer; False when nobody is there (the reply is dropped).
 
         The delivery tag is the channel's next one, not taken: RabbitMQ 3.10 does the
-        same (a no-ack delivery is never settled by its tag). It spends the channel's
+        same (a no-ack delivery is never settled by its tag); taken when the consumer
+        asked for ``own_tags`` (an HTTP channel's). It spends the channel's
         credit like any delivery (the edge gives it back once sent), but is never held
         back for want of it: there is no queue to wait in."""
         ch = self._requester(routing_key)
@@ -137,8 +146,11 @@ class DirectReplies:
         reply_consumer = ch.reply_consumer
         assert reply_consumer is not None
         ch.credit -= delivery_cost(body)
+        tag = ch.next_tag
+        if reply_consumer[2]:
+            ch.next_tag = tag + 1
         message = StoredMessage(0, exchange_name, routing_key, body, properties)
-        self._emit(Deliver(ch.id, reply_consumer[0], ch.next_tag, False, message))
+        self._emit(Deliver(ch.id, reply_consumer[0], tag, False, message))
         return True
 
     def _requester(self, name: str) -> ChannelState | None:

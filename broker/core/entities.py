@@ -509,5 +509,6 @@ class ChannelState:
         self.closed = False
         #: the transaction being built, when the channel is transactional (tx_select)
         self.tx: Transaction | None = None
-        #: (consumer tag, secret) of its direct reply-to consumer (directreply.py)
-        self.reply_consumer: tuple[str, str] | None = None
+        #: (consumer tag, secret, whether each reply takes a delivery tag) of its
+        #: direct reply-to consumer (directreply.py)
+        self.reply_consumer: tuple[str, str, bool] | None = None

@@ -85,8 +85,13 @@ class _Session:
                 for tag in tags:
                     self.ack(tag, False)
 
+        class Views:  # direct reply-to: the channel's reply address (a reply consumer)
+            def reply_address(self, channel_id: int) -> str:
+                return f"amq.rabbitmq.reply-to.s3cret.{channel_id}"
+
         self.runtime, self.batch, self.gateway = Runtime(), Batch(), Gateway()
         self.channel_ops = ChannelOps()
+        self.views = Views()
 
 
 def _drive(coro: Any) -> None:
@@ -151,12 +156,13 @@ _scalars = st.one_of(
     st.sampled_from([0, 1, 2, 255, 256, 2**32 - 1, 2**32, 2**63 - 1, 2**63, 2**64, -1]),
     st.floats(allow_nan=False, allow_infinity=False),
     st.text(max_size=8), st.sampled_from([254, 255, 256]).map(lambda n: "a" * n),
-    st.sampled_from(["é", "\u2028", "a\\b", "\"", "", "forbidden", "amq.default", "aGVsbG8=", "!!"]),
+    st.sampled_from(["é", "\u2028", "a\\b", "\"", "", "forbidden", "amq.default", "aGVsbG8=", "!!",
+                     "amq.rabbitmq.reply-to"]),
 )
 _json = st.recursive(_scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3), max_leaves=6)
 _property_names = st.sampled_from([
     "content_type", "message_id", "user_id", "cluster_id", "headers", "delivery_mode", "priority",
-    "expiration", "timestamp", "bogus",
+    "expiration", "timestamp", "bogus", "reply_to",
 ])
 _properties = st.one_of(_json, st.dictionaries(_property_names, _json, max_size=4))
 _publish_fields = {
@@ -219,6 +225,8 @@ def _ops(draw: Any) -> bytes:
 @example(b'{"op":"publish","dedup":"no"}')
 @example(b'{"op":"publish","dedup":0}')
 @example(b'{"op":"publish","dedup":null}')
+@example(b'{"op":"publish","routing_key":"q","properties":{"reply_to":"amq.rabbitmq.reply-to"}}')
+@example(b'{"op":"publish","routing_key":"q","properties":{"reply_to":"amq.rabbitmq.reply-to.x"}}')
 def test_fast_path_does_what_the_general_path_does(line: bytes) -> None:
     _same(line)
 
@@ -256,6 +264,27 @@ def test_the_hot_ops_take_the_fast_path(line: bytes, kind: type) -> None:
     assert ops is not None and [type(op) for op in ops] == [kind, kind]  # one decode for the block
     assert chunk.apply_typed(s, lines, ops, 0) == 2
     assert s.calls
+
+
+def test_only_direct_reply_tos_reply_to_leaves_the_fast_path() -> None:
+    """A publish's ``reply_to`` costs the typed path one comparison: any other value
+    (none, a queue's name, a reply address) stays on it; exactly
+    ``amq.rabbitmq.reply-to`` goes to the general path, which writes the channel's
+    reply address in its place (replyto.py)."""
+    stays = [
+        b'{"op":"publish","routing_key":"q","properties":{"message_id":"m"}}',
+        b'{"op":"publish","routing_key":"q","properties":{"reply_to":"replies"}}',
+        b'{"op":"publish","routing_key":"q","properties":{"reply_to":"amq.rabbitmq.reply-to.s.1"}}',
+    ]
+    leaves = b'{"op":"publish","routing_key":"q","properties":{"reply_to":"amq.rabbitmq.reply-to"}}'
+    s = _Session()
+    lines, ops = chunk.split_block(b"\n".join([*stays, leaves]))
+    assert ops is not None
+    assert chunk.apply_typed(s, lines, ops, 0) == len(stays)
+    assert [call[1][4] for call in s.calls] == [
+        {"message_id": "m"}, {"reply_to": "replies"}, {"reply_to": "amq.rabbitmq.reply-to.s.1"}]
+    _general(s, lines[-1])
+    assert s.calls[-1][1][4] == {"reply_to": "amq.rabbitmq.reply-to.s3cret.7"}
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

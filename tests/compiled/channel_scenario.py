@@ -7,7 +7,7 @@ effect, as one line of text each.
 The blocks are a seeded mix of what clients send: publishes to queues, a fan-out, the
 ``amq.default`` alias, a refused exchange and nowhere; text and base64 bodies (some
 invalid, some too long); properties, headers, delays (some out of range),
-deadlines; acks of delivered tags one by one, ``multiple``, as ``delivery_tags``,
+deadlines, direct reply-to's ``reply_to`` and replies to the channel's own address; acks of delivered tags one by one, ``multiple``, as ``delivery_tags``,
 and unknown; other ops, blank and non-ASCII lines (left to the general path, which
 this scenario only names; some deliveries are nacked and redelivered as that path
 would). Each block's events for the channel are then encoded as its outbox would be
@@ -68,9 +68,10 @@ class _Session:
         self.current_op: dict[str, Any] | None = None
 
 
-def _publish(rng: random.Random, n: int) -> dict[str, Any]:
+def _publish(rng: random.Random, n: int, address: str) -> dict[str, Any]:
     op: dict[str, Any] = {"op": "publish"}
-    exchange, key = rng.choice([("", "q1"), ("", "q2"), ("fan", ""), ("amq.default", "q1"), ("", "nowhere")]
+    exchange, key = rng.choice([("", "q1"), ("", "q2"), ("fan", ""), ("amq.default", "q1"), ("", "nowhere"),
+                                ("", address)]
                                if rng.random() < 0.97 else [("forbidden", "q1")])
     if exchange or rng.random() < 0.3:
         op["exchange"] = exchange
@@ -87,6 +88,8 @@ def _publish(rng: random.Random, n: int) -> dict[str, Any]:
             props["headers"] = {"h": 1}
         if rng.random() < 0.1:
             props["priority"] = rng.randrange(10)
+        if rng.random() < 0.1:  # (direct reply-to's leaves the typed path; the others stay)
+            props["reply_to"] = rng.choice(["amq.rabbitmq.reply-to", "replies", address])
         op["properties"] = props
     if rng.random() < 0.1:
         op["mandatory"] = True
@@ -99,10 +102,10 @@ def _publish(rng: random.Random, n: int) -> dict[str, Any]:
     return op
 
 
-def _line(rng: random.Random, n: int, delivered: list[int]) -> bytes:
+def _line(rng: random.Random, n: int, delivered: list[int], address: str) -> bytes:
     kind = rng.random()
     if kind < 0.6 or (kind < 0.85 and not delivered and rng.random() < 0.9):
-        return orjson.dumps(_publish(rng, n))
+        return orjson.dumps(_publish(rng, n, address))
     if kind < 0.85:
         choice = rng.random()
         if delivered and choice < 0.6:
@@ -138,10 +141,12 @@ def run(seed: int, count: int, out: Any) -> None:
     core.declare_exchange("fan", "fanout")
     core.bind("fan", "q1")
     core.consume(cid, "q1", consumer_tag="c1", prefetch=50)
+    # direct reply-to: the channel's reply consumer, an HTTP channel's (replies take tags)
+    address = core.reply_consume(cid, "r1", no_ack=True, secret="s3cret", own_tags=True)
     s = _Session(core, book, cid)
     delivered: list[int] = []
     for n in range(count):
-        block = b"\n".join(_line(rng, n, delivered) for _ in range(rng.randrange(1, 9)))
+        block = b"\n".join(_line(rng, n, delivered, address) for _ in range(rng.randrange(1, 9)))
         s.runtime.flow.blocked = rng.random() < 0.02
         lines, ops = split_block(block)
         say(f"block {n}: {len(lines)} lines, decoded {'at once' if ops is not None else 'line by line'}")
@@ -159,7 +164,7 @@ def run(seed: int, count: int, out: Any) -> None:
             core.durable(core.last_lsn)
         outbox: list[Any] = [{"ev": "ok", "id": n}] if rng.random() < 0.2 else []
         for effect in core.take_effects():
-            if type(effect).__name__ == "Deliver":
+            if type(effect).__name__ == "Deliver" and effect.consumer_tag != "r1":  # (a reply: no ack)
                 delivered.append(effect.delivery_tag)
             elif isinstance(effect, Confirm):
                 book.confirmed(effect)

@@ -56,6 +56,29 @@ def test_the_delivery_tag_is_the_channels_next_one_not_taken_as_rabbitmq_310() -
     assert tags == [("replies", 1), ("replies", 1), ("c", 1)]
 
 
+def test_own_tags_gives_each_reply_a_tag_of_its_own_as_an_http_channel_numbers_them() -> None:
+    h = Harness()
+    a = h.channel()
+    address = h.b.reply_consume(a, "replies", no_ack=True, secret="s", own_tags=True)
+    h.queue("q", durable=False)
+    h.b.consume(a, "q", consumer_tag="c", no_ack=True)
+    responder = h.channel()
+    h.publish(responder, "", address, b"r1")
+    h.publish(responder, "", address, b"r2")
+    h.publish(responder, "", "q", b"m")
+    tags = [(d.consumer_tag, d.delivery_tag) for d in h.delivers(h.sync(), a)]
+    assert tags == [("replies", 1), ("replies", 2), ("c", 3)]
+    assert h.b.channels[a].deliveries == {}  # nothing to settle
+
+
+def test_a_reply_consumer_ends_whatever_its_tag_when_none_is_named() -> None:
+    h = Harness()
+    a, address = requester(h)
+    assert not h.b.reply_cancel(h.channel(), None)  # (none there: nothing ended)
+    assert h.b.reply_cancel(a, None)
+    assert not h.b.views.reply_exists(address) and not h.b.reply_cancel(a, None)
+
+
 @pytest.mark.parametrize("mandatory", [False, True])
 def test_a_mandatory_reply_is_returned_even_when_delivered(mandatory: bool) -> None:
     h = Harness()

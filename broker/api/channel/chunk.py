@@ -9,8 +9,8 @@ with any line those types refuse leaves the decoding to one line at a time, as
 ``typed.decode_hot`` does. :func:`apply_typed` then applies lines in order while each
 is a typed ``publish`` or ``ack`` it can take exactly as the general path would, and
 returns the index of the first line it leaves to the general path (any other op, a
-publish with headers or a ``deadline_ms``, publishing blocked, an ack in cluster
-mode). It never decides an error of its own: an error raised here is the general
+publish with headers, a ``deadline_ms`` or direct reply-to's ``reply_to``,
+publishing blocked, an ack in cluster mode). It never decides an error of its own: an error raised here is the general
 path's (same checks, same order), and the failing op becomes ``current_op`` so its
 ``id`` is echoed.
 """
@@ -26,7 +26,13 @@ from broker.api.channel.session import ServedChannel
 from broker.api.channel.typed import AckOp, PublishOp, decode_hot, decoder
 from broker.api.codec import body_from_b64, parse_op_line
 from broker.api.fields import DEFAULT_EXCHANGE_ALIAS
-from broker.core import ErrorReply, InvalidArgument, check_delay, delivery_cost
+from broker.core import (
+    REPLY_TO,
+    ErrorReply,
+    InvalidArgument,
+    check_delay,
+    delivery_cost,
+)
 
 __all__ = ["apply_typed", "split_block"]
 
@@ -95,6 +101,9 @@ def apply_typed(s: ServedChannel, lines: list[bytes], ops: list[PublishOp | AckO
             if props is not None:
                 if props.headers is not UNSET:
                     return i  # headers need the general path's JSON checks
+                reply_to = props.reply_to
+                if reply_to is not None and reply_to == REPLY_TO:
+                    return i  # direct reply-to: the general path gives the channel's address
                 properties = _to_builtins(props) or None
             exchange = op.exchange
             if exchange != allowed_exchange:

@@ -22,6 +22,7 @@ from typing import Any
 
 import trio
 
+from broker.api.channel.replyto import REPLY_TO, cancel_reply, consume_reply
 from broker.api.channel.session import ServedChannel
 from broker.api.codec import message_json
 from broker.api.fields import (
@@ -195,13 +196,15 @@ async def _op_consume(s: ServedChannel, op: dict[str, Any]) -> None:
     timeout_ms = _get(op, "ack_timeout_ms", (int, float), None)
     queue = _get(op, "queue", str, None) or ""
     priority = _get(op, "arguments", dict, {}).get("x-priority")  # (validated by the core)
+    consumer_tag = _get(op, "consumer_tag", str, "")
+    prefetch = _get(op, "prefetch", int, None)
+    no_ack, exclusive = _get(op, "no_ack", bool, False), _get(op, "exclusive", bool, False)
+    if queue == REPLY_TO:  # direct reply-to (replyto.py): no queue, no permission asked
+        return consume_reply(s, reply(op, "consume_ok"), consumer_tag, no_ack)
     s.access.require("consume", queue)
     if s.principal is not None:
         s.principal.check_consumer(s.gateway.runtime.core)
     cid = s.channel_id
-    consumer_tag = _get(op, "consumer_tag", str, "")
-    prefetch = _get(op, "prefetch", int, None)
-    no_ack, exclusive = _get(op, "no_ack", bool, False), _get(op, "exclusive", bool, False)
     ack_timeout_s = timeout_ms / 1000.0 if timeout_ms is not None else None
 
     def consume(core: Broker) -> tuple[str, bool]:
@@ -239,7 +242,7 @@ async def _op_cancel(s: ServedChannel, op: dict[str, Any]) -> None:
         s.batch.run(lambda core: core.cancel(cid, tag))
         if s.relayed is not None:
             s.relayed.local.forget(tag)
-    elif s.relayed is not None:
+    elif not cancel_reply(s, tag) and s.relayed is not None:  # (direct reply-to's: replyto.py)
         await s.relayed.cancel(tag)
     s.send_event(reply(op, "cancel_ok", consumer_tag=tag))
 

@@ -25,6 +25,7 @@ from broker.api.channel.ops import (
     check_id,
     op_delay,
 )
+from broker.api.channel.replyto import REPLY_TO, reply_properties
 from broker.api.channel.session import ServedChannel
 from broker.api.codec import body_from_json, parse_op_line
 from broker.api.fields import (
@@ -103,9 +104,10 @@ async def serve_reader(s: ServedChannel, request: Request) -> None:
             finally:
                 batch.flush()
         # End of input: finish the confirms, then end the channel unless it still
-        # consumes (curl piping one consume op keeps receiving).
+        # consumes (curl piping one consume op keeps receiving), its replies too.
         await s.flush_confirms()
-        if s.views.consumer_tags(s.channel_id) and s.closing_reason is None:
+        consuming = s.views.consumer_tags(s.channel_id) or s.views.reply_address(s.channel_id) is not None
+        if consuming and s.closing_reason is None:
             await _until_closing_or_gone(s, request)
         s.stop_consumers()
         s.send_final({"ev": "close_ok"})
@@ -202,6 +204,8 @@ def _decode_publish(
     if len(body) > max_body:
         raise InvalidArgument(f"message body over {max_body} bytes", code="payload_too_large")
     properties = check_properties(op.get("properties"))
+    if properties is not None and properties.get("reply_to") == REPLY_TO:  # direct reply-to (replyto.py)
+        properties = reply_properties(s, properties)
     mandatory = op.get("mandatory", False)
     if not isinstance(mandatory, bool):
         raise InvalidArgument("mandatory must be true or false")

@@ -295,6 +295,7 @@ class ServedChannel:
         def cancel_all(core: Broker) -> None:
             for tag in tags:
                 core.cancel(channel_id, tag)
+            core.reply_cancel(channel_id, None)  # (direct reply-to's: no reply follows either)
 
         self.gateway.run(cancel_all)
 
