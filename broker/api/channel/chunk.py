@@ -10,9 +10,9 @@ with any line those types refuse leaves the decoding to one line at a time, as
 is a typed ``publish`` or ``ack`` it can take exactly as the general path would, and
 returns the index of the first line it leaves to the general path (any other op, a
 publish with headers, a ``deadline_ms`` or direct reply-to's ``reply_to``,
-publishing blocked, an ack in cluster mode). It never decides an error of its own: an error raised here is the general
-path's (same checks, same order), and the failing op becomes ``current_op`` so its
-``id`` is echoed.
+publishing blocked, an ack in cluster mode). It never decides an error of its own:
+an error raised here is the general path's (same checks, same order), and the
+failing op becomes ``current_op`` so its ``id`` is echoed.
 """
 
 from __future__ import annotations
