@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from broker.api.channel import chunk, reader
-from broker.api.channel.ops import echo_id
+from broker.api.channel.opfields import echo_id
 from broker.api.channel.typed import AckOp, PublishOp, decode_hot
 from broker.api.codec import parse_op_line
 from broker.core import AccessRefused, ErrorReply

@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from broker.api.channel.ops import OP_FIELDS, OPS
+from broker.api.channel.opfields import OP_FIELDS
+from broker.api.channel.ops import OPS
 from broker.app import BrokerApp
 from tests.support.channel import Clients
 from tests.support.http import HTTPClient, assert_error

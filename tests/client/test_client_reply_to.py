@@ -13,7 +13,7 @@ import pytest
 
 import client
 from client import Properties
-from tests.support.app import MemoryBroker, open_memory_broker
+from tests.support.app import open_memory_broker
 
 pytestmark = [pytest.mark.anyio, pytest.mark.parametrize("anyio_backend", ["trio"])]
 

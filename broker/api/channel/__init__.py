@@ -38,7 +38,8 @@ Rules (docs/protocol.md):
   as over REST.
 
 The package, by job: ``session.py`` (the session's state, outbox and event writer),
-``ops.py`` (each op's fields, decoding and handler), ``typed.py`` (the per-message
+``opfields.py`` (each op's fields and the envelope they share), ``ops.py`` (each
+op's handler; the lock ops are ``lock_ops.py``), ``typed.py`` (the per-message
 ops, ``publish`` and ``ack``, decoded into typed structs in C: a fast path that
 declines whatever the general path must judge), ``reader.py`` (the reader task:
 lines in, ops applied, effects flushed per chunk), ``serve.py`` (one channel's

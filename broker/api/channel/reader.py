@@ -5,7 +5,7 @@ carried out (one ``flush`` of the session's command batch), so the confirms of a
 chunk's publishes leave together after one fsync. An op with a reply first flushes
 what earlier ops caused, so its reply follows them (a barrier); ``publish`` and the
 settling ops do not. Unknown ops and unknown fields are channel errors
-(``broker.api.channel.ops``).
+(``broker.api.channel.opfields``).
 """
 
 from __future__ import annotations
@@ -15,16 +15,15 @@ from typing import Any
 import trio
 
 from broker.api.channel.chunk import apply_typed, split_block
-from broker.api.channel.ops import (
+from broker.api.channel.opfields import (
     OP_FIELDS,
-    OPS,
     PUBLISH_FIELDS,
-    SETTLE_OPS,
     ChannelClosed,
     check_fields,
     check_id,
     op_delay,
 )
+from broker.api.channel.ops import OPS, SETTLE_OPS
 from broker.api.channel.replyto import REPLY_TO, reply_properties
 from broker.api.channel.session import ServedChannel
 from broker.api.codec import body_from_json, parse_op_line

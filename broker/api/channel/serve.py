@@ -8,7 +8,7 @@ import logging
 import trio
 
 from broker import __version__
-from broker.api.channel.ops import echo_id
+from broker.api.channel.opfields import echo_id
 from broker.api.channel.reader import serve_reader
 from broker.api.channel.session import FEATURES, FLUSH_TIMEOUT_S, ServedChannel
 from broker.api.permissions import access_for

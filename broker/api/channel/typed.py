@@ -55,7 +55,7 @@ class PublishProperties(Struct, forbid_unknown_fields=True, omit_defaults=True):
 
 
 class PublishOp(Struct, tag="publish", tag_field="op", forbid_unknown_fields=True):
-    """``{"op":"publish",...}`` (``broker.api.channel.ops.PUBLISH_FIELDS``)."""
+    """``{"op":"publish",...}`` (``broker.api.channel.opfields.PUBLISH_FIELDS``)."""
 
     exchange: str = ""
     routing_key: str = ""
