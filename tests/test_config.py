@@ -463,6 +463,28 @@ def test_cluster_settings_are_checked_together() -> None:
         assert caught.value.setting == setting
 
 
+def test_etcd_tls_and_user_settings_are_checked_together() -> None:
+    base = ["--node-name", "a", "--advertise-url", "http://a:8080"]
+    ok = load_settings(
+        ["--etcd", "https://e1:2379,https://e2:2379", *base, "--etcd-ca-file", "ca.pem", "--etcd-cert", "c.pem",
+         "--etcd-key", "c.key", "--etcd-user", "ack"], {"ACKBUS_ETCD_PASSWORD": "pw"},
+    )
+    assert (ok.etcd_user, ok.etcd_password, ok.etcd_cert) == ("ack", "pw", pathlib.Path("c.pem"))
+    assert ok.as_dict()["etcd_password"] == "(set)" and "'pw'" not in str(ok.as_dict())
+    for argv, environ, setting, says in (
+        (["--etcd", "https://e1:2379,http://e2:2379"], {}, "etcd", "mixes http:// and https://"),
+        (["--etcd", "https://e1:2379", "--etcd-key", "k"], {}, "etcd_key", "etcd_cert and etcd_key together"),
+        (["--etcd", "http://e1:2379", "--etcd-ca-file", "ca.pem"], {}, "etcd_ca_file", "https://"),
+        (["--etcd", "https://e1:2379", "--etcd-user", "ack"], {}, "etcd_user", "needs a password"),
+        (["--etcd", "https://e1:2379", "--etcd-password-file", "f"], {}, "etcd_password_file", "needs etcd_user"),
+        (["--etcd", "https://e1:2379", "--etcd-user", "u", "--etcd-password-file", "f"], {"ACKBUS_ETCD_PASSWORD": "p"},
+         "etcd_password_file", "one way"),
+    ):
+        with pytest.raises(ConfigError, match=says) as caught:
+            load_settings([*argv, *base], environ)
+        assert caught.value.setting == setting
+
+
 def test_the_cluster_secret_is_never_shown() -> None:
     """The start-up log line and /overview show settings: a secret only as set."""
     shown = Settings(etcd="http://127.0.0.1:2379", node_name="a", advertise_url="http://a:1", cluster_secret="s3cret").as_dict()

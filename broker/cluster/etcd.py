@@ -292,7 +292,10 @@ class EtcdClient:
                 except (_NoResponse, trio.BrokenResourceError, trio.ClosedResourceError, OSError, h11.ProtocolError) as exc:
                     if not reused and refused_by_tls(exc):
                         await conn.aclose()
-                        raise _NotSent(f"TLS refused by etcd: {tls_reason(exc)}") from None
+                        raise _NotSent(
+                            "etcd refused the TLS connection (no client certificate, or one it does not trust?): "
+                            + tls_reason(exc)
+                        ) from None
                     if not reused:
                         raise EtcdUnavailable("connection lost before an answer") from None
                     # Nothing came back on a connection that had been idle: it was
@@ -413,7 +416,7 @@ class EtcdClient:
             except (OSError, trio.TooSlowError, trio.BrokenResourceError, h11.ProtocolError) as exc:
                 if conn is not None:
                     await conn.aclose()
-                reason = f"TLS refused by etcd: {tls_reason(exc)}" if refused_by_tls(exc) else str(exc) or type(exc).__name__
+                reason = f"etcd refused the TLS connection: {tls_reason(exc)}" if refused_by_tls(exc) else str(exc) or type(exc).__name__
                 endpoint.mark(reason)
                 failures.append(f"{endpoint.url}: {reason}")
                 continue

@@ -107,8 +107,10 @@ async def start_tls(tcp: trio.SocketStream, host: str, ssl_context: ssl.SSLConte
 def tls_reason(exc: BaseException) -> str:
     """What a TLS failure (an ssl.SSLError, or trio's error wrapping one) says."""
     cause = exc if isinstance(exc, ssl.SSLError) else exc.__cause__ or exc.__context__
+    if isinstance(cause, ssl.SSLCertVerificationError):
+        return f"certificate verify failed: {cause.verify_message}"
     if isinstance(cause, ssl.SSLError):
-        return getattr(cause, "verify_message", None) or cause.reason or str(cause)
+        return str(cause.reason or cause)
     return str(exc) or type(exc).__name__
 
 
