@@ -13,7 +13,8 @@ arrive. A watch cannot tell a quiet stream from a dead one (a cut-off member sen
 nothing, not even a close), so it follows the unary calls: once they move to another
 endpoint than the watch's, its read ends with :class:`WatchMoved` and the caller
 watches again from its last revision, there. Requests and answers are built and read
-by the pure functions of ``broker.cluster.etcdproto``.
+by the pure functions of ``broker.cluster.etcdproto``; one connection's request and
+answer are ``broker.cluster.etcdconn``.
 
 Endpoints are all ``http://`` or all ``https://``. Over https every connection (watches
 too) is TLS, verified by the client's ``ssl_context`` (``broker.cluster.etcdaccess``);
@@ -26,12 +27,9 @@ from __future__ import annotations
 
 import logging
 import ssl
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
-from typing import Any, Final
-from urllib.parse import urlsplit
+from typing import Any
 
 import h11
 import orjson
@@ -43,9 +41,17 @@ from broker.cluster.etcdaccess import (
     EtcdTokens,
     Token,
     refused_by_tls,
-    start_tls,
     tls_reason,
     token_refused,
+)
+from broker.cluster.etcdconn import (
+    MAX_ANSWER_BYTES,
+    Endpoint,
+    EtcdConnection,
+    NoResponse,
+    connect,
+    parse_endpoints,
+    read_answer,
 )
 from broker.cluster.etcdproto import (
     Compare,
@@ -67,106 +73,10 @@ from broker.cluster.etcdproto import (
     range_body,
     txn_body,
 )
-from broker.cluster.h11io import next_event
 
 __all__ = ["Endpoint", "EtcdClient", "WatchMoved", "WatchStream", "parse_endpoints"]
 
 log = logging.getLogger("ackbus.cluster")
-
-#: The largest answer accepted from etcd (a range over all of a cluster's metadata).
-MAX_ANSWER_BYTES: Final = 64 * 1024 * 1024
-
-
-@dataclass
-class Endpoint:
-    """One etcd URL and what the last call to it found."""
-
-    url: str
-    host: str
-    port: int
-    tls: bool = False  # https
-    healthy: bool | None = None  # None: not tried yet
-    error: str | None = None
-    checked_at: float | None = None  # wall-clock seconds
-
-    def mark(self, error: str | None) -> None:
-        self.healthy = error is None
-        self.error = error
-        self.checked_at = time.time()
-
-    def info(self) -> dict[str, Any]:
-        return {"url": self.url, "healthy": self.healthy, "error": self.error, "checked_at": self.checked_at}
-
-
-def parse_endpoints(text: str) -> list[Endpoint]:
-    """``http://h:p[,http://h:p...]`` (or all ``https://``) as endpoints. Raises
-    ValueError naming a bad one, or when http and https are mixed (a cluster's etcd
-    is reached one way: one plain endpoint would carry in clear what the others
-    protect)."""
-    found = []
-    for raw in text.split(","):
-        url = raw.strip().rstrip("/")
-        if not url:
-            continue
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname or parts.path:
-            raise ValueError(f"etcd endpoint {url!r} must look like http://HOST:PORT or https://HOST:PORT")
-        try:
-            port = parts.port or 2379
-        except ValueError:
-            raise ValueError(f"etcd endpoint {url!r} has an invalid port") from None
-        found.append(Endpoint(url, parts.hostname, port, tls=parts.scheme == "https"))
-    if not found:
-        raise ValueError("no etcd endpoint given")
-    if len({e.tls for e in found}) > 1:
-        raise ValueError(f"etcd endpoints {text.strip()!r} mix http:// and https://: use one scheme for all")
-    return found
-
-
-class _Conn:
-    """One HTTP/1.1 connection to an endpoint, driven by h11."""
-
-    def __init__(self, endpoint: Endpoint, stream: trio.abc.Stream) -> None:
-        self.endpoint = endpoint
-        self.stream = stream
-        self.h11 = h11.Connection(h11.CLIENT)
-
-    async def send_request(self, method: str, path: str, body: bytes, token: str | None = None) -> None:
-        headers = [
-            ("Host", f"{self.endpoint.host}:{self.endpoint.port}"),
-            ("Content-Type", "application/json"),
-            ("Content-Length", str(len(body))),
-        ]
-        if token is not None:
-            headers.append(("Authorization", token))
-        data = self.h11.send(h11.Request(method=method, target=path, headers=headers))
-        data += self.h11.send(h11.Data(data=body)) or b""
-        data += self.h11.send(h11.EndOfMessage()) or b""
-        await self.stream.send_all(data)
-
-    async def next_event(self) -> Any:
-        return await next_event(self.h11, self.stream)
-
-    def reusable(self) -> bool:
-        if self.h11.our_state is h11.DONE and self.h11.their_state is h11.DONE:
-            self.h11.start_next_cycle()
-            return True
-        return False
-
-    async def aclose(self) -> None:
-        with trio.move_on_after(1) as scope:
-            scope.shield = True
-            await self.stream.aclose()
-
-
-async def _connect(endpoint: Endpoint, ssl_context: ssl.SSLContext | None) -> _Conn:
-    """A connection to ``endpoint``, TLS set up over https. Raises OSError (EtcdTLSRefused
-    for a failed handshake)."""
-    tcp = await trio.open_tcp_stream(endpoint.host, endpoint.port)
-    if not endpoint.tls:
-        return _Conn(endpoint, tcp)
-    return _Conn(endpoint, await start_tls(tcp, endpoint.host, ssl_context))
-
 
 class EtcdClient:
     """kv, lease and watch calls to an etcd cluster (see the module docstring).
@@ -190,7 +100,7 @@ class EtcdClient:
         #: etcd's users: the token requests carry (None: no user configured)
         self.tokens = EtcdTokens(credentials) if credentials is not None else None
         self._preferred = 0
-        self._idle: dict[str, _Conn] = {}
+        self._idle: dict[str, EtcdConnection] = {}
         #: the cancel scope of each watch read in progress, with the endpoint it reads
         #: from: cancelled when the calls move to another endpoint
         self._watch_reads: dict[trio.CancelScope, Endpoint] = {}
@@ -267,7 +177,7 @@ class EtcdClient:
         return await self._call_on(endpoint, None, path, payload, token)
 
     async def _call_on(
-        self, endpoint: Endpoint, conn: _Conn | None, path: str, payload: bytes, token: str | None
+        self, endpoint: Endpoint, conn: EtcdConnection | None, path: str, payload: bytes, token: str | None
     ) -> dict[str, Any]:
         reused = conn is not None
         sent = False
@@ -275,7 +185,7 @@ class EtcdClient:
             with trio.fail_after(self.timeout_s):
                 if conn is None:
                     try:
-                        conn = await _connect(endpoint, self.ssl_context)
+                        conn = await connect(endpoint, self.ssl_context)
                     except EtcdTLSRefused as exc:
                         raise _NotSent(str(exc)) from None
                     except OSError as exc:
@@ -288,8 +198,8 @@ class EtcdClient:
                     raise _NotSent(f"connection lost before sending: {exc}") from None
                 sent = True
                 try:
-                    status, body = await _read_answer(conn)
-                except (_NoResponse, trio.BrokenResourceError, trio.ClosedResourceError, OSError, h11.ProtocolError) as exc:
+                    status, body = await read_answer(conn)
+                except (NoResponse, trio.BrokenResourceError, trio.ClosedResourceError, OSError, h11.ProtocolError) as exc:
                     if not reused and refused_by_tls(exc):
                         await conn.aclose()
                         raise _NotSent(
@@ -401,7 +311,7 @@ class EtcdClient:
         finally:
             await conn.aclose()
 
-    async def _open_watch(self, payload: bytes, token: str | None) -> _Conn:
+    async def _open_watch(self, payload: bytes, token: str | None) -> EtcdConnection:
         failures = []
         count = len(self.endpoints)
         for step in range(count):
@@ -410,7 +320,7 @@ class EtcdClient:
             conn = None
             try:
                 with trio.fail_after(self.timeout_s):
-                    conn = await _connect(endpoint, self.ssl_context)
+                    conn = await connect(endpoint, self.ssl_context)
                     await conn.send_request("POST", "/v3/watch", payload, token)
                     event = await conn.next_event()
             except (OSError, trio.TooSlowError, trio.BrokenResourceError, h11.ProtocolError) as exc:
@@ -431,7 +341,7 @@ class EtcdClient:
             return conn
         raise EtcdUnavailable("etcd unreachable for a watch: " + "; ".join(failures))
 
-    async def read_watch(self, conn: _Conn) -> Any:
+    async def read_watch(self, conn: EtcdConnection) -> Any:
         """The next h11 event of watch connection ``conn``. Raises WatchMoved when the
         calls go (or move while it waits) to another endpoint than the watch's."""
         scope = trio.CancelScope()
@@ -458,37 +368,12 @@ class _Stale(Exception):
     """A kept-alive connection turned out dead before any answer: try a new one."""
 
 
-class _NoResponse(Exception):
-    """The connection ended before the answer's status line."""
-
-
-async def _read_answer(conn: _Conn) -> tuple[int, bytes]:
-    event = await conn.next_event()
-    if isinstance(event, h11.ConnectionClosed):
-        raise _NoResponse()
-    if not isinstance(event, h11.Response):
-        raise EtcdUnavailable(f"unexpected {type(event).__name__} from etcd")
-    parts = []
-    size = 0
-    while True:
-        item = await conn.next_event()
-        if isinstance(item, h11.Data):
-            size += len(item.data)
-            if size > MAX_ANSWER_BYTES:
-                raise EtcdError(f"etcd answer over {MAX_ANSWER_BYTES} bytes")
-            parts.append(bytes(item.data))
-        elif isinstance(item, h11.EndOfMessage):
-            return event.status_code, b"".join(parts)
-        elif isinstance(item, h11.ConnectionClosed):
-            raise EtcdUnavailable("etcd closed the connection mid-answer")
-
-
 class WatchStream:
     """The watch stream's messages (newline-separated JSON objects, in chunks) as an
     async iterator. A class rather than an async generator, so that leaving a loop
     early leaves nothing to finalize."""
 
-    def __init__(self, conn: _Conn, client: EtcdClient, token: Token | None = None) -> None:
+    def __init__(self, conn: EtcdConnection, client: EtcdClient, token: Token | None = None) -> None:
         self._conn = conn
         self._client = client
         self._token = token
