@@ -301,7 +301,7 @@ def cluster_config(settings: Settings) -> ClusterConfig | None:
         settings.etcd, settings.node_name, settings.advertise_url, settings.cluster_name, settings.cluster_lease_ttl_s,
         settings.cluster_secret, settings.cluster_ca_file, settings.replica_compact_entries,
         etcd_ca_file=settings.etcd_ca_file, etcd_cert=settings.etcd_cert, etcd_key=settings.etcd_key,
-        etcd_credentials=etcd_credentials(settings),
+        etcd_credentials=etcd_credentials(settings), cluster_cert=settings.cluster_cert, cluster_key=settings.cluster_key,
     )
 
 

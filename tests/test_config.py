@@ -77,6 +77,8 @@ EXPECTED_DEFAULTS: dict[str, Any] = {
     "replica_compact_entries": 10_000,
     "cluster_secret": "",
     "cluster_ca_file": None,
+    "cluster_cert": None,
+    "cluster_key": None,
     "max_connections_per_address": 1000,
     "tls_cert": None,
     "tls_key": None,
@@ -483,6 +485,9 @@ def test_etcd_tls_and_user_settings_are_checked_together() -> None:
         with pytest.raises(ConfigError, match=says) as caught:
             load_settings([*argv, *base], environ)
         assert caught.value.setting == setting
+    with pytest.raises(ConfigError, match="needs cluster_cert and cluster_key together") as caught:
+        load_settings(["--cluster-key", "k.pem"], {})
+    assert caught.value.setting == "cluster_key"
 
 
 def test_the_cluster_secret_is_never_shown() -> None:

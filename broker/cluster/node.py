@@ -74,6 +74,8 @@ class ClusterConfig:
         etcd_cert: Path | None = None,
         etcd_key: Path | None = None,
         etcd_credentials: EtcdCredentials | None = None,
+        cluster_cert: Path | None = None,
+        cluster_key: Path | None = None,
     ) -> None:
         self.endpoints = parse_endpoints(etcd)
         #: verifies https etcd endpoints and holds the client certificate (None: plain http)
@@ -81,7 +83,8 @@ class ClusterConfig:
         #: the etcd user the node authenticates as (None: etcd's auth is off)
         self.etcd_credentials = etcd_credentials
         #: how nodes verify one another's https certificates (None: the system's CAs)
-        self.peer_ssl = ssl.create_default_context(cafile=str(ca_file)) if ca_file is not None else None
+        #: and the client certificate a node presents to another (mutual TLS)
+        self.peer_ssl = peer_ssl_context(ca_file, cluster_cert, cluster_key)
         #: authenticates the nodes to one another (``--cluster-secret``)
         self.secret = secret or None
         self.node_name = node_name
@@ -90,6 +93,26 @@ class ClusterConfig:
         self.lease_ttl_s = lease_ttl_s
         #: a quorum queue's replica compacts its log past this many entries
         self.replica_compact_entries = replica_compact_entries
+
+
+def peer_ssl_context(ca_file: Path | None, cert: Path | None, key: Path | None) -> ssl.SSLContext | None:
+    """The TLS context a node calls another's ``https://`` URL with: the peer's
+    certificate verified against ``ca_file`` (None: the system's CAs), ``cert`` and
+    ``key`` presented when given (for nodes that require client certificates,
+    ``--tls-client-ca``). None when neither is given (the system's defaults). Raises
+    OSError naming a file that cannot be loaded."""
+    if ca_file is None and cert is None:
+        return None
+    try:
+        context = ssl.create_default_context(cafile=str(ca_file) if ca_file is not None else None)
+    except OSError as exc:
+        raise OSError(exc.errno, f"cannot load cluster_ca_file {ca_file}: {exc.strerror or exc}") from None
+    if cert is not None and key is not None:
+        try:
+            context.load_cert_chain(str(cert), str(key))
+        except OSError as exc:
+            raise OSError(exc.errno, f"cannot load cluster_cert {cert} with cluster_key {key}: {exc.strerror or exc}") from None
+    return context
 
 
 class ClusterNode:

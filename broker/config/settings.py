@@ -386,6 +386,12 @@ class Settings:
         None, _OptionalPath("none"), "cluster",
         "CA bundle (PEM) nodes verify one another's https certificates with; empty: the system's CAs.",
     )
+    cluster_cert: pathlib.Path | None = _setting(
+        None, _OptionalPath("none"), "cluster",
+        "PEM client certificate a node presents when it calls another over https (mutual TLS between nodes), "
+        "with cluster_key.",
+    )
+    cluster_key: pathlib.Path | None = _setting(None, _OptionalPath("none"), "cluster", "PEM private key of cluster_cert.")
 
     def __post_init__(self) -> None:
         values: dict[str, Any] = {}
@@ -518,6 +524,12 @@ def _check_together(values: Mapping[str, Any], sources: Mapping[str, str]) -> No
         raise ConfigError(
             f"tls_client_ca (from {sources['tls_client_ca']}) needs tls_cert and tls_key",
             setting="tls_client_ca", source=sources["tls_client_ca"],
+        )
+    if (values["cluster_cert"] is None) != (values["cluster_key"] is None):
+        given = "cluster_cert" if values["cluster_cert"] is not None else "cluster_key"
+        raise ConfigError(
+            f"{given} (from {sources[given]}) needs cluster_cert and cluster_key together", setting=given,
+            source=sources[given],
         )
     if values["etcd"]:
         _check_etcd(values, sources)

@@ -252,12 +252,14 @@ async def test_a_token_lost_with_an_etcd_restart_is_renewed_once_and_the_call_ma
     try:
         await client.put(b"/t/a", b"1")
         assert client.tokens is not None
-        old = await client.tokens.current(client._authenticate)
+        old = await client.current_token()
+        assert old is not None
         await trio.to_thread.run_sync(etcd_auth.stop)
         await trio.to_thread.run_sync(etcd_auth.start)
         await client.put(b"/t/b", b"2")
         assert client.tokens.authentications == 2
-        assert (await client.tokens.current(client._authenticate)).value != old.value
+        new = await client.current_token()
+        assert new is not None and new.value != old.value
         _, kv = await client.get(b"/t/b")
         assert kv is not None and kv.value == b"2" and kv.version == 1
     finally:
