@@ -284,3 +284,30 @@ async def test_a_watch_cancelled_for_its_token_gets_a_new_one_next_time(etcd_aut
         assert not batch.canceled and client.tokens.authentications == 2
     finally:
         await client.aclose()
+
+
+async def test_an_expired_simple_token_is_renewed(tmp_path: Path) -> None:
+    """etcd drops a simple token unused for --auth-token-ttl seconds; the next call is
+    refused for it, and the client renews it and makes the call."""
+    require_etcd()
+    with EtcdProcess(tmp_path / "etcd", extra=("--auth-token", "simple", "--auth-token-ttl", "1")) as etcd:
+        etcd.enable_auth("root-pw", {"ack": (PASSWORD, "/t/")})
+        client = _client(etcd.url, None, credentials=EtcdCredentials("ack", PASSWORD))
+        try:
+            await client.put(b"/t/a", b"1")
+            token = await client.current_token()
+            assert token is not None and token.value is not None
+
+            def refused() -> bool:
+                status, answer = etcd.call("/v3/kv/range", {"key": "L3Qv"}, token=token.value)
+                return status == 401 and token_refused(str(answer.get("message")))
+
+            # each look uses the token, which keeps it alive: look less often than the TTL
+            with trio.fail_after(20):
+                await trio.sleep(2)
+                while not await trio.to_thread.run_sync(refused):
+                    await trio.sleep(2)
+            await client.put(b"/t/a", b"2")
+            assert client.tokens is not None and client.tokens.authentications == 2
+        finally:
+            await client.aclose()
