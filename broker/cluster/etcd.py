@@ -78,6 +78,7 @@ __all__ = ["Endpoint", "EtcdClient", "WatchMoved", "WatchStream", "parse_endpoin
 
 log = logging.getLogger("ackbus.cluster")
 
+
 class EtcdClient:
     """kv, lease and watch calls to an etcd cluster (see the module docstring).
 

@@ -122,6 +122,9 @@ class NoResponse(Exception):
 
 
 async def read_answer(conn: EtcdConnection) -> tuple[int, bytes]:
+    """The status and whole body of the answer to the request just sent. Raises
+    NoResponse when the connection ended before any answer, EtcdUnavailable when it
+    ended mid-answer, EtcdError for an answer too large."""
     event = await conn.next_event()
     if isinstance(event, h11.ConnectionClosed):
         raise NoResponse()
