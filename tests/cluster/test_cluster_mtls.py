@@ -108,3 +108,24 @@ def test_nodes_that_require_client_certificates_forward_to_one_another(
     # u presents no certificate: b refuses its connection, so it cannot forward there
     status, answer = pki.https(u.port, "POST", "/exchanges/amq.default/publish?routing_key=mutual", b"x")
     assert status == 503 and answer["reason"].startswith("queue_unavailable"), answer
+
+
+def test_a_quorum_queues_followers_fetch_from_their_leader_over_mutual_tls(
+    mtls_nodes: tuple[list[BrokerProcess], _PKI],
+) -> None:
+    """A publish to a quorum queue is confirmed once a majority holds it: with its
+    leader on a, that is b's follower fetching from a, presenting its certificate."""
+    (a, b, u), pki = mtls_nodes
+    _wait("three alive", lambda: sum(n["alive"] for n in pki.https(a.port, "GET", "/cluster")[1]["nodes"]) == 3)
+    status, q = pki.https(a.port, "PUT", "/queues/qq", {
+        "durable": True, "arguments": {"x-queue-type": "quorum", "x-queue-leader-locator": "client-local"},
+    })
+    assert status == 201, q
+
+    def confirmed() -> bool:
+        status, answer = pki.https(b.port, "POST", "/exchanges/amq.default/publish?routing_key=qq&mandatory=true", b"replicated")
+        return status == 200 and answer.get("confirm") == "ack"
+
+    _wait("a publish to qq confirmed", confirmed)
+    status, got = pki.https(a.port, "POST", "/queues/qq/get?lease=60&max=10")
+    assert status == 200 and "replicated" in [m["body"] for m in got["messages"]], got
