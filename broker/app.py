@@ -24,7 +24,14 @@ from broker.api import (
     http_error,
     protect,
 )
-from broker.cluster import ClusterConfig, ClusterNode, EtcdUnavailable, NodeNameTaken
+from broker.cluster import (
+    ClusterConfig,
+    ClusterNode,
+    EtcdCredentials,
+    EtcdUnavailable,
+    NodeNameTaken,
+    read_password_file,
+)
 from broker.config import Settings
 from broker.http import HTTPServer, Limits, server_ssl_context
 from broker.runtime import BrokerRuntime, RuntimeOptions
@@ -293,7 +300,19 @@ def cluster_config(settings: Settings) -> ClusterConfig | None:
     return ClusterConfig(
         settings.etcd, settings.node_name, settings.advertise_url, settings.cluster_name, settings.cluster_lease_ttl_s,
         settings.cluster_secret, settings.cluster_ca_file, settings.replica_compact_entries,
+        etcd_ca_file=settings.etcd_ca_file, etcd_cert=settings.etcd_cert, etcd_key=settings.etcd_key,
+        etcd_credentials=etcd_credentials(settings), cluster_cert=settings.cluster_cert, cluster_key=settings.cluster_key,
     )
+
+
+def etcd_credentials(settings: Settings) -> EtcdCredentials | None:
+    """The etcd user and password (read from etcd_password_file when given), or None.
+    Raises OSError naming a password file that cannot be read or is empty."""
+    if not settings.etcd_user:
+        return None
+    if settings.etcd_password_file is not None:
+        return EtcdCredentials(settings.etcd_user, read_password_file(settings.etcd_password_file))
+    return EtcdCredentials(settings.etcd_user, settings.etcd_password)
 
 
 def build_app(settings: Settings) -> BrokerApp:

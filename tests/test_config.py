@@ -64,6 +64,12 @@ EXPECTED_DEFAULTS: dict[str, Any] = {
     "log_format": "human",
     "log_file": None,
     "etcd": "",
+    "etcd_ca_file": None,
+    "etcd_cert": None,
+    "etcd_key": None,
+    "etcd_user": "",
+    "etcd_password": "",
+    "etcd_password_file": None,
     "node_name": "",
     "advertise_url": "",
     "cluster_name": "ackbus",
@@ -71,6 +77,8 @@ EXPECTED_DEFAULTS: dict[str, Any] = {
     "replica_compact_entries": 10_000,
     "cluster_secret": "",
     "cluster_ca_file": None,
+    "cluster_cert": None,
+    "cluster_key": None,
     "max_connections_per_address": 1000,
     "tls_cert": None,
     "tls_key": None,
@@ -455,6 +463,31 @@ def test_cluster_settings_are_checked_together() -> None:
         with pytest.raises(ConfigError) as caught:
             load_settings(argv, {})
         assert caught.value.setting == setting
+
+
+def test_etcd_tls_and_user_settings_are_checked_together() -> None:
+    base = ["--node-name", "a", "--advertise-url", "http://a:8080"]
+    ok = load_settings(
+        ["--etcd", "https://e1:2379,https://e2:2379", *base, "--etcd-ca-file", "ca.pem", "--etcd-cert", "c.pem",
+         "--etcd-key", "c.key", "--etcd-user", "ack"], {"ACKBUS_ETCD_PASSWORD": "pw"},
+    )
+    assert (ok.etcd_user, ok.etcd_password, ok.etcd_cert) == ("ack", "pw", pathlib.Path("c.pem"))
+    assert ok.as_dict()["etcd_password"] == "(set)" and "'pw'" not in str(ok.as_dict())
+    for argv, environ, setting, says in (
+        (["--etcd", "https://e1:2379,http://e2:2379"], {}, "etcd", "mixes http:// and https://"),
+        (["--etcd", "https://e1:2379", "--etcd-key", "k"], {}, "etcd_key", "etcd_cert and etcd_key together"),
+        (["--etcd", "http://e1:2379", "--etcd-ca-file", "ca.pem"], {}, "etcd_ca_file", "https://"),
+        (["--etcd", "https://e1:2379", "--etcd-user", "ack"], {}, "etcd_user", "needs a password"),
+        (["--etcd", "https://e1:2379", "--etcd-password-file", "f"], {}, "etcd_password_file", "needs etcd_user"),
+        (["--etcd", "https://e1:2379", "--etcd-user", "u", "--etcd-password-file", "f"], {"ACKBUS_ETCD_PASSWORD": "p"},
+         "etcd_password_file", "one way"),
+    ):
+        with pytest.raises(ConfigError, match=says) as caught:
+            load_settings([*argv, *base], environ)
+        assert caught.value.setting == setting
+    with pytest.raises(ConfigError, match="needs cluster_cert and cluster_key together") as caught:
+        load_settings(["--cluster-key", "k.pem"], {})
+    assert caught.value.setting == "cluster_key"
 
 
 def test_the_cluster_secret_is_never_shown() -> None:

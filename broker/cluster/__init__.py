@@ -3,6 +3,11 @@ etcd. See docs/cluster.md. The core never knows it is clustered: this package mi
 etcd into each node's core through its public commands."""
 
 from broker.cluster.etcd import Endpoint, EtcdClient, parse_endpoints
+from broker.cluster.etcdaccess import (
+    EtcdAuthFailed,
+    EtcdCredentials,
+    read_password_file,
+)
 from broker.cluster.etcdproto import EtcdError, EtcdUnavailable
 from broker.cluster.mirror import QUEUE_MOVED, is_moved
 from broker.cluster.node import ClusterConfig, ClusterNode, NodeNameTaken
@@ -23,7 +28,9 @@ __all__ = [
     "SECRET_HEADER",
     "ClusterNode",
     "Endpoint",
+    "EtcdAuthFailed",
     "EtcdClient",
+    "EtcdCredentials",
     "EtcdError",
     "EtcdUnavailable",
     "NO_QUORUM",
@@ -36,4 +43,5 @@ __all__ = [
     "is_moved",
     "is_replicated",
     "parse_endpoints",
+    "read_password_file",
 ]

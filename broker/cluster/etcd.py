@@ -13,22 +13,46 @@ arrive. A watch cannot tell a quiet stream from a dead one (a cut-off member sen
 nothing, not even a close), so it follows the unary calls: once they move to another
 endpoint than the watch's, its read ends with :class:`WatchMoved` and the caller
 watches again from its last revision, there. Requests and answers are built and read
-by the pure functions of ``broker.cluster.etcdproto``.
+by the pure functions of ``broker.cluster.etcdproto``; one connection's request and
+answer are ``broker.cluster.etcdconn``.
+
+Endpoints are all ``http://`` or all ``https://``. Over https every connection (watches
+too) is TLS, verified by the client's ``ssl_context`` (``broker.cluster.etcdaccess``);
+a handshake that fails, either side refusing the other's certificate, counts as an
+endpoint that cannot be reached. With etcd's users, every request carries a token,
+renewed once when etcd refuses it (``broker.cluster.etcdaccess``).
 """
 
 from __future__ import annotations
 
-import time
+import logging
+import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
-from typing import Any, Final
-from urllib.parse import urlsplit
+from typing import Any
 
 import h11
 import orjson
 import trio
 
+from broker.cluster.etcdaccess import (
+    EtcdCredentials,
+    EtcdTLSRefused,
+    EtcdTokens,
+    Token,
+    refused_by_tls,
+    tls_reason,
+    token_refused,
+)
+from broker.cluster.etcdconn import (
+    MAX_ANSWER_BYTES,
+    Endpoint,
+    EtcdConnection,
+    NoResponse,
+    connect,
+    parse_endpoints,
+    read_answer,
+)
 from broker.cluster.etcdproto import (
     Compare,
     EtcdError,
@@ -49,92 +73,10 @@ from broker.cluster.etcdproto import (
     range_body,
     txn_body,
 )
-from broker.cluster.h11io import next_event
 
 __all__ = ["Endpoint", "EtcdClient", "WatchMoved", "WatchStream", "parse_endpoints"]
 
-#: The largest answer accepted from etcd (a range over all of a cluster's metadata).
-MAX_ANSWER_BYTES: Final = 64 * 1024 * 1024
-
-
-@dataclass
-class Endpoint:
-    """One etcd URL and what the last call to it found."""
-
-    url: str
-    host: str
-    port: int
-    healthy: bool | None = None  # None: not tried yet
-    error: str | None = None
-    checked_at: float | None = None  # wall-clock seconds
-
-    def mark(self, error: str | None) -> None:
-        self.healthy = error is None
-        self.error = error
-        self.checked_at = time.time()
-
-    def info(self) -> dict[str, Any]:
-        return {"url": self.url, "healthy": self.healthy, "error": self.error, "checked_at": self.checked_at}
-
-
-def parse_endpoints(text: str) -> list[Endpoint]:
-    """``http://h:p[,http://h:p...]`` as endpoints. Raises ValueError naming a bad one
-    (only plain ``http://host:port`` is supported)."""
-    found = []
-    for raw in text.split(","):
-        url = raw.strip().rstrip("/")
-        if not url:
-            continue
-        parts = urlsplit(url)
-        if parts.scheme != "http" or not parts.hostname or parts.path:
-            raise ValueError(f"etcd endpoint {url!r} must look like http://HOST:PORT")
-        try:
-            port = parts.port or 2379
-        except ValueError:
-            raise ValueError(f"etcd endpoint {url!r} has an invalid port") from None
-        found.append(Endpoint(url, parts.hostname, port))
-    if not found:
-        raise ValueError("no etcd endpoint given")
-    return found
-
-
-class _Conn:
-    """One HTTP/1.1 connection to an endpoint, driven by h11."""
-
-    def __init__(self, endpoint: Endpoint, stream: trio.SocketStream) -> None:
-        self.endpoint = endpoint
-        self.stream = stream
-        self.h11 = h11.Connection(h11.CLIENT)
-
-    async def send_request(self, method: str, path: str, body: bytes) -> None:
-        headers = [
-            ("Host", f"{self.endpoint.host}:{self.endpoint.port}"),
-            ("Content-Type", "application/json"),
-            ("Content-Length", str(len(body))),
-        ]
-        data = self.h11.send(h11.Request(method=method, target=path, headers=headers))
-        data += self.h11.send(h11.Data(data=body)) or b""
-        data += self.h11.send(h11.EndOfMessage()) or b""
-        await self.stream.send_all(data)
-
-    async def next_event(self) -> Any:
-        return await next_event(self.h11, self.stream)
-
-    def reusable(self) -> bool:
-        if self.h11.our_state is h11.DONE and self.h11.their_state is h11.DONE:
-            self.h11.start_next_cycle()
-            return True
-        return False
-
-    async def aclose(self) -> None:
-        with trio.move_on_after(1) as scope:
-            scope.shield = True
-            await self.stream.aclose()
-
-
-async def _connect(endpoint: Endpoint) -> _Conn:
-    stream = await trio.open_tcp_stream(endpoint.host, endpoint.port)
-    return _Conn(endpoint, stream)
+log = logging.getLogger("ackbus.cluster")
 
 
 class EtcdClient:
@@ -144,11 +86,22 @@ class EtcdClient:
     ``timeout_s`` and :class:`EtcdError` when etcd refused the request.
     """
 
-    def __init__(self, endpoints: list[Endpoint], *, timeout_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        endpoints: list[Endpoint],
+        *,
+        timeout_s: float = 5.0,
+        ssl_context: ssl.SSLContext | None = None,
+        credentials: EtcdCredentials | None = None,
+    ) -> None:
         self.endpoints = endpoints
         self.timeout_s = timeout_s
+        #: verifies https endpoints (None: the system's CAs, no client certificate)
+        self.ssl_context = ssl_context
+        #: etcd's users: the token requests carry (None: no user configured)
+        self.tokens = EtcdTokens(credentials) if credentials is not None else None
         self._preferred = 0
-        self._idle: dict[str, _Conn] = {}
+        self._idle: dict[str, EtcdConnection] = {}
         #: the cancel scope of each watch read in progress, with the endpoint it reads
         #: from: cancelled when the calls move to another endpoint
         self._watch_reads: dict[trio.CancelScope, Endpoint] = {}
@@ -168,15 +121,40 @@ class EtcdClient:
     # ----------------------------------------------------------------- unary calls
 
     async def call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        """POST ``body`` to ``path`` on the first endpoint that takes it."""
+        """POST ``body`` to ``path`` on the first endpoint that takes it, with the
+        user's token; sent once more with a new token when etcd refused the token (it
+        applied none of the request then)."""
         payload = orjson.dumps(body)
+        if self.tokens is None:
+            return await self._call_anywhere(path, payload, None)
+        token = await self.tokens.current(self._authenticate)
+        try:
+            return await self._call_anywhere(path, payload, token.value)
+        except EtcdError as exc:
+            if isinstance(exc, EtcdUnavailable) or not token_refused(exc):
+                raise
+            log_reason = exc.message
+        token = await self.tokens.renew(token.generation, self._authenticate)
+        log.info("etcd token renewed", extra={"fields": {"why": log_reason}})
+        return await self._call_anywhere(path, payload, token.value)
+
+    async def _authenticate(self, body: dict[str, Any]) -> dict[str, Any]:
+        return await self._call_anywhere("/v3/auth/authenticate", orjson.dumps(body), None)
+
+    async def current_token(self) -> Token | None:
+        """The token a request carries now (None: no etcd user); authenticates first
+        when there is none yet."""
+        return await self.tokens.current(self._authenticate) if self.tokens is not None else None
+
+    async def _call_anywhere(self, path: str, payload: bytes, token: str | None) -> dict[str, Any]:
+        """One POST on the first endpoint that takes it (see the module docstring)."""
         failures = []
         count = len(self.endpoints)
         for step in range(count):
             index = (self._preferred + step) % count
             endpoint = self.endpoints[index]
             try:
-                answer = await self._call_one(endpoint, path, payload)
+                answer = await self._call_one(endpoint, path, payload, token)
             except _NotSent as exc:
                 endpoint.mark(str(exc))
                 failures.append(f"{endpoint.url}: {exc}")
@@ -190,35 +168,45 @@ class EtcdClient:
             return answer
         raise EtcdUnavailable("etcd unreachable: " + "; ".join(failures))
 
-    async def _call_one(self, endpoint: Endpoint, path: str, payload: bytes) -> dict[str, Any]:
+    async def _call_one(self, endpoint: Endpoint, path: str, payload: bytes, token: str | None) -> dict[str, Any]:
         conn = self._idle.pop(endpoint.url, None)
         if conn is not None:
             try:
-                return await self._call_on(endpoint, conn, path, payload)
+                return await self._call_on(endpoint, conn, path, payload, token)
             except _Stale:
                 pass  # the kept-alive connection had died (etcd restarted): a new one
-        return await self._call_on(endpoint, None, path, payload)
+        return await self._call_on(endpoint, None, path, payload, token)
 
-    async def _call_on(self, endpoint: Endpoint, conn: _Conn | None, path: str, payload: bytes) -> dict[str, Any]:
+    async def _call_on(
+        self, endpoint: Endpoint, conn: EtcdConnection | None, path: str, payload: bytes, token: str | None
+    ) -> dict[str, Any]:
         reused = conn is not None
         sent = False
         try:
             with trio.fail_after(self.timeout_s):
                 if conn is None:
                     try:
-                        conn = await _connect(endpoint)
+                        conn = await connect(endpoint, self.ssl_context)
+                    except EtcdTLSRefused as exc:
+                        raise _NotSent(str(exc)) from None
                     except OSError as exc:
                         raise _NotSent(f"cannot connect: {exc.strerror or exc}") from None
                 try:
-                    await conn.send_request("POST", path, payload)
+                    await conn.send_request("POST", path, payload, token)
                 except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
                     # A kept-alive connection the server closed meanwhile: nothing
                     # reached it, so another try is safe.
                     raise _NotSent(f"connection lost before sending: {exc}") from None
                 sent = True
                 try:
-                    status, body = await _read_answer(conn)
-                except (_NoResponse, trio.BrokenResourceError, trio.ClosedResourceError, OSError, h11.ProtocolError):
+                    status, body = await read_answer(conn)
+                except (NoResponse, trio.BrokenResourceError, trio.ClosedResourceError, OSError, h11.ProtocolError) as exc:
+                    if not reused and refused_by_tls(exc):
+                        await conn.aclose()
+                        raise _NotSent(
+                            "etcd refused the TLS connection (no client certificate, or one it does not trust?): "
+                            + tls_reason(exc)
+                        ) from None
                     if not reused:
                         raise EtcdUnavailable("connection lost before an answer") from None
                     # Nothing came back on a connection that had been idle: it was
@@ -317,13 +305,14 @@ class EtcdClient:
                 "progress_notify": True,
             }
         }
-        conn = await self._open_watch(orjson.dumps(request))
+        token = await self.current_token()
+        conn = await self._open_watch(orjson.dumps(request), token.value if token is not None else None)
         try:
-            yield WatchStream(conn, self)
+            yield WatchStream(conn, self, token)
         finally:
             await conn.aclose()
 
-    async def _open_watch(self, payload: bytes) -> _Conn:
+    async def _open_watch(self, payload: bytes, token: str | None) -> EtcdConnection:
         failures = []
         count = len(self.endpoints)
         for step in range(count):
@@ -332,13 +321,13 @@ class EtcdClient:
             conn = None
             try:
                 with trio.fail_after(self.timeout_s):
-                    conn = await _connect(endpoint)
-                    await conn.send_request("POST", "/v3/watch", payload)
+                    conn = await connect(endpoint, self.ssl_context)
+                    await conn.send_request("POST", "/v3/watch", payload, token)
                     event = await conn.next_event()
             except (OSError, trio.TooSlowError, trio.BrokenResourceError, h11.ProtocolError) as exc:
                 if conn is not None:
                     await conn.aclose()
-                reason = str(exc) or type(exc).__name__
+                reason = f"etcd refused the TLS connection: {tls_reason(exc)}" if refused_by_tls(exc) else str(exc) or type(exc).__name__
                 endpoint.mark(reason)
                 failures.append(f"{endpoint.url}: {reason}")
                 continue
@@ -353,7 +342,7 @@ class EtcdClient:
             return conn
         raise EtcdUnavailable("etcd unreachable for a watch: " + "; ".join(failures))
 
-    async def read_watch(self, conn: _Conn) -> Any:
+    async def read_watch(self, conn: EtcdConnection) -> Any:
         """The next h11 event of watch connection ``conn``. Raises WatchMoved when the
         calls go (or move while it waits) to another endpoint than the watch's."""
         scope = trio.CancelScope()
@@ -380,39 +369,15 @@ class _Stale(Exception):
     """A kept-alive connection turned out dead before any answer: try a new one."""
 
 
-class _NoResponse(Exception):
-    """The connection ended before the answer's status line."""
-
-
-async def _read_answer(conn: _Conn) -> tuple[int, bytes]:
-    event = await conn.next_event()
-    if isinstance(event, h11.ConnectionClosed):
-        raise _NoResponse()
-    if not isinstance(event, h11.Response):
-        raise EtcdUnavailable(f"unexpected {type(event).__name__} from etcd")
-    parts = []
-    size = 0
-    while True:
-        item = await conn.next_event()
-        if isinstance(item, h11.Data):
-            size += len(item.data)
-            if size > MAX_ANSWER_BYTES:
-                raise EtcdError(f"etcd answer over {MAX_ANSWER_BYTES} bytes")
-            parts.append(bytes(item.data))
-        elif isinstance(item, h11.EndOfMessage):
-            return event.status_code, b"".join(parts)
-        elif isinstance(item, h11.ConnectionClosed):
-            raise EtcdUnavailable("etcd closed the connection mid-answer")
-
-
 class WatchStream:
     """The watch stream's messages (newline-separated JSON objects, in chunks) as an
     async iterator. A class rather than an async generator, so that leaving a loop
     early leaves nothing to finalize."""
 
-    def __init__(self, conn: _Conn, client: EtcdClient) -> None:
+    def __init__(self, conn: EtcdConnection, client: EtcdClient, token: Token | None = None) -> None:
         self._conn = conn
         self._client = client
+        self._token = token
         self._buffer = b""
         self._ready: list[WatchBatch] = []
 
@@ -435,7 +400,16 @@ class WatchStream:
                     raise EtcdError(f"etcd watch message over {MAX_ANSWER_BYTES} bytes")
                 *lines, self._buffer = self._buffer.split(b"\n")
                 self._ready.extend(parse_watch(decode_json_line(line)) for line in lines if line.strip())
+                self._note_refused_token()
             elif isinstance(event, (h11.EndOfMessage, h11.ConnectionClosed)):
                 conn.endpoint.mark("watch stream ended")
                 raise EtcdUnavailable(f"{conn.endpoint.url}: the watch stream ended")
         return self._ready.pop(0)
+
+    def _note_refused_token(self) -> None:
+        """etcd cancels a watch whose token it does not accept (the stream says so, it
+        does not fail): the client's next call or watch gets a new token."""
+        tokens = self._client.tokens
+        if tokens is not None and self._token is not None:
+            if any(batch.canceled and token_refused(batch.reason) for batch in self._ready):
+                tokens.forget(self._token)

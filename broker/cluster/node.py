@@ -23,6 +23,7 @@ import trio
 from broker.cluster.auto_deleted import AutoDeletedQueues
 from broker.cluster.dead_letters import DeadLetterForwarding
 from broker.cluster.etcd import EtcdClient, WatchMoved, WatchStream, parse_endpoints
+from broker.cluster.etcdaccess import EtcdCredentials, etcd_ssl_context
 from broker.cluster.etcdproto import EtcdError, EtcdUnavailable
 from broker.cluster.forget import forget_node, report_depths
 from broker.cluster.forward import Forwarder
@@ -68,10 +69,22 @@ class ClusterConfig:
         secret: str | None = None,
         ca_file: Path | None = None,
         replica_compact_entries: int = COMPACT_AFTER_ENTRIES,
+        *,
+        etcd_ca_file: Path | None = None,
+        etcd_cert: Path | None = None,
+        etcd_key: Path | None = None,
+        etcd_credentials: EtcdCredentials | None = None,
+        cluster_cert: Path | None = None,
+        cluster_key: Path | None = None,
     ) -> None:
         self.endpoints = parse_endpoints(etcd)
+        #: verifies https etcd endpoints and holds the client certificate (None: plain http)
+        self.etcd_ssl = etcd_ssl_context(etcd_ca_file, etcd_cert, etcd_key) if self.endpoints[0].tls else None
+        #: the etcd user the node authenticates as (None: etcd's auth is off)
+        self.etcd_credentials = etcd_credentials
         #: how nodes verify one another's https certificates (None: the system's CAs)
-        self.peer_ssl = ssl.create_default_context(cafile=str(ca_file)) if ca_file is not None else None
+        #: and the client certificate a node presents to another (mutual TLS)
+        self.peer_ssl = peer_ssl_context(ca_file, cluster_cert, cluster_key)
         #: authenticates the nodes to one another (``--cluster-secret``)
         self.secret = secret or None
         self.node_name = node_name
@@ -82,6 +95,26 @@ class ClusterConfig:
         self.replica_compact_entries = replica_compact_entries
 
 
+def peer_ssl_context(ca_file: Path | None, cert: Path | None, key: Path | None) -> ssl.SSLContext | None:
+    """The TLS context a node calls another's ``https://`` URL with: the peer's
+    certificate verified against ``ca_file`` (None: the system's CAs), ``cert`` and
+    ``key`` presented when given (for nodes that require client certificates,
+    ``--tls-client-ca``). None when neither is given (the system's defaults). Raises
+    OSError naming a file that cannot be loaded."""
+    if ca_file is None and cert is None:
+        return None
+    try:
+        context = ssl.create_default_context(cafile=str(ca_file) if ca_file is not None else None)
+    except OSError as exc:
+        raise OSError(exc.errno, f"cannot load cluster_ca_file {ca_file}: {exc.strerror or exc}") from None
+    if cert is not None and key is not None:
+        try:
+            context.load_cert_chain(str(cert), str(key))
+        except OSError as exc:
+            raise OSError(exc.errno, f"cannot load cluster_cert {cert} with cluster_key {key}: {exc.strerror or exc}") from None
+    return context
+
+
 class ClusterNode:
     """This node's part in the cluster (see the module docstring)."""
 
@@ -89,7 +122,10 @@ class ClusterNode:
         self.config = config
         self.runtime = runtime
         self.name = config.node_name
-        self.client = EtcdClient(config.endpoints, timeout_s=max(1.0, min(5.0, config.lease_ttl_s / 3)))
+        self.client = EtcdClient(
+            config.endpoints, timeout_s=max(1.0, min(5.0, config.lease_ttl_s / 3)), ssl_context=config.etcd_ssl,
+            credentials=config.etcd_credentials,
+        )
         self.keys = ClusterKeys(config.cluster_name)
         self.view = ClusterView(self.keys)
         self.mirror = CoreMirror(runtime.core, self.name)

@@ -30,6 +30,7 @@ Rules:
 
 The tables here are the single source of truth: ``--help`` and the configuration
 reference in ``docs/operations.md`` are derived from them (a test checks the doc).
+That table, with the rules across settings, is why this module is over 500 lines.
 """
 
 from __future__ import annotations
@@ -340,7 +341,28 @@ class Settings:
 
     # cluster (docs/cluster.md): without etcd, none of this runs.
     etcd: str = _setting(
-        "", _OPTIONAL_STR, "cluster", "etcd endpoints http://HOST:PORT[,...]: join a cluster; empty: a single node."
+        "", _OPTIONAL_STR, "cluster",
+        "etcd endpoints http://HOST:PORT[,...] or https://HOST:PORT[,...] (TLS): join a cluster; empty: a single node.",
+    )
+    etcd_ca_file: pathlib.Path | None = _setting(
+        None, _OptionalPath("none"), "cluster",
+        "CA bundle (PEM) that https etcd endpoints' certificates are verified with; empty: the system's CAs.",
+    )
+    etcd_cert: pathlib.Path | None = _setting(
+        None, _OptionalPath("none"), "cluster",
+        "PEM client certificate presented to https etcd endpoints (etcd's --client-cert-auth), with etcd_key.",
+    )
+    etcd_key: pathlib.Path | None = _setting(None, _OptionalPath("none"), "cluster", "PEM private key of etcd_cert.")
+    etcd_user: str = _setting(
+        "", _OPTIONAL_STR, "cluster",
+        "etcd user (etcd's auth enabled) the node authenticates as, with etcd_password_file or ACKBUS_ETCD_PASSWORD.",
+    )
+    etcd_password: str = _setting(
+        "", _OPTIONAL_STR, "cluster",
+        "etcd_user's password; prefer the environment variable or etcd_password_file (a flag shows in ps).",
+    )
+    etcd_password_file: pathlib.Path | None = _setting(
+        None, _OptionalPath("none"), "cluster", "File holding etcd_user's password (one line), read at start.",
     )
     node_name: str = _setting("", _OPTIONAL_STR, "cluster", "This node's name in the cluster, stable across restarts.")
     advertise_url: str = _setting("", _OPTIONAL_STR, "cluster", "The URL other nodes and clients reach this node at.")
@@ -364,6 +386,12 @@ class Settings:
         None, _OptionalPath("none"), "cluster",
         "CA bundle (PEM) nodes verify one another's https certificates with; empty: the system's CAs.",
     )
+    cluster_cert: pathlib.Path | None = _setting(
+        None, _OptionalPath("none"), "cluster",
+        "PEM client certificate a node presents when it calls another over https (mutual TLS between nodes), "
+        "with cluster_key.",
+    )
+    cluster_key: pathlib.Path | None = _setting(None, _OptionalPath("none"), "cluster", "PEM private key of cluster_cert.")
 
     def __post_init__(self) -> None:
         values: dict[str, Any] = {}
@@ -401,7 +429,7 @@ class Settings:
 
 
 #: Settings whose value is never shown (logs, /overview): only whether they are set.
-SECRET_SETTINGS: Final = frozenset({"cluster_secret"})
+SECRET_SETTINGS: Final = frozenset({"cluster_secret", "etcd_password"})
 
 
 def _collect_infos() -> tuple[SettingInfo, ...]:
@@ -436,6 +464,55 @@ def _validate(info: SettingInfo, convert: Callable[[Any], Any], raw: Any, source
     return value
 
 
+def _check_etcd(values: Mapping[str, Any], sources: Mapping[str, str]) -> None:
+    """The etcd endpoints and how the node gets into etcd (TLS, users) fit together."""
+    source = sources["etcd"]
+    schemes = set()
+    for url in values["etcd"].split(","):
+        found = re.fullmatch(r"\s*(https?)://[^/\s:,]+(:\d{1,5})?/?\s*", url)
+        if found is None:
+            raise ConfigError(
+                f"etcd = {values['etcd']!r} from {source}: each endpoint must look like "
+                f"http://HOST:PORT or https://HOST:PORT, not {url.strip()!r}", setting="etcd", source=source,
+            )
+        schemes.add(found.group(1))
+    if len(schemes) > 1:
+        raise ConfigError(
+            f"etcd = {values['etcd']!r} from {source}: mixes http:// and https:// endpoints; use https:// for all "
+            "(one plain endpoint would carry in clear what the others protect)", setting="etcd", source=source,
+        )
+    if (values["etcd_cert"] is None) != (values["etcd_key"] is None):
+        given = "etcd_cert" if values["etcd_cert"] is not None else "etcd_key"
+        raise ConfigError(
+            f"{given} (from {sources[given]}) needs etcd_cert and etcd_key together", setting=given, source=sources[given]
+        )
+    if schemes == {"http"}:
+        for name in ("etcd_ca_file", "etcd_cert"):
+            if values[name] is not None:
+                raise ConfigError(
+                    f"{name} (from {sources[name]}) is for https:// etcd endpoints, but etcd = {values['etcd']!r} "
+                    f"(from {source}) is plain http://", setting=name, source=sources[name],
+                )
+    password_from = [name for name in ("etcd_password", "etcd_password_file") if values[name]]
+    if len(password_from) > 1:
+        raise ConfigError(
+            f"etcd_password (from {sources['etcd_password']}) and etcd_password_file (from "
+            f"{sources['etcd_password_file']}): give the password one way", setting="etcd_password_file",
+            source=sources["etcd_password_file"],
+        )
+    if values["etcd_user"] and not password_from:
+        raise ConfigError(
+            f"etcd_user (from {sources['etcd_user']}) needs a password: etcd_password_file or the environment "
+            f"variable {ENV_PREFIX}ETCD_PASSWORD", setting="etcd_user", source=sources["etcd_user"],
+        )
+    if password_from and not values["etcd_user"]:
+        name = password_from[0]
+        raise ConfigError(
+            f"{name} (from {sources[name]}) needs etcd_user: the user the password is of", setting=name,
+            source=sources[name],
+        )
+
+
 def _check_together(values: Mapping[str, Any], sources: Mapping[str, str]) -> None:
     """Rules that involve more than one setting."""
     if (values["tls_cert"] is None) != (values["tls_key"] is None):
@@ -448,13 +525,14 @@ def _check_together(values: Mapping[str, Any], sources: Mapping[str, str]) -> No
             f"tls_client_ca (from {sources['tls_client_ca']}) needs tls_cert and tls_key",
             setting="tls_client_ca", source=sources["tls_client_ca"],
         )
+    if (values["cluster_cert"] is None) != (values["cluster_key"] is None):
+        given = "cluster_cert" if values["cluster_cert"] is not None else "cluster_key"
+        raise ConfigError(
+            f"{given} (from {sources[given]}) needs cluster_cert and cluster_key together", setting=given,
+            source=sources[given],
+        )
     if values["etcd"]:
-        for url in values["etcd"].split(","):
-            if not re.fullmatch(r"\s*http://[^/\s:,]+(:\d{1,5})?/?\s*", url):
-                raise ConfigError(
-                    f"etcd = {values['etcd']!r} from {sources['etcd']}: each endpoint must look like "
-                    f"http://HOST:PORT, not {url.strip()!r}", setting="etcd", source=sources["etcd"],
-                )
+        _check_etcd(values, sources)
         for name in ("node_name", "advertise_url"):
             if not values[name]:
                 raise ConfigError(

@@ -69,9 +69,10 @@ def test_unavailable_codes_are_their_own_error() -> None:
     assert not isinstance(parse_error({"error": "x", "message": "x", "code": 3}), EtcdUnavailable)
 
 
-def test_endpoints_are_plain_http_urls() -> None:
+def test_endpoints_are_http_or_https_urls_of_one_scheme() -> None:
     assert [e.port for e in parse_endpoints("http://127.0.0.1:1, http://127.0.0.1:2/")] == [1, 2]
-    for bad in ("https://h:1", "127.0.0.1:2379", "http://h:1/path", ""):
+    assert [(e.host, e.port, e.tls) for e in parse_endpoints("https://h:1,https://g")] == [("h", 1, True), ("g", 2379, True)]
+    for bad in ("ftp://h:1", "127.0.0.1:2379", "http://h:1/path", "", "http://h:1,https://g:2"):
         with pytest.raises(ValueError):
             parse_endpoints(bad)
 

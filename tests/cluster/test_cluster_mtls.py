@@ -1,0 +1,131 @@
+"""Mutual TLS between nodes: nodes that require client certificates
+(``--tls-client-ca``) reach one another when each presents one (``--cluster-cert``,
+``--cluster-key``); a node that presents none cannot forward to them (real etcd, real
+brokers)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import ssl
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.broker import BrokerProcess, free_port, stop_all
+from tests.support.etcd import EtcdProcess
+
+trustme = pytest.importorskip("trustme")
+
+pytestmark = pytest.mark.slow
+
+
+class _PKI:
+    """A CA, the nodes' server certificate and a client certificate, as PEM files."""
+
+    def __init__(self, directory: Path) -> None:
+        ca = trustme.CA()
+        server = ca.issue_cert("localhost", "127.0.0.1")
+        client = ca.issue_cert("ackbus-node")
+        self.ca, self.cert, self.key = directory / "ca.pem", directory / "node.pem", directory / "node.key"
+        self.client_cert, self.client_key = directory / "client.pem", directory / "client.key"
+        ca.cert_pem.write_to_path(str(self.ca))
+        server.cert_chain_pems[0].write_to_path(str(self.cert))
+        server.private_key_pem.write_to_path(str(self.key))
+        client.cert_chain_pems[0].write_to_path(str(self.client_cert))
+        client.private_key_pem.write_to_path(str(self.client_key))
+
+    def https(self, port: int, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+        """A request to a node, presenting the client certificate (the nodes want one)."""
+        context = ssl.create_default_context(cafile=str(self.ca))
+        context.load_cert_chain(str(self.client_cert), str(self.client_key))
+        conn = http.client.HTTPSConnection("localhost", port, context=context, timeout=15)
+        try:
+            data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
+            conn.request(method, path, body=data)
+            answer = conn.getresponse()
+            raw = answer.read()
+            return answer.status, json.loads(raw) if raw else None
+        finally:
+            conn.close()
+
+
+def _wait(what: str, check: Any, timeout_s: float = 30.0) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            result = check()
+        except OSError:
+            result = None
+        if result:
+            return result
+        time.sleep(0.1)
+    raise AssertionError(f"{what}: not within {timeout_s} s")
+
+
+@pytest.fixture
+def mtls_nodes(tmp_path: Path, etcd: EtcdProcess) -> Iterator[tuple[list[BrokerProcess], _PKI]]:
+    """Nodes a and b present the client certificate to their peers; u presents none.
+    All three serve https and require a client certificate signed by the CA."""
+    pki = _PKI(tmp_path)
+    procs = []
+    for name, presents in (("a", True), ("b", True), ("u", False)):
+        port = free_port()
+        args = (
+            "--etcd", etcd.url, "--node-name", name, "--advertise-url", f"https://localhost:{port}",
+            "--cluster-lease-ttl-s", "2", "--tls-cert", str(pki.cert), "--tls-key", str(pki.key),
+            "--tls-client-ca", str(pki.ca), "--cluster-ca-file", str(pki.ca),
+        ) + (("--cluster-cert", str(pki.client_cert), "--cluster-key", str(pki.client_key)) if presents else ())
+        procs.append(BrokerProcess(tmp_path / name, port=port, args=args, env={"ACKBUS_AMQPS_PORT": "0"}))
+    try:
+        for p in procs:
+            p.start(wait_ready=False)
+            _wait(f"{p.port} up", lambda p=p: pki.https(p.port, "GET", "/healthz")[0] == 200)
+            _wait(f"{p.port} synced", lambda p=p: (lambda c: c["synced"] and c["member"])(pki.https(p.port, "GET", "/cluster")[1]))
+        yield procs, pki
+    finally:
+        stop_all(procs)
+
+
+def test_nodes_that_require_client_certificates_forward_to_one_another(
+    mtls_nodes: tuple[list[BrokerProcess], _PKI],
+) -> None:
+    (a, b, u), pki = mtls_nodes
+    _wait("three alive", lambda: sum(n["alive"] for n in pki.https(a.port, "GET", "/cluster")[1]["nodes"]) == 3)
+    status, q = pki.https(b.port, "PUT", "/queues/mutual", {"arguments": {"x-queue-leader-locator": "client-local"}})
+    assert status == 201 and q["owner"] == "b"
+    _wait("mutual seen on a and u", lambda: all(
+        [n["queues"] for n in pki.https(node.port, "GET", "/cluster")[1]["nodes"] if n["name"] == "b"] == [["mutual"]]
+        for node in (a, u)
+    ))
+    status, answer = pki.https(a.port, "POST", "/exchanges/amq.default/publish?routing_key=mutual", b"over mtls")
+    assert status == 200 and answer["confirm"] == "ack", answer
+    status, got = pki.https(a.port, "POST", "/queues/mutual/get?lease=60")  # relayed, a presenting its certificate
+    assert status == 200 and [m["body"] for m in got["messages"]] == ["over mtls"], got
+    # u presents no certificate: b refuses its connection, so it cannot forward there
+    status, answer = pki.https(u.port, "POST", "/exchanges/amq.default/publish?routing_key=mutual", b"x")
+    assert status == 503 and answer["reason"].startswith("queue_unavailable"), answer
+
+
+def test_a_quorum_queues_followers_fetch_from_their_leader_over_mutual_tls(
+    mtls_nodes: tuple[list[BrokerProcess], _PKI],
+) -> None:
+    """A publish to a quorum queue is confirmed once a majority holds it: with its
+    leader on a, that is b's follower fetching from a, presenting its certificate."""
+    (a, b, u), pki = mtls_nodes
+    _wait("three alive", lambda: sum(n["alive"] for n in pki.https(a.port, "GET", "/cluster")[1]["nodes"]) == 3)
+    status, q = pki.https(a.port, "PUT", "/queues/qq", {
+        "durable": True, "arguments": {"x-queue-type": "quorum", "x-queue-leader-locator": "client-local"},
+    })
+    assert status == 201, q
+
+    def confirmed() -> bool:
+        status, answer = pki.https(b.port, "POST", "/exchanges/amq.default/publish?routing_key=qq&mandatory=true", b"replicated")
+        return status == 200 and answer.get("confirm") == "ack"
+
+    _wait("a publish to qq confirmed", confirmed)
+    status, got = pki.https(a.port, "POST", "/queues/qq/get?lease=60&max=10")
+    assert status == 200 and "replicated" in [m["body"] for m in got["messages"]], got
