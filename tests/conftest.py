@@ -45,7 +45,12 @@ SLOW_FOLDERS = ("ui",)  # a real browser against a broker subprocess
 #: keeps a module on one worker (work stealing takes from the end of a worker's
 #: list), so that its module-scoped server is started once.
 LONG_MODULES = (
-    "tests/system/test_amqp_differential.py",  # a module-scoped RabbitMQ (~9 s to start)
+    # the differential modules, one after another: they share a worker's RabbitMQ
+    # (~5-9 s to start) and ackbus broker (tests/system/conftest.py)
+    "tests/system/test_amqp_differential.py",
+    "tests/system/test_amqp_differential_more.py",
+    "tests/system/test_amqp_differential_ccbcc.py",
+    "tests/system/test_amqp_reply_to_differential.py",
     "tests/bench/test_bench_cluster_quorum.py",  # ~95 s: a 3-node cluster, 3 failovers, a 3-node RabbitMQ
     "tests/chaos/test_chaos.py",  # ~85 s: one minute of faults
     "tests/client/test_client_system.py",  # a real broker per test, restarts, the CLI (up to ~20 s)
