@@ -1,5 +1,7 @@
-"""A private etcd and cluster nodes in subprocesses, all on loopback, all stopped by
-PID at the end of each test (tests/support/etcd.py, tests/support/broker.py)."""
+"""An etcd and cluster nodes in subprocesses, all on loopback (tests/support/etcd.py,
+tests/support/broker.py). The nodes are stopped by PID at the end of each test; the
+etcd is one per xdist worker, emptied before each test (the ``etcd`` fixture), and
+stopped by PID at the end of the run."""
 
 from __future__ import annotations
 
