@@ -105,7 +105,8 @@ async def start_tls(tcp: trio.SocketStream, host: str, ssl_context: ssl.SSLConte
 
 
 def tls_reason(exc: BaseException) -> str:
-    """What a TLS failure (an ssl.SSLError, or trio's error wrapping one) says."""
+    """What a TLS failure (an ssl.SSLError, or trio's error wrapping one) says; for any
+    other error, its text or else its type's name (trio's errors often have none)."""
     cause = exc if isinstance(exc, ssl.SSLError) else exc.__cause__ or exc.__context__
     if isinstance(cause, ssl.SSLCertVerificationError):
         return f"certificate verify failed: {cause.verify_message}"
