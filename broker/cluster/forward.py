@@ -116,6 +116,9 @@ class Forwarder:
         #: the node serving a queue (its definition given): the view's word, which the
         #: node refines (``ClusterNode.serving_node``: not this node unless it leads)
         self.serving: Callable[[str, dict[str, Any]], str | None] = view.serving_node
+        #: whether this node leads quorum queue ``name`` (``Replication.holds``, set by
+        #: the node: none without a data directory)
+        self.leads: Callable[[str], bool] = lambda name: False
         self.secret = secret
         self.routes = ClusterRoutes()
         #: channels opened by peers: their publishes are already forwarded
@@ -206,6 +209,20 @@ class Forwarder:
             return True
         owners, leaderless = self.dead_letter_owners(exchange, routing_key, properties)
         return bool(owners or leaderless)
+
+    def needs_majority(self, queue: str) -> bool:
+        """The core's :class:`~broker.core.DeadLetterRoutes`: whether ``queue``, a queue
+        of this node's core, is a quorum queue this node leads. A dead letter's copy
+        there must be on a majority of its replicas before its source lets it go, as a
+        confirmed publish is: the core holds the source, and
+        :class:`~broker.cluster.dead_letters.DeadLetterForwarding` makes the copy and
+        waits for that majority."""
+        return self.leads(queue)
+
+    def node_serving(self, queue: str) -> str | None:
+        """The node serving ``queue`` now: its owner, a quorum queue's leader (None: it
+        has none now); this node for a queue the view does not have."""
+        return self._serving(queue)
 
     @property
     def ready(self) -> bool:

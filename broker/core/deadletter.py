@@ -65,21 +65,26 @@ class DeadLetters:
         self.drops: dict[str, int] = {}
         self._hold: Callable[[Queue, Entry], tuple[int, int] | None] | None = None
         self._elsewhere: Callable[[str, str, dict[str, Any]], bool] | None = None
+        self._majority: Callable[[str], bool] | None = None
 
     def connect(
         self,
         *,
         hold: Callable[[Queue, Entry], tuple[int, int] | None],
         elsewhere: Callable[[str, str, dict[str, Any]], bool] | None = None,
+        majority: Callable[[str], bool] | None = None,
     ) -> None:
         """Name ``HeldDeadLetters.hold`` (heldletters.py, built after this component):
         a dead letter routing to no queue here is held, and announced
         (``DeadLetterHeld``), when it answers (holding channel, tag); dropped when it
         answers None. ``elsewhere`` (``HeldDeadLetters.reaches_other_nodes``): whether
         one that reaches queues here reaches other nodes' too (then it is enqueued
-        here and held for them)."""
+        here and held for them). ``majority`` (``HeldDeadLetters.needs_majority``):
+        whether a queue here keeps a copy only once a majority of its replicas has it
+        (then the dead letter is held, that queue's copy left to ``copy_held``)."""
         self._hold = hold
         self._elsewhere = elsewhere
+        self._majority = majority
 
     def dead_letter(self, queue: Queue, entry: Entry, reason: str) -> None:
         """``entry`` has left ``queue`` for ``reason``: settle it there and, when the
@@ -119,15 +124,45 @@ class DeadLetters:
             self._drop_dead_letter(queue, entry, reason, f"storage is failing: {self._log.storage_reason}")
             return
         exchange.messages_out += 1
-        if self._elsewhere is not None and self._hold is not None and self._elsewhere(exchange.name, routing_key, properties):
-            held = self._hold(queue, entry)
-            if held is not None:  # a cluster: here at once, held for the other nodes' queues
-                self._copy_here_once(queue, message, exchange.name, routing_key, properties, targets, wall)
-                self._outbox.emit(
-                    DeadLetterHeld(*held, queue.name, exchange.name, routing_key, message.body, properties, local=True)
-                )
-                return
+        if self._elsewhere is not None and self._hold is not None:
+            majority = self._majority
+            awaiting = [q for q in targets if majority(q.name)] if majority is not None else []
+            if awaiting or self._elsewhere(exchange.name, routing_key, properties):
+                held = self._hold(queue, entry)
+                if held is not None:  # a cluster: here at once, held for the rest
+                    now = [q for q in targets if q not in awaiting] if awaiting else targets
+                    if now:
+                        self._copy_here_once(queue, message, exchange.name, routing_key, properties, now, wall)
+                    self._outbox.emit(
+                        DeadLetterHeld(
+                            *held, queue.name, exchange.name, routing_key, message.body, properties,
+                            local=bool(now), awaiting=tuple(q.name for q in awaiting),
+                        )
+                    )
+                    return
         self.move(queue, entry, exchange.name, routing_key, properties, message.body, targets, wall)
+
+    def copy_held(
+        self, queue_names: list[str], exchange_name: str, routing_key: str, body: bytes, properties: dict[str, Any]
+    ) -> list[tuple[str, int]]:
+        """A held dead letter's copy (``DeadLetterHeld.awaiting``) for ``queue_names``,
+        queues of this core that keep it only once a majority of their replicas has it:
+        one ENQUEUE record each (the source stays held), whose LSN the cluster watches.
+        No deduplication key: a copy lost with its leader is made again, and one the
+        majority kept may be made twice (after a crash before the source was settled):
+        at least once. Returns (queue, LSN) of each copy made; a queue gone, or one
+        not logged now (storage failing), is left out, to be tried again."""
+        wall = self._wall_clock()
+        made: list[tuple[str, int]] = []
+        if not self._log.storage_ok:
+            return made
+        for name in queue_names:
+            queue = self._store.queues.get(name)
+            if queue is None or queue.deleted:
+                continue
+            lsn = self.move(None, None, exchange_name, routing_key, properties, body, [queue], wall)
+            made.append((name, lsn))
+        return made
 
     def _copy_here_once(
         self,

@@ -17,6 +17,13 @@ deduplication window, should the source come back after a restart and die again)
 the source message is held as above for the other nodes' share. Which dead letters reach other nodes the core cannot know:
 it asks the :class:`DeadLetterRoutes` port the cluster hands it with
 :meth:`HeldDeadLetters.hold_on`.
+
+A queue of this node may also keep a message only once a majority of its replicas
+has it (a quorum queue this node leads: the port says which). Its copy is not made
+with the others at once, in the step that could settle the source: the source is held
+as for another node's queue, and the cluster makes the copy
+(``DeadLetters.copy_held``) and settles the source once the majority has it, so a
+leader lost before that leaves the message in its source queue.
 """
 
 from __future__ import annotations
@@ -40,6 +47,12 @@ class DeadLetterRoutes(Protocol):
         """True when the dead letter (published to ``exchange`` with ``routing_key``
         and ``properties``, its ``x-death`` included) reaches some queue another node
         serves, or may (the cluster cannot tell yet): it must be held."""
+        ...
+
+    def needs_majority(self, queue: str) -> bool:
+        """True when ``queue``, a queue of this core, keeps a message only once a
+        majority of its replicas has it (a quorum queue this node leads): a dead
+        letter reaching it is held, its copy made by the cluster."""
         ...
 
 
@@ -67,6 +80,12 @@ class HeldDeadLetters:
         nodes' queues (False on a single node, without a call)."""
         routes = self.routes
         return routes is not None and routes.reaches_other_nodes(exchange, routing_key, properties)
+
+    def needs_majority(self, queue: str) -> bool:
+        """Whether a dead letter's copy for ``queue`` waits for a majority of its
+        replicas (False on a single node, without a call)."""
+        routes = self.routes
+        return routes is not None and routes.needs_majority(queue)
 
     def hold(self, queue: Queue, entry: Entry) -> tuple[int, int] | None:
         """Keep ``entry``, which has left ``queue``'s ready messages, unsettled there:
