@@ -1,0 +1,147 @@
+"""Dead letters into a quorum queue led by the dead-lettering node, at least once
+(docs/cluster.md, "Dead letters"): the source message is settled only once a majority
+of the quorum queue's replicas has the copy. With the followers paused (SIGSTOP) the
+dead letters stay held in their source queue; the leader killed then, its followers
+elect a new leader without the copies, and the restarted node still has every one of
+them in its source queue, from where they reach the new leader. None is lost."""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any
+
+import pytest
+
+from tests.cluster.conftest import wait_for
+from tests.cluster.test_replication import (  # noqa: F401 (``three`` is a fixture)
+    _start_after_lapse,
+    leader_of,
+    three,
+)
+from tests.support.broker import BrokerProcess
+
+pytestmark = pytest.mark.slow
+
+LOCAL = {"x-queue-leader-locator": "client-local"}
+PATIENCE_S = 40.0
+
+
+def _browse(node: BrokerProcess, queue: str) -> list[dict[str, Any]]:
+    """Every message of ``queue`` (ready, unacked or held), without consuming it."""
+    status, body = node.request("GET", f"/queues/{queue}/messages?limit=1000")
+    assert status == 200, body
+    return list(body["messages"])
+
+
+def _bodies(node: BrokerProcess, queue: str) -> list[str]:
+    return [m["body"] for m in _browse(node, queue)]
+
+
+def _publish(node: BrokerProcess, queue: str, body: str, headers: dict[str, str] | None = None) -> None:
+    status, answer = node.request(
+        "POST", f"/exchanges/amq.default/publish?routing_key={queue}", body.encode(), headers=headers or {}
+    )
+    assert status == 200 and answer["confirm"] == "ack", answer
+
+
+def _reject_all(node: BrokerProcess, queue: str) -> list[str]:
+    """Take every ready message of ``queue`` and nack it without requeue (dead-letter
+    it); their bodies."""
+    status, got = node.request("POST", f"/queues/{queue}/get?max=100&lease=60")
+    assert status == 200, got
+    if got["messages"]:
+        leases = [m["lease_id"] for m in got["messages"]]
+        status, answer = node.request("POST", f"/queues/{queue}/nack", {"lease_ids": leases, "requeue": False})
+        assert status == 200, answer
+    return [m["body"] for m in got["messages"]]
+
+
+def _waiting(node: BrokerProcess) -> int:
+    status, body = node.request("GET", "/cluster")
+    assert status == 200, body
+    return int(body["forwarding"]["dead_letters"]["waiting"])
+
+
+def _queue(node: BrokerProcess, name: str) -> dict[str, Any]:
+    status, body = node.request("GET", f"/queues/{name}")
+    assert status == 200, body
+    return dict(body)
+
+
+def _pause(*procs: BrokerProcess) -> None:
+    for p in procs:
+        assert p.proc is not None
+        os.kill(p.proc.pid, signal.SIGSTOP)
+
+
+def _resume(*procs: BrokerProcess) -> None:
+    for p in procs:
+        assert p.proc is not None
+        os.kill(p.proc.pid, signal.SIGCONT)
+
+
+def test_dead_letters_into_a_quorum_queue_its_node_leads_survive_the_loss_of_that_leader(
+    three: dict[str, BrokerProcess],  # noqa: F811 (the fixture)
+) -> None:
+    a = three["a"]
+    status, body = a.request("PUT", "/queues/dlq", {"durable": True, "arguments": {"x-queue-type": "quorum"}})
+    assert status == 201, body
+    leader = leader_of(three, "dlq")
+    name = next(n for n, p in three.items() if p is leader)
+    followers = [p for n, p in three.items() if n != name]
+    # a classic source queue on the quorum queue's leader, dead-lettering into it
+    assert leader.request("PUT", "/exchanges/dlx", {"type": "direct"})[0] == 201
+    assert leader.request("POST", "/bindings", {"exchange": "dlx", "queue": "dlq", "routing_key": "dead"})[0] == 201
+    src_args = {**LOCAL, "x-dead-letter-exchange": "dlx", "x-dead-letter-routing-key": "dead"}
+    assert leader.request("PUT", "/queues/src", {"durable": True, "arguments": src_args})[0] == 201
+
+    # every replica answering: a dead letter reaches the quorum queue and leaves src
+    _publish(leader, "src", "m0")
+    assert _reject_all(leader, "src") == ["m0"]
+    wait_for("m0 in dlq", lambda: _bodies(leader, "dlq") == ["m0"])
+    wait_for("m0 settled in src", lambda: _queue(leader, "src")["messages"] == 0)
+
+    # the followers paused: no majority can have the copy, so the source holds it;
+    # they come back: the majority has it, the source lets it go
+    _pause(*followers)
+    try:
+        _publish(leader, "src", "r0")
+        assert _reject_all(leader, "src") == ["r0"]
+        wait_for("r0 held in src", lambda: _waiting(leader) == 1 and _queue(leader, "src")["messages_unacked"] == 1)
+    finally:
+        _resume(*followers)
+    wait_for("r0 settled in src once the majority has it", lambda: _queue(leader, "src")["messages"] == 0, PATIENCE_S)
+    assert sorted(_bodies(leader, "dlq")) == ["m0", "r0"]
+
+    # paused again: rejected and expired messages are dead-lettered, then the leader
+    # is killed before any follower has their copies
+    _pause(*followers)
+    try:
+        for body in ("r1", "r2", "r3"):
+            _publish(leader, "src", body)
+        for body in ("e1", "e2"):
+            _publish(leader, "src", body, {"X-Expiration": "200"})
+        wait_for("e1 and e2 expired", lambda: _queue(leader, "src")["messages_ready"] == 3)
+        assert sorted(_reject_all(leader, "src")) == ["r1", "r2", "r3"]
+        wait_for("no message ready in src", lambda: _queue(leader, "src")["messages_ready"] == 0)
+        leader.kill()
+    finally:
+        _resume(*followers)
+    survivors = {n: p for n, p in three.items() if n != name}
+    new = leader_of(survivors, "dlq", not_=name)
+    _start_after_lapse(leader, name, new)
+
+    # none lost: each is in its source queue (held or ready) or in the new leader's
+    # dlq (src looked at first: one settled since is in dlq by then)
+    lost = {"r1", "r2", "r3", "e1", "e2"}
+    in_src = set(_bodies(leader, "src"))
+    in_dlq = set(_bodies(new, "dlq"))
+    assert lost <= in_src | in_dlq, (sorted(in_src), sorted(in_dlq))
+    # and each reaches the new leader's dlq (the expired ones by themselves, the
+    # rejected ones rejected again)
+    wait_for("r1..r3 ready in src", lambda: _queue(leader, "src")["messages_ready"] == 3)
+    _reject_all(leader, "src")
+    wait_for("every dead letter in the new leader's dlq", lambda: lost <= set(_bodies(new, "dlq")), PATIENCE_S)
+    wait_for("src empty", lambda: _queue(leader, "src")["messages"] == 0, PATIENCE_S)
+    assert set(_bodies(new, "dlq")) == {"m0", "r0"} | lost
