@@ -196,8 +196,14 @@ class ClusterNode:
                     log.warning("a binding to a connection's own queue is not in etcd any more",
                                 extra={"fields": {"queue": b["queue"], "exchange": b["exchange"], "error": str(exc)}})
 
-    def _settle_dead_letter(self, channel_id: int, tag: int) -> None:
-        CommandGateway(self.runtime).run(lambda core: core.settle_held_dead_letter(channel_id, tag))
+    def _settle_dead_letter(self, held: DeadLetterHeld) -> None:
+        """``held`` was taken (or, a refused publish's, given up on): settled in its
+        source queue, or its publish's confirm (a nack) released."""
+        channel_id, tag = held.channel_id, held.delivery_tag
+        if held.refused:
+            CommandGateway(self.runtime).run(lambda core: core.settle_held_confirm(channel_id, tag, True, None))
+        else:
+            CommandGateway(self.runtime).run(lambda core: core.settle_held_dead_letter(channel_id, tag))
 
     def _copy_dead_letter(self, held: DeadLetterHeld, queues: list[str]) -> list[tuple[str, int]]:
         """A held dead letter's copy in quorum queues this node leads (``dead_letters.py``)."""

@@ -66,6 +66,7 @@ class DeadLetters:
         self._hold: Callable[[Queue, Entry], tuple[int, int] | None] | None = None
         self._elsewhere: Callable[[str, str, dict[str, Any]], bool] | None = None
         self._majority: Callable[[str], bool] | None = None
+        self._hold_confirm: Callable[[int, int], bool] | None = None
 
     def connect(
         self,
@@ -73,6 +74,7 @@ class DeadLetters:
         hold: Callable[[Queue, Entry], tuple[int, int] | None],
         elsewhere: Callable[[str, str, dict[str, Any]], bool] | None = None,
         majority: Callable[[str], bool] | None = None,
+        hold_confirm: Callable[[int, int], bool] | None = None,
     ) -> None:
         """Name ``HeldDeadLetters.hold`` (heldletters.py, built after this component):
         a dead letter routing to no queue here is held, and announced
@@ -81,14 +83,30 @@ class DeadLetters:
         one that reaches queues here reaches other nodes' too (then it is enqueued
         here and held for them). ``majority`` (``HeldDeadLetters.needs_majority``):
         whether a queue here keeps a copy only once a majority of its replicas has it
-        (then the dead letter is held, that queue's copy left to ``copy_held``)."""
+        (then the dead letter is held, that queue's copy left to ``copy_held``).
+        ``hold_confirm`` (``HeldDeadLetters.hold_confirm``): holds the confirm of a
+        publish refused by a full ``reject-publish-dlx`` queue instead (the message
+        was never in that queue: nothing to hold there)."""
         self._hold = hold
         self._elsewhere = elsewhere
         self._majority = majority
+        self._hold_confirm = hold_confirm
 
-    def dead_letter(self, queue: Queue, entry: Entry, reason: str) -> None:
+    def _holder(self, queue: Queue, entry: Entry, refused: tuple[int, int] | None) -> tuple[int, int] | None:
+        """Hold a dead letter for the cluster: (channel, tag) that stand for it, or None
+        when nothing can hold it. One that left ``queue`` is held there, as a delivery
+        of the holding channel; one ``refused`` by ``queue`` (its publisher's channel
+        and tag), never stored there, is held by its publish's confirm (a nack) instead."""
+        if refused is None:
+            return self._hold(queue, entry) if self._hold is not None else None
+        hold_confirm = self._hold_confirm
+        return refused if hold_confirm is not None and hold_confirm(*refused) else None
+
+    def dead_letter(self, queue: Queue, entry: Entry, reason: str, *, refused: tuple[int, int] | None = None) -> None:
         """``entry`` has left ``queue`` for ``reason``: settle it there and, when the
-        queue has a dead-letter exchange, publish its copy there in the same step."""
+        queue has a dead-letter exchange, publish its copy there in the same step.
+        ``refused``: the publisher's (channel, tag) of a message ``queue`` refused
+        (``x-overflow: reject-publish-dlx``), never stored there."""
         queue.dead_lettered[reason] = queue.dead_lettered.get(reason, 0) + 1
         dlx_name = queue.dead_letter_exchange
         if dlx_name is None or queue.deleted:
@@ -112,9 +130,14 @@ class DeadLetters:
             dead_from = {d.get("queue") for d in headers["x-death"]}
             targets = [q for q in targets if q.name not in dead_from]
         if not targets:
-            held = self._hold(queue, entry) if self._hold is not None else None
+            held = self._holder(queue, entry, refused)
             if held is not None:  # a cluster: other nodes may own the queues it reaches
-                self._outbox.emit(DeadLetterHeld(*held, queue.name, exchange.name, routing_key, message.body, properties))
+                self._outbox.emit(
+                    DeadLetterHeld(
+                        *held, queue.name, exchange.name, routing_key, message.body, properties,
+                        refused=refused is not None,
+                    )
+                )
                 return
             forward = (exchange.name, routing_key, message.body, properties)
             self._drop_dead_letter(queue, entry, reason, f"routes to no queue from {dlx_name!r}", forward)
@@ -128,7 +151,7 @@ class DeadLetters:
             majority = self._majority
             awaiting = [q for q in targets if majority(q.name)] if majority is not None else []
             if awaiting or self._elsewhere(exchange.name, routing_key, properties):
-                held = self._hold(queue, entry)
+                held = self._holder(queue, entry, refused)
                 if held is not None:  # a cluster: here at once, held for the rest
                     now = [q for q in targets if q not in awaiting] if awaiting else targets
                     if now:
@@ -136,7 +159,7 @@ class DeadLetters:
                     self._outbox.emit(
                         DeadLetterHeld(
                             *held, queue.name, exchange.name, routing_key, message.body, properties,
-                            local=bool(now), awaiting=tuple(q.name for q in awaiting),
+                            local=bool(now), awaiting=tuple(q.name for q in awaiting), refused=refused is not None,
                         )
                     )
                     return

@@ -176,7 +176,10 @@ class DeadLetterHeld(Effect):
     queues of this core it reaches that keep a message only once a majority of their
     replicas has it (a cluster's quorum queues this node leads): they have no copy yet;
     the cluster makes it (``copy_held_dead_letter``) and settles the source once the
-    majority has it."""
+    majority has it. ``refused``: the message was refused by ``queue``, full with
+    ``x-overflow: reject-publish-dlx``, and never stored there: ``channel_id`` and
+    ``delivery_tag`` are its publisher's channel and publish tag, whose confirm (a
+    nack) waits for ``settle_held_confirm`` instead."""
 
     channel_id: int
     delivery_tag: int
@@ -187,6 +190,7 @@ class DeadLetterHeld(Effect):
     properties: dict[str, Any]
     local: bool = False
     awaiting: tuple[str, ...] = ()
+    refused: bool = False
 
 
 @dataclass(slots=True)

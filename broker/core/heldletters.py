@@ -18,6 +18,11 @@ the source message is held as above for the other nodes' share. Which dead lette
 it asks the :class:`DeadLetterRoutes` port the cluster hands it with
 :meth:`HeldDeadLetters.hold_on`.
 
+A publish refused by a full ``x-overflow: reject-publish-dlx`` queue was never in
+that queue: its dead letter is held by its publish's confirm (a nack) instead
+(:meth:`HeldDeadLetters.hold_confirm`), which the cluster releases once the dead
+letter is taken, or given up on.
+
 A queue of this node may also keep a message only once a majority of its replicas
 has it (a quorum queue this node leads: the port says which). Its copy is not made
 with the others at once, in the step that could settle the source: the source is held
@@ -86,6 +91,18 @@ class HeldDeadLetters:
         replicas (False on a single node, without a call)."""
         routes = self.routes
         return routes is not None and routes.needs_majority(queue)
+
+    def hold_confirm(self, channel_id: int, tag: int) -> bool:
+        """Hold the confirm of publish ``tag`` of ``channel_id`` for one more answer:
+        the dead letter of a publish a full ``reject-publish-dlx`` queue refused. The
+        message was never in that queue, so nothing holds it there; the publisher, told
+        nothing until the cluster answers (``settle_held_confirm``), sends it again
+        should this node stop first. False when nothing holds dead letters (a single
+        node) or the confirm cannot wait (its channel is gone)."""
+        if self.channel_id is None:
+            return False
+        ch = self._channels.get(channel_id)
+        return ch is not None and not ch.closed and ch.confirms.hold(tag, 1)
 
     def hold(self, queue: Queue, entry: Entry) -> tuple[int, int] | None:
         """Keep ``entry``, which has left ``queue``'s ready messages, unsettled there:

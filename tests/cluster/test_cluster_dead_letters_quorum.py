@@ -3,23 +3,31 @@
 of the quorum queue's replicas has the copy. With the followers paused (SIGSTOP) the
 dead letters stay held in their source queue; the leader killed then, its followers
 elect a new leader without the copies, and the restarted node still has every one of
-them in its source queue, from where they reach the new leader. None is lost."""
+them in its source queue, from where they reach the new leader. None is lost.
+
+A publish refused by a full ``x-overflow: reject-publish-dlx`` queue was never in it:
+its nack waits for its dead letter's copy (a bounded while), and a publisher whose
+node is killed meanwhile has no confirm at all (it sends again)."""
 
 from __future__ import annotations
 
 import os
 import signal
+import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.cluster.conftest import wait_for
+from tests.cluster.conftest import node_process, wait_for, wait_synced
 from tests.cluster.test_replication import (  # noqa: F401 (``three`` is a fixture)
     _start_after_lapse,
     leader_of,
     three,
 )
-from tests.support.broker import BrokerProcess
+from tests.support.broker import BrokerProcess, stop_all
+from tests.support.etcd import EtcdProcess
+from tests.support.rawchannel import ChannelGone, RawChannel
 
 pytestmark = pytest.mark.slow
 
@@ -145,3 +153,64 @@ def test_dead_letters_into_a_quorum_queue_its_node_leads_survive_the_loss_of_tha
     wait_for("every dead letter in the new leader's dlq", lambda: lost <= set(_bodies(new, "dlq")), PATIENCE_S)
     wait_for("src empty", lambda: _queue(leader, "src")["messages"] == 0, PATIENCE_S)
     assert set(_bodies(new, "dlq")) == {"m0", "r0"} | lost
+
+
+#: The lease TTL of the refused-publish test: the forwarding answer timeout is as long,
+#: and a refused publish's nack waits half of it for its dead letter (dead_letters.py)
+REFUSED_TTL_S = 6
+REFUSED_WAIT_S = REFUSED_TTL_S / 2
+
+
+def test_a_refused_publish_is_nacked_only_once_its_dead_letter_is_kept_or_given_up(tmp_path: Path, etcd: EtcdProcess) -> None:
+    procs = {n: node_process(tmp_path, etcd, n, ttl_s=REFUSED_TTL_S) for n in ("a", "b", "c")}
+    try:
+        for p in procs.values():
+            p.start()
+        for p in procs.values():
+            wait_synced(p)
+        status, body = procs["a"].request("PUT", "/queues/dlq", {"durable": True, "arguments": {"x-queue-type": "quorum"}})
+        assert status == 201, body
+        leader = leader_of(procs, "dlq")
+        name = next(n for n, p in procs.items() if p is leader)
+        followers = [p for n, p in procs.items() if n != name]
+        assert leader.request("PUT", "/exchanges/dlx", {"type": "direct"})[0] == 201
+        assert leader.request("POST", "/bindings", {"exchange": "dlx", "queue": "dlq", "routing_key": "dead"})[0] == 201
+        src_args = {
+            **LOCAL, "x-dead-letter-exchange": "dlx", "x-dead-letter-routing-key": "dead",
+            "x-max-length": 1, "x-overflow": "reject-publish-dlx",
+        }
+        assert leader.request("PUT", "/queues/src", {"durable": True, "arguments": src_args})[0] == 201
+        ch = RawChannel(leader.port)
+        try:
+            ch.send({"op": "publish", "routing_key": "src", "body": "fill"})
+            assert ch.next_of("ack")["delivery_tag"] == 1
+            # every replica answering: nacked (the queue is full), dead-lettered
+            ch.send({"op": "publish", "routing_key": "src", "body": "r1"})
+            nack = ch.next_of("nack")
+            assert nack["delivery_tag"] == 2 and "full" in nack["reason"], nack
+            wait_for("r1 in dlq", lambda: _bodies(leader, "dlq") == ["r1"])
+
+            # the followers paused: no majority can have the copy; the nack waits for it
+            # a bounded while, then gives it up (a lower bound on the time: load only
+            # makes it longer)
+            _pause(*followers)
+            try:
+                started = time.monotonic()
+                ch.send({"op": "publish", "routing_key": "src", "body": "r2"})
+                nack = ch.next_of("nack")
+                waited = time.monotonic() - started
+                assert nack["delivery_tag"] == 3 and waited >= REFUSED_WAIT_S * 0.9, (nack, waited)
+
+                # killed while the nack waits: the publisher gets no confirm at all
+                ch.send({"op": "publish", "routing_key": "src", "body": "r3"})
+                wait_for("r3's dead letter waiting", lambda: _waiting(leader) == 1, REFUSED_WAIT_S)
+                leader.kill()
+                with pytest.raises(ChannelGone):
+                    ev = ch.next_event()
+                    raise AssertionError(f"a confirm came before the kill: {ev}")
+            finally:
+                _resume(*followers)
+        finally:
+            ch.close()
+    finally:
+        stop_all(procs.values())

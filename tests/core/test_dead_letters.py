@@ -437,6 +437,67 @@ def test_reject_publish_dlx_nacks_and_dead_letters() -> None:
     assert [e.message.body for e in ready_entries(h.b, "dead")] == [b"refused"]
 
 
+def test_a_refused_publish_s_dead_letter_held_by_a_cluster_holds_its_nack_not_the_full_queue() -> None:
+    """``reject-publish-dlx`` in a cluster whose routes say the dead letter reaches other
+    nodes (or a quorum queue here): the message was never in the refusing queue, so
+    nothing is held there; the publish's confirm (its nack) is held instead, and leaves
+    only once the cluster settles it. Later publishes' confirms wait behind it (in tag
+    order); so is a transaction's, at its commit; a single node nacks at once."""
+    h = Harness()
+    with_dlq(h, "work", **{"x-max-length": 1, "x-overflow": "reject-publish-dlx"})
+    h.queue("other")
+    holder = h.channel()
+    routes = _Routes(True)
+    h.b.hold_dead_letters(holder, routes)
+    pub = h.channel()
+    t1 = h.publish(pub, "", "work", b"kept")
+    t2 = h.publish(pub, "", "work", b"refused")
+    t3 = h.publish(pub, "", "other", b"after")
+    (held,) = h.of_type(DeadLetterHeld, h.step())
+    assert (held.refused, held.channel_id, held.delivery_tag, held.queue, held.body) == (True, pub, t2, "work", b"refused")
+    assert held.local  # the dead-letter queue here has its copy at once
+    h.sync()
+    assert [e.message.body for e in ready_entries(h.b, "dead")] == [b"refused"]
+    assert h.info("work")["messages"] == 1 and h.info("work")["messages_unacked"] == 0  # nothing held there
+    assert h.acked(pub, t1) and h.confirm_of(pub, t2) is None and h.confirm_of(pub, t3) is None
+    h.b.settle_held_confirm(pub, t2, True, None)  # taken elsewhere: the nack leaves, then t3's ack
+    h.sync()
+    ack, reason = h.confirm_of(pub, t2) or (True, None)
+    assert not ack and "full" in str(reason) and h.acked(pub, t3)
+    nb = restart_from_log(h)  # the refused message is in no queue but the dead-letter queue
+    assert (nb.queues["work"].ready_count(), nb.queues["dead"].ready_count()) == (1, 1)
+    # reaching a queue here that needs a majority: held the same way, that copy awaited
+    routes.answer, routes.majority = False, ("dead",)
+    t4 = h.publish(pub, "", "work", b"refused-2")
+    (held,) = h.of_type(DeadLetterHeld, h.step())
+    assert (held.refused, held.delivery_tag, held.awaiting, held.local) == (True, t4, ("dead",), False)
+    h.sync()
+    assert h.confirm_of(pub, t4) is None
+    h.b.settle_held_confirm(pub, t4, True, None)
+    h.sync()
+    assert h.nacked(pub, t4)
+    # a transaction's publish, applied at the commit, is held the same way
+    routes.majority = ()
+    routes.answer = True
+    h.b.tx_select(pub)
+    h.publish(pub, "", "work", b"in-tx")
+    h.b.tx_commit(pub)
+    (held,) = h.of_type(DeadLetterHeld, h.step())
+    assert held.refused and held.body == b"in-tx"
+    h.sync()
+    assert h.confirm_of(pub, held.delivery_tag) is None
+    h.b.settle_held_confirm(pub, held.delivery_tag, True, None)
+    h.sync()
+    assert h.nacked(pub, held.delivery_tag)
+    # a single node: nacked at once, nothing held
+    h.b.hold_dead_letters(None)
+    solo = h.channel()
+    t = h.publish(solo, "", "work", b"solo")
+    assert h.of_type(DeadLetterHeld, h.step()) == []
+    h.sync()
+    assert h.nacked(solo, t)
+
+
 def test_a_dead_letter_cycle_without_rejection_drops_the_message() -> None:
     h = Harness()
     h.queue("a", arguments={"x-message-ttl": 1000, "x-dead-letter-exchange": "", "x-dead-letter-routing-key": "b"})
