@@ -20,7 +20,10 @@ the source is settled only once the queue's majority has that copy
 may be lost with it: it is made again, by this node if it leads the queue again, else
 forwarded to the queue's new leader like any other node's share. So a leader killed
 before its followers had the copy leaves the message in its source queue, and the
-new leader either has the copy or gets it.
+new leader either has the copy or gets it. The other way round too: a dead letter held
+for another node's quorum queue whose leadership comes to this node before that node
+took it gets its copy here (:meth:`Forwarder.led_here`), the same way; it may be
+made twice then, should the other node have taken it before it stopped leading.
 
 A publish refused by a full ``x-overflow: reject-publish-dlx`` queue was never in that
 queue, so nothing holds its dead letter there: the core holds the publish's confirm
@@ -149,11 +152,17 @@ class DeadLetterForwarding:
         taken: set[str] = set()
         #: quorum queues still without a copy the majority has (see the module docstring)
         awaiting = list(held.awaiting)
+        #: every quorum queue whose copy this node has been to make
+        adopted = set(awaiting)
         delay = RETRY_MIN_S
         warned = False
         forwarder = self.forwarder
         while True:
             if forwarder.ready:
+                for name in forwarder.led_here(held.exchange, held.routing_key, held.properties):
+                    if name not in adopted:  # (led here since: another node's queue when held)
+                        adopted.add(name)
+                        awaiting.append(name)
                 owners, leaderless = forwarder.dead_letter_owners(held.exchange, held.routing_key, held.properties)
                 todo = [o for o in owners if o not in taken]
                 here: list[str] = []
@@ -176,7 +185,7 @@ class DeadLetterForwarding:
                     kept |= await self._copy_here(held, here)
                 awaiting = [name for name in awaiting if name not in kept]
                 if not refusals and not leaderless and not awaiting:
-                    if not owners and not taken and not held.local and not held.awaiting:
+                    if not owners and not taken and not held.local and not adopted:
                         log.warning(
                             "dead letter routes to no queue in the cluster: dropped",
                             extra={"fields": {"queue": held.queue, "exchange": held.exchange}},

@@ -214,3 +214,45 @@ def test_a_refused_publish_is_nacked_only_once_its_dead_letter_is_kept_or_given_
             ch.close()
     finally:
         stop_all(procs.values())
+
+
+def _role(node: BrokerProcess, queue: str) -> str | None:
+    status, body = node.request("GET", "/cluster")
+    assert status == 200, body
+    return (body["replicated_queues"].get(queue) or {}).get("local", {}).get("role")
+
+
+def test_a_dead_letter_held_for_a_quorum_queue_whose_leadership_comes_to_its_node_is_copied_there(
+    three: dict[str, BrokerProcess],  # noqa: F811 (the fixture)
+) -> None:
+    """The dead letter's quorum queue is led by another node, which is killed: the
+    dead letter waits in its source queue; the queue fails over to the source's own
+    node (the third replica paused, so that only it campaigns), and the copy is made
+    there, the source settled once the majority has it (the third replica back)."""
+    a = three["a"]
+    status, body = a.request("PUT", "/queues/dlq", {"durable": True, "arguments": {"x-queue-type": "quorum"}})
+    assert status == 201, body
+    leader = leader_of(three, "dlq")
+    name = next(n for n, p in three.items() if p is leader)
+    source, third = [p for n, p in three.items() if n != name]
+    assert source.request("PUT", "/exchanges/dlx", {"type": "direct"})[0] == 201
+    assert source.request("POST", "/bindings", {"exchange": "dlx", "queue": "dlq", "routing_key": "dead"})[0] == 201
+    src_args = {**LOCAL, "x-dead-letter-exchange": "dlx", "x-dead-letter-routing-key": "dead"}
+    assert source.request("PUT", "/queues/src", {"durable": True, "arguments": src_args})[0] == 201
+    _publish(source, "src", "m0")
+    assert _reject_all(source, "src") == ["m0"]
+    wait_for("m0 in dlq", lambda: _bodies(source, "dlq") == ["m0"])
+    wait_for("m0 settled in src", lambda: _queue(source, "src")["messages"] == 0)
+
+    _publish(source, "src", "m1")
+    leader.kill()
+    assert _reject_all(source, "src") == ["m1"]
+    _pause(third)
+    try:
+        wait_for("m1 held in src", lambda: _waiting(source) == 1)
+        wait_for("the source's node leading dlq", lambda: _role(source, "dlq") == "leader", PATIENCE_S)
+        assert _queue(source, "src")["messages_unacked"] == 1  # no majority has its copy yet
+    finally:
+        _resume(third)
+    wait_for("m1 settled in src", lambda: _queue(source, "src")["messages"] == 0, PATIENCE_S)
+    assert sorted(_bodies(source, "dlq")) == ["m0", "m1"]
