@@ -32,14 +32,14 @@ from broker.cluster.locks import ClusterLocks
 from broker.cluster.membership import Membership, NodeNameTaken
 from broker.cluster.mirror import CoreMirror
 from broker.cluster.port import ClusterGatewayPort
-from broker.cluster.replica_leader import COMPACT_AFTER_ENTRIES
+from broker.cluster.replica_leader import COMPACT_AFTER_ENTRIES, CommitWatch
 from broker.cluster.replica_set import change_replicas
 from broker.cluster.replication import Replication
 from broker.cluster.schedules import ClusterSchedules
 from broker.cluster.users import UserWriter, seed_users
 from broker.cluster.view import ClusterKeys, ClusterView, is_replicated
 from broker.cluster.writes import MetadataWriter
-from broker.core import ErrorReply, Unavailable
+from broker.core import DeadLetterHeld, ErrorReply, Unavailable
 from broker.runtime import (
     BrokerRuntime,
     CommandGateway,
@@ -136,7 +136,9 @@ class ClusterNode:
             self.name, self.view, secret=config.secret, answer_timeout_s=max(2.0, float(config.lease_ttl_s)),
             ssl_context=config.peer_ssl,
         )
-        self.dead_letters = DeadLetterForwarding(self.forwarder, self._settle_dead_letter)
+        self.dead_letters = DeadLetterForwarding(
+            self.forwarder, self._settle_dead_letter, self._copy_dead_letter, self._watch_commit
+        )
         #: queues the core deleted by itself, deleted from etcd too (auto_deleted.py)
         self.auto_deleted = AutoDeletedQueues(
             self.writer, lambda queue: self.view.get("queues", queue),
@@ -161,6 +163,7 @@ class ClusterNode:
         self.replication = Replication(self, data_dir) if data_dir is not None else None
         if self.replication is not None:
             self.mirror.holds = self.replication.holds
+            self.forwarder.leads = self.replication.holds
         self.forwarder.serving = self.serving_node
 
     # ---------------------------------------------------------------------- running
@@ -229,8 +232,24 @@ class ClusterNode:
                     log.warning("a binding to a connection's own queue is not in etcd any more",
                                 extra={"fields": {"queue": b["queue"], "exchange": b["exchange"], "error": str(exc)}})
 
-    def _settle_dead_letter(self, channel_id: int, tag: int) -> None:
-        CommandGateway(self.runtime).run(lambda core: core.settle_held_dead_letter(channel_id, tag))
+    def _settle_dead_letter(self, held: DeadLetterHeld) -> None:
+        """``held`` was taken (or, a refused publish's, given up on): settled in its
+        source queue, or its publish's confirm (a nack) released."""
+        channel_id, tag = held.channel_id, held.delivery_tag
+        if held.refused:
+            CommandGateway(self.runtime).run(lambda core: core.settle_held_confirm(channel_id, tag, True, None))
+        else:
+            CommandGateway(self.runtime).run(lambda core: core.settle_held_dead_letter(channel_id, tag))
+
+    def _copy_dead_letter(self, held: DeadLetterHeld, queues: list[str]) -> list[tuple[str, int]]:
+        """A held dead letter's copy in quorum queues this node leads (``dead_letters.py``)."""
+        return CommandGateway(self.runtime).run(
+            lambda core: core.copy_held_dead_letter(queues, held.exchange, held.routing_key, held.body, held.properties)
+        )
+
+    def _watch_commit(self, queue: str, lsn: int) -> CommitWatch | None:
+        replication = self.replication
+        return replication.watch_commit(queue, lsn) if replication is not None else None
 
     def note_etcd(self, error: str | None) -> None:
         """Record whether etcd answered the last call (None) or why not."""
