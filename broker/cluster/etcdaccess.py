@@ -166,6 +166,10 @@ class EtcdTokens:
         self._lock = trio.Lock()
         #: authentications made (tests count renewals)
         self.authentications = 0
+        #: authentication attempts ended (either way), and how the last one failed
+        #: (None: it did not): the callers that waited on a failed one share its error
+        self._attempts_ended = 0
+        self._last_failure: EtcdError | None = None
 
     async def current(self, authenticate: Authenticate) -> Token:
         """The token to send, authenticating first when there is none yet."""
@@ -182,22 +186,40 @@ class EtcdTokens:
     async def renew(self, refused_generation: int, authenticate: Authenticate) -> Token:
         """A new token in place of generation ``refused_generation``; when another task
         renewed it meanwhile, that one. Raises EtcdAuthFailed for a wrong user or
-        password, EtcdError/EtcdUnavailable as a call does."""
+        password, EtcdError/EtcdUnavailable as a call does. A caller that waited while
+        an authentication failed gets that failure (a new one of its kind) rather than
+        trying again in turn: many calls refused at once would otherwise each wait
+        out an etcd that does not answer, one after another."""
+        ended = self._attempts_ended
         async with self._lock:
             if self._token is not None and self._token.generation != refused_generation:
                 return self._token
+            failure = self._last_failure
+            if failure is not None and self._attempts_ended != ended:
+                raise type(failure)(failure.message, code=failure.code)
             try:
-                answer = await authenticate({"name": self.credentials.user, "password": self.credentials.password})
-            except EtcdUnavailable:
-                raise
+                return await self._authenticate(authenticate)
             except EtcdError as exc:
-                if _AUTH_NOT_ENABLED in exc.message:
-                    return self._set(None)
-                raise EtcdAuthFailed(f"etcd refused user {self.credentials.user!r}: {exc.message}", code=exc.code) from None
-            value = answer.get("token")
-            if not isinstance(value, str) or not value:
-                raise EtcdAuthFailed(f"etcd gave no token to user {self.credentials.user!r}")
-            return self._set(value)
+                self._last_failure = exc
+                raise
+            finally:
+                self._attempts_ended += 1
+
+    async def _authenticate(self, authenticate: Authenticate) -> Token:
+        """One authentication: the new token (see :meth:`renew`)."""
+        self._last_failure = None
+        try:
+            answer = await authenticate({"name": self.credentials.user, "password": self.credentials.password})
+        except EtcdUnavailable:
+            raise
+        except EtcdError as exc:
+            if _AUTH_NOT_ENABLED in exc.message:
+                return self._set(None)
+            raise EtcdAuthFailed(f"etcd refused user {self.credentials.user!r}: {exc.message}", code=exc.code) from None
+        value = answer.get("token")
+        if not isinstance(value, str) or not value:
+            raise EtcdAuthFailed(f"etcd gave no token to user {self.credentials.user!r}")
+        return self._set(value)
 
     def _set(self, value: str | None) -> Token:
         self.authentications += 1
