@@ -128,3 +128,27 @@ async def test_the_channels_end_with_replies_in_flight_drops_them(broker: Memory
         assert not [e for e in events if e["ev"] == "error"]
         ok = await responder.ok({"op": "declare_queue", "queue": "alive"})
         assert ok["created"] is True
+
+
+async def test_a_reply_consumers_prefetch_and_exclusive_mean_nothing_but_are_type_checked(
+    broker: MemoryBroker, clients: Clients
+) -> None:
+    with trio.fail_after(10):  # (an answer that never comes fails, not hangs)
+        ch = await clients.channel()
+        error = await ch.call({"op": "consume", "queue": REPLY_TO, "no_ack": True, "prefetch": "1"})
+        assert (error["ev"], error["error"]) == ("error", "invalid_argument"), error
+        ch = await clients.channel()
+        ok = await ch.ok({"op": "consume", "queue": REPLY_TO, "no_ack": True, "prefetch": 1, "exclusive": True})
+        address = broker.runtime.core.views.reply_address(ch.channel_id)
+        assert address is not None and ok["active"] is True
+        # a second requester may take the pseudo-queue too: exclusive means nothing here
+        other = await clients.channel()
+        await other.ok({"op": "consume", "queue": REPLY_TO, "no_ack": True, "exclusive": True})
+        responder = await clients.channel()
+        await responder.send(*({"op": "publish", "routing_key": address, "body": f"r{n}"} for n in range(5)))
+        got = []
+        while len(got) < 5:  # past the prefetch of 1: replies are no-ack, never held back
+            ev = await ch.next_event()
+            if ev["ev"] == "deliver":
+                got.append(ev["message"]["body"])
+        assert got == [f"r{n}" for n in range(5)]

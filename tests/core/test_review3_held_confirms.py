@@ -86,3 +86,23 @@ def test_a_transactions_refused_and_forwarded_publish_has_one_nack_after_every_a
     h.b.settle_held_confirm(pub, tag, True, None)  # its dead letter taken
     h.sync()
     assert h.nacked(pub, tag) and len(_confirms(h, pub)) == before + 1
+
+
+def test_a_held_dead_letters_copy_skips_gone_queues_and_a_failing_log() -> None:
+    """``copy_held_dead_letter`` (the cluster's copy into quorum queues it leads): one
+    record per queue, whose LSN the cluster watches; a deleted queue left out (nothing
+    to copy into); nothing at all while storage is failing (tried again later)."""
+    h = Harness()
+    for name in ("q1", "q2", "gone"):
+        h.b.declare_queue(name, durable=True)
+    h.b.delete_queue("gone")
+    h.sync()
+    made = h.b.copy_held_dead_letter(["q1", "gone", "q2"], "dlx", "k", b"dead", {"delivery_mode": 2})
+    assert [name for name, _ in made] == ["q1", "q2"]
+    lsns = [lsn for _, lsn in made]
+    assert all(lsns) and len(set(lsns)) == 2  # (each watched on its own)
+    h.sync()
+    assert h.b.queues["q1"].ready_count() == h.b.queues["q2"].ready_count() == 1
+    h.b.storage_failed(h.b.last_lsn + 1, h.b.last_lsn + 1, "disk on fire")
+    assert h.b.copy_held_dead_letter(["q1"], "dlx", "k", b"again", {}) == []
+    assert h.b.queues["q1"].ready_count() == 1
