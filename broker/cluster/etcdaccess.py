@@ -170,6 +170,8 @@ class EtcdTokens:
         #: (None: it did not): the callers that waited on a failed one share its error
         self._attempts_ended = 0
         self._last_failure: EtcdError | None = None
+        #: why the token was forgotten (:meth:`forget`), until the next one is got
+        self._forgotten: str | None = None
 
     async def current(self, authenticate: Authenticate) -> Token:
         """The token to send, authenticating first when there is none yet."""
@@ -178,10 +180,12 @@ class EtcdTokens:
         assert self._token is not None
         return self._token
 
-    def forget(self, refused: Token) -> None:
-        """etcd refused ``refused`` (a watch cancelled for it): the next call gets a new one."""
+    def forget(self, refused: Token, why: str = "a watch cancelled for its token") -> None:
+        """etcd refused ``refused`` (a watch cancelled for it): the next call gets a new
+        one, and the log says so (as for a call refused for its token)."""
         if self._token is refused:
             self._token = None
+            self._forgotten = why
 
     async def renew(self, refused_generation: int, authenticate: Authenticate) -> Token:
         """A new token in place of generation ``refused_generation``; when another task
@@ -228,4 +232,7 @@ class EtcdTokens:
             log.warning("etcd_user is set but etcd's authentication is off: calling etcd without a token",
                         extra={"fields": {"user": self.credentials.user}})
         self._token = Token(self._generation, value)
+        if self._forgotten is not None:
+            log.info("etcd token renewed", extra={"fields": {"why": self._forgotten}})
+            self._forgotten = None
         return self._token

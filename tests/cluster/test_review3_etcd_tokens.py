@@ -60,3 +60,29 @@ async def test_callers_waiting_on_a_failed_renewal_share_its_error(autojump_cloc
         return {"token": "t"}
 
     assert (await tokens.current(authenticate_ok)).value == "t" and ok
+
+
+async def test_a_token_a_watch_was_refused_for_is_renewed_at_the_next_call_and_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Whichever comes first after etcd forgot its tokens (a restart), a call refused
+    for its token or the watch cancelled for it, the log says the token was renewed
+    (once); the first authentication is no renewal."""
+    tokens = EtcdTokens(EtcdCredentials("ack", "pw"))
+    asked = 0
+
+    async def authenticate(body: dict[str, Any]) -> dict[str, Any]:
+        nonlocal asked
+        asked += 1
+        return {"token": f"t{asked}"}
+
+    with caplog.at_level("INFO", logger="ackbus.cluster"):
+        first = await tokens.current(authenticate)
+        assert "etcd token renewed" not in caplog.text
+        tokens.forget(first, "a watch cancelled for its token: invalid auth token")
+        async with trio.open_nursery() as nursery:
+            for _ in range(3):
+                nursery.start_soon(tokens.current, authenticate)
+    assert (await tokens.current(authenticate)).value == "t2" and asked == 2
+    renewed = [r for r in caplog.records if r.getMessage() == "etcd token renewed"]
+    assert len(renewed) == 1 and "invalid auth token" in str(renewed[0].__dict__.get("fields"))
