@@ -34,12 +34,12 @@ from broker.cluster.leader import NO_LEADER
 from broker.cluster.locks import ClusterLocks
 from broker.cluster.membership import Membership, NodeNameTaken
 from broker.cluster.mirror import CoreMirror
-from broker.cluster.peer_tls import peer_ssl_context, reload_tls_files
 from broker.cluster.port import ClusterGatewayPort
 from broker.cluster.replica_leader import COMPACT_AFTER_ENTRIES, CommitWatch
 from broker.cluster.replica_set import change_replicas
 from broker.cluster.replication import Replication
 from broker.cluster.schedules import ClusterSchedules
+from broker.cluster.tlsfiles import peer_ssl_context, reload_tls_files
 from broker.cluster.users import UserWriter, seed_users
 from broker.cluster.view import ClusterKeys, ClusterView, is_replicated
 from broker.cluster.writes import MetadataWriter

@@ -14,7 +14,7 @@ import pytest
 import trio
 import trio.testing
 
-from broker.cluster.peer_tls import peer_ssl_context, reload_tls_files
+from broker.cluster.tlsfiles import peer_ssl_context, reload_tls_files
 
 trustme = pytest.importorskip("trustme")
 
