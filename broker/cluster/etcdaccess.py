@@ -27,6 +27,7 @@ from typing import Any, Final
 import trio
 
 from broker.cluster.etcdproto import EtcdError, EtcdUnavailable
+from broker.cluster.tlsfiles import client_tls_context
 
 __all__ = [
     "EtcdAuthFailed",
@@ -71,16 +72,7 @@ def etcd_ssl_context(ca_file: Path | None, cert: Path | None, key: Path | None) 
     against ``ca_file`` (None: the system's CAs), and ``cert``/``key`` presented as
     the client certificate when given. Raises OSError naming the file that cannot be
     loaded."""
-    try:
-        context = ssl.create_default_context(cafile=str(ca_file) if ca_file is not None else None)
-    except OSError as exc:
-        raise OSError(exc.errno, f"cannot load etcd_ca_file {ca_file}: {exc.strerror or exc}") from None
-    if cert is not None and key is not None:
-        try:
-            context.load_cert_chain(str(cert), str(key))
-        except OSError as exc:
-            raise OSError(exc.errno, f"cannot load etcd_cert {cert} with etcd_key {key}: {exc.strerror or exc}") from None
-    return context
+    return client_tls_context(ca_file, cert, key, ("etcd_ca_file", "etcd_cert", "etcd_key"))
 
 
 class EtcdTLSRefused(OSError):
