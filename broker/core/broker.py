@@ -186,7 +186,7 @@ class Broker:
         dead_letters.connect(
             hold=held.hold, elsewhere=held.reaches_other_nodes, majority=held.needs_majority, hold_confirm=held.hold_confirm
         )
-        self.replies = replies = DirectReplies(deliveries, outbox)
+        self.replies = replies = DirectReplies(deliveries, outbox, backlog_bytes=16 * config.channel_buffer_bytes)
         self.publishing = publishing = Publishing(
             deliveries, topology, store, dead_letters, log, outbox, stats, wall_clock=wall_clock, replies=replies
         )
