@@ -133,8 +133,11 @@ class BrokerApp:
 
     def reload_tls(self) -> bool:
         """Read the TLS files again (SIGHUP): new connections get the new certificate,
-        open ones keep theirs. On a failure the old certificate stays in use; returns
-        whether the new one was loaded."""
+        open ones keep theirs; in cluster mode the files that get the node into etcd
+        and into its peers too (``ClusterNode.reload_credentials``). On a failure the
+        old certificate stays in use; returns whether the listener's new one was loaded."""
+        if self.cluster is not None:
+            self.cluster.reload_credentials()
         if self.tls is None:
             return False
         try:
@@ -301,7 +304,8 @@ def cluster_config(settings: Settings) -> ClusterConfig | None:
         settings.etcd, settings.node_name, settings.advertise_url, settings.cluster_name, settings.cluster_lease_ttl_s,
         settings.cluster_secret, settings.cluster_ca_file, settings.replica_compact_entries,
         etcd_ca_file=settings.etcd_ca_file, etcd_cert=settings.etcd_cert, etcd_key=settings.etcd_key,
-        etcd_credentials=etcd_credentials(settings), cluster_cert=settings.cluster_cert, cluster_key=settings.cluster_key,
+        etcd_credentials=etcd_credentials(settings), etcd_password_file=settings.etcd_password_file,
+        cluster_cert=settings.cluster_cert, cluster_key=settings.cluster_key,
     )
 
 

@@ -44,6 +44,8 @@ def is_reply_queue(name: str) -> bool:
 
 async def reply_consume(s: Any, ch: Any, m: Any, tag: str) -> None:
     """``basic.consume`` of ``amq.rabbitmq.reply-to`` with consumer tag ``tag``."""
+    if ch.relayed is not None and ch.relayed.has_consumer(tag):  # (another node's queue's: not in the core)
+        raise ChannelError(f"NOT_ALLOWED - attempt to reuse consumer tag '{tag}'", code="not_allowed")
     secret = reply_secret(secrets.token_urlsafe(16), s.bridge.node_name)
     try:
         s.bridge.run(lambda core: core.reply_consume(ch.core_id, tag, no_ack=bool(m.no_ack), secret=secret))

@@ -411,5 +411,6 @@ class WatchStream:
         does not fail): the client's next call or watch gets a new token."""
         tokens = self._client.tokens
         if tokens is not None and self._token is not None:
-            if any(batch.canceled and token_refused(batch.reason) for batch in self._ready):
-                tokens.forget(self._token)
+            refused = [batch.reason for batch in self._ready if batch.canceled and token_refused(batch.reason)]
+            if refused:
+                tokens.forget(self._token, f"a watch cancelled for its token: {refused[0]}")

@@ -27,6 +27,7 @@ from typing import Any, Final
 import trio
 
 from broker.cluster.etcdproto import EtcdError, EtcdUnavailable
+from broker.cluster.tlsfiles import client_tls_context
 
 __all__ = [
     "EtcdAuthFailed",
@@ -71,16 +72,7 @@ def etcd_ssl_context(ca_file: Path | None, cert: Path | None, key: Path | None) 
     against ``ca_file`` (None: the system's CAs), and ``cert``/``key`` presented as
     the client certificate when given. Raises OSError naming the file that cannot be
     loaded."""
-    try:
-        context = ssl.create_default_context(cafile=str(ca_file) if ca_file is not None else None)
-    except OSError as exc:
-        raise OSError(exc.errno, f"cannot load etcd_ca_file {ca_file}: {exc.strerror or exc}") from None
-    if cert is not None and key is not None:
-        try:
-            context.load_cert_chain(str(cert), str(key))
-        except OSError as exc:
-            raise OSError(exc.errno, f"cannot load etcd_cert {cert} with etcd_key {key}: {exc.strerror or exc}") from None
-    return context
+    return client_tls_context(ca_file, cert, key, ("etcd_ca_file", "etcd_cert", "etcd_key"))
 
 
 class EtcdTLSRefused(OSError):
@@ -105,7 +97,8 @@ async def start_tls(tcp: trio.SocketStream, host: str, ssl_context: ssl.SSLConte
 
 
 def tls_reason(exc: BaseException) -> str:
-    """What a TLS failure (an ssl.SSLError, or trio's error wrapping one) says."""
+    """What a TLS failure (an ssl.SSLError, or trio's error wrapping one) says; for any
+    other error, its text or else its type's name (trio's errors often have none)."""
     cause = exc if isinstance(exc, ssl.SSLError) else exc.__cause__ or exc.__context__
     if isinstance(cause, ssl.SSLCertVerificationError):
         return f"certificate verify failed: {cause.verify_message}"
@@ -165,6 +158,12 @@ class EtcdTokens:
         self._lock = trio.Lock()
         #: authentications made (tests count renewals)
         self.authentications = 0
+        #: authentication attempts ended (either way), and how the last one failed
+        #: (None: it did not): the callers that waited on a failed one share its error
+        self._attempts_ended = 0
+        self._last_failure: EtcdError | None = None
+        #: why the token was forgotten (:meth:`forget`), until the next one is got
+        self._forgotten: str | None = None
 
     async def current(self, authenticate: Authenticate) -> Token:
         """The token to send, authenticating first when there is none yet."""
@@ -173,30 +172,50 @@ class EtcdTokens:
         assert self._token is not None
         return self._token
 
-    def forget(self, refused: Token) -> None:
-        """etcd refused ``refused`` (a watch cancelled for it): the next call gets a new one."""
+    def forget(self, refused: Token, why: str = "a watch cancelled for its token") -> None:
+        """etcd refused ``refused`` (a watch cancelled for it): the next call gets a new
+        one, and the log says so (as for a call refused for its token)."""
         if self._token is refused:
             self._token = None
+            self._forgotten = why
 
     async def renew(self, refused_generation: int, authenticate: Authenticate) -> Token:
         """A new token in place of generation ``refused_generation``; when another task
         renewed it meanwhile, that one. Raises EtcdAuthFailed for a wrong user or
-        password, EtcdError/EtcdUnavailable as a call does."""
+        password, EtcdError/EtcdUnavailable as a call does. A caller that waited while
+        an authentication failed gets that failure (a new one of its kind) rather than
+        trying again in turn: many calls refused at once would otherwise each wait
+        out an etcd that does not answer, one after another."""
+        ended = self._attempts_ended
         async with self._lock:
             if self._token is not None and self._token.generation != refused_generation:
                 return self._token
+            failure = self._last_failure
+            if failure is not None and self._attempts_ended != ended:
+                raise type(failure)(failure.message, code=failure.code)
             try:
-                answer = await authenticate({"name": self.credentials.user, "password": self.credentials.password})
-            except EtcdUnavailable:
-                raise
+                return await self._authenticate(authenticate)
             except EtcdError as exc:
-                if _AUTH_NOT_ENABLED in exc.message:
-                    return self._set(None)
-                raise EtcdAuthFailed(f"etcd refused user {self.credentials.user!r}: {exc.message}", code=exc.code) from None
-            value = answer.get("token")
-            if not isinstance(value, str) or not value:
-                raise EtcdAuthFailed(f"etcd gave no token to user {self.credentials.user!r}")
-            return self._set(value)
+                self._last_failure = exc
+                raise
+            finally:
+                self._attempts_ended += 1
+
+    async def _authenticate(self, authenticate: Authenticate) -> Token:
+        """One authentication: the new token (see :meth:`renew`)."""
+        self._last_failure = None
+        try:
+            answer = await authenticate({"name": self.credentials.user, "password": self.credentials.password})
+        except EtcdUnavailable:
+            raise
+        except EtcdError as exc:
+            if _AUTH_NOT_ENABLED in exc.message:
+                return self._set(None)
+            raise EtcdAuthFailed(f"etcd refused user {self.credentials.user!r}: {exc.message}", code=exc.code) from None
+        value = answer.get("token")
+        if not isinstance(value, str) or not value:
+            raise EtcdAuthFailed(f"etcd gave no token to user {self.credentials.user!r}")
+        return self._set(value)
 
     def _set(self, value: str | None) -> Token:
         self.authentications += 1
@@ -205,4 +224,7 @@ class EtcdTokens:
             log.warning("etcd_user is set but etcd's authentication is off: calling etcd without a token",
                         extra={"fields": {"user": self.credentials.user}})
         self._token = Token(self._generation, value)
+        if self._forgotten is not None:
+            log.info("etcd token renewed", extra={"fields": {"why": self._forgotten}})
+            self._forgotten = None
         return self._token

@@ -116,6 +116,9 @@ class Forwarder:
         #: the node serving a queue (its definition given): the view's word, which the
         #: node refines (``ClusterNode.serving_node``: not this node unless it leads)
         self.serving: Callable[[str, dict[str, Any]], str | None] = view.serving_node
+        #: whether this node leads quorum queue ``name`` (``Replication.holds``, set by
+        #: the node: none without a data directory)
+        self.leads: Callable[[str], bool] = lambda name: False
         self.secret = secret
         self.routes = ClusterRoutes()
         #: channels opened by peers: their publishes are already forwarded
@@ -179,21 +182,31 @@ class Forwarder:
         (the same cycle rule as the core's: not back to a queue it died in, unless it
         was rejected): (the other nodes owning the queues it reaches, the queues it
         reaches that have no serving node now: a quorum queue without a leader)."""
-        headers = properties.get("headers")
-        deaths = headers.get("x-death", []) if isinstance(headers, dict) else []
-        names = self.routes.route(exchange, routing_key, headers) or []
-        if not any(isinstance(d, dict) and d.get("reason") == "rejected" for d in deaths):
-            dead_from = {d.get("queue") for d in deaths if isinstance(d, dict)}
-            names = [n for n in names if n not in dead_from]
         owners: list[str] = []
         leaderless: list[str] = []
-        for name in names:
+        for name in self._dead_letter_queues(exchange, routing_key, properties):
             owner = self._serving(name)
             if owner is None:
                 leaderless.append(name)
             elif owner != self.node_name and owner not in owners:
                 owners.append(owner)
         return owners, leaderless
+
+    def led_here(self, exchange: str, routing_key: str, properties: dict[str, Any]) -> list[str]:
+        """The quorum queues a dead letter reaches that this node leads now (one may
+        have come to lead them since the dead letter was held: its copy is made here)."""
+        return [name for name in self._dead_letter_queues(exchange, routing_key, properties) if self.leads(name)]
+
+    def _dead_letter_queues(self, exchange: str, routing_key: str, properties: dict[str, Any]) -> list[str]:
+        """Every queue of the cluster a dead letter reaches, by the core's cycle rule:
+        not back to a queue it died in, unless it was rejected."""
+        headers = properties.get("headers")
+        deaths = headers.get("x-death", []) if isinstance(headers, dict) else []
+        names = self.routes.route(exchange, routing_key, headers) or []
+        if not any(isinstance(d, dict) and d.get("reason") == "rejected" for d in deaths):
+            dead_from = {d.get("queue") for d in deaths if isinstance(d, dict)}
+            names = [n for n in names if n not in dead_from]
+        return names
 
     def reaches_other_nodes(self, exchange: str, routing_key: str, properties: dict[str, Any]) -> bool:
         """The core's :class:`~broker.core.DeadLetterRoutes`: whether a dead letter
@@ -206,6 +219,20 @@ class Forwarder:
             return True
         owners, leaderless = self.dead_letter_owners(exchange, routing_key, properties)
         return bool(owners or leaderless)
+
+    def needs_majority(self, queue: str) -> bool:
+        """The core's :class:`~broker.core.DeadLetterRoutes`: whether ``queue``, a queue
+        of this node's core, is a quorum queue this node leads. A dead letter's copy
+        there must be on a majority of its replicas before its source lets it go, as a
+        confirmed publish is: the core holds the source, and
+        :class:`~broker.cluster.dead_letters.DeadLetterForwarding` makes the copy and
+        waits for that majority."""
+        return self.leads(queue)
+
+    def node_serving(self, queue: str) -> str | None:
+        """The node serving ``queue`` now: its owner, a quorum queue's leader (None: it
+        has none now); this node for a queue the view does not have."""
+        return self._serving(queue)
 
     @property
     def ready(self) -> bool:

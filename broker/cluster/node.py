@@ -13,7 +13,6 @@ node keeps serving what it has and refuses metadata changes (:meth:`check_writab
 from __future__ import annotations
 
 import logging
-import ssl
 import time
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,11 @@ import trio
 from broker.cluster.auto_deleted import AutoDeletedQueues
 from broker.cluster.dead_letters import DeadLetterForwarding
 from broker.cluster.etcd import EtcdClient, WatchMoved, WatchStream, parse_endpoints
-from broker.cluster.etcdaccess import EtcdCredentials, etcd_ssl_context
+from broker.cluster.etcdaccess import (
+    EtcdCredentials,
+    etcd_ssl_context,
+    read_password_file,
+)
 from broker.cluster.etcdproto import EtcdError, EtcdUnavailable
 from broker.cluster.forget import forget_node, report_depths
 from broker.cluster.forward import Forwarder
@@ -32,14 +35,15 @@ from broker.cluster.locks import ClusterLocks
 from broker.cluster.membership import Membership, NodeNameTaken
 from broker.cluster.mirror import CoreMirror
 from broker.cluster.port import ClusterGatewayPort
-from broker.cluster.replica_leader import COMPACT_AFTER_ENTRIES
+from broker.cluster.replica_leader import COMPACT_AFTER_ENTRIES, CommitWatch
 from broker.cluster.replica_set import change_replicas
 from broker.cluster.replication import Replication
 from broker.cluster.schedules import ClusterSchedules
+from broker.cluster.tlsfiles import peer_ssl_context, reload_tls_files
 from broker.cluster.users import UserWriter, seed_users
 from broker.cluster.view import ClusterKeys, ClusterView, is_replicated
 from broker.cluster.writes import MetadataWriter
-from broker.core import ErrorReply, Unavailable
+from broker.core import DeadLetterHeld, ErrorReply, Unavailable
 from broker.runtime import (
     BrokerRuntime,
     CommandGateway,
@@ -74,10 +78,15 @@ class ClusterConfig:
         etcd_cert: Path | None = None,
         etcd_key: Path | None = None,
         etcd_credentials: EtcdCredentials | None = None,
+        etcd_password_file: Path | None = None,
         cluster_cert: Path | None = None,
         cluster_key: Path | None = None,
     ) -> None:
         self.endpoints = parse_endpoints(etcd)
+        #: the files read again on SIGHUP (:meth:`ClusterNode.reload_credentials`)
+        self.etcd_ca_file, self.etcd_cert, self.etcd_key = etcd_ca_file, etcd_cert, etcd_key
+        self.ca_file, self.cluster_cert, self.cluster_key = ca_file, cluster_cert, cluster_key
+        self.etcd_password_file = etcd_password_file
         #: verifies https etcd endpoints and holds the client certificate (None: plain http)
         self.etcd_ssl = etcd_ssl_context(etcd_ca_file, etcd_cert, etcd_key) if self.endpoints[0].tls else None
         #: the etcd user the node authenticates as (None: etcd's auth is off)
@@ -93,26 +102,6 @@ class ClusterConfig:
         self.lease_ttl_s = lease_ttl_s
         #: a quorum queue's replica compacts its log past this many entries
         self.replica_compact_entries = replica_compact_entries
-
-
-def peer_ssl_context(ca_file: Path | None, cert: Path | None, key: Path | None) -> ssl.SSLContext | None:
-    """The TLS context a node calls another's ``https://`` URL with: the peer's
-    certificate verified against ``ca_file`` (None: the system's CAs), ``cert`` and
-    ``key`` presented when given (for nodes that require client certificates,
-    ``--tls-client-ca``). None when neither is given (the system's defaults). Raises
-    OSError naming a file that cannot be loaded."""
-    if ca_file is None and cert is None:
-        return None
-    try:
-        context = ssl.create_default_context(cafile=str(ca_file) if ca_file is not None else None)
-    except OSError as exc:
-        raise OSError(exc.errno, f"cannot load cluster_ca_file {ca_file}: {exc.strerror or exc}") from None
-    if cert is not None and key is not None:
-        try:
-            context.load_cert_chain(str(cert), str(key))
-        except OSError as exc:
-            raise OSError(exc.errno, f"cannot load cluster_cert {cert} with cluster_key {key}: {exc.strerror or exc}") from None
-    return context
 
 
 class ClusterNode:
@@ -136,7 +125,9 @@ class ClusterNode:
             self.name, self.view, secret=config.secret, answer_timeout_s=max(2.0, float(config.lease_ttl_s)),
             ssl_context=config.peer_ssl,
         )
-        self.dead_letters = DeadLetterForwarding(self.forwarder, self._settle_dead_letter)
+        self.dead_letters = DeadLetterForwarding(
+            self.forwarder, self._settle_dead_letter, self._copy_dead_letter, self._watch_commit
+        )
         #: queues the core deleted by itself, deleted from etcd too (auto_deleted.py)
         self.auto_deleted = AutoDeletedQueues(
             self.writer, lambda queue: self.view.get("queues", queue),
@@ -161,7 +152,31 @@ class ClusterNode:
         self.replication = Replication(self, data_dir) if data_dir is not None else None
         if self.replication is not None:
             self.mirror.holds = self.replication.holds
+            self.forwarder.leads = self.replication.holds
         self.forwarder.serving = self.serving_node
+
+    def reload_credentials(self) -> None:
+        """SIGHUP: read again the files that get this node into etcd and into its peers
+        (``etcd_cert``/``etcd_key`` with ``etcd_ca_file``, ``cluster_cert``/``cluster_key``
+        with ``cluster_ca_file``, ``etcd_password_file``), for certificates and
+        passwords rotated while it runs. New connections use them; open ones keep
+        theirs. A file that cannot be loaded leaves the old one in use (logged)."""
+        config = self.config
+        if config.etcd_ssl is not None:
+            reload_tls_files(config.etcd_ssl, config.etcd_ca_file, config.etcd_cert, config.etcd_key, "etcd_cert")
+        if config.peer_ssl is not None:
+            reload_tls_files(config.peer_ssl, config.ca_file, config.cluster_cert, config.cluster_key, "cluster_cert")
+        tokens = self.client.tokens
+        if tokens is not None and config.etcd_password_file is not None:
+            try:
+                password = read_password_file(config.etcd_password_file)
+            except OSError as exc:
+                log.error("etcd_password_file not reloaded; the old password stays in use", extra={"fields": {"error": str(exc)}})
+                return
+            if password != tokens.credentials.password:
+                # (the current token stays until etcd refuses it: then the new password)
+                tokens.credentials = EtcdCredentials(tokens.credentials.user, password)
+                log.info("etcd password reloaded")
 
     # ---------------------------------------------------------------------- running
 
@@ -229,8 +244,24 @@ class ClusterNode:
                     log.warning("a binding to a connection's own queue is not in etcd any more",
                                 extra={"fields": {"queue": b["queue"], "exchange": b["exchange"], "error": str(exc)}})
 
-    def _settle_dead_letter(self, channel_id: int, tag: int) -> None:
-        CommandGateway(self.runtime).run(lambda core: core.settle_held_dead_letter(channel_id, tag))
+    def _settle_dead_letter(self, held: DeadLetterHeld) -> None:
+        """``held`` was taken (or, a refused publish's, given up on): settled in its
+        source queue, or its publish's confirm (a nack) released."""
+        channel_id, tag = held.channel_id, held.delivery_tag
+        if held.refused:
+            CommandGateway(self.runtime).run(lambda core: core.settle_held_confirm(channel_id, tag, True, None))
+        else:
+            CommandGateway(self.runtime).run(lambda core: core.settle_held_dead_letter(channel_id, tag))
+
+    def _copy_dead_letter(self, held: DeadLetterHeld, queues: list[str]) -> list[tuple[str, int]]:
+        """A held dead letter's copy in quorum queues this node leads (``dead_letters.py``)."""
+        return CommandGateway(self.runtime).run(
+            lambda core: core.copy_held_dead_letter(queues, held.exchange, held.routing_key, held.body, held.properties)
+        )
+
+    def _watch_commit(self, queue: str, lsn: int) -> CommitWatch | None:
+        replication = self.replication
+        return replication.watch_commit(queue, lsn) if replication is not None else None
 
     def note_etcd(self, error: str | None) -> None:
         """Record whether etcd answered the last call (None) or why not."""

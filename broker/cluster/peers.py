@@ -30,6 +30,7 @@ import h11
 import orjson
 import trio
 
+from broker.cluster.etcdaccess import tls_reason
 from broker.cluster.h11io import READ_BYTES, next_event
 from broker.core import is_reply
 
@@ -195,7 +196,7 @@ class PeerChannel:
             # peer killed with bytes unread, in the read or in the writer task) comes
             # out of it as a group; an ``except`` would let it through and take this
             # whole node down with its peer
-            reason = f"queue_unavailable: the channel to node {self.name!r} failed: {_first_leaf(group)}"
+            reason = f"queue_unavailable: the channel to node {self.name!r} failed: {tls_reason(_first_leaf(group))}"
         finally:
             self.fail_all(reason)
 

@@ -35,7 +35,7 @@ from broker.cluster.leader import holds_majority
 from broker.cluster.replica_log import Entry, ReplicaLog, ReplicaLogRemoved
 from broker.cluster.replica_ops import snapshot_op
 
-__all__ = ["COMPACT_AFTER_ENTRIES", "FETCH_MAX_ENTRIES", "LeaderSide", "StaleEpoch", "snapshot"]
+__all__ = ["COMPACT_AFTER_ENTRIES", "FETCH_MAX_ENTRIES", "CommitWatch", "LeaderSide", "StaleEpoch", "snapshot"]
 
 log = logging.getLogger("ackbus.cluster")
 
@@ -56,6 +56,24 @@ def snapshot(prefix: list[Entry]) -> dict[str, Any] | None:
 
 class StaleEpoch(Exception):
     """A fetch for an epoch this node does not lead (any more)."""
+
+
+class CommitWatch:
+    """Whether one held record reached the majority of its queue's replicas: waited on
+    by the cluster's dead letters (``dead_letters.py``), whose source may be settled
+    only then. ``committed`` is known once ``done`` is set: True, the majority has it;
+    False, this leader stopped first (the record may or may not survive it)."""
+
+    __slots__ = ("done", "committed")
+
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.committed = False
+
+    def resolve(self, committed: bool) -> None:
+        if not self.done.is_set():
+            self.committed = committed
+            self.done.set()
 
 
 class LeaderSide:
@@ -101,6 +119,8 @@ class LeaderSide:
         #: the in-sync set as etcd has it (every member must hold an entry)
         self.isr = list(replicas)
         self.stopped = False
+        #: LSN -> the watch of a held record (:meth:`watch`)
+        self._watches: dict[int, CommitWatch] = {}
         self._appended = trio.Event()
         self._to_sync = trio.Event()
 
@@ -235,7 +255,30 @@ class LeaderSide:
         if seq:
             self._deliverable(seq)
         if released:
+            watches = self._watches
+            if watches:
+                for lsn in released:
+                    w = watches.pop(lsn, None)
+                    if w is not None:
+                        w.resolve(True)
             self._release(released)
+
+    def watch(self, lsn: int) -> CommitWatch:
+        """A watch of held record ``lsn``: resolved True once the majority has it,
+        False when this leader stops first. At once False for a record not held here
+        (never appended to this queue's log, or this leader has stopped)."""
+        w = CommitWatch()
+        if self.stopped or not any(held_lsn == lsn for _o, held_lsn, _t in self.held):
+            w.resolve(False)
+        else:
+            self._watches[lsn] = w
+        return w
+
+    def _end_watches(self) -> None:
+        """This leader stops: what it has not released it can no longer promise."""
+        watches, self._watches = self._watches, {}
+        for w in watches.values():
+            w.resolve(False)
 
     def waiting_since(self) -> float | None:
         """When the oldest held confirm began to wait (None: none waits)."""
@@ -249,6 +292,7 @@ class LeaderSide:
         """Every held LSN, forgotten here (they are nacked by the caller)."""
         lsns = self.held_lsns()
         self.held.clear()
+        self._end_watches()
         return lsns
 
     def lag(self) -> dict[str, int]:
@@ -264,5 +308,6 @@ class LeaderSide:
 
     def stop(self) -> None:
         self.stopped = True
+        self._end_watches()
         self._appended.set()
         self._to_sync.set()

@@ -67,7 +67,7 @@ from broker.cluster.leader import (
 from broker.cluster.membership import Membership
 from broker.cluster.mirror import CoreMirror, moved_reason
 from broker.cluster.replica_follower import PeerSettings, follow
-from broker.cluster.replica_leader import LeaderSide, StaleEpoch
+from broker.cluster.replica_leader import CommitWatch, LeaderSide, StaleEpoch
 from broker.cluster.replica_log import ReplicaLog, replica_log_path
 from broker.cluster.replica_ops import LedQueue, RecordTranslator, fold, published_ids
 from broker.cluster.replica_state import QueueReplica, replica_status
@@ -151,6 +151,14 @@ class Replication:
         """Whether this node's core holds quorum queue ``queue`` (it leads it)."""
         replica = self.queues.get(queue)
         return replica is not None and replica.leading is not None
+
+    def watch_commit(self, queue: str, lsn: int) -> CommitWatch | None:
+        """Whether core record ``lsn``, which brought a message into quorum queue
+        ``queue`` this node leads, reaches the queue's majority (a held dead letter's
+        copy, ``dead_letters.py``); None when this node does not lead the queue."""
+        replica = self.queues.get(queue)
+        side = replica.leading if replica is not None else None
+        return side.watch(lsn) if side is not None else None
 
     async def reconcile(self) -> None:
         view = self.node.view

@@ -183,8 +183,10 @@ class Broker:
         )
         expiry.connect(dead_letter=dead_letters.dead_letter)
         self.held_dead_letters = held = HeldDeadLetters(deliveries, log)
-        dead_letters.connect(hold=held.hold, elsewhere=held.reaches_other_nodes)
-        self.replies = replies = DirectReplies(deliveries, outbox)
+        dead_letters.connect(
+            hold=held.hold, elsewhere=held.reaches_other_nodes, majority=held.needs_majority, hold_confirm=held.hold_confirm
+        )
+        self.replies = replies = DirectReplies(deliveries, outbox, backlog_bytes=16 * config.channel_buffer_bytes)
         self.publishing = publishing = Publishing(
             deliveries, topology, store, dead_letters, log, outbox, stats, wall_clock=wall_clock, replies=replies
         )
@@ -230,6 +232,7 @@ class Broker:
         self.redrive = dead_letters.redrive
         self.hold_dead_letters = held.hold_on
         self.settle_held_dead_letter = held.settle
+        self.copy_held_dead_letter = dead_letters.copy_held
         # publishing and deliveries
         self.publish = publishing.publish
         self.hold_confirm = publishing.hold_confirm

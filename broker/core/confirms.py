@@ -10,8 +10,9 @@ Rules (the contract of docs/protocol.md "Confirm guarantees"):
   LSN); tags that depend on nothing use LSN 0;
 * runs of consecutive acks are coalesced into one ``multiple`` confirm;
 * a tag may also wait for answers from elsewhere (``hold``: a publish forwarded to
-  the queues' owners in a cluster); it is released once each is in (``settle_hold``),
-  as a nack if any of them refused;
+  the queues' owners in a cluster, or refused by a full ``reject-publish-dlx`` queue
+  whose dead letter the cluster is delivering; holds add up); it is released once
+  each is in (``settle_hold``), as a nack if any of them refused;
 * an ack whose LSN is held from outside (``Broker.hold_confirms``: a replicated
   queue's record waiting for a majority of its replicas) waits for that word too
   (``release``'s ``waiting``), or becomes a nack (``fail_held``).
@@ -65,12 +66,19 @@ class ConfirmTracker:
         self._pending.append([tag, lsn, ack, reason])
 
     def hold(self, tag: int, count: int) -> bool:
-        """Tag ``tag`` (the last one added) waits for ``count`` more answers; False
-        when it is not pending (a transaction holds the publish itself)."""
+        """Tag ``tag`` (the last one added) waits for ``count`` more answers (on top
+        of those it waits for already); False when it is not pending (a transaction
+        holds the publish itself)."""
         if not (self._pending and self._pending[-1][0] == tag):
             return False
         if count > 0:
-            self._holds[tag] = [count, self._pending[-1]]
+            held = self._holds.get(tag)
+            if held is None:
+                self._holds[tag] = [count, self._pending[-1]]
+            else:
+                awaited = held[0]
+                assert isinstance(awaited, int)
+                held[0] = awaited + count
         return True
 
     def settle_hold(self, tag: int, ack: bool, reason: str | None) -> bool:

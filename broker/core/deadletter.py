@@ -65,25 +65,48 @@ class DeadLetters:
         self.drops: dict[str, int] = {}
         self._hold: Callable[[Queue, Entry], tuple[int, int] | None] | None = None
         self._elsewhere: Callable[[str, str, dict[str, Any]], bool] | None = None
+        self._majority: Callable[[str], bool] | None = None
+        self._hold_confirm: Callable[[int, int], bool] | None = None
 
     def connect(
         self,
         *,
         hold: Callable[[Queue, Entry], tuple[int, int] | None],
         elsewhere: Callable[[str, str, dict[str, Any]], bool] | None = None,
+        majority: Callable[[str], bool] | None = None,
+        hold_confirm: Callable[[int, int], bool] | None = None,
     ) -> None:
         """Name ``HeldDeadLetters.hold`` (heldletters.py, built after this component):
         a dead letter routing to no queue here is held, and announced
         (``DeadLetterHeld``), when it answers (holding channel, tag); dropped when it
         answers None. ``elsewhere`` (``HeldDeadLetters.reaches_other_nodes``): whether
         one that reaches queues here reaches other nodes' too (then it is enqueued
-        here and held for them)."""
+        here and held for them). ``majority`` (``HeldDeadLetters.needs_majority``):
+        whether a queue here keeps a copy only once a majority of its replicas has it
+        (then the dead letter is held, that queue's copy left to ``copy_held``).
+        ``hold_confirm`` (``HeldDeadLetters.hold_confirm``): holds the confirm of a
+        publish refused by a full ``reject-publish-dlx`` queue instead (the message
+        was never in that queue: nothing to hold there)."""
         self._hold = hold
         self._elsewhere = elsewhere
+        self._majority = majority
+        self._hold_confirm = hold_confirm
 
-    def dead_letter(self, queue: Queue, entry: Entry, reason: str) -> None:
+    def _holder(self, queue: Queue, entry: Entry, refused: tuple[int, int] | None) -> tuple[int, int] | None:
+        """Hold a dead letter for the cluster: (channel, tag) that stand for it, or None
+        when nothing can hold it. One that left ``queue`` is held there, as a delivery
+        of the holding channel; one ``refused`` by ``queue`` (its publisher's channel
+        and tag), never stored there, is held by its publish's confirm (a nack) instead."""
+        if refused is None:
+            return self._hold(queue, entry) if self._hold is not None else None
+        hold_confirm = self._hold_confirm
+        return refused if hold_confirm is not None and hold_confirm(*refused) else None
+
+    def dead_letter(self, queue: Queue, entry: Entry, reason: str, *, refused: tuple[int, int] | None = None) -> None:
         """``entry`` has left ``queue`` for ``reason``: settle it there and, when the
-        queue has a dead-letter exchange, publish its copy there in the same step."""
+        queue has a dead-letter exchange, publish its copy there in the same step.
+        ``refused``: the publisher's (channel, tag) of a message ``queue`` refused
+        (``x-overflow: reject-publish-dlx``), never stored there."""
         queue.dead_lettered[reason] = queue.dead_lettered.get(reason, 0) + 1
         dlx_name = queue.dead_letter_exchange
         if dlx_name is None or queue.deleted:
@@ -107,9 +130,14 @@ class DeadLetters:
             dead_from = {d.get("queue") for d in headers["x-death"]}
             targets = [q for q in targets if q.name not in dead_from]
         if not targets:
-            held = self._hold(queue, entry) if self._hold is not None else None
+            held = self._holder(queue, entry, refused)
             if held is not None:  # a cluster: other nodes may own the queues it reaches
-                self._outbox.emit(DeadLetterHeld(*held, queue.name, exchange.name, routing_key, message.body, properties))
+                self._outbox.emit(
+                    DeadLetterHeld(
+                        *held, queue.name, exchange.name, routing_key, message.body, properties,
+                        refused=refused is not None,
+                    )
+                )
                 return
             forward = (exchange.name, routing_key, message.body, properties)
             self._drop_dead_letter(queue, entry, reason, f"routes to no queue from {dlx_name!r}", forward)
@@ -119,15 +147,45 @@ class DeadLetters:
             self._drop_dead_letter(queue, entry, reason, f"storage is failing: {self._log.storage_reason}")
             return
         exchange.messages_out += 1
-        if self._elsewhere is not None and self._hold is not None and self._elsewhere(exchange.name, routing_key, properties):
-            held = self._hold(queue, entry)
-            if held is not None:  # a cluster: here at once, held for the other nodes' queues
-                self._copy_here_once(queue, message, exchange.name, routing_key, properties, targets, wall)
-                self._outbox.emit(
-                    DeadLetterHeld(*held, queue.name, exchange.name, routing_key, message.body, properties, local=True)
-                )
-                return
+        if self._elsewhere is not None and self._hold is not None:
+            majority = self._majority
+            awaiting = [q for q in targets if majority(q.name)] if majority is not None else []
+            if awaiting or self._elsewhere(exchange.name, routing_key, properties):
+                held = self._holder(queue, entry, refused)
+                if held is not None:  # a cluster: here at once, held for the rest
+                    now = [q for q in targets if q not in awaiting] if awaiting else targets
+                    if now:
+                        self._copy_here_once(queue, message, exchange.name, routing_key, properties, now, wall)
+                    self._outbox.emit(
+                        DeadLetterHeld(
+                            *held, queue.name, exchange.name, routing_key, message.body, properties,
+                            local=bool(now), awaiting=tuple(q.name for q in awaiting), refused=refused is not None,
+                        )
+                    )
+                    return
         self.move(queue, entry, exchange.name, routing_key, properties, message.body, targets, wall)
+
+    def copy_held(
+        self, queue_names: list[str], exchange_name: str, routing_key: str, body: bytes, properties: dict[str, Any]
+    ) -> list[tuple[str, int]]:
+        """A held dead letter's copy (``DeadLetterHeld.awaiting``) for ``queue_names``,
+        queues of this core that keep it only once a majority of their replicas has it:
+        one ENQUEUE record each (the source stays held), whose LSN the cluster watches.
+        No deduplication key: a copy lost with its leader is made again, and one the
+        majority kept may be made twice (after a crash before the source was settled):
+        at least once. Returns (queue, LSN) of each copy made; a queue gone, or one
+        not logged now (storage failing), is left out, to be tried again."""
+        wall = self._wall_clock()
+        made: list[tuple[str, int]] = []
+        if not self._log.storage_ok:
+            return made
+        for name in queue_names:
+            queue = self._store.queues.get(name)
+            if queue is None or queue.deleted:
+                continue
+            lsn = self.move(None, None, exchange_name, routing_key, properties, body, [queue], wall)
+            made.append((name, lsn))
+        return made
 
     def _copy_here_once(
         self,

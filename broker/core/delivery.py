@@ -189,7 +189,8 @@ class Deliveries:
         if not consumer_tag:
             consumer_tag = f"ctag-{self._boot_id}-{self._next_consumer}"
             self._next_consumer += 1
-        if consumer_tag in ch.consumers:
+        reply_consumer = ch.reply_consumer  # (direct reply-to's: its tag is taken too)
+        if consumer_tag in ch.consumers or (reply_consumer is not None and reply_consumer[0] == consumer_tag):
             raise ChannelError(f"consumer tag {consumer_tag!r} is already in use on this channel", code="not_allowed")
         if queue.exclusive_consumer:
             raise AccessRefused(f"queue {queue_name!r} has an exclusive consumer")

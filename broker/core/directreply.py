@@ -80,10 +80,13 @@ class DirectReplies:
     its state on the channels themselves (``ChannelState.reply_consumer``), so a
     channel's end ends its reply consumer with nothing to clean up."""
 
-    def __init__(self, deliveries: Deliveries, outbox: Outbox) -> None:
+    def __init__(self, deliveries: Deliveries, outbox: Outbox, *, backlog_bytes: int = 16 << 20) -> None:
         self._channels = deliveries.channels
         self._channel = deliveries.channel
         self._emit = outbox.emit
+        #: how far replies may take a requester's credit below zero (bytes its edge
+        #: holds unsent: a requester that stops reading): past it, replies are dropped
+        self._backlog_bytes = backlog_bytes
 
     def reply_consume(
         self, channel_id: int, consumer_tag: str, *, no_ack: bool, secret: str, own_tags: bool = False
@@ -139,9 +142,14 @@ class DirectReplies:
         same (a no-ack delivery is never settled by its tag); taken when the consumer
         asked for ``own_tags`` (an HTTP channel's). It spends the channel's
         credit like any delivery (the edge gives it back once sent), but is never held
-        back for want of it: there is no queue to wait in."""
+        back for want of it: there is no queue to wait in. So that a requester that
+        stops reading cannot make the broker hold replies without end, one that would
+        take its credit more than ``backlog_bytes`` below zero is dropped (False), as a
+        reply to a requester that has gone is: an RPC caller asks again."""
         ch = self._requester(routing_key)
         if ch is None:
+            return False
+        if ch.credit < -self._backlog_bytes:
             return False
         reply_consumer = ch.reply_consumer
         assert reply_consumer is not None

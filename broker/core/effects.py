@@ -172,7 +172,14 @@ class DeadLetterHeld(Effect):
     the dead letter) or that channel's end (back to the queue). ``exchange``,
     ``routing_key``, ``body``, ``properties`` (with ``x-death``): the dead letter as
     it is to be published. ``local``: it also reached queues of this core, which have
-    their copy already; only other nodes' queues are still to take it."""
+    their copy already; only other nodes' queues are still to take it. ``awaiting``:
+    queues of this core it reaches that keep a message only once a majority of their
+    replicas has it (a cluster's quorum queues this node leads): they have no copy yet;
+    the cluster makes it (``copy_held_dead_letter``) and settles the source once the
+    majority has it. ``refused``: the message was refused by ``queue``, full with
+    ``x-overflow: reject-publish-dlx``, and never stored there: ``channel_id`` and
+    ``delivery_tag`` are its publisher's channel and publish tag, whose confirm (a
+    nack) waits for ``settle_held_confirm`` instead."""
 
     channel_id: int
     delivery_tag: int
@@ -182,6 +189,8 @@ class DeadLetterHeld(Effect):
     body: bytes
     properties: dict[str, Any]
     local: bool = False
+    awaiting: tuple[str, ...] = ()
+    refused: bool = False
 
 
 @dataclass(slots=True)

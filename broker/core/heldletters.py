@@ -17,6 +17,18 @@ deduplication window, should the source come back after a restart and die again)
 the source message is held as above for the other nodes' share. Which dead letters reach other nodes the core cannot know:
 it asks the :class:`DeadLetterRoutes` port the cluster hands it with
 :meth:`HeldDeadLetters.hold_on`.
+
+A publish refused by a full ``x-overflow: reject-publish-dlx`` queue was never in
+that queue: its dead letter is held by its publish's confirm (a nack) instead
+(:meth:`HeldDeadLetters.hold_confirm`), which the cluster releases once the dead
+letter is taken, or given up on.
+
+A queue of this node may also keep a message only once a majority of its replicas
+has it (a quorum queue this node leads: the port says which). Its copy is not made
+with the others at once, in the step that could settle the source: the source is held
+as for another node's queue, and the cluster makes the copy
+(``DeadLetters.copy_held``) and settles the source once the majority has it, so a
+leader lost before that leaves the message in its source queue.
 """
 
 from __future__ import annotations
@@ -40,6 +52,12 @@ class DeadLetterRoutes(Protocol):
         """True when the dead letter (published to ``exchange`` with ``routing_key``
         and ``properties``, its ``x-death`` included) reaches some queue another node
         serves, or may (the cluster cannot tell yet): it must be held."""
+        ...
+
+    def needs_majority(self, queue: str) -> bool:
+        """True when ``queue``, a queue of this core, keeps a message only once a
+        majority of its replicas has it (a quorum queue this node leads): a dead
+        letter reaching it is held, its copy made by the cluster."""
         ...
 
 
@@ -67,6 +85,24 @@ class HeldDeadLetters:
         nodes' queues (False on a single node, without a call)."""
         routes = self.routes
         return routes is not None and routes.reaches_other_nodes(exchange, routing_key, properties)
+
+    def needs_majority(self, queue: str) -> bool:
+        """Whether a dead letter's copy for ``queue`` waits for a majority of its
+        replicas (False on a single node, without a call)."""
+        routes = self.routes
+        return routes is not None and routes.needs_majority(queue)
+
+    def hold_confirm(self, channel_id: int, tag: int) -> bool:
+        """Hold the confirm of publish ``tag`` of ``channel_id`` for one more answer:
+        the dead letter of a publish a full ``reject-publish-dlx`` queue refused. The
+        message was never in that queue, so nothing holds it there; the publisher, told
+        nothing until the cluster answers (``settle_held_confirm``), sends it again
+        should this node stop first. False when nothing holds dead letters (a single
+        node) or the confirm cannot wait (its channel is gone)."""
+        if self.channel_id is None:
+            return False
+        ch = self._channels.get(channel_id)
+        return ch is not None and not ch.closed and ch.confirms.hold(tag, 1)
 
     def hold(self, queue: Queue, entry: Entry) -> tuple[int, int] | None:
         """Keep ``entry``, which has left ``queue``'s ready messages, unsettled there:

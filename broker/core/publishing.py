@@ -244,16 +244,17 @@ class Publishing:
         enqueue = self._enqueue
         for queue in queues:
             enqueue(queue, message, due or wall, due=due)
-        for queue in full:
-            if queue.overflow == "reject-publish-dlx":
-                # refused by this queue, dead-lettered from it (RabbitMQ's reject-publish-dlx)
-                self._dead_letter(queue, Entry(message, 0, msg_expires), "maxlen")
         if dedup_id is not None:
             self._dedup.remember(exchange_name, dedup_id, wall, lsn)
         if nack_reason is not None:
             ch.confirms.add(tag, 0, False, nack_reason)
         else:
             ch.confirms.add(tag, lsn)
+        for queue in full:
+            if queue.overflow == "reject-publish-dlx":
+                # refused by this queue, dead-lettered from it (RabbitMQ's reject-publish-dlx);
+                # a cluster may hold this publish's confirm (its nack) for the dead letter
+                self._dead_letter(queue, Entry(message, 0, msg_expires), "maxlen", refused=(channel_id, tag))
         return len(queues)
 
     def hold_confirm(self, channel_id: int, tag: int | None, answers: int) -> int | None:

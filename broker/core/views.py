@@ -181,6 +181,11 @@ class BrokerViews:
         ch = self._core.channels.get(channel_id)
         return ch is not None and consumer_tag in ch.consumers
 
+    def is_reply_consumer(self, channel_id: int, consumer_tag: str) -> bool:
+        """Whether ``consumer_tag`` is the channel's direct reply-to consumer's."""
+        ch = self._core.channels.get(channel_id)
+        return ch is not None and ch.reply_consumer is not None and ch.reply_consumer[0] == consumer_tag
+
     def reply_exists(self, name: str) -> bool:
         """Whether ``name`` is direct reply-to's pseudo-queue or a live reply address
         (``DirectReplies.reply_exists``)."""

@@ -6,9 +6,11 @@ queue are copied into its own replicated log (``broker.cluster``'s replica log) 
 the node's WAL writes them, and the confirms of their publishes are held by the core
 (``Broker.hold_confirms``) until a majority of the queue's replicas has them on disk.
 
-Cluster mode also takes the dead letters that route to no queue of this node
-(``DeadLetterHeld``, :func:`take_held_dead_letters`): they stay in their source
-queues until another node has taken them; and the queues the broker deletes by itself
+Cluster mode also takes the dead letters the cluster must deliver
+(``DeadLetterHeld``, :func:`take_held_dead_letters`): those that reach other nodes'
+queues, or a quorum queue this node leads; they stay in their source queues (or, a
+publish refused by a full ``reject-publish-dlx`` queue, in its unsent nack) until
+taken, by the other node or by the quorum queue's majority; and the queues the broker deletes by itself
 (``QueueAutoDeleted``, :func:`tap_auto_deleted_queues`), whose definitions etcd keeps.
 """
 
@@ -48,7 +50,9 @@ def take_held_dead_letters(
     source queue, as a delivery of core channel ``channel_id``, and handed to
     ``handler``, which settles it (``Broker.settle_held_dead_letter``) once another
     node has taken it; so is one that reaches queues here and, ``routes`` says,
-    other nodes' too (enqueued here at once). None: such dead letters are dropped
+    other nodes' too (enqueued here at once), or a quorum queue this node leads
+    (``routes.needs_majority``: its copy made once the cluster has it kept by a
+    majority, ``Broker.copy_held_dead_letter``). None: such dead letters are dropped
     again (a single node's rule)."""
     runtime.effect_handlers[DeadLetterHeld] = handler
     runtime.core.hold_dead_letters(channel_id, routes)

@@ -45,6 +45,7 @@ class _Session:
     channel_id: int = 7
     current_op: Any = None
     relayed: Any = None
+    forwarded: bool = False  # (a client's channel, not a peer's forwarding one)
     access: _Access = field(default_factory=_Access)
 
     def __post_init__(self) -> None:

@@ -6,6 +6,7 @@ start with the reason in its log, and a token etcd forgot when it restarted is r
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -156,5 +157,35 @@ def test_a_token_etcd_forgot_in_a_restart_is_renewed(tmp_path: Path, secure_etcd
         wait_for("a declaring after etcd's restart", lambda: a.request("PUT", "/queues/after", {})[0] == 201, timeout_s=30)
         wait_synced(a)
         assert "etcd token renewed" in a.log_path.read_text()
+    finally:
+        a.stop()
+
+
+def test_a_password_changed_in_its_file_is_used_after_sighup(tmp_path: Path, secure_etcd: tuple[EtcdProcess, EtcdTLS]) -> None:
+    """The password rotated: written to the node's password file, the node told by
+    SIGHUP, then changed in etcd, whose restart forgets every token: the node
+    authenticates with the new password and goes on."""
+    etcd, tls = secure_etcd
+    password_file = tmp_path / "etcd-password"
+    password_file.write_text(PASSWORD + "\n")
+    a = _node(tmp_path, etcd, tls, "a", extra=(*_tls_args(tls), "--etcd-password-file", str(password_file)), env={})
+    try:
+        a.start()
+        wait_synced(a)
+        assert a.request("PUT", "/queues/before", {})[0] == 201
+        new_password = "etcd-pw-rotated-55d0"
+        password_file.write_text(new_password + "\n")
+        a.proc.send_signal(signal.SIGHUP)
+        wait_for("a reloaded its password", lambda: "etcd password reloaded" in a.log_path.read_text(errors="replace"))
+        status, answer = etcd.call("/v3/auth/authenticate", {"name": "root", "password": ROOT_PASSWORD})
+        assert status == 200, answer
+        status, answer = etcd.call("/v3/auth/user/changepw", {"name": "ack", "password": new_password}, answer["token"])
+        assert status == 200, answer
+        etcd.stop()
+        etcd.start()
+        wait_for("a declaring with the new password", lambda: a.request("PUT", "/queues/after", {})[0] == 201, timeout_s=30)
+        wait_synced(a)
+        log = a.log_path.read_text(errors="replace")
+        assert new_password not in log and PASSWORD not in log
     finally:
         a.stop()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import signal
 import ssl
 import time
 from collections.abc import Iterator
@@ -108,6 +109,7 @@ def test_nodes_that_require_client_certificates_forward_to_one_another(
     # u presents no certificate: b refuses its connection, so it cannot forward there
     status, answer = pki.https(u.port, "POST", "/exchanges/amq.default/publish?routing_key=mutual", b"x")
     assert status == 503 and answer["reason"].startswith("queue_unavailable"), answer
+    assert not answer["reason"].endswith(": "), answer  # the cause is named (a TLS alert)
 
 
 def test_a_quorum_queues_followers_fetch_from_their_leader_over_mutual_tls(
@@ -129,3 +131,53 @@ def test_a_quorum_queues_followers_fetch_from_their_leader_over_mutual_tls(
     _wait("a publish to qq confirmed", confirmed)
     status, got = pki.https(a.port, "POST", "/queues/qq/get?lease=60&max=10")
     assert status == 200 and "replicated" in [m["body"] for m in got["messages"]], got
+
+
+def test_a_certificate_rotated_on_disk_is_presented_after_sighup(tmp_path: Path, etcd: EtcdProcess) -> None:
+    """Node r starts presenting a certificate b does not trust; its files are then
+    replaced by one b trusts and r gets SIGHUP: its next connection to b presents the
+    new one, and it forwards there (no restart)."""
+    pki = _PKI(tmp_path)
+    cert, key = tmp_path / "rotating.pem", tmp_path / "rotating.key"
+    rogue = trustme.CA().issue_cert("ackbus-node")
+    rogue.cert_chain_pems[0].write_to_path(str(cert))
+    rogue.private_key_pem.write_to_path(str(key))
+    procs = []
+    for name, presents in (("b", (pki.client_cert, pki.client_key)), ("r", (cert, key))):
+        port = free_port()
+        args = (
+            "--etcd", etcd.url, "--node-name", name, "--advertise-url", f"https://localhost:{port}",
+            "--cluster-lease-ttl-s", "2", "--tls-cert", str(pki.cert), "--tls-key", str(pki.key),
+            "--tls-client-ca", str(pki.ca), "--cluster-ca-file", str(pki.ca),
+            "--cluster-cert", str(presents[0]), "--cluster-key", str(presents[1]),
+        )
+        procs.append(BrokerProcess(tmp_path / name, port=port, args=args, env={"ACKBUS_AMQPS_PORT": "0"}))
+    try:
+        for p in procs:
+            p.start(wait_ready=False)
+            _wait(f"{p.port} up", lambda p=p: pki.https(p.port, "GET", "/healthz")[0] == 200)
+            _wait(f"{p.port} synced", lambda p=p: (lambda c: c["synced"] and c["member"])(pki.https(p.port, "GET", "/cluster")[1]))
+        b, r = procs
+        status, q = pki.https(b.port, "PUT", "/queues/rotated", {"arguments": {"x-queue-leader-locator": "client-local"}})
+        assert status == 201 and q["owner"] == "b", q
+        _wait("rotated seen on r", lambda: [
+            n["queues"] for n in pki.https(r.port, "GET", "/cluster")[1]["nodes"] if n["name"] == "b"
+        ] == [["rotated"]])
+
+        def publish() -> tuple[int, Any]:
+            return pki.https(r.port, "POST", "/exchanges/amq.default/publish?routing_key=rotated", b"after sighup")
+
+        status, answer = publish()
+        assert status == 503 and answer["reason"].startswith("queue_unavailable"), answer  # b refuses the rogue one
+        for new, old in ((pki.client_cert, cert), (pki.client_key, key)):  # rotated on disk,
+            staged = old.with_suffix(".new")  # as renewal tools do it: written aside, renamed
+            staged.write_bytes(new.read_bytes())
+            staged.replace(old)
+        r.proc.send_signal(signal.SIGHUP)
+        _wait("r reloaded its certificate", lambda: "cluster_cert reloaded" in r.log_path.read_text(errors="replace"))
+        _wait("r forwards to b", lambda: (lambda s, a: s == 200 and a["confirm"] == "ack")(*publish()))
+        status, got = pki.https(b.port, "POST", "/queues/rotated/get?lease=60&max=10")
+        assert status == 200 and "after sighup" in [m["body"] for m in got["messages"]], got
+        assert r.proc.poll() is None
+    finally:
+        stop_all(procs)

@@ -23,6 +23,7 @@ from tests.cluster.test_cluster_amqp import (
 from tests.support.etcd import EtcdProcess
 
 pika = pytest.importorskip("pika")
+py_amqp = pytest.importorskip("amqp")
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -95,3 +96,28 @@ def _round_trips(a: AMQPNode, b: AMQPNode) -> None:
         for conn in (conn_a, conn_b):
             if conn.is_open:
                 conn.close()
+
+
+def test_a_reply_consumer_cannot_take_the_tag_of_a_relayed_consumer(tmp_path: Path, etcd: EtcdProcess) -> None:
+    """A consumer of another node's queue is not in this node's core, so the reply
+    consumer's own tag check does not see it: the AMQP edge asks the channel's relays
+    (RabbitMQ: 530, one tag names one consumer)."""
+    with amqp_nodes(tmp_path, etcd) as (a, b):
+        conn_b = b.connect()
+        try:
+            conn_b.channel().queue_declare("there", durable=True, arguments=CLIENT_LOCAL)  # b's queue
+            wait_for("a sees there", lambda: a.proc.request("GET", "/queues/there")[0] == 200)
+        finally:
+            conn_b.close()
+        # (py-amqp: pika refuses a tag it already has before sending the method)
+        conn = py_amqp.Connection(f"127.0.0.1:{a.amqp_port}", heartbeat=0)
+        conn.connect()
+        try:
+            ch = conn.channel()
+            ch.basic_consume("there", consumer_tag="t", callback=lambda _m: None)  # relayed to b
+            with pytest.raises(py_amqp.exceptions.NotAllowed) as closed:
+                ch.basic_consume(REPLY_TO, consumer_tag="t", no_ack=True, callback=lambda _m: None)
+                conn.drain_events(timeout=10)
+            assert closed.value.reply_code == 530, closed.value
+        finally:
+            conn.collect()

@@ -196,15 +196,22 @@ def test_a_held_dead_letter_stays_in_its_queue_until_settled_or_its_holder_ends(
 
 
 class _Routes:
-    """A cluster's answer to "does this dead letter reach other nodes' queues too"."""
+    """A cluster's answers: does this dead letter reach other nodes' queues too, and
+    which queues here keep a copy only once a majority of their replicas has it."""
 
-    def __init__(self, answer: bool) -> None:
+    def __init__(self, answer: bool, majority: tuple[str, ...] = ()) -> None:
         self.answer = answer
+        self.majority = majority
         self.asked: list[tuple[str, str]] = []
+        self.asked_majority: list[str] = []
 
     def reaches_other_nodes(self, exchange: str, routing_key: str, properties: dict[str, Any]) -> bool:
         self.asked.append((exchange, routing_key))
         return self.answer
+
+    def needs_majority(self, queue: str) -> bool:
+        self.asked_majority.append(queue)
+        return queue in self.majority
 
 
 def test_a_dead_letter_reaching_queues_here_and_elsewhere_goes_here_at_once_and_is_held_for_the_rest() -> None:
@@ -252,6 +259,63 @@ def test_a_dead_letter_reaching_queues_here_and_elsewhere_goes_here_at_once_and_
     h.b.reject(ch, d3.delivery_tag, requeue=False)
     h.step()
     assert len(routes.asked) == asked and h.info("dead")["messages"] == 3
+
+
+def test_a_dead_letter_reaching_a_queue_kept_by_a_majority_is_held_and_copied_there_by_the_cluster() -> None:
+    """A quorum queue this node leads (the routes say it needs a majority) gets no copy
+    in the dead-lettering step: the source is held, the other local queue gets its copy
+    at once, and the effect names the queue still awaiting. ``copy_held_dead_letter``
+    makes that copy (an ENQUEUE record of its own, whose LSN the cluster watches for
+    the majority), the source staying held until settled; a crash before the copy
+    finds the source message back and the quorum queue without it."""
+    h = Harness()
+    with_dlq(h)  # fanout dlx -> "dead" (a classic queue here)
+    h.queue("quorum-dlq")
+    h.b.bind("dlx", "quorum-dlq")
+    holder = h.channel()
+    routes = _Routes(False, majority=("quorum-dlq",))
+    h.b.hold_dead_letters(holder, routes)
+    ch = consuming(h, "work", b"m1", b"m2")
+    d1, d2 = h.delivers(h.step(), ch)
+    h.b.reject(ch, d1.delivery_tag, requeue=False)
+    (held,) = h.of_type(DeadLetterHeld, h.step())
+    assert sorted(routes.asked_majority) == ["dead", "quorum-dlq"]
+    assert (held.channel_id, held.queue, held.awaiting, held.local) == (holder, "work", ("quorum-dlq",), True)
+    assert (h.info("dead")["messages"], h.info("quorum-dlq")["messages"]) == (1, 0)
+    h.sync()
+    assert h.info("work")["messages_unacked"] == 2  # m1 held, m2 with the consumer
+    nb = restart_from_log(h)  # a crash before the copy: the source has it, the quorum queue not
+    assert (nb.queues["work"].ready_count(), nb.queues["quorum-dlq"].ready_count()) == (2, 0)
+    # the cluster makes the copy: one ENQUEUE record into that queue alone
+    made = h.b.copy_held_dead_letter(list(held.awaiting), held.exchange, held.routing_key, held.body, held.properties)
+    h.step()
+    ((name, lsn),) = made
+    assert name == "quorum-dlq" and h.log[lsn][0] == RecordType.ENQUEUE
+    assert [r for r in h.records if r[0] > lsn] == []  # nothing settled the source with it
+    (copy,) = ready_entries(h.b, "quorum-dlq")
+    assert copy.message.body == b"m1" and copy.message.properties["headers"]["x-death"] == held.properties["headers"]["x-death"]
+    assert h.info("work")["messages_unacked"] == 2 and h.info("dead")["messages"] == 1
+    # its majority has it: the source is settled
+    assert h.b.settle_held_dead_letter(holder, held.delivery_tag) is True
+    h.sync()
+    nb = restart_from_log(h)
+    assert [nb.queues[q].ready_count() for q in ("work", "dead", "quorum-dlq")] == [1, 1, 1]
+    # a queue gone, or storage failing: no copy made (the cluster tries again)
+    assert h.b.copy_held_dead_letter(["nope"], held.exchange, held.routing_key, held.body, held.properties) == []
+    # no queue that needs a majority, nothing elsewhere: one MOVE, as on a single node
+    routes.majority = ()
+    h.b.reject(ch, d2.delivery_tag, requeue=False)
+    assert h.of_type(DeadLetterHeld, h.step()) == []
+    h.sync()
+    assert [h.info(q)["messages"] for q in ("work", "dead", "quorum-dlq")] == [0, 2, 2]
+    # a single node never asks
+    h.b.hold_dead_letters(None)
+    asked = len(routes.asked_majority)
+    h.publish(0, "", "work", b"m3")
+    (d3,) = h.delivers(h.step(), ch)
+    h.b.reject(ch, d3.delivery_tag, requeue=False)
+    h.step()
+    assert len(routes.asked_majority) == asked and h.info("quorum-dlq")["messages"] == 3
 
 
 def test_a_dead_letter_held_for_other_nodes_is_back_in_its_source_after_a_restart_and_not_copied_here_twice() -> None:
@@ -371,6 +435,67 @@ def test_reject_publish_dlx_nacks_and_dead_letters() -> None:
     h.sync()
     assert h.acked(0, t1) and h.nacked(0, t2)
     assert [e.message.body for e in ready_entries(h.b, "dead")] == [b"refused"]
+
+
+def test_a_refused_publish_s_dead_letter_held_by_a_cluster_holds_its_nack_not_the_full_queue() -> None:
+    """``reject-publish-dlx`` in a cluster whose routes say the dead letter reaches other
+    nodes (or a quorum queue here): the message was never in the refusing queue, so
+    nothing is held there; the publish's confirm (its nack) is held instead, and leaves
+    only once the cluster settles it. Later publishes' confirms wait behind it (in tag
+    order); so is a transaction's, at its commit; a single node nacks at once."""
+    h = Harness()
+    with_dlq(h, "work", **{"x-max-length": 1, "x-overflow": "reject-publish-dlx"})
+    h.queue("other")
+    holder = h.channel()
+    routes = _Routes(True)
+    h.b.hold_dead_letters(holder, routes)
+    pub = h.channel()
+    t1 = h.publish(pub, "", "work", b"kept")
+    t2 = h.publish(pub, "", "work", b"refused")
+    t3 = h.publish(pub, "", "other", b"after")
+    (held,) = h.of_type(DeadLetterHeld, h.step())
+    assert (held.refused, held.channel_id, held.delivery_tag, held.queue, held.body) == (True, pub, t2, "work", b"refused")
+    assert held.local  # the dead-letter queue here has its copy at once
+    h.sync()
+    assert [e.message.body for e in ready_entries(h.b, "dead")] == [b"refused"]
+    assert h.info("work")["messages"] == 1 and h.info("work")["messages_unacked"] == 0  # nothing held there
+    assert h.acked(pub, t1) and h.confirm_of(pub, t2) is None and h.confirm_of(pub, t3) is None
+    h.b.settle_held_confirm(pub, t2, True, None)  # taken elsewhere: the nack leaves, then t3's ack
+    h.sync()
+    ack, reason = h.confirm_of(pub, t2) or (True, None)
+    assert not ack and "full" in str(reason) and h.acked(pub, t3)
+    nb = restart_from_log(h)  # the refused message is in no queue but the dead-letter queue
+    assert (nb.queues["work"].ready_count(), nb.queues["dead"].ready_count()) == (1, 1)
+    # reaching a queue here that needs a majority: held the same way, that copy awaited
+    routes.answer, routes.majority = False, ("dead",)
+    t4 = h.publish(pub, "", "work", b"refused-2")
+    (held,) = h.of_type(DeadLetterHeld, h.step())
+    assert (held.refused, held.delivery_tag, held.awaiting, held.local) == (True, t4, ("dead",), False)
+    h.sync()
+    assert h.confirm_of(pub, t4) is None
+    h.b.settle_held_confirm(pub, t4, True, None)
+    h.sync()
+    assert h.nacked(pub, t4)
+    # a transaction's publish, applied at the commit, is held the same way
+    routes.majority = ()
+    routes.answer = True
+    h.b.tx_select(pub)
+    h.publish(pub, "", "work", b"in-tx")
+    h.b.tx_commit(pub)
+    (held,) = h.of_type(DeadLetterHeld, h.step())
+    assert held.refused and held.body == b"in-tx"
+    h.sync()
+    assert h.confirm_of(pub, held.delivery_tag) is None
+    h.b.settle_held_confirm(pub, held.delivery_tag, True, None)
+    h.sync()
+    assert h.nacked(pub, held.delivery_tag)
+    # a single node: nacked at once, nothing held
+    h.b.hold_dead_letters(None)
+    solo = h.channel()
+    t = h.publish(solo, "", "work", b"solo")
+    assert h.of_type(DeadLetterHeld, h.step()) == []
+    h.sync()
+    assert h.nacked(solo, t)
 
 
 def test_a_dead_letter_cycle_without_rejection_drops_the_message() -> None:

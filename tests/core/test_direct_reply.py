@@ -13,6 +13,7 @@ from broker.core import (
     InvalidArgument,
     PreconditionFailed,
     Return,
+    delivery_cost,
     reply_node,
     reply_secret,
 )
@@ -159,13 +160,34 @@ def test_a_transactions_reply_goes_at_the_commit() -> None:
 
 
 def test_a_reply_spends_credit_but_is_never_held_back_for_it() -> None:
-    h = Harness(channel_credit_bytes=10)
+    h = Harness(channel_credit_bytes=100)
     a, address = requester(h)
     responder = h.channel()
     for _ in range(3):
         h.publish(responder, "", address, b"x" * 100)
     assert len(h.delivers(h.sync(), a)) == 3
     assert h.b.channels[a].credit < 0
+
+
+def test_replies_past_a_backlog_of_sixteen_channel_buffers_are_dropped_until_it_drains() -> None:
+    """A requester that stops reading: its unsent replies may take its credit down to
+    16 channel buffers below zero; replies past that are dropped (returned, when
+    mandatory), as for a requester that has gone, until its edge sends what it holds."""
+    h = Harness(channel_credit_bytes=1000)
+    a, address = requester(h)
+    responder = h.channel()
+    tags = [h.publish(responder, "", address, b"x" * 1000, mandatory=True) for _ in range(40)]
+    effects = h.sync()
+    delivered = h.delivers(effects, a)
+    cost = delivery_cost(b"x" * 1000)
+    # each one sent while the credit is not yet past 1000 credit + 16,000 backlog
+    assert len(delivered) == 17_000 // cost + 1 < 40
+    assert -16_000 - cost <= h.b.channels[a].credit < -16_000
+    assert all(h.acked(responder, tag) for tag in tags)  # confirmed either way
+    assert len(h.of_type(Return, effects)) == 40  # a reply counts as unroutable, delivered or not
+    h.b.grant_credit(a, 20_000)  # the edge sent them
+    h.publish(responder, "", address, b"after")
+    assert h.bodies(h.delivers(h.sync(), a)) == [b"after"]
 
 
 def test_cluster_secrets_name_their_node() -> None:

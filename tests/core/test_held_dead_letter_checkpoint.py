@@ -16,10 +16,14 @@ from .helpers import Harness, ready_entries
 
 
 class _Routes:
-    """The cluster's answer: every dead letter reaches other nodes' queues too."""
+    """The cluster's answer: every dead letter reaches other nodes' queues too (and no
+    queue here needs a majority)."""
 
     def reaches_other_nodes(self, exchange: str, routing_key: str, properties: dict[str, Any]) -> bool:
         return True
+
+    def needs_majority(self, queue: str) -> bool:
+        return False
 
 
 def _from_checkpoint(h: Harness) -> Broker:

@@ -203,7 +203,9 @@ def _decode_publish(
     if len(body) > max_body:
         raise InvalidArgument(f"message body over {max_body} bytes", code="payload_too_large")
     properties = check_properties(op.get("properties"))
-    if properties is not None and properties.get("reply_to") == REPLY_TO:  # direct reply-to (replyto.py)
+    if properties is not None and properties.get("reply_to") == REPLY_TO and not s.forwarded:
+        # direct reply-to (replyto.py); a peer's forwarding channel carries what its
+        # node decided: there the literal name is an ordinary property (REST's)
         properties = reply_properties(s, properties)
     mandatory = op.get("mandatory", False)
     if not isinstance(mandatory, bool):

@@ -163,7 +163,12 @@ class RelayedConsumers:
         if url is None:
             raise Unavailable(f"queue {queue!r} is on node {owner!r}, which is down; retry later", code="queue_unavailable")
         consumer_tag = op.get("consumer_tag") or f"amq.ctag-relayed-{next(_names)}"
-        if self.has_consumer(consumer_tag) or self.gateway.views.has_consumer(self.channel_id, consumer_tag):
+        views = self.gateway.views
+        if (
+            self.has_consumer(consumer_tag)
+            or views.has_consumer(self.channel_id, consumer_tag)
+            or views.is_reply_consumer(self.channel_id, consumer_tag)
+        ):
             raise ChannelError(f"consumer tag {consumer_tag!r} is in use on this channel", code="not_allowed")
         # the channel's qos, as a local consume takes it: the per-consumer default as
         # the consumer's prefetch, the channel-wide limit as the owner's channel's

@@ -13,7 +13,9 @@ What the channel's ops mean for it, with the AMQP listener's rules
 - ``cancel`` of its tag ends it;
 - a publish whose ``reply_to`` is exactly ``amq.rabbitmq.reply-to`` carries the
   channel's reply address instead (``precondition_failed`` on a channel without a
-  reply consumer, before anything of the publish is taken).
+  reply consumer, before anything of the publish is taken); not on a peer's
+  forwarding channel, which carries what its node decided (there the literal name
+  was an ordinary property: a REST publish's).
 """
 
 from __future__ import annotations
