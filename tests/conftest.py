@@ -45,18 +45,27 @@ SLOW_FOLDERS = ("ui",)  # a real browser against a broker subprocess
 #: keeps a module on one worker (work stealing takes from the end of a worker's
 #: list), so that its module-scoped server is started once.
 LONG_MODULES = (
-    "tests/system/test_amqp_differential.py",  # a module-scoped RabbitMQ (~9 s to start)
-    "tests/bench/test_bench_cluster_quorum.py",  # ~95 s: a 3-node cluster, 3 failovers, a 3-node RabbitMQ
-    "tests/chaos/test_chaos.py",  # ~85 s: one minute of faults
-    "tests/client/test_client_system.py",  # a real broker per test, restarts, the CLI (up to ~20 s)
-    "tests/bench/test_bench_smoke.py",  # ~20 s: the benchmark's quick run
-    "tests/bench/test_bench_growth.py",  # ~15 s
-    "tests/system/test_coordination_crash.py",  # ~15 s each: a schedule ticking across kill -9
-    "tests/system/test_celery_amqp.py",  # ~15 s: a Celery worker across a broker kill
-    "tests/system/test_celery_docs.py",  # ~12 s
-    "tests/cluster/test_replication.py",  # 10-15 s each: leases lapsing, failovers
-    "tests/system/test_crash_recovery.py",  # ~12 s: a publish storm under kill -9
-    "tests/system/test_paging.py",
+    # the differential modules, one after another: they share a worker's RabbitMQ
+    # (~5-9 s to start) and ackbus broker (tests/system/conftest.py)
+    "tests/system/test_amqp_differential.py",
+    "tests/system/test_amqp_differential_more.py",
+    "tests/system/test_amqp_differential_ccbcc.py",
+    "tests/system/test_amqp_reply_to_differential.py",
+    "tests/chaos/test_chaos.py",  # ~80 s: one minute of faults
+    "tests/bench/test_bench_cluster_quorum.py",  # ~45 s: a 3-node cluster, 3 failovers, a 3-node RabbitMQ
+    "tests/bench/test_bench_cluster.py",  # ~16 s: a cluster run against Redis
+    "tests/cluster/test_replication.py",  # 5-16 s each: leases lapsing, failovers
+    "tests/system/test_celery_amqp.py",  # ~14 s: a Celery worker across a broker kill
+    "tests/system/test_coordination_crash.py",  # ~12 s each: a schedule ticking across kill -9
+    "tests/system/test_crash_recovery.py",  # ~11 s: a publish storm under kill -9
+    "tests/system/test_celery.py",  # ~11 s: a Celery worker across a broker kill
+    "tests/cluster/test_cluster_schedules.py",  # ~10 s: a schedule through its runner's death
+    "tests/system/test_celery_docs.py",  # ~10 s
+    "tests/system/test_paging.py",  # ~10 s: kill -9 with a paged backlog
+    "tests/cluster/test_forget.py",  # ~9 s
+    "tests/bench/test_bench_smoke.py",  # ~8 s: the benchmark's quick run
+    "tests/client/test_client_system.py",  # a real broker per test, restarts, the CLI (up to ~6 s)
+    "tests/bench/test_bench_growth.py",  # ~5 s
     "tests/system/test_full_disk.py",
     "tests/system/test_security.py",
 )

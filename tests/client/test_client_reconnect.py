@@ -27,7 +27,9 @@ async def _chaos(fake: FakeBroker, rng: random.Random, crashes: int, stores: boo
     """Crash the broker `crashes` times, each after a random number of publishes."""
     for _ in range(crashes):
         fake.crash_stores_publish = stores if stores is not None else rng.random() < 0.5
-        fake.crash_down_s = rng.choice([0.0, 0.5, 3.0])
+        # down at once, briefly, or past several of FAST's retries (its delays double
+        # from 0.05 s): the asyncio runs wait these out in real time
+        fake.crash_down_s = rng.choice([0.0, 0.5, 1.5])
         fake.crash_after_publishes = fake.publishes + rng.randint(1, 400)
         while fake.crash_after_publishes is not None:
             await anyio.sleep(0.01)
@@ -182,11 +184,14 @@ async def test_consumer_keeps_consuming_across_crashes(
     async with conn.channel(reconnect=FAST) as prod, conn.channel(reconnect=FAST) as cons:
         await prod.declare_queue("q")
 
+        # Five crashes while the consumer works through the queue: the crashes' spacing
+        # and the work per message are set together (the asyncio run waits them out in
+        # real time), so that every crash lands while messages are still unconsumed.
         async def crash_sometimes() -> None:
             rng = random.Random(7)
             for _ in range(5):
-                await anyio.sleep(rng.uniform(0.5, 3))
-                fake.crash(down_s=rng.choice([0, 1]))
+                await anyio.sleep(rng.uniform(0.25, 1.5))
+                fake.crash(down_s=rng.choice([0, 0.5]))
 
         async with anyio.create_task_group() as nursery:
             nursery.start_soon(crash_sometimes)
@@ -194,7 +199,7 @@ async def test_consumer_keeps_consuming_across_crashes(
                 await prod.start_publish("", "q", f"{i}".encode())
             async with cons.consume("q", prefetch=20) as messages:
                 async for msg in messages:
-                    await anyio.sleep(0.02)  # work
+                    await anyio.sleep(0.01)  # work
                     seen.append(int(msg.body))
                     if not await msg.ack():
                         stale_acks += 1

@@ -1,5 +1,7 @@
-"""A private etcd and cluster nodes in subprocesses, all on loopback, all stopped by
-PID at the end of each test (tests/support/etcd.py, tests/support/broker.py)."""
+"""An etcd and cluster nodes in subprocesses, all on loopback (tests/support/etcd.py,
+tests/support/broker.py). The nodes are stopped by PID at the end of each test; the
+etcd is one per xdist worker, emptied before each test (the ``etcd`` fixture), and
+stopped by PID at the end of the run."""
 
 from __future__ import annotations
 
@@ -119,15 +121,44 @@ def cluster_nodes(node: BrokerProcess) -> dict[str, dict[str, Any]]:
     return {n["name"]: n for n in body["nodes"]}
 
 
-@pytest.fixture
-def etcd(tmp_path: Path) -> Iterator[EtcdProcess]:
-    require_etcd()
-    proc = EtcdProcess(tmp_path / "etcd")
+@pytest.fixture(scope="session")
+def _worker_etcd() -> Iterator[list[EtcdProcess]]:
+    """The etcd this worker's tests share (at most one at a time), stopped at the end."""
+    held: list[EtcdProcess] = []
     try:
-        proc.start()
-        yield proc
+        yield held
     finally:
-        proc.stop()
+        for proc in held:
+            proc.stop()
+
+
+def _emptied(proc: EtcdProcess) -> bool:
+    """Whether ``proc`` still runs and could be emptied for the next test."""
+    if proc.proc is None or proc.proc.poll() is not None or not proc.healthy():
+        return False
+    try:
+        proc.empty()
+    except (AssertionError, OSError, ValueError):
+        return False
+    return True
+
+
+@pytest.fixture
+def etcd(_worker_etcd: list[EtcdProcess], tmp_path_factory: pytest.TempPathFactory) -> EtcdProcess:
+    """An empty etcd of the test's own: one process per worker, emptied (every lease
+    revoked, every key deleted) before each test, which then sees what a new etcd
+    holds. Every node a test started is stopped before the next test begins (the
+    ``nodes`` fixture, the tests' ``finally``). A test may stop etcd or restart it: an
+    etcd that no longer runs, or refuses to be emptied, is replaced by a new one (an
+    etcd start is ~0.5 s, ~100 tests ask for one)."""
+    require_etcd()
+    if _worker_etcd and not _emptied(_worker_etcd[0]):
+        _worker_etcd.pop().stop()
+    if not _worker_etcd:
+        proc = EtcdProcess(tmp_path_factory.mktemp("etcd"))
+        _worker_etcd.append(proc)
+        proc.start()
+    return _worker_etcd[0]
 
 
 @pytest.fixture

@@ -28,7 +28,7 @@ from typing import Any
 import orjson
 
 from broker.api.channel.chunk import apply_typed, split_block
-from broker.api.channel.ops import echo_id
+from broker.api.channel.opfields import echo_id
 from broker.api.channel.outbox import encode_outbox
 from broker.core import AccessRefused, Broker, Confirm, CoreConfig, ErrorReply
 from broker.runtime.channelops import ChannelOps

@@ -174,6 +174,20 @@ class EtcdProcess:
         finally:
             conn.close()
 
+    def empty(self) -> None:
+        """Revoke every lease (their keys go with them) and delete every key: what a
+        test then sees is a new etcd's store, but for the revision counter. Raises
+        AssertionError when etcd refuses (its authentication on, say)."""
+        status, answer = self.call("/v3/lease/leases", {})
+        assert status == 200, ("/v3/lease/leases", status, answer)
+        for lease in answer.get("leases", []):
+            status, revoked = self.call("/v3/lease/revoke", {"ID": lease["ID"]})
+            # (404: it lapsed between the listing and the revocation)
+            assert status in (200, 404), ("/v3/lease/revoke", status, revoked)
+        everything = base64.b64encode(b"\0").decode()  # key and range_end "\0": every key
+        status, answer = self.call("/v3/kv/deleterange", {"key": everything, "range_end": everything})
+        assert status == 200, ("/v3/kv/deleterange", status, answer)
+
     def enable_auth(self, root_password: str, users: dict[str, tuple[str, str]]) -> None:
         """Add ``root`` and each user ``name: (password, key prefix it may read and
         write)``, then turn etcd's authentication on."""

@@ -1,11 +1,19 @@
-"""Shared pieces of the differential AMQP tests (test_amqp_differential*.py): the module
-fixtures that start one private RabbitMQ and one ackbus broker, pika helpers that turn
-what a script observes into log lines, and the comparison of two logs."""
+"""Shared pieces of the differential AMQP tests (test_amqp_differential*.py and
+test_amqp_reply_to_differential.py): the servers (one private RabbitMQ and one ackbus broker, shared by every differential
+module a worker runs: the session fixtures ``rabbit`` and ``ackbus`` of
+tests/system/conftest.py), pika helpers that turn what a script observes into log
+lines, and the comparison of two logs.
+
+The modules share the two servers (a RabbitMQ start is ~5-9 s), so each declares
+names of its own (``d.``/``g.``, ``cc.``, ``e.``/``o.``/``n.``/``t.``/``h.``/``mid.``/``c.``,
+``rt.``): a new differential module takes a prefix no other uses."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -70,12 +78,13 @@ def compare(theirs: Log, ours: Log) -> None:
     assert not differences, "\n".join(f"rabbitmq: {a}\nackbus:   {b}" for a, b in differences)
 
 
-@pytest.fixture(scope="module")
-def rabbit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RabbitServer]:
-    """A private RabbitMQ node for one test module (skipped where it is not installed)."""
+@contextmanager
+def private_rabbit(directory: Path) -> Iterator[RabbitServer]:
+    """A private RabbitMQ node in ``directory`` (skips the test where it is not
+    installed), stopped by PID at the end."""
     if not rabbitmq_installed():
         pytest.skip("rabbitmq-server is not installed (Debian: apt-get install rabbitmq-server)")
-    server = RabbitServer(tmp_path_factory.mktemp("rabbit"))
+    server = RabbitServer(directory)
     try:
         server.start(120)
         yield server
@@ -83,8 +92,9 @@ def rabbit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RabbitServer]:
         server.stop()
 
 
-@pytest.fixture(scope="module")
-def ackbus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    """An ackbus broker subprocess with its AMQP port (``amqp_port``) for one test module."""
-    with amqp_broker(tmp_path_factory.mktemp("ackbus") / "data") as proc:
+@contextmanager
+def private_ackbus(directory: Path) -> Iterator[BrokerProcess]:
+    """An ackbus broker subprocess with its AMQP port (``amqp_port``), data in
+    ``directory``."""
+    with amqp_broker(directory / "data") as proc:
         yield proc

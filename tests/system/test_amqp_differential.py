@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tests.support.broker import BrokerProcess
-from tests.system.amqp_diff_support import Log, RabbitServer, ackbus, compare, rabbit  # noqa: F401 (module fixtures)
+from tests.system.amqp_diff_support import Log, RabbitServer, compare
 from tests.system.amqp_diff_support import collect as _collect
 from tests.system.amqp_diff_support import connect as _connect
 from tests.system.amqp_diff_support import get_all as _get_all

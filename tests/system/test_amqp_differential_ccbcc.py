@@ -19,13 +19,11 @@ from typing import Any
 import pytest
 
 from tests.support.broker import BrokerProcess
-from tests.system.amqp_diff_support import (  # noqa: F401 (module fixtures)
+from tests.system.amqp_diff_support import (
     Log,
     RabbitServer,
-    ackbus,
     compare,
     connect,
-    rabbit,
     refused,
 )
 
