@@ -1,6 +1,7 @@
-"""Review of direct reply-to on an HTTP channel (broker/api/channel/replyto.py, the
-typed path's hand-over in chunk.py, the core's directreply.py): the cases the first
-tests left out. An in-process broker over ``trio.testing`` memory streams."""
+"""Direct reply-to on an HTTP channel (broker/api/channel/replyto.py, the typed
+path's hand-over in chunk.py, the core's directreply.py): its edge cases (the main
+cases are test_channel_reply_to.py). An in-process broker over ``trio.testing``
+memory streams."""
 
 from __future__ import annotations
 

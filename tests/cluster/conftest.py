@@ -5,6 +5,9 @@ stopped by PID at the end of the run."""
 
 from __future__ import annotations
 
+import http.client
+import json
+import ssl
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -39,16 +42,43 @@ def node_process(
     )
 
 
-def wait_for(what: str, check: Callable[[], Any], timeout_s: float = 15.0) -> Any:
-    """Poll ``check`` until it returns something true; fail naming ``what``."""
+def wait_for(
+    what: str, check: Callable[[], Any], timeout_s: float = 15.0, *, retry_on: tuple[type[BaseException], ...] = ()
+) -> Any:
+    """Poll ``check`` until it returns something true; fail naming ``what``. An
+    exception of ``retry_on`` (say OSError, a node not listening yet) counts as false."""
     deadline = time.monotonic() + timeout_s
     last: Any = None
     while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
+        try:
+            last = check()
+        except retry_on as exc:
+            last = exc
+        else:
+            if last:
+                return last
         time.sleep(0.05)
     raise AssertionError(f"{what}: not within {timeout_s} s (last: {last!r})")
+
+
+def https_call(
+    port: int, ca: Path, method: str, path: str, body: Any = None, *, client_cert: tuple[Path, Path] | None = None
+) -> tuple[int, Any]:
+    """A request to a node serving https on ``port`` (certificate signed by ``ca``,
+    for ``localhost``), presenting ``client_cert`` (cert, key) when given: (status,
+    JSON answer or None)."""
+    context = ssl.create_default_context(cafile=str(ca))
+    if client_cert is not None:
+        context.load_cert_chain(str(client_cert[0]), str(client_cert[1]))
+    conn = http.client.HTTPSConnection("localhost", port, context=context, timeout=15)
+    try:
+        data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
+        conn.request(method, path, body=data)
+        answer = conn.getresponse()
+        raw = answer.read()
+        return answer.status, json.loads(raw) if raw else None
+    finally:
+        conn.close()
 
 
 def wait_synced(node: BrokerProcess, timeout_s: float = 15.0) -> None:

@@ -5,23 +5,24 @@ brokers)."""
 
 from __future__ import annotations
 
-import http.client
-import json
 import signal
-import ssl
-import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.cluster.conftest import https_call, wait_for
 from tests.support.broker import BrokerProcess, free_port, stop_all
 from tests.support.etcd import EtcdProcess
 
 trustme = pytest.importorskip("trustme")
 
 pytestmark = pytest.mark.slow
+
+#: the nodes serve https and answer once up: a refused connection is a "not yet"
+_wait = partial(wait_for, timeout_s=30.0, retry_on=(OSError,))
 
 
 class _PKI:
@@ -41,30 +42,7 @@ class _PKI:
 
     def https(self, port: int, method: str, path: str, body: Any = None) -> tuple[int, Any]:
         """A request to a node, presenting the client certificate (the nodes want one)."""
-        context = ssl.create_default_context(cafile=str(self.ca))
-        context.load_cert_chain(str(self.client_cert), str(self.client_key))
-        conn = http.client.HTTPSConnection("localhost", port, context=context, timeout=15)
-        try:
-            data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
-            conn.request(method, path, body=data)
-            answer = conn.getresponse()
-            raw = answer.read()
-            return answer.status, json.loads(raw) if raw else None
-        finally:
-            conn.close()
-
-
-def _wait(what: str, check: Any, timeout_s: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            result = check()
-        except OSError:
-            result = None
-        if result:
-            return result
-        time.sleep(0.1)
-    raise AssertionError(f"{what}: not within {timeout_s} s")
+        return https_call(port, self.ca, method, path, body, client_cert=(self.client_cert, self.client_key))
 
 
 @pytest.fixture

@@ -4,16 +4,13 @@ does not trust the others' CA cannot forward (real etcd, real brokers)."""
 
 from __future__ import annotations
 
-import http.client
-import json
-import ssl
-import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from tests.cluster.conftest import https_call, wait_for
 from tests.support.broker import BrokerProcess, free_port, stop_all
 from tests.support.etcd import EtcdProcess
 
@@ -21,30 +18,8 @@ trustme = pytest.importorskip("trustme")
 
 pytestmark = pytest.mark.slow
 
-
-def _https(port: int, ca: Path, method: str, path: str, body: Any = None) -> tuple[int, Any]:
-    conn = http.client.HTTPSConnection("localhost", port, context=ssl.create_default_context(cafile=str(ca)), timeout=15)
-    try:
-        data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
-        conn.request(method, path, body=data)
-        answer = conn.getresponse()
-        raw = answer.read()
-        return answer.status, json.loads(raw) if raw else None
-    finally:
-        conn.close()
-
-
-def _wait(what: str, check: Any, timeout_s: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            result = check()
-        except OSError:
-            result = None
-        if result:
-            return result
-        time.sleep(0.1)
-    raise AssertionError(f"{what}: not within {timeout_s} s")
+#: the nodes serve https and answer once up: a refused connection is a "not yet"
+_wait = partial(wait_for, timeout_s=30.0, retry_on=(OSError,))
 
 
 @pytest.fixture
@@ -66,9 +41,9 @@ def tls_nodes(tmp_path: Path, etcd: EtcdProcess) -> Iterator[tuple[list[BrokerPr
     try:
         for p in procs:
             p.start(wait_ready=False)
-            _wait(f"{p.port} up", lambda p=p: _https(p.port, ca_path, "GET", "/healthz")[0] == 200)
+            _wait(f"{p.port} up", lambda p=p: https_call(p.port, ca_path, "GET", "/healthz")[0] == 200)
             # its view read from etcd and its registration made (before, a declare on it answers 503)
-            _wait(f"{p.port} synced", lambda p=p: (lambda c: c["synced"] and c["member"])(_https(p.port, ca_path, "GET", "/cluster")[1]))
+            _wait(f"{p.port} synced", lambda p=p: (lambda c: c["synced"] and c["member"])(https_call(p.port, ca_path, "GET", "/cluster")[1]))
         yield procs, ca_path
     finally:
         stop_all(procs)
@@ -76,17 +51,17 @@ def tls_nodes(tmp_path: Path, etcd: EtcdProcess) -> Iterator[tuple[list[BrokerPr
 
 def test_forwarding_over_tls(tls_nodes: tuple[list[BrokerProcess], Path]) -> None:
     (a, b, u), ca = tls_nodes
-    _wait("three alive", lambda: sum(n["alive"] for n in _https(a.port, ca, "GET", "/cluster")[1]["nodes"]) == 3)
-    status, q = _https(b.port, ca, "PUT", "/queues/secure", {"arguments": {"x-queue-leader-locator": "client-local"}})
+    _wait("three alive", lambda: sum(n["alive"] for n in https_call(a.port, ca, "GET", "/cluster")[1]["nodes"]) == 3)
+    status, q = https_call(b.port, ca, "PUT", "/queues/secure", {"arguments": {"x-queue-leader-locator": "client-local"}})
     assert status == 201 and q["owner"] == "b"
     _wait("secure seen on a and u", lambda: all(
-        [n["queues"] for n in _https(node.port, ca, "GET", "/cluster")[1]["nodes"] if n["name"] == "b"] == [["secure"]]
+        [n["queues"] for n in https_call(node.port, ca, "GET", "/cluster")[1]["nodes"] if n["name"] == "b"] == [["secure"]]
         for node in (a, u)
     ))
-    status, answer = _https(a.port, ca, "POST", "/exchanges/amq.default/publish?routing_key=secure", b"over tls")
+    status, answer = https_call(a.port, ca, "POST", "/exchanges/amq.default/publish?routing_key=secure", b"over tls")
     assert status == 200 and answer["confirm"] == "ack", answer
-    status, got = _https(a.port, ca, "POST", "/queues/secure/get?lease=60")  # relayed over TLS
+    status, got = https_call(a.port, ca, "POST", "/queues/secure/get?lease=60")  # relayed over TLS
     assert status == 200 and [m["body"] for m in got["messages"]] == ["over tls"], got
     # u does not trust the CA (the system's CAs only): it cannot reach b
-    status, answer = _https(u.port, ca, "POST", "/exchanges/amq.default/publish?routing_key=secure", b"x")
+    status, answer = https_call(u.port, ca, "POST", "/exchanges/amq.default/publish?routing_key=secure", b"x")
     assert status == 503 and answer["reason"].startswith("queue_unavailable"), answer

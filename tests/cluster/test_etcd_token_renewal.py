@@ -1,4 +1,4 @@
-"""Review of etcd's users (broker/cluster/etcdaccess.py ``EtcdTokens``): many calls
+"""etcd's users (broker/cluster/etcdaccess.py ``EtcdTokens``): many calls
 waiting on one renewal that fails share its error at once, rather than each trying
 again in turn (the last one waiting as many timeouts as there were callers); a caller
 that comes after the failure tries again. Without a server, on trio's virtual clock."""

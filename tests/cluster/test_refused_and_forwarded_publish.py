@@ -1,4 +1,4 @@
-"""Review of reject-publish-dlx in a cluster (core ``hold_confirm`` adding up with the
+"""Reject-publish-dlx in a cluster (core ``hold_confirm`` adding up with the
 gateway's forwarding hold): one publish routed both to a full ``reject-publish-dlx``
 queue of its node, whose dead letter goes to another node's queue, and to a queue
 of that other node. Exactly one confirm comes, a nack (the full queue's), only once

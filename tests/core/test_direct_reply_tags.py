@@ -1,4 +1,4 @@
-"""Review of direct reply-to in the core (directreply.py with delivery.py): a channel's
+"""Direct reply-to in the core (directreply.py with delivery.py): a channel's
 consumer tags name one consumer each, its reply consumer's included, whichever came
 first (the AMQP listener's ``basic.consume`` and the HTTP channel's ``consume`` both
 end here)."""

@@ -1,4 +1,4 @@
-"""Review of a refused publish's held confirm (heldletters.py ``hold_confirm``,
+"""A refused publish's held confirm (heldletters.py ``hold_confirm``,
 confirms.py ``ConfirmTracker.hold`` adding up): a ``reject-publish-dlx`` publish whose
 dead letter the cluster holds, and which is also forwarded to another node's queue
 (the gateway's ``hold_confirm`` on top), has exactly one confirm, a nack, once every
