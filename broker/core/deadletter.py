@@ -293,7 +293,10 @@ class DeadLetters:
         Each move is one MOVE record: exactly once across a crash.
 
         Returns (messages moved, why it stopped early or None). Stops at a message it
-        cannot place (no origin, or routed nowhere), which stays where it was.
+        cannot place (no origin, or routed nowhere), which stays where it was. Moves
+        only the messages ready when it began: one routed back into ``queue_name``
+        (an exchange bound to it) is not moved again (RabbitMQ's shovel moves the
+        queue's length at its start likewise).
         Raises NotFound, ResourceLocked, InvalidArgument, Unavailable (storage failing).
         """
         queue = self._store.queue(queue_name)
@@ -305,6 +308,7 @@ class DeadLetters:
             if target_exchange is None:
                 raise NotFound(f"no exchange {exchange!r}")
         self._log.check_settles_writable(queue, "redrive")
+        count = min(count, queue.ready_count())
         moved = 0
         stopped: str | None = None
         wall = self._wall_clock()

@@ -636,6 +636,24 @@ def test_redrive_moves_back_to_the_origin_once_each() -> None:
     assert h.b.redrive("dead", 5, exchange="", routing_key="other") == (1, None)
 
 
+def test_a_redrive_routed_back_into_its_queue_moves_each_message_once() -> None:
+    """An exchange bound to the dead-letter queue itself: each message ready when the
+    redrive began is moved (to the queue's tail) once, not again and again up to
+    ``count``."""
+    h = Harness()
+    h.queue("dead")
+    h.b.declare_exchange("loop", "fanout")
+    h.b.bind("loop", "dead")
+    for i in range(3):
+        h.publish(0, "", "dead", b"m%d" % i)
+    h.sync()
+    records = len(h.records)
+    assert h.b.redrive("dead", 1000, exchange="loop") == (3, None)
+    h.sync()
+    assert [r[1] for r in h.records[records:]].count(RecordType.MOVE) == 3
+    assert [e.message.body for e in ready_entries(h.b, "dead")] == [b"m0", b"m1", b"m2"]
+
+
 def test_redrive_stops_at_a_message_without_origin() -> None:
     h = Harness()
     h.queue("dead")
