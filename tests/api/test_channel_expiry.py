@@ -8,29 +8,14 @@ and "expired at 30 s" are exact, and the tests take no real time.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 import trio
 
-from tests.support.app import MemoryBroker, open_memory_broker
+from tests.support.app import MemoryBroker
 from tests.support.channel import ChannelClient, Clients
-
-
-@pytest.fixture
-async def broker() -> AsyncIterator[MemoryBroker]:
-    async with open_memory_broker() as broker:
-        yield broker
-
-
-@pytest.fixture
-async def clients(broker: MemoryBroker) -> AsyncIterator[Clients]:
-    async def connect() -> trio.abc.Stream:
-        return broker.connect()
-
-    async with Clients(connect_fn=connect) as c:
-        yield c
+from tests.support.memory_fixtures import broker, clients  # noqa: F401 (fixtures)
 
 
 async def consumer(

@@ -8,7 +8,6 @@ streams; the AMQP responder is the raw pamqp client of tests/amqp."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -16,26 +15,12 @@ import trio
 from pamqp import commands
 
 from tests.amqp.rawclient import open_amqp
-from tests.support.app import MemoryBroker, open_memory_broker
+from tests.support.app import MemoryBroker
 from tests.support.channel import ChannelClient, Clients, rest
+from tests.support.memory_fixtures import broker, clients  # noqa: F401 (fixtures)
 
 REPLY_TO = "amq.rabbitmq.reply-to"
 Event = dict[str, Any]
-
-
-@pytest.fixture
-async def broker() -> AsyncIterator[MemoryBroker]:
-    async with open_memory_broker() as broker:
-        yield broker
-
-
-@pytest.fixture
-async def clients(broker: MemoryBroker) -> AsyncIterator[Clients]:
-    async def connect() -> trio.abc.Stream:
-        return broker.connect()
-
-    async with Clients(connect_fn=connect) as c:
-        yield c
 
 
 async def requester(clients: Clients, tag: str = "replies", **headers: Any) -> tuple[ChannelClient, str]:

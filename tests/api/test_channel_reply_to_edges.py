@@ -5,32 +5,17 @@ memory streams."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 import trio
 
-from tests.support.app import MemoryBroker, open_memory_broker
+from tests.support.app import MemoryBroker
 from tests.support.channel import Clients
+from tests.support.memory_fixtures import broker, clients  # noqa: F401 (fixtures)
 
 REPLY_TO = "amq.rabbitmq.reply-to"
 Event = dict[str, Any]
-
-
-@pytest.fixture
-async def broker() -> AsyncIterator[MemoryBroker]:
-    async with open_memory_broker() as broker:
-        yield broker
-
-
-@pytest.fixture
-async def clients(broker: MemoryBroker) -> AsyncIterator[Clients]:
-    async def connect() -> trio.abc.Stream:
-        return broker.connect()
-
-    async with Clients(connect_fn=connect) as c:
-        yield c
 
 
 async def test_one_chunk_mixing_typed_publishes_and_requests_keeps_order_and_ids(

@@ -21,6 +21,7 @@ from broker.api.metrics import BrokerMetrics
 from tests.support.app import MemoryBroker, open_memory_broker
 from tests.support.channel import Clients
 from tests.support.http import HTTPClient
+from tests.support.memory_fixtures import clients  # noqa: F401 (a fixture)
 
 WATERMARK = 100 << 20  # 100 MiB, absolute
 
@@ -58,15 +59,6 @@ async def http(broker: MemoryBroker) -> AsyncIterator[HTTPClient]:
         yield c
     finally:
         await c.aclose()
-
-
-@pytest.fixture
-async def clients(broker: MemoryBroker) -> AsyncIterator[Clients]:
-    async def connect() -> trio.abc.Stream:
-        return broker.connect()
-
-    async with Clients(connect_fn=connect) as c:
-        yield c
 
 
 async def alarm(broker: MemoryBroker, memory: FakeMemory, used: int) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -26,15 +25,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 REPLY_TO = "amq.rabbitmq.reply-to"
 
 
-def _reply(ch: RawChannel, op: dict[str, Any]) -> dict[str, Any]:
-    """Send ``op`` with an id; its reply (other events on the way are skipped)."""
-    ch.send({**op, "id": "r"})
-    while True:
-        event = ch.next_event()
-        if event.get("id") == "r":
-            return event
-
-
 def test_a_reply_published_on_another_node_reaches_the_http_requester(tmp_path: Path, etcd: EtcdProcess) -> None:
     with amqp_nodes(tmp_path, etcd) as (a, b):
         conn_a = a.connect()
@@ -45,7 +35,7 @@ def test_a_reply_published_on_another_node_reaches_the_http_requester(tmp_path: 
             responder.confirm_delivery()
             responder.queue_declare("rpc", durable=True, arguments=CLIENT_LOCAL)  # a's queue
             wait_for("b sees rpc", lambda: b.proc.request("GET", "/queues/rpc")[0] == 200)
-            ok = _reply(requester, {"op": "consume", "queue": REPLY_TO, "consumer_tag": "replies", "no_ack": True})
+            ok = requester.call({"op": "consume", "queue": REPLY_TO, "consumer_tag": "replies", "no_ack": True})
             assert ok["ev"] == "consume_ok", ok
             requester.send(*[
                 {"op": "publish", "routing_key": "rpc", "body": f"call {n}",
@@ -64,7 +54,7 @@ def test_a_reply_published_on_another_node_reaches_the_http_requester(tmp_path: 
             assert reply_node(address) == "b", address  # the requester's node, in the address
             responder.basic_publish("", address, body.upper(), pika.BasicProperties(correlation_id="c0"))
             # (b) an HTTP channel on a
-            got = _reply(http_responder, {"op": "get", "queue": "rpc", "no_ack": True})
+            got = http_responder.call({"op": "get", "queue": "rpc", "no_ack": True})
             assert got["ev"] == "get_ok" and got["message"]["properties"]["reply_to"] == address, got
             http_responder.send({"op": "publish", "routing_key": address, "body": "CALL 1",
                                  "properties": {"correlation_id": "c1"}})

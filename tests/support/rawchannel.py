@@ -81,6 +81,15 @@ class RawChannel:
             ev = self.next_event()
         return ev
 
+    def call(self, op: dict[str, Any]) -> dict[str, Any]:
+        """Send ``op`` with an ``id``; the event that answers it (an ``error`` too),
+        skipping the others on the way."""
+        self.send({**op, "id": "call"})
+        while True:
+            event = self.next_event()
+            if event.get("id") == "call":
+                return event
+
     def close(self) -> None:
         for thing in (self._file, self.sock):
             try:

@@ -30,15 +30,6 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
         yield proc
 
 
-def _reply(ch: RawChannel, op: dict[str, Any]) -> dict[str, Any]:
-    """Send ``op`` with an id; its reply (other events on the way are skipped)."""
-    ch.send({**op, "id": "r"})
-    while True:
-        event = ch.next_event()
-        if event.get("id") == "r":
-            return event
-
-
 def _end(ch: RawChannel) -> list[dict[str, Any]]:
     """Every event until the broker ends the channel."""
     events = []
@@ -54,9 +45,9 @@ def test_an_http_requester_answered_over_amqp_an_http_channel_and_rest(broker: B
     http_responder = RawChannel(broker.port, timeout_s=10)
     amqp = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", broker.amqp_port, heartbeat=0))
     try:
-        ok = _reply(requester, {"op": "consume", "queue": REPLY_TO, "consumer_tag": "replies", "no_ack": True})
+        ok = requester.call({"op": "consume", "queue": REPLY_TO, "consumer_tag": "replies", "no_ack": True})
         assert (ok["ev"], ok["consumer_tag"], ok["active"]) == ("consume_ok", "replies", True)
-        assert _reply(requester, {"op": "declare_queue", "queue": "http_rpc", "durable": False})["ev"] == "ok"
+        assert requester.call({"op": "declare_queue", "queue": "http_rpc", "durable": False})["ev"] == "ok"
         requester.send(*[
             {"op": "publish", "routing_key": "http_rpc", "body": f"call {n}",
              "properties": {"reply_to": REPLY_TO, "correlation_id": f"c{n}"}}
@@ -74,7 +65,7 @@ def test_an_http_requester_answered_over_amqp_an_http_channel_and_rest(broker: B
         assert address.startswith(REPLY_TO + ".")
         responder.basic_publish("", address, body.upper(), pika.BasicProperties(correlation_id=props.correlation_id))
         # (b) an HTTP channel
-        got = _reply(http_responder, {"op": "get", "queue": "http_rpc", "no_ack": True})
+        got = http_responder.call({"op": "get", "queue": "http_rpc", "no_ack": True})
         assert got["ev"] == "get_ok" and got["message"]["properties"]["reply_to"] == address
         http_responder.send({"op": "publish", "exchange": "", "routing_key": address, "body": "CALL 1",
                              "properties": {"correlation_id": got["message"]["properties"]["correlation_id"]}})
