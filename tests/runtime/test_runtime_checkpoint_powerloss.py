@@ -120,6 +120,12 @@ async def publish_until_crash(
 
             for n in range(PUBLISHERS):
                 nursery.start_soon(publisher, n)
+            # the checkpoints begin once something is confirmed (the publishers go on
+            # meanwhile): a power cut before any confirm would test nothing, and on a
+            # loaded machine the first fsync can come after the first checkpoint's step
+            with trio.fail_after(30):
+                while not confirmed:
+                    await trio.sleep(0.001)
             for _ in range(checkpoints):
                 await trio.sleep(0)
                 await runtime.checkpoint()
