@@ -92,8 +92,8 @@ from .constants import (
 )
 from .coordlog import Coordination
 from .coordstate import CoordState
-from .deadlines import Deadlines
 from .deadletter import DeadLetters
+from .deadlines import Deadlines
 from .dedup import DedupWindow
 from .delays import Delays
 from .delivery import Deliveries
