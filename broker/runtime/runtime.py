@@ -7,18 +7,15 @@ command and then :meth:`BrokerRuntime.pump`, which takes the core's effects and 
 them through a table from effect type to handler: channel events go to the outbox of
 the channel they address (confirms and returns first through the one book of pending
 publishes, :class:`~broker.runtime.confirms.PendingConfirms`), log records to the WAL
-(whose durability reports come back as :meth:`Broker.durable`), long-poll wake-ups and
-lock answers to the REST calls parked for them (:class:`~broker.runtime.waits.Waits`),
-what only the operator is told to the log (:class:`~broker.runtime.notices.Notices`).
-Every state change of the core happens on the trio thread.
-
-Over 500 lines: the effect table, the WAL's callbacks, the timers, start-up and shutdown
-share one state (the sinks, the log, the pump), around one ``BrokerRuntime``.
+(whose reports come back through :class:`~broker.runtime.logreports.LogReports`),
+long-poll wake-ups and lock answers to the REST calls parked for them
+(:class:`~broker.runtime.waits.Waits`), what only the operator is told to the log
+(:class:`~broker.runtime.notices.Notices`). Every state change of the core happens on
+the trio thread.
 """
 
 from __future__ import annotations
 
-import errno
 import logging
 import math
 import secrets
@@ -54,6 +51,7 @@ from broker.runtime.checkpoints import Checkpointer
 from broker.runtime.confirms import PendingConfirms
 from broker.runtime.flow import FlowControl
 from broker.runtime.history import RateHistory
+from broker.runtime.logreports import LogReports
 from broker.runtime.memory import MemoryMonitor, process_rss_bytes
 from broker.runtime.notices import Notices
 from broker.runtime.options import RuntimeOptions
@@ -64,7 +62,7 @@ from broker.runtime.ports import (
     LogPort,
     MetricsPort,
 )
-from broker.runtime.recovery import WALCallbacks, recover_broker
+from broker.runtime.recovery import recover_broker
 from broker.runtime.space import DiskSpaceAlarm
 from broker.runtime.waits import Waits
 
@@ -137,10 +135,14 @@ class BrokerRuntime:
             )
         #: The effects only told to the operator (log lines), and their counts.
         self.notices = notices = Notices(metrics)
+        #: The answers to the log's reports (durable, failed, recovered, fsynced).
+        self.log_reports = reports = LogReports(
+            self.core, waits, self.space, self.checkpointer, metrics, pump=self.pump, inline_allowed=self._inline_allowed
+        )
+        self.log_callbacks = reports.callbacks
         #: references to records not on disk dropped by recovery (unconfirmed publishes)
         self.unconfirmed_dropped = 0
         self.recovery_info: dict[str, Any] = {}
-        self.last_fsync_s: float | None = None  # the latest fsync's duration (GET /overview)
         self.ready_event = trio.Event()
         # A store written by AppendRecords with no log: the pump goes round again.
         self._again = False
@@ -352,46 +354,6 @@ class BrokerRuntime:
             return
         await self.waits.wait_durable(target)
 
-    # ------------------------------------------------------------ WAL callbacks
-
-    def log_callbacks(self) -> WALCallbacks:
-        """How a log reports back: recovery's log, or a stand-in set as :attr:`wal`."""
-        return WALCallbacks(
-            on_durable=self._on_durable, on_failure=self._on_failure, on_recovered=self._on_recovered,
-            on_fsync=self._on_fsync, on_reserve=self.space.on_reserve, inline_allowed=self._inline_allowed,
-        )
-
-    def _on_durable(self, lsn: int) -> None:
-        self.core.durable(lsn)
-        self.waits.release_durable(lsn, None)
-        self.pump()
-
-    def _on_failure(self, first_lsn: int, last_lsn: int, exc: BaseException) -> None:
-        log.error(
-            "log write failed; refusing persistent publishes until writes succeed",
-            extra={"fields": {"first_lsn": first_lsn, "last_lsn": last_lsn, "error": str(exc)}},
-        )
-        self.core.storage_failed(first_lsn, last_lsn, str(exc))
-        self.waits.release_durable(last_lsn, str(exc))
-        self.pump()
-        disk_full = isinstance(exc, OSError) and exc.errno == errno.ENOSPC
-        self.space.log_full = disk_full
-        if disk_full and self.checkpointer is not None:
-            # A checkpoint (written into the space reserve) is what frees the log the
-            # disk is full of: do not wait for the next size or time trigger.
-            self.checkpointer.request()
-
-    def _on_recovered(self) -> None:
-        log.warning("log writes succeed again; accepting persistent publishes")
-        self.space.log_full = False
-        self.core.storage_recovered()
-        self.pump()
-
-    def _on_fsync(self, duration_s: float) -> None:
-        self.last_fsync_s = duration_s
-        if self.metrics is not None:
-            self.metrics.observe_fsync(duration_s)
-
     # ----------------------------------------------------------------- timers
 
     async def _serve_timers(self) -> None:
@@ -490,7 +452,7 @@ class BrokerRuntime:
                 "messages_paged_out": self.core.views.paged_out_total(),
                 "segments_kept": ckpt.segments_kept if ckpt is not None else 0,
                 "segments_compacted": ckpt.compacted_segments if ckpt is not None else 0,
-                "last_fsync_s": self.last_fsync_s,
+                "last_fsync_s": self.log_reports.last_fsync_s,
                 "last_checkpoint_at": ckpt.last_at if ckpt is not None else None,
                 "last_checkpoint_duration_s": ckpt.last_duration_s if ckpt is not None and ckpt.count else None,
             },
