@@ -57,6 +57,7 @@ COMPILED = [
     "broker/core/durability.py",
     "broker/core/deadlines.py",
     "broker/core/queuecontrols.py",
+    "broker/core/queueinfo.py",
     # the ENQUEUE record written by every publish and read back by every page-in
     "broker/core/records.py",
     "broker/core/pager.py",

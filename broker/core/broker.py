@@ -110,6 +110,7 @@ from .longpolls import LongPolls
 from .pager import Pager
 from .publishing import Publishing
 from .queuecontrols import QueueControls
+from .queueinfo import queue_info
 from .queues import QueueStore
 from .queuetimers import QueueTimers
 from .replay import Recovery
@@ -237,7 +238,7 @@ class Broker:
         self.declare_queue = store.declare_queue
         self.delete_queue = store.delete_queue
         self.purge_queue = store.purge_queue
-        self.queue_info = store.queue_info
+        self.queue_info = queue_info
         self.park_getter = long_polls.park_getter
         self.unpark_getter = long_polls.unpark_getter
         self.browse = browser.browse

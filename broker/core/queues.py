@@ -297,34 +297,6 @@ class QueueStore:
                 self._log.settle_seqs(queue.qid, seqs)
         return len(entries) + len(paged_seqs)
 
-    def queue_info(self, queue: Queue) -> dict[str, Any]:
-        ready = queue.ready_count()
-        info = {
-            "name": queue.name,
-            "durable": queue.durable,
-            "exclusive": queue.exclusive_owner is not None,
-            "auto_delete": queue.auto_delete,
-            "arguments": queue.arguments,
-            "messages": ready + queue.unacked,
-            "messages_ready": ready,
-            "messages_unacked": queue.unacked,
-            "messages_delayed": len(queue.delayed),
-            "consumers": len(queue.consumers),
-            "message_stats": {
-                "published": queue.published,
-                "delivered": queue.delivered,
-                "acked": queue.acked,
-                "redelivered": queue.redelivered,
-                "dead_lettered": dict(queue.dead_lettered),
-            },
-        }
-        if queue.max_priority is not None:
-            # a priority queue's ready messages by priority level (levels holding any)
-            info["messages_ready_by_priority"] = {
-                str(level): len(lane) for level, lane in enumerate(queue.lanes) if lane
-            }
-        return info
-
     # ------------------------------------------------------------- messages
 
     def enqueue(
