@@ -56,7 +56,7 @@ from broker.api.channel.relay_resume import Resumption, consume_op_of
 from broker.api.channel.relayed_tx import HeldRelayedSettles
 from broker.api.permissions import Access
 from broker.cluster import PeerStream, PeerUnreachable
-from broker.core import ChannelError, ErrorReply, Unavailable
+from broker.core import ChannelError, ConsumerTagInUse, ErrorReply, Unavailable
 from broker.runtime import ClusterPort, CommandGateway
 
 __all__ = ["RelayedConsumers"]
@@ -124,6 +124,11 @@ class RelayedConsumers:
         self.finished = finished
         self.nursery = nursery
         self.cluster = cluster
+        #: the core's book of the channel's consumer tags, where each of these
+        #: consumers holds its tag while it lives (``_by_consumer`` or ``_resuming``):
+        #: holding and releasing have no effects to carry out, so this batch is never
+        #: flushed (a resumption may begin inside the runtime's pump)
+        self._tags = gateway.batch()
         self._by_consumer: dict[str, _Relay] = {}
         #: consumer tag -> a quorum queue's consumer waiting for its next leader
         self._resuming: dict[str, Resumption] = {}
@@ -162,21 +167,39 @@ class RelayedConsumers:
         refusal as a ``ChannelError`` with its code."""
         if url is None:
             raise Unavailable(f"queue {queue!r} is on node {owner!r}, which is down; retry later", code="queue_unavailable")
-        consumer_tag = op.get("consumer_tag") or f"amq.ctag-relayed-{next(_names)}"
+        consumer_tag = op.get("consumer_tag") or ""
         views = self.gateway.views
-        if (
-            self.has_consumer(consumer_tag)
-            or views.has_consumer(self.channel_id, consumer_tag)
-            or views.is_reply_consumer(self.channel_id, consumer_tag)
-        ):
-            raise ChannelError(f"consumer tag {consumer_tag!r} is in use on this channel", code="not_allowed")
-        # the channel's qos, as a local consume takes it: the per-consumer default as
-        # the consumer's prefetch, the channel-wide limit as the owner's channel's
-        # (a channel-wide limit bounds each relayed consumer on its own: the owners do
-        # not share one), changed there by a later global qos (:meth:`qos`)
-        info = self.gateway.views.channel_info(self.channel_id) or {}
-        remote_op = consume_op_of(op, info.get("default_prefetch"))
-        return await self._consume_at(queue, owner, url, consumer_tag, remote_op)
+        while not consumer_tag or (not op.get("consumer_tag") and views.consumer_tag_taken(self.channel_id, consumer_tag)):
+            consumer_tag = f"amq.ctag-relayed-{next(_names)}"  # (passing over one a client chose)
+        self._hold_tag(consumer_tag)
+        try:
+            # the channel's qos, as a local consume takes it: the per-consumer default
+            # as the consumer's prefetch, the channel-wide limit as the owner's
+            # channel's (a channel-wide limit bounds each relayed consumer on its own:
+            # the owners do not share one), changed there by a later global qos
+            info = views.channel_info(self.channel_id) or {}
+            remote_op = consume_op_of(op, info.get("default_prefetch"))
+            return await self._consume_at(queue, owner, url, consumer_tag, remote_op)
+        except BaseException:
+            self._release_tag(consumer_tag)  # (unless the relay was made: it ends by itself)
+            raise
+
+    def _hold_tag(self, consumer_tag: str) -> None:
+        """Take ``consumer_tag`` in the core's book of the channel's tags, for a consumer
+        the core does not keep. Raises ConsumerTagInUse (a consumer of any kind has
+        it), ChannelError (the channel is not open in the core)."""
+        channel_id = self.channel_id
+        try:
+            self._tags.run(lambda core: core.hold_consumer_tag(channel_id, consumer_tag))
+        except ConsumerTagInUse:
+            raise ConsumerTagInUse(consumer_tag, f"consumer tag {consumer_tag!r} is in use on this channel") from None
+
+    def _release_tag(self, consumer_tag: str) -> None:
+        """Give ``consumer_tag`` back unless one of these consumers still has it (a live
+        relay, or one waiting for its quorum queue's next leader)."""
+        if consumer_tag and consumer_tag not in self._by_consumer and consumer_tag not in self._resuming:
+            channel_id = self.channel_id
+            self._tags.run(lambda core: core.release_consumer_tag(channel_id, consumer_tag))
 
     async def _consume_at(
         self, queue: str, owner: str, url: str, consumer_tag: str, remote_op: dict[str, Any],
@@ -247,6 +270,11 @@ class RelayedConsumers:
         ``consume_op`` from the next one. False when the channel has ended."""
         if self.finished():
             return False
+        if consumer_tag not in self._by_consumer and consumer_tag not in self._resuming:
+            try:
+                self._hold_tag(consumer_tag)  # (its relay, or the core's consumer, gave it back)
+            except ChannelError:  # taken meanwhile, or the channel is ending
+                return False
         resumption = Resumption(queue, consumer_tag, consume_op, reason)
         self._resuming[consumer_tag] = resumption
         self.nursery.start_soon(self._resume, resumption)
@@ -259,6 +287,7 @@ class RelayedConsumers:
         tag = resumption.consumer_tag
         if self._resuming.get(tag) is resumption:
             del self._resuming[tag]
+            self._release_tag(tag)  # (a relay resumed, or the core's consumer, has it now)
         if resumption.withdrawn:  # cancelled meanwhile, maybe with a consume under way
             for relay in resumption.relays:
                 if not relay.ended:
@@ -361,6 +390,7 @@ class RelayedConsumers:
         if relay.consumer_tag:
             if self._by_consumer.get(relay.consumer_tag) is relay:  # (not its resumed successor)
                 del self._by_consumer[relay.consumer_tag]
+                self._release_tag(relay.consumer_tag)
         elif self._getters.get(relay.owner) is relay:
             del self._getters[relay.owner]
         for tag in relay.tags:
@@ -474,6 +504,7 @@ class RelayedConsumers:
         resumption = self._resuming.pop(consumer_tag, None)
         if resumption is not None:
             resumption.withdraw()
+            self._release_tag(consumer_tag)
             return True
         relay = self._by_consumer.get(consumer_tag)
         if relay is None:
@@ -483,9 +514,10 @@ class RelayedConsumers:
 
     def close_all(self) -> None:
         """The channel ends: every relay ends (the owners requeue what is unacked)."""
-        for resumption in self._resuming.values():
+        resuming, self._resuming = self._resuming, {}
+        for consumer_tag, resumption in resuming.items():
             resumption.withdraw()
-        self._resuming.clear()
+            self._release_tag(consumer_tag)
         for relay in [*self._by_consumer.values(), *self._getters.values()]:
             self._end(relay)
         self.rollback_held()  # (an open transaction ends with its channel)
@@ -510,6 +542,7 @@ class RelayedConsumers:
             if not access.allows("read", resumption.queue):
                 del self._resuming[consumer_tag]
                 resumption.withdraw()
+                self._release_tag(consumer_tag)
                 if not self.finished():
                     reason = f"read permission on queue {resumption.queue!r} was revoked for user {access.username!r}"
                     self.send_event({"ev": "cancel", "consumer_tag": consumer_tag, "reason": reason})
