@@ -13,12 +13,14 @@ tests/cluster/test_consumer_tag_holders.py."""
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import pytest
 import trio
 import trio.testing
 
+from broker.api.channel import relayed as relayed_module
 from broker.api.channel.ops import OPS
 from broker.api.channel.relay_resume import RESUME_POLL_S
 from broker.core import ChannelError, ErrorReply
@@ -145,4 +147,20 @@ async def test_a_withdrawn_resumptions_tag_is_free_again(autojump_clock: trio.te
         await OPS["consume"](session, {"op": "consume", "queue": "mine", "consumer_tag": "w", "id": 3})
         session.batch.flush()
         assert gateway.views.consumer_queues(cid) == [("w", "mine")]
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_generated_relayed_tag_passes_over_one_a_client_chose(
+    autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(relayed_module, "_names", itertools.count(1))
+    async with trio.open_nursery() as nursery:
+        session, gateway, port = _channel(nursery)
+        _with_far(port)
+        gateway.run(lambda core: core.declare_queue("mine"))
+        await OPS["consume"](session, {"op": "consume", "queue": "mine", "consumer_tag": "amq.ctag-relayed-1", "id": 1})
+        # no tag named: not refused for the client's, but tried (and failed for the owner)
+        error = await _refused(session, {"op": "consume", "queue": "far", "id": 2})
+        assert error.code == "queue_unavailable", error
+        assert not gateway.views.consumer_tag_taken(session.channel_id, "amq.ctag-relayed-2")  # given back
         nursery.cancel_scope.cancel()

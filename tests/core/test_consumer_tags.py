@@ -12,7 +12,13 @@ from collections.abc import Callable
 
 import pytest
 
-from broker.core import Broker, ChannelError, ConsumerTagInUse, InvalidArgument, PreconditionFailed
+from broker.core import (
+    Broker,
+    ChannelError,
+    ConsumerTagInUse,
+    InvalidArgument,
+    PreconditionFailed,
+)
 
 from .helpers import Harness
 
@@ -52,7 +58,8 @@ def test_a_tag_any_kind_has_is_refused_to_every_kind(holder: str, taker: str) ->
         KINDS[taker](h.b, ch)
     if expected is ConsumerTagInUse:
         assert (refused.value.code, refused.value.message) == ("not_allowed", IN_USE)
-        assert isinstance(refused.value, ChannelError) and refused.value.tag == "t"  # type: ignore[attr-defined]
+        error = refused.value
+        assert isinstance(error, ConsumerTagInUse) and isinstance(error, ChannelError) and error.tag == "t"
     assert _taken_by(h, ch) == before  # nothing of the refused one applied
     assert h.b.queues["q"].totals.consumers == (1 if holder == "queue" else 0)
 

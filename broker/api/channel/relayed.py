@@ -18,6 +18,12 @@ own one when this node stops leading the queue (:meth:`RelayedConsumers.resume`)
 relayed delivery settles the relayed deliveries up to it (on their owners), not this
 node's own; one whose tag is this node's settles both.
 
+A relayed consumer is not in this node's core as a consumer, but its tag is: it
+holds it in the core's book of the channel's consumer tags (``hold_consumer_tag``,
+broker/core/consumertags.py) from its consume until it ends, a wait for its quorum
+queue's next leader included, so that a consume of any kind on the channel, on
+either front end, finds the tag taken by asking the core alone.
+
 The channel's ``qos`` applies as to a local consumer: the per-consumer default (taken
 at ``consume``) is the relayed consumer's prefetch on the owner; the channel-wide
 limit is the limit of the owner's channel of that consumer, set at ``consume`` and
@@ -167,10 +173,8 @@ class RelayedConsumers:
         refusal as a ``ChannelError`` with its code."""
         if url is None:
             raise Unavailable(f"queue {queue!r} is on node {owner!r}, which is down; retry later", code="queue_unavailable")
-        consumer_tag = op.get("consumer_tag") or ""
+        consumer_tag = op.get("consumer_tag") or self._generated_tag()
         views = self.gateway.views
-        while not consumer_tag or (not op.get("consumer_tag") and views.consumer_tag_taken(self.channel_id, consumer_tag)):
-            consumer_tag = f"amq.ctag-relayed-{next(_names)}"  # (passing over one a client chose)
         self._hold_tag(consumer_tag)
         try:
             # the channel's qos, as a local consume takes it: the per-consumer default
@@ -183,6 +187,14 @@ class RelayedConsumers:
         except BaseException:
             self._release_tag(consumer_tag)  # (unless the relay was made: it ends by itself)
             raise
+
+    def _generated_tag(self) -> str:
+        """A consumer tag for a consume that named none: the next free one (a client
+        may have chosen one of this form)."""
+        while True:
+            tag = f"amq.ctag-relayed-{next(_names)}"
+            if not self.gateway.views.consumer_tag_taken(self.channel_id, tag):
+                return tag
 
     def _hold_tag(self, consumer_tag: str) -> None:
         """Take ``consumer_tag`` in the core's book of the channel's tags, for a consumer
@@ -267,7 +279,9 @@ class RelayedConsumers:
     def resume(self, queue: str, consumer_tag: str, consume_op: dict[str, Any], reason: str) -> bool:
         """Consumer ``consumer_tag`` of quorum queue ``queue`` lost the queue's leader
         (its relay's owner, or this node) for ``reason``: consume again with
-        ``consume_op`` from the next one. False when the channel has ended."""
+        ``consume_op`` from the next one. False when the channel has ended, or
+        another consumer took the tag meanwhile (the client is then told of the
+        cancel)."""
         if self.finished():
             return False
         if consumer_tag not in self._by_consumer and consumer_tag not in self._resuming:
