@@ -27,6 +27,7 @@ from broker.api.channel.opfields import (
     reply,
     typed_fields,
 )
+from broker.api.channel.reply_declare import declare_reply, is_reply_name
 from broker.api.channel.replyto import REPLY_TO, cancel_reply, consume_reply
 from broker.api.channel.session import ServedChannel
 from broker.api.codec import message_json
@@ -216,6 +217,9 @@ async def _op_delete_exchange(s: ServedChannel, op: dict[str, Any]) -> None:
 async def _op_declare_queue(s: ServedChannel, op: dict[str, Any]) -> None:
     name = get_field(op, "queue", str, "")
     d = decode_queue_declare(typed_fields(op))
+    if is_reply_name(name):  # direct reply-to's check (reply_declare.py), before any other rule
+        declare_reply(s, op, name)
+        return
     if not d.passive:
         # A server-named queue is checked as "amq.gen-" (RabbitMQ names them amq.gen-*).
         s.access.require_declare("declare_queue", name or SERVER_NAMED_PREFIX, d.arguments)
