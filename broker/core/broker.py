@@ -265,6 +265,7 @@ class Broker:
         self.touch = deliveries.touch
         self.reserve_delivery_tag = deliveries.reserve_tag
         self.reply_consume, self.reply_cancel = replies.reply_consume, replies.reply_cancel
+        self.hold_consumer_tag, self.release_consumer_tag = deliveries.tags.hold, deliveries.tags.release
         self.open_connection = connections.open_connection
         self.join_connection = deliveries.join_connection
         self.close_connection = connections.close_connection

@@ -42,7 +42,6 @@ from broker.api.fields import (
 from broker.core import (
     SERVER_NAMED_PREFIX,
     Broker,
-    ChannelError,
     InvalidArgument,
 )
 
@@ -81,9 +80,7 @@ async def _op_consume(s: ServedChannel, op: dict[str, Any]) -> None:
         s.send_event(reply(op, "consume_ok", consumer_tag=tag, active=active))
         relayed.started(tag)
         return
-    if relayed is not None and consumer_tag and relayed.has_consumer(consumer_tag):
-        raise ChannelError(f"consumer tag {consumer_tag!r} is in use on this channel", code="not_allowed")
-    tag, active = s.batch.run(consume)
+    tag, active = s.batch.run(consume)  # (a tag in use, of any kind: the core's not_allowed)
     if relayed is not None and not s.forwarded:  # a quorum queue's consumer outlives this node's leadership
         relayed.local.noted(queue, tag, op)
     s.send_event(reply(op, "consume_ok", consumer_tag=tag, active=active))
