@@ -25,7 +25,6 @@ from typing import Any
 
 import trio
 
-from broker.app import build_app
 from broker.config import ConfigError, Settings, load_settings
 from broker.logs import configure_logging, reopen_log_files
 from broker.storage import FaultsNotAllowed, check_fault_environment
@@ -48,6 +47,10 @@ async def run(settings: Settings) -> int:
     bound, ``StorageError`` when the log cannot be recovered), possibly inside
     exception groups; :func:`main` reports them.
     """
+    # Imported here, not at the top: ``--help``, ``--version``, invalid settings and
+    # ``users`` never load the API, the HTTP server's routes or the listeners.
+    from broker.app import build_app
+
     app = build_app(settings)
     drained: bool | None = None
     # Opened before anything starts, so a signal that arrives during start-up is

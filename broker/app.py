@@ -10,11 +10,10 @@ import ssl
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
-from broker.amqp import AMQPServer
 from broker.api import (
     Authenticator,
     BrokerMetrics,
@@ -24,17 +23,15 @@ from broker.api import (
     http_error,
     protect,
 )
-from broker.cluster import (
-    ClusterConfig,
-    ClusterNode,
-    EtcdCredentials,
-    EtcdUnavailable,
-    NodeNameTaken,
-    read_password_file,
-)
 from broker.config import Settings
 from broker.http import HTTPServer, Limits, server_ssl_context
 from broker.runtime import BrokerRuntime, RuntimeOptions
+
+if TYPE_CHECKING:
+    # Imported where they are used: a broker loads the AMQP listener only with an AMQP
+    # port, and cluster mode only with --etcd (each ~15 ms of every start's CPU).
+    from broker.amqp import AMQPServer
+    from broker.cluster import ClusterConfig, ClusterNode, EtcdCredentials
 
 __all__ = [
     "BrokerApp",
@@ -107,9 +104,12 @@ class BrokerApp:
         #: cross-site check (broker/api/csrf.py)
         self.router = build_router(runtime, metrics_handler=metrics_handler, auth=self.auth)
         #: cluster mode (--etcd, docs/cluster.md): its routes answer first
-        self.cluster = ClusterNode(cluster, runtime) if cluster is not None else None
+        self.cluster: ClusterNode | None = None
         handler: Any = self.router
-        if self.cluster is not None:
+        if cluster is not None:
+            from broker.cluster import ClusterNode
+
+            self.cluster = ClusterNode(cluster, runtime)
             self.cluster.mirror.on_users_changed = self.auth.enforce_revocations
             if self.cluster.config.secret:
                 self.auth.cluster_secret = self.cluster.config.secret.encode()
@@ -197,6 +197,8 @@ class BrokerApp:
     async def _serve_amqp(self, nursery: trio.Nursery, host: str, port: int, secure: bool) -> None:
         """Start one AMQP listener (bound before recovery, like the HTTP port, so a taken
         port fails the start). Raises OSError naming the address."""
+        from broker.amqp import AMQPServer
+
         amqp = AMQPServer(
             self.runtime,
             login=self.auth.login,
@@ -216,6 +218,8 @@ class BrokerApp:
     async def _serve_cluster(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """The node's part in the cluster; refuses to start when its name is taken or
         etcd cannot be reached at start."""
+        from broker.cluster import EtcdUnavailable, NodeNameTaken
+
         assert self.cluster is not None
         # except*: a name taken later (after a lapse, by another process) comes out of
         # the node's nursery inside an exception group.
@@ -300,6 +304,8 @@ def cluster_config(settings: Settings) -> ClusterConfig | None:
     """The cluster settings, or None for a single node (no ``etcd``)."""
     if not settings.etcd:
         return None
+    from broker.cluster import ClusterConfig
+
     return ClusterConfig(
         settings.etcd, settings.node_name, settings.advertise_url, settings.cluster_name, settings.cluster_lease_ttl_s,
         settings.cluster_secret, settings.cluster_ca_file, settings.replica_compact_entries,
@@ -314,6 +320,8 @@ def etcd_credentials(settings: Settings) -> EtcdCredentials | None:
     Raises OSError naming a password file that cannot be read or is empty."""
     if not settings.etcd_user:
         return None
+    from broker.cluster import EtcdCredentials, read_password_file
+
     if settings.etcd_password_file is not None:
         return EtcdCredentials(settings.etcd_user, read_password_file(settings.etcd_password_file))
     return EtcdCredentials(settings.etcd_user, settings.etcd_password)

@@ -26,8 +26,9 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any
 
+from broker.cluster.reasons import QUEUE_MOVED, is_moved, moved_reason
 from broker.cluster.users import UserMirror
 from broker.cluster.view import (
     LEADER_LOCATOR,
@@ -41,21 +42,6 @@ from broker.core import QUEUE_DELETED, Broker, ErrorReply
 __all__ = ["QUEUE_MOVED", "CoreMirror", "core_arguments", "is_moved", "moved_reason"]
 
 log = logging.getLogger("ackbus.cluster")
-
-#: How the reason of a consumer cancelled by a quorum queue leaving this node's core
-#: while the queue lives on (this node stopped leading it) begins: not a delete.
-QUEUE_MOVED: Final = "queue_moved"
-
-
-def moved_reason(queue: str, why: str) -> str:
-    """The cancel reason of ``queue``'s consumers when it leaves this core for ``why``."""
-    return f"{QUEUE_MOVED}: this node stopped leading quorum queue {queue!r} ({why})"
-
-
-def is_moved(reason: str) -> bool:
-    """Whether a consumer's cancel ``reason`` is a quorum queue's move (not a delete)."""
-    return reason.startswith(QUEUE_MOVED + ":")
-
 
 def core_arguments(arguments: dict[str, Any]) -> dict[str, Any]:
     """A queue's arguments as the core takes them: placement is the cluster's business."""

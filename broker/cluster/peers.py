@@ -30,7 +30,6 @@ import h11
 import orjson
 import trio
 
-from broker.cluster.etcdaccess import tls_reason
 from broker.cluster.h11io import READ_BYTES, next_event
 from broker.core import is_reply
 
@@ -196,6 +195,9 @@ class PeerChannel:
             # peer killed with bytes unread, in the read or in the writer task) comes
             # out of it as a group; an ``except`` would let it through and take this
             # whole node down with its peer
+            # here: etcd's modules, which a single node's channels (this module) do not load
+            from broker.cluster.etcdaccess import tls_reason
+
             reason = f"queue_unavailable: the channel to node {self.name!r} failed: {tls_reason(_first_leaf(group))}"
         finally:
             self.fail_all(reason)

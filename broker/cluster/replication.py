@@ -65,7 +65,8 @@ from broker.cluster.leader import (
     majority,
 )
 from broker.cluster.membership import Membership
-from broker.cluster.mirror import CoreMirror, moved_reason
+from broker.cluster.mirror import CoreMirror
+from broker.cluster.reasons import NO_QUORUM, moved_reason
 from broker.cluster.replica_follower import PeerSettings, follow
 from broker.cluster.replica_leader import CommitWatch, LeaderSide, StaleEpoch
 from broker.cluster.replica_log import ReplicaLog, replica_log_path
@@ -79,7 +80,6 @@ __all__ = ["NO_QUORUM", "Replication"]
 
 log = logging.getLogger("ackbus.cluster")
 
-NO_QUORUM = "no quorum"
 TICK_S = 0.25
 
 

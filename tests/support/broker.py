@@ -47,6 +47,13 @@ def free_port() -> int:
     raise RuntimeError("no free port left in this worker's share")
 
 
+#: How often :meth:`BrokerProcess.wait_ready` asks ``/healthz``. A broker is ready
+#: ~0.25-0.5 s after its spawn (its imports, mostly); a poll refused before it listens
+#: costs ~0.2 ms of this process's CPU, and every poll interval is wall time each of
+#: the suite's hundreds of starts may wait past the ready broker (half of it on
+#: average: 25 ms at the 50 ms this was).
+POLL_S = 0.01
+
 # Small segments and frequent checkpoints, so that a crash or a signal under load also
 # lands during segment rollover and checkpoint writing.
 STRESS_ARGS = (
@@ -157,7 +164,7 @@ class BrokerProcess:
                     return
             except OSError:
                 pass
-            time.sleep(0.05)
+            time.sleep(POLL_S)
         raise TimeoutError(f"broker not ready after {timeout_s} s:\n{self.log_tail()}")
 
     def request(

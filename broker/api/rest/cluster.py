@@ -13,7 +13,7 @@ Every other request falls through to the node's router.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -38,7 +38,6 @@ from broker.api.rest.fields import (
 from broker.api.rest.health import health_answer
 from broker.api.rest.replicas import add_replica_routes
 from broker.api.rest.users import MAX_PASSWORD_CHARS, MAX_TOKEN_LIFETIME_S
-from broker.cluster import ClusterNode, EtcdUnavailable
 from broker.core import (
     EXCHANGE_TYPES,
     InvalidArgument,
@@ -51,6 +50,9 @@ from broker.core import (
 )
 from broker.http import MethodNotAllowed, NoSuchEndpoint, Request, Response, Router
 from broker.runtime import BrokerRuntime
+
+if TYPE_CHECKING:
+    from broker.cluster import ClusterNode
 
 __all__ = ["add_routes", "cluster_routes", "dispatch_cluster_first"]
 
@@ -262,6 +264,9 @@ def cluster_routes(runtime: BrokerRuntime, node: ClusterNode, auth: Any) -> Rout
 def _add_lock_routes(router: Router, runtime: BrokerRuntime, node: ClusterNode) -> None:
     """Locks held in etcd for the whole cluster (``broker.cluster.locks``), with the
     single node's answers: a refusal is a 409 carrying the lock as it is."""
+    # here: cluster mode's, not loaded on a single node
+    from broker.cluster import EtcdUnavailable
+
     locks = node.locks
 
     async def refused(response: Response, exc: LockBusy | NotLockHolder) -> None:

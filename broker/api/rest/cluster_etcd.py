@@ -5,10 +5,13 @@ a quorum queue's replicas (``replicas.py``)."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
-from broker.cluster import ClusterNode, EtcdUnavailable
 from broker.core import Unavailable
 from broker.http import Request, Response
+
+if TYPE_CHECKING:
+    from broker.cluster import ClusterNode
 
 __all__ = ["Handler", "etcd_errors"]
 
@@ -19,6 +22,8 @@ def etcd_errors(node: ClusterNode, handler: Handler, what: str = "metadata") -> 
     """``handler``, refused while the node is not ready or etcd is unreachable (503),
     with an etcd failure during the change turned into the same 503 (``what``: what
     cannot change, for the message)."""
+    # here: cluster mode's, not loaded on a single node
+    from broker.cluster import EtcdUnavailable
 
     async def guarded(request: Request, response: Response) -> None:
         node.runtime.check_ready()

@@ -14,7 +14,7 @@ whose owner is down are skipped (``503 queue_unavailable`` when all are).
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import orjson
 import trio
@@ -22,9 +22,12 @@ import trio
 from broker.api.rest.cluster_relay import unavailable
 from broker.api.rest.fields import body_fields
 from broker.api.rest.leases import GET_ANY_FIELDS, get_any_fields, poll_any
-from broker.cluster import ClusterNode, PeerUnreachable, relay
+from broker.cluster import PeerUnreachable, relay
 from broker.http import HTTPError, Request, Response
 from broker.runtime import BrokerRuntime, CommandGateway
+
+if TYPE_CHECKING:
+    from broker.cluster import ClusterNode
 
 __all__ = ["cluster_get_any"]
 

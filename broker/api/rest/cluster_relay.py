@@ -14,11 +14,14 @@ through etcd (``cluster.py``), never here; a request already relayed by another 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from broker.api.errors import cluster_retry_after_s, retry_after
-from broker.cluster import FORWARDED_HEADER, ClusterNode, PeerUnreachable, relay
+from broker.cluster import FORWARDED_HEADER, PeerUnreachable, relay
 from broker.http import HTTPError, Request, Response, split_path
+
+if TYPE_CHECKING:
+    from broker.cluster import ClusterNode
 
 __all__ = ["relay_to_owner", "relayed_queue", "unavailable"]
 

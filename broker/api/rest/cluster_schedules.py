@@ -5,13 +5,12 @@ and checks (``schedules.py``)."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from broker.api.codec import body_from_json
 from broker.api.permissions import access_for
 from broker.api.rest.fields import DEFAULT_EXCHANGE_ALIAS, body_fields, exchange_name
 from broker.api.rest.schedules import PUT_FIELDS
-from broker.cluster import ClusterNode
 from broker.core import (
     TIMING_FIELDS,
     InvalidArgument,
@@ -20,6 +19,9 @@ from broker.core import (
 )
 from broker.http import Request, Response
 from broker.runtime import BrokerRuntime
+
+if TYPE_CHECKING:
+    from broker.cluster import ClusterNode
 
 __all__ = ["add_cluster_schedule_routes"]
 

@@ -26,17 +26,12 @@ broker, where every caller is let in).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from broker.api.permissions import access_for
 from broker.api.rest.cluster_etcd import etcd_errors
 from broker.api.rest.fields import body_fields, check_query
-from broker.cluster import (
-    SECRET_HEADER,
-    ClusterNode,
-    StaleEpoch,
-    is_replicated,
-)
+from broker.cluster import SECRET_HEADER
 from broker.core import (
     AccessRefused,
     BrokerViews,
@@ -46,11 +41,16 @@ from broker.core import (
 )
 from broker.http import Request, Response, Router
 
+if TYPE_CHECKING:
+    from broker.cluster import ClusterNode
+
 __all__ = ["add_replica_routes"]
 
 
 def add_replica_routes(router: Router, node: ClusterNode, views: BrokerViews) -> None:
     """The routes above, on the cluster's router."""
+    # here: cluster mode's, not loaded on a single node
+    from broker.cluster import StaleEpoch, is_replicated
 
     def replication() -> Any:
         if node.replication is None:
