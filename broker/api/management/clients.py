@@ -110,7 +110,9 @@ def _channel_json(sink: Any, channel_id: int, info: dict[str, Any], node: str) -
         "connection_details": {"name": _connection_name(sink), "peer_host": host, "peer_port": port},
         "consumer_count": len(info["consumers"]),
         "messages_unacknowledged": info["unacked"],
-        "prefetch_count": info["prefetch"] or 0,
+        # RabbitMQ's per-consumer default (basic.qos, global=false) and channel-wide limit
+        "prefetch_count": info["default_prefetch"] or 0,
+        "global_prefetch_count": info["prefetch"] or 0,
         "confirm": bool(getattr(sink, "confirm", False)),
         "transactional": info["transactional"],
         "state": "running",

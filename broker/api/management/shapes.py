@@ -40,7 +40,7 @@ def queue_json(info: dict[str, Any], vhost: str, node: str, rates: dict[str, flo
     rates of its numbers (``rates.queue_rates``)."""
     stats = info["message_stats"]
     arguments = info["arguments"]
-    return {
+    out: dict[str, Any] = {
         "name": info["name"],
         "vhost": vhost,
         "node": node,
@@ -61,21 +61,24 @@ def queue_json(info: dict[str, Any], vhost: str, node: str, rates: dict[str, flo
         "messages_unacknowledged": info["messages_unacked"],
         "messages_unacknowledged_details": rate(rates.get("messages_unacked", 0.0)),
         "messages_paged_out": info.get("messages_paged_out", 0),
-        "message_stats": {
+    }
+    if stats["published"] or stats["delivered"]:
+        # (RabbitMQ shows no message_stats before a queue's first message)
+        out["message_stats"] = {
             "publish": stats["published"],
             "publish_details": rate(rates.get("published", 0.0)),
             "deliver_get": stats["delivered"],
             "ack": stats["acked"],
             "redeliver": stats["redelivered"],
-        },
-    }
+        }
+    return out
 
 
 def exchange_json(info: dict[str, Any], vhost: str) -> dict[str, Any]:
     """An exchange as ``/api/exchanges`` lists it, from ``BrokerViews.exchange_info(s)``
     (the default exchange's name is ``""``, as RabbitMQ lists it)."""
     stats = info.get("message_stats") or {}
-    out = {
+    out: dict[str, Any] = {
         "name": info["name"],
         "vhost": vhost,
         "type": info["type"],
@@ -84,7 +87,8 @@ def exchange_json(info: dict[str, Any], vhost: str) -> dict[str, Any]:
         "internal": info["internal"],
         "arguments": info["arguments"],
     }
-    if stats:
+    if stats.get("messages_in") or stats.get("messages_out"):
+        # (RabbitMQ shows no message_stats before an exchange's first message)
         out["message_stats"] = {"publish_in": stats.get("messages_in", 0), "publish_out": stats.get("messages_out", 0)}
     return out
 
