@@ -189,3 +189,10 @@ async def test_who_is_connected_needs_the_administrator_tag(api: HTTPClient, bro
     # what GET /queues reads, any user reads
     assert (await api.get("/api/queues", headers=user)).status == 200
     assert (await api.get("/api/whoami", headers=user)).json() == {"name": "worker", "tags": []}
+
+
+async def test_the_queue_list_under_the_paths_tools_use(api: HTTPClient) -> None:
+    await api.put("/api/queues/%2F/q", json={})
+    expected = (await api.get("/api/queues")).json()
+    # Flower's path for the vhost "/" (tests/api/test_management_flower.py)
+    assert (await api.get("/api/queues/")).json() == expected

@@ -47,6 +47,9 @@ def add_routes(ctx: ManagementContext) -> None:
     ctx.add("GET", "/whoami", whoami)
     ctx.add("GET", "/queues", list_queues)
     ctx.add("GET", "/queues/{vhost}", list_queues)
+    # Flower asks for the default vhost's queues as /api/queues/ (its "/" joined to
+    # the URL): RabbitMQ answers every queue there
+    ctx.add("GET", "/queues/", list_queues)
     ctx.add("GET", "/queues/{vhost}/{name}", get_queue)
     ctx.add("GET", "/queues/{vhost}/{name}/bindings", queue_bindings)
     ctx.add("GET", "/exchanges", list_exchanges)
