@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 import pytest
 import trio
 
-from broker.api.management import listeners_of
+from broker.api.management import health, listeners_of
 from tests.support.app import MemoryBroker
 from tests.support.http import HTTPClient
 from tests.support.memory_fixtures import broker  # noqa: F401 (a fixture)
@@ -43,7 +43,7 @@ async def test_aliveness_fails_while_the_test_message_is_not_taken(api: HTTPClie
 async def test_alarms(api: HTTPClient, broker: MemoryBroker) -> None:  # noqa: F811
     for path in ("/api/health/checks/alarms", "/api/health/checks/local-alarms"):
         assert (await api.get(path)).json() == {"status": "ok"}
-    broker.runtime.flow.raise_alarm("memory", "test")
+    broker.runtime.flow.raise_alarm("memory", "test")  # (cleared by the memory monitor's next sample, 1 s on)
     try:
         for path in ("/api/health/checks/alarms", "/api/health/checks/local-alarms"):
             reply = await api.get(path)
@@ -84,3 +84,18 @@ async def test_health_checks_need_credentials_once_users_exist(api: HTTPClient, 
     reply = await api.get("/api/aliveness-test/%2F", headers=user)
     assert (reply.status, reply.json()["error"]) == (401, "not_authorised")
     assert (await api.get("/healthz")).status == 200  # ackbus's own probe stays public
+
+
+async def test_aliveness_fails_rather_than_waits_while_publishing_is_blocked(
+    api: HTTPClient, broker: MemoryBroker, monkeypatch: pytest.MonkeyPatch,  # noqa: F811
+) -> None:
+    monkeypatch.setattr(health, "ALIVENESS_WAIT_S", 0.2)
+    # (an alarm of a kind no monitor clears meanwhile)
+    broker.runtime.flow.raise_alarm("test", "held by the test")
+    try:
+        with trio.fail_after(30):
+            reply = await api.get("/api/aliveness-test/%2F")
+        assert reply.status == 503 and reply.json()["status"] == "failed"
+    finally:
+        broker.runtime.flow.clear_alarm("test")
+    assert (await api.get("/api/aliveness-test/%2F")).status == 200

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+import trio
+
 from broker.api.management.context import ManagementContext
 from broker.api.management.node import node_name
 from broker.api.permissions import access_for
@@ -28,6 +30,8 @@ from broker.http import Request, Response
 #: The queue the aliveness test uses (RabbitMQ's name).
 ALIVENESS_QUEUE: Final = "aliveness-test"
 ALIVENESS_BODY: Final = b"test_message"
+#: How long the test's publish may wait while publishing is blocked (an alarm).
+ALIVENESS_WAIT_S: Final = 5.0
 
 
 def add_routes(ctx: ManagementContext) -> None:
@@ -52,8 +56,12 @@ async def aliveness(ctx: ManagementContext, request: Request, response: Response
     gateway = ctx.gateway
     try:
         gateway.check_ready()
-        await gateway.run_durable(lambda core: core.declare_queue(ALIVENESS_QUEUE, durable=False))
-        outcome = await gateway.publish_and_confirm("", ALIVENESS_QUEUE, ALIVENESS_BODY, None)
+        if not ctx.views.queue_exists(ALIVENESS_QUEUE):  # (one declared otherwise is used as it is)
+            await gateway.run_durable(lambda core: core.declare_queue(ALIVENESS_QUEUE, durable=False))
+        # a publish waits while publishing is blocked: the check fails instead
+        outcome = await gateway.publish_and_confirm(
+            "", ALIVENESS_QUEUE, ALIVENESS_BODY, None, deadline=trio.current_time() + ALIVENESS_WAIT_S
+        )
         if not outcome.ack or not outcome.routed:
             await _failed(response, f"the test message was not taken: {outcome.reason or 'not routed'}")
             return
