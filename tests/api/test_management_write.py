@@ -38,6 +38,11 @@ async def test_queue_declare_is_201_then_204_and_transient_by_default(api: HTTPC
     assert (await api.put("/api/queues/%2F/r", json={"vhost": "/", "name": "r", "durable": True})).status == 201
     assert (await api.get("/api/queues/%2F/r")).json()["durable"] is True
     assert (await api.put("/api/queues/%2F/s", body=b"")).status == 201
+    # booleans as text, as rabbitmqadmin sends them (durable=true on its command line)
+    assert (await api.put("/api/queues/%2F/t", json={"durable": "true", "auto_delete": "false"})).status == 201
+    assert (await api.get("/api/queues/%2F/t")).json()["durable"] is True
+    reply = await api.put("/api/queues/%2F/u", json={"durable": "True"})  # RabbitMQ takes only these two
+    assert reply.status == 400
 
 
 async def test_bad_declares_are_400_bad_request_and_change_nothing(api: HTTPClient) -> None:
