@@ -24,7 +24,7 @@ import trio
 from broker.api.management.context import ManagementContext
 from broker.api.management.node import node_name
 from broker.api.permissions import access_for
-from broker.core import ErrorReply
+from broker.core import REST_CHANNEL, ErrorReply
 from broker.http import Request, Response
 
 #: The queue the aliveness test uses (RabbitMQ's name).
@@ -57,7 +57,10 @@ async def aliveness(ctx: ManagementContext, request: Request, response: Response
     try:
         gateway.check_ready()
         if not ctx.views.queue_exists(ALIVENESS_QUEUE):  # (one declared otherwise is used as it is)
-            await gateway.run_durable(lambda core: core.declare_queue(ALIVENESS_QUEUE, durable=False))
+            await gateway.declare_queue(
+                REST_CHANNEL, ALIVENESS_QUEUE, durable=False, exclusive=False, auto_delete=False, arguments={},
+                passive=False,
+            )
         # a publish waits while publishing is blocked: the check fails instead
         outcome = await gateway.publish_and_confirm(
             "", ALIVENESS_QUEUE, ALIVENESS_BODY, None, deadline=trio.current_time() + ALIVENESS_WAIT_S

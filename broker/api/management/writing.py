@@ -1,9 +1,11 @@
 """The declares and deletes ``rabbitmqadmin`` and ops scripts make: queues, exchanges,
 bindings, and a queue's purge (``DELETE /api/queues/%2F/{name}/contents``).
 
-Each goes through the same permission check and the same core command as ackbus's
-own REST route (``broker/api/rest/queues.py``, ``exchanges.py``, ``bindings.py``),
-through the command gateway, and answers once what it logged is durable. The
+Each goes through the same permission check as ackbus's own REST route
+(``broker/api/rest/queues.py``, ``exchanges.py``, ``bindings.py``) and the command
+gateway's metadata calls (``declare_queue``, ``bind`` ...: the core's command, and in
+cluster mode the change in etcd, as for an AMQP declare), and answers once what it
+logged is durable. The
 answers are RabbitMQ's: ``201`` for a declare that created, ``204`` for one that
 found its twin, ``204`` for a delete; ``201`` with a ``Location`` for a binding.
 RabbitMQ's defaults apply (a queue or exchange declared without ``durable`` is
@@ -25,7 +27,7 @@ from broker.api.management.reading import (
 )
 from broker.api.management.shapes import properties_key
 from broker.api.permissions import access_for
-from broker.core import InvalidArgument
+from broker.core import REST_CHANNEL, InvalidArgument
 from broker.http import Request, Response
 
 #: The body keys each declare reads (others are ignored, as RabbitMQ does).
@@ -67,8 +69,9 @@ async def put_queue(ctx: ManagementContext, request: Request, response: Response
         # an exclusive queue belongs to a connection; the API's request has none
         raise InvalidArgument("exclusive queues cannot be declared through the management API")
     access_for(request).require_declare("declare_queue", name, arguments)
-    _queue, created = await ctx.gateway.run_durable(
-        lambda core: core.declare_queue(name, durable=durable, auto_delete=auto_delete, arguments=arguments)
+    _name, created = await ctx.gateway.declare_queue(
+        REST_CHANNEL, name, durable=durable, exclusive=False, auto_delete=auto_delete, arguments=arguments,
+        passive=False,
     )
     await response.send_empty(201 if created else 204)
 
@@ -77,10 +80,10 @@ async def delete_queue(ctx: ManagementContext, request: Request, response: Respo
     ctx.gateway.check_ready()
     name = request.path_params["name"]
     access_for(request).require("delete_queue", name)
-    if not ctx.views.queue_exists(name):
+    if not ctx.gateway.queue_exists(name):
         raise ObjectNotFound(f"no queue {name!r}")
     if_unused, if_empty = _flag(request, "if-unused"), _flag(request, "if-empty")
-    await ctx.gateway.run_durable(lambda core: core.delete_queue(name, if_unused=if_unused, if_empty=if_empty))
+    await ctx.gateway.delete_queue(REST_CHANNEL, name, if_unused=if_unused, if_empty=if_empty)
     await response.send_empty(204)
 
 
@@ -104,10 +107,8 @@ async def put_exchange(ctx: ManagementContext, request: Request, response: Respo
     internal = f.bool("internal", False)
     arguments = f.dict("arguments")
     access_for(request).require_declare("declare_exchange", name or DEFAULT_EXCHANGE_PATH, arguments)
-    _exchange, created = await ctx.gateway.run_durable(
-        lambda core: core.declare_exchange(
-            name, kind, durable=durable, auto_delete=auto_delete, internal=internal, arguments=arguments
-        )
+    _name, created = await ctx.gateway.declare_exchange(
+        name, kind, durable=durable, auto_delete=auto_delete, internal=internal, arguments=arguments, passive=False
     )
     await response.send_empty(201 if created else 204)
 
@@ -119,7 +120,7 @@ async def delete_exchange(ctx: ManagementContext, request: Request, response: Re
     if not ctx.views.exchange_exists(name):
         raise ObjectNotFound(f"no exchange {name!r}")
     if_unused = _flag(request, "if-unused")
-    await ctx.gateway.run_durable(lambda core: core.delete_exchange(name, if_unused=if_unused))
+    await ctx.gateway.delete_exchange(name, if_unused=if_unused)
     await response.send_empty(204)
 
 
@@ -136,9 +137,7 @@ async def _bind(ctx: ManagementContext, request: Request, response: Response, to
         "bind", (destination or DEFAULT_EXCHANGE_PATH) if to_exchange else destination,
         source=source or DEFAULT_EXCHANGE_PATH,
     )
-    await ctx.gateway.run_durable(
-        lambda core: core.bind(source, destination, routing_key, arguments, to_exchange=to_exchange)
-    )
+    await ctx.gateway.bind(REST_CHANNEL, source, destination, routing_key, arguments, to_exchange=to_exchange)
     # RabbitMQ's Location: the new binding's properties key, relative to the request
     location = quote(properties_key(routing_key, arguments), safe="")
     path_dest = quote(request.path_params["destination"], safe="")
@@ -194,8 +193,8 @@ async def _unbind(ctx: ManagementContext, request: Request, response: Response, 
         "unbind", (destination or DEFAULT_EXCHANGE_PATH) if to_exchange else destination,
         source=source or DEFAULT_EXCHANGE_PATH,
     )
-    await ctx.gateway.run_durable(
-        lambda core: core.unbind(source, destination, routing_key, arguments, to_exchange=to_exchange)
+    await ctx.gateway.bind(
+        REST_CHANNEL, source, destination, routing_key, arguments, to_exchange=to_exchange, unbind=True
     )
     await response.send_empty(204)
 
