@@ -5,6 +5,7 @@ nothing."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 
 import pytest
@@ -152,3 +153,38 @@ async def test_credentials_and_permissions(api: HTTPClient, broker: MemoryBroker
     reply = await api.post("/api/exchanges/%2F/amq.default/publish", headers=reader,
                            json={"properties": {}, "routing_key": "q", "payload": "x", "payload_encoding": "string"})
     assert reply.status == 401
+
+
+#: Values of every JSON type, and of the wrong one for each key.
+ODD_VALUES = [None, 0, -1, 2**70, 1.5, "", "x", "true", [], [1], {}, {"a": [None]}, True, False]
+#: (method, path, the keys its body reads).
+BODY_ROUTES = [
+    ("PUT", "/api/queues/%2F/odd", ("durable", "auto_delete", "exclusive", "arguments")),
+    ("PUT", "/api/exchanges/%2F/odd", ("type", "durable", "auto_delete", "internal", "arguments")),
+    ("POST", "/api/bindings/%2F/e/amq.direct/q/target", ("routing_key", "arguments")),
+    ("POST", "/api/bindings/%2F/e/amq.direct/e/amq.fanout", ("routing_key", "arguments")),
+    ("POST", "/api/exchanges/%2F/amq.default/publish", ("properties", "routing_key", "payload", "payload_encoding")),
+    ("POST", "/api/queues/%2F/target/get", ("count", "ackmode", "encoding", "truncate")),
+]
+
+
+async def test_odd_bodies_are_answered_never_with_a_server_error(api: HTTPClient) -> None:
+    """Each key of each body given a value of every JSON type (the others valid or
+    absent), and bodies that are not objects: every answer is below 500."""
+    await api.put("/api/queues/%2F/target", json={})
+    valid: dict[str, object] = {
+        "routing_key": "target", "payload": "x", "payload_encoding": "string", "properties": {},
+        "count": 1, "ackmode": "ack_requeue_true", "encoding": "auto",
+    }
+    for method, path, keys in BODY_ROUTES:
+        for raw in (b"[]", b"1", b'"x"', b"null", b"{", b"\xff"):
+            reply = await api.request(method, path, body=raw)
+            assert reply.status < 500 and "reason" in reply.json(), (method, path, raw, reply.body)
+        for key in keys:
+            for value in ODD_VALUES:
+                body = {k: v for k, v in valid.items() if k in keys}
+                body[key] = value
+                reply = await api.request(method, path, body=json.dumps(body).encode())
+                assert reply.status < 500, (method, path, body, reply.body)
+                if reply.status >= 400:
+                    assert set(reply.json()) == {"error", "reason"}, (method, path, body, reply.body)
