@@ -58,6 +58,11 @@ def _open_sinks(ctx: ManagementContext) -> list[tuple[int, Any, dict[str, Any]]]
     return out
 
 
+def connection_count(ctx: ManagementContext) -> int:
+    """Open connections: AMQP connections, HTTP channels and streams."""
+    return len({_connection_name(sink) for _cid, sink, _info in _open_sinks(ctx)})
+
+
 def _channel_name(sink: Any, channel_id: int) -> str:
     number = getattr(sink, "number", 1)
     return f"{_connection_name(sink)} ({number})"

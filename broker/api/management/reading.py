@@ -15,6 +15,7 @@ from typing import Any, Final
 from trio.lowlevel import checkpoint
 
 from broker import __version__
+from broker.api.management.clients import connection_count
 from broker.api.management.context import VHOST, ManagementContext
 from broker.api.management.errors import ObjectNotFound
 from broker.api.management.node import node_json, node_name
@@ -105,7 +106,7 @@ async def overview(ctx: ManagementContext, request: Request, response: Response)
             "rates_mode": "basic",
             "exchange_types": [{"name": t, "enabled": True} for t in EXCHANGE_TYPES],
             "object_totals": {
-                "connections": len(ctx.gateway.sinks()),
+                "connections": connection_count(ctx),
                 "channels": totals["channels"],
                 "consumers": totals["consumers"],
                 "exchanges": totals["exchanges"],
