@@ -137,3 +137,29 @@ async def test_publish_to_a_missing_exchange_and_get_from_a_missing_queue(api: H
     assert reply.status == 400 and reply.json()["reason"].startswith("404 NOT_FOUND")
     reply = await api.post("/api/queues/%2F/nope/get", json={"count": 1, "ackmode": "ack_requeue_true", "encoding": "auto"})
     assert (reply.status, reply.json()) == (404, {"error": "Object Not Found", "reason": "Not Found"})
+
+
+async def test_a_get_whose_settle_is_refused_returns_its_messages_at_once(
+    api: HTTPClient, broker: MemoryBroker,  # noqa: F811
+) -> None:
+    await api.put("/api/queues/%2F/q", json={"durable": True})
+    await publish(api, "q", "kept")
+    core = broker.runtime.core
+    core.storage_failed(core.last_lsn + 1, core.last_lsn + 1, "disk full")  # as the WAL reports it
+    try:
+        reply = await api.post("/api/queues/%2F/q/get", json={"count": 1, "ackmode": "ack_requeue_false", "encoding": "auto"})
+        assert reply.status == 503 and "disk full" in reply.json()["reason"]
+        # not held by a lease until it lapses: ready again now
+        q = (await api.get("/api/queues/%2F/q")).json()
+        assert (q["messages_ready"], q["messages_unacknowledged"]) == (1, 0)
+    finally:
+        core.storage_recovered()
+    assert [m["payload"] for m in await get(api, "q", 1, "ack_requeue_false")] == ["kept"]
+
+
+async def test_non_ascii_digits_are_not_numbers(api: HTTPClient) -> None:
+    await api.put("/api/queues/%2F/q", json={})
+    for body in ({"count": "²", "ackmode": "ack_requeue_true", "encoding": "auto"},
+                 {"count": 1, "ackmode": "ack_requeue_true", "encoding": "auto", "truncate": "٣"}):
+        reply = await api.post("/api/queues/%2F/q/get", json=body)
+        assert reply.status == 400 and reply.json()["error"] == "bad_request", body

@@ -25,7 +25,7 @@ from broker.api.management.context import ManagementContext
 from broker.api.management.errors import ObjectNotFound
 from broker.api.management.reading import DEFAULT_EXCHANGE_PATH, exchange_path_name
 from broker.api.permissions import access_for
-from broker.core import Broker, InvalidArgument, check_properties
+from broker.core import Broker, ErrorReply, InvalidArgument, check_properties
 from broker.http import Request, Response
 
 PUBLISH_KEYS: Final = frozenset({"properties", "routing_key", "payload", "payload_encoding"})
@@ -116,7 +116,7 @@ async def get(ctx: ManagementContext, request: Request, response: Response) -> N
     f = await known_fields(request, GET_KEYS)
     require_keys(f, "count", "ackmode", "encoding")
     count = f.obj["count"]
-    if isinstance(count, str) and count.isdigit():
+    if isinstance(count, str) and count.isascii() and count.isdigit():
         count = int(count)  # rabbitmqadmin sends it as text
     if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_GET_COUNT:
         raise InvalidArgument(f"count must be an integer 1..{MAX_GET_COUNT}")
@@ -127,7 +127,7 @@ async def get(ctx: ManagementContext, request: Request, response: Response) -> N
     if encoding not in ("auto", "base64"):
         raise InvalidArgument("Unsupported encoding. Please use auto or base64.")
     truncate = f.obj.get("truncate")
-    if isinstance(truncate, str) and truncate.isdigit():
+    if isinstance(truncate, str) and truncate.isascii() and truncate.isdigit():
         truncate = int(truncate)
     if truncate is not None and (isinstance(truncate, bool) or not isinstance(truncate, int) or truncate < 0):
         raise InvalidArgument("truncate must be a whole number of bytes")
@@ -157,10 +157,16 @@ async def get(ctx: ManagementContext, request: Request, response: Response) -> N
             })
         ids = [lease_id for lease_id, _d, _r in leases]
         if ids:
-            if ackmode == "ack_requeue_false":
-                core.ack_leases(ids, queue=name)
-            else:
-                core.nack_leases(ids, requeue=ackmode != "reject_requeue_false", queue=name)
+            try:
+                if ackmode == "ack_requeue_false":
+                    core.ack_leases(ids, queue=name)
+                else:
+                    core.nack_leases(ids, requeue=ackmode != "reject_requeue_false", queue=name)
+            except ErrorReply:
+                # refused (the log cannot be written): the messages go back at once,
+                # not when their leases lapse
+                core.nack_leases(ids, requeue=True, queue=name)
+                raise
         return out
 
     await response.send_json(200, ctx.gateway.run(take))

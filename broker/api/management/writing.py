@@ -5,9 +5,9 @@ Each goes through the same permission check as ackbus's own REST route
 (``broker/api/rest/queues.py``, ``exchanges.py``, ``bindings.py``) and the command
 gateway's metadata calls (``declare_queue``, ``bind`` ...: the core's command, and in
 cluster mode the change in etcd, as for an AMQP declare), and answers once what it
-logged is durable. The
-answers are RabbitMQ's: ``201`` for a declare that created, ``204`` for one that
-found its twin, ``204`` for a delete; ``201`` with a ``Location`` for a binding.
+logged is durable. The answers are RabbitMQ's: ``201`` for a declare that created,
+``204`` for one that found its twin, ``204`` for a delete; ``201`` with a
+``Location`` for a binding.
 RabbitMQ's defaults apply (a queue or exchange declared without ``durable`` is
 transient, as RabbitMQ makes it; ackbus's own API makes it durable).
 """
