@@ -67,7 +67,8 @@ async def test_listeners_the_app_recorded(api: HTTPClient, broker: MemoryBroker)
     assert (reply.status, reply.json()) == (
         503, {"status": "failed", "reason": "No active listener", "missing": 1, "ports": [5672, 15672]},
     )
-    assert (await api.get("/api/health/checks/port-listener/x")).status == 503
+    for odd in ("x", "%C2%B2", "0", "99999"):
+        assert (await api.get(f"/api/health/checks/port-listener/{odd}")).status == 503, odd
     assert (await api.get("/api/health/checks/protocol-listener/amqp")).json() == {"status": "ok", "protocol": "amqp"}
     reply = await api.get("/api/health/checks/protocol-listener/mqtt")
     assert (reply.status, reply.json()) == (

@@ -34,7 +34,7 @@ def _peer(remote: str | None) -> tuple[str | None, int | None]:
     if not remote:
         return None, None
     host, _sep, port = remote.rpartition(":")
-    return host.strip("[]") or None, int(port) if port.isdigit() else None
+    return host.strip("[]") or None, int(port) if port.isascii() and port.isdigit() else None
 
 
 def _user(sink: Any) -> str:

@@ -107,7 +107,7 @@ async def virtual_hosts(ctx: ManagementContext, request: Request, response: Resp
 
 async def port_listener(ctx: ManagementContext, request: Request, response: Response) -> None:
     text = request.path_params["port"]
-    if not text.isdigit() or not 0 < int(text) < 65536:
+    if not (text.isascii() and text.isdigit()) or not 0 < int(text) < 65536:
         await _failed(response, f"invalid port: {text[:20]!r}")
         return
     port = int(text)
