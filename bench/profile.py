@@ -69,7 +69,7 @@ __all__ = ["AMQP_BROKER_HOPS", "BROKER_HOPS", "CLIENT_HOPS", "PIKA_CODE", "PIKA_
 #: code (the compiled build's core and client modules) has no Python frames: its time
 #: shows up as the self time of its interpreted caller, which is why the core's hops
 #: name the runtime's calls into the core (``CommandGateway.publish``, the settling
-#: lambdas, ``_on_durable``, the pump, whose ``take_effects`` runs the core's
+#: lambdas, ``LogReports.on_durable``, the pump, whose ``take_effects`` runs the core's
 #: deliveries). Stacks whose innermost frame is a parked worker thread
 #: (``WorkerThread._work`` or the WAL's ``IOThread._serve``, nothing below it) or the
 #: worker's handshake are idle.
@@ -80,7 +80,7 @@ BROKER_HOPS: list[tuple[str, tuple[str, ...]]] = [
     # (the pump's take_effects runs the core's pending dispatch: deliveries, page-in)
     ("core: deliveries and settling", ("Deliveries.", "ack_each", "CommandBatch.run", "_apply_typed.<locals>",
                                        "Broker.dispatch", "Pager.", "BrokerRuntime.pump ")),
-    ("core: after the fsync (confirms released, page-out)", ("Broker.durable ", "BrokerRuntime._on_durable ")),
+    ("core: after the fsync (confirms released, page-out)", ("Durability.durable ", "LogReports.on_durable ")),
     ("channel: op line decoded (msgspec) and checked, publish handed over",
      ("ChannelSession._publish ", "parse_op_line", "ChannelSession.apply", "decode_hot", "_apply_typed ",
       "properties_dict", ".require ", "exchange_name", "_decode_publish", "reader.py:", "ops.py:")),

@@ -4,7 +4,9 @@ Rules: declarations (exchanges, queues, bindings) are remembered in the order th
 first made, keyed by what they name, so declaring the same thing twice is replayed
 once (with the latest arguments). Deleting an exchange or queue forgets it and every
 binding that mentions it; unbinding forgets that binding. Passive declarations check
-and create nothing, so they are not remembered. The ops are replayed verbatim (minus
+and create nothing, so they are not remembered; nor is a declaration of direct
+reply-to's pseudo-queue or of a reply address (``amq.rabbitmq.reply-to...``), which
+is the requester's check, passive or not (an address ends with its session). The ops are replayed verbatim (minus
 their ``id``), in order: exchanges and queues come before the bindings that use them
 because they were declared before those bindings could succeed.
 """
@@ -16,6 +18,9 @@ from typing import Any
 import orjson
 
 __all__ = ["Topology", "describe_op"]
+
+#: Direct reply-to's pseudo-queue: a declaration of a name beginning so is a check.
+REPLY_TO = "amq.rabbitmq.reply-to"
 
 Key = tuple[Any, ...]
 
@@ -60,7 +65,7 @@ class Topology:
         (and forget what a successful delete or ``unbind`` removed)."""
         op = {k: v for k, v in op.items() if k != "id"}
         kind = op.get("op")
-        if op.get("passive"):
+        if op.get("passive") or (kind == "declare_queue" and str(op.get("queue", "")).startswith(REPLY_TO)):
             return
         if kind == "declare_exchange":
             self._ops[("exchange", op["exchange"])] = op

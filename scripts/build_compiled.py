@@ -37,6 +37,9 @@ COMPILED = [
     "broker/core/dedupkeys.py",
     "broker/core/log.py",
     "broker/core/queues.py",
+    # a queue's timer firing (delays due, expiries) and its parked long-polls woken
+    "broker/core/queuetimers.py",
+    "broker/core/longpolls.py",
     "broker/core/lanes.py",
     "broker/core/delivery.py",
     "broker/core/confirms.py",
@@ -49,6 +52,12 @@ COMPILED = [
     "broker/core/paging.py",
     "broker/core/shared.py",
     "broker/core/broker.py",
+    # the facade's parts: the log's feedback (every durable report), the timer heap
+    # fired, a replicated queue's bounds
+    "broker/core/durability.py",
+    "broker/core/deadlines.py",
+    "broker/core/queuecontrols.py",
+    "broker/core/queueinfo.py",
     # the ENQUEUE record written by every publish and read back by every page-in
     "broker/core/records.py",
     "broker/core/pager.py",

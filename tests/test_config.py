@@ -458,7 +458,8 @@ def test_cluster_settings_are_checked_together() -> None:
     for argv, setting in (
         (["--etcd", "http://127.0.0.1:2379"], "node_name"),
         (["--etcd", "127.0.0.1:2379", "--node-name", "a", "--advertise-url", "http://a"], "etcd"),
-        (["--cluster-name", "a/b"], "cluster_name"),
+        (["--etcd", "http://e1:2379", "--node-name", "a", "--advertise-url", "http://a", "--cluster-name", "a/b"],
+         "cluster_name"),
     ):
         with pytest.raises(ConfigError) as caught:
             load_settings(argv, {})
@@ -486,7 +487,7 @@ def test_etcd_tls_and_user_settings_are_checked_together() -> None:
             load_settings([*argv, *base], environ)
         assert caught.value.setting == setting
     with pytest.raises(ConfigError, match="needs cluster_cert and cluster_key together") as caught:
-        load_settings(["--cluster-key", "k.pem"], {})
+        load_settings(["--etcd", "https://e1:2379", *base, "--cluster-key", "k.pem"], {})
     assert caught.value.setting == "cluster_key"
 
 

@@ -46,7 +46,6 @@ from broker.amqp.relays import (
 from broker.amqp.replies import (
     ACCESS_REFUSED,
     COMMAND_INVALID,
-    NOT_ALLOWED,
     NOT_IMPLEMENTED,
     PRECONDITION_FAILED,
 )
@@ -56,6 +55,7 @@ from broker.amqp.replyto import (
     reply_cancel,
     reply_consume,
     reply_declare,
+    reused_tag,
 )
 from broker.amqp.session import (
     DEFAULT_EXCHANGE_ALIAS,
@@ -64,7 +64,13 @@ from broker.amqp.session import (
     AMQPSession,
     exchange_alias,
 )
-from broker.core import EXCHANGE_TYPES, SERVER_NAMED_PREFIX, ErrorReply, NotFound
+from broker.core import (
+    EXCHANGE_TYPES,
+    SERVER_NAMED_PREFIX,
+    ConsumerTagInUse,
+    ErrorReply,
+    NotFound,
+)
 
 __all__ = ["handle"]
 
@@ -290,11 +296,12 @@ async def _basic_consume(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
     if located is not None:  # cluster mode: another node's queue, consumed there
         await relay_consume(s, ch, queue, tag, m, located)
         return
-    if ch.relayed is not None and ch.relayed.has_consumer(tag):
-        raise AMQPException(NOT_ALLOWED, f"NOT_ALLOWED - attempt to reuse consumer tag '{tag}'")
     priority = (m.arguments or {}).get("x-priority")
-    s.bridge.now(lambda core: core.consume(ch.core_id, queue, consumer_tag=tag, no_ack=bool(m.no_ack),
-                                           exclusive=bool(m.exclusive), priority=priority))
+    try:
+        s.bridge.now(lambda core: core.consume(ch.core_id, queue, consumer_tag=tag, no_ack=bool(m.no_ack),
+                                               exclusive=bool(m.exclusive), priority=priority))
+    except ConsumerTagInUse:  # (a consumer of any kind: relayed ones hold their tags in the core too)
+        raise reused_tag(tag) from None
     quorum = quorum_of(s, ch)
     if quorum is not None:  # cluster mode: a quorum queue's consumer outlives this node's leadership
         quorum.noted(queue, tag, consume_fields(tag, m))

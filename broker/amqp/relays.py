@@ -37,9 +37,10 @@ from broker.amqp.replies import (
     PRECONDITION_FAILED,
     RESOURCE_LOCKED,
 )
+from broker.amqp.replyto import reused_tag
 from broker.amqp.session import AMQPChannel, AMQPException, AMQPSession
 from broker.api import LocalQuorumConsumers, RelayedConsumers
-from broker.core import ChannelError, ErrorReply, Unavailable
+from broker.core import ChannelError, ConsumerTagInUse, ErrorReply, Unavailable
 
 __all__ = ["quorum_of", "relay_consume", "relay_get", "remote_owner", "settle_relayed"]
 
@@ -105,6 +106,8 @@ def remote_owner(s: AMQPSession, ch: AMQPChannel, queue: str) -> tuple[RelayedCo
 
 def _amqp_error(exc: ErrorReply, queue: str, owner: str) -> AMQPException | ErrorReply:
     """The owner's refusal as the error the AMQP channel closes with."""
+    if isinstance(exc, ConsumerTagInUse):  # (this node's refusal, before the owner is asked)
+        return reused_tag(exc.tag)
     if isinstance(exc, Unavailable) and exc.code == "queue_unavailable":
         return AMQPException(
             NOT_FOUND, f"NOT_FOUND - home node '{owner}' of durable queue '{queue}' in vhost '/' is down or inaccessible")

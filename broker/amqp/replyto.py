@@ -24,16 +24,26 @@ from broker.amqp.frames import encode_consume_ok, encode_declare_ok
 from broker.core import (
     REPLY_TO,
     ChannelError,
+    ConsumerTagInUse,
     NotFound,
     PreconditionFailed,
     reply_secret,
 )
 
-__all__ = ["REPLY_TO", "reply_address_for", "reply_cancel", "reply_consume", "reply_declare", "is_reply_queue"]
+__all__ = [
+    "REPLY_TO", "reply_address_for", "reply_cancel", "reply_consume", "reply_declare", "is_reply_queue", "reused_tag",
+]
 
 # The session (``s``) and channel (``ch``) are ``session.py``'s, typed ``Any``:
 # ``session.py`` imports this module. Refusals are the core's errors with RabbitMQ's
 # texts; ``replies.reply_for`` gives their codes (406, 404, 530).
+
+
+def reused_tag(tag: str) -> ChannelError:
+    """RabbitMQ's refusal of a ``basic.consume`` whose tag a consumer of the channel
+    has, of whatever kind (the core's ``ConsumerTagInUse``): 530, a connection
+    exception. The one wording of it, for every kind of consume."""
+    return ChannelError(f"NOT_ALLOWED - attempt to reuse consumer tag '{tag}'", code="not_allowed")
 
 
 def is_reply_queue(name: str) -> bool:
@@ -44,15 +54,11 @@ def is_reply_queue(name: str) -> bool:
 
 async def reply_consume(s: Any, ch: Any, m: Any, tag: str) -> None:
     """``basic.consume`` of ``amq.rabbitmq.reply-to`` with consumer tag ``tag``."""
-    if ch.relayed is not None and ch.relayed.has_consumer(tag):  # (another node's queue's: not in the core)
-        raise ChannelError(f"NOT_ALLOWED - attempt to reuse consumer tag '{tag}'", code="not_allowed")
     secret = reply_secret(secrets.token_urlsafe(16), s.bridge.node_name)
     try:
         s.bridge.run(lambda core: core.reply_consume(ch.core_id, tag, no_ack=bool(m.no_ack), secret=secret))
-    except ChannelError as exc:
-        if exc.code != "not_allowed":
-            raise
-        raise ChannelError(f"NOT_ALLOWED - attempt to reuse consumer tag '{tag}'", code="not_allowed") from None
+    except ConsumerTagInUse:  # (a consumer of any kind: relayed ones hold their tags in the core too)
+        raise reused_tag(tag) from None
     except PreconditionFailed as exc:
         raise PreconditionFailed(f"PRECONDITION_FAILED - {exc.message}") from None
     if not m.nowait:

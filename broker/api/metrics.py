@@ -141,7 +141,7 @@ class BrokerMetrics:
         r.counter(
             "ackbus_messages_lost_total",
             "Paged-out messages given up because their record is unreadable (only with --repair).",
-            collect=lambda: self._runtime.messages_lost if self._runtime else None,
+            collect=lambda: self._runtime.notices.messages_lost if self._runtime else None,
         )
         r.counter(
             "ackbus_unconfirmed_dropped_total",
@@ -152,7 +152,7 @@ class BrokerMetrics:
         r.counter(
             "ackbus_log_read_failures_total",
             "Failed reads of paged-out messages from the log (the message is kept and retried).",
-            collect=lambda: self._runtime.log_read_failures if self._runtime else None,
+            collect=lambda: self._runtime.notices.log_read_failures if self._runtime else None,
         )
         r.gauge(
             "ackbus_queues_waiting_for_log_reads",

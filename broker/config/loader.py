@@ -11,6 +11,7 @@ from typing import Any, Final, NoReturn
 
 from broker import __version__
 from broker.config.kinds import _Bool
+from broker.config.rules import DEFAULT_SOURCE
 from broker.config.settings import (
     _BY_NAME,
     _INFOS,
@@ -99,7 +100,7 @@ def load_settings(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Set
     args = build_arg_parser().parse_args(argv)
 
     values: dict[str, Any] = {info.name: info.default for info in _INFOS}
-    sources: dict[str, str] = dict.fromkeys(values, "default")
+    sources: dict[str, str] = dict.fromkeys(values, DEFAULT_SOURCE)
 
     config_path: str | None = args.config
     config_source = "--config"

@@ -25,22 +25,25 @@ Rules:
 - Booleans from text accept ``true/false``, ``1/0``, ``yes/no`` (any case); in TOML they
   must be TOML booleans. Each boolean flag has a ``--no-`` twin so a flag can override
   an environment variable in both directions.
+- The cluster's settings (every one of the cluster group but ``etcd``) mean something
+  only with ``etcd``: given without it, from any source, they are refused, so that a
+  forgotten ``--etcd`` cannot start a lone node its operator believes clustered.
 - Relative paths are relative to the working directory of the broker process, from
   every source (not to the config file), so that one rule covers them all.
 
 The tables here are the single source of truth: ``--help`` and the configuration
 reference in ``docs/operations.md`` are derived from them (a test checks the doc).
-That table, with the rules across settings, is why this module is over 500 lines.
+The rules that involve more than one setting are :mod:`broker.config.rules`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import pathlib
-import re
 from collections.abc import Callable, Mapping
 from typing import Any, Final, Literal, TypeVar
 
+from broker.config.errors import ConfigError
 from broker.config.kinds import (
     _BOOL,
     _INT,
@@ -61,6 +64,7 @@ from broker.config.kinds import (
     _OptionalPath,
     _positive,
 )
+from broker.config.rules import DEFAULT_SOURCE, check_together
 from broker.http import Limits
 from broker.runtime import RuntimeOptions
 from broker.storage import parse_fsync_policy
@@ -82,20 +86,6 @@ CONFIG_ENV: Final = "ACKBUS_CONFIG"
 
 LogLevel = Literal["debug", "info", "warning", "error"]
 LogFormat = Literal["human", "json"]
-
-
-class ConfigError(Exception):
-    """A setting is invalid, or a source of settings cannot be read.
-
-    ``message`` is complete and meant for a person (the CLI prints it and exits 2);
-    ``setting`` and ``source`` carry the same facts for code and tests, when known.
-    """
-
-    def __init__(self, message: str, *, setting: str | None = None, source: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.setting = setting
-        self.source = source
 
 
 _Section = TypeVar("_Section")
@@ -342,7 +332,8 @@ class Settings:
     # cluster (docs/cluster.md): without etcd, none of this runs.
     etcd: str = _setting(
         "", _OPTIONAL_STR, "cluster",
-        "etcd endpoints http://HOST:PORT[,...] or https://HOST:PORT[,...] (TLS): join a cluster; empty: a single node.",
+        "etcd endpoints http://HOST:PORT[,...] or https://HOST:PORT[,...] (TLS): join a cluster; empty: a single node "
+        "(the other cluster settings are then refused).",
     )
     etcd_ca_file: pathlib.Path | None = _setting(
         None, _OptionalPath("none"), "cluster",
@@ -401,7 +392,11 @@ class Settings:
             if value is not raw:
                 object.__setattr__(self, info.name, value)
             values[info.name] = value
-        _check_together(values, dict.fromkeys(values, "Settings()"))
+        # Direct construction has no sources: a value other than the default counts as given.
+        sources = {
+            info.name: DEFAULT_SOURCE if values[info.name] == info.default else "Settings()" for info in _INFOS
+        }
+        _check_together(values, sources)
 
     @property
     def fsync_interval_ms(self) -> int | None:
@@ -442,6 +437,8 @@ def _collect_infos() -> tuple[SettingInfo, ...]:
 
 _INFOS: Final = _collect_infos()
 _BY_NAME: Final = {info.name: info for info in _INFOS}
+#: The settings that mean something only in a cluster: refused without etcd.
+_CLUSTER_ONLY: Final = tuple(info.name for info in _INFOS if info.group == "cluster" and info.name != "etcd")
 
 
 def describe_settings() -> tuple[SettingInfo, ...]:
@@ -464,91 +461,6 @@ def _validate(info: SettingInfo, convert: Callable[[Any], Any], raw: Any, source
     return value
 
 
-def _check_etcd(values: Mapping[str, Any], sources: Mapping[str, str]) -> None:
-    """The etcd endpoints and how the node gets into etcd (TLS, users) fit together."""
-    source = sources["etcd"]
-    schemes = set()
-    for url in values["etcd"].split(","):
-        found = re.fullmatch(r"\s*(https?)://[^/\s:,]+(:\d{1,5})?/?\s*", url)
-        if found is None:
-            raise ConfigError(
-                f"etcd = {values['etcd']!r} from {source}: each endpoint must look like "
-                f"http://HOST:PORT or https://HOST:PORT, not {url.strip()!r}", setting="etcd", source=source,
-            )
-        schemes.add(found.group(1))
-    if len(schemes) > 1:
-        raise ConfigError(
-            f"etcd = {values['etcd']!r} from {source}: mixes http:// and https:// endpoints; use https:// for all "
-            "(one plain endpoint would carry in clear what the others protect)", setting="etcd", source=source,
-        )
-    if (values["etcd_cert"] is None) != (values["etcd_key"] is None):
-        given = "etcd_cert" if values["etcd_cert"] is not None else "etcd_key"
-        raise ConfigError(
-            f"{given} (from {sources[given]}) needs etcd_cert and etcd_key together", setting=given, source=sources[given]
-        )
-    if schemes == {"http"}:
-        for name in ("etcd_ca_file", "etcd_cert"):
-            if values[name] is not None:
-                raise ConfigError(
-                    f"{name} (from {sources[name]}) is for https:// etcd endpoints, but etcd = {values['etcd']!r} "
-                    f"(from {source}) is plain http://", setting=name, source=sources[name],
-                )
-    password_from = [name for name in ("etcd_password", "etcd_password_file") if values[name]]
-    if len(password_from) > 1:
-        raise ConfigError(
-            f"etcd_password (from {sources['etcd_password']}) and etcd_password_file (from "
-            f"{sources['etcd_password_file']}): give the password one way", setting="etcd_password_file",
-            source=sources["etcd_password_file"],
-        )
-    if values["etcd_user"] and not password_from:
-        raise ConfigError(
-            f"etcd_user (from {sources['etcd_user']}) needs a password: etcd_password_file or the environment "
-            f"variable {ENV_PREFIX}ETCD_PASSWORD", setting="etcd_user", source=sources["etcd_user"],
-        )
-    if password_from and not values["etcd_user"]:
-        name = password_from[0]
-        raise ConfigError(
-            f"{name} (from {sources[name]}) needs etcd_user: the user the password is of", setting=name,
-            source=sources[name],
-        )
-
-
 def _check_together(values: Mapping[str, Any], sources: Mapping[str, str]) -> None:
-    """Rules that involve more than one setting."""
-    if (values["tls_cert"] is None) != (values["tls_key"] is None):
-        given = "tls_cert" if values["tls_cert"] is not None else "tls_key"
-        raise ConfigError(
-            f"{given} (from {sources[given]}) needs tls_cert and tls_key together", setting=given, source=sources[given]
-        )
-    if values["tls_client_ca"] is not None and values["tls_cert"] is None:
-        raise ConfigError(
-            f"tls_client_ca (from {sources['tls_client_ca']}) needs tls_cert and tls_key",
-            setting="tls_client_ca", source=sources["tls_client_ca"],
-        )
-    if (values["cluster_cert"] is None) != (values["cluster_key"] is None):
-        given = "cluster_cert" if values["cluster_cert"] is not None else "cluster_key"
-        raise ConfigError(
-            f"{given} (from {sources[given]}) needs cluster_cert and cluster_key together", setting=given,
-            source=sources[given],
-        )
-    if values["etcd"]:
-        _check_etcd(values, sources)
-        for name in ("node_name", "advertise_url"):
-            if not values[name]:
-                raise ConfigError(
-                    f"etcd (from {sources['etcd']}) needs {name} too: a node joins a cluster under a "
-                    "stable name, at a URL the other nodes can reach",
-                    setting=name, source=sources["etcd"],
-                )
-    if values["cluster_name"] and not all(c.isalnum() or c in "-_." for c in values["cluster_name"]):
-        raise ConfigError(
-            f"cluster_name = {values['cluster_name']!r} (from {sources['cluster_name']}): "
-            "letters, digits, '-', '_' and '.' only", setting="cluster_name", source=sources["cluster_name"],
-        )
-    if values["default_lease_s"] > values["max_lease_s"]:
-        raise ConfigError(
-            f"default_lease_s = {values['default_lease_s']:g} (from {sources['default_lease_s']}) "
-            f"must not exceed max_lease_s = {values['max_lease_s']:g} (from {sources['max_lease_s']})",
-            setting="default_lease_s",
-            source=sources["default_lease_s"],
-        )
+    """The rules that involve more than one setting (:mod:`broker.config.rules`)."""
+    check_together(values, sources, cluster_only=_CLUSTER_ONLY)

@@ -16,6 +16,7 @@ from .broker import (
 from .browsing import MAX_BROWSE
 from .config import CoreConfig
 from .constants import QUEUE_DELETED, delivery_cost
+from .consumertags import ConsumerTagInUse
 from .coordstate import MISSED_POLICIES, LockGranted, LockWaitEnded, TickFired
 from .deadletter import MAX_REDRIVE
 from .delays import MAX_DELAY_S, check_delay
@@ -134,6 +135,7 @@ __all__ = [
     "ErrorReply",
     "AccessRefused",
     "ChannelError",
+    "ConsumerTagInUse",
     "InvalidArgument",
     "NotFound",
     "PayloadTooLarge",

@@ -46,7 +46,8 @@ collaborators in its constructor (built here, in dependency order):
   the deduplication window, confirm release;
 * ``store`` (:class:`QueueStore`, queues.py): queues, their lanes, paging (``pager``,
   pager.py), delays and queue timers (``delays``, delays.py), expiry (``expiry``,
-  expiry.py);
+  expiry.py); a queue's timer firing (``queue_timers``, queuetimers.py) and parked
+  long-polls (``long_polls``, longpolls.py) work through it;
 * ``topology`` (:class:`Topology`, topology.py): exchanges, bindings, routing;
 * ``dead_letters`` (deadletter.py): dead letters and redrive;
 * ``deliveries`` (:class:`Deliveries`, delivery.py): channels, consumers, unacked
@@ -58,7 +59,11 @@ collaborators in its constructor (built here, in dependency order):
 * ``accounts`` (:class:`Users`, users.py): users and tokens (``Broker.users`` is
   their store, read by the API to authenticate);
 * ``recovery`` (replay.py) and ``snapshots`` (snapshot.py), which work through the
-  others; ``compaction`` (compaction.py) and ``browser`` (browsing.py).
+  others; ``compaction`` (compaction.py) and ``browser`` (browsing.py);
+* ``durability`` (durability.py): the log's feedback (``durable``,
+  ``storage_failed``) and confirms held from outside; ``queue_controls``
+  (queuecontrols.py): a replicated queue's bounds, set from outside; ``deadlines``
+  (deadlines.py): the timer heap read and fired (``next_deadline``, ``advance``).
 
 What they truly share is passed in as small objects (shared.py): the ``Outbox`` of
 effects, the ``Wakeups`` (queues to dispatch, long-polls to wake), the counters
@@ -67,17 +72,13 @@ back three components built after it (dead letters, deliveries, topology), named
 with ``QueueStore.connect``.
 
 The commands are the components' own methods, bound here once (``self.publish =
-publishing.publish``): a command costs no extra call through the facade.
-
-Over 500 lines: every command of every component is bound here once, next to the
-log's feedback, time and the views, which need them all.
+publishing.publish``): a command costs no extra call through the facade. What stays
+here is what needs them all: ``take_effects``, the views and the totals.
 """
 
 from __future__ import annotations
 
-import heapq
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable
 
 from .browsing import Browser
 from .compaction import Compaction
@@ -92,26 +93,31 @@ from .constants import (
 from .coordlog import Coordination
 from .coordstate import CoordState
 from .deadletter import DeadLetters
+from .deadlines import Deadlines
 from .dedup import DedupWindow
 from .delays import Delays
 from .delivery import Deliveries
 from .directreply import DirectReplies
+from .durability import Durability
 from .effects import Effect
 from .entities import ChannelState, Exchange, Queue
-from .errors import NotFound
 from .expiry import Expiry
 from .heldletters import HeldDeadLetters
 from .leases import Leases
 from .locks import CoordTimer, Locks
 from .log import MessageLog, ReadLog
+from .longpolls import LongPolls
 from .pager import Pager
 from .publishing import Publishing
+from .queuecontrols import QueueControls
+from .queueinfo import queue_info
 from .queues import QueueStore
+from .queuetimers import QueueTimers
 from .replay import Recovery
 from .schedules import Schedules
 from .shared import Outbox, Wakeups, new_stats
 from .snapshot import Snapshots
-from .timers import COORD_TIMER, QUEUE_TIMER, TimerHeap
+from .timers import TimerHeap
 from .topology import Topology
 from .totals import Totals
 from .transactions import Transactions
@@ -167,6 +173,10 @@ class Broker:
             log, delays, pager, expiry, outbox, wakeups, counts, **clocks, boot_id=boot_id,
             max_queues=config.max_queues, memory_messages_per_queue=config.queue_memory_messages,
         )
+        self.queue_timers = queue_timers = QueueTimers(
+            store, log, delays, pager, expiry, outbox, wakeups, wall_clock=wall_clock
+        )
+        self.long_polls = long_polls = LongPolls(store, delays, outbox, wakeups)
         self.topology = topology = Topology(store, log, max_exchanges=config.max_exchanges)
         self.dead_letters = dead_letters = DeadLetters(store, topology, log, outbox, wakeups, wall_clock=wall_clock)
         self.connections = connections = Connections(store)
@@ -190,6 +200,7 @@ class Broker:
         self.publishing = publishing = Publishing(
             deliveries, topology, store, dead_letters, log, outbox, stats, wall_clock=wall_clock, replies=replies
         )
+        self.queue_controls = queue_controls = QueueControls(store, publishing, wakeups)
         self.transactions = transactions = Transactions(deliveries, publishing, log)
         self.leases = leases = Leases(
             deliveries, store, delays, dead_letters, log, stats, clock=clock, boot_id=boot_id, config=config
@@ -203,6 +214,8 @@ class Broker:
             coord, coord_timer, locks, schedules, outbox, log, wall_clock=wall_clock
         )
         self.compaction = compaction = Compaction(store, deliveries, log)
+        self.durability = durability = Durability(log, deliveries, store, delays, compaction)
+        self.deadlines = deadlines = Deadlines(timers, store, queue_timers, coordination, deliveries, clock=clock)
         self.browser = browser = Browser(store, deliveries, pager, log)
         self.recovery = recovery = Recovery(
             log, store, topology, pager, delays, coordination, users, wall_clock=wall_clock
@@ -225,9 +238,9 @@ class Broker:
         self.declare_queue = store.declare_queue
         self.delete_queue = store.delete_queue
         self.purge_queue = store.purge_queue
-        self.queue_info = store.queue_info
-        self.park_getter = store.park_getter
-        self.unpark_getter = store.unpark_getter
+        self.queue_info = queue_info
+        self.park_getter = long_polls.park_getter
+        self.unpark_getter = long_polls.unpark_getter
         self.browse = browser.browse
         self.redrive = dead_letters.redrive
         self.hold_dead_letters = held.hold_on
@@ -252,6 +265,7 @@ class Broker:
         self.touch = deliveries.touch
         self.reserve_delivery_tag = deliveries.reserve_tag
         self.reply_consume, self.reply_cancel = replies.reply_consume, replies.reply_cancel
+        self.hold_consumer_tag, self.release_consumer_tag = deliveries.tags.hold, deliveries.tags.release
         self.open_connection = connections.open_connection
         self.join_connection = deliveries.join_connection
         self.close_connection = connections.close_connection
@@ -292,6 +306,24 @@ class Broker:
         self.finish_recovery = recovery.finish_recovery
         self.snapshot = snapshots.snapshot
         self.relocate = compaction.relocate
+        # the log's feedback, and confirms held from outside
+        self.durable = durability.durable
+        self.storage_failed = durability.storage_failed
+        self.storage_recovered = durability.storage_recovered
+        self.refuse_publishes = durability.refuse_publishes
+        self.accept_publishes = durability.accept_publishes
+        self.hold_confirms = durability.hold_confirms
+        self.release_held_confirms = durability.release_held_confirms
+        self.nack_held_confirms = durability.nack_held_confirms
+        # a replicated queue's bounds, set from outside
+        self.refuse_queue = queue_controls.refuse_queue
+        self.persist_messages = queue_controls.persist_messages
+        self.hold_deliveries = queue_controls.hold_deliveries
+        self.restore_message = queue_controls.restore_message
+        # time
+        self.next_deadline = deadlines.next_deadline
+        self.earliest_timer = deadlines.earliest_timer
+        self.advance = deadlines.advance
 
     # ------------------------------------------------------------ read-only views
 
@@ -394,190 +426,12 @@ class Broker:
             self.coordination.take_effects()
         if self._wakeups.dispatch:
             self.deliveries.dispatch_due()
-        self.store.ready_getters()
+        self.long_polls.ready_getters()
         # Records logged before the marks (publishes, declares...) have waiters.
         self.log.take_records()
         if self.log.has_confirms_due():
             self.log.release_confirms()
         return self._outbox.take()
-
-    # ------------------------------------------------------------- the log
-
-    def durable(self, lsn: int) -> None:
-        """Records up to ``lsn`` are on disk: release the confirms that waited on them."""
-        log = self.log
-        if not log.durable(lsn):
-            return
-        for ch in self.deliveries.channels.values():
-            if len(ch.confirms):
-                log.confirms_due(ch)
-        self.compaction.durable(lsn)
-        self.store.page_out()
-        self.delays.page_out()
-
-    def storage_failed(self, first_lsn: int, last_lsn: int, reason: str) -> None:
-        """Records ``first_lsn``..``last_lsn`` could not be written.
-
-        Publishes that waited on them are nacked, their messages leave the queues they
-        have not yet left and are forgotten by the deduplication window (so a resend
-        is taken again), and persistent publishes are refused until
-        :meth:`storage_recovered`.
-        """
-        failed = self.log.fail(first_lsn, last_lsn, reason)
-        self.compaction.failed(first_lsn, last_lsn)
-        for ch in self.deliveries.channels.values():
-            if ch.confirms.fail_lsns(first_lsn, last_lsn, f"storage failure: {reason}"):
-                self.log.confirms_due(ch)
-        by_queue: dict[str, set[int]] = {}
-        for _lsn, message, queues in failed:
-            for routed in queues:
-                by_queue.setdefault(routed.name, set()).add(message.seq)
-        for qname, seqs in by_queue.items():
-            queue = self.store.queues.get(qname)
-            if queue is not None:
-                queue.remove_entries(seqs)
-
-    def refuse_publishes(self, reason: str) -> None:
-        """Refuse persistent publishes to durable queues (nacked with ``reason``) while
-        settles still go through: the disk is nearly full, and what space is left is
-        kept for the acks and checkpoints that free it."""
-        self.log.publish_refusal = reason
-
-    def accept_publishes(self) -> None:
-        self.log.publish_refusal = None
-
-    # ----------------------------------------------- confirms held from outside
-
-    def hold_confirms(self, lsns: Iterable[int]) -> None:
-        """The acks of publishes whose record has one of ``lsns`` also wait for
-        :meth:`release_held_confirms` (or turn into nacks at
-        :meth:`nack_held_confirms`), whatever the disk says: the edge knows of one
-        more condition (a replicated queue's majority). The core does not know which."""
-        self.log.held.update(lsns)
-
-    def release_held_confirms(self, lsns: Iterable[int]) -> None:
-        """The outside condition of ``lsns`` is met: their acks go once durable."""
-        held = self.log.held
-        held.difference_update(lsns)
-        for ch in self.deliveries.channels.values():
-            if len(ch.confirms):
-                self.log.confirms_due(ch)
-
-    def nack_held_confirms(self, lsns: Iterable[int], reason: str, *, keep_held: bool = False) -> None:
-        """The outside condition of ``lsns`` cannot be met: their publishes are nacked
-        with ``reason`` (their messages stay where they are: a nack promises nothing).
-
-        ``keep_held``: the condition is not met *yet* (a majority is missing, the
-        messages stay): the acks waiting now are nacked, but ``lsns`` stay held, so a
-        resend answered by the deduplication window from one of them waits for its
-        fate (released, or nacked again) instead of being acked from the local disk."""
-        wanted = set(lsns) & self.log.held
-        if not wanted:
-            return
-        if not keep_held:
-            self.log.held.difference_update(wanted)
-        for ch in self.deliveries.channels.values():
-            if ch.confirms.fail_held(wanted, reason):
-                self.log.confirms_due(ch)
-
-    def refuse_queue(self, name: str, reason: str | None) -> None:
-        """Nack publishes routed to queue ``name`` with ``reason`` (None: take them
-        again). Other queues the publish reaches keep it."""
-        queue = self.store.queues.get(name)
-        if queue is not None:
-            queue.refusal = reason
-
-    def persist_messages(self, name: str, on: bool = True) -> None:
-        """Make every message published or dead-lettered into queue ``name``
-        persistent, ``delivery_mode`` 1 included (the message is stored with
-        ``delivery_mode`` 2): a replicated queue keeps every message, as RabbitMQ's
-        quorum queues do. Publishes reaching no such queue are untouched."""
-        queue = self.store.queues.get(name)
-        if queue is not None:
-            queue.persist_all = on
-
-    def hold_deliveries(self, name: str, after_seq: int | None) -> None:
-        """Hand out no message of queue ``name`` with a seq above ``after_seq`` (None:
-        every message again); a raised bound wakes its consumers and long-polls."""
-        queue = self.store.queues.get(name)
-        if queue is not None:
-            queue.hold_after = after_seq
-            self._wakeups.dispatch[name] = queue
-            if queue.getters:
-                self._wakeups.getters[name] = queue
-
-    def restore_message(
-        self,
-        queue: str,
-        exchange: str,
-        routing_key: str,
-        body: bytes,
-        properties: dict[str, Any] | None,
-        wall: float,
-        deliveries: int = 0,
-        due: float | None = None,
-        *,
-        dedup: bool = True,
-    ) -> int:
-        """Put a message into ``queue`` as another copy of it held the message
-        (``Publishing.restore``), held back until wall-clock ``due`` if given, its
-        ``message_id`` remembered for deduplication only with ``dedup``; returns its
-        seq. Raises ``NotFound``."""
-        found = self.store.queues.get(queue)
-        if found is None:
-            raise NotFound(f"no queue {queue!r}")
-        return self.publishing.restore(found, exchange, routing_key, body, properties, wall, deliveries, due, dedup)
-
-    def storage_recovered(self) -> None:
-        """Writes succeed again: accept persistent publishes again."""
-        self.log.storage_ok = True
-        self.log.storage_reason = ""
-
-    # ------------------------------------------------------------------ time
-
-    def next_deadline(self) -> float | None:
-        """When :meth:`advance` next has work to do (None: no timer pending)."""
-        heap = self._timers.heap
-        by_id = self.store.by_id
-        coord = self.coordination.coord
-        live = self.deliveries.deadline_live
-        while heap:
-            deadline, owner, key = heap[0]
-            if owner == QUEUE_TIMER:
-                queue = by_id.get(key)
-                stale = queue is None or queue.wake_at != deadline
-            elif owner == COORD_TIMER:
-                stale = coord.wake_at != deadline
-            else:
-                stale = not live(owner, key, deadline)
-            if not stale:
-                return deadline
-            heapq.heappop(heap)
-        return None
-
-    def earliest_timer(self) -> float | None:
-        """The earliest scheduled deadline, possibly stale (cheap; for wake-ups)."""
-        return self._timers.earliest()
-
-    def advance(self) -> None:
-        """Time passed: deliveries and leases past their deadline go back to their
-        queue, queues' timers (delays, expiries, read retries) and coordination's
-        (locks, schedules) fire."""
-        now = self.clock()
-        heap = self._timers.heap
-        by_id = self.store.by_id
-        coord = self.coordination.coord
-        while heap and heap[0][0] <= now:
-            deadline, owner, key = heapq.heappop(heap)
-            if owner == QUEUE_TIMER:
-                queue = by_id.get(key)
-                if queue is not None and queue.wake_at == deadline and not queue.deleted:
-                    self.store.wake_queue(queue, now)
-            elif owner == COORD_TIMER:
-                if coord.wake_at == deadline:
-                    self.coordination.wake(now)
-            else:
-                self.deliveries.deadline_passed(owner, key, deadline)
 
     # ----------------------------------------------------------------- totals
 

@@ -22,7 +22,7 @@ messages is kept (nobody came for them yet: deleting it would lose them); an
 abandoned one is for ``x-expires``.
 
 :class:`Delays` holds messages back and keeps each queue's timer; the queue store acts
-when a queue's timer fires (``QueueStore.wake_queue``).
+when a queue's timer fires (``QueueTimers.wake_queue``).
 """
 
 from __future__ import annotations

@@ -18,16 +18,12 @@ from .config import CoreConfig
 from .connections import Connections, remove_exclusive
 from .constants import _EXPIRED_MEMORY, REST_CHANNEL, delivery_cost
 from .consumerorder import add_consumer, check_consumer_priority, choose_by_priority
+from .consumertags import ConsumerTags
 from .deadletter import DeadLetters
 from .delays import Delays
 from .effects import ConsumerActive, ConsumerCancelled, Deliver, DeliveryExpired
 from .entities import MAX_TX_OPS, ChannelState, Consumer, Delivery, Queue
-from .errors import (
-    AccessRefused,
-    ChannelError,
-    InvalidArgument,
-    NotFound,
-)
+from .errors import AccessRefused, ChannelError, InvalidArgument, NotFound
 from .log import MessageLog
 from .message import Entry
 from .queues import QueueStore
@@ -96,6 +92,7 @@ class Deliveries:
         self._consumer_timeout_s = config.consumer_timeout_s
         self._default_lease_s = config.default_lease_s
         self.channels: dict[int, ChannelState] = {REST_CHANNEL: ChannelState(REST_CHANNEL, credit=1 << 62)}
+        self.tags = ConsumerTags(self.channels)  # every consumer tag of each channel, of any kind
         self._next_channel = 1
         self._next_consumer = 1
         #: False while the broker shuts down: nothing more is handed to consumers.
@@ -123,6 +120,7 @@ class Deliveries:
         if ch.owner == channel_id:  # (a connection's queues outlive its channels)
             remove_exclusive(self._store, ch.exclusive_queues)
         del self.channels[channel_id]
+        self.tags.forget_channel(channel_id)
         self._log.forget_channel(channel_id)
 
     def join_connection(self, channel_id: int, connection_id: int) -> None:
@@ -179,19 +177,18 @@ class Deliveries:
         ``ack=lease``): each delivery carries a lease id settled through the REST
         lease calls and returns to the queue after ``lease_s``. ``priority``:
         ``x-priority`` (consumerorder.py).
-        Raises NotFound, ResourceLocked, AccessRefused (exclusivity), ChannelError
-        (tag in use), InvalidArgument.
+        Raises NotFound, ResourceLocked, AccessRefused (exclusivity), ConsumerTagInUse,
+        InvalidArgument.
         """
         ch = self.channel(channel_id)
         queue = self._store.queue(queue_name, channel_id)
         prefetch = check_prefetch(ch.default_prefetch if prefetch is None else prefetch, self._max_prefetch)
         priority = check_consumer_priority(priority)
-        if not consumer_tag:
+        generated = not consumer_tag  # (one a client chose already is passed over)
+        while not consumer_tag or (generated and self.tags.taken(ch, consumer_tag)):
             consumer_tag = f"ctag-{self._boot_id}-{self._next_consumer}"
             self._next_consumer += 1
-        reply_consumer = ch.reply_consumer  # (direct reply-to's: its tag is taken too)
-        if consumer_tag in ch.consumers or (reply_consumer is not None and reply_consumer[0] == consumer_tag):
-            raise ChannelError(f"consumer tag {consumer_tag!r} is already in use on this channel", code="not_allowed")
+        self.tags.check_free(ch, consumer_tag)  # (every kind's: consumertags.py)
         if queue.exclusive_consumer:
             raise AccessRefused(f"queue {queue_name!r} has an exclusive consumer")
         if exclusive and queue.consumers:

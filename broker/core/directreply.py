@@ -28,7 +28,7 @@ from .constants import delivery_cost
 from .delivery import Deliveries
 from .effects import Deliver
 from .entities import ChannelState
-from .errors import ChannelError, InvalidArgument, PreconditionFailed
+from .errors import InvalidArgument, PreconditionFailed
 from .message import StoredMessage
 from .shared import Outbox
 
@@ -83,6 +83,7 @@ class DirectReplies:
     def __init__(self, deliveries: Deliveries, outbox: Outbox, *, backlog_bytes: int = 16 << 20) -> None:
         self._channels = deliveries.channels
         self._channel = deliveries.channel
+        self._tags = deliveries.tags
         self._emit = outbox.emit
         #: how far replies may take a requester's credit below zero (bytes its edge
         #: holds unsent: a requester that stops reading): past it, replies are dropped
@@ -95,12 +96,13 @@ class DirectReplies:
         address. ``own_tags``: each reply takes a delivery tag of its own (the HTTP
         channel's numbering, where every delivery has one); else it shares the next
         delivery's (RabbitMQ 3.10's, AMQP's: see :meth:`deliver_reply`).
-        Raises ChannelError (a consumer of that tag already: ``not_allowed``),
-        PreconditionFailed (not ``no_ack``, or a reply consumer already), and
-        InvalidArgument for an empty or over-long ``secret``."""
+        Raises ConsumerTagInUse (a consumer of another kind has that tag:
+        consumertags.py), PreconditionFailed (not ``no_ack``, or a reply consumer
+        already), and InvalidArgument for an empty or over-long ``secret``."""
         ch = self._channel(channel_id)
-        if consumer_tag in ch.consumers:
-            raise ChannelError(f"consumer tag {consumer_tag!r} is already in use on this channel", code="not_allowed")
+        reply = ch.reply_consumer
+        if reply is None or reply[0] != consumer_tag:  # (a second reply consumer: below)
+            self._tags.check_free(ch, consumer_tag)
         if not no_ack:
             raise PreconditionFailed("reply consumer cannot acknowledge")
         if ch.reply_consumer is not None:

@@ -7,7 +7,7 @@ queue order, so the queue's timer (``Delays.schedule_queue``) wakes for the head
 memory; a message that carries its own expiration is also indexed by when it expires
 (``Queue.expiring``, expiring.py), so that one expiring behind others that do not, or
 paged out to the log, leaves on time too. When the queue's timer fires
-(``QueueStore.wake_queue``), :meth:`Expiry.expire` takes out what has expired:
+(``QueueTimers.wake_queue``), :meth:`Expiry.expire` takes out what has expired:
 
 * at the head of the queue's memory, in order (paging the next messages in when the
   memory is empty and the queue has a TTL: the oldest paged-out ones may have expired);

@@ -88,7 +88,7 @@ class Pager:
         set_aside = False  # one message per call: a second failure means the log is down
         while lane.paged and not lane.ready:
             if queue.read_blocked_until is not None:
-                return  # a retry is scheduled (see QueueStore.wake_queue)
+                return  # a retry is scheduled (see QueueTimers.wake_queue)
             pairs = lane.paged.take(PAGE_IN_BATCH)
             read_log = self._log.read_log
             if read_log is None:
@@ -133,7 +133,7 @@ class Pager:
                 and queue.read_attempts > READ_SET_ASIDE_ATTEMPTS
                 and (len(pairs) > i + 1 or lane.paged)
             ):
-                # held back like a delayed message: retried by QueueStore._release_due,
+                # held back like a delayed message: retried by QueueTimers._release_due,
                 # which puts it back in its place once read (and backs off while it fails)
                 set_aside = True
                 queue.totals.ready -= 1  # (back in place, and counted, once read: Queue.requeue)

@@ -3,8 +3,8 @@
 Declares, looks up, deletes and purges queues; takes messages in (:meth:`enqueue`:
 lanes by priority, ``x-max-length`` overflow, page-out of a durable queue's tail once
 its records are written) and hands them out (:meth:`pop_live`, paging in and expiring
-on the way); acts when a queue's timer fires (delays due, expiries: expiry.py, read
-retries, ``x-expires``). Numbers messages (``take_seq``) and queues.
+on the way). Numbers messages (``take_seq``) and queues. What a queue's timer does
+when it fires is queuetimers.py's; parked long-polls are longpolls.py's.
 
 Leaving a queue for a reason (expiry, overflow) dead-letters the message, and deleting
 a queue cancels its consumers and drops its bindings: those belong to the components
@@ -25,7 +25,7 @@ from .constants import (
     check_entity_arguments,
 )
 from .delays import Delays
-from .effects import LogReadFailed, QueueAutoDeleted, QueueReady
+from .effects import QueueAutoDeleted, QueueReady
 from .entities import ChannelState, Queue
 from .errors import (
     InvalidArgument,
@@ -39,7 +39,7 @@ from .lanes import Lane
 from .log import MessageLog
 from .message import Entry, StoredMessage
 from .names import SERVER_NAMED_PREFIX, check_name
-from .pager import Pager, logged_message, retry_delay
+from .pager import Pager
 from .shared import Outbox, Wakeups
 from .totals import Totals
 
@@ -297,34 +297,6 @@ class QueueStore:
                 self._log.settle_seqs(queue.qid, seqs)
         return len(entries) + len(paged_seqs)
 
-    def queue_info(self, queue: Queue) -> dict[str, Any]:
-        ready = queue.ready_count()
-        info = {
-            "name": queue.name,
-            "durable": queue.durable,
-            "exclusive": queue.exclusive_owner is not None,
-            "auto_delete": queue.auto_delete,
-            "arguments": queue.arguments,
-            "messages": ready + queue.unacked,
-            "messages_ready": ready,
-            "messages_unacked": queue.unacked,
-            "messages_delayed": len(queue.delayed),
-            "consumers": len(queue.consumers),
-            "message_stats": {
-                "published": queue.published,
-                "delivered": queue.delivered,
-                "acked": queue.acked,
-                "redelivered": queue.redelivered,
-                "dead_lettered": dict(queue.dead_lettered),
-            },
-        }
-        if queue.max_priority is not None:
-            # a priority queue's ready messages by priority level (levels holding any)
-            info["messages_ready_by_priority"] = {
-                str(level): len(lane) for level, lane in enumerate(queue.lanes) if lane
-            }
-        return info
-
     # ------------------------------------------------------------- messages
 
     def enqueue(
@@ -478,69 +450,7 @@ class QueueStore:
                     continue
             return entry
 
-    # ------------------------------------------------------------- timers
-
-    def wake_queue(self, queue: Queue, now: float) -> None:
-        """``queue``'s timer fired (``now``: monotonic): retry a failed read, release
-        due delays, expire messages at the head; then schedule the next wake-up."""
-        queue.wake_at = None
-        expire_at = self._delays.expire_at(queue)
-        if expire_at is not None and expire_at <= now:
-            self.remove_queue(queue, "queue expired (unused for its x-expires)", by_itself=True)
-            return
-        if queue.read_at is not None:
-            idle_until = self._delays.auto_delete_at(queue)
-            if idle_until is not None and idle_until <= now:
-                self.remove_queue(queue, "auto-delete queue left idle by its readers", by_itself=True)
-                return
-        woke = False
-        if queue.read_blocked_until is not None and queue.read_blocked_until <= now:
-            queue.read_blocked_until = None
-            woke = True
-        if queue.delayed:
-            woke = self._release_due(queue) or woke
-        self._expire(queue)
-        if woke:
-            self._dispatch[queue.name] = queue
-            if queue.getters:
-                self._getters[queue.name] = queue
-        self._delays.schedule_queue(queue)
-
-    def _release_due(self, queue: Queue) -> bool:
-        """Delayed messages now due go back to their place in ``queue``; paged-out ones
-        are read back first. One whose read fails stays delayed and is tried again
-        with the backoff of any failed read (the queue's alarm shows it). Returns
-        whether any came back."""
-        wall = self._wall_clock()
-        entries, paged = queue.delayed.pop_due(wall)
-        for entry in entries:
-            queue.requeue(entry)
-        if paged:
-            read_log = self._log.read_log
-            assert read_log is not None
-            results = read_log([loc >> 1 for _due, _seq, loc in paged])
-            failed = False
-            for (due_ms, seq, loc), result in zip(paged, results):
-                r = logged_message(result, seq, loc >> 1)
-                if isinstance(r, str):
-                    failed = True
-                    failure = result if isinstance(result, str) else r
-                    queue.read_attempts += 1
-                    delay = retry_delay(queue.read_attempts)
-                    queue.read_failure = str(failure)
-                    queue.delayed.push_paged(max(due_ms, round((wall + delay) * 1000.0)), seq, loc)
-                    self._outbox.emit(
-                        LogReadFailed(queue.name, loc >> 1, str(failure), bool(getattr(failure, "transient", False)), delay)
-                    )
-                    continue
-                entry = self._pager.entry_of(queue, loc, r)
-                queue.paged_counts.pop(seq, None)
-                queue.requeue(entry)
-                entries.append(entry)
-            if not failed and queue.read_failure is not None and queue.read_blocked_until is None:
-                queue.read_failure = None  # (a failed read of the queue's head keeps its alarm)
-                queue.read_attempts = 0
-        return bool(entries)
+    # ------------------------------------------------------------- recovered timers
 
     def start_recovered_timers(self) -> None:
         """Recovered queues' timers start now: due delays, expiries (what expired while
@@ -560,31 +470,6 @@ class QueueStore:
         """A recovered queue's timers start with the next ``take_effects()`` (recovery
         may run where the clock cannot be read)."""
         self._to_schedule.append(queue)
-
-    # ------------------------------------------------------------- long-polls
-
-    def park_getter(self, queue_name: str) -> None:
-        """A long-poll waits for messages on this queue (wake it with ``QueueReady``)."""
-        self.queue(queue_name).getters += 1
-
-    def unpark_getter(self, queue_name: str) -> None:
-        """A long-poll stopped waiting on this queue (an auto-delete queue's grace
-        starts when its last one does)."""
-        queue = self.queues.get(queue_name)
-        if queue is not None and queue.getters:
-            queue.getters -= 1
-            if not queue.getters and queue.auto_delete:
-                self._delays.rest_read(queue)
-
-    def ready_getters(self) -> None:
-        """Wake the parked long-polls of queues that received messages and still hold
-        ready ones after dispatch (consumers may have taken them all)."""
-        getters = self._getters
-        if getters:
-            for queue in getters.values():
-                if queue.getters and queue.has_ready() and not queue.deleted:
-                    self._outbox.emit(QueueReady(queue.name))
-            getters.clear()
 
 
 def queue_record(queue: Queue) -> dict[str, Any]:

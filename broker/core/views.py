@@ -178,13 +178,15 @@ class BrokerViews:
         return [(tag, c.queue.name) for tag, c in ch.consumers.items()] if ch is not None else []
 
     def has_consumer(self, channel_id: int, consumer_tag: str) -> bool:
+        """Whether ``consumer_tag`` is one of the channel's queue consumers in this
+        core (not whether the tag is taken: :meth:`consumer_tag_taken`)."""
         ch = self._core.channels.get(channel_id)
         return ch is not None and consumer_tag in ch.consumers
 
-    def is_reply_consumer(self, channel_id: int, consumer_tag: str) -> bool:
-        """Whether ``consumer_tag`` is the channel's direct reply-to consumer's."""
-        ch = self._core.channels.get(channel_id)
-        return ch is not None and ch.reply_consumer is not None and ch.reply_consumer[0] == consumer_tag
+    def consumer_tag_taken(self, channel_id: int, consumer_tag: str) -> bool:
+        """Whether a consumer of the channel, of any kind, has ``consumer_tag``
+        (``ConsumerTags``: queue, reply and held tags alike)."""
+        return bool(self._core.deliveries.tags.is_taken(channel_id, consumer_tag))
 
     def reply_exists(self, name: str) -> bool:
         """Whether ``name`` is direct reply-to's pseudo-queue or a live reply address

@@ -37,12 +37,13 @@ from broker.runtime.ports import (
     PublishForwarder,
 )
 from broker.runtime.resources import disk_info, fd_info
-from broker.runtime.runtime import BrokerRuntime, LockWait
+from broker.runtime.runtime import BrokerRuntime
 from broker.runtime.taps import (
     take_held_dead_letters,
     tap_auto_deleted_queues,
     tap_records,
 )
+from broker.runtime.waits import LockWait
 
 __all__ = [
     "build_name",

@@ -78,8 +78,9 @@ from broker.core import (
 from broker.runtime.channelops import ChannelOps
 from broker.runtime.confirms import PublishWaiter
 from broker.runtime.ports import ChannelSink, ClusterPort, ForwardPlan
-from broker.runtime.runtime import BrokerRuntime, LockWait
+from broker.runtime.runtime import BrokerRuntime
 from broker.runtime.txcommit import RelayedSettles, commit_across_nodes
+from broker.runtime.waits import LockWait
 
 __all__ = ["CommandBatch", "CommandGateway", "PublishOutcome"]
 

@@ -7,21 +7,20 @@ command and then :meth:`BrokerRuntime.pump`, which takes the core's effects and 
 them through a table from effect type to handler: channel events go to the outbox of
 the channel they address (confirms and returns first through the one book of pending
 publishes, :class:`~broker.runtime.confirms.PendingConfirms`), log records to the WAL
-(whose durability reports come back as :meth:`Broker.durable`), long-poll wake-ups to
-parked getters. Every state change of the core happens on the trio thread.
-
-Over 500 lines: the effect table, WAL callbacks, timers and lifecycle share one state.
+(whose reports come back through :class:`~broker.runtime.logreports.LogReports`),
+long-poll wake-ups and lock answers to the REST calls parked for them
+(:class:`~broker.runtime.waits.Waits`), what only the operator is told to the log
+(:class:`~broker.runtime.notices.Notices`). Every state change of the core happens on
+the trio thread.
 """
 
 from __future__ import annotations
 
-import errno
 import logging
 import math
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import trio
@@ -52,7 +51,9 @@ from broker.runtime.checkpoints import Checkpointer
 from broker.runtime.confirms import PendingConfirms
 from broker.runtime.flow import FlowControl
 from broker.runtime.history import RateHistory
+from broker.runtime.logreports import LogReports
 from broker.runtime.memory import MemoryMonitor, process_rss_bytes
+from broker.runtime.notices import Notices
 from broker.runtime.options import RuntimeOptions
 from broker.runtime.ports import (
     ChannelSink,
@@ -61,28 +62,13 @@ from broker.runtime.ports import (
     LogPort,
     MetricsPort,
 )
-from broker.runtime.recovery import WALCallbacks, recover_broker
+from broker.runtime.recovery import recover_broker
 from broker.runtime.space import DiskSpaceAlarm
+from broker.runtime.waits import Waits
 
 __all__ = ["BrokerRuntime"]
 
 log = logging.getLogger("ackbus.runtime")
-
-
-@dataclass
-class _DurableWaiter:
-    target: int
-    event: trio.Event = field(default_factory=trio.Event)
-    failure: str | None = None
-
-
-@dataclass
-class LockWait:
-    """A REST acquire parked behind a held lock: ``answer`` is set (a ``LockGranted``
-    or ``LockWaitEnded``) and ``event`` fired when the core ends the wait."""
-
-    event: trio.Event = field(default_factory=trio.Event)
-    answer: LockGranted | LockWaitEnded | None = None
 
 
 class BrokerRuntime:
@@ -120,8 +106,12 @@ class BrokerRuntime:
         #: Cluster mode (``broker.cluster``): forwarding, metadata through etcd; None
         #: on a single node.
         self.cluster: ClusterPort | None = None
-        self._queue_events: dict[str, trio.Event] = {}
-        self._lock_waits: dict[int, LockWait] = {}
+        #: REST calls parked until the core answers (durability, locks, long-polls).
+        self.waits = waits = Waits()
+        self.queue_event = waits.queue_event
+        self.lock_wait = waits.lock_wait
+        self.forget_lock_wait = waits.forget_lock_wait
+        self.wake_getters = waits.wake_getters
         self._timer_wakeup = trio.Event()
         self._timer_at = math.inf
         #: Whether publishers must wait (memory or disk alarm): one signal for every protocol.
@@ -143,13 +133,16 @@ class BrokerRuntime:
                 fs=fs,
                 space_wanted=self.space.space_wanted,
             )
-        self.messages_lost = 0  # paged-out messages given up (only with --repair)
-        self.log_read_failures = 0  # failed reads of paged-out messages (kept, retried)
+        #: The effects only told to the operator (log lines), and their counts.
+        self.notices = notices = Notices(metrics)
+        #: The answers to the log's reports (durable, failed, recovered, fsynced).
+        self.log_reports = reports = LogReports(
+            self.core, waits, self.space, self.checkpointer, metrics, pump=self.pump, inline_allowed=self._inline_allowed
+        )
+        self.log_callbacks = reports.callbacks
         #: references to records not on disk dropped by recovery (unconfirmed publishes)
         self.unconfirmed_dropped = 0
         self.recovery_info: dict[str, Any] = {}
-        self.last_fsync_s: float | None = None  # the latest fsync's duration (GET /overview)
-        self._durable_waiters: list[_DurableWaiter] = []
         self.ready_event = trio.Event()
         # A store written by AppendRecords with no log: the pump goes round again.
         self._again = False
@@ -164,14 +157,14 @@ class BrokerRuntime:
             ConsumerActive: self._to_channel,
             DeliveryExpired: self._to_channel,
             AppendRecords: self._append_records,
-            QueueReady: self._queue_ready,
-            QueueAutoDeleted: self._queue_auto_deleted,
-            MessageLost: self._message_lost,
-            LogReadFailed: self._log_read_failed,
+            QueueReady: waits.queue_ready,
+            QueueAutoDeleted: notices.queue_auto_deleted,
+            MessageLost: notices.message_lost,
+            LogReadFailed: notices.log_read_failed,
             DeadLetterDropped: self._dead_letter_dropped,
             LockGranted: self._lock_answer,
             LockWaitEnded: self._lock_answer,
-            TickFired: self._tick_fired,
+            TickFired: notices.tick_fired,
         }
 
     # --------------------------------------------------------------- lifecycle
@@ -324,64 +317,17 @@ class BrokerRuntime:
     def _lock_answer(self, effect: LockGranted | LockWaitEnded) -> None:
         """The end of a lock wait: to the parked REST call, or to its channel."""
         if effect.channel_id == REST_CHANNEL:
-            wait = self._lock_waits.pop(effect.waiter_id, None)
-            if wait is not None:
-                wait.answer = effect
-                wait.event.set()
+            self.waits.lock_answered(effect)
             return
         sink = self.sinks.get(effect.channel_id)
         if sink is not None:
             sink.push(effect)
-
-    def _tick_fired(self, effect: TickFired) -> None:
-        if self.metrics is not None:
-            self.metrics.observe_tick_lateness(effect.lateness_s)
-
-    def lock_wait(self, waiter_id: int) -> LockWait:
-        """Park a REST acquire queued as ``waiter_id`` (see ``Broker.lock_acquire``)."""
-        wait = self._lock_waits[waiter_id] = LockWait()
-        return wait
-
-    def forget_lock_wait(self, waiter_id: int) -> None:
-        self._lock_waits.pop(waiter_id, None)
-
-    def _queue_ready(self, effect: QueueReady) -> None:
-        event = self._queue_events.pop(effect.queue, None)
-        if event is not None:
-            event.set()
-
-    def _queue_auto_deleted(self, effect: QueueAutoDeleted) -> None:
-        # (cluster mode taps it: the queue's definition goes from etcd too)
-        log.debug("queue deleted", extra={"fields": {"queue": effect.queue, "reason": effect.reason}})
-
-    def _message_lost(self, effect: MessageLost) -> None:
-        self.messages_lost += 1
-        log.error(
-            "message lost: its record cannot be read back from the log",
-            extra={"fields": {"queue": effect.queue, "seq": effect.seq, "lsn": effect.lsn, "reason": effect.reason}},
-        )
 
     def _dead_letter_dropped(self, effect: DeadLetterDropped) -> None:
         if effect.forward is not None and self.cluster is not None and self.cluster.forward_dead_letter(*effect.forward):
             return  # cluster mode: forwarded to the nodes owning its dead-letter queues
         fields = {"queue": effect.queue, "seq": effect.seq, "reason": effect.reason, "why": effect.why}
         log.warning("message dropped instead of dead-lettered", extra={"fields": fields})
-
-    def _log_read_failed(self, effect: LogReadFailed) -> None:
-        self.log_read_failures += 1
-        log.error(
-            "reading a queued message back from the log failed; it keeps its place and "
-            "its queue waits until a retry reads it",
-            extra={
-                "fields": {
-                    "queue": effect.queue,
-                    "lsn": effect.lsn,
-                    "reason": effect.reason,
-                    "transient": effect.transient,
-                    "retry_in_s": round(effect.retry_in_s, 3),
-                }
-            },
-        )
 
     def read_blocked_queues(self) -> dict[str, str]:
         """Queues waiting to read their next message back from the log, and why (for
@@ -406,69 +352,7 @@ class BrokerRuntime:
             target = self.core.last_lsn
         if self.core.durable_lsn >= target:
             return
-        waiter = _DurableWaiter(target)
-        self._durable_waiters.append(waiter)
-        await waiter.event.wait()
-        if waiter.failure is not None:
-            raise Unavailable(f"storage failure: {waiter.failure}", code="storage_failed")
-
-    def queue_event(self, queue: str) -> trio.Event:
-        """An event set when ``queue`` gets ready messages (for long-polls)."""
-        event = self._queue_events.get(queue)
-        if event is None:
-            event = self._queue_events[queue] = trio.Event()
-        return event
-
-    # ------------------------------------------------------------ WAL callbacks
-
-    def log_callbacks(self) -> WALCallbacks:
-        """How a log reports back: recovery's log, or a stand-in set as :attr:`wal`."""
-        return WALCallbacks(
-            on_durable=self._on_durable, on_failure=self._on_failure, on_recovered=self._on_recovered,
-            on_fsync=self._on_fsync, on_reserve=self.space.on_reserve, inline_allowed=self._inline_allowed,
-        )
-
-    def _on_durable(self, lsn: int) -> None:
-        self.core.durable(lsn)
-        self._release_durable_waiters(lsn, None)
-        self.pump()
-
-    def _release_durable_waiters(self, lsn: int, failure: str | None) -> None:
-        if self._durable_waiters:
-            still = []
-            for waiter in self._durable_waiters:
-                if waiter.target <= lsn:
-                    waiter.failure = failure
-                    waiter.event.set()
-                else:
-                    still.append(waiter)
-            self._durable_waiters = still
-
-    def _on_failure(self, first_lsn: int, last_lsn: int, exc: BaseException) -> None:
-        log.error(
-            "log write failed; refusing persistent publishes until writes succeed",
-            extra={"fields": {"first_lsn": first_lsn, "last_lsn": last_lsn, "error": str(exc)}},
-        )
-        self.core.storage_failed(first_lsn, last_lsn, str(exc))
-        self._release_durable_waiters(last_lsn, str(exc))
-        self.pump()
-        disk_full = isinstance(exc, OSError) and exc.errno == errno.ENOSPC
-        self.space.log_full = disk_full
-        if disk_full and self.checkpointer is not None:
-            # A checkpoint (written into the space reserve) is what frees the log the
-            # disk is full of: do not wait for the next size or time trigger.
-            self.checkpointer.request()
-
-    def _on_recovered(self) -> None:
-        log.warning("log writes succeed again; accepting persistent publishes")
-        self.space.log_full = False
-        self.core.storage_recovered()
-        self.pump()
-
-    def _on_fsync(self, duration_s: float) -> None:
-        self.last_fsync_s = duration_s
-        if self.metrics is not None:
-            self.metrics.observe_fsync(duration_s)
+        await self.waits.wait_durable(target)
 
     # ----------------------------------------------------------------- timers
 
@@ -529,17 +413,6 @@ class BrokerRuntime:
             sink.shutdown()
         return drained
 
-    def wake_getters(self) -> None:
-        """Wake every parked long-poll and lock acquire (they answer at once when
-        shutting down)."""
-        events = list(self._queue_events.values())
-        self._queue_events.clear()
-        for event in events:
-            event.set()
-        # and parked lock acquires (they answer 503: the broker is shutting down)
-        for wait in self._lock_waits.values():
-            wait.event.set()
-
     async def aclose(self, *, checkpoint: bool = True) -> None:
         """Close the log, after a final checkpoint when asked (clean shutdown)."""
         for channel_id in list(self.core.channels):
@@ -579,7 +452,7 @@ class BrokerRuntime:
                 "messages_paged_out": self.core.views.paged_out_total(),
                 "segments_kept": ckpt.segments_kept if ckpt is not None else 0,
                 "segments_compacted": ckpt.compacted_segments if ckpt is not None else 0,
-                "last_fsync_s": self.last_fsync_s,
+                "last_fsync_s": self.log_reports.last_fsync_s,
                 "last_checkpoint_at": ckpt.last_at if ckpt is not None else None,
                 "last_checkpoint_duration_s": ckpt.last_duration_s if ckpt is not None and ckpt.count else None,
             },

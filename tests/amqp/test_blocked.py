@@ -58,7 +58,7 @@ async def test_a_publisher_far_ahead_of_the_disk_is_blocked_until_its_confirms_c
         with trio.fail_after(5):
             while not wal.appends:
                 await trio.sleep(0.01)
-        app.runtime._on_durable(wal.last_lsn)  # the declare's record
+        app.runtime.log_reports.on_durable(wal.last_lsn)  # the declare's record
         await c.expect(commands.Queue.DeclareOk, 1)
         await c.send(1, commands.Confirm.Select())
         await c.expect(commands.Confirm.SelectOk, 1)
@@ -68,7 +68,7 @@ async def test_a_publisher_far_ahead_of_the_disk_is_blocked_until_its_confirms_c
         with trio.fail_after(5):
             blocked = await c.expect(commands.Connection.Blocked, 0)
         assert "unconfirmed" in blocked.reason
-        app.runtime._on_durable(wal.last_lsn)
+        app.runtime.log_reports.on_durable(wal.last_lsn)
         with trio.fail_after(5):
             while True:
                 _ch, frame = await c.recv()

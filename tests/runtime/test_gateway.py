@@ -3,7 +3,7 @@
 The gateway runs a core command, carries out its effects and, where asked, waits
 until the records the command logged are durable; a batch defers the effects to its
 flush. Durability is reported by hand through the log's callback
-(``runtime._on_durable``), with a fake log in place of the WAL.
+(``runtime.log_reports.on_durable``), with a fake log in place of the WAL.
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ async def test_run_durable_waits_until_the_records_the_command_logged_are_durabl
         nursery.start_soon(declare)
         await trio.testing.wait_all_tasks_blocked()
         assert wal.last_lsn == 1 and not done.is_set()
-        runtime._on_durable(wal.last_lsn)
+        runtime.log_reports.on_durable(wal.last_lsn)
         with trio.fail_after(5):
             await done.wait()
 
@@ -114,7 +114,7 @@ async def test_a_rest_publish_is_answered_by_its_confirm() -> None:
     runtime, gateway, wal = _runtime(wal=True)
     assert wal is not None
     gateway.run(lambda core: core.declare_queue("q", durable=True))
-    runtime._on_durable(wal.last_lsn)
+    runtime.log_reports.on_durable(wal.last_lsn)
     outcomes: list[PublishOutcome] = []
 
     async def publish() -> None:
@@ -124,7 +124,7 @@ async def test_a_rest_publish_is_answered_by_its_confirm() -> None:
         nursery.start_soon(publish)
         await trio.testing.wait_all_tasks_blocked()
         assert outcomes == []  # its record waits for the disk
-        runtime._on_durable(wal.last_lsn)
+        runtime.log_reports.on_durable(wal.last_lsn)
     assert outcomes == [PublishOutcome(True, None, 1, False)]
     assert outcomes[0].refusal() is None
 
@@ -141,7 +141,7 @@ async def test_a_channel_publish_charges_its_channel_until_confirmed() -> None:
     runtime, gateway, wal = _runtime(wal=True)
     assert wal is not None
     gateway.run(lambda core: core.declare_queue("q", durable=True))
-    runtime._on_durable(wal.last_lsn)
+    runtime.log_reports.on_durable(wal.last_lsn)
     channel_id = gateway.open_channel()
     sink = RecordingSink()
     gateway.attach(channel_id, sink)
@@ -149,7 +149,7 @@ async def test_a_channel_publish_charges_its_channel_until_confirmed() -> None:
         gateway.publish(channel_id, "", "q", body, None, charge=100 + len(body))
     gateway.flush()
     assert runtime.confirms.unconfirmed_bytes(channel_id) == 203
-    runtime._on_durable(wal.last_lsn)
+    runtime.log_reports.on_durable(wal.last_lsn)
     assert runtime.confirms.unconfirmed_bytes(channel_id) == 0
     assert [(e.delivery_tag, e.multiple) for e in sink.effects if isinstance(e, Confirm)] == [(2, True)]
 

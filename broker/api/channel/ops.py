@@ -27,6 +27,7 @@ from broker.api.channel.opfields import (
     reply,
     typed_fields,
 )
+from broker.api.channel.reply_declare import declare_reply, is_reply_name
 from broker.api.channel.replyto import REPLY_TO, cancel_reply, consume_reply
 from broker.api.channel.session import ServedChannel
 from broker.api.codec import message_json
@@ -41,7 +42,6 @@ from broker.api.fields import (
 from broker.core import (
     SERVER_NAMED_PREFIX,
     Broker,
-    ChannelError,
     InvalidArgument,
 )
 
@@ -80,9 +80,7 @@ async def _op_consume(s: ServedChannel, op: dict[str, Any]) -> None:
         s.send_event(reply(op, "consume_ok", consumer_tag=tag, active=active))
         relayed.started(tag)
         return
-    if relayed is not None and consumer_tag and relayed.has_consumer(consumer_tag):
-        raise ChannelError(f"consumer tag {consumer_tag!r} is in use on this channel", code="not_allowed")
-    tag, active = s.batch.run(consume)
+    tag, active = s.batch.run(consume)  # (a tag in use, of any kind: the core's not_allowed)
     if relayed is not None and not s.forwarded:  # a quorum queue's consumer outlives this node's leadership
         relayed.local.noted(queue, tag, op)
     s.send_event(reply(op, "consume_ok", consumer_tag=tag, active=active))
@@ -219,6 +217,9 @@ async def _op_delete_exchange(s: ServedChannel, op: dict[str, Any]) -> None:
 async def _op_declare_queue(s: ServedChannel, op: dict[str, Any]) -> None:
     name = get_field(op, "queue", str, "")
     d = decode_queue_declare(typed_fields(op))
+    if is_reply_name(name):  # direct reply-to's check (reply_declare.py), before any other rule
+        declare_reply(s, op, name)
+        return
     if not d.passive:
         # A server-named queue is checked as "amq.gen-" (RabbitMQ names them amq.gen-*).
         s.access.require_declare("declare_queue", name or SERVER_NAMED_PREFIX, d.arguments)

@@ -30,7 +30,7 @@ from typing import Any, Final
 import trio
 
 from broker.cluster import is_moved
-from broker.core import ErrorReply
+from broker.core import Broker, ErrorReply
 from broker.runtime import ClusterPort, CommandGateway
 
 __all__ = ["CONSUME_FIELDS", "RESUME_POLL_S", "RESUME_S", "LocalQuorumConsumers", "Resumption", "consume_op_of"]
@@ -167,14 +167,25 @@ class LocalQuorumConsumers:
     def consume_here(self, queue: str, consumer_tag: str, consume_op: dict[str, Any]) -> None:
         """Consume ``queue`` in this node's core again, as ``consumer_tag`` with
         ``consume_op`` (this node leads it again). Raises the core's refusal
-        (``not_found`` while the queue is not in the core yet)."""
+        (``not_found`` while the queue is not in the core yet). The tag, held in the
+        core while the consumer waited (``RelayedConsumers.resume``), passes to the
+        core's consumer, or stays held when the consume is refused."""
         channel_id = self.channel_id
         timeout_ms = consume_op.get("ack_timeout_ms")
         arguments = consume_op.get("arguments") or {}
-        self.gateway.run(lambda core: core.consume(
-            channel_id, queue, consumer_tag=consumer_tag, prefetch=consume_op.get("prefetch"),
-            no_ack=bool(consume_op.get("no_ack")), exclusive=bool(consume_op.get("exclusive")),
-            ack_timeout_s=timeout_ms / 1000.0 if timeout_ms is not None else None,
-            priority=arguments.get("x-priority") if isinstance(arguments, dict) else None,
-        ))
+
+        def consume(core: Broker) -> None:
+            core.release_consumer_tag(channel_id, consumer_tag)
+            try:
+                core.consume(
+                    channel_id, queue, consumer_tag=consumer_tag, prefetch=consume_op.get("prefetch"),
+                    no_ack=bool(consume_op.get("no_ack")), exclusive=bool(consume_op.get("exclusive")),
+                    ack_timeout_s=timeout_ms / 1000.0 if timeout_ms is not None else None,
+                    priority=arguments.get("x-priority") if isinstance(arguments, dict) else None,
+                )
+            except ErrorReply:
+                core.hold_consumer_tag(channel_id, consumer_tag)
+                raise
+
+        self.gateway.run(consume)
         self._consumes[consumer_tag] = (queue, consume_op)

@@ -18,6 +18,12 @@ own one when this node stops leading the queue (:meth:`RelayedConsumers.resume`)
 relayed delivery settles the relayed deliveries up to it (on their owners), not this
 node's own; one whose tag is this node's settles both.
 
+A relayed consumer is not in this node's core as a consumer, but its tag is: it
+holds it in the core's book of the channel's consumer tags (``hold_consumer_tag``,
+broker/core/consumertags.py) from its consume until it ends, a wait for its quorum
+queue's next leader included, so that a consume of any kind on the channel, on
+either front end, finds the tag taken by asking the core alone.
+
 The channel's ``qos`` applies as to a local consumer: the per-consumer default (taken
 at ``consume``) is the relayed consumer's prefetch on the owner; the channel-wide
 limit is the limit of the owner's channel of that consumer, set at ``consume`` and
@@ -56,7 +62,7 @@ from broker.api.channel.relay_resume import Resumption, consume_op_of
 from broker.api.channel.relayed_tx import HeldRelayedSettles
 from broker.api.permissions import Access
 from broker.cluster import PeerStream, PeerUnreachable
-from broker.core import ChannelError, ErrorReply, Unavailable
+from broker.core import ChannelError, ConsumerTagInUse, ErrorReply, Unavailable
 from broker.runtime import ClusterPort, CommandGateway
 
 __all__ = ["RelayedConsumers"]
@@ -124,6 +130,11 @@ class RelayedConsumers:
         self.finished = finished
         self.nursery = nursery
         self.cluster = cluster
+        #: the core's book of the channel's consumer tags, where each of these
+        #: consumers holds its tag while it lives (``_by_consumer`` or ``_resuming``):
+        #: holding and releasing have no effects to carry out, so this batch is never
+        #: flushed (a resumption may begin inside the runtime's pump)
+        self._tags = gateway.batch()
         self._by_consumer: dict[str, _Relay] = {}
         #: consumer tag -> a quorum queue's consumer waiting for its next leader
         self._resuming: dict[str, Resumption] = {}
@@ -162,21 +173,45 @@ class RelayedConsumers:
         refusal as a ``ChannelError`` with its code."""
         if url is None:
             raise Unavailable(f"queue {queue!r} is on node {owner!r}, which is down; retry later", code="queue_unavailable")
-        consumer_tag = op.get("consumer_tag") or f"amq.ctag-relayed-{next(_names)}"
+        consumer_tag = op.get("consumer_tag") or self._generated_tag()
         views = self.gateway.views
-        if (
-            self.has_consumer(consumer_tag)
-            or views.has_consumer(self.channel_id, consumer_tag)
-            or views.is_reply_consumer(self.channel_id, consumer_tag)
-        ):
-            raise ChannelError(f"consumer tag {consumer_tag!r} is in use on this channel", code="not_allowed")
-        # the channel's qos, as a local consume takes it: the per-consumer default as
-        # the consumer's prefetch, the channel-wide limit as the owner's channel's
-        # (a channel-wide limit bounds each relayed consumer on its own: the owners do
-        # not share one), changed there by a later global qos (:meth:`qos`)
-        info = self.gateway.views.channel_info(self.channel_id) or {}
-        remote_op = consume_op_of(op, info.get("default_prefetch"))
-        return await self._consume_at(queue, owner, url, consumer_tag, remote_op)
+        self._hold_tag(consumer_tag)
+        try:
+            # the channel's qos, as a local consume takes it: the per-consumer default
+            # as the consumer's prefetch, the channel-wide limit as the owner's
+            # channel's (a channel-wide limit bounds each relayed consumer on its own:
+            # the owners do not share one), changed there by a later global qos
+            info = views.channel_info(self.channel_id) or {}
+            remote_op = consume_op_of(op, info.get("default_prefetch"))
+            return await self._consume_at(queue, owner, url, consumer_tag, remote_op)
+        except BaseException:
+            self._release_tag(consumer_tag)  # (unless the relay was made: it ends by itself)
+            raise
+
+    def _generated_tag(self) -> str:
+        """A consumer tag for a consume that named none: the next free one (a client
+        may have chosen one of this form)."""
+        while True:
+            tag = f"amq.ctag-relayed-{next(_names)}"
+            if not self.gateway.views.consumer_tag_taken(self.channel_id, tag):
+                return tag
+
+    def _hold_tag(self, consumer_tag: str) -> None:
+        """Take ``consumer_tag`` in the core's book of the channel's tags, for a consumer
+        the core does not keep. Raises ConsumerTagInUse (a consumer of any kind has
+        it), ChannelError (the channel is not open in the core)."""
+        channel_id = self.channel_id
+        try:
+            self._tags.run(lambda core: core.hold_consumer_tag(channel_id, consumer_tag))
+        except ConsumerTagInUse:
+            raise ConsumerTagInUse(consumer_tag, f"consumer tag {consumer_tag!r} is in use on this channel") from None
+
+    def _release_tag(self, consumer_tag: str) -> None:
+        """Give ``consumer_tag`` back unless one of these consumers still has it (a live
+        relay, or one waiting for its quorum queue's next leader)."""
+        if consumer_tag and consumer_tag not in self._by_consumer and consumer_tag not in self._resuming:
+            channel_id = self.channel_id
+            self._tags.run(lambda core: core.release_consumer_tag(channel_id, consumer_tag))
 
     async def _consume_at(
         self, queue: str, owner: str, url: str, consumer_tag: str, remote_op: dict[str, Any],
@@ -244,9 +279,16 @@ class RelayedConsumers:
     def resume(self, queue: str, consumer_tag: str, consume_op: dict[str, Any], reason: str) -> bool:
         """Consumer ``consumer_tag`` of quorum queue ``queue`` lost the queue's leader
         (its relay's owner, or this node) for ``reason``: consume again with
-        ``consume_op`` from the next one. False when the channel has ended."""
+        ``consume_op`` from the next one. False when the channel has ended, or
+        another consumer took the tag meanwhile (the client is then told of the
+        cancel)."""
         if self.finished():
             return False
+        if consumer_tag not in self._by_consumer and consumer_tag not in self._resuming:
+            try:
+                self._hold_tag(consumer_tag)  # (its relay, or the core's consumer, gave it back)
+            except ChannelError:  # taken meanwhile, or the channel is ending
+                return False
         resumption = Resumption(queue, consumer_tag, consume_op, reason)
         self._resuming[consumer_tag] = resumption
         self.nursery.start_soon(self._resume, resumption)
@@ -259,6 +301,7 @@ class RelayedConsumers:
         tag = resumption.consumer_tag
         if self._resuming.get(tag) is resumption:
             del self._resuming[tag]
+            self._release_tag(tag)  # (a relay resumed, or the core's consumer, has it now)
         if resumption.withdrawn:  # cancelled meanwhile, maybe with a consume under way
             for relay in resumption.relays:
                 if not relay.ended:
@@ -361,6 +404,7 @@ class RelayedConsumers:
         if relay.consumer_tag:
             if self._by_consumer.get(relay.consumer_tag) is relay:  # (not its resumed successor)
                 del self._by_consumer[relay.consumer_tag]
+                self._release_tag(relay.consumer_tag)
         elif self._getters.get(relay.owner) is relay:
             del self._getters[relay.owner]
         for tag in relay.tags:
@@ -474,6 +518,7 @@ class RelayedConsumers:
         resumption = self._resuming.pop(consumer_tag, None)
         if resumption is not None:
             resumption.withdraw()
+            self._release_tag(consumer_tag)
             return True
         relay = self._by_consumer.get(consumer_tag)
         if relay is None:
@@ -483,9 +528,10 @@ class RelayedConsumers:
 
     def close_all(self) -> None:
         """The channel ends: every relay ends (the owners requeue what is unacked)."""
-        for resumption in self._resuming.values():
+        resuming, self._resuming = self._resuming, {}
+        for consumer_tag, resumption in resuming.items():
             resumption.withdraw()
-        self._resuming.clear()
+            self._release_tag(consumer_tag)
         for relay in [*self._by_consumer.values(), *self._getters.values()]:
             self._end(relay)
         self.rollback_held()  # (an open transaction ends with its channel)
@@ -510,6 +556,7 @@ class RelayedConsumers:
             if not access.allows("read", resumption.queue):
                 del self._resuming[consumer_tag]
                 resumption.withdraw()
+                self._release_tag(consumer_tag)
                 if not self.finished():
                     reason = f"read permission on queue {resumption.queue!r} was revoked for user {access.username!r}"
                     self.send_event({"ev": "cancel", "consumer_tag": consumer_tag, "reason": reason})

@@ -24,7 +24,7 @@ import secrets
 from typing import Any
 
 from broker.api.channel.session import ServedChannel
-from broker.core import REPLY_TO, ChannelError, PreconditionFailed, reply_secret
+from broker.core import REPLY_TO, PreconditionFailed, reply_secret
 
 __all__ = ["REPLY_TO", "cancel_reply", "consume_reply", "reply_properties"]
 
@@ -33,11 +33,8 @@ def consume_reply(s: ServedChannel, consume_ok: dict[str, Any], consumer_tag: st
     """A ``consume`` of ``amq.rabbitmq.reply-to`` with ``consumer_tag`` (empty: one is
     generated, in RabbitMQ's ``amq.ctag-`` form): make the reply consumer, then queue
     ``consume_ok`` (the op's reply event, its tag and ``active`` filled in here).
-    Raises the core's ``not_allowed`` and ``precondition_failed`` errors."""
-    relayed = s.relayed
-    if consumer_tag and relayed is not None and relayed.has_consumer(consumer_tag):
-        # (a consumer of another node's queue: the core does not know its tag)
-        raise ChannelError(f"consumer tag {consumer_tag!r} is already in use on this channel", code="not_allowed")
+    Raises the core's ``not_allowed`` (a tag in use, of any kind: relayed consumers
+    hold theirs in the core too) and ``precondition_failed`` errors."""
     tag = consumer_tag or "amq.ctag-" + secrets.token_urlsafe(16)
     cluster = s.runtime.cluster
     secret = reply_secret(secrets.token_urlsafe(16), cluster.node_name if cluster is not None else None)
