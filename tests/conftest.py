@@ -53,6 +53,7 @@ LONG_MODULES = (
     "tests/system/test_amqp_reply_to_differential.py",
     "tests/chaos/test_chaos.py",  # ~80 s: one minute of faults
     "tests/bench/test_bench_cluster_quorum.py",  # ~45 s: a 3-node cluster, 3 failovers, a 3-node RabbitMQ
+    "tests/system/test_management_differential.py",  # ~30 s: its own RabbitMQ with the management plugin
     "tests/bench/test_bench_cluster.py",  # ~16 s: a cluster run against Redis
     "tests/cluster/test_replication.py",  # 5-16 s each: leases lapsing, failovers
     "tests/system/test_celery_amqp.py",  # ~14 s: a Celery worker across a broker kill

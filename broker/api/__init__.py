@@ -11,6 +11,7 @@ from broker.api.channel.relay_resume import LocalQuorumConsumers
 from broker.api.channel.relayed import RelayedConsumers
 from broker.api.csrf import protect
 from broker.api.errors import http_error
+from broker.api.management import listeners_of
 from broker.api.metrics import BrokerMetrics
 from broker.api.permissions import ALLOW_ALL, Access
 from broker.api.rest.cluster import cluster_routes, dispatch_cluster_first
@@ -29,6 +30,7 @@ __all__ = [
     "dispatch_cluster_first",
     "hash_password",
     "http_error",
+    "listeners_of",
     "new_token",
     "protect",
 ]

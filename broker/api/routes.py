@@ -15,6 +15,7 @@ from typing import Any
 
 from broker.api.auth import Authenticator
 from broker.api.channel import handle_channel
+from broker.api.management import add_management_routes
 from broker.api.permissions import access_for
 from broker.api.rest import add_rest_routes
 from broker.api.stream import handle_stream
@@ -43,6 +44,8 @@ def build_router(
     # The one door to the core for every route (stateless: the runtime holds the state).
     gateway = CommandGateway(runtime)
     add_rest_routes(router, runtime, auth, gateway)
+    # RabbitMQ's management API under /api/ (docs/management-api.md)
+    add_management_routes(router, runtime, gateway)
     router.add("POST", "/channel", partial(handle_channel, runtime, gateway=gateway))
     # A streaming consume hands out (and may auto-ack) messages: never for a HEAD,
     # whose response would carry none of them.

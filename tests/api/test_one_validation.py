@@ -60,6 +60,24 @@ OTHER_BODY_ROUTES = {
     ("POST", "/queues/{name}/replicas"): "refused on a single node",
     ("POST", "/schedules/{name}/pause"): "none",
     ("POST", "/schedules/{name}/resume"): "none",
+    # RabbitMQ's management API: its JSON bodies ignore unknown keys, as RabbitMQ does
+    # (tests/api/test_management_write.py)
+    **{
+        (method, "/api" + pattern): "RabbitMQ's management JSON"
+        for method, pattern in (
+            ("PUT", "/queues/{vhost}/{name}"),
+            ("DELETE", "/queues/{vhost}/{name}"),
+            ("DELETE", "/queues/{vhost}/{name}/contents"),
+            ("POST", "/queues/{vhost}/{name}/get"),
+            ("PUT", "/exchanges/{vhost}/{name}"),
+            ("DELETE", "/exchanges/{vhost}/{name}"),
+            ("POST", "/exchanges/{vhost}/{name}/publish"),
+            ("POST", "/bindings/{vhost}/e/{source}/q/{destination}"),
+            ("POST", "/bindings/{vhost}/e/{source}/e/{destination}"),
+            ("DELETE", "/bindings/{vhost}/e/{source}/q/{destination}/{props}"),
+            ("DELETE", "/bindings/{vhost}/e/{source}/e/{destination}/{props}"),
+        )
+    },
 }
 
 

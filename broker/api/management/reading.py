@@ -1,0 +1,221 @@
+"""The monitoring reads: ``/api/overview``, ``/api/nodes``, ``/api/vhosts``,
+``/api/whoami``, ``/api/queues``, ``/api/exchanges``, ``/api/bindings`` (and their
+``/%2F`` and per-object forms).
+
+Each reads the core through its views only, as ackbus's own ``GET`` routes do, and
+needs what they need: an authenticated user (any, as for ``GET /queues``), nothing
+more. A list is built in slices with a trio checkpoint between them, so a dashboard
+polling thousands of queues never holds up publishes and deliveries for long.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from trio.lowlevel import checkpoint
+
+from broker import __version__
+from broker.api.management.clients import connection_count
+from broker.api.management.context import VHOST, ManagementContext
+from broker.api.management.errors import ObjectNotFound
+from broker.api.management.node import node_json, node_name
+from broker.api.management.paging import listed
+from broker.api.management.rates import broker_rates, queue_rates
+from broker.api.management.shapes import (
+    binding_json,
+    default_bindings,
+    exchange_json,
+    queue_json,
+    rate,
+)
+from broker.api.permissions import access_for
+from broker.core import EXCHANGE_TYPES
+from broker.http import Request, Response
+
+#: Queues turned into JSON between two trio checkpoints.
+QUEUES_PER_SLICE: Final = 100
+#: The default exchange's name in paths.
+DEFAULT_EXCHANGE_PATH: Final = "amq.default"
+
+
+def add_routes(ctx: ManagementContext) -> None:
+    """Register this family's endpoints."""
+    ctx.add("GET", "/overview", overview)
+    ctx.add("GET", "/nodes", list_nodes)
+    ctx.add("GET", "/nodes/{name}", get_node)
+    ctx.add("GET", "/vhosts", list_vhosts)
+    ctx.add("GET", "/vhosts/{vhost}", get_vhost)
+    ctx.add("GET", "/whoami", whoami)
+    ctx.add("GET", "/queues", list_queues)
+    ctx.add("GET", "/queues/{vhost}", list_queues)
+    # Flower asks for the default vhost's queues as /api/queues/ (its "/" joined to
+    # the URL): RabbitMQ answers every queue there
+    ctx.add("GET", "/queues/", list_queues)
+    ctx.add("GET", "/queues/{vhost}/{name}", get_queue)
+    ctx.add("GET", "/queues/{vhost}/{name}/bindings", queue_bindings)
+    ctx.add("GET", "/exchanges", list_exchanges)
+    ctx.add("GET", "/exchanges/{vhost}", list_exchanges)
+    ctx.add("GET", "/exchanges/{vhost}/{name}", get_exchange)
+    ctx.add("GET", "/bindings", list_bindings)
+    ctx.add("GET", "/bindings/{vhost}", list_bindings)
+
+
+def exchange_path_name(name: str) -> str:
+    """The core's name of the exchange a path names (``amq.default``: ``""``)."""
+    return "" if name == DEFAULT_EXCHANGE_PATH else name
+
+
+def _message_stats(views: Any, rates: dict[str, float]) -> dict[str, Any]:
+    stats = views.stats()
+    return {
+        "publish": stats["published"],
+        "publish_details": rate(rates.get("published", 0.0)),
+        "deliver_get": stats["delivered"],
+        "deliver_get_details": rate(rates.get("delivered", 0.0)),
+        "ack": stats["acked"],
+        "ack_details": rate(rates.get("acked", 0.0)),
+        "confirm": stats["confirmed"],
+        "confirm_details": rate(rates.get("confirmed", 0.0)),
+        "return_unroutable": stats["returned"],
+    }
+
+
+def _queue_totals(totals: dict[str, int], rates: dict[str, float]) -> dict[str, Any]:
+    return {
+        "messages": totals["messages"],
+        "messages_details": rate(rates.get("messages", 0.0)),
+        "messages_ready": totals["messages_ready"],
+        "messages_ready_details": rate(rates.get("messages_ready", 0.0)),
+        "messages_unacknowledged": totals["messages_unacked"],
+        "messages_unacknowledged_details": rate(rates.get("messages_unacked", 0.0)),
+    }
+
+
+async def overview(ctx: ManagementContext, request: Request, response: Response) -> None:
+    views = ctx.views
+    totals = views.totals()
+    rates = broker_rates(ctx.runtime.history)
+    node = node_name()
+    await response.send_json(
+        200,
+        {
+            "product_name": "ackbus",
+            "product_version": __version__,
+            "node": node,
+            "cluster_name": node,
+            "rates_mode": "basic",
+            "exchange_types": [{"name": t, "enabled": True} for t in EXCHANGE_TYPES],
+            "object_totals": {
+                "connections": connection_count(ctx),
+                "channels": totals["channels"],
+                "consumers": totals["consumers"],
+                "exchanges": totals["exchanges"],
+                "queues": totals["queues"],
+            },
+            "queue_totals": _queue_totals(totals, rates),
+            "message_stats": _message_stats(views, rates),
+            "listeners": [item.json(node) for item in ctx.listeners.all()],
+        },
+    )
+
+
+async def list_nodes(ctx: ManagementContext, request: Request, response: Response) -> None:
+    await response.send_json(200, listed([node_json(ctx)], request.query))
+
+
+async def get_node(ctx: ManagementContext, request: Request, response: Response) -> None:
+    if request.path_params["name"] != node_name():
+        raise ObjectNotFound(f"no node {request.path_params['name']!r}")
+    await response.send_json(200, node_json(ctx))
+
+
+def _vhost_json(ctx: ManagementContext) -> dict[str, Any]:
+    totals = ctx.views.totals()
+    rates = broker_rates(ctx.runtime.history)
+    return {
+        "name": VHOST,
+        "description": "Default virtual host",
+        "tags": [],
+        "metadata": {"description": "Default virtual host", "tags": []},
+        "tracing": False,
+        "cluster_state": {node_name(): "running"},
+        **_queue_totals(totals, rates),
+        "message_stats": _message_stats(ctx.views, rates),
+    }
+
+
+async def list_vhosts(ctx: ManagementContext, request: Request, response: Response) -> None:
+    await response.send_json(200, listed([_vhost_json(ctx)], request.query))
+
+
+async def get_vhost(ctx: ManagementContext, request: Request, response: Response) -> None:
+    await response.send_json(200, _vhost_json(ctx))
+
+
+async def whoami(ctx: ManagementContext, request: Request, response: Response) -> None:
+    access = access_for(request)
+    if not access.username:  # no users exist: nobody had to authenticate
+        await response.send_json(200, {"name": "", "tags": ["administrator"]})
+        return
+    info = ctx.views.user_info(access.username) or {}
+    await response.send_json(200, {"name": access.username, "tags": list(info.get("tags") or [])})
+
+
+def one_queue_json(ctx: ManagementContext, name: str) -> dict[str, Any] | None:
+    """Queue ``name`` in RabbitMQ's shape; None if it does not exist."""
+    info = ctx.views.queue_info(name)
+    if info is None:
+        return None
+    info["messages_paged_out"] = ctx.views.queue_counter("messages_paged_out", name) or 0
+    return queue_json(info, VHOST, node_name(), queue_rates(ctx.runtime.history, name))
+
+
+async def list_queues(ctx: ManagementContext, request: Request, response: Response) -> None:
+    items = []
+    for index, name in enumerate(ctx.views.queue_names()):
+        if index and not index % QUEUES_PER_SLICE:
+            await checkpoint()
+        item = one_queue_json(ctx, name)
+        if item is not None:  # (deleted meanwhile)
+            items.append(item)
+    await response.send_json(200, listed(items, request.query))
+
+
+async def get_queue(ctx: ManagementContext, request: Request, response: Response) -> None:
+    name = request.path_params["name"]
+    item = one_queue_json(ctx, name)
+    if item is None:
+        raise ObjectNotFound(f"no queue {name!r}")
+    await response.send_json(200, item)
+
+
+def all_bindings(ctx: ManagementContext) -> list[dict[str, Any]]:
+    """Every binding, the default exchange's implicit ones first (as RabbitMQ lists)."""
+    return default_bindings(ctx.views.queue_names(), VHOST) + [binding_json(b, VHOST) for b in ctx.views.bindings()]
+
+
+async def queue_bindings(ctx: ManagementContext, request: Request, response: Response) -> None:
+    name = request.path_params["name"]
+    if not ctx.views.queue_exists(name):
+        raise ObjectNotFound(f"no queue {name!r}")
+    found = default_bindings([name], VHOST) + [
+        binding_json(b, VHOST) for b in ctx.views.bindings() if b.get("queue") == name
+    ]
+    await response.send_json(200, listed(found, request.query))
+
+
+async def list_exchanges(ctx: ManagementContext, request: Request, response: Response) -> None:
+    items = [exchange_json(info, VHOST) for info in ctx.views.exchange_infos()]
+    await response.send_json(200, listed(items, request.query))
+
+
+async def get_exchange(ctx: ManagementContext, request: Request, response: Response) -> None:
+    name = exchange_path_name(request.path_params["name"])
+    info = ctx.views.exchange_info(name)
+    if info is None:
+        raise ObjectNotFound(f"no exchange {name!r}")
+    await response.send_json(200, exchange_json(info, VHOST))
+
+
+async def list_bindings(ctx: ManagementContext, request: Request, response: Response) -> None:
+    await response.send_json(200, listed(all_bindings(ctx), request.query))
