@@ -17,6 +17,7 @@ import trio
 from broker.api import (
     Authenticator,
     BrokerMetrics,
+    Listeners,
     build_router,
     cluster_routes,
     dispatch_cluster_first,
@@ -102,7 +103,10 @@ class BrokerApp:
         self.auth = Authenticator(runtime.core, runtime.options, open_without_users=lambda: self.loopback_only)
         #: every endpoint, behind the authenticator's guard; served behind the
         #: cross-site check (broker/api/csrf.py)
-        self.router = build_router(runtime, metrics_handler=metrics_handler, auth=self.auth)
+        #: the sockets this broker serves, recorded as they are bound (the management
+        #: API's listeners and port checks, docs/management-api.md)
+        self.listeners = Listeners()
+        self.router = build_router(runtime, metrics_handler=metrics_handler, auth=self.auth, listeners=self.listeners)
         #: cluster mode (--etcd, docs/cluster.md): its routes answer first
         self.cluster: ClusterNode | None = None
         handler: Any = self.router
@@ -186,6 +190,7 @@ class BrokerApp:
                 "listening",
                 extra={"fields": {"host": host, "port": self.server.ports[0], "tls": self.server.tls}},
             )
+            self.listeners.add("https" if self.server.tls else "http", host, self.server.ports[0])
             for amqp_port, secure in ((self.amqp_port, False), (self.amqps_port, True)):
                 if amqp_port:
                     await self._serve_amqp(nursery, host, amqp_port, secure)
@@ -208,6 +213,7 @@ class BrokerApp:
         )
         await nursery.start(amqp.serve, host, port)
         self.amqp_servers.append(amqp)
+        self.listeners.add("amqps" if secure else "amqp", host, amqp.ports[0])
         log.info("listening", extra={"fields": {"host": host, "port": amqp.ports[0], "protocol": "amqps" if secure else "amqp"}})
 
     @property

@@ -11,7 +11,7 @@ from broker.api.channel.relay_resume import LocalQuorumConsumers
 from broker.api.channel.relayed import RelayedConsumers
 from broker.api.csrf import protect
 from broker.api.errors import http_error
-from broker.api.management import listeners_of
+from broker.api.management import Listeners
 from broker.api.metrics import BrokerMetrics
 from broker.api.permissions import ALLOW_ALL, Access
 from broker.api.rest.cluster import cluster_routes, dispatch_cluster_first
@@ -22,6 +22,7 @@ __all__ = [
     "Access",
     "Authenticator",
     "BrokerMetrics",
+    "Listeners",
     "LocalQuorumConsumers",
     "PUBLIC_ROUTES",
     "RelayedConsumers",
@@ -30,7 +31,6 @@ __all__ = [
     "dispatch_cluster_first",
     "hash_password",
     "http_error",
-    "listeners_of",
     "new_token",
     "protect",
 ]

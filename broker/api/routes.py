@@ -15,7 +15,7 @@ from typing import Any
 
 from broker.api.auth import Authenticator
 from broker.api.channel import handle_channel
-from broker.api.management import add_management_routes
+from broker.api.management import Listeners, add_management_routes
 from broker.api.permissions import access_for
 from broker.api.rest import add_rest_routes
 from broker.api.stream import handle_stream
@@ -34,10 +34,13 @@ PUBLIC_ROUTES = frozenset(
 
 
 def build_router(
-    runtime: BrokerRuntime, *, metrics_handler: Any = None, auth: Authenticator | None = None
+    runtime: BrokerRuntime, *, metrics_handler: Any = None, auth: Authenticator | None = None,
+    listeners: Listeners | None = None,
 ) -> Router:
     """Every endpoint of the HTTP API, bound to ``runtime``, guarded by ``auth`` (by
-    default one that serves requests without credentials while no user exists)."""
+    default one that serves requests without credentials while no user exists).
+    ``listeners``: the sockets the broker serves, which its app records as it binds
+    them (the management API shows them; none by default)."""
     if auth is None:
         auth = Authenticator(runtime.core, runtime.options, open_without_users=lambda: True)
     router = Router(guard=auth.guard)
@@ -45,7 +48,7 @@ def build_router(
     gateway = CommandGateway(runtime)
     add_rest_routes(router, runtime, auth, gateway)
     # RabbitMQ's management API under /api/ (docs/management-api.md)
-    add_management_routes(router, runtime, gateway)
+    add_management_routes(router, runtime, gateway, Listeners() if listeners is None else listeners)
     router.add("POST", "/channel", partial(handle_channel, runtime, gateway=gateway))
     # A streaming consume hands out (and may auto-ack) messages: never for a HEAD,
     # whose response would carry none of them.

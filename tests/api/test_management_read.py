@@ -9,7 +9,6 @@ from collections.abc import AsyncIterator
 import pytest
 import trio
 
-from broker.api.management import listeners_of
 from tests.support.app import MemoryBroker
 from tests.support.channel import Clients
 from tests.support.http import HTTPClient
@@ -99,12 +98,13 @@ async def test_exchanges_and_bindings(api: HTTPClient) -> None:
 
 async def test_overview_nodes_vhosts_whoami(api: HTTPClient, broker: MemoryBroker) -> None:  # noqa: F811
     await declare_and_fill(api)
-    listeners_of(broker.runtime).add("amqp", "127.0.0.1", 5672)
+    broker.app.listeners.add("amqp", "127.0.0.1", 5672)
     o = (await api.get("/api/overview")).json()
     assert o["object_totals"]["queues"] == 1 and o["object_totals"]["exchanges"] >= 7
     assert o["queue_totals"]["messages"] == 2 and o["queue_totals"]["messages_ready"] == 2
     assert o["message_stats"]["publish"] == 2 and o["message_stats"]["confirm"] == 2
-    assert o["listeners"] == [{"node": o["node"], "protocol": "amqp", "ip_address": "127.0.0.1", "port": 5672}]
+    assert o["listeners"][-1] == {"node": o["node"], "protocol": "amqp", "ip_address": "127.0.0.1", "port": 5672}
+    assert [item["protocol"] for item in o["listeners"]] == ["http", "amqp"]
     nodes = (await api.get("/api/nodes")).json()
     assert [n["name"] for n in nodes] == [o["node"]]
     node = (await api.get(f"/api/nodes/{o['node']}")).json()

@@ -109,3 +109,44 @@ def test_users_and_permissions(tmp_path: Path) -> None:
         assert closed.value.reply_code == 320
     finally:
         broker.stop()
+
+
+def test_the_management_api_lists_the_sockets_the_broker_bound(tmp_path: Path) -> None:
+    """``/api/overview``'s listeners and the port and protocol health checks name the
+    ports the broker really bound: its HTTP port (``https`` with TLS), AMQP and AMQPS."""
+    import http.client
+    import json
+
+    ca = trustme.CA()
+    cert, key = write_cert(ca, tmp_path)
+    ca_file = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    plain, secure = free_port(), free_port()
+    broker = BrokerProcess(tmp_path / "data", args=("--tls-cert", str(cert), "--tls-key", str(key)),
+                           env={"ACKBUS_AMQP_PORT": str(plain), "ACKBUS_AMQPS_PORT": str(secure)})
+    broker.start(wait_ready=False)
+    try:
+        wait_tls_ready(broker, ca_file)
+        context = ssl.create_default_context(cafile=str(ca_file))
+
+        def get(path: str) -> tuple[int, object]:
+            conn = http.client.HTTPSConnection("localhost", broker.port, context=context, timeout=10)
+            try:
+                conn.request("GET", path)
+                reply = conn.getresponse()
+                return reply.status, json.loads(reply.read())
+            finally:
+                conn.close()
+
+        status, overview = get("/api/overview")
+        assert status == 200, overview
+        assert isinstance(overview, dict)
+        assert sorted((item["protocol"], item["port"]) for item in overview["listeners"]) == [
+            ("amqp", plain), ("amqps", secure), ("https", broker.port),
+        ]
+        for port in (plain, secure, broker.port):
+            assert get(f"/api/health/checks/port-listener/{port}") == (200, {"status": "ok", "port": port})
+        assert get("/api/health/checks/protocol-listener/amqps") == (200, {"status": "ok", "protocol": "amqps"})
+        assert get("/api/health/checks/protocol-listener/http")[0] == 503
+    finally:
+        broker.stop()

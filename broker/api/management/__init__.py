@@ -21,17 +21,18 @@ from __future__ import annotations
 
 from broker.api.management import clients, health, messages, reading, writing
 from broker.api.management.context import ManagementContext
-from broker.api.management.listeners import Listener, Listeners, listeners_of
+from broker.api.management.listeners import Listener, Listeners
 from broker.http import Router
 from broker.runtime import BrokerRuntime, CommandGateway
 
-__all__ = ["Listener", "Listeners", "add_management_routes", "listeners_of"]
+__all__ = ["Listener", "Listeners", "add_management_routes"]
 
 _FAMILIES = (reading, clients, health, writing, messages)
 
 
-def add_management_routes(router: Router, runtime: BrokerRuntime, gateway: CommandGateway) -> None:
-    """Register every ``/api/`` endpoint on ``router``, behind its guard."""
-    ctx = ManagementContext(router, runtime, gateway)
+def add_management_routes(router: Router, runtime: BrokerRuntime, gateway: CommandGateway, listeners: Listeners) -> None:
+    """Register every ``/api/`` endpoint on ``router``, behind its guard; ``listeners``:
+    the sockets the broker serves, as its app records them."""
+    ctx = ManagementContext(router, runtime, gateway, listeners)
     for family in _FAMILIES:
         family.add_routes(ctx)

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from typing import Final
 
 from broker.api.management.errors import ObjectNotFound, rabbit_error
-from broker.api.management.listeners import Listeners, listeners_of
+from broker.api.management.listeners import Listeners
 from broker.core import BrokerViews
 from broker.http import ClientDisconnected, Request, Response, Router
 from broker.runtime import BrokerRuntime, CommandGateway, RuntimeOptions
@@ -37,17 +37,14 @@ class ManagementContext:
     through it, as for the REST routes), the core's read-only views, the runtime (its
     memory, flow, history of rates) and the listeners it serves."""
 
-    def __init__(self, router: Router, runtime: BrokerRuntime, gateway: CommandGateway) -> None:
+    def __init__(self, router: Router, runtime: BrokerRuntime, gateway: CommandGateway, listeners: Listeners) -> None:
         self.router = router
+        #: the listeners this broker serves (its app records them as it binds)
+        self.listeners = listeners
         self.runtime = runtime
         self.gateway = gateway
         self.views: BrokerViews = gateway.views
         self.options: RuntimeOptions = runtime.options
-
-    @property
-    def listeners(self) -> Listeners:
-        """The listeners this broker serves (as its app recorded them)."""
-        return listeners_of(self.runtime)
 
     def add(self, method: str, pattern: str, handler: ManagementHandler) -> None:
         """Serve ``METHOD /api<pattern>`` with ``handler(self, request, response)``,

@@ -2,18 +2,15 @@
 ``listeners`` fields and its ``port-listener`` and ``protocol-listener`` health checks.
 
 The API's routes are built before the broker binds its sockets, and only the app
-knows which ones it bound: it records each in the runtime's book
-(``listeners_of(runtime).add("amqp", "127.0.0.1", 5672)``) once it listens. A book
-is kept per runtime (weakly: it goes with its runtime), so brokers in one process
-(the tests') each have their own.
+knows which ones it bound: the app owns the book, hands it to the routes and records
+each socket in it (``listeners.add("amqp", "127.0.0.1", 5672)``) once it listens.
 """
 
 from __future__ import annotations
 
-import weakref
 from typing import Any
 
-__all__ = ["Listener", "Listeners", "listeners_of"]
+__all__ = ["Listener", "Listeners"]
 
 
 class Listener:
@@ -53,13 +50,3 @@ class Listeners:
     def protocols(self) -> list[str]:
         return sorted({item.protocol for item in self._items})
 
-
-_BOOKS: weakref.WeakKeyDictionary[Any, Listeners] = weakref.WeakKeyDictionary()
-
-
-def listeners_of(runtime: Any) -> Listeners:
-    """The book of ``runtime``'s listeners (an empty one at first)."""
-    book = _BOOKS.get(runtime)
-    if book is None:
-        book = _BOOKS[runtime] = Listeners()
-    return book
