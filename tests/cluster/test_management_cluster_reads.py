@@ -94,6 +94,11 @@ def test_any_node_answers_for_the_queues_another_node_serves(nodes: Any) -> None
         status, members = b.request("GET", "/api/nodes")
         assert status == 200 and {(n["name"], n["running"]) for n in members} == {("ackbus@a", True), ("ackbus@b", True)}
         assert b.request("GET", "/api/nodes/ackbus@a")[1]["running"] is True
+        status, vhost = b.request("GET", "/api/vhosts/%2F")
+        assert status == 200 and vhost["messages"] == 3, vhost
+        assert vhost["cluster_state"] == {"ackbus@a": "running", "ackbus@b": "running"}
+        status, exchanges = b.request("GET", "/api/exchanges")
+        assert status == 200 and "events" in {x["name"] for x in exchanges}, exchanges
     finally:
         ch.close()
 

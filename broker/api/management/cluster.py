@@ -12,13 +12,13 @@ another node's queue nowhere, or with a follower replica's counts. Here:
   (``broker/api/rest/cluster_relay.py``): the client's credentials with it, the
   answer streamed back, and while that node is down ``503`` in RabbitMQ's error shape;
 * a list (``/api/queues``, ``/api/overview``'s queue totals, ``/api/consumers``,
-  ``/api/bindings``, ``/api/nodes``) is asked of every live member at once, the same
-  path relayed with the cluster's forwarding marker (``X-Ackbus-Forwarded``), which
-  makes a member answer its own part only (``ownpart.py``); the parts are merged, each
-  queue once, and paging, sorting and ``columns`` apply to the merged list. A member
-  that does not answer in time is left out: its queues are listed from the cluster's
-  metadata (etcd) with ``state: "down"`` and no counts, its node with
-  ``running: false``.
+  ``/api/bindings``, ``/api/nodes``, ``/api/vhosts``' queue numbers) is asked of
+  every live member at once, the same path relayed with the cluster's forwarding
+  marker (``X-Ackbus-Forwarded``), which makes a member answer its own part only
+  (``ownpart.py``); the parts are merged, each queue once, and paging, sorting and
+  ``columns`` apply to the merged list. A member that does not answer in time is
+  left out: its queues are listed from the cluster's metadata (etcd) with
+  ``state: "down"`` and no counts, its node with ``running: false``.
 """
 
 from __future__ import annotations
@@ -51,6 +51,8 @@ __all__ = ["add_cluster_management_routes", "dispatch_management"]
 
 #: The largest part a member may answer (a list of many queues' JSON).
 MAX_PART_BYTES: Final = 64 << 20
+#: The one vhost in a path.
+_VHOST_PATH: Final = "%2F"
 #: A queue's counts RabbitMQ leaves out of a queue whose node is down.
 _NO_COUNTS_STATE: Final = "down"
 
@@ -282,6 +284,25 @@ def merged_overview(parts: MemberParts) -> dict[str, Any]:
     return answer
 
 
+#: The queue numbers of a vhost (and their ``_details``), summed over the members.
+_VHOST_TOTALS: Final = ("messages", "messages_ready", "messages_unacknowledged")
+
+
+def merged_vhost(parts: MemberParts) -> dict[str, Any]:
+    """The one vhost, with the cluster's queue numbers and every member's state."""
+    own = parts.own()
+    answer = dict(own) if isinstance(own, dict) else {}
+    totals: dict[str, Any] = {}
+    for _member, part in parts.ordered():
+        if isinstance(part, dict):
+            _add_totals(totals, {k: v for k, v in part.items() if k.removesuffix("_details") in _VHOST_TOTALS})
+    answer.update(totals)
+    answer["cluster_state"] = {
+        member_node_name(m): "running" if m in parts.answers else "down" for m in _members(parts.node)
+    }
+    return answer
+
+
 def _members(node: ClusterNode) -> list[str]:
     """Every member the cluster knows (alive or not), by name."""
     return sorted(set(node.view.entries["known"]) | set(node.view.live_nodes()) | {node.name})
@@ -365,6 +386,8 @@ def add_cluster_management_routes(router: Router, node: ClusterNode) -> None:
     for pattern in ("/bindings", "/bindings/{vhost}"):
         route(pattern, merged_bindings, "/api/bindings")
     route("/nodes", merged_nodes, "/api/nodes")
+    route("/vhosts", lambda parts: [merged_vhost(parts)], f"/api/vhosts/{_VHOST_PATH}")
+    route("/vhosts/{vhost}", merged_vhost, f"/api/vhosts/{_VHOST_PATH}", as_list=False)
 
     async def get_node(request: Request, response: Response) -> None:
         wanted = request.path_params["name"]

@@ -96,14 +96,21 @@ def _queue_totals(totals: dict[str, int], rates: dict[str, float]) -> dict[str, 
     }
 
 
-async def overview(ctx: ManagementContext, request: Request, response: Response) -> None:
-    views = ctx.views
-    totals = views.totals()
+def _queue_numbers(ctx: ManagementContext) -> tuple[dict[str, int], dict[str, float]]:
+    """The core's totals and the broker's rates; in a cluster, the queue numbers
+    among them over the queues this node serves (its part: cluster.py merges)."""
+    totals = ctx.views.totals()
     rates = broker_rates(ctx.runtime.history)
-    own = own_queue_totals(ctx)  # in a cluster: this node's part (cluster.py merges)
+    own = own_queue_totals(ctx)
     if own is not None:
         totals.update(own[0])
         rates.update(own[1])
+    return totals, rates
+
+
+async def overview(ctx: ManagementContext, request: Request, response: Response) -> None:
+    views = ctx.views
+    totals, rates = _queue_numbers(ctx)
     node = node_name(ctx.runtime)
     await response.send_json(
         200,
@@ -139,8 +146,7 @@ async def get_node(ctx: ManagementContext, request: Request, response: Response)
 
 
 def _vhost_json(ctx: ManagementContext) -> dict[str, Any]:
-    totals = ctx.views.totals()
-    rates = broker_rates(ctx.runtime.history)
+    totals, rates = _queue_numbers(ctx)
     return {
         "name": VHOST,
         "description": "Default virtual host",
