@@ -7,6 +7,9 @@ private etcd: KEDA's scaler and monitors ask whichever node their URL names."""
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from typing import Any
 
 import pytest
@@ -66,10 +69,11 @@ def test_any_node_answers_for_the_queues_another_node_serves(nodes: Any) -> None
     assert status == 200 and [m["payload"] for m in got] == ["m1"] and got[0]["message_count"] == 2, got
     assert _queue(a, "jobs")["messages"] == 2
 
-    # a consumer on a's node, seen from b
-    ch = RawChannel(a.port)
+    # consumers of a's queue: one on a's node, one on b's (relayed to a): each once
+    ch, relayed = RawChannel(a.port), RawChannel(b.port)
     try:
         assert ch.call({"op": "consume", "queue": "watched", "consumer_tag": "watcher"})["ev"] == "consume_ok"
+        assert relayed.call({"op": "consume", "queue": "watched", "consumer_tag": "far"})["ev"] == "consume_ok"
 
         # the lists through b: every queue once, with its server's counts
         listed = _listed(b)
@@ -85,7 +89,8 @@ def test_any_node_answers_for_the_queues_another_node_serves(nodes: Any) -> None
         assert (overview["queue_totals"]["messages"], overview["object_totals"]["queues"]) == (3, 3), overview
         assert overview["node"] == "ackbus@b"
         status, consumers = b.request("GET", "/api/consumers")
-        assert status == 200 and [(c["consumer_tag"], c["queue"]["name"]) for c in consumers] == [("watcher", "watched")]
+        assert status == 200, consumers
+        assert sorted((c["consumer_tag"], c["queue"]["name"]) for c in consumers) == [("far", "watched"), ("watcher", "watched")]
         status, all_bindings = b.request("GET", "/api/bindings")
         assert status == 200, all_bindings
         assert {(x["source"], x["destination"]) for x in all_bindings} == {
@@ -101,12 +106,25 @@ def test_any_node_answers_for_the_queues_another_node_serves(nodes: Any) -> None
         assert status == 200 and "events" in {x["name"] for x in exchanges}, exchanges
     finally:
         ch.close()
+        relayed.close()
 
     # purge through b
     assert b.request("DELETE", "/api/queues/%2F/jobs/contents")[0] == 204
     assert _queue(a, "jobs")["messages"] == 0
     _publish(b, "jobs", "after")
     wait_for("1 on a", lambda: _queue(a, "jobs")["messages"] == 1)
+
+    # a frozen (SIGSTOP: it holds its connections open and answers nothing): b's
+    # list still answers, within the time a node is given, a's queues down
+    assert a.proc is not None
+    os.kill(a.proc.pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        listed = _listed(b)
+        assert time.monotonic() - started < 10
+        assert (listed["jobs"]["state"], listed["mine"]["messages"]) == ("down", 1)
+    finally:
+        os.kill(a.proc.pid, signal.SIGCONT)
 
     # a stopped: b still lists, a's queues down and without counts; a's queue alone: 503
     a.stop()
