@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+import base64
 from typing import Any
 
 import pytest
@@ -155,3 +156,18 @@ def test_a_quorum_queues_counts_come_from_its_leader(nodes: Any) -> None:
     assert (shown["messages"], shown["node"], shown["type"]) == (2, f"ackbus@{name}", "quorum")
     listed = _listed(follower)
     assert (listed["qq"]["messages"], listed["qq"]["node"]) == (2, f"ackbus@{name}")
+
+    # with users: each member checks the client's own credentials
+    admin = {"Authorization": "Basic " + base64.b64encode(b"admin:admin-pw").decode()}
+    bob = {"Authorization": "Basic " + base64.b64encode(b"bob:bob-pw").decode()}
+    everything = {"configure": ".*", "write": ".*", "read": ".*"}
+    assert leader.request("PUT", "/users/admin", {"password": "admin-pw", "tags": ["administrator"], "permissions": everything})[0] == 201
+    assert leader.request("PUT", "/users/bob", {"password": "bob-pw", "permissions": everything}, headers=admin)[0] == 201
+    wait_for("users on the follower", lambda: follower.request("GET", "/api/whoami", headers=bob)[0] == 200)
+    status, body = follower.request("GET", "/api/queues", headers=bob)
+    assert status == 200 and [(q["name"], q["messages"]) for q in body] == [("qq", 2)], body
+    assert follower.request("GET", "/api/queues")[0] == 401
+    assert follower.request("GET", "/api/queues/%2F/qq")[0] == 401
+    status, body = follower.request("GET", "/api/consumers", headers=bob)  # needs the administrator tag
+    assert status == 401 and body["error"] == "not_authorised", body
+    assert follower.request("GET", "/api/consumers", headers=admin)[0] == 200
