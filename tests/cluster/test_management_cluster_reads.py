@@ -7,10 +7,10 @@ private etcd: KEDA's scaler and monitors ask whichever node their URL names."""
 
 from __future__ import annotations
 
+import base64
 import os
 import signal
 import time
-import base64
 from typing import Any
 
 import pytest

@@ -53,8 +53,9 @@ __all__ = ["add_cluster_management_routes", "dispatch_management"]
 MAX_PART_BYTES: Final = 64 << 20
 #: The one vhost in a path.
 _VHOST_PATH: Final = "%2F"
-#: A queue's counts RabbitMQ leaves out of a queue whose node is down.
-_NO_COUNTS_STATE: Final = "down"
+#: The state of a queue whose node did not answer (RabbitMQ shows a stopped node's
+#: queues so, without counts).
+DOWN_STATE: Final = "down"
 
 Handler = Callable[[Request, Response], Awaitable[None]]
 
@@ -229,7 +230,7 @@ def down_queue_json(name: str, d: dict[str, Any], serving: str | None) -> dict[s
         "exclusive": bool(d.get("exclusive", False)),
         "arguments": arguments,
         "type": str(arguments.get("x-queue-type", "classic")),
-        "state": _NO_COUNTS_STATE,
+        "state": DOWN_STATE,
         "policy": None,
         "operator_policy": None,
         "effective_policy_definition": {},
