@@ -70,7 +70,7 @@ def _channel_name(sink: Any, channel_id: int) -> str:
 
 async def list_connections(ctx: ManagementContext, request: Request, response: Response) -> None:
     access_for(request).require("administer")
-    node = node_name()
+    node = node_name(ctx.runtime)
     connections: dict[str, dict[str, Any]] = {}
     for _channel_id, sink, _info in _open_sinks(ctx):
         name = _connection_name(sink)
@@ -126,7 +126,7 @@ def _channel_json(sink: Any, channel_id: int, info: dict[str, Any], node: str) -
 
 async def list_channels(ctx: ManagementContext, request: Request, response: Response) -> None:
     access_for(request).require("administer")
-    node = node_name()
+    node = node_name(ctx.runtime)
     items = [_channel_json(sink, cid, info, node) for cid, sink, info in _open_sinks(ctx)]
     await response.send_json(200, listed(items, request.query))
 
@@ -143,7 +143,7 @@ async def list_consumers(ctx: ManagementContext, request: Request, response: Res
             "peer_host": host,
             "peer_port": port,
             "user": _user(sink),
-            "node": node_name(),
+            "node": node_name(ctx.runtime),
         }
         for consumer in info["consumers"]:
             items.append({

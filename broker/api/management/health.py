@@ -87,7 +87,7 @@ async def aliveness(ctx: ManagementContext, request: Request, response: Response
 async def alarms(ctx: ManagementContext, request: Request, response: Response) -> None:
     flow = ctx.runtime.flow
     if flow.alarms:
-        node = node_name()
+        node = node_name(ctx.runtime)
         await _failed(
             response,
             "There are alarms in effect in the cluster",

@@ -1,8 +1,9 @@
 """This broker as a RabbitMQ node: its name and ``/api/nodes``' fields.
 
-ackbus is one node (a cluster's other nodes are not listed: docs/management-api.md).
-Its name is ``ackbus@<host name>``, in RabbitMQ's ``name@host`` form, so tools that
-split it find a host. The numbers are the ones ackbus's ``/overview`` shows: memory
+A single node's name is ``ackbus@<host name>``, in RabbitMQ's ``name@host`` form, so
+tools that split it find a host. In a cluster (``--etcd``) several nodes may share a
+host, so a node's name is ``ackbus@<its --node-name>``, which every member can
+compute for every other (``cluster.py`` lists them all). The numbers are the ones ackbus's ``/overview`` shows: memory
 in use and the watermark, free disk, file descriptors, uptime, and the alarms.
 """
 
@@ -15,11 +16,20 @@ from typing import Any
 
 from broker.runtime import disk_info, fd_info
 
-__all__ = ["node_json", "node_name"]
+__all__ = ["member_node_name", "node_json", "node_name"]
 
 
-def node_name() -> str:
-    """``ackbus@<host name>``."""
+def member_node_name(member: str) -> str:
+    """The RabbitMQ node name of cluster member ``member``: ``ackbus@<member>``."""
+    return f"ackbus@{member}"
+
+
+def node_name(runtime: Any = None) -> str:
+    """This broker's node name: ``ackbus@<host name>``, in a cluster (``runtime``'s
+    cluster port set) ``ackbus@<node name>``."""
+    port = getattr(runtime, "cluster", None)
+    if port is not None:
+        return member_node_name(port.node_name)
     return f"ackbus@{socket.gethostname()}"
 
 
@@ -31,7 +41,7 @@ def node_json(ctx: Any) -> dict[str, Any]:
     disk = disk_info(ctx.options.data_dir)
     fds = fd_info()
     out: dict[str, Any] = {
-        "name": node_name(),
+        "name": node_name(runtime),
         "type": "disc" if ctx.options.data_dir is not None else "ram",
         "running": runtime.ready and not runtime.shutting_down,
         "os_pid": str(os.getpid()),

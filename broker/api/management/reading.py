@@ -19,6 +19,11 @@ from broker.api.management.clients import connection_count
 from broker.api.management.context import VHOST, ManagementContext
 from broker.api.management.errors import ObjectNotFound
 from broker.api.management.node import node_json, node_name
+from broker.api.management.ownpart import (
+    own_queue_names,
+    own_queue_totals,
+    serves_queue,
+)
 from broker.api.management.paging import listed
 from broker.api.management.rates import broker_rates, queue_rates
 from broker.api.management.shapes import (
@@ -91,11 +96,22 @@ def _queue_totals(totals: dict[str, int], rates: dict[str, float]) -> dict[str, 
     }
 
 
+def _queue_numbers(ctx: ManagementContext) -> tuple[dict[str, int], dict[str, float]]:
+    """The core's totals and the broker's rates; in a cluster, the queue numbers
+    among them over the queues this node serves (its part: cluster.py merges)."""
+    totals = ctx.views.totals()
+    rates = broker_rates(ctx.runtime.history)
+    own = own_queue_totals(ctx)
+    if own is not None:
+        totals.update(own[0])
+        rates.update(own[1])
+    return totals, rates
+
+
 async def overview(ctx: ManagementContext, request: Request, response: Response) -> None:
     views = ctx.views
-    totals = views.totals()
-    rates = broker_rates(ctx.runtime.history)
-    node = node_name()
+    totals, rates = _queue_numbers(ctx)
+    node = node_name(ctx.runtime)
     await response.send_json(
         200,
         {
@@ -124,21 +140,20 @@ async def list_nodes(ctx: ManagementContext, request: Request, response: Respons
 
 
 async def get_node(ctx: ManagementContext, request: Request, response: Response) -> None:
-    if request.path_params["name"] != node_name():
+    if request.path_params["name"] != node_name(ctx.runtime):
         raise ObjectNotFound(f"no node {request.path_params['name']!r}")
     await response.send_json(200, node_json(ctx))
 
 
 def _vhost_json(ctx: ManagementContext) -> dict[str, Any]:
-    totals = ctx.views.totals()
-    rates = broker_rates(ctx.runtime.history)
+    totals, rates = _queue_numbers(ctx)
     return {
         "name": VHOST,
         "description": "Default virtual host",
         "tags": [],
         "metadata": {"description": "Default virtual host", "tags": []},
         "tracing": False,
-        "cluster_state": {node_name(): "running"},
+        "cluster_state": {node_name(ctx.runtime): "running"},
         **_queue_totals(totals, rates),
         "message_stats": _message_stats(ctx.views, rates),
     }
@@ -167,12 +182,12 @@ def one_queue_json(ctx: ManagementContext, name: str) -> dict[str, Any] | None:
     if info is None:
         return None
     info["messages_paged_out"] = ctx.views.queue_counter("messages_paged_out", name) or 0
-    return queue_json(info, VHOST, node_name(), queue_rates(ctx.runtime.history, name))
+    return queue_json(info, VHOST, node_name(ctx.runtime), queue_rates(ctx.runtime.history, name))
 
 
 async def list_queues(ctx: ManagementContext, request: Request, response: Response) -> None:
     items = []
-    for index, name in enumerate(ctx.views.queue_names()):
+    for index, name in enumerate(own_queue_names(ctx)):
         if index and not index % QUEUES_PER_SLICE:
             await checkpoint()
         item = one_queue_json(ctx, name)
@@ -190,8 +205,12 @@ async def get_queue(ctx: ManagementContext, request: Request, response: Response
 
 
 def all_bindings(ctx: ManagementContext) -> list[dict[str, Any]]:
-    """Every binding, the default exchange's implicit ones first (as RabbitMQ lists)."""
-    return default_bindings(ctx.views.queue_names(), VHOST) + [binding_json(b, VHOST) for b in ctx.views.bindings()]
+    """Every binding, the default exchange's implicit ones first (as RabbitMQ lists);
+    in a cluster, those to the queues this node answers for and between exchanges."""
+    runtime = ctx.runtime
+    return default_bindings(own_queue_names(ctx), VHOST) + [
+        binding_json(b, VHOST) for b in ctx.views.bindings() if "queue" not in b or serves_queue(runtime, b["queue"])
+    ]
 
 
 async def queue_bindings(ctx: ManagementContext, request: Request, response: Response) -> None:

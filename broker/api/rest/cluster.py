@@ -23,6 +23,10 @@ from broker.api.fields import (
     LOCK_REFRESH_FIELDS,
     LOCK_RELEASE_FIELDS,
 )
+from broker.api.management.cluster import (
+    add_cluster_management_routes,
+    dispatch_management,
+)
 from broker.api.permissions import access_for
 from broker.api.rest.cluster_etcd import etcd_errors
 from broker.api.rest.cluster_get import cluster_get_any
@@ -105,7 +109,8 @@ def _route(
 def dispatch_cluster_first(cluster: Router, node_router: Router, node: ClusterNode | None = None, auth: Any = None) -> Handler:
     """A handler that serves a request from ``cluster`` when it has the route, else
     from ``node_router``; a request about a queue another node owns goes to that
-    node (``cluster_relay.py``)."""
+    node (``cluster_relay.py``; the management API's lists and per-queue calls:
+    ``broker/api/management/cluster.py``)."""
 
     async def dispatch(request: Request, response: Response) -> None:
         if node is not None:
@@ -113,6 +118,8 @@ def dispatch_cluster_first(cluster: Router, node_router: Router, node: ClusterNo
             if queue is not None:
                 await relay_to_owner(node, auth, queue, request, response)
                 return
+            if await dispatch_management(node, auth, request, response, node_router):
+                return  # the management API's relays (broker/api/management/cluster.py)
         try:
             cluster.match(request.method, request.path)
         except (NoSuchEndpoint, MethodNotAllowed):
@@ -258,6 +265,7 @@ def cluster_routes(runtime: BrokerRuntime, node: ClusterNode, auth: Any) -> Rout
     _route(router, "POST", "/bindings", etcd_errors(node, bind))
     _route(router, "DELETE", "/bindings", etcd_errors(node, unbind))
     add_replica_routes(router, node, views)
+    add_cluster_management_routes(router, node)
     return router
 
 
