@@ -13,6 +13,7 @@ import trio
 from tests.support.app import MemoryBroker
 from tests.support.http import HTTPClient
 from tests.support.memory_fixtures import broker  # noqa: F401 (a fixture)
+from tests.support.security import add_user
 
 
 @pytest.fixture
@@ -129,6 +130,27 @@ async def test_bad_publishes_publish_nothing(api: HTTPClient, change: dict[str, 
     reply = await api.post("/api/exchanges/%2F/amq.default/publish", json=body)
     assert reply.status == 400 and reply.json()["error"] == "bad_request" and reason in reply.json()["reason"]
     assert await ready(api, "q") == 0
+
+
+async def test_publish_user_id_must_be_the_callers(api: HTTPClient, broker: MemoryBroker) -> None:  # noqa: F811
+    """As RabbitMQ checks a publish's ``user_id`` (and ackbus's AMQP does): a message
+    cannot claim another user; the caller's own name, or guest on a broker without
+    users, passes."""
+    await api.put("/api/queues/%2F/q", json={})
+    assert (await publish(api, "q", "x", properties={"user_id": "guest"})).json() == {"routed": True}
+    reply = await publish(api, "q", "x", properties={"user_id": "admin"})
+    assert reply.status == 400 and reply.json()["error"] == "bad_request"
+    assert "user_id property set to 'admin' but authenticated user was 'guest'" in reply.json()["reason"]
+    app = add_user(broker.runtime.core, "app")
+    await broker.runtime.wait_durable()
+    body = {"properties": {"user_id": "admin"}, "routing_key": "q", "payload": "x", "payload_encoding": "string"}
+    reply = await api.post("/api/exchanges/%2F/amq.default/publish", json=body, headers=app)
+    assert reply.status == 400 and "authenticated user was 'app'" in reply.json()["reason"]
+    body["properties"] = {"user_id": "app"}
+    assert (await api.post("/api/exchanges/%2F/amq.default/publish", json=body, headers=app)).json() == {"routed": True}
+    got = (await api.post("/api/queues/%2F/q/get", headers=app,
+                          json={"count": 5, "ackmode": "ack_requeue_false", "encoding": "auto"})).json()
+    assert [m["properties"] for m in got] == [{"user_id": "guest"}, {"user_id": "app"}]
 
 
 async def test_publish_to_a_missing_exchange_and_get_from_a_missing_queue(api: HTTPClient) -> None:

@@ -163,6 +163,20 @@ async def test_columns_and_pages(api: HTTPClient) -> None:
     assert reply.status == 400 and reply.json()["error"] == "bad_request"
 
 
+async def test_columns_that_overlap_answer_and_change_nothing(api: HTTPClient) -> None:
+    # a column inside another (arguments.a) must not write into the queue's own
+    # arguments, and one inside a field that is not an object (name.x) is not a 500
+    assert (await api.put("/api/queues/%2F/q", json={"arguments": {"x-max-length": 5}})).status == 201
+    for columns in ("arguments,arguments.a.b", "arguments,arguments.x-max-length.y", "name,name.x", "name.x,name"):
+        reply = await api.get(f"/api/queues?columns={columns}")
+        assert reply.status == 200, (columns, reply.body)
+    assert (await api.get("/api/queues?columns=name,name.x")).json() == [{"name": "q"}]
+    assert (await api.get("/api/queues?columns=arguments,arguments.a")).json() == [{"arguments": {"x-max-length": 5}}]
+    assert (await api.get("/api/queues/%2F/q")).json()["arguments"] == {"x-max-length": 5}
+    # the queue's settings are unchanged: its twin declare still matches
+    assert (await api.put("/api/queues/%2F/q", json={"arguments": {"x-max-length": 5}})).status == 204
+
+
 async def test_connections_channels_and_consumers(api: HTTPClient, clients: Clients) -> None:  # noqa: F811
     await api.put("/api/queues/%2F/work", json={})
     ch = await clients.channel()

@@ -223,6 +223,9 @@ def test_one_script_against_rabbitmq(servers: tuple[int, int]) -> None:
     s.step("POST", PUBLISH.format("mg.x"), publish("zz", "lost"))
     s.step("POST", PUBLISH.format("mg.nope"), publish("k", "x"), same=error_kind)
     s.step("POST", PUBLISH.format("amq.default"), {"routing_key": "k", "payload": "x", "properties": {}}, same=error_kind)
+    # a message's user_id is the caller's (guest here) or refused
+    s.step("POST", PUBLISH.format("mg.x"), publish("zz", "mine", properties={"user_id": "guest"}))
+    s.step("POST", PUBLISH.format("mg.x"), publish("zz", "forged", properties={"user_id": "mallory"}), same=error_kind)
     s.step("GET", "/api/queues/%2F/mg.q1", same=pick(*QUEUE_FIELDS), keys=True, settle=True)
     s.step("POST", "/api/queues/%2F/mg.q1/get", {"count": 5, "ackmode": "ack_requeue_true", "encoding": "auto"})
     s.step("POST", "/api/queues/%2F/mg.q1/get", {"count": "1", "ackmode": "ack_requeue_false", "encoding": "base64",

@@ -85,7 +85,17 @@ async def publish(ctx: ManagementContext, request: Request, response: Response) 
     else:
         raise InvalidArgument(f"unsupported payload_encoding {encoding[:40]!r}: string or base64")
     properties = properties_in(f.obj["properties"])
-    access_for(request).require("publish", name or DEFAULT_EXCHANGE_PATH)
+    access = access_for(request)
+    access.require("publish", name or DEFAULT_EXCHANGE_PATH)
+    user_id = (properties or {}).get("user_id")
+    if user_id is not None:
+        # RabbitMQ's check (and ackbus's AMQP one): a message names its real publisher;
+        # guest where no users exist, as on AMQP
+        username = access.username or "guest"
+        if user_id != username:
+            raise InvalidArgument(
+                f"406 PRECONDITION_FAILED - user_id property set to '{user_id}' but authenticated user was '{username}'"
+            )
     if not ctx.views.exchange_exists(name):
         # RabbitMQ: 400, the channel's 404 in the reason
         raise InvalidArgument(f"404 NOT_FOUND - no exchange {name!r} in vhost '/'")

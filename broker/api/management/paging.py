@@ -97,13 +97,27 @@ def _columns(items: list[dict[str, Any]], query: QueryParams) -> list[dict[str, 
     for item in items:
         kept: dict[str, Any] = {}
         for column in wanted:
-            value = _path(item, column)
-            if value is None and column.split(".")[0] not in item:
-                continue
-            target = kept
             parts = column.split(".")
+            if not _has(item, parts):
+                continue  # a field the item does not have (or inside one that is not an object)
+            target = kept
             for part in parts[:-1]:
-                target = target.setdefault(part, {})
-            target[parts[-1]] = value
+                inner = target.get(part)
+                # a copy: the item's own objects (a queue's arguments, which are the
+                # core's) are never written into
+                inner = dict(inner) if isinstance(inner, dict) else {}
+                target[part] = inner
+                target = inner
+            target[parts[-1]] = _path(item, column)
         out.append(kept)
     return out
+
+
+def _has(item: dict[str, Any], parts: list[str]) -> bool:
+    """Whether the dotted path ``parts`` names a field of ``item``."""
+    value: Any = item
+    for part in parts:
+        if not isinstance(value, dict) or part not in value:
+            return False
+        value = value[part]
+    return True
