@@ -3,26 +3,14 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import pytest
 import trio
 
 from broker.api.management import health
 from tests.support.app import MemoryBroker
 from tests.support.http import HTTPClient
-from tests.support.memory_fixtures import broker  # noqa: F401 (a fixture)
+from tests.support.memory_fixtures import api, broker  # noqa: F401 (fixtures)
 from tests.support.security import add_user
-
-
-@pytest.fixture
-async def api(broker: MemoryBroker) -> AsyncIterator[HTTPClient]:  # noqa: F811 (the fixture)
-    async def connect() -> trio.abc.Stream:
-        return broker.connect()
-
-    client = HTTPClient(connect)
-    yield client
-    await client.aclose()
 
 
 async def test_aliveness_publishes_and_gets_a_message(api: HTTPClient) -> None:

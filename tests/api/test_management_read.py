@@ -4,26 +4,13 @@ one vhost, and what needs the administrator tag."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
-import pytest
 import trio
 
 from tests.support.app import MemoryBroker
 from tests.support.channel import Clients
 from tests.support.http import HTTPClient
-from tests.support.memory_fixtures import broker, clients  # noqa: F401 (fixtures)
+from tests.support.memory_fixtures import api, broker, clients  # noqa: F401 (fixtures)
 from tests.support.security import add_user
-
-
-@pytest.fixture
-async def api(broker: MemoryBroker) -> AsyncIterator[HTTPClient]:  # noqa: F811 (the fixture)
-    async def connect() -> trio.abc.Stream:
-        return broker.connect()
-
-    client = HTTPClient(connect)
-    yield client
-    await client.aclose()
 
 
 async def declare_and_fill(api: HTTPClient) -> None:

@@ -6,27 +6,13 @@ nothing."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
-
-import pytest
-import trio
 
 from tests.support.app import MemoryBroker
 from tests.support.http import HTTPClient
-from tests.support.memory_fixtures import broker  # noqa: F401 (a fixture)
+from tests.support.memory_fixtures import api, broker  # noqa: F401 (fixtures)
 from tests.support.security import add_user
 
 NOT_FOUND = {"error": "Object Not Found", "reason": "Not Found"}
-
-
-@pytest.fixture
-async def api(broker: MemoryBroker) -> AsyncIterator[HTTPClient]:  # noqa: F811 (the fixture)
-    async def connect() -> trio.abc.Stream:
-        return broker.connect()
-
-    client = HTTPClient(connect)
-    yield client
-    await client.aclose()
 
 
 async def test_queue_declare_is_201_then_204_and_transient_by_default(api: HTTPClient) -> None:

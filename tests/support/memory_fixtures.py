@@ -1,6 +1,7 @@
 """Fixtures for API tests over an in-process broker on ``trio.testing`` memory
-streams: ``broker`` (a default :class:`MemoryBroker`) and ``clients`` (channel
-clients connected to whatever ``broker`` the module has). A module imports them by
+streams: ``broker`` (a default :class:`MemoryBroker`), ``clients`` (channel
+clients connected to whatever ``broker`` the module has) and ``api`` (an HTTP client
+of that broker). A module imports them by
 name (``from tests.support.memory_fixtures import broker, clients``), in place of the
 root conftest's ``clients``, which serve a :class:`BrokerApp`; it may define its own
 ``broker`` to configure one and import ``clients`` alone."""
@@ -14,8 +15,9 @@ import trio
 
 from tests.support.app import MemoryBroker, open_memory_broker
 from tests.support.channel import Clients
+from tests.support.http import HTTPClient
 
-__all__ = ["broker", "clients"]
+__all__ = ["api", "broker", "clients"]
 
 
 @pytest.fixture
@@ -31,3 +33,13 @@ async def clients(broker: MemoryBroker) -> AsyncIterator[Clients]:
 
     async with Clients(connect_fn=connect) as c:
         yield c
+
+
+@pytest.fixture
+async def api(broker: MemoryBroker) -> AsyncIterator[HTTPClient]:
+    async def connect() -> trio.abc.Stream:
+        return broker.connect()
+
+    client = HTTPClient(connect)
+    yield client
+    await client.aclose()
