@@ -21,7 +21,7 @@ from typing import Any
 from broker.api.management.context import VHOST, ManagementContext
 from broker.api.management.errors import ObjectNotFound
 from broker.api.management.node import node_name
-from broker.api.management.paging import listed, shown
+from broker.api.management.paging import listed
 from broker.api.permissions import access_for
 from broker.http import Request, Response
 
@@ -126,7 +126,8 @@ async def list_connections(ctx: ManagementContext, request: Request, response: R
 
 async def get_connection(ctx: ManagementContext, request: Request, response: Response) -> None:
     access_for(request).require("administer")
-    await response.send_json(200, shown(_named(connections_json(ctx), request, "connection"), request.query))
+    # (RabbitMQ answers one connection or channel whole: no columns)
+    await response.send_json(200, _named(connections_json(ctx), request, "connection"))
 
 
 def _named(items: list[dict[str, Any]], request: Request, kind: str) -> dict[str, Any]:
@@ -171,7 +172,7 @@ async def list_channels(ctx: ManagementContext, request: Request, response: Resp
 
 async def get_channel(ctx: ManagementContext, request: Request, response: Response) -> None:
     access_for(request).require("administer")
-    await response.send_json(200, shown(_named(channels_json(ctx), request, "channel"), request.query))
+    await response.send_json(200, _named(channels_json(ctx), request, "channel"))
 
 
 async def list_consumers(ctx: ManagementContext, request: Request, response: Response) -> None:

@@ -396,8 +396,9 @@ def add_cluster_management_routes(router: Router, node: ClusterNode) -> None:
     route("/connections", _own_list, "/api/connections")
     route("/channels", _own_list, "/api/channels")
 
-    def one(kind: str, merge: Callable[[MemberParts], list[dict[str, Any]]], part_path: str) -> None:
-        """``GET /api/{kind}s/{name}``: the item of that name in the merged list."""
+    def one(kind: str, merge: Callable[[MemberParts], list[dict[str, Any]]], part_path: str, *, columns: bool) -> None:
+        """``GET /api/{kind}s/{name}``: the item of that name in the merged list
+        (``columns``: whether RabbitMQ applies them to it)."""
 
         async def found(request: Request, response: Response) -> None:
             wanted = request.path_params["name"]
@@ -405,12 +406,12 @@ def add_cluster_management_routes(router: Router, node: ClusterNode) -> None:
             await parts.gather(request, part_path)
             for item in merge(parts):
                 if item.get("name") == wanted:
-                    await response.send_json(200, shown(item, request.query))
+                    await response.send_json(200, shown(item, request.query) if columns else item)
                     return
             raise ObjectNotFound(f"no {kind} {wanted!r}")
 
         router.add("GET", f"/api/{kind}s/{{name}}", _answering(found))
 
-    one("node", merged_nodes, "/api/nodes")
-    one("connection", _own_list, "/api/connections")
-    one("channel", _own_list, "/api/channels")
+    one("node", merged_nodes, "/api/nodes", columns=True)
+    one("connection", _own_list, "/api/connections", columns=False)
+    one("channel", _own_list, "/api/channels", columns=False)
