@@ -18,6 +18,7 @@ from broker.api import (
     Authenticator,
     BrokerMetrics,
     Listeners,
+    api_error_bodies,
     build_router,
     cluster_routes,
     dispatch_cluster_first,
@@ -121,7 +122,9 @@ class BrokerApp:
                 cluster_routes(runtime, self.cluster, self.auth), self.router, self.cluster, self.auth
             )
         self.server = HTTPServer(
-            protect(handler),
+            # under /api/ the HTTP layer's refusals (401, 404, 405) in RabbitMQ's
+            # bodies (docs/management-api.md)
+            api_error_bodies(protect(handler)),
             limits=limits,
             error_translator=http_error,
         )

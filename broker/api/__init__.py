@@ -11,7 +11,7 @@ from broker.api.channel.relay_resume import LocalQuorumConsumers
 from broker.api.channel.relayed import RelayedConsumers
 from broker.api.csrf import protect
 from broker.api.errors import http_error
-from broker.api.management import Listeners
+from broker.api.management import Listeners, api_error_bodies
 from broker.api.metrics import BrokerMetrics
 from broker.api.permissions import ALLOW_ALL, Access
 from broker.api.rest.cluster import cluster_routes, dispatch_cluster_first
@@ -26,6 +26,7 @@ __all__ = [
     "LocalQuorumConsumers",
     "PUBLIC_ROUTES",
     "RelayedConsumers",
+    "api_error_bodies",
     "build_router",
     "cluster_routes",
     "dispatch_cluster_first",

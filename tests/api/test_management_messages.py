@@ -141,6 +141,20 @@ async def test_publish_user_id_must_be_the_callers(api: HTTPClient, broker: Memo
     assert [m["properties"] for m in got] == [{"user_id": "guest"}, {"user_id": "app"}]
 
 
+async def test_publish_with_direct_reply_to_itself_is_refused(api: HTTPClient) -> None:
+    """RabbitMQ refuses ``reply_to: amq.rabbitmq.reply-to`` here: the call has no
+    consumer of its replies; a reply to a decoded name, or any other, is stored."""
+    await api.put("/api/queues/%2F/q", json={})
+    reply = await publish(api, "q", "x", properties={"reply_to": "amq.rabbitmq.reply-to"})
+    assert (reply.status, reply.json()) == (
+        400, {"error": "bad_request", "reason": "406 PRECONDITION_FAILED - fast reply consumer does not exist"},
+    )
+    assert await ready(api, "q") == 0
+    for reply_to in ("amq.rabbitmq.reply-to.abc", "replies"):
+        assert (await publish(api, "q", "x", properties={"reply_to": reply_to})).json() == {"routed": True}
+    assert await ready(api, "q") == 2
+
+
 async def test_publish_to_a_missing_exchange_and_get_from_a_missing_queue(api: HTTPClient) -> None:
     reply = await publish(api, "k", "x", exchange="nope")
     # RabbitMQ: 400, with the channel's 404 in the reason

@@ -4,6 +4,8 @@ one vhost, and what needs the administrator tag."""
 
 from __future__ import annotations
 
+from urllib.parse import quote
+
 import trio
 
 from tests.support.app import MemoryBroker
@@ -150,6 +152,39 @@ async def test_columns_and_pages(api: HTTPClient) -> None:
     assert reply.status == 400 and reply.json()["error"] == "bad_request"
 
 
+async def test_a_page_past_the_last_is_rabbitmqs_400(api: HTTPClient) -> None:
+    for name in ("a", "b", "c"):
+        await api.put(f"/api/queues/%2F/{name}", json={})
+    # RabbitMQ's bound: the page right after a full last page is still an (empty) page
+    page = (await api.get("/api/queues?page=4&page_size=1")).json()
+    assert (page["items"], page["page_count"], page["filtered_count"]) == ([], 3, 3)
+    for query, reason in [
+        ("page=5&page_size=1", "Page out of range, page: 5 page size: 1, len: 3"),
+        ("page=2", "Page out of range, page: 2 page size: 100, len: 3"),
+        ("page=2&name=zz", "Page out of range, page: 2 page size: 100, len: 0"),  # len: the filtered
+    ]:
+        reply = await api.get(f"/api/queues?{query}")
+        assert (reply.status, reply.json()) == (400, {"error": "page_out_of_range", "reason": reason}), query
+    # the first page of nothing is a page (of no pages, as RabbitMQ counts them)
+    page = (await api.get("/api/queues?page=1&name=zz")).json()
+    assert (page["items"], page["page_count"], page["filtered_count"], page["total_count"]) == ([], 0, 0, 3)
+    assert (await api.get("/api/exchanges?page=99")).json()["error"] == "page_out_of_range"
+
+
+async def test_columns_apply_to_one_object_too(api: HTTPClient, clients: Clients) -> None:  # noqa: F811
+    assert (await api.put("/api/queues/%2F/q", json={"arguments": {"x-max-length": 5}})).status == 201
+    reply = await api.get("/api/queues/%2F/q?columns=name,messages,arguments")
+    assert reply.json() == {"name": "q", "messages": 0, "arguments": {"x-max-length": 5}}
+    assert (await api.get("/api/exchanges/%2F/amq.direct?columns=name,type")).json() == {"name": "amq.direct", "type": "direct"}
+    node = (await api.get("/api/nodes?columns=name")).json()[0]["name"]
+    assert (await api.get(f"/api/nodes/{node}?columns=name,running")).json() == {"name": node, "running": True}
+    assert (await api.get("/api/vhosts/%2F?columns=name")).json() == {"name": "/"}
+    assert (await api.get("/api/overview?columns=node,rates_mode")).json() == {"node": node, "rates_mode": "basic"}
+    assert (await api.get("/api/whoami?columns=name")).json() == {"name": ""}
+    # without columns: the whole object, as before
+    assert (await api.get("/api/queues/%2F/q")).json()["state"] == "running"
+
+
 async def test_columns_that_overlap_answer_and_change_nothing(api: HTTPClient) -> None:
     # a column inside another (arguments.a) must not write into the queue's own
     # arguments, and one inside a field that is not an object (name.x) is not a 500
@@ -182,6 +217,29 @@ async def test_connections_channels_and_consumers(api: HTTPClient, clients: Clie
     assert (await api.get("/api/queues/%2F/work")).json()["consumers"] == 1
     totals = (await api.get("/api/overview")).json()["object_totals"]
     assert (totals["connections"], totals["channels"], totals["consumers"]) == (1, 1, 1)
+    # one of each by name, as RabbitMQ serves them; an unknown name is its 404
+    name = quote(connections[0]["name"], safe="")
+    assert (await api.get(f"/api/connections/{name}")).json() == connections[0]
+    # (RabbitMQ answers these whole, columns or not)
+    assert (await api.get(f"/api/connections/{name}?columns=name,channels")).json() == connections[0]
+    assert (await api.get(f"/api/channels/{quote(channels[0]['name'], safe='')}")).json() == channels[0]
+    for path in ("/api/connections/nope", "/api/channels/nope"):
+        reply = await api.get(path)
+        assert (reply.status, reply.json()) == (404, {"error": "Object Not Found", "reason": "Not Found"}), path
+
+
+async def test_another_nodes_channels_here_are_not_connections(api: HTTPClient, clients: Clients) -> None:  # noqa: F811
+    # a cluster member's channel for its client's consumer (or its forwarded
+    # publishes) carries the forwarding marker: the cluster's plumbing, listed on
+    # the client's own node, not here
+    await api.put("/api/queues/%2F/work", json={})
+    mine = await clients.channel()
+    await mine.ok({"op": "consume", "queue": "work", "consumer_tag": "mine"})
+    relay = await clients.channel(headers=[("X-Ackbus-Forwarded", "b")])
+    await relay.ok({"op": "consume", "queue": "work", "consumer_tag": "relayed"})
+    assert len((await api.get("/api/connections")).json()) == 1
+    assert len((await api.get("/api/channels")).json()) == 1
+    assert (await api.get("/api/overview")).json()["object_totals"]["connections"] == 1
 
 
 async def test_who_is_connected_needs_the_administrator_tag(api: HTTPClient, broker: MemoryBroker) -> None:  # noqa: F811

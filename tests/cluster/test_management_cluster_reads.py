@@ -12,6 +12,7 @@ import os
 import signal
 import time
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 
@@ -105,6 +106,24 @@ def test_any_node_answers_for_the_queues_another_node_serves(nodes: Any) -> None
         assert vhost["cluster_state"] == {"ackbus@a": "running", "ackbus@b": "running"}
         status, exchanges = b.request("GET", "/api/exchanges")
         assert status == 200 and "events" in {x["name"] for x in exchanges}, exchanges
+        # who is connected, through either node: each client's own connection and
+        # channel once, on its node (b's channel to a for its relayed consumer is the
+        # cluster's, not a connection)
+        for asked in (a, b):
+            status, connections = asked.request("GET", "/api/connections")
+            assert status == 200 and sorted(c["node"] for c in connections) == ["ackbus@a", "ackbus@b"], connections
+            status, channels = asked.request("GET", "/api/channels")
+            assert status == 200, channels
+            assert sorted((c["node"], c["consumer_count"]) for c in channels) == [("ackbus@a", 1), ("ackbus@b", 0)]
+        on_a = next(c for c in connections if c["node"] == "ackbus@a")
+        status, one = b.request("GET", f"/api/connections/{quote(on_a['name'], safe='')}")
+        assert (status, one) == (200, on_a), one
+        on_b = next(c for c in channels if c["node"] == "ackbus@b")
+        status, one = a.request("GET", f"/api/channels/{quote(on_b['name'], safe='')}")
+        assert status == 200 and one["node"] == "ackbus@b", one
+        assert b.request("GET", "/api/channels/nope")[1] == {"error": "Object Not Found", "reason": "Not Found"}
+        # columns on one queue relayed to its node: applied there
+        assert _queue(b, "jobs?columns=name,node") == {"name": "jobs", "node": "ackbus@a"}
     finally:
         ch.close()
         relayed.close()
@@ -166,7 +185,8 @@ def test_a_quorum_queues_counts_come_from_its_leader(nodes: Any) -> None:
     wait_for("users on the follower", lambda: follower.request("GET", "/api/whoami", headers=bob)[0] == 200)
     status, body = follower.request("GET", "/api/queues", headers=bob)
     assert status == 200 and [(q["name"], q["messages"]) for q in body] == [("qq", 2)], body
-    assert follower.request("GET", "/api/queues")[0] == 401
+    status, body = follower.request("GET", "/api/queues")
+    assert status == 401 and body["error"] == "not_authorized" and body["reason"], body  # RabbitMQ's body
     assert follower.request("GET", "/api/queues/%2F/qq")[0] == 401
     status, body = follower.request("GET", "/api/consumers", headers=bob)  # needs the administrator tag
     assert status == 401 and body["error"] == "not_authorised", body

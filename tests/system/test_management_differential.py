@@ -84,6 +84,12 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ManagementR
         rabbit.start(120)
         wait_http(rabbit.http_port, 60)
         ackbus.start()
+        # RabbitMQ's guest, so that both refuse the same missing or wrong credentials
+        status, body = request(ackbus.port, "PUT", "/users/guest", {
+            "password": "guest", "tags": ["administrator"],
+            "permissions": {"configure": ".*", "write": ".*", "read": ".*"},
+        })
+        assert status == 201, body
         yield rabbit, ackbus
     finally:
         ackbus.stop()
@@ -103,13 +109,16 @@ class Script:
         self.ports = {"rabbitmq": rabbit_port, "ackbus": ackbus_port}
         self.differences: list[str] = []
 
-    def call(self, side: str, method: str, path: str, body: Any = None) -> tuple[int, Any, dict[str, str]]:
-        """(status, JSON or raw body, headers) of one request."""
+    def call(
+        self, side: str, method: str, path: str, body: Any = None, auth: dict[str, str] = GUEST
+    ) -> tuple[int, Any, dict[str, str]]:
+        """(status, JSON or raw body, headers) of one request (``auth``: its
+        credentials' header, guest's by default)."""
         conn = http.client.HTTPConnection("127.0.0.1", self.ports[side], timeout=30)
         try:
             if body is not None and not isinstance(body, bytes):
                 body = json.dumps(body).encode()
-            conn.request(method, path, body=body, headers={**GUEST, "content-type": "application/json"})
+            conn.request(method, path, body=body, headers={**auth, "content-type": "application/json"})
             resp = conn.getresponse()
             data = resp.read()
         finally:
@@ -118,23 +127,27 @@ class Script:
             parsed: Any = json.loads(data)
         except ValueError:
             parsed = data
-        return resp.status, parsed, {k.lower(): v for k, v in resp.getheaders()}
+        headers: dict[str, str] = {}
+        for name, value in resp.getheaders():  # (a repeated field joined, as RFC 9110 reads it)
+            headers[name.lower()] = f"{headers[name.lower()]}, {value}" if name.lower() in headers else value
+        return resp.status, parsed, headers
 
     def step(
         self, method: str, path: str, body: Any = None, *, same: Any = "all", keys: bool = False,
-        settle: bool = False, header: str | None = None,
+        settle: bool = False, header: str | None = None, auth: dict[str, str] = GUEST,
     ) -> tuple[Any, Any]:
         """Run one request on both; compare statuses, and bodies through ``same``: "all"
         (equal), None (not compared), or a function of a body giving what must be
         equal. ``keys``: ackbus's keys (of an object, or of a list's first item) must
         be among RabbitMQ's. ``settle``: retry RabbitMQ's read until it agrees.
-        ``header``: a response header that must be equal too."""
-        ours = self.call("ackbus", method, path, body)
-        theirs = self.call("rabbitmq", method, path, body)
+        ``header``: a response header that must be equal too. ``auth``: the
+        credentials' header (guest's by default)."""
+        ours = self.call("ackbus", method, path, body, auth)
+        theirs = self.call("rabbitmq", method, path, body, auth)
         deadline = time.monotonic() + STATS_DEADLINE_S
         while settle and self._compared(theirs, same) != self._compared(ours, same) and time.monotonic() < deadline:
             time.sleep(0.2)
-            theirs = self.call("rabbitmq", method, path, body)
+            theirs = self.call("rabbitmq", method, path, body, auth)
         where = f"{method} {path} {body!r}"
         if theirs[0] != ours[0]:
             self.differences.append(f"{where}: status rabbitmq {theirs[0]} ackbus {ours[0]} ({ours[1]!r})")
@@ -206,6 +219,9 @@ def test_one_script_against_rabbitmq(servers: tuple[int, int]) -> None:
     s.step("PUT", "/api/exchanges/%2F/mg.z", {"type": "bogus"}, same=error_kind)
     s.step("GET", "/api/exchanges/%2F/mg.y", same=pick(*EXCHANGE_FIELDS), keys=True)
     s.step("GET", "/api/exchanges/%2F/amq.default", same=pick(*EXCHANGE_FIELDS), keys=True)
+    # columns on one object, as on a list
+    s.step("GET", "/api/queues/%2F/mg.q2?columns=name,durable,arguments")
+    s.step("GET", "/api/exchanges/%2F/mg.y?columns=name,type")
     # bindings: made, listed, their Location and properties keys
     for path, body in [
         ("/api/bindings/%2F/e/mg.x/q/mg.q1", {"routing_key": "a.#", "arguments": {}}),
@@ -226,6 +242,9 @@ def test_one_script_against_rabbitmq(servers: tuple[int, int]) -> None:
     # a message's user_id is the caller's (guest here) or refused
     s.step("POST", PUBLISH.format("mg.x"), publish("zz", "mine", properties={"user_id": "guest"}))
     s.step("POST", PUBLISH.format("mg.x"), publish("zz", "forged", properties={"user_id": "mallory"}), same=error_kind)
+    # direct reply-to itself names no consumer here: refused; a decoded name is stored
+    s.step("POST", PUBLISH.format("mg.x"), publish("zz", "rpc", properties={"reply_to": "amq.rabbitmq.reply-to"}))
+    s.step("POST", PUBLISH.format("mg.x"), publish("zz", "rpc", properties={"reply_to": "amq.rabbitmq.reply-to.x"}))
     s.step("GET", "/api/queues/%2F/mg.q1", same=pick(*QUEUE_FIELDS), keys=True, settle=True)
     s.step("POST", "/api/queues/%2F/mg.q1/get", {"count": 5, "ackmode": "ack_requeue_true", "encoding": "auto"})
     s.step("POST", "/api/queues/%2F/mg.q1/get", {"count": "1", "ackmode": "ack_requeue_false", "encoding": "base64",
@@ -239,6 +258,12 @@ def test_one_script_against_rabbitmq(servers: tuple[int, int]) -> None:
            same=lambda b: sorted(i["name"] for i in b["items"]) if isinstance(b, dict) else b, settle=True)
     s.step("GET", "/api/exchanges/%2F", same=lambda b: sorted(x["name"] for x in b if x["name"].startswith("mg.")),
            keys=True)
+    # a page past the last: RabbitMQ's 400 (the page right after a full one is empty);
+    # the first page of nothing has no pages
+    s.step("GET", "/api/queues/%2F?name=mg.&page=3&page_size=1", same=pick("items", "page_count", "filtered_count"))
+    s.step("GET", "/api/queues/%2F?name=mg.&page=4&page_size=1")
+    s.step("GET", "/api/queues/%2F?name=mg.none&page=1", same=pick("items", "page_count", "filtered_count"))
+    s.step("GET", "/api/queues/%2F?name=mg.none&page=2")
     # unbind by the properties key the listing gives, deletes, purge
     listed = request(servers[1], "GET", "/api/bindings/%2F/e/mg.x/e/mg.y", headers=GUEST)[1]
     for binding in listed:
@@ -253,7 +278,19 @@ def test_one_script_against_rabbitmq(servers: tuple[int, int]) -> None:
     s.step("DELETE", "/api/exchanges/%2F/mg.y")
     s.step("GET", "/api/queues/mg.vhost")
     s.step("GET", "/api/queues/%2F/mg.nope")
-    s.step("PATCH", "/api/queues/%2F/mg.q2", same=None)
+    # the HTTP layer's refusals: 405 without a body, an unknown path's 404, 401
+    s.step("PATCH", "/api/queues/%2F/mg.q2")
+    s.step("POST", "/api/overview", {})
+    s.step("GET", "/api/mg.nosuch")
+    wrong = {"Authorization": "Basic " + base64.b64encode(b"guest:wrong").decode()}
+    for auth in (wrong, {"Authorization": "Basic " + base64.b64encode(b"mg.nobody:x").decode()}):
+        s.step("GET", "/api/overview", same=error_kind, auth=auth)
+        s.step("GET", "/api/queues/%2F/mg.q2", same=error_kind, auth=auth)
+    # no credentials: RabbitMQ's body is empty, ackbus says why (both challenge)
+    for side in ("rabbitmq", "ackbus"):
+        status, _body, headers = s.call(side, "GET", "/api/overview", auth={})
+        if (status, "basic" in headers.get("www-authenticate", "").lower()) != (401, True):
+            s.differences.append(f"GET /api/overview without credentials: {side} {status} {headers}")
     # health
     s.step("GET", "/api/aliveness-test/%2F")
     for check in ("alarms", "local-alarms", "virtual-hosts"):
@@ -264,6 +301,9 @@ def test_one_script_against_rabbitmq(servers: tuple[int, int]) -> None:
     s.step("GET", "/api/vhosts", same=lambda b: [v["name"] for v in b], keys=True)
     s.step("GET", "/api/vhosts/%2F", same=pick("name", "description", "tags", "tracing"), keys=True)
     s.step("GET", "/api/whoami", same=lambda b: sorted(b))
+    s.step("GET", "/api/whoami?columns=name")
+    s.step("GET", "/api/vhosts/%2F?columns=name")
+    s.step("GET", "/api/overview?columns=node,rates_mode", same=lambda b: sorted(b))
     assert not s.differences, "\n".join(s.differences)
 
 
@@ -296,6 +336,19 @@ def test_who_is_connected_against_rabbitmq(pair: tuple[ManagementRabbit, BrokerP
                same=lambda b: sorted((c["vhost"], c["consumer_count"], c["prefetch_count"]) for c in b), keys=True,
                settle=True)
         s.step("GET", "/api/queues/%2F/mg.work", same=pick("consumers"), settle=True)
+        # one connection and one channel by name (each server's own names): found,
+        # whole (RabbitMQ applies no columns to these), ackbus's keys among RabbitMQ's
+        for kind in ("connections", "channels"):
+            answers = []
+            for side in ("rabbitmq", "ackbus"):
+                first = s.call(side, "GET", f"/api/{kind}")[1][0]
+                status, one, _headers = s.call(side, "GET", f"/api/{kind}/{quote(first['name'], safe='')}?columns=name")
+                answers.append((status, one["name"] == first["name"], sorted(one)))
+                answers.append(s.call(side, "GET", f"/api/{kind}/mg.nope")[:2])
+            theirs, ours = answers[:2], answers[2:]
+            extra = set(ours[0][2]) - set(theirs[0][2])
+            if (theirs[0][:2], theirs[1]) != (ours[0][:2], ours[1]) or len(ours[0][2]) < 2 or extra:
+                s.differences.append(f"GET /api/{kind}/{{name}}: rabbitmq {theirs} ackbus {ours} (extra keys {extra})")
         # (RabbitMQ has one exchange more: amq.rabbitmq.trace)
         s.step("GET", "/api/overview", same=lambda b: {k: v for k, v in b["object_totals"].items() if k != "exchanges"},
                settle=True)

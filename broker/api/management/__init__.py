@@ -21,11 +21,12 @@ from __future__ import annotations
 
 from broker.api.management import clients, health, messages, reading, writing
 from broker.api.management.context import ManagementContext
+from broker.api.management.errors import api_error_bodies
 from broker.api.management.listeners import Listener, Listeners
 from broker.http import Router
 from broker.runtime import BrokerRuntime, CommandGateway
 
-__all__ = ["Listener", "Listeners", "add_management_routes"]
+__all__ = ["Listener", "Listeners", "add_management_routes", "api_error_bodies"]
 
 _FAMILIES = (reading, clients, health, writing, messages)
 

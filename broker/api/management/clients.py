@@ -1,4 +1,5 @@
-"""Who is connected, in RabbitMQ's shapes: ``/api/connections``, ``/api/channels``,
+"""Who is connected, in RabbitMQ's shapes: ``/api/connections`` and
+``/api/connections/{name}``, ``/api/channels`` and ``/api/channels/{name}``,
 ``/api/consumers`` (and ``/api/consumers/%2F``).
 
 ackbus's clients are AMQP connections (each with its channels), HTTP channels
@@ -6,6 +7,11 @@ ackbus's clients are AMQP connections (each with its channels), HTTP channels
 streaming consumes (likewise). Each open one is a sink of the runtime's; the
 AMQP channels of one connection share its session, which is how they are grouped.
 As ackbus's ``GET /channels``, these need the ``administrator`` tag.
+
+In a cluster each node lists its own clients (``cluster.py`` merges them): the
+channels another node opened here for its clients (a relayed consumer, forwarded
+publishes) are the cluster's plumbing, not connections, and are left out of the
+connections and channels (the client's own connection is listed on its node).
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from broker.api.management.context import VHOST, ManagementContext
+from broker.api.management.errors import ObjectNotFound
 from broker.api.management.node import node_name
 from broker.api.management.paging import listed
 from broker.api.permissions import access_for
@@ -25,7 +32,9 @@ _PROTOCOLS = {"amqp": "AMQP 0-9-1", "channel": "HTTP channel", "stream": "HTTP s
 def add_routes(ctx: ManagementContext) -> None:
     """Register this family's endpoints."""
     ctx.add("GET", "/connections", list_connections)
+    ctx.add("GET", "/connections/{name}", get_connection)
     ctx.add("GET", "/channels", list_channels)
+    ctx.add("GET", "/channels/{name}", get_channel)
     ctx.add("GET", "/consumers", list_consumers)
     ctx.add("GET", "/consumers/{vhost}", list_consumers)
 
@@ -59,8 +68,8 @@ def _open_sinks(ctx: ManagementContext) -> list[tuple[int, Any, dict[str, Any]]]
 
 
 def connection_count(ctx: ManagementContext) -> int:
-    """Open connections: AMQP connections, HTTP channels and streams."""
-    return len({_connection_name(sink) for _cid, sink, _info in _open_sinks(ctx)})
+    """Open client connections: AMQP connections, HTTP channels and streams."""
+    return len({_connection_name(sink) for _cid, sink, _info in _client_sinks(ctx)})
 
 
 def _channel_name(sink: Any, channel_id: int) -> str:
@@ -68,11 +77,17 @@ def _channel_name(sink: Any, channel_id: int) -> str:
     return f"{_connection_name(sink)} ({number})"
 
 
-async def list_connections(ctx: ManagementContext, request: Request, response: Response) -> None:
-    access_for(request).require("administer")
+def _client_sinks(ctx: ManagementContext) -> list[tuple[int, Any, dict[str, Any]]]:
+    """The open channels of this node's clients: not those another node opened here
+    (``forwarded``: relays of its clients' consumers, its forwarded publishes)."""
+    return [(cid, sink, info) for cid, sink, info in _open_sinks(ctx) if not getattr(sink, "forwarded", False)]
+
+
+def connections_json(ctx: ManagementContext) -> list[dict[str, Any]]:
+    """This node's client connections in RabbitMQ's shape."""
     node = node_name(ctx.runtime)
     connections: dict[str, dict[str, Any]] = {}
-    for _channel_id, sink, _info in _open_sinks(ctx):
+    for _channel_id, sink, _info in _client_sinks(ctx):
         name = _connection_name(sink)
         found = connections.get(name)
         if found is not None:
@@ -101,7 +116,27 @@ async def list_connections(ctx: ManagementContext, request: Request, response: R
         if opened_at is not None:
             connection["connected_at"] = int(opened_at * 1000)
         connections[name] = connection
-    await response.send_json(200, listed(list(connections.values()), request.query))
+    return list(connections.values())
+
+
+async def list_connections(ctx: ManagementContext, request: Request, response: Response) -> None:
+    access_for(request).require("administer")
+    await response.send_json(200, listed(connections_json(ctx), request.query))
+
+
+async def get_connection(ctx: ManagementContext, request: Request, response: Response) -> None:
+    access_for(request).require("administer")
+    # (RabbitMQ answers one connection or channel whole: no columns)
+    await response.send_json(200, _named(connections_json(ctx), request, "connection"))
+
+
+def _named(items: list[dict[str, Any]], request: Request, kind: str) -> dict[str, Any]:
+    """The item named by the path's ``name``; ObjectNotFound (404) if none is."""
+    wanted = request.path_params["name"]
+    for item in items:
+        if item.get("name") == wanted:
+            return item
+    raise ObjectNotFound(f"no {kind} {wanted!r}")
 
 
 def _channel_json(sink: Any, channel_id: int, info: dict[str, Any], node: str) -> dict[str, Any]:
@@ -124,11 +159,20 @@ def _channel_json(sink: Any, channel_id: int, info: dict[str, Any], node: str) -
     }
 
 
+def channels_json(ctx: ManagementContext) -> list[dict[str, Any]]:
+    """This node's clients' channels in RabbitMQ's shape."""
+    node = node_name(ctx.runtime)
+    return [_channel_json(sink, cid, info, node) for cid, sink, info in _client_sinks(ctx)]
+
+
 async def list_channels(ctx: ManagementContext, request: Request, response: Response) -> None:
     access_for(request).require("administer")
-    node = node_name(ctx.runtime)
-    items = [_channel_json(sink, cid, info, node) for cid, sink, info in _open_sinks(ctx)]
-    await response.send_json(200, listed(items, request.query))
+    await response.send_json(200, listed(channels_json(ctx), request.query))
+
+
+async def get_channel(ctx: ManagementContext, request: Request, response: Response) -> None:
+    access_for(request).require("administer")
+    await response.send_json(200, _named(channels_json(ctx), request, "channel"))
 
 
 async def list_consumers(ctx: ManagementContext, request: Request, response: Response) -> None:

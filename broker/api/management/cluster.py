@@ -12,6 +12,7 @@ another node's queue nowhere, or with a follower replica's counts. Here:
   (``broker/api/rest/cluster_relay.py``): the client's credentials with it, the
   answer streamed back, and while that node is down ``503`` in RabbitMQ's error shape;
 * a list (``/api/queues``, ``/api/overview``'s queue totals, ``/api/consumers``,
+  ``/api/connections``, ``/api/channels`` and their per-object forms,
   ``/api/bindings``, ``/api/nodes``, ``/api/vhosts``' queue numbers) is asked of
   every live member at once, the same path relayed with the cluster's forwarding
   marker (``X-Ackbus-Forwarded``), which makes a member answer its own part only
@@ -32,7 +33,7 @@ import trio
 from broker.api.management.context import VHOST
 from broker.api.management.errors import ObjectNotFound, rabbit_error
 from broker.api.management.node import member_node_name
-from broker.api.management.paging import listed
+from broker.api.management.paging import listed, shown
 from broker.api.rest.cluster_relay import relay_to_owner
 from broker.cluster import FORWARDED_HEADER, PeerUnreachable, relay
 from broker.http import (
@@ -375,7 +376,7 @@ def add_cluster_management_routes(router: Router, node: ClusterNode) -> None:
             parts = MemberParts(node)
             await parts.gather(request, part_path)
             answer = merge(parts)
-            await response.send_json(200, listed(answer, request.query) if as_list else answer)
+            await response.send_json(200, listed(answer, request.query) if as_list else shown(answer, request.query))
 
         router.add("GET", "/api" + pattern, _answering(merged))
 
@@ -390,14 +391,27 @@ def add_cluster_management_routes(router: Router, node: ClusterNode) -> None:
     route("/vhosts", lambda parts: [merged_vhost(parts)], f"/api/vhosts/{_VHOST_PATH}")
     route("/vhosts/{vhost}", merged_vhost, f"/api/vhosts/{_VHOST_PATH}", as_list=False)
 
-    async def get_node(request: Request, response: Response) -> None:
-        wanted = request.path_params["name"]
-        parts = MemberParts(node)
-        await parts.gather(request, "/api/nodes")
-        for item in merged_nodes(parts):
-            if item.get("name") == wanted:
-                await response.send_json(200, item)
-                return
-        raise ObjectNotFound(f"no node {wanted!r}")
+    # every member's own clients, each item with its node (clients.py leaves out the
+    # channels members open on each other for their clients)
+    route("/connections", _own_list, "/api/connections")
+    route("/channels", _own_list, "/api/channels")
 
-    router.add("GET", "/api/nodes/{name}", _answering(get_node))
+    def one(kind: str, merge: Callable[[MemberParts], list[dict[str, Any]]], part_path: str, *, columns: bool) -> None:
+        """``GET /api/{kind}s/{name}``: the item of that name in the merged list
+        (``columns``: whether RabbitMQ applies them to it)."""
+
+        async def found(request: Request, response: Response) -> None:
+            wanted = request.path_params["name"]
+            parts = MemberParts(node)
+            await parts.gather(request, part_path)
+            for item in merge(parts):
+                if item.get("name") == wanted:
+                    await response.send_json(200, shown(item, request.query) if columns else item)
+                    return
+            raise ObjectNotFound(f"no {kind} {wanted!r}")
+
+        router.add("GET", f"/api/{kind}s/{{name}}", _answering(found))
+
+    one("node", merged_nodes, "/api/nodes", columns=True)
+    one("connection", _own_list, "/api/connections", columns=False)
+    one("channel", _own_list, "/api/channels", columns=False)

@@ -11,7 +11,8 @@ return them to the queue (redelivered), ``reject_requeue_false`` rejects them
 ``message_count``: the messages left in the queue after it was taken.
 
 Message properties are AMQP's, as ackbus stores them, with RabbitMQ's spelling of
-``expiration`` (a string of milliseconds).
+``expiration`` (a string of milliseconds). A ``reply_to`` of ``amq.rabbitmq.reply-to``
+itself is refused, as RabbitMQ refuses it: the call has no consumer of its replies.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from broker.api.management.context import ManagementContext
 from broker.api.management.errors import ObjectNotFound
 from broker.api.management.reading import DEFAULT_EXCHANGE_PATH, exchange_path_name
 from broker.api.permissions import access_for
-from broker.core import Broker, ErrorReply, InvalidArgument, check_properties
+from broker.core import REPLY_TO, Broker, ErrorReply, InvalidArgument, check_properties
 from broker.http import Request, Response
 
 PUBLISH_KEYS: Final = frozenset({"properties", "routing_key", "payload", "payload_encoding"})
@@ -99,6 +100,10 @@ async def publish(ctx: ManagementContext, request: Request, response: Response) 
     if not ctx.views.exchange_exists(name):
         # RabbitMQ: 400, the channel's 404 in the reason
         raise InvalidArgument(f"404 NOT_FOUND - no exchange {name!r} in vhost '/'")
+    if (properties or {}).get("reply_to") == REPLY_TO:
+        # direct reply-to names the publisher's own consumer of it: a management
+        # publish has none (RabbitMQ's answer; a reply to a decoded name passes)
+        raise InvalidArgument("406 PRECONDITION_FAILED - fast reply consumer does not exist")
     outcome = await ctx.gateway.publish_and_confirm(name, routing_key, body, properties)
     refusal = outcome.refusal()
     if refusal is not None:

@@ -6,17 +6,20 @@ Without ``page`` a list is a JSON array, as RabbitMQ answers; with it, one page 
 RabbitMQ's envelope (``items``, ``page``, ``page_count``, ``page_size``,
 ``filtered_count``, ``item_count``, ``total_count``). ``columns`` keeps only the
 named fields (``message_stats.publish`` names one inside an object), as
-``rabbitmqadmin`` and the exporters ask.
+``rabbitmqadmin`` and the exporters ask; RabbitMQ applies it to a single object's
+answer too (:func:`shown`). A page past the last is RabbitMQ's ``400
+page_out_of_range`` (:class:`PageOutOfRange`), not an empty page.
 """
 
 from __future__ import annotations
 
 from typing import Any, Final
 
+from broker.api.management.errors import PageOutOfRange
 from broker.core import InvalidArgument
 from broker.http import QueryParams
 
-__all__ = ["MAX_PAGE_SIZE", "listed"]
+__all__ = ["MAX_PAGE_SIZE", "listed", "shown"]
 
 #: RabbitMQ's largest page.
 MAX_PAGE_SIZE: Final = 500
@@ -28,7 +31,7 @@ def listed(items: list[dict[str, Any]], query: QueryParams) -> Any:
     """The answer of a list endpoint for ``items`` under ``query``.
 
     Raises: ``InvalidArgument`` (400) for a bad page or page size, a filter too long,
-    or ``use_regex=true``.
+    or ``use_regex=true``; ``PageOutOfRange`` (400) for a page past the last.
     """
     if "page" in query:
         page = _page(items, query)
@@ -59,16 +62,27 @@ def _page(items: list[dict[str, Any]], query: QueryParams) -> dict[str, Any]:
         items = items[::-1]
     filtered = len(items)
     start = (page - 1) * page_size
+    if start > filtered:
+        # RabbitMQ's bound (its lists:sublist/3 refuses a start past the end + 1):
+        # the page right after a full last page is an empty page, not an error
+        raise PageOutOfRange(f"Page out of range, page: {page} page size: {page_size}, len: {filtered}")
     chunk = items[start : start + page_size]
     return {
         "filtered_count": filtered,
         "item_count": len(chunk),
         "items": chunk,
         "page": page,
-        "page_count": max(1, -(-filtered // page_size)),
+        "page_count": -(-filtered // page_size),  # 0 for no items, as RabbitMQ
         "page_size": page_size,
         "total_count": total,
     }
+
+
+def shown(item: dict[str, Any], query: QueryParams) -> dict[str, Any]:
+    """A single object's answer under ``query``: its ``columns`` only, as RabbitMQ
+    answers ``GET /api/queues/%2F/{name}?columns=...`` (every other list parameter
+    means nothing for one object and is ignored, as RabbitMQ does)."""
+    return _columns([item], query)[0]
 
 
 def _path(item: dict[str, Any], dotted: str) -> Any:

@@ -24,7 +24,7 @@ from broker.api.management.ownpart import (
     own_queue_totals,
     serves_queue,
 )
-from broker.api.management.paging import listed
+from broker.api.management.paging import listed, shown
 from broker.api.management.rates import broker_rates, queue_rates
 from broker.api.management.shapes import (
     binding_json,
@@ -112,27 +112,25 @@ async def overview(ctx: ManagementContext, request: Request, response: Response)
     views = ctx.views
     totals, rates = _queue_numbers(ctx)
     node = node_name(ctx.runtime)
-    await response.send_json(
-        200,
-        {
-            "product_name": "ackbus",
-            "product_version": __version__,
-            "node": node,
-            "cluster_name": node,
-            "rates_mode": "basic",
-            "exchange_types": [{"name": t, "enabled": True} for t in EXCHANGE_TYPES],
-            "object_totals": {
-                "connections": connection_count(ctx),
-                "channels": totals["channels"],
-                "consumers": totals["consumers"],
-                "exchanges": totals["exchanges"],
-                "queues": totals["queues"],
-            },
-            "queue_totals": _queue_totals(totals, rates),
-            "message_stats": _message_stats(views, rates),
-            "listeners": [item.json(node) for item in ctx.listeners.all()],
+    answer: dict[str, Any] = {
+        "product_name": "ackbus",
+        "product_version": __version__,
+        "node": node,
+        "cluster_name": node,
+        "rates_mode": "basic",
+        "exchange_types": [{"name": t, "enabled": True} for t in EXCHANGE_TYPES],
+        "object_totals": {
+            "connections": connection_count(ctx),
+            "channels": totals["channels"],
+            "consumers": totals["consumers"],
+            "exchanges": totals["exchanges"],
+            "queues": totals["queues"],
         },
-    )
+        "queue_totals": _queue_totals(totals, rates),
+        "message_stats": _message_stats(views, rates),
+        "listeners": [item.json(node) for item in ctx.listeners.all()],
+    }
+    await response.send_json(200, shown(answer, request.query))
 
 
 async def list_nodes(ctx: ManagementContext, request: Request, response: Response) -> None:
@@ -142,7 +140,7 @@ async def list_nodes(ctx: ManagementContext, request: Request, response: Respons
 async def get_node(ctx: ManagementContext, request: Request, response: Response) -> None:
     if request.path_params["name"] != node_name(ctx.runtime):
         raise ObjectNotFound(f"no node {request.path_params['name']!r}")
-    await response.send_json(200, node_json(ctx))
+    await response.send_json(200, shown(node_json(ctx), request.query))
 
 
 def _vhost_json(ctx: ManagementContext) -> dict[str, Any]:
@@ -164,16 +162,16 @@ async def list_vhosts(ctx: ManagementContext, request: Request, response: Respon
 
 
 async def get_vhost(ctx: ManagementContext, request: Request, response: Response) -> None:
-    await response.send_json(200, _vhost_json(ctx))
+    await response.send_json(200, shown(_vhost_json(ctx), request.query))
 
 
 async def whoami(ctx: ManagementContext, request: Request, response: Response) -> None:
     access = access_for(request)
     if not access.username:  # no users exist: nobody had to authenticate
-        await response.send_json(200, {"name": "", "tags": ["administrator"]})
+        await response.send_json(200, shown({"name": "", "tags": ["administrator"]}, request.query))
         return
     info = ctx.views.user_info(access.username) or {}
-    await response.send_json(200, {"name": access.username, "tags": list(info.get("tags") or [])})
+    await response.send_json(200, shown({"name": access.username, "tags": list(info.get("tags") or [])}, request.query))
 
 
 def one_queue_json(ctx: ManagementContext, name: str) -> dict[str, Any] | None:
@@ -201,7 +199,7 @@ async def get_queue(ctx: ManagementContext, request: Request, response: Response
     item = one_queue_json(ctx, name)
     if item is None:
         raise ObjectNotFound(f"no queue {name!r}")
-    await response.send_json(200, item)
+    await response.send_json(200, shown(item, request.query))
 
 
 def all_bindings(ctx: ManagementContext) -> list[dict[str, Any]]:
@@ -233,7 +231,7 @@ async def get_exchange(ctx: ManagementContext, request: Request, response: Respo
     info = ctx.views.exchange_info(name)
     if info is None:
         raise ObjectNotFound(f"no exchange {name!r}")
-    await response.send_json(200, exchange_json(info, VHOST))
+    await response.send_json(200, shown(exchange_json(info, VHOST), request.query))
 
 
 async def list_bindings(ctx: ManagementContext, request: Request, response: Response) -> None:
