@@ -33,6 +33,7 @@ from broker.api.fields import (
     exchange_name,
     unknown_fields,
 )
+from broker.api.userid import check_user_id
 from broker.core import (
     ChannelError,
     InvalidArgument,
@@ -203,6 +204,8 @@ def _decode_publish(
     if len(body) > max_body:
         raise InvalidArgument(f"message body over {max_body} bytes", code="payload_too_large")
     properties = check_properties(op.get("properties"))
+    if properties is not None and s.checks_user_id:
+        check_user_id(properties.get("user_id"), s.access)
     if properties is not None and properties.get("reply_to") == REPLY_TO and not s.forwarded:
         # direct reply-to (replyto.py); a peer's forwarding channel carries what its
         # node decided: there the literal name is an ordinary property (REST's)

@@ -95,6 +95,9 @@ class ServedChannel:
         #: Another node's channel (a relay): its consumers of a quorum queue are
         #: cancelled when this node stops leading it, for that node to resume.
         self.forwarded = False
+        #: A publish's ``user_id`` must be the channel's user (``broker/api/userid.py``);
+        #: not on a peer's forwarding channel (the cluster secret: its node checked it).
+        self.checks_user_id = True
         self.opened_at = time.time()
         self.outbox: list[Any] = []
         #: Estimated bytes of the non-delivery events in ``outbox``.
