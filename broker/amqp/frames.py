@@ -24,7 +24,7 @@ from pamqp import commands
 from pamqp import frame as pamqp_frame
 from pamqp.base import Frame as PamqpMethod
 
-from broker.amqp.tables import TableError, decode_table, encode_table
+from broker.amqp.tables import TableError, decode_table, encode_table, sendable_table
 
 __all__ = [
     "FRAME_BODY",
@@ -315,7 +315,9 @@ def decode_properties(flags: int, payload: bytes, pos: int) -> dict[str, Any]:
 
 
 def _pack_shortstr(text: str) -> bytes:
-    raw = text.encode("utf-8", "surrogateescape")[:255]
+    raw = text.encode("utf-8", "surrogateescape")
+    if len(raw) > 255:  # (stored before such properties were refused): cut on a character
+        raw = raw[:255].decode("utf-8", "ignore").encode("utf-8")
     return bytes((len(raw),)) + raw
 
 
@@ -365,13 +367,24 @@ def encode_properties(props: dict[str, Any] | None) -> bytes:
 
 def encode_sent_properties(props: dict[str, Any] | None) -> bytes:
     """:func:`encode_properties` for a message going out (deliver, get-ok, return):
-    headers with no AMQP form (a table published over HTTP can hold what AMQP cannot
-    say) are left out, with a warning, rather than the message held back."""
+    header fields with no AMQP form (in a message stored before publishes were
+    refused them) are left out, with a warning, the other fields kept, rather than
+    the message held back or the connection failed."""
     try:
         return encode_properties(props)
     except TableError as exc:
-        log.warning("message headers have no AMQP form; sent without them", extra={"fields": {"error": str(exc)}})
-        return encode_properties({k: v for k, v in (props or {}).items() if k != "headers"})
+        log.warning("message header fields have no AMQP form; sent without them",
+                    extra={"fields": {"error": str(exc)}})
+        assert props is not None  # (only headers raise)
+        headers = props.get("headers")
+        kept = {k: v for k, v in props.items() if k != "headers"}
+        if isinstance(headers, dict):
+            kept["headers"] = sendable_table(headers)
+        try:
+            return encode_properties(kept)
+        except TableError:  # pragma: no cover - sendable_table keeps only what encodes
+            del kept["headers"]
+            return encode_properties(kept)
 
 def _frame(kind: int, channel: int, payload: bytes) -> bytes:
     return _FRAME_HEAD.pack(kind, channel, len(payload)) + payload + b"\xce"
