@@ -365,13 +365,15 @@ def encode_properties(props: dict[str, Any] | None) -> bytes:
 # -- methods out ---------------------------------------------------------------------
 
 
-def encode_sent_properties(props: dict[str, Any] | None) -> bytes:
-    """:func:`encode_properties` for a message going out (deliver, get-ok, return):
-    header fields with no AMQP form (in a message stored before publishes were
-    refused them) are left out, with a warning, the other fields kept, rather than
-    the message held back or the connection failed."""
+def encode_sent_properties(props: dict[str, Any] | None, frame_max: int = 0) -> bytes:
+    """:func:`encode_properties` for a message going out (deliver, get-ok, return) on a
+    connection of ``frame_max`` (0: unbounded): header fields with no AMQP form (in a
+    message stored before publishes were refused them) are left out, the other
+    fields kept; headers that would make the content header frame larger than
+    ``frame_max`` (a header frame cannot be split) are left out whole. Each with a
+    warning, rather than the message held back or the connection failed."""
     try:
-        return encode_properties(props)
+        encoded = encode_properties(props)
     except TableError as exc:
         log.warning("message header fields have no AMQP form; sent without them",
                     extra={"fields": {"error": str(exc)}})
@@ -381,10 +383,20 @@ def encode_sent_properties(props: dict[str, Any] | None) -> bytes:
         if isinstance(headers, dict):
             kept["headers"] = sendable_table(headers)
         try:
-            return encode_properties(kept)
+            encoded = encode_properties(kept)
         except TableError:  # pragma: no cover - sendable_table keeps only what encodes
             del kept["headers"]
-            return encode_properties(kept)
+            encoded = encode_properties(kept)
+    if frame_max and len(encoded) + _CONTENT_HEADER_FIXED + FRAME_OVERHEAD > frame_max and props:
+        log.warning("message headers larger than the connection's frame_max; sent without them",
+                    extra={"fields": {"frame_max": frame_max, "size": len(encoded)}})
+        encoded = encode_properties({k: v for k, v in props.items() if k != "headers"})
+    return encoded
+
+
+#: A content header's class, weight and body size, before its properties.
+_CONTENT_HEADER_FIXED = 12
+
 
 def _frame(kind: int, channel: int, payload: bytes) -> bytes:
     return _FRAME_HEAD.pack(kind, channel, len(payload)) + payload + b"\xce"
