@@ -119,3 +119,16 @@ async def test_a_forwarding_channel_carries_the_entry_nodes_user_id(broker: Memo
     await ch.expect("ack")
     await ch.aclose()
     assert await ready(api) == 1
+
+
+async def test_a_schedules_user_id_is_its_makers(api: HTTPClient, broker: MemoryBroker) -> None:  # noqa: F811
+    """A schedule publishes later as the broker: its messages' user_id is checked when
+    it is made, against who makes it."""
+    app = add_user(broker.runtime.core, "app")
+    await broker.runtime.wait_durable()
+    definition: dict[str, Any] = {"exchange": "amq.default", "routing_key": "q", "body": "b", "interval_s": 60}
+    reply = await api.put("/schedules/s", json={**definition, "properties": {"user_id": "admin"}}, headers=app)
+    assert assert_error(reply, 400, "invalid_argument")["message"] == FORGED.format("app")
+    assert (await api.get("/schedules", headers=app)).json()["schedules"] == []
+    reply = await api.put("/schedules/s", json={**definition, "properties": {"user_id": "app"}}, headers=app)
+    assert reply.status == 200, reply.body
