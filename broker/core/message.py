@@ -91,8 +91,10 @@ def check_json_value(value: object, what: str, *, field_table: bool = False) -> 
     return None
 
 
-def check_properties(props: object) -> dict[str, Any] | None:
+def check_properties(props: object, *, amqp_limits: bool = True) -> dict[str, Any] | None:
     """Validate message properties from JSON; return them (None when empty).
+    ``amqp_limits`` False: headers an AMQP consumer could not be given pass (a stored
+    message from before they were refused, forwarded between nodes).
 
     Raises InvalidArgument naming the offending property.
     """
@@ -122,7 +124,7 @@ def check_properties(props: object) -> dict[str, Any] | None:
         elif key == "headers":
             if not isinstance(value, dict):
                 raise InvalidArgument("property headers must be an object")
-            check_json_value(value, "property headers", field_table=True)
+            check_json_value(value, "property headers", field_table=amqp_limits)
             if "CC" in value or "BCC" in value:
                 check_routing_headers(value)
         elif key == "delivery_mode":

@@ -48,7 +48,7 @@ class _Session:
     current_op: Any = None
     relayed: Any = None
     forwarded: bool = False  # (a client's channel, not a peer's forwarding one)
-    checks_user_id: bool = True
+    entry_checked: bool = False
     access: _Access = field(default_factory=_Access)
 
     def __post_init__(self) -> None:

@@ -66,3 +66,14 @@ async def test_management_api(api: HTTPClient) -> None:
     })
     assert reply.status == 400 and "longer than 255 bytes" in reply.json()["reason"], reply.body
     assert await ready(api) == 0
+
+
+async def test_a_forwarding_channel_carries_stored_headers(broker: MemoryBroker, api: HTTPClient) -> None:  # noqa: F811
+    """A node's forwarding channel (no users here: no principal) carries stored
+    messages too (a dead letter of a message kept from before the check): taken."""
+    await api.put("/queues/q")
+    ch = await open_channel(broker.connect(), headers=[("X-Ackbus-Forwarded", "a")])
+    await ch.send({"op": "publish", "routing_key": "q", "body": "x", "properties": {"headers": {LONG: 1}}})
+    await ch.expect("ack")
+    await ch.aclose()
+    assert await ready(api) == 1

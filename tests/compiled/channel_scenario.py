@@ -67,7 +67,7 @@ class _Session:
         self.gateway = None  # (a single node: publishes go through channel_ops)
         self.access = _Access()
         self.relayed = None
-        self.checks_user_id = True
+        self.entry_checked = False
         self.current_op: dict[str, Any] | None = None
 
 

@@ -118,7 +118,7 @@ def apply_typed(s: ServedChannel, lines: list[bytes], ops: list[PublishOp | AckO
                 body = body_from_b64(body_b64)
             if len(body) > max_body:
                 raise InvalidArgument(f"message body over {max_body} bytes", code="payload_too_large")
-            if props is not None and props.user_id is not None and s.checks_user_id:
+            if props is not None and props.user_id is not None and not s.entry_checked:
                 check_user_id(props.user_id, access)  # (where the general path checks it)
             delay = op.delay_s
             delay_s = None if delay is None else check_delay(delay)
