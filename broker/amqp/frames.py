@@ -24,7 +24,7 @@ from pamqp import commands
 from pamqp import frame as pamqp_frame
 from pamqp.base import Frame as PamqpMethod
 
-from broker.amqp.tables import TableError, decode_table, encode_table
+from broker.amqp.tables import TableError, decode_table, encode_table, sendable_table
 
 __all__ = [
     "FRAME_BODY",
@@ -315,7 +315,9 @@ def decode_properties(flags: int, payload: bytes, pos: int) -> dict[str, Any]:
 
 
 def _pack_shortstr(text: str) -> bytes:
-    raw = text.encode("utf-8", "surrogateescape")[:255]
+    raw = text.encode("utf-8", "surrogateescape")
+    if len(raw) > 255:  # (stored before such properties were refused): cut on a character
+        raw = raw[:255].decode("utf-8", "ignore").encode("utf-8")
     return bytes((len(raw),)) + raw
 
 
@@ -363,15 +365,38 @@ def encode_properties(props: dict[str, Any] | None) -> bytes:
 # -- methods out ---------------------------------------------------------------------
 
 
-def encode_sent_properties(props: dict[str, Any] | None) -> bytes:
-    """:func:`encode_properties` for a message going out (deliver, get-ok, return):
-    headers with no AMQP form (a table published over HTTP can hold what AMQP cannot
-    say) are left out, with a warning, rather than the message held back."""
+def encode_sent_properties(props: dict[str, Any] | None, frame_max: int = 0) -> bytes:
+    """:func:`encode_properties` for a message going out (deliver, get-ok, return) on a
+    connection of ``frame_max`` (0: unbounded): header fields with no AMQP form (in a
+    message stored before publishes were refused them) are left out, the other
+    fields kept; headers that would make the content header frame larger than
+    ``frame_max`` (a header frame cannot be split) are left out whole. Each with a
+    warning, rather than the message held back or the connection failed."""
     try:
-        return encode_properties(props)
+        encoded = encode_properties(props)
     except TableError as exc:
-        log.warning("message headers have no AMQP form; sent without them", extra={"fields": {"error": str(exc)}})
-        return encode_properties({k: v for k, v in (props or {}).items() if k != "headers"})
+        log.warning("message header fields have no AMQP form; sent without them",
+                    extra={"fields": {"error": str(exc)}})
+        assert props is not None  # (only headers raise)
+        headers = props.get("headers")
+        kept = {k: v for k, v in props.items() if k != "headers"}
+        if isinstance(headers, dict):
+            kept["headers"] = sendable_table(headers)
+        try:
+            encoded = encode_properties(kept)
+        except TableError:  # pragma: no cover - sendable_table keeps only what encodes
+            del kept["headers"]
+            encoded = encode_properties(kept)
+    if frame_max and len(encoded) + _CONTENT_HEADER_FIXED + FRAME_OVERHEAD > frame_max and props:
+        log.warning("message headers larger than the connection's frame_max; sent without them",
+                    extra={"fields": {"frame_max": frame_max, "size": len(encoded)}})
+        encoded = encode_properties({k: v for k, v in props.items() if k != "headers"})
+    return encoded
+
+
+#: A content header's class, weight and body size, before its properties.
+_CONTENT_HEADER_FIXED = 12
+
 
 def _frame(kind: int, channel: int, payload: bytes) -> bytes:
     return _FRAME_HEAD.pack(kind, channel, len(payload)) + payload + b"\xce"

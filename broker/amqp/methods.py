@@ -339,7 +339,7 @@ async def _basic_get(s: AMQPSession, ch: AMQPChannel, m: Any) -> None:
         return
     ch.max_tag = got.delivery_tag
     msg = got.message
-    props = encode_sent_properties(msg.properties)
+    props = encode_sent_properties(msg.properties, s.conn.frame_max)
     s.conn.send_raw(
         encode_get_ok(
             ch.number, got.delivery_tag, got.redelivered, msg.exchange, msg.routing_key,

@@ -146,7 +146,7 @@ async def relay_get(s: AMQPSession, ch: AMQPChannel, queue: str, no_ack: bool, l
         return False
     tag = int(got["delivery_tag"])
     ch.max_tag = max(ch.max_tag, tag)
-    body, props = _message(got)
+    body, props = _message(got, s.conn.frame_max)
     s.conn.send_raw(encode_get_ok(
         ch.number, tag, bool(got.get("redelivered")), str(got.get("exchange") or ""), str(got.get("routing_key") or ""),
         int(got.get("message_count") or 0), props, body, s.conn.frame_max,
@@ -154,8 +154,9 @@ async def relay_get(s: AMQPSession, ch: AMQPChannel, queue: str, no_ack: bool, l
     return True
 
 
-def _message(ev: dict[str, Any]) -> tuple[bytes, bytes]:
-    """The body and the encoded properties of a relayed event's ``message``."""
+def _message(ev: dict[str, Any], frame_max: int) -> tuple[bytes, bytes]:
+    """The body and the encoded properties (for a connection of ``frame_max``) of a
+    relayed event's ``message``."""
     message = ev.get("message") or {}
     if "body_b64" in message:
         body = base64.b64decode(message["body_b64"])
@@ -167,7 +168,7 @@ def _message(ev: dict[str, Any]) -> tuple[bytes, bytes]:
         # the channel protocol's x-delivery-count: not in a local AMQP delivery either
         headers = {k: v for k, v in properties["headers"].items() if k != "x-delivery-count"}
         properties = {**properties, "headers": headers} if headers else {k: v for k, v in properties.items() if k != "headers"}
-    return body, encode_sent_properties(properties)
+    return body, encode_sent_properties(properties, frame_max)
 
 
 def _event(s: AMQPSession, ch: AMQPChannel, ev: dict[str, Any]) -> None:
@@ -178,7 +179,7 @@ def _event(s: AMQPSession, ch: AMQPChannel, ev: dict[str, Any]) -> None:
     if kind == "deliver":
         tag = int(ev["delivery_tag"])
         ch.max_tag = max(ch.max_tag, tag)
-        body, props = _message(ev)
+        body, props = _message(ev, s.conn.frame_max)
         s.conn.send_raw(encode_deliver(
             ch.number, str(ev.get("consumer_tag")), tag, bool(ev.get("redelivered")), str(ev.get("exchange") or ""),
             str(ev.get("routing_key") or ""), props, body, s.conn.frame_max,

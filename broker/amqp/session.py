@@ -183,7 +183,7 @@ class AMQPChannel:
                 # messages share one properties dict when they have no message id: encode once
                 props = self._last_encoded
             else:
-                props = encode_sent_properties(properties)
+                props = encode_sent_properties(properties, conn.frame_max)
                 self._last_properties, self._last_encoded = properties, props
             conn.send_raw(
                 encode_deliver(
@@ -209,7 +209,7 @@ class AMQPChannel:
                     conn.send_raw(encode_confirm(self.number, tag, effect.multiple, effect.ack))
         elif kind is Return:
             msg = effect.message
-            props = encode_sent_properties(msg.properties)
+            props = encode_sent_properties(msg.properties, conn.frame_max)
             text = "NO_ROUTE" if effect.reply_code == 312 else effect.reason
             conn.send_raw(
                 encode_return(self.number, effect.reply_code, text, msg.exchange, msg.routing_key, props, msg.body,

@@ -21,7 +21,9 @@ import decimal
 import struct
 from typing import Any
 
-__all__ = ["TableError", "decode_table", "encode_table", "TAG", "TYPE_NAMES"]
+from broker.core import tagged_value_error
+
+__all__ = ["TableError", "decode_table", "encode_table", "sendable_table", "TAG", "TYPE_NAMES"]
 
 #: The key of a tagged value.
 TAG = "$amqp"
@@ -233,7 +235,11 @@ def _is_tagged(value: dict[str, Any]) -> bool:
 
 
 def _encode_tagged(name: str, value: Any) -> bytes:
-    """A tagged value's AMQP bytes; one whose value does not fit its type is refused."""
+    """A tagged value's AMQP bytes; one whose value does not fit its type is refused
+    (the core's rule, ``tagged_value_error``, which publishes are checked by)."""
+    why = tagged_value_error(name, value)
+    if why is not None:
+        raise TableError(f"{name} value must be {why}")
     try:
         ints = _BY_NAME.get(name)
         if ints is not None:
@@ -260,10 +266,43 @@ def _encode_tagged(name: str, value: Any) -> bytes:
         scale = max(0, -exponent)
         unscaled = int(number.scaleb(scale))
         return b"D" + bytes((scale,)) + _I32.pack(unscaled)
-    except (struct.error, ValueError, decimal.InvalidOperation, TypeError) as exc:
+    except (struct.error, ValueError, ArithmeticError, TypeError) as exc:  # (decimal's errors among them)
         if isinstance(exc, TableError):
             raise
         raise TableError(f"{name} value out of range: {exc}") from None
+
+
+_LEFT_OUT = object()
+
+
+def sendable_table(table: dict[str, Any]) -> dict[str, Any]:
+    """``table`` without the fields AMQP cannot carry (a name over 255 bytes, a value
+    with no AMQP form), at any depth, the others kept: for a message stored before
+    publishes were refused such headers (docs/amqp.md)."""
+    kept = _sendable(table, 0)
+    return kept if isinstance(kept, dict) else {}
+
+
+def _sendable(value: Any, depth: int) -> Any:
+    """``value`` with what has no AMQP form left out, or ``_LEFT_OUT``."""
+    if depth > _MAX_DEPTH:
+        return _LEFT_OUT
+    if isinstance(value, dict) and not _is_tagged(value):
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            if len(str(key).encode("utf-8", "surrogatepass")) > 255:
+                continue
+            item = _sendable(item, depth + 1)
+            if item is not _LEFT_OUT:
+                out[key] = item
+        return out
+    if isinstance(value, list):
+        return [kept for kept in (_sendable(item, depth + 1) for item in value) if kept is not _LEFT_OUT]
+    try:
+        _encode_value(value, [], depth)
+    except (TableError, UnicodeError):
+        return _LEFT_OUT
+    return value
 
 
 def encode_bytes(raw: bytes) -> bytes:

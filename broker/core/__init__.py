@@ -54,6 +54,7 @@ from .errors import (
     ResourceLocked,
     Unavailable,
 )
+from .fieldtables import TAGGED_TYPES, is_tagged, tagged_value_error
 from .heldletters import DeadLetterRoutes
 from .locks import (
     MAX_LOCK_TTL_S,
@@ -147,6 +148,9 @@ __all__ = [
     "PROPERTY_NAMES",
     "check_properties",
     "check_json_value",
+    "is_tagged",
+    "tagged_value_error",
+    "TAGGED_TYPES",
     "MAX_EXPIRATION_MS",
     "MAX_JSON_DEPTH",
     "MAX_JSON_ITEMS",

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from .errors import InvalidArgument
+from .fieldtables import TAG, check_field_name, check_tagged
 from .senderselected import check_routing_headers
 
 __all__ = [
@@ -52,10 +53,12 @@ _INT64 = (1 << 63) - 1
 MAX_EXPIRATION_MS = (1 << 32) - 1
 
 
-def check_json_value(value: object, what: str) -> None:
+def check_json_value(value: object, what: str, *, field_table: bool = False) -> None:
     """Refuse a JSON value the broker could not keep: nested deeper than
     ``MAX_JSON_DEPTH``, with more than ``MAX_JSON_ITEMS`` items, or holding an
-    integer outside 64 bits.
+    integer outside 64 bits. ``field_table`` (message headers): also one an AMQP
+    consumer could not be given (``fieldtables.py``: field names over 255 bytes,
+    tagged values that do not fit their type).
 
     Raises InvalidArgument naming ``what`` and the limit.
     """
@@ -64,6 +67,12 @@ def check_json_value(value: object, what: str) -> None:
     while stack:
         node, depth = stack.pop()
         if isinstance(node, dict):
+            if field_table:
+                if TAG in node and check_tagged(node, what):
+                    continue  # (its value fits its type: a scalar within 64 bits)
+                for key in node:
+                    if len(key) > 63:
+                        check_field_name(key, what)
             children: Any = node.values()
         elif isinstance(node, list):
             children = node
@@ -82,8 +91,10 @@ def check_json_value(value: object, what: str) -> None:
     return None
 
 
-def check_properties(props: object) -> dict[str, Any] | None:
+def check_properties(props: object, *, amqp_limits: bool = True) -> dict[str, Any] | None:
     """Validate message properties from JSON; return them (None when empty).
+    ``amqp_limits`` False: headers an AMQP consumer could not be given pass (a stored
+    message from before they were refused, forwarded between nodes).
 
     Raises InvalidArgument naming the offending property.
     """
@@ -113,7 +124,7 @@ def check_properties(props: object) -> dict[str, Any] | None:
         elif key == "headers":
             if not isinstance(value, dict):
                 raise InvalidArgument("property headers must be an object")
-            check_json_value(value, "property headers")
+            check_json_value(value, "property headers", field_table=amqp_limits)
             if "CC" in value or "BCC" in value:
                 check_routing_headers(value)
         elif key == "delivery_mode":

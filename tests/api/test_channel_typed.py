@@ -24,6 +24,8 @@ from broker.core import AccessRefused, ErrorReply
 
 
 class _Access:
+    username = "app"  # (a publish's user_id must be it)
+
     def require(self, operation: str, name: str = "", **_: Any) -> None:
         if name == "forbidden":
             raise AccessRefused(f"{operation} on {name!r} refused")
@@ -46,6 +48,7 @@ class _Session:
     current_op: Any = None
     relayed: Any = None
     forwarded: bool = False  # (a client's channel, not a peer's forwarding one)
+    entry_checked: bool = False
     access: _Access = field(default_factory=_Access)
 
     def __post_init__(self) -> None:
@@ -157,7 +160,7 @@ _scalars = st.one_of(
     st.sampled_from([0, 1, 2, 255, 256, 2**32 - 1, 2**32, 2**63 - 1, 2**63, 2**64, -1]),
     st.floats(allow_nan=False, allow_infinity=False),
     st.text(max_size=8), st.sampled_from([254, 255, 256]).map(lambda n: "a" * n),
-    st.sampled_from(["é", "\u2028", "a\\b", "\"", "", "forbidden", "amq.default", "aGVsbG8=", "!!",
+    st.sampled_from(["é", "\u2028", "a\\b", "\"", "", "forbidden", "app", "amq.default", "aGVsbG8=", "!!",
                      "amq.rabbitmq.reply-to"]),
 )
 _json = st.recursive(_scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3), max_leaves=6)
@@ -196,6 +199,8 @@ def _ops(draw: Any) -> bytes:
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_ops())
 @example(b'{"op":"publish","routing_key":"q","body":"x","properties":{"delivery_mode":2,"message_id":"m-1"},"id":"m-1"}')
+@example(b'{"op":"publish","routing_key":"q","body":"x","properties":{"user_id":"app"}}')
+@example(b'{"op":"publish","routing_key":"q","body":"x","properties":{"user_id":"mallory"},"id":1}')
 @example(b'{"op":"ack","delivery_tag":3}')
 @example(b'{"op":"ack","delivery_tag":3,"multiple":true}')
 @example(b'{"op":"ack","delivery_tag":18446744073709551616}')

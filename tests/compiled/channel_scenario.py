@@ -37,6 +37,8 @@ from tests.compiled.core_scenario import _Clock, _describe
 
 
 class _Access:
+    username = "app"
+
     def require(self, operation: str, name: str = "", **_: Any) -> None:
         if name == "forbidden":
             raise AccessRefused(f"{operation} refused on {name!r}")
@@ -65,6 +67,7 @@ class _Session:
         self.gateway = None  # (a single node: publishes go through channel_ops)
         self.access = _Access()
         self.relayed = None
+        self.entry_checked = False
         self.current_op: dict[str, Any] | None = None
 
 
@@ -88,6 +91,8 @@ def _publish(rng: random.Random, n: int, address: str) -> dict[str, Any]:
             props["headers"] = {"h": 1}
         if rng.random() < 0.1:
             props["priority"] = rng.randrange(10)
+        if rng.random() < 0.05:  # (the channel's user, or another: an error)
+            props["user_id"] = rng.choice(["app", "app", "app", "mallory"])
         if rng.random() < 0.1:  # (direct reply-to's leaves the typed path; the others stay)
             props["reply_to"] = rng.choice(["amq.rabbitmq.reply-to", "replies", address])
         op["properties"] = props

@@ -26,6 +26,7 @@ from broker.api.channel.session import ServedChannel
 from broker.api.channel.typed import AckOp, PublishOp, decode_hot, decoder
 from broker.api.codec import body_from_b64, parse_op_line
 from broker.api.fields import DEFAULT_EXCHANGE_ALIAS
+from broker.api.userid import check_user_id
 from broker.core import (
     REPLY_TO,
     ErrorReply,
@@ -117,6 +118,8 @@ def apply_typed(s: ServedChannel, lines: list[bytes], ops: list[PublishOp | AckO
                 body = body_from_b64(body_b64)
             if len(body) > max_body:
                 raise InvalidArgument(f"message body over {max_body} bytes", code="payload_too_large")
+            if props is not None and props.user_id is not None and not s.entry_checked:
+                check_user_id(props.user_id, access)  # (where the general path checks it)
             delay = op.delay_s
             delay_s = None if delay is None else check_delay(delay)
             if exchange == DEFAULT_EXCHANGE_ALIAS:

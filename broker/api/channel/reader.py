@@ -33,6 +33,7 @@ from broker.api.fields import (
     exchange_name,
     unknown_fields,
 )
+from broker.api.userid import check_user_id
 from broker.core import (
     ChannelError,
     InvalidArgument,
@@ -202,7 +203,12 @@ def _decode_publish(
     max_body = s.runtime.options.max_body_bytes
     if len(body) > max_body:
         raise InvalidArgument(f"message body over {max_body} bytes", code="payload_too_large")
-    properties = check_properties(op.get("properties"))
+    if s.entry_checked:  # (a node's forwarding channel: see ServedChannel.entry_checked)
+        properties = check_properties(op.get("properties"), amqp_limits=False)
+    else:
+        properties = check_properties(op.get("properties"))
+        if properties is not None:
+            check_user_id(properties.get("user_id"), s.access)
     if properties is not None and properties.get("reply_to") == REPLY_TO and not s.forwarded:
         # direct reply-to (replyto.py); a peer's forwarding channel carries what its
         # node decided: there the literal name is an ordinary property (REST's)

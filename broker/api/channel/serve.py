@@ -47,6 +47,9 @@ async def handle_channel(
     session = ServedChannel(runtime, channel_id, response, access_for(request), principal, gateway)
     session.remote, session.user_agent = request.remote, request.headers.get("user-agent")
     session.forwarded = forwarded
+    # a node's forwarding channel (cluster secret, or no users: no principal) carries
+    # publishes their entry node checked, and stored ones (dead letters)
+    session.entry_checked = forwarded and principal is None
     asked = request.headers.get("ackbus-features") or ""
     features = sorted(FEATURES.intersection(name.strip() for name in asked.split(",")))
     session.batch_deliveries = "batches" in features

@@ -95,6 +95,11 @@ class ServedChannel:
         #: Another node's channel (a relay): its consumers of a quorum queue are
         #: cancelled when this node stops leading it, for that node to resume.
         self.forwarded = False
+        #: A node's forwarding channel (the cluster secret): its publishes were checked
+        #: at their entry node, or are stored messages (dead letters): their
+        #: ``user_id`` is not the channel's user's (``broker/api/userid.py``), and
+        #: headers stored before AMQP's limits were checked still pass.
+        self.entry_checked = False
         self.opened_at = time.time()
         self.outbox: list[Any] = []
         #: Estimated bytes of the non-delivery events in ``outbox``.

@@ -11,6 +11,7 @@ from broker.api.codec import body_from_json
 from broker.api.permissions import access_for
 from broker.api.rest.fields import DEFAULT_EXCHANGE_ALIAS, body_fields, exchange_name
 from broker.api.rest.schedules import PUT_FIELDS
+from broker.api.userid import check_user_id
 from broker.core import (
     TIMING_FIELDS,
     InvalidArgument,
@@ -50,10 +51,14 @@ def add_cluster_schedule_routes(
         if len(body) > runtime.options.max_body_bytes:
             raise PayloadTooLarge(f"message body over {runtime.options.max_body_bytes} bytes")
         exchange = exchange_name(f.str("exchange", ""))
-        access_for(request).require("declare_schedule", name, source=exchange or DEFAULT_EXCHANGE_ALIAS)
+        access = access_for(request)
+        access.require("declare_schedule", name, source=exchange or DEFAULT_EXCHANGE_ALIAS)
+        properties = check_properties(f.obj.get("properties"))
+        if properties is not None:  # its messages name their publisher: the schedule's maker
+            check_user_id(properties.get("user_id"), access)
         info = await schedules.put(
             name, exchange=exchange, routing_key=f.str("routing_key", ""), body=body,
-            properties=check_properties(f.obj.get("properties")),
+            properties=properties,
             timing={k: f.obj[k] for k in TIMING_FIELDS if k in f.obj},
             missed=f.str("missed", "latest"), max_missed=f.obj.get("max_missed", 100), paused=f.bool("paused", False),
         )

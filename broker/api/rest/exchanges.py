@@ -21,6 +21,7 @@ from broker.api.rest.fields import (
     body_fields,
     exchange_name,
 )
+from broker.api.userid import check_user_id
 from broker.core import MAX_DELAY_S, InvalidArgument, NotFound, PayloadTooLarge
 from broker.http import Request, Response
 
@@ -74,11 +75,14 @@ async def publish(ctx: RestContext, request: Request, response: Response) -> Non
     ctx.gateway.check_ready()
     opts = ctx.options
     name = exchange_name(request.path_params["name"])
-    access_for(request).require("publish", name or DEFAULT_EXCHANGE_ALIAS)
+    access = access_for(request)
+    access.require("publish", name or DEFAULT_EXCHANGE_ALIAS)
     routing_key = request.query.get_str("routing_key", "")  # the core checks it
     mandatory = request.query.get_bool("mandatory", False)
     delay_s = request.query.get_float("delay", 0.0, min_value=0.0, max_value=MAX_DELAY_S) or None
     properties = properties_from_headers(_utf8_headers(request.headers.items()))
+    if properties is not None:
+        check_user_id(properties.get("user_id"), access)
     deadline_header = request.headers.get("x-deadline-ms")
     deadline = None
     if deadline_header is not None:

@@ -16,6 +16,7 @@ from broker.api.rest.fields import (
     body_fields,
     exchange_name,
 )
+from broker.api.userid import check_user_id
 from broker.core import (
     TIMING_FIELDS,
     InvalidArgument,
@@ -51,9 +52,12 @@ async def put_schedule(ctx: RestContext, request: Request, response: Response) -
         raise PayloadTooLarge(f"message body over {opts.max_body_bytes} bytes")
     max_missed = f.obj.get("max_missed", 100)
     exchange = exchange_name(f.str("exchange", ""))
-    access_for(request).require("declare_schedule", name, source=exchange or DEFAULT_EXCHANGE_ALIAS)
+    access = access_for(request)
+    access.require("declare_schedule", name, source=exchange or DEFAULT_EXCHANGE_ALIAS)
     routing_key = f.str("routing_key", "")
     properties = check_properties(f.obj.get("properties"))
+    if properties is not None:  # its messages name their publisher: the schedule's maker
+        check_user_id(properties.get("user_id"), access)
     timing = {k: f.obj[k] for k in TIMING_FIELDS if k in f.obj}
     missed, paused = f.str("missed", "latest"), f.bool("paused", False)
     info, changed = await ctx.gateway.run_durable(
