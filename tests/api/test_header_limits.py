@@ -5,27 +5,14 @@ field names over 255 bytes, tagged values out of their type's range
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import pytest
-import trio
 
 from tests.support.app import MemoryBroker
 from tests.support.channel import open_channel
 from tests.support.http import HTTPClient, assert_error
-from tests.support.memory_fixtures import broker  # noqa: F401 (a fixture)
+from tests.support.memory_fixtures import api, broker  # noqa: F401 (fixtures)
 
 LONG = "k" * 256
-
-
-@pytest.fixture
-async def api(broker: MemoryBroker) -> AsyncIterator[HTTPClient]:  # noqa: F811 (the fixture)
-    async def connect() -> trio.abc.Stream:
-        return broker.connect()
-
-    client = HTTPClient(connect)
-    yield client
-    await client.aclose()
 
 
 async def ready(api: HTTPClient) -> int:

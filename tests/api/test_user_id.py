@@ -5,29 +5,17 @@ A refused publish enqueues nothing; a peer's forwarding channel is not re-checke
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-import trio
 
 from tests.support.app import MemoryBroker
 from tests.support.channel import ChannelClient, open_channel
 from tests.support.http import HTTPClient, assert_error
-from tests.support.memory_fixtures import broker  # noqa: F401 (a fixture)
+from tests.support.memory_fixtures import api, broker  # noqa: F401 (fixtures)
 from tests.support.security import add_user, bearer
 
 FORGED = "user_id property set to 'admin' but authenticated user was '{}'"
-
-
-@pytest.fixture
-async def api(broker: MemoryBroker) -> AsyncIterator[HTTPClient]:  # noqa: F811 (the fixture)
-    async def connect() -> trio.abc.Stream:
-        return broker.connect()
-
-    client = HTTPClient(connect)
-    yield client
-    await client.aclose()
 
 
 async def rest_publish(api: HTTPClient, user_id: str, headers: Any = ()) -> Any:

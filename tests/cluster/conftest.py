@@ -145,6 +145,13 @@ def wait_caught_up(seer: BrokerProcess, *sources: BrokerProcess, timeout_s: floa
     wait_for(f"node on port {seer.port} at revision {target}", lambda: revision(seer) >= target, timeout_s)
 
 
+def queues_owned_by(node: BrokerProcess, owner: str, headers: dict[str, str] | None = None) -> set[str]:
+    """The queues ``node``'s view gives to node ``owner`` (``headers``: credentials)."""
+    status, body = node.request("GET", "/cluster", headers=headers)
+    assert status == 200, body
+    return {q for n in body["nodes"] if n["name"] == owner for q in n["queues"]}
+
+
 def cluster_nodes(node: BrokerProcess) -> dict[str, dict[str, Any]]:
     status, body = node.request("GET", "/cluster")
     assert status == 200, body

@@ -11,7 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.conftest import cluster_nodes, node_process, wait_for, wait_synced
+from tests.cluster.conftest import (
+    cluster_nodes,
+    node_process,
+    queues_owned_by,
+    wait_for,
+    wait_synced,
+)
 from tests.support.broker import BrokerProcess, stop_all
 from tests.support.etcd import EtcdProcess
 
@@ -42,12 +48,6 @@ def secured(tmp_path: Path, etcd: EtcdProcess) -> Iterator[list[BrokerProcess]]:
         stop_all(procs)
 
 
-def _owned_by_a(node: BrokerProcess) -> set[str]:
-    """The queues ``node``'s view gives to node a (asked as the administrator)."""
-    status, body = node.request("GET", "/cluster", headers=ADMIN)
-    assert status == 200, body
-    return {q for n in body["nodes"] if n["name"] == "a" for q in n["queues"]}
-
 
 def test_permissions_and_the_cluster_secret(secured: list[BrokerProcess]) -> None:
     a, b, w = secured
@@ -62,7 +62,7 @@ def test_permissions_and_the_cluster_secret(secured: list[BrokerProcess]) -> Non
     wait_for("users on b", lambda: b.request("GET", "/whoami", headers=ALICE)[0] == 200)
     wait_for("users on w", lambda: w.request("GET", "/whoami", headers=ALICE)[0] == 200)
     # (the users came before the queues: a watch may have applied them and not yet the queues)
-    wait_for("the queues on b and w", lambda: all(_owned_by_a(node) >= {"jobs", "secret"} for node in (b, w)))
+    wait_for("the queues on b and w", lambda: all(queues_owned_by(node, "a", ADMIN) >= {"jobs", "secret"} for node in (b, w)))
     # alice publishes through b to a queue owned by a: b forwards it with the secret
     status, answer = b.request("POST", "/exchanges/amq.default/publish?routing_key=jobs", b"j1", headers=ALICE)
     assert status == 200 and answer["confirm"] == "ack", answer

@@ -12,7 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.conftest import cluster_nodes, node_process, wait_for, wait_synced
+from tests.cluster.conftest import (
+    cluster_nodes,
+    node_process,
+    queues_owned_by,
+    wait_for,
+    wait_synced,
+)
 from tests.support.broker import BrokerProcess, stop_all
 from tests.support.etcd import EtcdProcess
 from tests.support.rawchannel import RawChannel
@@ -41,11 +47,6 @@ def pair(tmp_path: Path, etcd: EtcdProcess) -> Iterator[list[BrokerProcess]]:
         stop_all(procs)
 
 
-def _owned_by_a(node: BrokerProcess) -> set[str]:
-    status, body = node.request("GET", "/cluster", headers=ADMIN)
-    assert status == 200, body
-    return {q for n in body["nodes"] if n["name"] == "a" for q in n["queues"]}
-
 
 def test_a_user_id_is_checked_at_the_entry_node_only(pair: list[BrokerProcess]) -> None:
     a, b = pair
@@ -57,7 +58,7 @@ def test_a_user_id_is_checked_at_the_entry_node_only(pair: list[BrokerProcess]) 
     status, _ = a.request("PUT", "/queues/jobs", {"arguments": {"x-queue-leader-locator": "client-local"}}, headers=ADMIN)
     assert status == 201
     wait_for("users on b", lambda: b.request("GET", "/whoami", headers=ALICE)[0] == 200)
-    wait_for("the queue on b", lambda: "jobs" in _owned_by_a(b))
+    wait_for("the queue on b", lambda: "jobs" in queues_owned_by(b, "a", ADMIN))
     target = "/exchanges/amq.default/publish?routing_key=jobs"
     # REST through b: her own name forwarded to a and taken there; a forged one refused at b
     status, answer = b.request("POST", target, b"own", headers={**ALICE, "X-User-Id": "alice"})

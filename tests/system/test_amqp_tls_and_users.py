@@ -19,7 +19,9 @@ pika = pytest.importorskip("pika")
 pytestmark = pytest.mark.timeout(120)
 
 
-def test_amqps_serves_pika_over_tls_and_plain_amqp_beside_it(tmp_path: Path) -> None:
+def _tls_broker(tmp_path: Path) -> tuple[BrokerProcess, Path, int, int]:
+    """A broker serving https and AMQPS on a new CA's certificate and plain AMQP beside
+    them, started and ready: (broker, the CA's file, AMQP port, AMQPS port)."""
     ca = trustme.CA()
     cert, key = write_cert(ca, tmp_path)
     ca_file = tmp_path / "ca.pem"
@@ -30,6 +32,15 @@ def test_amqps_serves_pika_over_tls_and_plain_amqp_beside_it(tmp_path: Path) -> 
     broker.start(wait_ready=False)
     try:
         wait_tls_ready(broker, ca_file)
+    except BaseException:
+        broker.stop()
+        raise
+    return broker, ca_file, plain, secure
+
+
+def test_amqps_serves_pika_over_tls_and_plain_amqp_beside_it(tmp_path: Path) -> None:
+    broker, ca_file, plain, secure = _tls_broker(tmp_path)
+    try:
         context = ssl.create_default_context(cafile=str(ca_file))
         params = pika.ConnectionParameters("127.0.0.1", secure, ssl_options=pika.SSLOptions(context, "localhost"))
         conn = pika.BlockingConnection(params)
@@ -117,16 +128,8 @@ def test_the_management_api_lists_the_sockets_the_broker_bound(tmp_path: Path) -
     import http.client
     import json
 
-    ca = trustme.CA()
-    cert, key = write_cert(ca, tmp_path)
-    ca_file = tmp_path / "ca.pem"
-    ca.cert_pem.write_to_path(str(ca_file))
-    plain, secure = free_port(), free_port()
-    broker = BrokerProcess(tmp_path / "data", args=("--tls-cert", str(cert), "--tls-key", str(key)),
-                           env={"ACKBUS_AMQP_PORT": str(plain), "ACKBUS_AMQPS_PORT": str(secure)})
-    broker.start(wait_ready=False)
+    broker, ca_file, plain, secure = _tls_broker(tmp_path)
     try:
-        wait_tls_ready(broker, ca_file)
         context = ssl.create_default_context(cafile=str(ca_file))
 
         def get(path: str) -> tuple[int, object]:
