@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from broker.amqp.replyto import REPLY_TO, reply_address_for
+from broker.api import user_id_refusal
 from broker.core import PreconditionFailed, check_properties
 
 __all__ = ["received_properties"]
@@ -31,11 +32,7 @@ def received_properties(props: dict[str, Any], s: Any, ch: Any) -> dict[str, Any
     mode = props.get("delivery_mode")
     if mode is not None and mode not in (1, 2):
         del props["delivery_mode"]
-    user_id = props.get("user_id")
-    if user_id is not None:
-        username = "guest" if s.principal is None else s.principal.username  # (no users: guest logged in)
-        if user_id != username:
-            raise PreconditionFailed(
-                f"PRECONDITION_FAILED - user_id property set to '{user_id}' but authenticated user was '{username}'"
-            )
+    forged = user_id_refusal(props.get("user_id"), None if s.principal is None else s.principal.username)
+    if forged is not None:
+        raise PreconditionFailed(f"PRECONDITION_FAILED - {forged}")
     return check_properties(props)

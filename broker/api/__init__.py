@@ -16,6 +16,7 @@ from broker.api.metrics import BrokerMetrics
 from broker.api.permissions import ALLOW_ALL, Access
 from broker.api.rest.cluster import cluster_routes, dispatch_cluster_first
 from broker.api.routes import PUBLIC_ROUTES, build_router
+from broker.api.userid import user_id_refusal
 
 __all__ = [
     "ALLOW_ALL",
@@ -34,4 +35,5 @@ __all__ = [
     "http_error",
     "new_token",
     "protect",
+    "user_id_refusal",
 ]

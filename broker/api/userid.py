@@ -14,7 +14,7 @@ from __future__ import annotations
 from broker.api.permissions import Access
 from broker.core import InvalidArgument
 
-__all__ = ["GUEST", "check_user_id", "publisher_name"]
+__all__ = ["GUEST", "check_user_id", "publisher_name", "user_id_refusal"]
 
 #: The caller's name where no users exist (AMQP's login there too).
 GUEST = "guest"
@@ -25,11 +25,20 @@ def publisher_name(access: Access) -> str:
     return access.username or GUEST
 
 
+def user_id_refusal(user_id: object, username: str | None) -> str | None:
+    """RabbitMQ's reason for refusing a publish's ``user_id`` (None: not set) from
+    ``username`` (None: no users exist, ``guest``), or None when it may pass. Each
+    front end raises it as its own error (AMQP 406, /api/ 400, REST and channels
+    ``invalid_argument``)."""
+    name = username or GUEST
+    if user_id is None or user_id == name:
+        return None
+    return f"user_id property set to '{user_id}' but authenticated user was '{name}'"
+
+
 def check_user_id(user_id: object, access: Access) -> None:
     """Refuse a publish's ``user_id`` (None: not set) that is not the caller's user
     name. Raises InvalidArgument with RabbitMQ's text."""
-    if user_id is None:
-        return
-    username = publisher_name(access)
-    if user_id != username:
-        raise InvalidArgument(f"user_id property set to '{user_id}' but authenticated user was '{username}'")
+    refusal = user_id_refusal(user_id, access.username)
+    if refusal is not None:
+        raise InvalidArgument(refusal)

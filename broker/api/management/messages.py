@@ -26,6 +26,7 @@ from broker.api.management.context import ManagementContext
 from broker.api.management.errors import ObjectNotFound
 from broker.api.management.reading import DEFAULT_EXCHANGE_PATH, exchange_path_name
 from broker.api.permissions import access_for
+from broker.api.userid import user_id_refusal
 from broker.core import REPLY_TO, Broker, ErrorReply, InvalidArgument, check_properties
 from broker.http import Request, Response
 
@@ -88,15 +89,9 @@ async def publish(ctx: ManagementContext, request: Request, response: Response) 
     properties = properties_in(f.obj["properties"])
     access = access_for(request)
     access.require("publish", name or DEFAULT_EXCHANGE_PATH)
-    user_id = (properties or {}).get("user_id")
-    if user_id is not None:
-        # RabbitMQ's check (and ackbus's AMQP one): a message names its real publisher;
-        # guest where no users exist, as on AMQP
-        username = access.username or "guest"
-        if user_id != username:
-            raise InvalidArgument(
-                f"406 PRECONDITION_FAILED - user_id property set to '{user_id}' but authenticated user was '{username}'"
-            )
+    forged = user_id_refusal((properties or {}).get("user_id"), access.username)
+    if forged is not None:
+        raise InvalidArgument(f"406 PRECONDITION_FAILED - {forged}")
     if not ctx.views.exchange_exists(name):
         # RabbitMQ: 400, the channel's 404 in the reason
         raise InvalidArgument(f"404 NOT_FOUND - no exchange {name!r} in vhost '/'")
