@@ -6,7 +6,6 @@ what it had delivered unacked; a deleted user's connection and channel end."""
 
 from __future__ import annotations
 
-import base64
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from tests.cluster.test_cluster_amqp import AMQPNode, amqp_nodes, pump_until
 from tests.support.broker import BrokerProcess
 from tests.support.etcd import EtcdProcess
 from tests.support.rawchannel import RawChannel
+from tests.support.security import basic_headers
 
 pika = pytest.importorskip("pika")
 
@@ -26,12 +26,10 @@ pytestmark = pytest.mark.slow
 ALL = {"configure": ".*", "write": ".*", "read": ".*"}
 
 
-def _basic(user: str, password: str) -> dict[str, str]:
-    return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
 
 
-ADMIN = _basic("admin", "admin-pw")
-ALICE = _basic("alice", "alice-pw")
+ADMIN = basic_headers("admin", "admin-pw")
+ALICE = basic_headers("alice", "alice-pw")
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ real broker subprocesses)."""
 
 from __future__ import annotations
 
-import base64
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,16 +21,15 @@ from tests.cluster.conftest import (
 from tests.support.broker import BrokerProcess, stop_all
 from tests.support.etcd import EtcdProcess
 from tests.support.rawchannel import RawChannel
+from tests.support.security import basic_headers
 
 pytestmark = pytest.mark.slow
 
 
-def _basic(user: str, password: str) -> dict[str, str]:
-    return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
 
 
-ADMIN = _basic("admin", "admin-pw")
-ALICE = _basic("alice", "alice-pw")
+ADMIN = basic_headers("admin", "admin-pw")
+ALICE = basic_headers("alice", "alice-pw")
 FORGED = "user_id property set to 'admin' but authenticated user was 'alice'"
 
 

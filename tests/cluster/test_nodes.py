@@ -4,7 +4,6 @@ made while a node was down, and etcd stopping and coming back."""
 
 from __future__ import annotations
 
-import base64
 import signal
 import subprocess
 import sys
@@ -20,6 +19,7 @@ from tests.cluster.conftest import TTL_S, cluster_nodes, node_process, wait_for
 from tests.support.broker import ROOT, BrokerProcess
 from tests.support.etcd import EtcdProcess
 from tests.support.rawchannel import RawChannel
+from tests.support.security import basic_headers
 
 pytestmark = pytest.mark.slow
 
@@ -194,8 +194,6 @@ def test_etcd_stopping_refuses_metadata_changes_and_recovery_is_automatic(etcd: 
     wait_for("b sees it", lambda: "after" in sum((n["queues"] for n in cluster_nodes(b).values()), []))
 
 
-def _basic(user: str, password: str) -> dict[str, str]:
-    return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
 
 
 def test_users_permissions_and_tokens_apply_on_every_node(nodes: Nodes) -> None:
@@ -203,7 +201,7 @@ def test_users_permissions_and_tokens_apply_on_every_node(nodes: Nodes) -> None:
     wait_for("b alive on a", lambda: cluster_nodes(a).get("b", {}).get("alive"))
     status, body = a.request("PUT", "/users/admin", {"password": "s3cret-pass", "tags": ["administrator"]})
     assert status == 201, body
-    admin = _basic("admin", "s3cret-pass")
+    admin = basic_headers("admin", "s3cret-pass")
     # b now has a user too: it asks for credentials, and takes a's
     wait_for("b asks for credentials", lambda: b.request("GET", "/queues")[0] == 401)
     status, body = b.request("GET", "/whoami", headers=admin)
@@ -214,7 +212,7 @@ def test_users_permissions_and_tokens_apply_on_every_node(nodes: Nodes) -> None:
         headers=admin,
     )
     assert status == 201
-    app = _basic("app", "app-pass-1")
+    app = basic_headers("app", "app-pass-1")
     wait_for("app on a", lambda: a.request("GET", "/whoami", headers=app)[0] == 200)
     assert a.request("PUT", "/queues/app.jobs", {}, headers=app)[0] == 201
     assert a.request("PUT", "/queues/other", {}, headers=app)[0] == 403

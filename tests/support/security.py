@@ -23,6 +23,11 @@ def basic(user: str, password: str) -> list[tuple[str, str]]:
     return [("Authorization", f"Basic {token}")]
 
 
+def basic_headers(user: str, password: str) -> dict[str, str]:
+    """:func:`basic` as a dict, for ``BrokerProcess.request``'s ``headers``."""
+    return dict(basic(user, password))
+
+
 def bearer(token: str) -> list[tuple[str, str]]:
     return [("Authorization", f"Bearer {token}")]
 
