@@ -7,6 +7,8 @@ of them lives in :mod:`broker.core.broker`.
 
 from __future__ import annotations
 
+import copy
+
 from typing import Any
 
 from .confirms import ConfirmTracker
@@ -63,7 +65,7 @@ class Exchange:
             "durable": self.durable,
             "auto_delete": self.auto_delete,
             "internal": self.internal,
-            "arguments": self.arguments,
+            "arguments": copy.deepcopy(self.arguments),  # the caller's to change
         }
 
 

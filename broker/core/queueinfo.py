@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from .entities import Queue
@@ -23,7 +24,7 @@ def queue_info(queue: Queue) -> dict[str, Any]:
         "durable": queue.durable,
         "exclusive": queue.exclusive_owner is not None,
         "auto_delete": queue.auto_delete,
-        "arguments": queue.arguments,
+        "arguments": copy.deepcopy(queue.arguments),  # the caller's to change
         "messages": ready + queue.unacked,
         "messages_ready": ready,
         "messages_unacked": queue.unacked,

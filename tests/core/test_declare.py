@@ -518,3 +518,22 @@ def test_storage_failure_blocks_durable_declares_only() -> None:
     h.b.declare_queue("ex", exclusive=True, channel_id=ch)
     h.b.storage_recovered()
     h.b.declare_queue("d")
+
+
+def test_views_hand_out_copies_of_arguments() -> None:
+    """A view's dicts are the caller's to change (a listing filters or reshapes them):
+    a queue's or an exchange's arguments read through the views are copies, so a
+    caller writing into them changes neither the entity nor its next redeclare."""
+    h = Harness()
+    h.b.declare_queue("q", arguments={"x-max-length": 5})
+    h.b.declare_exchange("x", "topic", arguments={"alternate-exchange": "y"})
+    for info in (h.b.views.queue_info("q"), *h.b.views.queue_infos()):
+        assert info is not None
+        info["arguments"]["x-max-length"] = {"changed": True}
+    for info in (h.b.views.exchange_info("x"), *h.b.views.exchange_infos()):
+        assert info is not None
+        info["arguments"]["alternate-exchange"] = "changed"
+    assert h.b.views.queue_info("q")["arguments"] == {"x-max-length": 5}  # type: ignore[index]
+    assert h.b.views.exchange_info("x")["arguments"] == {"alternate-exchange": "y"}  # type: ignore[index]
+    h.b.declare_queue("q", arguments={"x-max-length": 5})  # still equal: no refusal
+    h.b.declare_exchange("x", "topic", arguments={"alternate-exchange": "y"})
