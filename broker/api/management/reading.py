@@ -30,6 +30,7 @@ from broker.api.management.shapes import (
     binding_json,
     default_bindings,
     exchange_json,
+    message_counts,
     queue_json,
     rate,
 )
@@ -85,17 +86,6 @@ def _message_stats(views: Any, rates: dict[str, float]) -> dict[str, Any]:
     }
 
 
-def _queue_totals(totals: dict[str, int], rates: dict[str, float]) -> dict[str, Any]:
-    return {
-        "messages": totals["messages"],
-        "messages_details": rate(rates.get("messages", 0.0)),
-        "messages_ready": totals["messages_ready"],
-        "messages_ready_details": rate(rates.get("messages_ready", 0.0)),
-        "messages_unacknowledged": totals["messages_unacked"],
-        "messages_unacknowledged_details": rate(rates.get("messages_unacked", 0.0)),
-    }
-
-
 def _queue_numbers(ctx: ManagementContext) -> tuple[dict[str, int], dict[str, float]]:
     """The core's totals and the broker's rates; in a cluster, the queue numbers
     among them over the queues this node serves (its part: cluster.py merges)."""
@@ -126,7 +116,7 @@ async def overview(ctx: ManagementContext, request: Request, response: Response)
             "exchanges": totals["exchanges"],
             "queues": totals["queues"],
         },
-        "queue_totals": _queue_totals(totals, rates),
+        "queue_totals": message_counts(totals, rates),
         "message_stats": _message_stats(views, rates),
         "listeners": [item.json(node) for item in ctx.listeners.all()],
     }
@@ -152,7 +142,7 @@ def _vhost_json(ctx: ManagementContext) -> dict[str, Any]:
         "metadata": {"description": "Default virtual host", "tags": []},
         "tracing": False,
         "cluster_state": {node_name(ctx.runtime): "running"},
-        **_queue_totals(totals, rates),
+        **message_counts(totals, rates),
         "message_stats": _message_stats(ctx.views, rates),
     }
 

@@ -35,6 +35,19 @@ def rate(value: float) -> dict[str, float]:
     return {"rate": round(value, 1)}
 
 
+def message_counts(counts: dict[str, Any], rates: dict[str, float]) -> dict[str, Any]:
+    """RabbitMQ's ``messages``, ``messages_ready`` and ``messages_unacknowledged``,
+    each with its ``_details`` rate, from ackbus's counts (a queue's, or the totals)."""
+    return {
+        "messages": counts["messages"],
+        "messages_details": rate(rates.get("messages", 0.0)),
+        "messages_ready": counts["messages_ready"],
+        "messages_ready_details": rate(rates.get("messages_ready", 0.0)),
+        "messages_unacknowledged": counts["messages_unacked"],
+        "messages_unacknowledged_details": rate(rates.get("messages_unacked", 0.0)),
+    }
+
+
 def queue_json(info: dict[str, Any], vhost: str, node: str, rates: dict[str, float]) -> dict[str, Any]:
     """A queue as ``/api/queues`` lists it, from ``BrokerViews.queue_info`` and the
     rates of its numbers (``rates.queue_rates``)."""
@@ -54,12 +67,7 @@ def queue_json(info: dict[str, Any], vhost: str, node: str, rates: dict[str, flo
         "operator_policy": None,
         "effective_policy_definition": {},
         "consumers": info["consumers"],
-        "messages": info["messages"],
-        "messages_details": rate(rates.get("messages", 0.0)),
-        "messages_ready": info["messages_ready"],
-        "messages_ready_details": rate(rates.get("messages_ready", 0.0)),
-        "messages_unacknowledged": info["messages_unacked"],
-        "messages_unacknowledged_details": rate(rates.get("messages_unacked", 0.0)),
+        **message_counts(info, rates),
         "messages_paged_out": info.get("messages_paged_out", 0),
     }
     if stats["published"] or stats["delivered"]:
